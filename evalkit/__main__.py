@@ -1,0 +1,5 @@
+"""`python -m evalkit ...`"""
+
+from evalkit.cli import main
+
+raise SystemExit(main())

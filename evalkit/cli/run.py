@@ -1,0 +1,113 @@
+"""`evalkit run`: one evaluation, several schemes, one loaded model, a table on stdout.
+
+    python -m evalkit run --model M --schemes bf16,fp8_e4m3/head/dynamic --eval perplexity ...
+
+The baseline (bf16) is always evaluated first, whether listed or not. With ``--out DIR`` the
+rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--json`` prints the
+rows as JSON instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.evals import eval_names, get_eval
+from evalkit.scheme import Scheme, parse_schemes
+
+
+def add_parser(sub):
+    p = sub.add_parser("run", help="run one evaluation for several KV schemes on one model")
+    add_model_arguments(p)
+    p.add_argument("--schemes", default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
+                   help="comma-separated scheme strings (see `evalkit schemes`)")
+    p.add_argument("--eval", dest="eval_name", default="perplexity", choices=eval_names())
+    p.add_argument("--out", type=Path, default=None, help="folder for rows.jsonl and artifacts")
+    p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
+    for name in eval_names():
+        try:
+            get_eval(name).add_arguments(p)
+        except ImportError:
+            pass  # an eval whose optional dependency is missing cannot add options; `--eval` reports it
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from evalkit.models import cache_root
+
+    schemes = parse_schemes(args.schemes)
+    if Scheme() not in schemes:
+        schemes.insert(0, Scheme())
+    schemes.sort(key=lambda s: not s.is_identity)
+    cls = get_eval(args.eval_name)
+    ev = cls(cls.params_from_args(args))
+    lm = load_from_args(args)
+    # validate every scheme against the model before spending time on the baseline
+    from evalkit.kv_quantizer import KVQuantizer
+
+    for scheme in schemes:
+        KVQuantizer(scheme, lm.layout, lm.config_hash)
+    workdir = args.cache_dir or cache_root() / "work"
+    ev.prepare(lm, workdir)
+    all_rows = []
+    for scheme in schemes:
+        artifacts = args.out / _slug(scheme) if args.out else None
+        for row in ev.evaluate(lm, scheme, artifacts):
+            d = row.to_dict()
+            d.update(model=lm.name, scheme=str(scheme), eval=args.eval_name)
+            all_rows.append(d)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "rows.jsonl", "w") as fh:
+            for d in all_rows:
+                fh.write(json.dumps(d, sort_keys=True) + "\n")
+    if args.json:
+        json.dump(all_rows, sys.stdout, indent=1)
+        print()
+    else:
+        print(format_table(all_rows, cls.summary_metrics))
+        if args.out:
+            print(f"\nrows written to {args.out / 'rows.jsonl'}")
+    return 0
+
+
+def _slug(scheme: Scheme) -> str:
+    import hashlib
+
+    text = str(scheme)
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:60] + "-" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
+def _cell(row: dict) -> str:
+    v = row["value"]
+    if v is None:
+        return "nan"
+    if isinstance(v, str):
+        return v
+    text = f"{v:.4g}"
+    if row.get("ci_low") is not None and row.get("ci_high") is not None:
+        text += f" [{row['ci_low']:.3g}, {row['ci_high']:.3g}]"
+    return text
+
+
+def format_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
+    """One line per scheme with the unlabeled metrics (or ``metrics``) as columns."""
+    import pandas as pd
+
+    plain = [r for r in rows if not r.get("labels")]
+    if metrics:
+        plain = [r for r in plain if r["metric"] in metrics]
+    if not plain:
+        plain = rows
+    order = list(dict.fromkeys(r["scheme"] for r in rows))
+    cols = list(metrics) or list(dict.fromkeys(r["metric"] for r in plain))
+    table = pd.DataFrame(index=order, columns=cols, dtype=object)
+    for r in plain:
+        if r["metric"] in table.columns:
+            table.loc[r["scheme"], r["metric"]] = _cell(r)
+    table.index.name = "scheme"
+    return table.fillna("").to_markdown()

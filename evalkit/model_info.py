@@ -1,0 +1,97 @@
+"""Architecture facts evalkit needs from a transformers config: layers, KV heads, head_dim,
+which layers use a sliding window, and whether attention is multi-head latent attention (MLA).
+
+Everything is read from the config, so the same code answers for a loaded model, a local
+config.json and a capacity-planning preset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from evalkit.errors import UnsupportedModelError
+
+MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_linear", "longcat_flash"})
+NO_INTERFACE_MODEL_TYPES = frozenset({"falcon", "bloom", "mpt"})
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int  # for K; equals the V head dim except for MLA
+    v_head_dim: int
+    sliding_layers: tuple[int, ...]
+    sliding_window: int | None
+    max_positions: int | None
+    mla_latent_dim: int = 0  # kv_lora_rank for MLA models
+    mla_rope_dim: int = 0  # qk_rope_head_dim for MLA models
+    attention_layers: tuple[int, ...] | None = None  # None: every layer has attention
+
+    @property
+    def is_mla(self) -> bool:
+        return self.mla_latent_dim > 0
+
+    def is_sliding(self, layer_idx: int) -> bool:
+        return layer_idx in self.sliding_layers
+
+
+def text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get else config
+
+
+def kv_layout(config) -> KVLayout:
+    cfg = text_config(config)
+    model_type = getattr(cfg, "model_type", "unknown")
+    n_layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    n_heads = _first(cfg, "num_attention_heads", "n_head")
+    n_kv = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "multi_query_group_num", None) or n_heads
+    if getattr(cfg, "multi_query", False):
+        n_kv = 1
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
+    head_dim = getattr(cfg, "head_dim", None) or hidden // n_heads
+    layer_types = list(getattr(cfg, "layer_types", None) or [])
+    sliding = tuple(i for i, t in enumerate(layer_types) if t in ("sliding_attention", "chunked_attention"))
+    window = getattr(cfg, "sliding_window", None) if sliding else None
+    if not layer_types and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) and model_type in ("mistral",):
+        sliding, window = tuple(range(n_layers)), cfg.sliding_window
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    latent = getattr(cfg, "kv_lora_rank", 0) or 0 if model_type in MLA_MODEL_TYPES else 0
+    rope = getattr(cfg, "qk_rope_head_dim", 0) or 0 if latent else 0
+    v_head_dim = getattr(cfg, "v_head_dim", None) or head_dim
+    attention_layers = None
+    if layer_types and any(t not in ("full_attention", "sliding_attention", "chunked_attention") for t in layer_types):
+        attention_layers = tuple(i for i, t in enumerate(layer_types) if t in ("full_attention", "sliding_attention", "chunked_attention"))
+    return KVLayout(model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers)
+
+
+def _first(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name, None)
+        if value is not None:
+            return value
+    raise UnsupportedModelError(f"config of model type {getattr(cfg, 'model_type', '?')!r} has none of {names}: evalkit cannot size its KV cache")
+
+
+def check_supported(model) -> None:
+    """Refuse models whose attention does not go through transformers' attention interface."""
+    model_type = getattr(text_config(model.config), "model_type", "unknown")
+    if model_type in NO_INTERFACE_MODEL_TYPES or not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModelError(
+            f"model type {model_type!r} does not route attention through transformers' AttentionInterface, "
+            "so evalkit cannot intercept its KV cache: use a model such as llama, mistral, qwen2/3, gemma, phi3, gpt2, gpt_neox or opt"
+        )
+
+
+def config_hash(config) -> str:
+    """A stable hash of the parts of a config that decide the KV cache shape and the weights' meaning."""
+    cfg = text_config(config).to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "_attn_implementation", "_attn_implementation_autoset",
+                     "torch_dtype", "dtype", "use_cache", "quantization_config", "architectures", "_commit_hash"):
+        cfg.pop(volatile, None)
+    blob = json.dumps(cfg, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

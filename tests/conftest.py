@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random models built from configs (session-scoped), a tiny tokenizer,
+and the embedded model (loaded once per session, converted once per machine)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE tokenizer trained in a second on the embedded corpus, saved as a folder."""
+    from tests.tiny_models import make_tokenizer_dir
+
+    return make_tokenizer_dir(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
+    """A tiny random llama saved as a local model folder (config, weights, tokenizer)."""
+    from tests.tiny_models import make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny_llama"), "llama", tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct, float32 on CPU."""
+    from evalkit.models import load_model
+
+    return load_model("embedded")

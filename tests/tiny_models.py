@@ -1,0 +1,87 @@
+"""Tiny random models of many architectures, built from configs, for offline tests.
+
+``tiny_config(arch)`` returns a config with 2-4 layers, hidden size 64, GQA where the
+architecture has it; ``tiny_model(arch)`` builds it with fixed seeds in float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers as tf
+
+VOCAB = 128
+
+EAGER_ONLY = {"gemma2"}  # soft-capping: transformers refuses sdpa for it
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gpt2", "gpt_neox", "opt", "phi3"]
+
+
+def tiny_config(arch: str, vocab: int = VOCAB):
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    if arch == "llama":
+        return tf.LlamaConfig(**common)
+    if arch == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=16)
+    if arch == "gemma":
+        return tf.GemmaConfig(**common, head_dim=16)
+    if arch == "gemma2":
+        return tf.Gemma2Config(**common, head_dim=16, sliding_window=8, final_logit_softcapping=30.0,
+                               attn_logit_softcapping=50.0)
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 4}, head_dim=16, sliding_window=8,
+                                   layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"])
+    if arch == "phi3":
+        return tf.Phi3Config(**common, pad_token_id=0)
+    if arch == "gpt2":
+        return tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=512)
+    if arch == "gpt_neox":
+        return tf.GPTNeoXConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, max_position_embeddings=512)
+    if arch == "opt":
+        return tf.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                            word_embed_proj_dim=64, max_position_embeddings=512)
+    raise KeyError(arch)
+
+
+def tiny_model(arch: str, attn_implementation: str = "sdpa", seed: int = 0, vocab: int = VOCAB):
+    torch.manual_seed(seed)
+    if arch in EAGER_ONLY:
+        attn_implementation = "eager"
+    model = tf.AutoModelForCausalLM.from_config(tiny_config(arch, vocab), attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def make_tokenizer_dir(folder: Path) -> Path:
+    """Train a byte-level BPE tokenizer (vocab 512) on documentation prose and save it."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(topics.values())[:200], trainer)
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                      pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return Path(folder)
+
+
+def make_model_dir(folder: Path, arch: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny random model with the tiny tokenizer, saved as a local model folder."""
+    tok = tf.AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = tiny_model(arch, seed=seed, vocab=len(tok))
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.bos_token_id = tok.bos_token_id
+    model.config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return Path(folder)

@@ -56,14 +56,15 @@ def key_validity(attention_mask: torch.Tensor | None, batch: int, kv_len: int) -
 class _Session:
     """One model inside one ``quantized_kv`` block."""
 
-    def __init__(self, model, quantizer: KVQuantizer, inner_name: str):
+    def __init__(self, model, quantizer: KVQuantizer, inner_name: str, kv_in_cache: bool = False):
         self.quantizer = quantizer
+        self.kv_in_cache = kv_in_cache  # the storage cache already quantized K/V
         self.inner_name = inner_name
         scheme = quantizer.scheme
         self.fa3 = scheme.attention is AttentionPrecision.FA3
         dynamic_shared = scheme.scales is ScaleSource.DYNAMIC and scheme.granularity.kind in (
             GranularityKind.TENSOR, GranularityKind.HEAD, GranularityKind.BLOCK)
-        self.padding_aware = dynamic_shared and not quantizer.fmt.is_identity
+        self.padding_aware = dynamic_shared and not quantizer.fmt.is_identity and not kv_in_cache
         self._validity_cache: tuple | None = None
 
     def inner(self, module):
@@ -88,9 +89,10 @@ class _Session:
             raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
         q = self.quantizer
         if q.is_active(layer):
-            valid = self.validity(attention_mask, key.shape[0], key.shape[-2])
-            key = q("k", layer, key, valid)
-            value = q("v", layer, value, valid)
+            if not self.kv_in_cache:
+                valid = self.validity(attention_mask, key.shape[0], key.shape[-2])
+                key = q("k", layer, key, valid)
+                value = q("v", layer, value, valid)
             if self.fa3:
                 return fa3_attention(module, query, key, value, attention_mask, **kwargs)
         return self.inner(module)(module, query, key, value, attention_mask, **kwargs)
@@ -117,26 +119,34 @@ def attention_implementation(model) -> str:
 
 
 @contextlib.contextmanager
-def quantized_kv(model, scheme: Scheme | str, *, scale_table=None) -> Iterator[KVQuantizer]:
+def quantized_kv(model, scheme: Scheme | str, *, scale_table=None, quantizer: KVQuantizer | None = None,
+                 kv_in_cache: bool = False) -> Iterator[KVQuantizer]:
     """Within the block, ``model`` stores its K/V through ``scheme``; restored on exit.
 
-    Yields the :class:`KVQuantizer` (its ``scheme``, ``layout`` and static ``table``).
+    Yields the :class:`KVQuantizer` (its ``scheme``, ``layout`` and static ``table``). A ready
+    ``quantizer`` (e.g. the calibration observer, a KVQuantizer subclass) replaces the one built
+    from ``scheme``. ``kv_in_cache=True`` is for :func:`evalkit.cache.quantized_cache`: K/V are
+    quantized by the storage cache and the hook only applies the attention precision (``attn=fa3``).
     """
     if isinstance(scheme, str):
         scheme = parse_scheme(scheme)
     check_supported(model)
     layout = kv_layout(model.config)
-    quantizer = KVQuantizer(scheme, layout, config_hash(model.config), scale_table)
+    if quantizer is None:
+        quantizer = KVQuantizer(scheme, layout, config_hash(model.config), scale_table)
     if layout.is_mla:
         from evalkit.cache import mla_cache_session
 
+        if kv_in_cache:
+            yield quantizer
+            return
         with mla_cache_session(model, quantizer):
             yield quantizer
         return
     original = attention_implementation(model)
     if original.startswith(_PREFIX):
         raise EvalkitError("quantized_kv blocks cannot be nested on one model: leave the first block before entering another")
-    session = _Session(model, quantizer, original)
+    session = _Session(model, quantizer, original, kv_in_cache)
     modules = list(model.modules())
     name = _register(original)
     for m in modules:

@@ -34,7 +34,15 @@ class KVQuantizer:
                 f"{scheme.granularity} has no meaning for the MLA latent of {layout.model_type} (one shared latent per token, no KV heads): "
                 "use tensor, token or group<N> (e.g. group128 for 128-value tiles)"
             )
-        if not layout.is_mla:
+        if layout.is_mla:
+            check_granularity(scheme.granularity, layout.mla_latent_dim)
+            if scheme.granularity.kind is GranularityKind.GROUP and not scheme.rope_bf16:
+                rope_group = min(scheme.granularity.size, layout.mla_rope_dim)
+                if layout.mla_rope_dim % rope_group:
+                    raise SchemeError(f"group{scheme.granularity.size} does not tile the {layout.mla_rope_dim}-value RoPE key: use a width dividing it or +rope=bf16")
+        else:
+            if scheme.rope_bf16:
+                raise SchemeError("+rope=bf16 applies to multi-head latent attention models only: drop it")
             check_granularity(scheme.granularity, layout.head_dim)
             check_granularity(scheme.granularity, layout.v_head_dim)
         if isinstance(scheme.skip_layers, tuple) and scheme.skip_layers and max(scheme.skip_layers) >= layout.num_layers:

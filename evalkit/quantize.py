@@ -23,6 +23,10 @@ from evalkit.fp8_emulation import round_to_fp8
 from evalkit.scheme import Granularity, GranularityKind
 
 
+GROUP_DIMS = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),
+              GranularityKind.GROUP: (-1,), GranularityKind.BLOCK: (3, 4)}
+
+
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
     if granularity.kind is GranularityKind.GROUP and head_dim % granularity.size:
         raise SchemeError(
@@ -30,25 +34,15 @@ def check_granularity(granularity: Granularity, head_dim: int) -> None:
         )
 
 
-def _amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """amax of |x| (float32) shaped to broadcast against ``x`` after :func:`_grouped`."""
-    a = x.abs()
-    kind = granularity.kind
-    if kind is GranularityKind.TENSOR:
-        return a.amax(dim=(1, 2, 3), keepdim=True)
-    if kind is GranularityKind.HEAD:
-        return a.amax(dim=(2, 3), keepdim=True)
-    if kind is GranularityKind.TOKEN:
-        return a.amax(dim=3, keepdim=True)
-    if kind is GranularityKind.GROUP:
-        return a.amax(dim=-1, keepdim=True)  # x is (B, H, S, D/N, N)
-    if kind is GranularityKind.BLOCK:
-        return a.amax(dim=(3, 4), keepdim=True)  # x is (B, H, S/N, N, D)
-    raise AssertionError(kind)
+def group_amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """amax of |x| (float32) over each scale group of grouped ``x`` (see :func:`grouped`), keepdim.
+
+    Group and block inputs are grouped: (B, H, S, D/N, N) and (B, H, S/N, N, D)."""
+    return x.abs().amax(dim=GROUP_DIMS[granularity.kind], keepdim=True)
 
 
-def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """Reshape so that each scale group is reducible by :func:`_amax` (may pad blocks with zeros)."""
+def grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """Reshape so that each scale group is reducible by :func:`group_amax` (may pad blocks with zeros)."""
     b, h, s, d = x.shape
     if granularity.kind is GranularityKind.GROUP:
         return x.reshape(b, h, s, d // granularity.size, granularity.size)
@@ -61,7 +55,7 @@ def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     return x
 
 
-def _ungrouped(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def ungrouped(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     b, h, s, d = shape
     return x.reshape(b, h, -1, d)[:, :, :s, :]
 
@@ -96,26 +90,33 @@ def fake_quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, scal
     if scale is not None:
         codes = round_codes(xf / scale, fmt)
         return (codes * scale).to(x.dtype)
-    g = _grouped(xf, granularity)
+    g = grouped(xf, granularity)
     if fmt.asymmetric:
         out = _asymmetric(g, fmt, granularity)
     else:
-        s = scale_from_amax(_amax(g, granularity), fmt)
+        s = scale_from_amax(group_amax(g, granularity), fmt)
         out = round_codes(g / s, fmt) * s
-    return _ungrouped(out, x.shape).to(x.dtype)
+    return ungrouped(out, x.shape).to(x.dtype)
 
 
-def _asymmetric(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> torch.Tensor:
-    """Asymmetric integer: scale = (max - min) / (2**bits - 1), zero point = round(-min / scale)."""
-    dims = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),
-            GranularityKind.GROUP: (-1,), GranularityKind.BLOCK: (3, 4)}[granularity.kind]
+def asymmetric_params(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric integer scale and zero point over grouped ``g``: scale = (max - min) / (2**bits - 1),
+    zero = round(-min / scale); the range always includes 0 so that zero is exact."""
+    dims = GROUP_DIMS[granularity.kind]
     lo = g.amin(dim=dims, keepdim=True).clamp(max=0)
     hi = g.amax(dim=dims, keepdim=True).clamp(min=0)
     scale = (hi - lo) / fmt.qmax
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zero = torch.round(-lo / scale)
-    codes = (torch.round(g / scale) + zero).clamp(0, fmt.qmax)
-    return (codes - zero) * scale
+    return scale, torch.round(-lo / scale)
+
+
+def asymmetric_codes(g: torch.Tensor, fmt: KVFormat, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    return (torch.round(g / scale) + zero).clamp(0, fmt.qmax)
+
+
+def _asymmetric(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> torch.Tensor:
+    scale, zero = asymmetric_params(g, fmt, granularity)
+    return (asymmetric_codes(g, fmt, scale, zero) - zero) * scale
 
 
 def _fake_quantize_padded(x, fmt, granularity, scale, valid):

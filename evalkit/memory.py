@@ -1,16 +1,35 @@
-"""Bytes of KV cache: per cached element, per token, and for a concrete cache state.
+"""Bytes of KV cache: per cached element, per layer, per token and per sequence for a whole model.
 
 Conventions (shared with the real storage cache in :mod:`evalkit.cache`, which is tested to hold
 exactly these bytes): data takes ``bits / 8`` bytes per element (INT4 packs two per byte); every
 scale is one float32 (4 bytes); asymmetric formats store a float32 zero point beside each scale.
 Dynamic per-tensor and per-head scales are kept per sequence, static and unit ones once per layer.
 Layers kept unquantized (skipped) take 2 bytes per element (BF16) and no scales.
+
+A whole model (a :class:`~evalkit.model_info.KVLayout`) stores, per attention layer and token:
+
+- full attention (MHA, GQA, MQA alike): K and V, ``kv_heads x head_dim`` values each;
+- sliding-window layers: the same, but at most ``window`` tokens per sequence (what an engine
+  keeps; transformers' dynamic cache keeps ``window - 1``), so their share per token falls as the
+  context grows past the window;
+- multi-head latent attention (DeepSeek-V3, Kimi K2): one latent (``kv_lora_rank`` values) and one
+  RoPE key (``qk_rope_head_dim`` values), stored as two single-head tensors exactly as transformers'
+  ``cache.update(latent, rope_key)`` hands them over. ``+rope=bf16`` keeps the RoPE key in BF16.
+  FP8 latent with 128-value tiles and BF16 RoPE: 512 + 4 x 4 + 64 x 2 = 656 bytes per layer and token.
+
+:func:`model_cache_bytes` is exact for any sequence length and batch (partial blocks, per-sequence
+scales); :func:`bytes_per_token` is the per-token rate at long context without window caps (the
+number people quote: Kimi K2 BF16 70,272 B, FP8 35,136 B); :func:`bytes_per_token_at` is the exact
+average over a sequence of a given length, window caps included.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
+from evalkit.errors import SchemeError
+from evalkit.model_info import KVLayout
 from evalkit.scheme import GranularityKind, ScaleSource, Scheme
 
 SCALE_BYTES = 4
@@ -65,3 +84,99 @@ def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim
     else:
         n_scales = batch * heads * seq * (head_dim // size)
     return data + n_scales * scale_bytes(scheme)
+
+
+# -- MLA ----------------------------------------------------------------------------------------
+MLA_GRANULARITIES = (GranularityKind.TENSOR, GranularityKind.TOKEN, GranularityKind.GROUP)
+
+
+def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
+    if scheme.is_identity or not layout.is_mla:
+        return
+    if scheme.granularity.kind not in MLA_GRANULARITIES:
+        raise SchemeError(
+            f"{scheme.granularity} has no meaning for the MLA latent of {layout.model_type} (one shared latent per token, no KV heads): "
+            "use tensor, token or group<N> (e.g. group128 for 128-value tiles)"
+        )
+    if scheme.granularity.kind is GranularityKind.GROUP and layout.mla_latent_dim % scheme.granularity.size:
+        raise SchemeError(f"group{scheme.granularity.size} does not divide the latent width {layout.mla_latent_dim}: "
+                          f"use a group width that divides {layout.mla_latent_dim}")
+
+
+def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool) -> int:
+    """One single-head MLA part (latent or RoPE key); a group wider than the part has one scale per token."""
+    if quantized and scheme.granularity.kind is GranularityKind.GROUP and dim % scheme.granularity.size:
+        data = batch * seq * math.ceil(dim * scheme.kv_format.bits / 8)
+        return data + batch * seq * math.ceil(dim / scheme.granularity.size) * scale_bytes(scheme)
+    return layer_cache_bytes(scheme, batch, 1, seq, dim, quantized)
+
+
+def mla_layer_bytes(scheme: Scheme, batch: int, seq: int, latent_dim: int, rope_dim: int, quantized: bool = True) -> int:
+    """Exact bytes of one MLA layer: the latent plus the RoPE key (BF16 under ``+rope=bf16``)."""
+    latent = _part_bytes(scheme, batch, seq, latent_dim, quantized)
+    rope = _part_bytes(scheme, batch, seq, rope_dim, quantized and not scheme.rope_bf16)
+    return latent + rope
+
+
+# -- whole model --------------------------------------------------------------------------------
+def attention_layers(layout: KVLayout) -> tuple[int, ...]:
+    if layout.attention_layers is not None:
+        return layout.attention_layers
+    return tuple(range(layout.num_layers))
+
+
+def stored_tokens(layout: KVLayout, layer_idx: int, seq: int, window_caps: bool = True) -> int:
+    if window_caps and layout.is_sliding(layer_idx) and layout.sliding_window:
+        return min(seq, layout.sliding_window)
+    return seq
+
+
+def model_cache_bytes(layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1, window_caps: bool = True) -> int:
+    """Exact KV bytes of ``batch`` sequences of ``seq`` tokens over every attention layer."""
+    check_mla_scheme(scheme, layout)
+    total = 0
+    for i in attention_layers(layout):
+        n = stored_tokens(layout, i, seq, window_caps)
+        quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i))
+        if layout.is_mla:
+            total += mla_layer_bytes(scheme, batch, n, layout.mla_latent_dim, layout.mla_rope_dim, quantized)
+        else:
+            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.head_dim, quantized)
+            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.v_head_dim, quantized)
+    return total
+
+
+def _period(scheme: Scheme) -> int:
+    return scheme.granularity.size if scheme.granularity.kind is GranularityKind.BLOCK else 1
+
+
+def bytes_per_token(layout: KVLayout, scheme: Scheme) -> Fraction:
+    """Bytes each further token adds at long context, every layer storing it (no window caps).
+
+    Exact as a fraction: data plus scales amortized (a block's scale over its tokens; per-tensor and
+    per-head scales, a per-sequence constant, add nothing)."""
+    n = _period(scheme)
+    grow = model_cache_bytes(layout, scheme, n, window_caps=False) - model_cache_bytes(layout, scheme, 0, window_caps=False)
+    return Fraction(grow, n)
+
+
+def bytes_per_token_at(layout: KVLayout, scheme: Scheme, context: int) -> float:
+    """Average bytes per token of one sequence of ``context`` tokens (window caps and scales included)."""
+    if context <= 0:
+        raise SchemeError(f"context must be a positive number of tokens, got {context}")
+    return model_cache_bytes(layout, scheme, context) / context
+
+
+def memory_summary(layout: KVLayout, scheme: Scheme, context: int | None = None) -> dict[str, float]:
+    """The numbers a results store or a table wants for one (model, scheme)."""
+    base = Scheme()
+    out = {
+        "kv_bytes_per_token": float(bytes_per_token(layout, scheme)),
+        "kv_bytes_ratio": float(bytes_per_token(layout, scheme) / bytes_per_token(layout, base)),
+    }
+    if context:
+        out["kv_bytes_per_sequence"] = float(model_cache_bytes(layout, scheme, context))
+        out["capacity_multiplier"] = model_cache_bytes(layout, base, context) / model_cache_bytes(layout, scheme, context)
+    else:
+        out["capacity_multiplier"] = 1 / out["kv_bytes_ratio"]
+    return out

@@ -1,0 +1,124 @@
+"""`evalkit capacity`: KV tokens and concurrent sequences that fit, per scheme, against BF16.
+
+    python -m evalkit capacity --preset kimi-k2 --gpu-memory 141GB --gpus 8 --context 32k
+    python -m evalkit capacity --config path/config.json --gpu-memory 80GiB --weights-bytes 16GB
+    python -m evalkit capacity --model Qwen/Qwen3-32B --gpu-memory 80GiB   (reads the config only)
+
+Weights: ``--weights-bytes SIZE``, else the preset's (or ``--params``) parameter count times
+``--weights-dtype`` (default: the dtype the preset's weights ship in), else for a local model
+folder the size of its ``*.safetensors`` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+DEFAULT_SCHEMES = "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,int4/group32/dynamic"
+MLA_SCHEMES = "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic"
+
+
+def add_parser(sub):
+    p = sub.add_parser("capacity", help="KV tokens and concurrent sequences that fit, per KV scheme")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="a published model config (see --list-presets)")
+    src.add_argument("--config", type=Path, help="a config.json file")
+    src.add_argument("--model", help="a Hugging Face id or local folder: only its config is read")
+    src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 80GB, 141GB (default 80GiB)")
+    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
+    p.add_argument("--weights-bytes", default=None, help="weight footprint over all GPUs, e.g. 1.03TB")
+    p.add_argument("--weights-dtype", default=None, help="bf16 | fp8 | int8 | int4: weights = parameters x bytes per weight")
+    p.add_argument("--params", default=None, help="parameter count for --weights-dtype, e.g. 32.8e9 (presets know theirs)")
+    p.add_argument("--context", default="32k", help="tokens per sequence, e.g. 32k (default), 128k, 4096")
+    p.add_argument("--utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use (default 0.9)")
+    p.add_argument("--schemes", default=None, help=f"comma-separated schemes (default: {DEFAULT_SCHEMES}; MLA: {MLA_SCHEMES})")
+    p.add_argument("--trust-remote-code", action="store_true", help="for --model configs that need code from the hub")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(handler=run)
+
+
+def _load_config(args) -> tuple[dict, str, dict | None]:
+    """(config fields, label, preset or None)."""
+    from evalkit.presets import get_preset
+
+    if args.preset:
+        preset = get_preset(args.preset)
+        return preset["config"], f"{args.preset} ({preset['hub_id']})", preset
+    if args.config:
+        try:
+            return json.loads(args.config.read_text()), str(args.config), None
+        except FileNotFoundError:
+            raise EvalkitError(f"config file {args.config} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EvalkitError(f"{args.config} is not a JSON config: {exc}") from None
+    from transformers import AutoConfig
+
+    from evalkit.models import embedded_name, ensure_embedded
+
+    embedded = embedded_name(args.model)
+    path = str(ensure_embedded(embedded)) if embedded else args.model
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise EvalkitError(f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
+                           "(check the name, or use --config FILE / --preset NAME offline)") from None
+    return cfg.to_dict(), args.model, None
+
+
+def _weights(args, preset, config_fields) -> tuple[int, str]:
+    from evalkit.capacity import format_bytes, parse_bytes
+    from evalkit.presets import weights_bytes
+
+    if args.weights_bytes:
+        n = parse_bytes(args.weights_bytes)
+        return n, f"{format_bytes(n)} (given)"
+    params = float(args.params) if args.params else (preset or {}).get("params")
+    dtype = args.weights_dtype or (preset or {}).get("weights_dtype")
+    if params and dtype:
+        n = weights_bytes(params, dtype)
+        return n, f"{format_bytes(n)} ({params / 1e9:,.1f}B params x {dtype})"
+    if args.model and Path(args.model).is_dir():
+        files = list(Path(args.model).glob("*.safetensors"))
+        if files:
+            n = sum(f.stat().st_size for f in files)
+            return n, f"{format_bytes(n)} (size of {len(files)} safetensors file(s))"
+    raise EvalkitError("the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4")
+
+
+def run(args: argparse.Namespace) -> int:
+    from evalkit.capacity import format_bytes, format_plan, kv_budget, parse_bytes, parse_count, plan
+    from evalkit.model_info import kv_layout
+    from evalkit.presets import PRESETS, config_namespace
+    from evalkit.scheme import parse_schemes
+
+    if args.list_presets:
+        for name, p in PRESETS.items():
+            print(f"{name:15} {p['hub_id']:32} source: {p['source']}")
+        return 0
+    fields, label, preset = _load_config(args)
+    layout = kv_layout(config_namespace(fields))
+    schemes = parse_schemes(args.schemes or (MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
+    context = parse_count(args.context)
+    gpu_memory = parse_bytes(args.gpu_memory)
+    weights, weights_note = _weights(args, preset, fields)
+    budget = kv_budget(gpu_memory, args.gpus, args.utilization, weights)
+    rows = plan(layout, schemes, budget, context)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps({"model": label, "context": context, "gpus": args.gpus, "gpu_memory": gpu_memory,
+                          "utilization": args.utilization, "weights_bytes": weights, "kv_budget": budget,
+                          "rows": [asdict(r) for r in rows]}, indent=1))
+        return 0
+    kind = (f"MLA: latent {layout.mla_latent_dim} + RoPE key {layout.mla_rope_dim} per token per layer" if layout.is_mla
+            else f"{layout.num_kv_heads} KV heads x head_dim {layout.head_dim}")
+    print(f"model: {label}: {layout.num_layers} layers, {kind}")
+    print(f"memory: {args.gpus} x {format_bytes(gpu_memory)} x utilization {args.utilization} - weights {weights_note} "
+          f"= KV budget {format_bytes(budget)}; context {context:,} tokens")
+    print()
+    print(format_plan(rows, context))
+    return 0

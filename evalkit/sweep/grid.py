@@ -1,0 +1,385 @@
+"""Sweep grids: a YAML file expanded into frozen run specs, each with a content-addressed run id.
+
+A grid names models, KV schemes and evaluations; the sweep runs their product::
+
+    name: quick
+    out: results/quick                  # optional; --out overrides it
+    models:
+      - embedded                        # or {name: ID_OR_FOLDER, dtype:, device:, device_map:, ...}
+    schemes:
+      - bf16
+      - fp8_e4m3/head/dynamic
+      - expand:                         # formats x granularities x scale sources (+ options)
+          formats: [fp8_e4m3, fp8_e5m2]
+          granularities: [tensor, head, block16]
+          scales: [dynamic, unit]
+    evals:
+      perplexity: {window: 128, max_windows: 4}
+    seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
+
+Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
+anything runs. A run's id is the SHA-256 of its canonical spec (model settings, canonical scheme
+string, eval name, the eval's number-deciding parameters) together with the versions of the
+packages that decide the numbers (evalkit, torch, transformers, lm-eval), so a changed setting or
+a changed library yields a new run, never a silently reused one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evalkit.errors import EvalkitError
+from evalkit.scheme import Scheme, parse_scheme
+
+TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor")
+MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
+EXPAND_KEYS = ("formats", "granularities", "scales", "options")
+
+
+class GridError(EvalkitError):
+    """A grid file that cannot be used (reported with file, line and key)."""
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """The versions that decide the numbers; part of every run id."""
+    import torch
+    import transformers
+
+    import evalkit
+
+    try:
+        lm_eval = importlib.metadata.version("lm_eval")
+    except importlib.metadata.PackageNotFoundError:
+        lm_eval = "absent"
+    return {"evalkit": evalkit.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "lm_eval": lm_eval}
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    dtype: str = "auto"
+    device: str = "cpu"
+    device_map: str | None = None
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    gpus: int = 0  # GPUs one run of this model needs (executor resources); 0 = derived from device
+
+    @property
+    def num_gpus(self) -> int:
+        if self.gpus:
+            return self.gpus
+        return 1 if self.device.startswith("cuda") or self.device_map is not None else 0
+
+    def canonical(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("gpus")  # resources do not change numbers
+        return d
+
+    @property
+    def key(self) -> str:
+        return canonical_json(self.canonical())
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: ModelSpec
+    scheme: str  # canonical scheme string
+    eval: str
+    params_json: str  # canonical JSON of the eval's number-deciding parameters
+    run_params_json: str = "{}"  # every parameter the eval gets (canonical ones plus e.g. output paths)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.run_params_json)
+
+    def canonical(self) -> dict[str, Any]:
+        return {"model": self.model.canonical(), "scheme": self.scheme, "eval": self.eval,
+                "params": json.loads(self.params_json)}
+
+    @property
+    def run_id(self) -> str:
+        text = canonical_json({"spec": self.canonical(), "versions": versions()})
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def eval_key(self) -> str:
+        """Runs sharing this key share one prepared evaluation (data, baseline) on a model."""
+        return self.eval + canonical_json(self.params)
+
+    def label(self) -> str:
+        return f"{self.model.name} {self.scheme} {self.eval}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": asdict(self.model), "scheme": self.scheme, "eval": self.eval,
+                "params": json.loads(self.params_json), "run_params": self.params}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        return cls(ModelSpec(**d["model"]), d["scheme"], d["eval"], canonical_json(d["params"]),
+                   canonical_json(d.get("run_params", d["params"])))
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    path: str
+    runs: tuple[RunSpec, ...]
+    out: str | None = None
+    executor: str | None = None
+    data: dict[str, Any] = field(default_factory=dict, compare=False)  # the parsed file, for the folder copy
+
+    @property
+    def identity(self) -> str:
+        """Hash of what the grid asks for (its run specs), independent of comments, key order, --out,
+        --shard and package versions (a new torch gives new run ids in the same folder, not a new grid)."""
+        specs = sorted(canonical_json(r.canonical()) for r in self.runs)
+        return hashlib.sha256(canonical_json(specs).encode()).hexdigest()
+
+
+# -- YAML with marks ---------------------------------------------------------------------------
+class _Located:
+    """Plain Python values built from YAML nodes, with the line of every key path."""
+
+    def __init__(self, path: Path, text: str):
+        self.file = str(path)
+        self.lines: dict[tuple, int] = {}
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            self.value = self._build(loader, node, ()) if node is not None else None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark else 0
+            raise GridError(f"{self.file}:{line}: malformed YAML: {exc.problem or exc.context}") from None
+        except yaml.YAMLError as exc:
+            raise GridError(f"{self.file}: malformed YAML: {exc}") from None
+        finally:
+            loader.dispose()
+
+    def _build(self, loader, node, path: tuple):
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            loader.flatten_mapping(node)
+            out: dict[str, Any] = {}
+            for knode, vnode in node.value:
+                key = loader.construct_object(knode, deep=True)
+                if not isinstance(key, str):
+                    raise GridError(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}")
+                if key in out:
+                    raise GridError(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key")
+                out[key] = self._build(loader, vnode, path + (key,))
+                self.lines[path + (key,)] = knode.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._build(loader, v, path + (i,)) for i, v in enumerate(node.value)]
+        return loader.construct_object(node, deep=True)
+
+    @staticmethod
+    def where(path: tuple) -> str:
+        text = ""
+        for p in path:
+            text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else p)
+        return text or "(top level)"
+
+    def error(self, path: tuple, message: str) -> GridError:
+        line = self.lines.get(path)
+        while line is None and path:
+            path = path[:-1]
+            line = self.lines.get(path)
+        return GridError(f"{self.file}:{line or 1}: {self.where(path)}: {message}")
+
+
+def _strings(doc: _Located, value, path: tuple, what: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise doc.error(path, f"give {what} as a non-empty list of strings")
+    return value
+
+
+def _models(doc: _Located, value) -> list[ModelSpec]:
+    if not isinstance(value, list) or not value:
+        raise doc.error(("models",), "give a non-empty list of models, e.g. [embedded]")
+    out = []
+    for i, m in enumerate(value):
+        path = ("models", i)
+        if isinstance(m, str):
+            m = {"name": m}
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+            raise doc.error(path, "a model is a name (hub id, folder, 'embedded') or a mapping with a 'name'")
+        for k in m:
+            if k not in MODEL_KEYS:
+                raise doc.error(path + (k,), f"unknown model setting: use {', '.join(MODEL_KEYS)}")
+        try:
+            spec = ModelSpec(**{k: (str(v) if k in ("dtype", "device") else v) for k, v in m.items()})
+        except TypeError as exc:
+            raise doc.error(path, str(exc)) from None
+        if not isinstance(spec.gpus, int) or spec.gpus < 0:
+            raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
+        out.append(spec)
+    return list(dict.fromkeys(out))
+
+
+def _parse_one_scheme(doc: _Located, text, path: tuple) -> Scheme:
+    if not isinstance(text, str):
+        raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
+    try:
+        return parse_scheme(text)
+    except EvalkitError as exc:
+        raise doc.error(path, str(exc)) from None
+
+
+def _schemes(doc: _Located, value) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise doc.error(("schemes",), "give a non-empty list of schemes (strings or {expand: ...})")
+    out: list[str] = []
+    for i, item in enumerate(value):
+        path = ("schemes", i)
+        if isinstance(item, dict):
+            if set(item) != {"expand"} or not isinstance(item["expand"], dict):
+                raise doc.error(path, "a scheme entry is a string or {expand: {formats:, granularities:, scales:, options:}}")
+            spec = item["expand"]
+            epath = path + ("expand",)
+            for k in spec:
+                if k not in EXPAND_KEYS:
+                    raise doc.error(epath + (k,), f"unknown expansion key: use {', '.join(EXPAND_KEYS)}")
+            for k in ("formats", "granularities", "scales"):
+                if k not in spec:
+                    raise doc.error(epath, f"missing {k!r}")
+            formats = _strings(doc, spec["formats"], epath + ("formats",), "formats")
+            grans = _strings(doc, spec["granularities"], epath + ("granularities",), "granularities")
+            scales = _strings(doc, spec["scales"], epath + ("scales",), "scale sources")
+            options = spec.get("options", "") or ""
+            if not isinstance(options, str) or (options and not options.startswith("+")):
+                raise doc.error(epath + ("options",), "options are scheme options like '+skip=0' (or '+scales=PATH' for static)")
+            for f in formats:
+                for g in grans:
+                    for s in scales:
+                        out.append(str(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath)))
+        else:
+            out.append(str(_parse_one_scheme(doc, item, path)))
+    return list(dict.fromkeys(out))
+
+
+def _blamed_key(params: dict, message: str) -> tuple:
+    """The parameter an eval's error message names (quoted first, else as a word), to point at its line."""
+    import re
+
+    for k in params:
+        if repr(k) in message or f'"{k}"' in message:
+            return (k,)
+    for k in sorted(params, key=len, reverse=True):
+        if re.search(rf"(?<![\w-]){re.escape(k)}(?![\w-])", message):
+            return (k,)
+    return ()
+
+
+def _evals(doc: _Located, value, seeds: list[int] | None) -> list[tuple[str, str, str]]:
+    """(eval name, canonical params JSON, full params JSON) per eval and seed."""
+    from evalkit.evals.base import get_eval
+
+    if not isinstance(value, dict) or not value:
+        raise doc.error(("evals",), "give a mapping of eval name to its parameters, e.g. {perplexity: {window: 256}}")
+    out = []
+    for name, params in value.items():
+        path = ("evals", name)
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise doc.error(path, "an eval's parameters are a mapping (or empty)")
+        try:
+            cls = get_eval(name)
+        except EvalkitError as exc:
+            raise doc.error(path, str(exc)) from None
+        except ImportError as exc:
+            raise doc.error(path, f"eval {name!r} cannot be imported in this installation ({exc})") from None
+        for seed in seeds if seeds is not None else [None]:
+            p = dict(params) if seed is None else {**params, "seed": seed}
+            try:
+                ev = cls(p)
+            except EvalkitError as exc:
+                raise doc.error(path + _blamed_key(params, str(exc)), str(exc)) from None
+            out.append((name, canonical_json(ev.canonical_params()), canonical_json(ev.params)))
+    return out
+
+
+def parse_grid(path: str | Path, text: str | None = None) -> Grid:
+    """Read and validate a grid file; every error names FILE:LINE and the key."""
+    path = Path(path)
+    if text is None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise GridError(f"cannot read grid {path}: {exc.strerror}") from None
+    doc = _Located(path, text)
+    data = doc.value
+    if not isinstance(data, dict):
+        raise doc.error((), "a grid is a mapping with models, schemes and evals")
+    for k in data:
+        if k not in TOP_KEYS:
+            raise doc.error((k,), f"unknown key: use {', '.join(TOP_KEYS)}")
+    for k in ("models", "schemes", "evals"):
+        if k not in data:
+            raise doc.error((), f"missing {k!r}")
+    seeds = data.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise doc.error(("seeds",), "seeds are a non-empty list of integers")
+    for k in ("name", "out", "executor", "description"):
+        if k in data and not isinstance(data[k], str):
+            raise doc.error((k,), "must be a string")
+    if data.get("executor") not in (None, "local", "ray"):
+        raise doc.error(("executor",), "executor is local or ray")
+    models = _models(doc, data["models"])
+    schemes = _schemes(doc, data["schemes"])
+    evals = _evals(doc, data["evals"], seeds)
+    runs = tuple(RunSpec(m, s, e, p, rp) for m in models for (e, p, rp) in evals for s in schemes)
+    return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
+                executor=data.get("executor"), data=data)
+
+
+# -- named grids -------------------------------------------------------------------------------
+def grid_dirs() -> list[Path]:
+    """Where named grids (``default``, ``quick``) are looked up, in order.
+
+    ``$EVALKIT_SWEEPS``; the ``sweeps/`` folder of the source tree this package runs from (a clone,
+    editable or not installed); ``share/evalkit/sweeps`` under the Python prefix (a wheel that ships
+    them as data files).
+    """
+    import os
+    import sys
+
+    dirs = []
+    if os.environ.get("EVALKIT_SWEEPS"):
+        dirs.append(Path(os.environ["EVALKIT_SWEEPS"]))
+    dirs.append(Path(__file__).resolve().parents[2] / "sweeps")
+    dirs.append(Path(sys.prefix) / "share" / "evalkit" / "sweeps")
+    return dirs
+
+
+def resolve_grid(name_or_path: str) -> Path:
+    """A grid file path, or the name of a grid in ``sweeps/`` (``default``, ``quick``)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise GridError(f"grid file {p} does not exist")
+        return p
+    for d in grid_dirs():
+        for suffix in (".yaml", ".yml"):
+            cand = d / f"{name_or_path}{suffix}"
+            if cand.is_file():
+                return cand
+    names = sorted({f.stem for d in grid_dirs() if d.is_dir() for f in d.glob("*.y*ml")})
+    raise GridError(f"no grid named {name_or_path!r}: give a YAML file or one of {', '.join(names) or '(none found)'}")

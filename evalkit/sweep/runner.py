@@ -1,0 +1,192 @@
+"""Running a sweep: plan the pending runs, execute them model by model, record every outcome.
+
+Plan: the grid's runs (this shard's share), minus those whose completion record is already in
+the store (unless ``rerun``), grouped by model, then by evaluation (same eval, same parameters),
+baseline scheme first. Execution (:mod:`evalkit.sweep.executors`) goes through a
+:class:`ModelSession`: it loads a model once, prepares each evaluation once on it (data, baseline
+pass), then evaluates every scheme. A run that raises is returned as a failed outcome with its
+error and the sweep goes on; the driver writes each outcome to the store as soon as it arrives,
+shows a progress bar (current run, done/total, ETA) and prints a summary of failures at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.sweep.grid import Grid, ModelSpec, RunSpec
+from evalkit.sweep.shard import select
+from evalkit.sweep.store import ResultStore, RunOutcome
+
+
+def _eval_class(name: str, registry: dict[str, str] | None):
+    if registry and name in registry:
+        module, cls = registry[name].split(":")
+        return getattr(importlib.import_module(module), cls)
+    from evalkit.evals.base import get_eval
+
+    return get_eval(name)
+
+
+def _cuda_devices(model) -> list[int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+class ModelSession:
+    """One loaded model, its prepared evaluations, and the runs evaluated on it."""
+
+    def __init__(self, model: ModelSpec, workdir: str | Path, registry: dict[str, str] | None = None):
+        self.spec = model
+        self.workdir = Path(workdir)
+        self.registry = registry
+        self._lm = None
+        self._load_error: BaseException | None = None
+        self._evals: dict[str, object] = {}  # eval_key -> prepared Evaluation or the exception preparing raised
+
+    def _model(self):
+        if self._lm is None and self._load_error is None:
+            from evalkit.models import load_model
+
+            s = self.spec
+            try:
+                self._lm = load_model(s.name, dtype=s.dtype, device=s.device, device_map=s.device_map,
+                                      trust_remote_code=s.trust_remote_code, attn_implementation=s.attn_implementation)
+            except Exception as exc:  # recorded for every run of this model
+                self._load_error = exc
+        if self._load_error is not None:
+            raise self._load_error
+        return self._lm
+
+    def _prepared(self, run: RunSpec, lm):
+        key = run.eval_key
+        if key not in self._evals:
+            try:
+                ev = _eval_class(run.eval, self.registry)(run.params)
+                ev.prepare(lm, self.workdir)
+                self._evals[key] = ev
+            except Exception as exc:
+                self._evals[key] = exc
+        ev = self._evals[key]
+        if isinstance(ev, BaseException):
+            raise ev
+        return ev
+
+    def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
+        from evalkit.scheme import parse_scheme
+
+        start = time.perf_counter()
+        info: dict = {}
+        try:
+            lm = self._model()
+            info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device))
+            ev = self._prepared(run, lm)
+            devices = _cuda_devices(lm.model)
+            if devices:
+                import torch
+
+                for d in devices:
+                    torch.cuda.reset_peak_memory_stats(d)
+            rows = ev.evaluate(lm, parse_scheme(run.scheme), artifacts)
+            if devices:
+                info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
+            return RunOutcome(run.run_id, run.to_dict(), True, [r.to_dict() for r in rows],
+                              seconds=time.perf_counter() - start, info=info)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+            return RunOutcome(run.run_id, run.to_dict(), False, error=message, traceback=traceback.format_exc(),
+                              seconds=time.perf_counter() - start, info=info)
+
+    def run_collecting(self, run: RunSpec) -> RunOutcome:
+        """Run with artifacts in a temporary folder and return them as bytes (for remote workers)."""
+        tmp = Path(tempfile.mkdtemp(prefix="evalkit-run-"))
+        try:
+            outcome = self.run(run, tmp)
+            outcome.artifacts = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
+            return outcome
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def close(self) -> None:
+        self._lm = None
+        self._evals.clear()
+        gc.collect()
+
+
+def plan(runs: list[RunSpec]) -> list[list[RunSpec]]:
+    """Group runs by model (first-appearance order); inside, by evaluation, the baseline first."""
+    groups: dict[str, list[RunSpec]] = {}
+    for r in runs:
+        groups.setdefault(r.model.key, []).append(r)
+    out = []
+    for g in groups.values():
+        eval_order = list(dict.fromkeys(r.eval_key for r in g))
+        out.append(sorted(g, key=lambda r: (eval_order.index(r.eval_key), r.scheme != "bf16")))
+    return out
+
+
+@dataclass
+class SweepSummary:
+    total: int  # runs of this grid (and shard)
+    skipped: int  # already complete in the store
+    completed: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (run label, error)
+    seconds: float = 0.0
+
+    def text(self, store: ResultStore) -> str:
+        lines = [f"sweep: {self.total} runs, {self.skipped} already done, {self.completed} completed now, "
+                 f"{len(self.failures)} failed, {self.seconds:.1f} s"]
+        for label, error in self.failures:
+            lines.append(f"  FAILED {label}: {error}")
+        lines.append(f"results: {store.results}")
+        return "\n".join(lines)
+
+
+def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, shard: tuple[int, int] | None = None,
+              workdir: str | Path | None = None, registry: dict[str, str] | None = None,
+              progress: bool = True, grid_text: str | None = None) -> SweepSummary:
+    from tqdm import tqdm
+
+    if workdir is None:
+        from evalkit.models import cache_root
+
+        workdir = cache_root() / "work"
+    if registry is None:
+        from evalkit.evals import base
+
+        registry = dict(base._REGISTRY)  # evals registered at run time resolve the same way in workers
+    store.claim(grid, grid_text)
+    runs = select(grid.runs, shard)
+    done = set() if rerun else store.done_ids()
+    pending = [r for r in runs if r.run_id not in done]
+    summary = SweepSummary(total=len(runs), skipped=len(runs) - len(pending))
+    start = time.perf_counter()
+    bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
+
+    def on_start(run: RunSpec) -> None:
+        bar.set_postfix_str(run.label(), refresh=True)
+
+    try:
+        for run, outcome in executor.execute(plan(pending), store, workdir, registry, on_start):
+            store.append(outcome)
+            if outcome.ok:
+                summary.completed += 1
+            else:
+                summary.failures.append((run.label(), outcome.error or "unknown error"))
+                bar.write(f"FAILED {run.label()}: {outcome.error}", file=sys.stderr)
+            bar.update(1)
+    finally:
+        bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary

@@ -1,0 +1,285 @@
+"""The results store: one folder per sweep, an append-only ``results.jsonl`` that survives crashes.
+
+Folder layout::
+
+    OUT/spec.json        which grid this folder belongs to (identity hash, name, parsed grid)
+    OUT/grid.yaml        a copy of the grid file as given
+    OUT/results.jsonl    append-only records, one JSON object per line
+    OUT/runs/<id16>/     per-run artifacts (plots, samples) written by the evals
+
+Records (``type``): ``metric`` rows, one per (run, metric), with ``run_id``, ``model``,
+``scheme`` (canonical string), ``eval``, ``metric``, ``value``, ``ci_low``, ``ci_high``,
+``labels``, ``info``; then one ``complete`` record per run (with its spec, row count, time and
+resource figures) or one ``failed`` record (with the error). All of a run's records go to the
+file in ONE ``write()`` under an exclusive file lock, completion record last, then ``fsync``.
+So a crash (even SIGKILL in the middle of the write) can leave at most one torn line at the very
+end, and two writers (shards, Ray workers) can never interleave lines.
+
+Readers count a run only when its completion record is present: rows of runs without one and an
+undecodable (torn) line are ignored. Every record carries an ``attempt`` id, so after ``--rerun``
+the latest attempt's rows are the ones that count. Before appending, a writer that finds the
+file not ending in a newline (a torn tail) starts a new line, so the torn fragment stays an
+ignorable line of its own and the next run's records are intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from evalkit.sweep.grid import Grid, GridError, canonical_json
+
+RESULTS = "results.jsonl"
+SPEC = "spec.json"
+GRID_COPY = "grid.yaml"
+LOCK = ".results.lock"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True, default=str)
+
+
+@dataclass
+class RunOutcome:
+    """What executing one run produced; the store turns it into records."""
+
+    run_id: str
+    spec: dict[str, Any]  # RunSpec.to_dict()
+    ok: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)  # MetricRow.to_dict() each
+    error: str | None = None
+    traceback: str | None = None
+    seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, bytes] = field(default_factory=dict)  # relative path -> content (remote executors)
+
+
+@dataclass
+class StoreView:
+    """What a reader sees: the rows of counted runs, their completion records, and failures."""
+
+    rows: list[dict[str, Any]]
+    complete: dict[str, dict[str, Any]]  # run_id -> latest completion record
+    failed: dict[str, dict[str, Any]]  # run_id -> latest failure record (runs whose latest attempt failed)
+    torn_lines: int
+    uncounted_rows: int  # rows of attempts without a completion record (crashed or superseded)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+
+class ResultStore:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.results = self.folder / RESULTS
+        self.spec_path = self.folder / SPEC
+        self._lock = FileLock(str(self.folder / LOCK))
+
+    # -- ownership -----------------------------------------------------------------------------
+    def check(self, grid: Grid) -> None:
+        """Refuse (read-only) a folder that holds another grid's results or is not a store."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise GridError(f"output {self.folder} exists and is not a folder: choose another --out")
+        if self.spec_path.is_file():
+            try:
+                spec = json.loads(self.spec_path.read_text())
+                identity = spec["grid_identity"]
+            except (OSError, ValueError, KeyError):
+                raise GridError(f"{self.spec_path} is not an evalkit sweep spec: choose another --out") from None
+            if identity != grid.identity:
+                raise GridError(f"output folder {self.folder} belongs to a different grid ({spec.get('grid_name')!r} from "
+                                f"{spec.get('grid_file')}): choose another --out, or delete that folder to start over")
+        elif self.results.is_file():
+            raise GridError(f"{self.folder} has {RESULTS} but no {SPEC}: not a sweep folder of this grid, choose another --out")
+
+    def claim(self, grid: Grid, grid_text: str | None = None) -> None:
+        """Check ownership, then write spec.json and the grid copy if this is a new store."""
+        self.check(grid)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self.check(grid)  # another writer may have claimed it meanwhile
+            if self.spec_path.is_file():
+                return
+            spec = {"grid_identity": grid.identity, "grid_name": grid.name, "grid_file": grid.path, "created": _now(),
+                    "runs": len(grid.runs), "grid": grid.data}
+            if grid_text is not None:
+                _atomic_write(self.folder / GRID_COPY, grid_text.encode())
+            _atomic_write(self.spec_path, (json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n").encode())
+
+    def adopt_spec(self, other: ResultStore) -> None:
+        """Take another store's spec (merge): refuse if this one already belongs to a different grid."""
+        theirs = json.loads(other.spec_path.read_text())
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if self.spec_path.is_file():
+                mine = json.loads(self.spec_path.read_text())
+                if mine.get("grid_identity") != theirs["grid_identity"]:
+                    raise GridError(f"{self.folder} belongs to a different grid than {other.folder}: choose another output folder")
+                return
+            if (other.folder / GRID_COPY).is_file():
+                _atomic_write(self.folder / GRID_COPY, (other.folder / GRID_COPY).read_bytes())
+            _atomic_write(self.spec_path, other.spec_path.read_bytes())
+
+    def artifact_dir(self, run_id: str) -> Path:
+        return self.folder / "runs" / run_id[:16]
+
+    # -- writing -------------------------------------------------------------------------------
+    def append(self, outcome: RunOutcome, attempt: str | None = None) -> None:
+        """Write one run's records (metric rows, then its completion or failure record) atomically."""
+        attempt = attempt or uuid.uuid4().hex
+        spec = outcome.spec
+        base = {"run_id": outcome.run_id, "attempt": attempt, "model": spec["model"]["name"], "scheme": spec["scheme"],
+                "eval": spec["eval"]}
+        lines = []
+        if outcome.ok:
+            for row in outcome.rows:
+                lines.append(_dumps({"type": "metric", **base, "metric": row["metric"], "value": row["value"],
+                                     "ci_low": row.get("ci_low"), "ci_high": row.get("ci_high"),
+                                     "labels": row.get("labels") or {}, "info": row.get("info") or {}}))
+            lines.append(_dumps({"type": "complete", **base, "rows": len(outcome.rows), "seconds": round(outcome.seconds, 3),
+                                 "finished": _now(), "spec": spec, "info": outcome.info}))
+        else:
+            lines.append(_dumps({"type": "failed", **base, "error": outcome.error, "traceback": outcome.traceback,
+                                 "seconds": round(outcome.seconds, 3), "finished": _now(), "spec": spec, "info": outcome.info}))
+        if outcome.artifacts:
+            root = self.artifact_dir(outcome.run_id)
+            for rel, content in outcome.artifacts.items():
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        self._append_text("".join(line + "\n" for line in lines))
+
+    def _append_text(self, text: str) -> None:
+        data = text.encode()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            fd = os.open(self.results, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a torn tail from a crash: keep it on its own (ignored) line
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self) -> StoreView:
+        return read_records(self.results)
+
+    def done_ids(self) -> set[str]:
+        return set(self.read().complete)
+
+
+def read_records(path: Path) -> StoreView:
+    records, torn = [], 0
+    if path.is_file():
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    torn += 1
+                    continue
+                if isinstance(rec, dict) and "type" in rec and "run_id" in rec:
+                    records.append(rec)
+                else:
+                    torn += 1
+    latest: dict[str, dict] = {}
+    by_attempt: dict[tuple[str, str], list[dict]] = {}
+    for rec in records:
+        if rec["type"] == "metric":
+            by_attempt.setdefault((rec["run_id"], rec["attempt"]), []).append(rec)
+        elif rec["type"] in ("complete", "failed"):
+            latest[rec["run_id"]] = rec
+    complete, failed, rows, counted = {}, {}, [], 0
+    for run_id, rec in latest.items():
+        if rec["type"] == "failed":
+            failed[run_id] = rec
+            continue
+        run_rows = by_attempt.get((run_id, rec["attempt"]), [])
+        if len(run_rows) != rec["rows"]:
+            continue  # cannot happen with one write per run; never count an inconsistent run
+        complete[run_id] = rec
+        rows.extend(run_rows)
+        counted += len(run_rows)
+    total_rows = sum(len(v) for v in by_attempt.values())
+    return StoreView(rows, complete, failed, torn, total_rows - counted)
+
+
+def load_results(folder: str | Path):
+    """The counted metric rows of a sweep folder as a pandas DataFrame (for notebooks and reports)."""
+    return ResultStore(folder).read().to_frame()
+
+
+def merge_stores(out: str | Path, shards: list[str | Path]) -> dict[str, int]:
+    """Copy every counted run (and every run that only failed) of shard folders into ``out``."""
+    target = ResultStore(out)
+    stores = []
+    for s in shards:
+        st = ResultStore(s)
+        if not st.spec_path.is_file():
+            raise GridError(f"{s} is not a sweep folder (no {SPEC}): give folders written by `evalkit sweep`")
+        stores.append(st)
+    identities = {json.loads(st.spec_path.read_text()).get("grid_identity") for st in stores}
+    if len(identities) != 1:
+        raise GridError("the shard folders belong to different grids: merge only shards of one grid")
+    target.adopt_spec(stores[0])
+    mine = target.read()
+    have = set(mine.complete)
+    merged = failed = 0
+    failures: dict[str, tuple[ResultStore, dict]] = {}
+    for st in stores:
+        view = st.read()
+        rows_by_run: dict[str, list[dict]] = {}
+        for r in view.rows:
+            rows_by_run.setdefault(r["run_id"], []).append(r)
+        for run_id, rec in view.complete.items():
+            if run_id in have:
+                continue
+            rows = [{k: r[k] for k in ("metric", "value", "ci_low", "ci_high", "labels", "info")} for r in rows_by_run.get(run_id, [])]
+            outcome = RunOutcome(run_id, rec["spec"], True, rows, seconds=rec.get("seconds", 0.0), info=rec.get("info", {}))
+            src = st.artifact_dir(run_id)
+            if src.is_dir() and src.resolve() != target.artifact_dir(run_id).resolve():
+                shutil.copytree(src, target.artifact_dir(run_id), dirs_exist_ok=True)
+            target.append(outcome, attempt=rec["attempt"])
+            have.add(run_id)
+            merged += 1
+        for run_id, rec in view.failed.items():
+            failures.setdefault(run_id, (st, rec))
+    for run_id, (st, rec) in failures.items():
+        if run_id in have or run_id in mine.failed:
+            continue
+        target.append(RunOutcome(run_id, rec["spec"], False, error=rec.get("error"), traceback=rec.get("traceback"),
+                                 seconds=rec.get("seconds", 0.0), info=rec.get("info", {})), attempt=rec["attempt"])
+        failed += 1
+    return {"merged": merged, "already_present": len(mine.complete), "failed": failed, "shards": len(stores)}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+__all__ = ["ResultStore", "RunOutcome", "StoreView", "load_results", "merge_stores", "read_records", "canonical_json"]

@@ -1,0 +1,249 @@
+"""``lmeval``: lm-evaluation-harness tasks under each KV scheme, on one loaded model, with flip rates.
+
+    python -m evalkit run --eval lmeval --tasks evalkit_mmlu4,evalkit_passkey --limit 50 \\
+        --schemes bf16,fp8_e4m3/tensor/unit,int4/tensor/dynamic
+
+The numbers are lm-eval's own (``simple_evaluate`` on an ``HFLM`` around the in-memory model; see
+:mod:`evalkit.lmeval_adapter`). ``prepare`` runs the baseline on the plain model (no hook), keeps
+its per-item samples in memory and as JSON under the work folder (reused when model weights,
+parameters, task files and library versions all match). ``evaluate`` runs the same tasks inside
+``quantized_kv(model, scheme)`` and emits, per task (and filter):
+
+* every lm-eval metric with its standard error: value, 95 % interval value ± 1.96·stderr (when
+  lm-eval gives a stderr), the stderr itself in ``info``;
+* ``flip_rate``, ``flip_right_to_wrong``, ``flip_wrong_to_right`` and ``gold_loglik_abs_delta``
+  against the baseline's items (:mod:`evalkit.lmeval_items`).
+
+Metric names are ``<task>/<metric>`` (``[<filter>]`` appended when lm-eval's filter is not
+``none``); ``labels`` hold task and filter. Every row's ``info`` carries the provenance needed to
+reproduce it: lm-eval version, task name and version, n-shot, limit, number of items, batch size
+and the task config lm-eval reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Evaluation, MetricRow
+
+DEFAULT_TASKS = ("evalkit_mmlu4",)
+
+
+def _positive_int(name: str, value, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            value = int(float(value))
+        except (TypeError, ValueError):
+            raise EvalkitError(f"lmeval {name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise EvalkitError(f"lmeval {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _jsonable(obj):
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps(obj, default=handle_non_serializable))
+
+
+class LmEvalEval(Evaluation):
+    name = "lmeval"
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+        from evalkit.lmeval_adapter import resolve_tasks
+
+        known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters"}
+        extra = set(params) - known
+        if extra:
+            raise EvalkitError(f"unknown lmeval parameter(s) {', '.join(sorted(extra))}: use {', '.join(sorted(known))}")
+        tasks = params.get("tasks", DEFAULT_TASKS)
+        if isinstance(tasks, str):
+            tasks = tasks.split(",")
+        tasks = [t.strip() for t in tasks if t and t.strip()]
+        if not tasks:
+            raise EvalkitError("lmeval needs at least one task: --tasks evalkit_mmlu4,...")
+        include = params.get("include") or []
+        if isinstance(include, str):
+            include = [include]
+        out = {
+            "tasks": list(dict.fromkeys(tasks)),
+            "num_fewshot": _positive_int("num_fewshot (--num-fewshot)", params.get("num_fewshot"), 0),
+            "limit": _positive_int("limit (--limit)", params.get("limit"), 1),
+            "batch_size": _positive_int("batch_size (--lmeval-batch-size)", params.get("batch_size", 1), 1),
+            "include": [str(Path(p).resolve()) for p in include],
+            "bootstrap_iters": _positive_int("bootstrap_iters", params.get("bootstrap_iters", 100000), 0),
+        }
+        resolve_tasks(out["tasks"], tuple(out["include"]))  # unknown names fail here, before any model work
+        return out
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("lmeval")
+        g.add_argument("--tasks", default=None,
+                       help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})")
+        g.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
+        g.add_argument("--limit", type=int, default=None, help="evaluate only the first N items of each task")
+        g.add_argument("--lmeval-batch-size", type=int, default=1,
+                       help="HFLM batch size (default 1: exact; larger batches are right-padded without a mask)")
+        g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
+
+    @classmethod
+    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        params = {"num_fewshot": args.num_fewshot, "limit": args.limit, "batch_size": args.lmeval_batch_size,
+                  "include": args.lmeval_include or []}
+        if args.tasks is not None:
+            params["tasks"] = args.tasks
+        return params
+
+    # ---- per model --------------------------------------------------------------------------
+
+    def prepare(self, lm, workdir: Path) -> None:
+        from evalkit.lmeval_adapter import make_hflm, resolve_tasks, run_lm_eval
+        from evalkit.lmeval_items import items_from_results
+
+        self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]))
+        self._hflm = make_hflm(lm.model, lm.tokenizer, self.params["batch_size"])
+        self._model = lm.model
+        key = self._baseline_key(lm)
+        self.baseline_path = Path(workdir) / "lmeval" / key[:20] / "baseline.json"
+        if self.baseline_path.is_file():
+            stored = json.loads(self.baseline_path.read_text())
+            self.baseline_items = stored["items"]
+            self.baseline_summary = stored["summary"]
+            return
+        results = self._run()
+        self.baseline_items = items_from_results(results)
+        self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
+        self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.baseline_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "items": self.baseline_items, "summary": self.baseline_summary,
+                                   "samples": _jsonable(results["samples"])}))
+        tmp.replace(self.baseline_path)  # complete file appears last
+
+    def _run(self) -> dict:
+        from evalkit.lmeval_adapter import run_lm_eval
+
+        p = self.params
+        return run_lm_eval(self._hflm, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"],
+                           bootstrap_iters=p["bootstrap_iters"])
+
+    def _baseline_key(self, lm) -> str:
+        import torch
+        import transformers
+
+        from evalkit.lmeval_adapter import include_paths, lm_eval_version
+
+        h = hashlib.sha256()
+        for name, prm in lm.model.named_parameters():  # a cheap fingerprint of the weights themselves
+            flat = prm.detach().reshape(-1)
+            h.update(f"{name}{tuple(prm.shape)}{prm.dtype}".encode())
+            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
+        for folder in include_paths(tuple(self.params["include"])):
+            for f in sorted(Path(folder).rglob("*")):
+                if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():
+                    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
+        meta = {"name": lm.name, "path": str(lm.path), "config": lm.config_hash, "device": str(lm.device.type),
+                "params": self.canonical_params(), "lm_eval": lm_eval_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__}
+        h.update(json.dumps(meta, sort_keys=True, default=str).encode())
+        return h.hexdigest()
+
+    # ---- per scheme -------------------------------------------------------------------------
+
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.hook import quantized_kv
+        from evalkit.lmeval_items import items_from_results
+
+        if getattr(self, "_model", None) is not lm.model:
+            raise EvalkitError("lmeval.evaluate needs prepare() on this loaded model first")
+        with quantized_kv(lm.model, scheme):
+            results = self._run()
+        items = items_from_results(results)
+        if artifacts is not None:
+            artifacts = Path(artifacts)
+            artifacts.mkdir(parents=True, exist_ok=True)
+            (artifacts / "lmeval_samples.json").write_text(json.dumps(
+                {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
+        return metric_rows(results, self.params) + flip_rows(results, items, self.baseline_items, self.params)
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+def _metric_name(task: str, metric: str, filt: str) -> str:
+    return f"{task}/{metric}" if filt == "none" else f"{task}/{metric}[{filt}]"
+
+
+def leaf_tasks(results: dict, task: str) -> list[str]:
+    """The leaf tasks under a task or group name (a leaf is its own only member)."""
+    subtasks = results.get("group_subtasks", {}).get(task)
+    if not subtasks:
+        return [task]
+    return [leaf for sub in subtasks for leaf in leaf_tasks(results, sub)]
+
+
+def provenance(results: dict, task: str, params: dict) -> dict[str, Any]:
+    from evalkit.lmeval_adapter import lm_eval_version
+
+    leaves = leaf_tasks(results, task)
+    n_items = sum(int(results.get("n-samples", {}).get(t, {}).get("effective", 0)) for t in leaves)
+    info = {"lm_eval_version": lm_eval_version(), "task": task, "task_version": results.get("versions", {}).get(task),
+            "n_shot": results.get("n-shot", {}).get(task), "limit": params["limit"], "n_items": n_items,
+            "batch_size": params["batch_size"]}
+    if task in results.get("configs", {}):
+        info["config"] = _jsonable(results["configs"][task])
+    else:
+        info["subtasks"] = leaves
+    return info
+
+
+def metric_rows(results: dict, params: dict) -> list[MetricRow]:
+    rows = []
+    for task, metrics in results["results"].items():
+        info = provenance(results, task, params)
+        for key, value in metrics.items():
+            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
+                continue
+            metric, filt = key.split(",", 1)
+            stderr = metrics.get(f"{metric}_stderr,{filt}")
+            stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
+            low, high = (value - 1.96 * stderr, value + 1.96 * stderr) if stderr is not None else (None, None)
+            rows.append(MetricRow(_metric_name(task, metric, filt), float(value), low, high,
+                                  labels={"task": task, "filter": filt},
+                                  info={**info, "stderr": stderr, "lm_eval_metric": key,
+                                        "higher_is_better": results.get("higher_is_better", {}).get(task, {}).get(metric)}))
+    return rows
+
+
+def flip_rows(results: dict, items: dict, baseline: dict, params: dict) -> list[MetricRow]:
+    from evalkit.lmeval_items import compare_items
+
+    rows = []
+    for task in results["results"]:
+        leaves = leaf_tasks(results, task)
+        if any(t not in items or t not in baseline for t in leaves):
+            continue
+        ours = [dict(i, task=t) for t in leaves for i in items[t]]
+        base = [dict(i, task=t) for t in leaves for i in baseline[t]]
+        if len(leaves) > 1:  # doc ids repeat across subtasks: make them unique within the group
+            for group in (ours, base):
+                for i in group:
+                    i["doc_id"] = f"{i['task']}:{i['doc_id']}"
+        info = provenance(results, task, params)
+        for filt, stats in compare_items(base, ours).items():
+            for stat, (value, low, high, extra) in stats.items():
+                rows.append(MetricRow(_metric_name(task, stat, filt), value,
+                                      None if math.isnan(low) else low, None if math.isnan(high) else high,
+                                      labels={"task": task, "filter": filt}, info={**info, **extra}))
+    return rows

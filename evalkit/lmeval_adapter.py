@@ -1,0 +1,171 @@
+"""lm-eval plumbing: find tasks, wrap the loaded model once, run lm-eval's own evaluator per scheme.
+
+evalkit never imitates an lm-eval task: it calls ``lm_eval.simple_evaluate`` on an ``HFLM`` that
+wraps the model already in memory (built once per loaded model), with the KV scheme switched
+around each call by :func:`evalkit.quantized_kv` (loglikelihood and ``generate_until`` alike).
+
+* Tasks come from ``tasks/lmeval`` (evalkit's offline YAMLs, always indexed) and, only when a
+  requested name is not there, from lm-eval's built-in index (``include_defaults=True``; indexing
+  its ~15k tasks takes tens of seconds, so it is built once per process).
+* lm-eval's request cache is never used (``use_cache=None``): it keys on the request only and would
+  hand every scheme the baseline's answers.
+* Offline: when the Hugging Face hub cannot be reached, datasets run in offline mode during task
+  loading (so cached datasets still work) and a task whose data is not cached fails at once with
+  one line, instead of ~25 s of retries.
+* Batch size 1 by default: lm-eval right-pads loglikelihood batches and passes no attention mask,
+  so with larger batches the padding positions enter dynamic per-tensor scales and the logits of
+  the padded rows. Batch size 1 is exact (equal to ``lm_eval --batch_size 1``); raise it for speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import socket
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from evalkit.errors import EvalkitError
+
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lmeval"
+_NETWORK_ERRORS = ("ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
+
+
+def lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def include_paths(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    paths = [str(TASKS_DIR)] + [str(Path(p).resolve()) for p in extra]
+    for p in paths:
+        if not Path(p).is_dir():
+            raise EvalkitError(f"lm-eval task folder {p} does not exist: pass an existing folder of task YAMLs")
+    return paths
+
+
+@lru_cache(maxsize=8)
+def task_manager(paths: tuple[str, ...], include_defaults: bool):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths), include_defaults=include_defaults)
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Requested task names, the TaskManager that knows them, and which of them are lm-eval built-ins."""
+
+    names: tuple[str, ...]
+    manager: Any
+    builtin: tuple[str, ...]
+
+
+def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = ()) -> TaskSet:
+    """Find every name (evalkit's YAMLs first, lm-eval's built-ins only when needed).
+
+    Unknown names raise EvalkitError listing the nearest known names.
+    """
+    paths = tuple(include_paths(extra_paths))
+    local = task_manager(paths, False)
+    builtin = tuple(n for n in names if n not in local.all_tasks)
+    if not builtin:
+        return TaskSet(tuple(names), local, ())
+    full = task_manager(paths, True)
+    unknown = [n for n in builtin if n not in full.all_tasks]
+    if unknown:
+        parts = []
+        for n in unknown:
+            near = difflib.get_close_matches(n, full.all_tasks, n=5, cutoff=0.6)
+            parts.append(f"{n!r} (nearest: {', '.join(near)})" if near else repr(n))
+        raise EvalkitError(f"unknown lm-eval task {'; '.join(parts)}: see `lm_eval ls tasks` or the YAMLs in {TASKS_DIR}")
+    return TaskSet(tuple(names), full, builtin)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """False when offline mode is set or the hub's host cannot be reached within ``timeout``."""
+    import datasets
+
+    if datasets.config.HF_HUB_OFFLINE:
+        return False
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def offline_datasets(enabled: bool):
+    """Inside the block, ``datasets`` and ``huggingface_hub`` read only their local caches."""
+    import datasets
+    from huggingface_hub import constants
+
+    if not enabled:
+        yield
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE, os.environ.get("HF_DATASETS_OFFLINE")
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop("HF_DATASETS_OFFLINE", None)
+        else:
+            os.environ["HF_DATASETS_OFFLINE"] = saved[2]
+
+
+def _network_error(exc: BaseException) -> bool:
+    while exc is not None:
+        if type(exc).__name__ in _NETWORK_ERRORS or isinstance(exc, ConnectionError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@contextlib.contextmanager
+def network_guard(tasks: TaskSet):
+    """Offline mode when the hub is unreachable (only if a built-in task is requested), and one
+    clear line when a task's data cannot be fetched."""
+    offline = bool(tasks.builtin) and not hub_reachable()
+    try:
+        with offline_datasets(offline):
+            yield
+    except Exception as exc:
+        if tasks.builtin and _network_error(exc):
+            where = ("the Hugging Face hub is unreachable (offline) and its data is not in the local datasets cache"
+                     if offline else "its data could not be downloaded")
+            raise EvalkitError(f"lm-eval task {', '.join(tasks.builtin)} needs the network: {where}; "
+                               f"run it online once to fill the cache, or use the offline tasks in {TASKS_DIR}") from None
+        raise
+
+
+def make_hflm(model, tokenizer, batch_size: int = 1):
+    """lm-eval's HFLM around an already loaded model (no reload, no copy)."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
+def run_lm_eval(hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None,
+                bootstrap_iters: int = 100000) -> dict[str, Any]:
+    """One call of lm-eval's evaluator with per-item samples logged and no request cache."""
+    import lm_eval
+
+    with network_guard(tasks):
+        results = lm_eval.simple_evaluate(
+            model=hflm, tasks=list(tasks.names), num_fewshot=num_fewshot, limit=limit, task_manager=tasks.manager,
+            log_samples=True, use_cache=None, cache_requests=False, bootstrap_iters=bootstrap_iters,
+            verbosity="WARNING")
+    if results is None:
+        raise EvalkitError("lm-eval returned no results (non-zero rank?): run evalkit in a single process")
+    return results

@@ -125,19 +125,39 @@ def attention_layers(layout: KVLayout) -> tuple[int, ...]:
     return tuple(range(layout.num_layers))
 
 
-def stored_tokens(layout: KVLayout, layer_idx: int, seq: int, window_caps: bool = True) -> int:
-    if window_caps and layout.is_sliding(layer_idx) and layout.sliding_window:
+def stored_tokens(layout: KVLayout, layer_idx: int, seq: int, window_caps: bool = True, keep: str = "engine",
+                  block: int = 0) -> int:
+    """Tokens a layer holds for a sequence of ``seq``: a sliding layer keeps at most its window.
+
+    ``keep="engine"``: ``window`` tokens (what a serving engine allocates); ``keep="transformers"``:
+    ``window - 1`` tokens as transformers' dynamic cache (and evalkit's storage cache) keep, rounded
+    out to whole blocks of ``block`` tokens when scales are per block."""
+    if not (window_caps and layout.is_sliding(layer_idx) and layout.sliding_window):
+        return seq
+    if keep == "engine":
         return min(seq, layout.sliding_window)
-    return seq
+    if keep != "transformers":
+        raise ValueError(f"keep must be 'engine' or 'transformers', got {keep!r}")
+    window = layout.sliding_window - 1
+    if seq <= window:
+        return seq
+    dropped = seq - window
+    if block:
+        dropped = dropped // block * block
+    return seq - dropped
 
 
-def model_cache_bytes(layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1, window_caps: bool = True) -> int:
-    """Exact KV bytes of ``batch`` sequences of ``seq`` tokens over every attention layer."""
+def model_cache_bytes(layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1, window_caps: bool = True,
+                      keep: str = "engine") -> int:
+    """Exact KV bytes of ``batch`` sequences of ``seq`` tokens over every attention layer.
+
+    ``keep`` says how many tokens sliding-window layers hold (see :func:`stored_tokens`)."""
     check_mla_scheme(scheme, layout)
     total = 0
     for i in attention_layers(layout):
-        n = stored_tokens(layout, i, seq, window_caps)
         quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i))
+        block = scheme.granularity.size if quantized and scheme.granularity.kind is GranularityKind.BLOCK else 0
+        n = stored_tokens(layout, i, seq, window_caps, keep, block)
         if layout.is_mla:
             total += mla_layer_bytes(scheme, batch, n, layout.mla_latent_dim, layout.mla_rope_dim, quantized)
         else:

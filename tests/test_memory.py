@@ -128,3 +128,52 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
     seq = cache.get_seq_length()
     assert seq == 7 + 4 - 1
     assert model_cache_bytes(kv_layout(model.config), P("bf16"), seq, batch=2) == 2 * elems
+
+
+# -- against the real storage cache (evalkit.cache) after generate() ---------------------------
+def tiny_mla_model():
+    cfg = tf.DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                              q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+                              num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+                              max_position_embeddings=256)
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def cache_models():
+    from tests.tiny_models import tiny_model
+
+    return {"llama": tiny_model("llama"), "gemma3": tiny_model("gemma3"), "mla": tiny_mla_model()}
+
+
+CACHE_CASES = [
+    ("llama", "fp8_e4m3/tensor/dynamic"), ("llama", "fp8_e4m3/head/dynamic"), ("llama", "fp8_e4m3/block16/dynamic"),
+    ("llama", "fp8_e4m3/token/dynamic"), ("llama", "int4_asym/group8/dynamic"), ("llama", "fp8_e5m2/tensor/unit+skip=0"),
+    ("llama", "bf16"),
+    ("gemma3", "fp8_e4m3/tensor/dynamic"), ("gemma3", "fp8_e4m3/head/dynamic"), ("gemma3", "fp8_e4m3/block16/dynamic"),
+    ("gemma3", "fp8_e4m3/token/dynamic+skip=sliding"),
+    ("mla", "fp8_e4m3/tensor/dynamic"), ("mla", "fp8_e4m3/token/dynamic"), ("mla", "fp8_e4m3/group16/dynamic"),
+    ("mla", "fp8_e4m3/group16/dynamic+rope=bf16"), ("mla", "bf16"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,scheme", CACHE_CASES)
+def test_bytes_equal_the_real_cache_after_generate(cache_models, arch, scheme):
+    """Exact equality with what evalkit's storage cache holds after a padded-batch generate()."""
+    from evalkit.cache import quantized_cache
+
+    model = cache_models[arch]
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    am = torch.ones_like(ids)
+    am[0, :2] = 0  # left padding: padded slots are stored too
+    s = P(scheme)
+    with quantized_cache(model, s) as new_cache:
+        cache = new_cache(am)
+        model.generate(ids, attention_mask=am, cache=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    seq = cache.get_seq_length()
+    assert seq == 9 + 10 - 1
+    want = model_cache_bytes(kv_layout(model.config), s, seq, batch=2, keep="transformers")
+    assert cache.nbytes() == want

@@ -1,7 +1,7 @@
 """A KV cache that really stores K/V as 1-byte (or half-byte) codes plus scales.
 
 ``quantized_cache(model, scheme)`` yields a factory of transformers ``Cache`` objects to pass as
-``past_key_values`` to ``generate()``: prefill and decode both read back the stored codes
+``cache=`` (``past_key_values=`` before transformers 5.x deprecated it) to ``generate()``: prefill and decode both read back the stored codes
 (transformers' own ``QuantizedCache(backend="fp8")`` returns the unquantized prefill, so it is not
 used). ``cache.nbytes()`` is the exact size of what is held: code tensors plus float32 scales
 (plus zero points for asymmetric INT), with unquantized (skipped) layers counted at 2 bytes per

@@ -1,0 +1,112 @@
+"""fake_quantize against an independent per-group reference written with numpy and ml_dtypes."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from evalkit.errors import SchemeError
+from evalkit.formats import FORMATS
+from evalkit.quantize import check_granularity, fake_quantize
+from evalkit.scheme import Granularity
+
+ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def ref_group(x: np.ndarray, name: str) -> np.ndarray:
+    """Quantize-dequantize one scale group, elementwise in float32, the obvious way."""
+    fmt = FORMATS[name]
+    x = x.astype(np.float32)
+    if fmt.asymmetric:
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        scale = np.float32((np.float32(hi) - np.float32(lo)) / np.float32(fmt.qmax))
+        scale = scale if scale > 0 else np.float32(1)
+        zero = np.round(np.float32(-lo) / scale)
+        codes = np.clip(np.round(x / scale) + zero, 0, fmt.qmax)
+        return ((codes - zero) * scale).astype(np.float32)
+    amax = np.float32(np.abs(x).max())
+    scale = np.float32(amax / np.float32(fmt.qmax)) if amax > 0 else np.float32(1)
+    y = np.clip(x / scale, -fmt.max, fmt.max).astype(np.float32)
+    codes = y.astype(ML[name]).astype(np.float32) if fmt.kind == "float" else np.round(y)
+    return (codes * scale).astype(np.float32)
+
+
+def reference(x: np.ndarray, name: str, granularity: str) -> np.ndarray:
+    g = Granularity.parse(granularity)
+    out = np.empty_like(x)
+    b, h, s, d = x.shape
+    for i in range(b):
+        if g.kind.value == "tensor":
+            out[i] = ref_group(x[i], name)
+            continue
+        for j in range(h):
+            if g.kind.value == "head":
+                out[i, j] = ref_group(x[i, j], name)
+            elif g.kind.value == "block":
+                for t in range(0, s, g.size):
+                    out[i, j, t : t + g.size] = ref_group(x[i, j, t : t + g.size], name)
+            else:
+                for t in range(s):
+                    if g.kind.value == "token":
+                        out[i, j, t] = ref_group(x[i, j, t], name)
+                    else:
+                        for c in range(0, d, g.size):
+                            out[i, j, t, c : c + g.size] = ref_group(x[i, j, t, c : c + g.size], name)
+    return out
+
+
+FORMAT_NAMES = ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2", "int8", "int8_asym", "int4", "int4_asym"]
+GRANULARITIES = ["tensor", "head", "block4", "token", "group8"]
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_matches_independent_reference(name, granularity):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 10, 16, generator=g) * torch.tensor([0.5, 4.0, 30.0]).reshape(1, 3, 1, 1)
+    x[0, 1, 3] = 0.0  # an all-zero token
+    ours = fake_quantize(x, FORMATS[name], Granularity.parse(granularity))
+    ref = torch.from_numpy(reference(x.numpy(), name, granularity))
+    assert torch.equal(ours, ref), f"max diff {(ours - ref).abs().max()}"
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "int8", "int4"])
+def test_error_shrinks_with_finer_granularity(name):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 4, 64, 32, generator=g) * torch.exp(torch.randn(1, 4, 64, 1, generator=g))
+    errors = [float(((fake_quantize(x, FORMATS[name], Granularity.parse(gr)) - x) ** 2).mean()) for gr in ("tensor", "head", "token")]
+    assert errors[0] >= errors[1] >= errors[2] > 0
+
+
+def test_static_scale_saturates_and_unit_scale_rounds():
+    fmt = FORMATS["fp8_e4m3"]
+    x = torch.tensor([1000.0, -1000.0, 0.3, 0.0]).reshape(1, 1, 1, 4)
+    out = fake_quantize(x, fmt, Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))
+    assert out.flatten().tolist() == [448.0, -448.0, 0.3125, 0.0]
+    assert torch.isfinite(fake_quantize(x * 1e30, FORMATS["fp8_e5m2"], Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))).all()
+
+
+def test_padding_is_excluded_from_dynamic_scales():
+    fmt = FORMATS["fp8_e4m3"]
+    g = torch.Generator().manual_seed(0)
+    real = torch.randn(1, 2, 6, 8, generator=g)
+    pad = torch.full((1, 2, 3, 8), 1e4)  # huge padding values must not set the scale
+    x = torch.cat([pad, real], dim=2)
+    valid = torch.tensor([[False] * 3 + [True] * 6])
+    for gran in ("tensor", "head", "block4"):
+        out = fake_quantize(x, fmt, Granularity.parse(gran), valid=valid)
+        assert torch.equal(out[:, :, 3:], fake_quantize(real, fmt, Granularity.parse(gran))), gran
+        assert torch.equal(out[:, :, :3], pad)
+
+
+def test_identity_and_dtype():
+    x = torch.randn(1, 2, 5, 8, dtype=torch.bfloat16)
+    assert fake_quantize(x, FORMATS["bf16"], Granularity.parse("tensor")) is x
+    assert fake_quantize(x, FORMATS["fp8_e4m3"], Granularity.parse("head")).dtype == torch.bfloat16
+
+
+def test_group_must_divide_head_dim():
+    with pytest.raises(SchemeError, match="does not divide head_dim 64"):
+        check_granularity(Granularity.parse("group48"), 64)

@@ -1,0 +1,50 @@
+"""`evalkit report DIR`: the publishable table, plots and a recommendation from a results store.
+
+    python -m evalkit report results/default                       # Markdown table + recommendation
+    python -m evalkit report results/default --format latex --out table.tex --plots figures/
+
+Reads the store only (runs with a completion record); nothing is re-evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub):
+    p = sub.add_parser("report", help="tables, plots and a recommendation from a results folder")
+    p.add_argument("folder", type=Path, help="a results folder written by `evalkit sweep`")
+    p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
+    p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")
+    p.add_argument("--plots", type=Path, default=None, help="folder for PNG and SVG plots")
+    p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
+    p.add_argument("--min-top1", type=float, default=0.99, help="quality budget: top-1 agreement (default 0.99)")
+    p.add_argument("--max-retrieval-drop", type=float, default=0.02, help="quality budget: retrieval accuracy drop (default 0.02)")
+    p.add_argument("--max-flip-rate", type=float, default=0.05, help="quality budget: lm-eval flip rate (default 0.05)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
+    from evalkit.report.plots import all_plots
+
+    results = load_store(args.folder)
+    frame = summary_frame(results)
+    text = format_table(frame, args.format)
+    budget = Budget(args.max_ppl_rel, args.min_top1, args.max_retrieval_drop, args.max_flip_rate)
+    lines = list(recommend(frame, budget).values())
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"table written to {args.out}")
+    else:
+        print(text, end="")
+    if args.format != "csv" or args.out:
+        print()
+        for line in lines:
+            print(("% " if args.format == "latex" and not args.out else "") + "Recommendation: " + line)
+    if args.plots:
+        paths = all_plots(results, frame, args.plots)
+        print(f"{len(paths)} plot files written to {args.plots}")
+    return 0

@@ -1,0 +1,177 @@
+"""Plots of a results store, each saved as PNG and SVG.
+
+* :func:`pareto` -- quality loss (|Δppl| %, or mean KL) against KV memory saved, one panel per
+  model; the schemes on the Pareto frontier (no other scheme saves more memory for less loss) are
+  joined by a line.
+* :func:`positions` -- Δppl % and KL by token-position bucket (``labels.bucket``), one line per scheme:
+  where in the context the damage happens.
+* :func:`retrieval` -- accuracy heatmaps (context length x needle depth) per model, task and scheme.
+* :func:`sensitivity` -- per-layer sensitivity: any metric with a ``labels.layer`` (e.g. the KL of
+  quantizing one layer at a time), one line per scheme.
+
+Each function returns the paths written ([] when the store has nothing to draw).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from evalkit.report.results import Results  # noqa: E402
+from evalkit.scheme import Scheme  # noqa: E402
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+
+
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    fig.tight_layout()
+    for p in paths:
+        fig.savefig(p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Rows not dominated: no other row has x >= and y <= with one strict (maximize x, minimize y)."""
+    keep = []
+    for i, r in points.iterrows():
+        dominated = ((points[x] >= r[x]) & (points[y] <= r[y]) & ((points[x] > r[x]) | (points[y] < r[y]))).any()
+        if not dominated:
+            keep.append(i)
+    return points.loc[keep].sort_values(x)
+
+
+def pareto(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """``frame``: :func:`evalkit.report.tables.summary_frame` output."""
+    df = frame.copy()
+    use_ppl = "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any()
+    metric = "ppl_delta_rel" if use_ppl else "kl_mean"
+    if metric not in df or "capacity_x" not in df:
+        return []
+    df = df[df[metric].notna() & df["capacity_x"].notna()]
+    if df.empty:
+        return []
+    df["saved"] = 100 * (1 - 1 / df["capacity_x"])
+    df["loss"] = df[metric].abs() * (100 if use_ppl else 1)
+    models = list(dict.fromkeys(df["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        g = df[df["model"] == model]
+        ax.scatter(g["saved"], g["loss"], color="tab:blue", zorder=3)
+        front = frontier(g, "saved", "loss")
+        ax.plot(front["saved"], front["loss"], color="tab:red", lw=1.5, zorder=2, label="Pareto frontier")
+        for _, r in g.iterrows():
+            ax.annotate(r["scheme"], (r["saved"], r["loss"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel("KV memory saved vs bf16 (%)")
+        ax.set_ylabel("|Δ perplexity| (%)" if use_ppl else "mean KL to baseline (nats)")
+        if (g["loss"] > 0).all() and g["loss"].max() / max(g["loss"].min(), 1e-12) > 100:
+            ax.set_yscale("log")
+        ax.set_title(f"{model}: quality loss vs memory saved")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, Path(out_dir), "pareto")
+
+
+def _bucket_start(text: str) -> float:
+    m = re.match(r"\s*(\d+)", str(text))
+    return float(m.group(1)) if m else math.nan
+
+
+def positions(results: Results, out_dir: str | Path) -> list[Path]:
+    df = results.rows
+    df = df[(df["eval"] == "perplexity") & df["labels"].map(lambda d: "bucket" in d) & df["metric"].isin(["ppl_delta_rel", "kl_mean"])]
+    df = df[df["scheme"] != str(Scheme())]
+    if df.empty:
+        return []
+    df = df.assign(bucket=df["labels"].map(lambda d: d["bucket"]))
+    df = df.assign(start=df["bucket"].map(_bucket_start))
+    paths = []
+    for model, g in df.groupby("model", sort=False):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for ax, metric, scale, label in ((axes[0], "ppl_delta_rel", 100, "Δ perplexity (%)"), (axes[1], "kl_mean", 1, "mean KL (nats)")):
+            for scheme, s in g[g["metric"] == metric].groupby("scheme", sort=False):
+                s = s.sort_values("start")
+                x = np.arange(len(s))
+                ax.plot(x, s["value"] * scale, marker="o", label=scheme)
+                if s["ci_low"].notna().all():
+                    ax.fill_between(x, s["ci_low"] * scale, s["ci_high"] * scale, alpha=0.15)
+                ax.set_xticks(x, s["bucket"], rotation=30, fontsize=8)
+            ax.set_xlabel("token position in the window")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0].axhline(0, color="k", lw=0.8)
+        axes[1].legend(fontsize=7)
+        fig.suptitle(f"{model}: degradation by position")
+        paths += _save(fig, Path(out_dir), f"positions_{_slug(model)}")
+    return paths
+
+
+def retrieval(results: Results, out_dir: str | Path) -> list[Path]:
+    df = results.rows
+    df = df[(df["eval"] == "retrieval") & (df["metric"] == "accuracy")
+            & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))]
+    if df.empty:
+        return []
+    df = df.assign(task=df["labels"].map(lambda d: d["task"]), length=df["labels"].map(lambda d: int(d["length"])),
+                   depth=df["labels"].map(lambda d: float(d["depth"])))
+    paths = []
+    for (model, task), g in df.groupby(["model", "task"], sort=False):
+        schemes = list(dict.fromkeys(g["scheme"]))
+        fig, axes = plt.subplots(1, len(schemes), figsize=(3.2 * len(schemes) + 1, 3.4), squeeze=False)
+        for ax, scheme in zip(axes[0], schemes):
+            grid = g[g["scheme"] == scheme].pivot_table(index="depth", columns="length", values="value", aggfunc="mean")
+            im = ax.imshow(grid.values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
+            ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize=7)
+            ax.set_yticks(range(grid.shape[0]), [f"{d:.2f}" for d in grid.index], fontsize=7)
+            for (i, j), v in np.ndenumerate(grid.values):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+            ax.set_title(scheme, fontsize=8)
+            ax.set_xlabel("context length")
+        axes[0][0].set_ylabel("needle depth")
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+        fig.suptitle(f"{model}: {task}")
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        name = f"retrieval_{_slug(model)}_{_slug(task)}"
+        for p in (out_dir / f"{name}.png", out_dir / f"{name}.svg"):
+            fig.savefig(p, dpi=150)
+            paths.append(p)
+        plt.close(fig)
+    return paths
+
+
+def sensitivity(results: Results, out_dir: str | Path) -> list[Path]:
+    df = results.rows[results.rows["labels"].map(lambda d: "layer" in d)]
+    if df.empty:
+        return []
+    df = df.assign(layer=df["labels"].map(lambda d: int(d["layer"])))
+    paths = []
+    for (model, metric), g in df.groupby(["model", "metric"], sort=False):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for scheme, s in g.groupby("scheme", sort=False):
+            s = s.sort_values("layer")
+            ax.plot(s["layer"], s["value"], marker="o", ms=3, label=scheme)
+        ax.set_xlabel("layer")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{model}: per-layer sensitivity ({metric}, one layer quantized at a time)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths += _save(fig, Path(out_dir), f"sensitivity_{_slug(model)}_{_slug(metric)}")
+    return paths
+
+
+def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    return pareto(frame, out_dir) + positions(results, out_dir) + retrieval(results, out_dir) + sensitivity(results, out_dir)

@@ -1,0 +1,105 @@
+"""Read a results store for reporting: the rows of completed runs, plus each model's KV layout.
+
+The store (see :mod:`evalkit.sweep.store`) is a folder with an append-only ``results.jsonl``:
+``metric`` records (run_id, model, scheme, eval, metric, value, ci_low, ci_high, labels, info)
+and one ``complete`` (or ``failed``) record per run attempt. Only runs whose latest attempt has a
+completion record count; everything else is ignored, as the store's own reader does.
+
+Bytes per token need the model's KV layout, which is not a quality metric. It is taken, in this
+order, from ``kv_bytes_per_token`` metric rows if the sweep wrote them, from ``info.kv_layout`` of
+the completion records, or from the ``config.json`` in the run's ``info.model_path`` (the config
+only: no weights are read and nothing is evaluated). Models whose layout cannot be found get no
+bytes column rather than a guess.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from evalkit.errors import EvalkitError
+from evalkit.model_info import KVLayout, kv_layout
+
+RESULTS_FILE = "results.jsonl"
+ROW_FIELDS = ("run_id", "model", "scheme", "eval", "metric", "value", "ci_low", "ci_high", "labels", "info")
+
+
+@dataclass
+class Results:
+    folder: Path
+    rows: pd.DataFrame  # one row per metric record of a counted run, columns ROW_FIELDS
+    complete: dict[str, dict]  # run_id -> completion record
+    failed: dict[str, dict] = field(default_factory=dict)
+    layouts: dict[str, KVLayout] = field(default_factory=dict)  # model name -> layout (where known)
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(self.rows["model"]))
+
+    def metric(self, name: str, eval_name: str | None = None, labeled: bool | None = False) -> pd.DataFrame:
+        """Rows of one metric; ``labeled=False``: only the unlabeled aggregate, True: only labeled ones."""
+        df = self.rows[self.rows["metric"] == name]
+        if eval_name:
+            df = df[df["eval"] == eval_name]
+        if labeled is not None:
+            has = df["labels"].map(bool)
+            df = df[has] if labeled else df[~has]
+        return df
+
+
+def load_store(folder: str | Path) -> Results:
+    """Load the counted rows of a results folder; one clear error for a missing, empty or foreign one."""
+    from evalkit.sweep.store import read_records
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EvalkitError(f"results folder {folder} does not exist: give a folder written by `python -m evalkit sweep`")
+    path = folder / RESULTS_FILE
+    if not path.is_file():
+        raise EvalkitError(f"{folder} is not an evalkit results store (no {RESULTS_FILE}): give a folder written by `python -m evalkit sweep`")
+    view = read_records(path)
+    if not view.rows:
+        if view.failed:
+            raise EvalkitError(f"{folder} has no completed runs ({len(view.failed)} failed): see the failures with `python -m evalkit sweep` and rerun")
+        if view.torn_lines and not view.complete:
+            raise EvalkitError(f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?")
+        raise EvalkitError(f"{folder} has no completed runs yet: run `python -m evalkit sweep --out {folder}` first")
+    frame = pd.DataFrame([{k: r.get(k) for k in ROW_FIELDS} for r in view.rows])
+    frame["labels"] = frame["labels"].map(lambda d: d if isinstance(d, dict) else {})
+    frame["info"] = frame["info"].map(lambda d: d if isinstance(d, dict) else {})
+    for col in ("value", "ci_low", "ci_high"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    results = Results(folder, frame, view.complete, view.failed)
+    results.layouts = _layouts(results)
+    return results
+
+
+def _layout_from_dict(d: dict) -> KVLayout:
+    d = dict(d)
+    for key in ("sliding_layers", "attention_layers"):
+        if d.get(key) is not None:
+            d[key] = tuple(d[key])
+    return KVLayout(**{k: v for k, v in d.items() if k in KVLayout.__dataclass_fields__})
+
+
+def _layouts(results: Results) -> dict[str, KVLayout]:
+    from evalkit.presets import config_namespace
+
+    out: dict[str, KVLayout] = {}
+    for rec in results.complete.values():
+        model, info = rec.get("model"), rec.get("info") or {}
+        if model in out:
+            continue
+        if isinstance(info.get("kv_layout"), dict):
+            out[model] = _layout_from_dict(info["kv_layout"])
+            continue
+        config = Path(str(info.get("model_path", ""))) / "config.json"
+        if info.get("model_path") and config.is_file():
+            try:
+                out[model] = kv_layout(config_namespace(json.loads(config.read_text())))
+            except (ValueError, TypeError, EvalkitError):
+                pass
+    return out

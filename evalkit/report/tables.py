@@ -1,0 +1,153 @@
+"""The publishable table: one row per model x scheme, baseline first.
+
+:func:`summary_frame` gathers the numbers (raw floats, CI bounds in ``*_lo`` / ``*_hi`` columns)
+from a loaded store; :func:`format_table` renders it as Markdown, LaTeX (booktabs) or CSV (raw
+numbers, for further analysis). Rounding for people: perplexity to 2 decimals, relative changes
+in percent with 2 decimals, KL in 3 significant digits, agreement and accuracy in percent with one
+decimal, bytes per token as integers, capacity to 2 decimals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from evalkit.errors import EvalkitError
+from evalkit.memory import bytes_per_token
+from evalkit.report.results import Results
+from evalkit.scheme import Scheme, parse_scheme
+
+PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
+LMEVAL_SCORES = ("acc", "acc_norm", "exact_match")
+
+
+def _with_ci(out: dict, key: str, row) -> None:
+    out[key] = row["value"]
+    out[f"{key}_lo"] = row["ci_low"]
+    out[f"{key}_hi"] = row["ci_high"]
+
+
+def summary_frame(results: Results) -> pd.DataFrame:
+    """Numbers per (model, scheme); NaN where a store has no such metric."""
+    rows: dict[tuple[str, str], dict] = {}
+
+    def slot(model, scheme):
+        return rows.setdefault((model, scheme), {"model": model, "scheme": scheme})
+
+    df = results.rows
+    for _, r in df[df["metric"] == "kv_bytes_per_token"].iterrows():
+        slot(r["model"], r["scheme"])["bytes_per_token"] = r["value"]
+    for _, r in df[(df["eval"] == "perplexity") & ~df["labels"].map(bool) & df["metric"].isin(PPL_METRICS)].iterrows():
+        _with_ci(slot(r["model"], r["scheme"]), r["metric"], r)
+    for name, col in (("accuracy", "retrieval_acc"), ("accuracy_diff", "retrieval_diff")):
+        for _, r in df[(df["eval"] == "retrieval") & (df["metric"] == name) & ~df["labels"].map(bool)].iterrows():
+            _with_ci(slot(r["model"], r["scheme"]), col, r)
+    lm = df[df["eval"] == "lmeval"]
+    for _, r in lm.iterrows():
+        task, _, stat = str(r["metric"]).rpartition("/")
+        if not task or (r["labels"] or {}).get("filter", "none") not in ("none", None):
+            continue
+        if stat in LMEVAL_SCORES or stat in ("flip_rate", "flip_right_to_wrong", "flip_wrong_to_right"):
+            _with_ci(slot(r["model"], r["scheme"]), f"{task}/{stat}", r)
+    if not rows:
+        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows (perplexity, retrieval, lmeval)")
+    frame = pd.DataFrame(list(rows.values()))
+    if "bytes_per_token" not in frame:
+        frame["bytes_per_token"] = math.nan
+    for i, r in frame.iterrows():
+        layout = results.layouts.get(r["model"])
+        if pd.isna(r["bytes_per_token"]) and layout is not None:
+            frame.loc[i, "bytes_per_token"] = float(bytes_per_token(layout, parse_scheme(r["scheme"])))
+    base = frame[frame["scheme"] == str(Scheme())].set_index("model")["bytes_per_token"]
+    frame["capacity_x"] = frame["model"].map(base) / frame["bytes_per_token"]
+    frame["_base"] = frame["scheme"] != str(Scheme())
+    frame["_order"] = frame["model"].map({m: i for i, m in enumerate(results.models)})
+    frame = frame.sort_values(["_order", "_base", "bytes_per_token", "scheme"], ascending=[True, True, False, True],
+                              na_position="last", kind="stable")
+    return frame.drop(columns=["_base", "_order"]).reset_index(drop=True)
+
+
+# -- formatting ---------------------------------------------------------------------------------
+def _num(v, fmt):
+    return "" if v is None or pd.isna(v) else format(v, fmt)
+
+
+def _ci(r, key, scale=1.0, fmt="+.2f", unit=""):
+    v = r.get(key)
+    if v is None or pd.isna(v):
+        return ""
+    text = format(v * scale, fmt) + unit
+    lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+    if lo is not None and hi is not None and not pd.isna(lo) and not pd.isna(hi):
+        text += f" [{format(lo * scale, fmt)}, {format(hi * scale, fmt)}]"
+    return text
+
+
+def _bytes(v):
+    if v is None or pd.isna(v):
+        return "n/a"
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Strings for people, with the columns the store has data for."""
+    lm_tasks = list(dict.fromkeys(c.rsplit("/", 1)[0] for c in frame.columns if "/" in c and not c.endswith(("_lo", "_hi"))))
+    out = []
+    for _, r in frame.iterrows():
+        r = r.to_dict()
+        base = r["scheme"] == str(Scheme())
+        d = {"model": r["model"], "scheme": r["scheme"], "bytes/token": _bytes(r.get("bytes_per_token")),
+             "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x"}
+        if "ppl" in r:
+            d["ppl"] = _num(r.get("ppl"), ".2f")
+            d["Δppl [95% CI]"] = "baseline" if base else _ci(r, "ppl_delta_rel", 100, unit="%")
+            d["KL (nats)"] = "" if base else _num(r.get("kl_mean"), ".3g")
+            d["top-1 %"] = "" if base else _num(100 * r["top1_agreement"] if not pd.isna(r.get("top1_agreement", math.nan)) else math.nan, ".1f")
+        if "retrieval_acc" in r:
+            d["retrieval % [95% CI]"] = _ci(r, "retrieval_acc", 100, ".1f")
+        for task in lm_tasks:
+            score = next((s for s in LMEVAL_SCORES if f"{task}/{s}" in r and not pd.isna(r[f"{task}/{s}"])), None)
+            if score:
+                d[f"{task} {score}"] = _ci(r, f"{task}/{score}", 1, ".3f")
+            if f"{task}/flip_rate" in r:
+                d[f"{task} flips %"] = "" if base else _num(100 * r[f"{task}/flip_rate"] if not pd.isna(r[f"{task}/flip_rate"]) else math.nan, ".1f")
+        out.append(d)
+    table = pd.DataFrame(out).fillna("")
+    if table["model"].nunique() == 1:
+        table = table.drop(columns=["model"])
+    return table
+
+
+LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                 "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "Δ": r"$\Delta$"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_ESCAPES.get(c, c) for c in str(text))
+
+
+def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory") -> str:
+    align = "".join("l" if c in ("model", "scheme") else "r" for c in table.columns)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{align}}}", r"\toprule",
+             " & ".join(latex_escape(c) for c in table.columns) + r" \\", r"\midrule"]
+    prev_model = None
+    for _, r in table.iterrows():
+        if "model" in table.columns and prev_model is not None and r["model"] != prev_model:
+            lines.append(r"\midrule")
+        prev_model = r.get("model")
+        cells = [(r"\texttt{" + latex_escape(v) + "}") if c == "scheme" else latex_escape(v) for c, v in r.items()]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def format_table(frame: pd.DataFrame, fmt: str = "md") -> str:
+    if fmt == "csv":
+        return frame.to_csv(index=False)
+    table = display_frame(frame)
+    if fmt == "md":
+        return table.to_markdown(index=False, disable_numparse=True) + "\n"
+    if fmt == "latex":
+        return to_latex(table)
+    raise EvalkitError(f"unknown table format {fmt!r}: use md, latex or csv")

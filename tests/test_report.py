@@ -1,0 +1,234 @@
+"""The report: table numbers, ordering and rounding, LaTeX/CSV, plots, recommendation, bad input.
+
+The results store here is a SYNTHETIC FIXTURE: hand-chosen metric values written through the
+store's own writer (``ResultStore.append``), so the test knows every number the table must show.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from evalkit.cli import main
+from evalkit.errors import EvalkitError
+from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
+from evalkit.report.plots import all_plots, frontier
+
+# a tiny layout: 2 layers, 2 KV heads, head_dim 16
+LAYOUT = {"model_type": "llama", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "v_head_dim": 16,
+          "sliding_layers": [], "sliding_window": None, "max_positions": 512}
+# bytes per token, by hand: layers x (K,V) x heads x per-head bytes
+BYTES = {"bf16": 2 * 2 * 2 * 16 * 2, "fp8_e4m3/tensor/dynamic": 2 * 2 * 2 * 16,
+         "fp8_e4m3/block16/dynamic": 2 * 2 * 2 * (16 + 4 / 16), "int4/token/dynamic": 2 * 2 * 2 * (8 + 4),
+         "fp8_e5m2/tensor/unit": 2 * 2 * 2 * 16}
+# scheme -> (ppl_delta_rel, kl, top1)
+PPL = {"bf16": (0.0, 0.0, 1.0), "fp8_e4m3/tensor/dynamic": (0.004, 0.0021, 0.995),
+       "fp8_e4m3/block16/dynamic": (0.001, 0.0008, 0.998), "int4/token/dynamic": (0.05, 0.09, 0.95),
+       "fp8_e5m2/tensor/unit": (-0.02, 0.03, 0.97)}
+BASE_PPL = 20.0
+
+
+def _row(metric, value, lo=None, hi=None, labels=None):
+    return {"metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "labels": labels or {}, "info": {}}
+
+
+def perplexity_rows(scheme):
+    rel, kl, top1 = PPL[scheme]
+    ppl = BASE_PPL * (1 + rel)
+    rows = [_row("ppl", ppl, ppl - 0.5, ppl + 0.5), _row("ppl_delta", ppl - BASE_PPL, None, None),
+            _row("ppl_delta_rel", rel, rel - 0.002 if rel else None, rel + 0.002 if rel else None),
+            _row("kl_mean", kl, kl * 0.9, kl * 1.1), _row("top1_agreement", top1, top1 - 0.001, min(1.0, top1 + 0.001)),
+            _row("p_value", 0.01 if rel else 1.0)]
+    for i, bucket in enumerate(["0-31", "32-63", "64-127"]):
+        rows += [_row("ppl_delta_rel", rel * (1 + i), labels={"bucket": bucket}),
+                 _row("kl_mean", kl * (1 + i), labels={"bucket": bucket})]
+    return rows
+
+
+def retrieval_rows(scheme):
+    rel = abs(PPL[scheme][0])
+    rows = []
+    accs = []
+    for length in (256, 512):
+        for depth in (0.0, 0.5, 1.0):
+            acc = max(0.0, 1.0 - rel * 2 * (length / 256) * (1 + depth))
+            accs.append(acc)
+            rows.append(_row("accuracy", acc, labels={"task": "passkey", "length": length, "depth": depth}))
+    mean = sum(accs) / len(accs)
+    rows.append(_row("accuracy", mean, mean - 0.05, min(1.0, mean + 0.05)))
+    rows.append(_row("accuracy_diff", mean - 1.0, None, None))
+    return rows
+
+
+def lmeval_rows(scheme):
+    rel = abs(PPL[scheme][0])
+    return [_row("mini_mmlu/acc", 0.40 - rel, 0.35 - rel, 0.45 - rel, {"task": "mini_mmlu", "filter": "none"}),
+            _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"})]
+
+
+def sensitivity_rows(scheme):
+    return [_row("kl_mean", 0.001 * (layer + 1), labels={"layer": layer}) for layer in range(2)]
+
+
+def write_store(folder: Path, model="tiny", info=None) -> Path:
+    """SYNTHETIC results store written with the store's own writer."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    store = ResultStore(folder)
+    info = {"kv_layout": LAYOUT} if info is None else info
+    n = 0
+    for scheme in PPL:
+        for ev, maker in (("perplexity", perplexity_rows), ("retrieval", retrieval_rows), ("lmeval", lmeval_rows)):
+            n += 1
+            spec = {"model": {"name": model}, "scheme": scheme, "eval": ev, "params": {}}
+            store.append(RunOutcome(f"{model}-{n:04d}", spec, True, maker(scheme), info=info))
+    spec = {"model": {"name": model}, "scheme": "fp8_e4m3/tensor/dynamic", "eval": "sensitivity", "params": {}}
+    store.append(RunOutcome(f"{model}-sens", spec, True, sensitivity_rows("fp8_e4m3/tensor/dynamic"), info=info))
+    # a failed run and a crashed run (rows, no completion record): neither may count
+    spec = {"model": {"name": model}, "scheme": "int8/tensor/dynamic", "eval": "perplexity", "params": {}}
+    store.append(RunOutcome(f"{model}-fail", spec, False, error="boom"))
+    with open(folder / "results.jsonl", "a") as fh:
+        fh.write(json.dumps({"type": "metric", "run_id": f"{model}-crash", "attempt": "x", "model": model,
+                             "scheme": "int8/tensor/dynamic", "eval": "perplexity", **_row("ppl", 99.0)}) + "\n")
+    return folder
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_store(tmp_path / "store")
+
+
+def test_summary_numbers_and_order(store):
+    frame = summary_frame(load_store(store))
+    assert list(frame["scheme"]) == ["bf16", "fp8_e4m3/block16/dynamic", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/unit",
+                                     "int4/token/dynamic"]  # baseline first, then by bytes per token
+    by = frame.set_index("scheme")
+    assert "int8/tensor/dynamic" not in by.index  # failed and crashed runs do not count
+    for scheme, want in BYTES.items():
+        assert by.loc[scheme, "bytes_per_token"] == pytest.approx(want)
+        assert by.loc[scheme, "capacity_x"] == pytest.approx(BYTES["bf16"] / want)
+        assert by.loc[scheme, "ppl_delta_rel"] == pytest.approx(PPL[scheme][0])
+        assert by.loc[scheme, "top1_agreement"] == pytest.approx(PPL[scheme][2])
+    assert by.loc["fp8_e4m3/tensor/dynamic", "retrieval_acc"] == pytest.approx(
+        sum(max(0, 1 - 0.008 * (L / 256) * (1 + d)) for L in (256, 512) for d in (0, 0.5, 1)) / 6)
+    assert by.loc["int4/token/dynamic", "mini_mmlu/acc"] == pytest.approx(0.35)
+    assert by.loc["int4/token/dynamic", "mini_mmlu/flip_rate"] == pytest.approx(0.1)
+
+
+def test_markdown_rounding_and_ci(store):
+    text = format_table(summary_frame(load_store(store)), "md")
+    lines = text.splitlines()
+    assert lines[0].startswith("| scheme") and "bf16" in lines[2]
+    row = next(line for line in lines if "fp8_e4m3/tensor/dynamic" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["128", "2.00x", "20.08"]
+    assert cells[4] == "+0.40% [+0.20, +0.60]"
+    assert cells[5] == "0.0021" and cells[6] == "99.5"
+    block = next(line for line in lines if "block16" in line)
+    assert "| 130 " in block and "1.97x" in block  # 128 data + 8 scales of 4 bytes per 16 tokens
+
+
+def test_csv_is_raw_numbers(store):
+    from io import StringIO
+
+    frame = summary_frame(load_store(store))
+    back = pd.read_csv(StringIO(format_table(frame, "csv")))
+    assert back["bytes_per_token"].tolist() == pytest.approx(frame["bytes_per_token"].tolist())
+    assert back.loc[back["scheme"] == "fp8_e4m3/tensor/dynamic", "ppl_delta_rel_lo"].item() == pytest.approx(0.002)
+
+
+def test_latex_booktabs_and_escaping(store):
+    tex = format_table(summary_frame(load_store(store)), "latex")
+    for needle in (r"\toprule", r"\midrule", r"\bottomrule", r"\texttt{fp8\_e4m3/tensor/dynamic}", r"+0.40\% [+0.20, +0.60]"):
+        assert needle in tex
+    assert tex.count(r"\\") == 1 + len(PPL)  # header + one line per scheme
+    body = tex.split(r"\midrule")[1]
+    assert "_" not in body.replace(r"\_", "")
+
+
+def test_recommendation_is_cheapest_inside_budget(store):
+    frame = summary_frame(load_store(store))
+    line = recommend(frame, Budget())["tiny"]
+    assert "use fp8_e4m3/tensor/dynamic" in line and "2.00x" in line and "+0.40%" in line
+    # a tighter perplexity budget leaves only block16
+    assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002))["tiny"]
+    assert "keep bf16" in recommend(frame, Budget(max_ppl_rel=0.0001))["tiny"]
+    # a looser one admits int4 (96 bytes) only if its flips and retrieval pass too
+    assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9))["tiny"]
+    assert "use int4/token/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1,
+                                                                max_flip_rate=0.2))["tiny"]
+
+
+def test_frontier():
+    pts = pd.DataFrame({"saved": [0, 50, 50, 60, 40], "loss": [0, 0.4, 0.1, 5, 1]})
+    assert sorted(frontier(pts, "saved", "loss").index) == [0, 2, 3]
+
+
+def test_plots_written_as_png_and_svg(store, tmp_path):
+    results = load_store(store)
+    paths = all_plots(results, summary_frame(results), tmp_path / "plots")
+    names = {p.name for p in paths}
+    for stem in ("pareto", "positions_tiny", "retrieval_tiny_passkey", "sensitivity_tiny_kl_mean"):
+        assert {f"{stem}.png", f"{stem}.svg"} <= names
+    for p in paths:
+        assert p.stat().st_size > 1000
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_layout_from_model_config(tmp_path, tiny_llama_dir):
+    """Without info.kv_layout the report reads the run's config.json (config only) for bytes per token."""
+    from transformers import AutoConfig
+
+    from evalkit.memory import bytes_per_token
+    from evalkit.model_info import kv_layout
+    from evalkit.scheme import parse_scheme
+
+    folder = write_store(tmp_path / "s2", model="tinyllama", info={"model_path": str(tiny_llama_dir)})
+    frame = summary_frame(load_store(folder)).set_index("scheme")
+    layout = kv_layout(AutoConfig.from_pretrained(tiny_llama_dir))
+    want = float(bytes_per_token(layout, parse_scheme("fp8_e4m3/tensor/dynamic")))
+    assert frame.loc["fp8_e4m3/tensor/dynamic", "bytes_per_token"] == want
+    assert frame.loc["bf16", "bytes_per_token"] == 2 * want
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_report(store, tmp_path, capsys):
+    code, out, _ = cli(capsys, "report", str(store))
+    assert code == 0 and "| scheme" in out and "Recommendation: tiny: use fp8_e4m3/tensor/dynamic" in out
+    code, out, _ = cli(capsys, "report", str(store), "--format", "latex", "--out", str(tmp_path / "t.tex"),
+                       "--plots", str(tmp_path / "figs"))
+    assert code == 0 and (tmp_path / "t.tex").read_text().startswith(r"\begin{table}")
+    assert (tmp_path / "figs" / "pareto.svg").is_file()
+
+
+def _foreign(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "results.jsonl").write_text('{"loss": 1.2}\nnot json\n')
+    return folder
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "no results.jsonl"),
+    (lambda p: _foreign(p / "foreign"), "holds no evalkit records"),
+])
+def test_cli_bad_folders_exit_2(tmp_path, capsys, make, message):
+    code, out, err = cli(capsys, "report", str(make(tmp_path)))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_only_failed_runs(tmp_path):
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    ResultStore(tmp_path).append(RunOutcome("r1", {"model": {"name": "m"}, "scheme": "bf16", "eval": "perplexity"}, False, error="x"))
+    with pytest.raises(EvalkitError, match="no completed runs"):
+        load_store(tmp_path)

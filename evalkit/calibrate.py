@@ -106,30 +106,12 @@ def _stdlib_docs() -> str:
 
 
 def load_text(source: str) -> str:
-    """Calibration or evaluation text for a corpus name (``stdlib-docs`` here, the rest via evalkit.corpus)."""
+    """Calibration or evaluation text for a corpus name: ``stdlib-docs`` here, the rest via evalkit.corpus."""
     if source == DEFAULT_CORPUS:
         return stdlib_docs_text()
-    try:
-        from evalkit.corpus import load_corpus
-    except ImportError:  # corpus module not in this checkout: the two local sources only
-        return _load_text_fallback(source)
-    text = load_corpus(source)
-    return text if isinstance(text, str) else getattr(text, "text")
+    from evalkit.corpus import load_corpus
 
-
-def _load_text_fallback(source: str) -> str:
-    if source == "embedded":
-        from pydoc_data.topics import topics
-
-        return "\n\n".join(topics.values())
-    if source.startswith("file:"):
-        from pathlib import Path
-
-        path = Path(source[5:])
-        if not path.is_file():
-            raise EvalkitError(f"corpus file {path} does not exist: give file:PATH to a .txt file")
-        return path.read_text()
-    raise EvalkitError(f"unknown corpus {source!r}: use {DEFAULT_CORPUS}, embedded or file:PATH")
+    return load_corpus(source).text
 
 
 def calibration_batches(tokenizer, text: str, samples: int, seq_len: int, bos: bool) -> torch.Tensor:

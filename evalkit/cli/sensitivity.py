@@ -1,0 +1,85 @@
+"""`evalkit sensitivity`: rank layers by what quantizing them costs, and say which to keep in BF16.
+
+    python -m evalkit sensitivity --model embedded --scheme fp8_e4m3/tensor/dynamic \\
+        --window 256 --max-windows 8 --target-kl 0.002 --context 8192 --out results/sens
+
+The quality measure is the perplexity eval (same options: --corpus --window --stride
+--max-windows --max-tokens --batch-size --bos --bootstrap-samples --seed). Prints the ranking and
+the recommendation; with ``--out DIR`` writes sensitivity.csv, rows.jsonl (``labels.layer``),
+recommendation.json and sensitivity.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.errors import EvalkitError
+
+
+def add_parser(sub):
+    p = sub.add_parser("sensitivity", help="per-layer KV quantization sensitivity and which layers to keep in BF16")
+    add_model_arguments(p)
+    p.add_argument("--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic")
+    p.add_argument("--layers", default=None, help="only these layers, e.g. 0,1,29 (default: all)")
+    p.add_argument("--target-kl", dest="target_kl", type=float, default=None, help="mean KL (nats/token) the kept-BF16 set must reach")
+    p.add_argument("--target-ppl-rel", dest="target_ppl_rel", type=float, default=None, help="relative perplexity change to reach, e.g. 0.001")
+    p.add_argument("--context", type=int, default=8192, help="sequence length for the memory cost (default 8192)")
+    p.add_argument("--out", type=Path, default=None, help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and the baseline are cached")
+    try:
+        from evalkit.evals.perplexity import PerplexityEval
+    except ImportError:  # the perplexity eval is not in this checkout: `run` says so
+        pass
+    else:
+        PerplexityEval.add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
+
+    scheme = check_scheme(args.scheme)
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(x) for x in args.layers.split(",")]
+        except ValueError:
+            raise EvalkitError(f"--layers {args.layers!r}: give layer indices like 0,1,29") from None
+    if args.target_kl is not None and args.target_kl < 0:
+        raise EvalkitError(f"--target-kl must be >= 0, got {args.target_kl}")
+    if args.context <= 0:
+        raise EvalkitError(f"--context must be positive, got {args.context}")
+    if args.out and (args.out / "sensitivity.csv").exists():
+        raise EvalkitError(f"{args.out} already holds a sensitivity result: choose another --out")
+    params = PerplexityEval.params_from_args(args)
+    PerplexityEval(params)  # validate before loading the model
+    lm = load_from_args(args)
+    KVQuantizer(scheme, lm.layout, lm.config_hash)  # static scales: validate the table now
+    measure = perplexity_measure(lm, params, args.cache_dir)
+    table, full = layer_table(lm, scheme, measure, layers, progress=True)
+    shown = table[[c for c in table.columns if not c.endswith(("_lo", "_hi"))]]
+    print(f"all layers quantized: KL {full['kl_mean'][0]:.4g} nats/token, perplexity change {full['ppl_delta_rel'][0]:+.3%}")
+    print(shown.to_markdown(index=False, floatfmt=".4g"))
+    rec = None
+    if args.target_kl is not None or args.target_ppl_rel is not None:
+        rec = recommend(lm, scheme, measure, table, full, target_kl=args.target_kl, target_ppl_rel=args.target_ppl_rel,
+                        context=args.context)
+        print()
+        print(rec.summary())
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "sensitivity.csv", index=False)
+        with open(args.out / "rows.jsonl", "w") as fh:
+            for row in metric_rows(table):
+                fh.write(json.dumps({**row, "model": lm.name, "scheme": str(scheme), "eval": "sensitivity"}, sort_keys=True) + "\n")
+        if rec is not None:
+            (args.out / "recommendation.json").write_text(json.dumps(dataclasses.asdict(rec), indent=1, default=str) + "\n")
+        plot(table, args.out / "sensitivity.png", title=f"{lm.name}: {scheme}")
+        print(f"\nwritten to {args.out}")
+    return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from evalkit.scheme import Scheme
+from evalkit.scheme import Scheme, parse_scheme
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ def recommend(frame: pd.DataFrame, budget: Budget = Budget()) -> dict[str, str]:
         if not cands:
             out[model] = f"{model}: keep bf16: no quantized scheme in the store is within the budget ({budget.describe()})"
             continue
-        bpt, scheme, row = min(cands, key=lambda c: (c[0], c[1]))
+        # fewest bytes per token; without a known layout, fewest bits per stored value
+        bpt, scheme, row = min(cands, key=lambda c: (c[0], parse_scheme(c[1]).kv_format.bits, c[1]))
         saving = ""
         if not base.empty and not pd.isna(base["bytes_per_token"].iloc[0]) and math.isfinite(bpt):
             saving = f", {base['bytes_per_token'].iloc[0] / bpt:.2f}x the KV capacity of bf16 ({bpt:,.0f} bytes/token)"

@@ -10,6 +10,7 @@ decimal, bytes per token as integers, capacity to 2 decimals.
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -127,6 +128,13 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_ESCAPES.get(c, c) for c in str(text))
 
 
+def _latex_cell(column: str, value) -> str:
+    if column == "scheme":
+        return r"\texttt{" + latex_escape(value) + "}"
+    text = latex_escape(value)
+    return text if column == "model" else re.sub(r"(?<![\w.])-(?=\d)", "$-$", text)  # true minus signs in numbers
+
+
 def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory") -> str:
     align = "".join("l" if c in ("model", "scheme") else "r" for c in table.columns)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{align}}}", r"\toprule",
@@ -136,7 +144,7 @@ def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality agai
         if "model" in table.columns and prev_model is not None and r["model"] != prev_model:
             lines.append(r"\midrule")
         prev_model = r.get("model")
-        cells = [(r"\texttt{" + latex_escape(v) + "}") if c == "scheme" else latex_escape(v) for c, v in r.items()]
+        cells = [_latex_cell(c, v) for c, v in r.items()]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}", r"\end{table}"]
     return "\n".join(lines) + "\n"

@@ -142,6 +142,9 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", de
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise EvalkitError(f"model {name!r} needs its own code from the hub: pass --trust-remote-code if you trust it") from None
+        if "does not recognize this architecture" in str(exc):
+            raise EvalkitError(f"transformers does not know the architecture of {name!r}: upgrade transformers, "
+                               "or pass --trust-remote-code if the model ships its own code and you trust it") from None
         raise
     if device_map is None:
         model.to(device)

@@ -194,7 +194,7 @@ def test_rows_aggregate_scores_per_cell(tiny_lm, tmp_path, monkeypatch):
     base_rule = lambda s: s.index < 2  # noqa: E731  baseline: 2 of 3 right in every cell
     scheme_rule = lambda s: s.index < 2 and s.depth == 0  # noqa: E731  scheme: only depth 0 survives
     fake = {True: _canned(ev, base_rule), False: _canned(ev, scheme_rule)}
-    monkeypatch.setattr(ev, "_generate", lambda lm, scheme, which=None: [fake[scheme.is_identity][i] for i in
+    monkeypatch.setattr(ev, "_generate", lambda lm, scheme, which=None, **kw: [fake[scheme.is_identity][i] for i in
                                                                          (which or range(len(ev.samples)))])
     base_rows = ev.evaluate(tiny_lm, Scheme())
     rows = ev.evaluate(tiny_lm, parse_scheme("int4/tensor/unit"), tmp_path / "art")
@@ -310,3 +310,16 @@ def test_cli_runs_and_writes_rows(tiny_llama_dir, tmp_path):
     assert {r["scheme"] for r in cells} == {"bf16", "fp8_e4m3/tensor/dynamic"} and len(cells) == 4
     assert all(0.0 <= r["value"] <= 1.0 and not math.isnan(r["value"]) for r in cells)
     assert len(list(tmp_path.glob("*/retrieval_accuracy.png"))) == 2
+
+
+def test_baseline_answers_are_cached_per_prompt_and_reused_by_other_grids(tiny_lm, tmp_path, monkeypatch):
+    params = {"tasks": "passkey", "lengths": "300", "samples": 1, "haystack": "filler"}
+    first = RetrievalEval({**params, "depths": "0,100"})
+    first.prepare(tiny_lm, tmp_path)
+    gens = first.baseline(tiny_lm)
+    files = list((tmp_path / "retrieval").glob("baseline-*.jsonl"))
+    assert len(files) == 1 and len(files[0].read_text().splitlines()) == 2
+    subset = RetrievalEval({**params, "depths": "100"})
+    subset.prepare(tiny_lm, tmp_path)
+    monkeypatch.setattr(subset, "_generate", lambda *a, **k: pytest.fail("baseline recomputed"))
+    assert subset.baseline(tiny_lm) == gens[1:]

@@ -17,7 +17,7 @@ def _overall(rows):
 
 
 def test_passkey_baseline_retrieves_and_int4_unit_collapses(embedded, tmp_path):
-    ev = RetrievalEval({"tasks": "passkey", "lengths": "1k", "depths": "0,50,100", "samples": 2, "batch_size": 6})
+    ev = RetrievalEval({"tasks": "passkey", "lengths": "1k", "depths": "0,50,100", "samples": 1, "batch_size": 3})
     ev.prepare(embedded, tmp_path)
     tok = embedded.tokenizer
     for s in ev.samples:
@@ -26,9 +26,9 @@ def test_passkey_baseline_retrieves_and_int4_unit_collapses(embedded, tmp_path):
         assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\nThe pass key is")
         assert text.count(s.answers[0]) == 2  # the needle states the key twice, nothing else does
     base = _overall(ev.evaluate(embedded, Scheme()))
-    assert base.value >= 5 / 6, base
+    assert base.value >= 2 / 3, base
     broken_rows = ev.evaluate(embedded, parse_scheme("int4/tensor/unit"))
     broken = _overall(broken_rows)
-    assert broken.value <= 1 / 6, broken
+    assert broken.value <= 1 / 3, broken
     diff = next(r for r in broken_rows if r.metric == "accuracy_diff" and not r.labels)
-    assert diff.value == pytest.approx(broken.value - base.value) and diff.ci_high < 0
+    assert diff.value == pytest.approx(broken.value - base.value) and diff.value <= -1 / 3

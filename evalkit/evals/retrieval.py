@@ -108,21 +108,26 @@ class RetrievalEval(Evaluation):
         self.digest = G.samples_digest(self.samples)
         self._baseline: list[str] | None = None
 
-    def _generate(self, lm, scheme: Scheme, which: list[int] | None = None) -> list[str]:
-        """Continuations of the samples ``which`` (default all), in that order."""
+    def _generate(self, lm, scheme: Scheme, which: list[int] | None = None, on_batch=None) -> list[str]:
+        """Continuations of the samples ``which`` (default all), in that order; ``on_batch(idx, texts)``
+        is called after each batch with positions into ``which``."""
         from tqdm import tqdm
 
         which = list(range(len(self.samples))) if which is None else which
         sub = [self.samples[i] for i in which]
         order = G.batches(sub, self.params["batch_size"])
         work = [([list(sub[i].ids) for i in b], max(sub[i].max_new_tokens for i in b)) for b in order]
+        out: list[str] = [""] * len(sub)
+
+        def done(k: int, texts: list[str]) -> None:
+            for i, t in zip(order[k], texts):
+                out[i] = t
+            if on_batch is not None:
+                on_batch(order[k], texts)
+
         with tqdm(total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0",
                   leave=False) as bar:
-            texts = generate_batches(lm, scheme, self.params["via"], work, bar)
-        out: list[str] = [""] * len(sub)
-        for b, t in zip(order, texts):
-            for i, s in zip(b, t):
-                out[i] = s
+            generate_batches(lm, scheme, self.params["via"], work, bar, on_batch=done)
         return out
 
     def _baseline_path(self, lm) -> Path | None:
@@ -157,13 +162,18 @@ class RetrievalEval(Evaluation):
         keys = [self._sample_key(s) for s in self.samples]
         missing = [i for i, k in enumerate(keys) if k not in known]
         if missing:
-            gens = self._generate(lm, Scheme(), missing)
-            fresh = {keys[i]: g for i, g in zip(missing, gens)}
-            known.update(fresh)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a") as fh:
-                    fh.write("".join(json.dumps({"key": k, "generated": g}) + "\n" for k, g in fresh.items()))
+
+            def save(positions: list[int], texts: list[str]) -> None:  # after every batch: a stopped run resumes
+                fresh = {keys[missing[p]]: t for p, t in zip(positions, texts)}
+                known.update(fresh)
+                if path is not None:
+                    with open(path, "a") as fh:
+                        fh.write("".join(json.dumps({"key": k, "generated": g}) + "\n" for k, g in fresh.items()))
+
+            gens = self._generate(lm, Scheme(), missing, on_batch=save)
+            known.update({keys[i]: g for i, g in zip(missing, gens)})
         self._baseline = [known[k] for k in keys]
         return self._baseline
 

@@ -47,8 +47,10 @@ def generation_config(tokenizer, max_new_tokens: int) -> GenerationConfig:
 
 
 @torch.inference_mode()
-def generate_batches(lm, scheme, via: str, batches: Sequence[tuple[list[list[int]], int]], progress=None) -> list[list[str]]:
-    """``batches``: (equal-length prompt ids, max_new_tokens). Returns the decoded continuations."""
+def generate_batches(lm, scheme, via: str, batches: Sequence[tuple[list[list[int]], int]], progress=None,
+                     on_batch=None) -> list[list[str]]:
+    """``batches``: (equal-length prompt ids, max_new_tokens). Returns the decoded continuations;
+    ``on_batch(k, texts)`` is called after batch ``k``."""
     model, tok = lm.model, lm.tokenizer
     device = lm.device
     out_text: list[list[str]] = []
@@ -59,6 +61,8 @@ def generate_batches(lm, scheme, via: str, batches: Sequence[tuple[list[list[int
             out = model.generate(x, attention_mask=am, generation_config=generation_config(tok, max_new), **extra(am))
             new = out[:, x.shape[1]:]
             out_text.append(tok.batch_decode(new, skip_special_tokens=True))
+            if on_batch is not None:
+                on_batch(len(out_text) - 1, out_text[-1])
             if progress is not None:
                 progress.update(len(prompts))
     return out_text

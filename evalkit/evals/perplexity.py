@@ -1,0 +1,336 @@
+"""Perplexity, KL(baseline || scheme) and top-1 agreement per KV scheme, with paired intervals.
+
+Protocol. The corpus is tokenized once (:mod:`evalkit.corpus`) and cut into windows of ``window``
+input tokens, optionally starting with BOS (default: on when the tokenizer itself adds BOS). A
+window holds ``C = window - bos`` corpus tokens and the next window starts ``min(stride, C)``
+tokens later; the last window is aligned to the corpus end. Every token is scored exactly once,
+by the first window that reaches it, which is the one giving it the most context (the standard
+strided-perplexity protocol; ``stride == window`` gives disjoint windows, and without BOS the
+first token of each disjoint window is predicted by nothing and so not scored).
+
+Baseline. ``prepare()`` runs the unquantized model once per model x corpus x protocol and caches,
+under ``workdir/perplexity/<key>/``: per scored token its NLL, argmax, ``t`` and ``z`` (below;
+safetensors) and its whole next-token distribution P as float16 weights ``w = fp16(P * 2^15)``
+(``probs.npy``; relative precision 2^-11 down to P = 2e-9). ``meta.json`` is written last as the
+completion marker. The key hashes the model (config, a weight fingerprint, dtype, device), the
+tokenizer, the corpus hash, the protocol and the torch version.
+
+KL choice (as llama.cpp's ``--kl-divergence-base``: store the full baseline distribution in 16
+bits). KL needs the baseline's whole distribution at every position; recomputing it per scheme
+costs a second forward (throughput halves) and top-k storage is not exact. With the stored
+weights, ``t = sum_v w_v log P_v`` and ``z = sum_v w_v`` from the baseline pass, a scheme's KL per
+position is ``(t - sum_v w_v log Q_v) / z``: one fused dot product with the scheme's log-softmax,
+which the NLL needs anyway, so a scheme costs one forward per window plus reading 2 bytes per
+vocabulary entry. This equals KL(P'||Q) - KL(P'||P) for the renormalized stored distribution P'
+(KL(P'||P) ~ 1e-8): the exact KL up to zero-mean rounding noise of ~1e-3 of each token's KL
+(tested against full-precision KL), exactly 0 for an identity scheme (the same dot product on the
+same numbers), and clamped at 0 per token against float32 summation noise (~1e-6 nats: the
+floor below which a scheme's KL is not resolved; float64 would cost ~10 % throughput). Disk:
+2 bytes x vocabulary per scored token (98 KB for a 49k vocabulary; 20k tokens = 2 GB), checked
+against free space before anything is written.
+
+Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
+log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
+(window x vocabulary) float tensor exists for long windows and nothing grows with the corpus.
+
+Statistics (:mod:`evalkit.stats`): 95 % paired percentile bootstrap over windows (fixed seed,
+``bootstrap_samples`` resamples) for perplexity, its change, KL and agreement, and a Wilcoxon
+signed-rank p-value over per-window mean NLL. Rows repeat for position buckets within the window
+(target index 0-127, 128-511, 512-2047, ... powers of 4 up to the window) with ``labels={"bucket":..}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_fingerprint
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
+
+P_SCALE = 2.0**15  # stored weights are fp16(P * P_SCALE): normal range down to P = 2e-9
+CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MB of float32
+FORMAT_VERSION = 1
+DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
+                bos=None, bootstrap_samples=2000, seed=0)
+
+
+def bucket_edges(window: int) -> list[int]:
+    """Edges 0, 128, 512, 2048, ... (powers of 4 from 128) up to the window's last target index."""
+    edges, e = [0], 128
+    while e < window:
+        edges.append(e)
+        e *= 4
+    return edges + [window]
+
+
+def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows: int | None) -> list[tuple[int, int]]:
+    """``(start, first_target)`` per window: the corpus index of its first content token and the
+    input index of its first scored target (targets run from there to the window's end)."""
+    c = window - int(bos)
+    if n_tokens < c:
+        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --window")
+    step, plan, scored_to, start = min(stride, c), [], (0 if bos else 1), 0
+    while scored_to < n_tokens and (max_windows is None or len(plan) < max_windows):
+        start = min(start, n_tokens - c)
+        plan.append((start, max(scored_to - start + int(bos), 1)))  # input 0 is never a target
+        scored_to, start = start + c, start + step
+    return plan
+
+
+class PerplexityEval(Evaluation):
+    name = "perplexity"
+    summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
+
+    @classmethod
+    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(params) - set(DEFAULTS)
+        if unknown:
+            raise EvalkitError(f"unknown perplexity parameter(s) {', '.join(sorted(unknown))}: use {', '.join(DEFAULTS)}")
+        p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+        if not isinstance(p["corpus"], str) or not p["corpus"].strip():
+            raise EvalkitError("perplexity needs a corpus: pass --corpus embedded, wikitext2, file:PATH or hf:NAME:SPLIT")
+        for key in ("window", "stride", "max_windows", "max_tokens", "batch_size", "bootstrap_samples", "seed"):
+            if p[key] is not None and (isinstance(p[key], bool) or not isinstance(p[key], int)):
+                raise EvalkitError(f"perplexity {key} must be an integer, got {p[key]!r}")
+        if p["window"] < 2:
+            raise EvalkitError(f"window {p['window']} is too short: use --window 2 or more")
+        p["stride"] = p["window"] if p["stride"] is None else p["stride"]
+        if not 0 < p["stride"] <= p["window"]:
+            raise EvalkitError(f"stride {p['stride']} must be in 1..window ({p['window']}): fix --stride")
+        for key, low in (("max_windows", 1), ("max_tokens", 2), ("batch_size", 1), ("bootstrap_samples", 100)):
+            if p[key] is not None and p[key] < low:
+                raise EvalkitError(f"perplexity {key} must be at least {low}, got {p[key]}: fix --{key.replace('_', '-')}")
+        if p["bos"] is not None and not isinstance(p["bos"], bool):
+            raise EvalkitError(f"perplexity bos must be true, false or unset (auto), got {p['bos']!r}")
+        return p
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("perplexity (--eval perplexity)")
+        g.add_argument("--corpus", dest="ppl_corpus", help="embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+        g.add_argument("--window", dest="ppl_window", type=int, help="tokens per window incl. BOS (default 1024)")
+        g.add_argument("--stride", dest="ppl_stride", type=int, help="tokens between window starts (default: window, disjoint)")
+        g.add_argument("--max-windows", dest="ppl_max_windows", type=int, help="evaluate at most N windows (default 20)")
+        g.add_argument("--max-tokens", dest="ppl_max_tokens", type=int, help="use only the first N corpus tokens")
+        g.add_argument("--batch-size", dest="ppl_batch_size", type=int, help="windows per forward (default 1)")
+        g.add_argument("--bos", dest="ppl_bos", action=argparse.BooleanOptionalAction, default=None,
+                       help="start each window with BOS (default: when the tokenizer adds BOS itself)")
+        g.add_argument("--bootstrap-samples", dest="ppl_bootstrap_samples", type=int, help="bootstrap resamples (default 2000)")
+        g.add_argument("--seed", dest="ppl_seed", type=int, help="bootstrap seed (default 0)")
+
+    @classmethod
+    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        return {k: getattr(args, "ppl_" + k, None) for k in DEFAULTS}
+
+    # ---- baseline --------------------------------------------------------------------------
+    def prepare(self, lm, workdir: Path) -> None:
+        p, model, tok = self.params, lm.model, lm.tokenizer
+        if lm.max_length is not None and p["window"] > lm.max_length:
+            raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --window {lm.max_length} or less")
+        bos = _auto_bos(tok) if p["bos"] is None else p["bos"]
+        if bos and tok.bos_token_id is None:
+            raise EvalkitError("--bos was asked for but the tokenizer has no BOS token: use --no-bos")
+        corpus = load_corpus(p["corpus"])
+        ids = tokenize_corpus(corpus, tok, Path(workdir))
+        if p["max_tokens"] is not None:
+            ids = ids[: p["max_tokens"]]
+        self.ids, self.bos, self.corpus = ids, bos, corpus
+        self.plan = plan_windows(len(ids), p["window"], p["stride"], bos, p["max_windows"])
+        self.targets = [(p["window"] - t0) for _, t0 in self.plan]
+        self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
+        self.head = _OutputHead(model)
+        self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
+                             bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
+        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=_weights_fingerprint(model),
+                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=corpus.sha256,
+                   tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
+        self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        if not (self.dir / "meta.json").is_file():
+            self._compute_baseline(lm, key)
+        from safetensors.torch import load_file
+
+        base = load_file(self.dir / "baseline.safetensors")
+        self.base_nll, self.base_argmax, self.base_t, self.base_z = base["nll"], base["argmax"], base["t"], base["z"]
+
+    def _compute_baseline(self, lm, key: dict) -> None:
+        n, vocab = int(self.offsets[-1]), self.head.vocab
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        need, free = n * vocab * 2, shutil.disk_usage(self.dir.parent).free
+        if need * 1.05 + 2**28 > free:
+            raise EvalkitError(f"the baseline log-probs need {need / 1e9:.1f} GB ({n} tokens x {vocab} vocab x 2 B) but {free / 1e9:.1f} GB are free: lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
+        tmp = self.dir.with_name(f"{self.dir.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t", "z")}
+        out["argmax"] = torch.empty(n, dtype=torch.int64)
+        with open(tmp / "probs.npy", "wb") as fh:
+            np.lib.format.write_array_header_2_0(fh, {"descr": "<f2", "fortran_order": False, "shape": (n, vocab)})
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+                w, t, z = _baseline_summary(lp)
+                sl = slice(lo, lo + len(top))
+                out["nll"][sl], out["argmax"][sl], out["t"][sl], out["z"][sl] = tgt_nll.cpu(), top.cpu(), t.cpu(), z.cpu()
+                fh.write(w.cpu().numpy().tobytes())
+        from safetensors.torch import save_file
+
+        save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
+        (tmp / "meta.json").write_text(json.dumps({**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True))
+        try:
+            os.rename(tmp, self.dir)
+        except OSError:  # another process finished the same baseline first: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _scored_chunks(self, lm):
+        """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
+        model, p = lm.model, self.params
+        bos_id = lm.tokenizer.bos_token_id
+        rows = max(1, CHUNK_ELEMENTS // self.head.vocab)
+        c = p["window"] - int(self.bos)
+        with torch.inference_mode():
+            for b0 in range(0, len(self.plan), p["batch_size"]):
+                batch = self.plan[b0: b0 + p["batch_size"]]
+                ids = torch.stack([self.ids[s: s + c] for s, _ in batch])
+                if self.bos:
+                    ids = torch.cat([torch.full((len(batch), 1), bos_id, dtype=ids.dtype), ids], dim=1)
+                ids = ids.to(lm.device)
+                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+                h = torch.cat([hidden[i, t0 - 1: -1] for i, (_, t0) in enumerate(batch)])
+                tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
+                del hidden
+                base = int(self.offsets[b0])
+                for lo in range(0, len(tgt), rows):
+                    lp = torch.log_softmax(self.head(h[lo: lo + rows]), dim=-1)
+                    nll = -lp.gather(1, tgt[lo: lo + rows, None])[:, 0]
+                    yield base + lo, lp, nll, lp.argmax(-1)
+
+    # ---- one scheme ------------------------------------------------------------------------
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.hook import quantized_kv
+
+        n = int(self.offsets[-1])
+        nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
+        with open(self.dir / "probs.npy", "rb") as fh, quantized_kv(lm.model, scheme):
+            np.lib.format.read_magic(fh)
+            shape, _, _ = np.lib.format.read_array_header_2_0(fh)
+            data_start, vocab = fh.tell(), shape[1]
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+                sl = slice(lo, lo + len(top))
+                fh.seek(data_start + lo * vocab * 2)
+                w = torch.from_numpy(np.fromfile(fh, dtype="<f2", count=len(top) * vocab).reshape(-1, vocab))
+                t, z = self.base_t[sl].to(lp.device), self.base_z[sl].to(lp.device)
+                kl[sl] = _kl_stored(w.to(lp.device), t, z, lp).double().cpu()
+                nll[sl] = tgt_nll.double().cpu()
+                agree[sl] = top.cpu() == self.base_argmax[sl]
+        return self._rows(nll, kl, agree, scheme)
+
+    def _rows(self, nll, kl, agree, scheme) -> list[MetricRow]:
+        p, w = self.params, len(self.plan)
+        pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
+        win = np.repeat(np.arange(w), self.targets)
+        info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_windows=w,
+                    bootstrap_samples=p["bootstrap_samples"], seed=p["seed"], ci="95% paired percentile bootstrap over windows",
+                    p_value_test=PVALUE_TEST, kl_reference="baseline distribution stored as fp16(P * 2^15)",
+                    baseline_cache=self.dir.name)
+        edges = bucket_edges(p["window"])
+        groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
+        rows = []
+        for labels, sel in groups:
+            if sel.any():
+                rows += self._group_rows(labels, win[sel], w, nll.numpy()[sel], self.base_nll.double().numpy()[sel],
+                                         kl.numpy()[sel], agree.numpy()[sel], info)
+        return rows
+
+    def _group_rows(self, labels, win, w, nll, base, kl, agree, info) -> list[MetricRow]:
+        """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
+        sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
+        keep = sums[0] > 0
+        cnt, s_nll, s_base, s_kl, s_agree = (s[keep] for s in sums)
+        stats = {
+            "ppl": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)),
+            "ppl_delta": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
+            "ppl_delta_rel": lambda c, a, b, k, g: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
+            "kl_mean": lambda c, a, b, k, g: k.sum(-1) / c.sum(-1),
+            "top1_agreement": lambda c, a, b, k, g: g.sum(-1) / c.sum(-1),
+        }
+        arrays = [cnt, s_nll, s_base, s_kl, s_agree]
+        rows = []
+        for metric, fn in stats.items():
+            value = float(fn(*arrays))
+            low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
+            ci = (None, None) if math.isnan(low) else (low, high)
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=info))
+        rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=info))
+        rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
+        return rows
+
+
+class _OutputHead:
+    """The model's output layer applied to final hidden states (plus gemma-style soft-capping),
+    checked once against the model's own logits so an unusual head is refused, not mis-scored."""
+
+    def __init__(self, model):
+        self.linear = model.get_output_embeddings()
+        if self.linear is None:
+            raise EvalkitError(f"{type(model).__name__} has no output embeddings: perplexity needs a causal LM head")
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.vocab = self.linear.out_features
+        device = next(model.parameters()).device
+        ids = torch.arange(1, 9, device=device)[None] % self.vocab
+        with torch.inference_mode():
+            ref = model(input_ids=ids, use_cache=False).logits.float()
+            ours = self(model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0])
+        if not torch.allclose(ours, ref[0], rtol=1e-4, atol=1e-4):
+            raise EvalkitError(f"{type(model).__name__} post-processes its logits in a way evalkit does not reproduce: perplexity cannot score it")
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row dot product of two (rows, vocab) tensors, fused (no (rows, vocab) temporary)."""
+    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
+
+
+def _baseline_summary(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the baseline stores per position: fp16 weights w, t = w . log P and z = sum w."""
+    w = (lp.exp() * P_SCALE).half()
+    wf = w.float()
+    return w, _rowdot(wf, lp), wf.sum(-1)
+
+
+def _kl_stored(w: torch.Tensor, t: torch.Tensor, z: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
+    """Per-row KL(P || Q) from the stored baseline (w, t, z) and the scheme's log-probs ``lq``."""
+    return ((t - _rowdot(w.float(), lq)) / z).clamp_min_(0)
+
+
+def _auto_bos(tokenizer) -> bool:
+    """True when the tokenizer puts BOS in front of plain text by itself (the model expects it)."""
+    if tokenizer.bos_token_id is None:
+        return False
+    ids = tokenizer("hello", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def _weights_fingerprint(model) -> str:
+    """Cheap hash of every parameter's name, shape, dtype and first/last 64 values."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            flat = t.detach().reshape(-1)
+            h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
+    return h.hexdigest()

@@ -47,6 +47,12 @@ def tiny_config(arch: str, vocab: int = VOCAB):
     if arch == "opt":
         return tf.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                             word_embed_proj_dim=64, max_position_embeddings=512)
+    if arch == "deepseek_v3":  # MLA; layer 0 dense, layers 1-2 MoE
+        return tf.DeepseekV3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                                   num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
+                                   q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
+                                   topk_group=1, max_position_embeddings=512)
     raise KeyError(arch)
 
 

@@ -69,6 +69,13 @@ def _load_config(args) -> tuple[dict, str, dict | None]:
     return cfg.to_dict(), args.model, None
 
 
+def _model_folder(name: str) -> Path:
+    from evalkit.models import embedded_dense_dir, embedded_name
+
+    embedded = embedded_name(name)
+    return embedded_dense_dir(embedded) if embedded else Path(name)
+
+
 def _weights(args, preset, config_fields) -> tuple[int, str]:
     from evalkit.capacity import format_bytes, parse_bytes
     from evalkit.presets import weights_bytes
@@ -81,8 +88,9 @@ def _weights(args, preset, config_fields) -> tuple[int, str]:
     if params and dtype:
         n = weights_bytes(params, dtype)
         return n, f"{format_bytes(n)} ({params / 1e9:,.1f}B params x {dtype})"
-    if args.model and Path(args.model).is_dir():
-        files = list(Path(args.model).glob("*.safetensors"))
+    folder = _model_folder(args.model) if args.model else None
+    if folder is not None and folder.is_dir():
+        files = list(folder.glob("*.safetensors"))
         if files:
             n = sum(f.stat().st_size for f in files)
             return n, f"{format_bytes(n)} (size of {len(files)} safetensors file(s))"

@@ -198,3 +198,24 @@ def test_cli_writes_table_refuses_to_overwrite_and_reads_recipes(tiny_llama_dir,
     assert main(["calibrate", "--model", str(tiny_llama_dir), "--seq-len", "100000", "--out", str(tmp_path / "x.safetensors")]) == 2
     assert "maximum length" in capsys.readouterr().err
     assert not (tmp_path / "x.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_shipped_embedded_scales_match_their_recipes_and_validate(embedded):
+    """calibration/ holds the recipes and the scale files they produced for the embedded model."""
+    import yaml
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "calibration"
+    recipes = sorted(root.glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        r = yaml.safe_load(recipe.read_text())
+        out = root.parent / r["out"]
+        table = load_scale_table(out, embedded.layout, granularity=r["granularity"], config_hash=embedded.config_hash)
+        meta = table.meta
+        assert (meta["method"], meta["granularity"], meta["corpus"], meta["seq_len"], meta["samples"]) == (
+            r["method"], r["granularity"], r["corpus"], r["seq_len"], r["samples"])
+        assert meta["eval_corpus_overlap"] == 0.0
+        # amax/448 of real activations: positive and far below 1 (a unit scale would waste the range)
+        assert bool((table.k_scale > 0).all()) and float(table.k_scale.max()) < 1.0

@@ -323,3 +323,17 @@ def test_baseline_answers_are_cached_per_prompt_and_reused_by_other_grids(tiny_l
     subset.prepare(tiny_lm, tmp_path)
     monkeypatch.setattr(subset, "_generate", lambda *a, **k: pytest.fail("baseline recomputed"))
     assert subset.baseline(tiny_lm) == gens[1:]
+
+
+def test_canonical_params_follow_the_task_files(tmp_path):
+    import shutil
+
+    from evalkit.retrieval.tasks import TASK_DIR
+
+    copy = tmp_path / "passkey.yaml"
+    shutil.copy(TASK_DIR / "passkey.yaml", copy)
+    before = RetrievalEval({"tasks": str(copy)}).canonical_params()
+    assert before == RetrievalEval({"tasks": str(copy)}).canonical_params()
+    json.dumps(before)  # hashable as JSON
+    copy.write_text(copy.read_text().replace("Remember it.", "Keep it."))
+    assert RetrievalEval({"tasks": str(copy)}).canonical_params() != before

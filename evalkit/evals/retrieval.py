@@ -97,6 +97,12 @@ class RetrievalEval(Evaluation):
                  "haystack": "ret_haystack", "via": "ret_via", "seed": "ret_seed", "batch_size": "ret_batch_size"}
         return {k: getattr(args, v, None) for k, v in names.items()}
 
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters plus a hash of each task file, so an edited task gets a new run id."""
+        specs = [load_task(t) for t in self.params["tasks"]]
+        files = {s.name: hashlib.sha256(Path(s.source).read_bytes()).hexdigest()[:16] for s in specs}
+        return {**self.params, "task_files": files, "format_version": FORMAT_VERSION}
+
     # ---- grid --------------------------------------------------------------------------------
     def prepare(self, lm, workdir: Path | None) -> None:
         p = self.params

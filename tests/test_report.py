@@ -155,7 +155,8 @@ def test_recommendation_is_cheapest_inside_budget(store):
     assert "use fp8_e4m3/tensor/dynamic" in line and "2.00x" in line and "+0.40%" in line
     # a tighter perplexity budget leaves only block16
     assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002))["tiny"]
-    assert "keep bf16" in recommend(frame, Budget(max_ppl_rel=0.0001))["tiny"]
+    tight = recommend(frame, Budget(max_ppl_rel=0.0001))["tiny"]
+    assert "keep bf16" in tight and "closest: fp8_e4m3/block16/dynamic (Δppl +0.10%, top-1 99.80%; fails Δppl)" in tight
     # a looser one admits int4 (96 bytes) only if its flips and retrieval pass too
     assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9))["tiny"]
     assert "use int4/token/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1,

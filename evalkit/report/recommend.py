@@ -61,14 +61,21 @@ def recommend(frame: pd.DataFrame, budget: Budget = Budget()) -> dict[str, str]:
     out = {}
     for model, group in frame.groupby("model", sort=False):
         base = group[group["scheme"] == str(Scheme())]
-        cands = []
+        cands, misses = [], []
         for _, r in group[group["scheme"] != str(Scheme())].iterrows():
             row = r.dropna().to_dict()
             inside, notes = check(row, budget)
             if inside:
                 cands.append((row.get("bytes_per_token", math.inf), row["scheme"], row))
+            elif "ppl_delta_rel" in row:
+                misses.append((abs(row["ppl_delta_rel"]), row["scheme"], notes, row))
         if not cands:
-            out[model] = f"{model}: keep bf16: no quantized scheme in the store is within the budget ({budget.describe()})"
+            closest = ""
+            if misses:
+                _, scheme, notes, row = min(misses, key=lambda m: (m[0], m[1]))
+                top1 = f", top-1 {100 * row['top1_agreement']:.2f}%" if "top1_agreement" in row else ""
+                closest = f"; closest: {scheme} (Δppl {100 * row['ppl_delta_rel']:+.2f}%{top1}; fails {', '.join(notes)})"
+            out[model] = f"{model}: keep bf16: no quantized scheme in the store is within the budget ({budget.describe()}){closest}"
             continue
         # fewest bytes per token; without a known layout, fewest bits per stored value
         bpt, scheme, row = min(cands, key=lambda c: (c[0], parse_scheme(c[1]).kv_format.bits, c[1]))

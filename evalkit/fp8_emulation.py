@@ -33,14 +33,14 @@ def round_to_fp8(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     assert y.dtype == torch.float32, "round_to_fp8 works on float32"
     drop = 23 - fmt.mantissa_bits
     bits = y.view(torch.int32)
-    lsb = (bits >> drop) & 1
-    normal = ((bits + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)).view(torch.float32)
+    lsb = (bits >> drop).bitwise_and_(1)
+    normal = lsb.add_(bits).add_((1 << (drop - 1)) - 1).bitwise_and_(~((1 << drop) - 1)).view(torch.float32)
     c = 2.0 ** (fmt.min_normal_exp - fmt.mantissa_bits + 23)
     magnitude = y.abs()
-    subnormal = torch.copysign((magnitude + c) - c, y)
+    subnormal = (magnitude + c).sub_(c).copysign_(y)
     out = torch.where(magnitude < 2.0**fmt.min_normal_exp, subnormal, normal)
     if not fmt.negative_zero:
-        out = out + 0.0  # -0.0 + 0.0 == +0.0; every other value (and NaN) is unchanged
+        out = out.add_(0.0)  # -0.0 + 0.0 == +0.0; every other value (and NaN) is unchanged
     return out
 
 

@@ -77,6 +77,9 @@ class KVQuantizer:
     def __call__(self, which: str, layer_idx: int, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if not self.is_active(layer_idx):
             return x
-        self.check_finite(which, layer_idx, x)
         scale = self.fixed_scale(which, layer_idx, x.device)
-        return fake_quantize(x, self.fmt, self.scheme.granularity, scale, valid)
+        try:
+            return fake_quantize(x, self.fmt, self.scheme.granularity, scale, valid, check_finite=True)
+        except NonFiniteKVError:
+            self.check_finite(which, layer_idx, x)  # raises with the layer named
+            raise

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.errors import SchemeError
+from evalkit.errors import NonFiniteKVError, SchemeError
 from evalkit.formats import KVFormat
 from evalkit.fp8_emulation import round_to_fp8
 from evalkit.scheme import Granularity, GranularityKind
@@ -76,27 +76,31 @@ def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
 
 
 def fake_quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, scale: torch.Tensor | None = None,
-                  valid: torch.Tensor | None = None) -> torch.Tensor:
+                  valid: torch.Tensor | None = None, check_finite: bool = False) -> torch.Tensor:
     """Quantize and dequantize ``x`` (B, H, S, D); returns a tensor of x's dtype.
 
     ``scale`` given (static or unit): a tensor broadcastable to (B, H, S, D) — only tensor/head
     granularity take one. ``scale`` None: dynamic, from the values (and ``valid`` positions).
+    ``check_finite``: raise :class:`NonFiniteKVError` if a real (non-padding) value is NaN or inf;
+    with dynamic symmetric scales this reads the amax (which propagates NaN and inf) at no cost.
     """
     if fmt.is_identity:
         return x
     if valid is not None and not bool(valid.all()):
-        return _fake_quantize_padded(x, fmt, granularity, scale, valid)
+        return _fake_quantize_padded(x, fmt, granularity, scale, valid, check_finite)
     xf = x.float()
-    if scale is not None:
-        codes = round_codes(xf / scale, fmt)
-        return (codes * scale).to(x.dtype)
+    if scale is not None or fmt.asymmetric:
+        if check_finite and not bool(torch.isfinite(xf).all()):
+            raise NonFiniteKVError("non-finite K/V")
+        if scale is not None:
+            return (round_codes(xf / scale, fmt) * scale).to(x.dtype)
+        return ungrouped(_asymmetric(grouped(xf, granularity), fmt, granularity), x.shape).to(x.dtype)
     g = grouped(xf, granularity)
-    if fmt.asymmetric:
-        out = _asymmetric(g, fmt, granularity)
-    else:
-        s = scale_from_amax(group_amax(g, granularity), fmt)
-        out = round_codes(g / s, fmt) * s
-    return ungrouped(out, x.shape).to(x.dtype)
+    amax = group_amax(g, granularity)
+    if check_finite and not bool(torch.isfinite(amax).all()):
+        raise NonFiniteKVError("non-finite K/V")
+    s = scale_from_amax(amax, fmt)
+    return ungrouped(round_codes(g / s, fmt).mul_(s), x.shape).to(x.dtype)
 
 
 def asymmetric_params(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +123,7 @@ def _asymmetric(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> tor
     return (asymmetric_codes(g, fmt, scale, zero) - zero) * scale
 
 
-def _fake_quantize_padded(x, fmt, granularity, scale, valid):
+def _fake_quantize_padded(x, fmt, granularity, scale, valid, check_finite=False):
     """Per sequence: quantize only the real tokens (blocks start at the first real token)."""
     out = x.clone()
     for b in range(x.shape[0]):
@@ -132,7 +136,7 @@ def _fake_quantize_padded(x, fmt, granularity, scale, valid):
         s_b = None
         if scale is not None:
             s_b = scale[b : b + 1] if scale.dim() == 4 and scale.shape[0] == x.shape[0] else scale
-        out[b : b + 1, :, lo:hi] = fake_quantize(x[b : b + 1, :, lo:hi], fmt, granularity, s_b)
+        out[b : b + 1, :, lo:hi] = fake_quantize(x[b : b + 1, :, lo:hi], fmt, granularity, s_b, check_finite=check_finite)
     return out
 
 

@@ -58,32 +58,34 @@ def task_manager(paths: tuple[str, ...], include_defaults: bool):
 
 @dataclass(frozen=True)
 class TaskSet:
-    """Requested task names, the TaskManager that knows them, and which of them are lm-eval built-ins."""
+    """Requested task names, the TaskManager that knows them, and those not defined by evalkit's own
+    offline YAMLs (their data may need the network)."""
 
     names: tuple[str, ...]
     manager: Any
-    builtin: tuple[str, ...]
+    external: tuple[str, ...]
 
 
 def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = ()) -> TaskSet:
-    """Find every name (evalkit's YAMLs first, lm-eval's built-ins only when needed).
+    """Find every name (evalkit's YAMLs and ``extra_paths`` first, lm-eval's built-ins only when needed).
 
     Unknown names raise EvalkitError listing the nearest known names.
     """
     paths = tuple(include_paths(extra_paths))
+    ours = task_manager((str(TASKS_DIR),), False).all_tasks
+    external = tuple(n for n in names if n not in ours)
     local = task_manager(paths, False)
-    builtin = tuple(n for n in names if n not in local.all_tasks)
-    if not builtin:
-        return TaskSet(tuple(names), local, ())
+    if all(n in local.all_tasks for n in names):
+        return TaskSet(tuple(names), local, external)
     full = task_manager(paths, True)
-    unknown = [n for n in builtin if n not in full.all_tasks]
+    unknown = [n for n in names if n not in full.all_tasks]
     if unknown:
         parts = []
         for n in unknown:
             near = difflib.get_close_matches(n, full.all_tasks, n=5, cutoff=0.6)
             parts.append(f"{n!r} (nearest: {', '.join(near)})" if near else repr(n))
         raise EvalkitError(f"unknown lm-eval task {'; '.join(parts)}: see `lm_eval ls tasks` or the YAMLs in {TASKS_DIR}")
-    return TaskSet(tuple(names), full, builtin)
+    return TaskSet(tuple(names), full, external)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -134,17 +136,17 @@ def _network_error(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def network_guard(tasks: TaskSet):
-    """Offline mode when the hub is unreachable (only if a built-in task is requested), and one
-    clear line when a task's data cannot be fetched."""
-    offline = bool(tasks.builtin) and not hub_reachable()
+    """Offline mode when the hub is unreachable (checked only if a task outside evalkit's offline
+    YAMLs is requested), and one clear line when a task's data cannot be fetched."""
+    offline = bool(tasks.external) and not hub_reachable()
     try:
         with offline_datasets(offline):
             yield
     except Exception as exc:
-        if tasks.builtin and _network_error(exc):
+        if _network_error(exc):
             where = ("the Hugging Face hub is unreachable (offline) and its data is not in the local datasets cache"
                      if offline else "its data could not be downloaded")
-            raise EvalkitError(f"lm-eval task {', '.join(tasks.builtin)} needs the network: {where}; "
+            raise EvalkitError(f"lm-eval task {', '.join(tasks.external or tasks.names)} needs the network: {where}; "
                                f"run it online once to fill the cache, or use the offline tasks in {TASKS_DIR}") from None
         raise
 
@@ -156,12 +158,30 @@ def make_hflm(model, tokenizer, batch_size: int = 1):
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
 
 
+@contextlib.contextmanager
+def _without_env_report():
+    """Skip lm-eval's environment report (``add_env_info``: torch's collect_env, which shells out
+    to pip and takes ~10 s per call; it is not a metric). Scoped to one call and restored after.
+    evalkit records the library versions that decide the numbers in every row instead."""
+    import lm_eval.evaluator as evaluator
+
+    if not hasattr(evaluator, "add_env_info"):
+        yield
+        return
+    original = evaluator.add_env_info
+    evaluator.add_env_info = lambda results: None
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = original
+
+
 def run_lm_eval(hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None,
                 bootstrap_iters: int = 100000) -> dict[str, Any]:
     """One call of lm-eval's evaluator with per-item samples logged and no request cache."""
     import lm_eval
 
-    with network_guard(tasks):
+    with network_guard(tasks), _without_env_report():
         results = lm_eval.simple_evaluate(
             model=hflm, tasks=list(tasks.names), num_fewshot=num_fewshot, limit=limit, task_manager=tasks.manager,
             log_samples=True, use_cache=None, cache_requests=False, bootstrap_iters=bootstrap_iters,

@@ -174,10 +174,16 @@ def test_ray_executor_equals_local(tmp_path, tiny_llama_dir, toy_eval):
     from evalkit.sweep.grid import parse_grid
     from evalkit.sweep.runner import run_sweep
 
-    grid = parse_grid(make_grid(tmp_path, tiny_llama_dir, schemes=SCHEMES[:3]))
+    # two model groups (the same folder, dtype given or not) on a 1-CPU cluster: the second actor
+    # can only start once the first is released
+    text = (f"models:\n  - '{tiny_llama_dir}'\n  - {{name: '{tiny_llama_dir}', dtype: float32}}\n"
+            "schemes: [bf16, fp8_e4m3/head/dynamic]\nevals: {toy: {max_tokens: 16}}\n")
+    (tmp_path / "g.yaml").write_text(text)
+    grid = parse_grid(tmp_path / "g.yaml")
     local = run_sweep(grid, ResultStore(tmp_path / "local"), LocalExecutor(), progress=False, workdir=tmp_path / "c1")
     remote = run_sweep(grid, ResultStore(tmp_path / "ray"), RayExecutor(num_cpus=1), progress=False, workdir=tmp_path / "c2")
-    assert local.completed == remote.completed == 3 and not remote.failures
+    assert local.completed == remote.completed == 4 and not remote.failures
     assert values(tmp_path / "local") == values(tmp_path / "ray")
+    assert len(values(tmp_path / "ray")) == 16
     for run_id in ResultStore(tmp_path / "ray").read().complete:  # artifacts came back from the worker
         assert (tmp_path / "ray" / "runs" / run_id[:16] / "toy.json").is_file()

@@ -5,7 +5,8 @@ driver alone writes the store, so results do not depend on the executor.
 * ``ray``: one Ray actor per model group holding the resources a run of that model needs
   (``num_gpus`` = the model's GPU count on a GPU cluster, else one CPU); each run is a task on
   that actor, so the model is loaded and each evaluation prepared once per actor, exactly as
-  locally. Connects to an existing cluster with ``address`` (``ray://...`` or ``auto``) or starts
+  locally. An actor is released as soon as its last run returns, so groups waiting for
+  resources start then. Connects to an existing cluster with ``address`` (``ray://...`` or ``auto``) or starts
   a local one. Artifacts come back to the driver as bytes, so workers need no shared disk; the
   evaluation cache folder (``workdir``) is per node. Evaluations registered at run time in the
   driver are passed to the workers by import path.
@@ -94,24 +95,30 @@ class RayExecutor:
             return
         ray, started = self._init()
         Actor = ray.remote(_SessionActor)
-        actors, pending = [], {}
+        actors, pending, left = [], {}, {}
         try:
             for group in groups:
                 model = group[0].model
                 options = {"num_gpus": model.num_gpus} if model.num_gpus else {"num_cpus": 1}
                 actor = Actor.options(**options).remote(group[0].to_dict()["model"], str(workdir), registry)
                 actors.append(actor)
+                left[len(actors) - 1] = len(group)
                 for run in group:
-                    pending[actor.run.remote(run.to_dict())] = run
+                    pending[actor.run.remote(run.to_dict())] = (run, len(actors) - 1)
             refs = list(pending)
             while refs:
                 done, refs = ray.wait(refs, num_returns=1)
-                run = pending.pop(done[0])
+                run, idx = pending.pop(done[0])
                 on_start(run)
-                yield run, ray.get(done[0])
+                outcome = ray.get(done[0])
+                left[idx] -= 1
+                if not left[idx]:  # free its resources so actors waiting for them can start
+                    ray.kill(actors[idx])
+                yield run, outcome
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            for idx, actor in enumerate(actors):
+                if left.get(idx):
+                    ray.kill(actor)
             if started:
                 ray.shutdown()
 
@@ -122,5 +129,9 @@ def make_executor(name: str, address: str | None = None) -> LocalExecutor | RayE
             raise EvalkitError("--ray-address goes with --executor ray")
         return LocalExecutor()
     if name == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise EvalkitError("--executor ray needs Ray: pip install 'evalkit[ray]' (or pip install ray)")
         return RayExecutor(address)
     raise EvalkitError(f"unknown executor {name!r}: use one of {', '.join(EXECUTORS)}")

@@ -25,7 +25,9 @@ def heatmap(cells: pd.DataFrame, path: Path, title: str, diff: bool = False) -> 
     ncols = min(n, 4)
     nrows = (n + ncols - 1) // ncols
     lengths = sorted(cells["length"].unique())
-    fig, axes = plt.subplots(nrows, ncols, figsize=(1.1 * len(lengths) * ncols + 1.5, 2.9 * nrows), squeeze=False)
+    panel_w = max(2.8, 0.9 * len(lengths) + 1.4)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_w * ncols + 1.2, 2.9 * nrows), squeeze=False,
+                             constrained_layout=True)
     cmap, vmin, vmax = ("RdBu", -1.0, 1.0) if diff else ("viridis", 0.0, 1.0)
     image = None
     for ax, task in zip(axes.flat, tasks):
@@ -35,8 +37,10 @@ def heatmap(cells: pd.DataFrame, path: Path, title: str, diff: bool = False) -> 
         image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(grid.columns)), [f"{c // 1024}k" if c % 1024 == 0 else str(c) for c in grid.columns])
         ax.set_yticks(range(len(grid.index)), [f"{d:g}%" for d in grid.index])
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("needle depth")
+        if ax in axes[-1] or n - list(axes.flat).index(ax) <= ncols:
+            ax.set_xlabel("context length (tokens)")
+        if ax in axes[:, 0]:
+            ax.set_ylabel("needle depth")
         ax.set_title(task, fontsize=9)
         for (i, j), v in pd.DataFrame(grid.to_numpy()).stack().items():
             ax.text(j, i, f"{v:+.2f}" if diff else f"{v:.2f}", ha="center", va="center", fontsize=7,
@@ -48,6 +52,6 @@ def heatmap(cells: pd.DataFrame, path: Path, title: str, diff: bool = False) -> 
     fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

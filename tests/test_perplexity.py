@@ -11,6 +11,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -196,13 +197,15 @@ def test_cli_run_json_and_exit_code(tiny_llama_dir, tmp_path, capsys, prose):
 
     argv = ["run", "--model", str(tiny_llama_dir), "--schemes", "bf16,fp8_e4m3/head/dynamic", "--eval", "perplexity",
             "--corpus", prose, "--window", "64", "--stride", "32", "--max-windows", "3", "--json",
-            "--cache-dir", str(tmp_path), "--bootstrap-samples", "200"]
+            "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path), "--bootstrap-samples", "200"]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
     assert plain[("bf16", "kl_mean")]["value"] == 0.0
     assert plain[("fp8_e4m3/head/dynamic", "n_tokens")]["value"] == 63 + 2 * 32
     assert set(PerplexityEval.summary_metrics) <= {m for _, m in plain}
+    windows = pd.read_csv(next((tmp_path / "out").glob("fp8_e4m3_head_dynamic*/perplexity_windows.csv")))
+    assert windows["n_tokens"].sum() == 63 + 2 * 32 and (windows["kl_sum"] > 0).all()
     assert main(argv[:-4] + ["--stride", "0"]) == 2
     assert "stride 0" in capsys.readouterr().err
 

@@ -217,6 +217,8 @@ class PerplexityEval(Evaluation):
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.hook import quantized_kv
 
+        if not hasattr(self, "dir"):
+            raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
         n = int(self.offsets[-1])
         nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
         with open(self.dir / "probs.npy", "rb") as fh, quantized_kv(lm.model, scheme):
@@ -231,9 +233,23 @@ class PerplexityEval(Evaluation):
                 kl[sl] = _kl_stored(w.to(lp.device), t, z, lp).double().cpu()
                 nll[sl] = tgt_nll.double().cpu()
                 agree[sl] = top.cpu() == self.base_argmax[sl]
-        return self._rows(nll, kl, agree, scheme)
+        if artifacts is not None:
+            self._write_windows(Path(artifacts), nll, kl, agree)
+        return self._rows(nll, kl, agree)
 
-    def _rows(self, nll, kl, agree, scheme) -> list[MetricRow]:
+    def _write_windows(self, folder: Path, nll, kl, agree) -> None:
+        """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""
+        import pandas as pd
+
+        win = np.repeat(np.arange(len(self.plan)), self.targets)
+        sums = {name: np.bincount(win, weights=x.astype(np.float64), minlength=len(self.plan))
+                for name, x in (("nll_sum", nll.numpy()), ("base_nll_sum", self.base_nll.double().numpy()),
+                                ("kl_sum", kl.numpy()), ("top1_agree", agree.numpy()))}
+        folder.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"start": [s for s, _ in self.plan], "first_target": [t for _, t in self.plan],
+                      "n_tokens": self.targets, **sums}).to_csv(folder / "perplexity_windows.csv", index_label="window")
+
+    def _rows(self, nll, kl, agree) -> list[MetricRow]:
         p, w = self.params, len(self.plan)
         pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
         win = np.repeat(np.arange(w), self.targets)
@@ -255,7 +271,7 @@ class PerplexityEval(Evaluation):
         sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
         keep = sums[0] > 0
         cnt, s_nll, s_base, s_kl, s_agree = (s[keep] for s in sums)
-        stats = {
+        metric_fns = {
             "ppl": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)),
             "ppl_delta": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
             "ppl_delta_rel": lambda c, a, b, k, g: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
@@ -264,7 +280,7 @@ class PerplexityEval(Evaluation):
         }
         arrays = [cnt, s_nll, s_base, s_kl, s_agree]
         rows = []
-        for metric, fn in stats.items():
+        for metric, fn in metric_fns.items():
             value = float(fn(*arrays))
             low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
             ci = (None, None) if math.isnan(low) else (low, high)

@@ -7,8 +7,9 @@ completion record count; everything else is ignored, as the store's own reader d
 
 Bytes per token need the model's KV layout, which is not a quality metric. It is taken, in this
 order, from ``kv_bytes_per_token`` metric rows if the sweep wrote them, from ``info.kv_layout`` of
-the completion records, or from the ``config.json`` in the run's ``info.model_path`` (the config
-only: no weights are read and nothing is evaluated). Models whose layout cannot be found get no
+the completion records, or from the ``config.json`` of the run's ``info.model_path`` (a folder, or
+a hub id already in the local Hugging Face cache; the config only: no weights are read, nothing is
+evaluated, no network). Models whose layout cannot be found get no
 bytes column rather than a guess.
 """
 
@@ -96,10 +97,17 @@ def _layouts(results: Results) -> dict[str, KVLayout]:
         if isinstance(info.get("kv_layout"), dict):
             out[model] = _layout_from_dict(info["kv_layout"])
             continue
-        config = Path(str(info.get("model_path", ""))) / "config.json"
-        if info.get("model_path") and config.is_file():
-            try:
+        path = info.get("model_path")
+        if not path:
+            continue
+        try:
+            config = Path(str(path)) / "config.json"
+            if config.is_file():
                 out[model] = kv_layout(config_namespace(json.loads(config.read_text())))
-            except (ValueError, TypeError, EvalkitError):
-                pass
+            else:  # a hub id: its config from the local Hugging Face cache only, never the network
+                from transformers import AutoConfig
+
+                out[model] = kv_layout(AutoConfig.from_pretrained(str(path), local_files_only=True))
+        except (OSError, ValueError, TypeError, KeyError, EvalkitError):
+            pass  # no layout: the table shows n/a for bytes rather than a guess
     return out

@@ -68,6 +68,8 @@ def test_local_sweep_numbers_loads_once_resume_rerun(tmp_path, tiny_llama_dir, t
         assert rows[("nll", None)]["value"] == pytest.approx(float(m["nll"].mean()), rel=1e-6)
         assert rows[("kl", None)]["value"] == pytest.approx(float(m["kl"].mean()), rel=1e-4, abs=1e-9)
         assert rows[("nll", "first")]["scheme"] == rec["scheme"] and rows[("nll", "first")]["model"] == str(tiny_llama_dir)
+        assert rec["info"]["cpu_seconds"] >= 0 and rec["info"]["config_hash"] and rec["info"]["versions"]["torch"] == torch.__version__
+        assert rec["spec"]["scheme"] == rec["scheme"] and rec["rows"] == 4
         art = json.loads((out / "runs" / rec["run_id"][:16] / "toy.json").read_text())
         assert art == {"scheme": rec["scheme"], "nll": rows[("nll", None)]["value"]}
         if rec["scheme"] == "bf16":

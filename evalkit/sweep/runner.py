@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.sweep.grid import Grid, ModelSpec, RunSpec
+from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, versions
 from evalkit.sweep.shard import select
 from evalkit.sweep.store import ResultStore, RunOutcome
 
@@ -85,11 +85,11 @@ class ModelSession:
     def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
         from evalkit.scheme import parse_scheme
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         info: dict = {}
         try:
             lm = self._model()
-            info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device))
+            info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), versions=versions())
             ev = self._prepared(run, lm)
             devices = _cuda_devices(lm.model)
             if devices:
@@ -98,6 +98,7 @@ class ModelSession:
                 for d in devices:
                     torch.cuda.reset_peak_memory_stats(d)
             rows = ev.evaluate(lm, parse_scheme(run.scheme), artifacts)
+            info["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process, all threads
             if devices:
                 info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
             return RunOutcome(run.run_id, run.to_dict(), True, [r.to_dict() for r in rows],

@@ -337,3 +337,12 @@ def test_canonical_params_follow_the_task_files(tmp_path):
     json.dumps(before)  # hashable as JSON
     copy.write_text(copy.read_text().replace("Remember it.", "Keep it."))
     assert RetrievalEval({"tasks": str(copy)}).canonical_params() != before
+
+
+def test_hook_path_runs_a_quantized_scheme(tiny_lm):
+    ev = RetrievalEval({"tasks": "passkey", "lengths": "300", "depths": "0,100", "samples": 1, "haystack": "filler",
+                        "via": "hook"})
+    ev.prepare(tiny_lm, None)
+    rows = ev.evaluate(tiny_lm, parse_scheme("fp8_e5m2/tensor/unit"))
+    cells = [r for r in rows if r.metric == "accuracy" and len(r.labels) == 3]
+    assert len(cells) == 2 and all(r.info["via"] == "hook" and r.info["n"] == 1 for r in cells)

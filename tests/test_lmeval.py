@@ -270,3 +270,21 @@ def test_rows_carry_provenance_and_stderr_intervals(tiny_run):
     again = LmEvalEval({"tasks": TINY_TASKS, "limit": 6})
     again.prepare(lm, work)
     assert again.baseline_items == ev.baseline_items
+
+
+@pytest.mark.slow
+def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
+    from evalkit.cli import main
+
+    code = main(["run", "--eval", "lmeval", "--model", str(tiny_llama_dir), "--tasks", "evalkit_mmlu4,evalkit_passkey",
+                 "--num-fewshot", "1", "--limit", "3", "--schemes", "int4/tensor/dynamic", "--json",
+                 "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "work")])
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert [r["scheme"] for r in rows][0] == "bf16" and {r["scheme"] for r in rows} == {"bf16", "int4/tensor/dynamic"}
+    acc = {r["scheme"]: r for r in rows if r["metric"] == "evalkit_mmlu4/acc"}
+    assert acc["bf16"]["info"]["n_shot"] == 1 and acc["bf16"]["info"]["n_items"] == 3
+    assert acc["bf16"]["info"]["config"]["num_fewshot"] == 1
+    flips = {r["scheme"]: r["value"] for r in rows if r["metric"] == "evalkit_passkey/flip_rate"}
+    assert flips["bf16"] == 0.0
+    assert list(tmp_path.joinpath("out").rglob("lmeval_samples.json"))

@@ -90,21 +90,21 @@ class LmEvalEval(Evaluation):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("lmeval")
-        g.add_argument("--tasks", default=None,
+        g = parser.add_argument_group("lmeval (--eval lmeval)")
+        g.add_argument("--tasks", dest="lmeval_tasks", default=None,
                        help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})")
-        g.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
-        g.add_argument("--limit", type=int, default=None, help="evaluate only the first N items of each task")
+        g.add_argument("--num-fewshot", dest="lmeval_num_fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
+        g.add_argument("--limit", dest="lmeval_limit", type=int, default=None, help="evaluate only the first N items of each task")
         g.add_argument("--lmeval-batch-size", type=int, default=1,
                        help="HFLM batch size (default 1: exact; larger batches are right-padded without a mask)")
         g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
 
     @classmethod
     def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
-        params = {"num_fewshot": args.num_fewshot, "limit": args.limit, "batch_size": args.lmeval_batch_size,
-                  "include": args.lmeval_include or []}
-        if args.tasks is not None:
-            params["tasks"] = args.tasks
+        params = {"num_fewshot": args.lmeval_num_fewshot, "limit": args.lmeval_limit,
+                  "batch_size": args.lmeval_batch_size, "include": args.lmeval_include or []}
+        if args.lmeval_tasks is not None:
+            params["tasks"] = args.lmeval_tasks
         return params
 
     # ---- per model --------------------------------------------------------------------------

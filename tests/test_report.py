@@ -233,3 +233,17 @@ def test_only_failed_runs(tmp_path):
     ResultStore(tmp_path).append(RunOutcome("r1", {"model": {"name": "m"}, "scheme": "bf16", "eval": "perplexity"}, False, error="x"))
     with pytest.raises(EvalkitError, match="no completed runs"):
         load_store(tmp_path)
+
+
+def test_sensitivity_rows_file_joins_the_plots(store, tmp_path, capsys):
+    """rows.jsonl as `evalkit sensitivity --out` writes it (labels.layer) feeds the per-layer plot."""
+    rows = tmp_path / "sens" / "rows.jsonl"
+    rows.parent.mkdir()
+    rows.write_text("".join(json.dumps({"metric": "kl_mean_one_layer", "value": 0.01 * i, "ci_low": None, "ci_high": None,
+                                        "labels": {"layer": i}, "info": {}, "model": "tiny", "scheme": "fp8_e4m3/tensor/dynamic",
+                                        "eval": "sensitivity"}) + "\n" for i in range(3)))
+    code, out, _ = cli(capsys, "report", str(store), "--sensitivity", str(rows.parent), "--plots", str(tmp_path / "figs"))
+    assert code == 0 and (tmp_path / "figs" / "sensitivity_tiny_kl_mean_one_layer.png").is_file()
+    rows.write_text('{"foo": 1}\n')
+    code, _, err = cli(capsys, "report", str(store), "--sensitivity", str(rows))
+    assert code == 2 and "not an evalkit result row" in err

@@ -18,6 +18,8 @@ def add_parser(sub):
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
     p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG and SVG plots")
+    p.add_argument("--sensitivity", type=Path, default=None,
+                   help="rows.jsonl (or its folder) of `evalkit sensitivity --out DIR`, for the per-layer plot")
     p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
     p.add_argument("--min-top1", type=float, default=0.99, help="quality budget: top-1 agreement (default 0.99)")
     p.add_argument("--max-retrieval-drop", type=float, default=0.02, help="quality budget: retrieval accuracy drop (default 0.02)")
@@ -30,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.report.plots import all_plots
 
     results = load_store(args.folder)
+    if args.sensitivity:
+        from evalkit.report.results import add_rows_file
+
+        add_rows_file(results, args.sensitivity)
     frame = summary_frame(results)
     text = format_table(frame, args.format)
     budget = Budget(args.max_ppl_rel, args.min_top1, args.max_retrieval_drop, args.max_flip_rate)

@@ -78,6 +78,32 @@ def load_store(folder: str | Path) -> Results:
     return results
 
 
+def add_rows_file(results: Results, path: str | Path) -> Results:
+    """Add the rows of a ``rows.jsonl`` (``evalkit run --out`` / ``evalkit sensitivity --out``: no completion
+    records, every row counts) to ``results``, e.g. per-layer sensitivity for the plots."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "rows.jsonl"
+    if not path.is_file():
+        raise EvalkitError(f"{path} does not exist: give the rows.jsonl (or its folder) written by `evalkit sensitivity --out DIR`")
+    recs = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise EvalkitError(f"{path} line {n} is not JSON: give a rows.jsonl written by evalkit") from None
+            if not isinstance(rec, dict) or not {"model", "scheme", "metric", "value"} <= set(rec):
+                raise EvalkitError(f"{path} line {n} is not an evalkit result row (needs model, scheme, metric, value)")
+            recs.append({k: rec.get(k) for k in ROW_FIELDS} | {"run_id": rec.get("run_id") or f"{path}:{n}",
+                                                               "eval": rec.get("eval") or "rows"})
+    extra = pd.DataFrame(recs)
+    extra["labels"] = extra["labels"].map(lambda d: d if isinstance(d, dict) else {})
+    extra["info"] = extra["info"].map(lambda d: d if isinstance(d, dict) else {})
+    results.rows = pd.concat([results.rows, extra], ignore_index=True)
+    return results
+
+
 def _layout_from_dict(d: dict) -> KVLayout:
     d = dict(d)
     for key in ("sliding_layers", "attention_layers"):

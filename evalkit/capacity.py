@@ -6,7 +6,7 @@ the weights::
     budget    = gpus * gpu_memory * utilization - weights
     sequences = floor(budget / bytes of one sequence at the context)      (exact, memory.model_cache_bytes)
     tokens    = floor(budget / bytes per token)                           (long-context rate, memory.bytes_per_token)
-    multiplier = tokens / tokens under BF16
+    multiplier = BF16 bytes per token / bytes per token   (the tokens ratio, before rounding down)
 
 Activations, CUDA graphs and fragmentation are what ``utilization`` leaves room for; like the
 engines' own ``gpu_memory_utilization``, it is a fraction of the whole memory. Sizes parse as
@@ -85,13 +85,12 @@ def plan(layout: KVLayout, schemes: list[Scheme], budget: int, context: int) -> 
     """One :class:`Capacity` per scheme, BF16 first (added if missing) as the multiplier's reference."""
     schemes = [Scheme()] + [s for s in schemes if not s.is_identity]
     out = []
-    base_tokens = None
+    base = bytes_per_token(layout, Scheme())
     for scheme in schemes:
         per_token = bytes_per_token(layout, scheme)
         seq_bytes = model_cache_bytes(layout, scheme, context)
         tokens = math.floor(budget / per_token)
-        base_tokens = base_tokens or tokens
-        out.append(Capacity(str(scheme), float(per_token), seq_bytes, budget, tokens, budget // seq_bytes, tokens / base_tokens))
+        out.append(Capacity(str(scheme), float(per_token), seq_bytes, budget, tokens, budget // seq_bytes, float(base / per_token)))
     return out
 
 

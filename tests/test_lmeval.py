@@ -8,7 +8,6 @@ import importlib.resources
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,20 @@ import pytest
 
 from evalkit.errors import EvalkitError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks" / "lmeval"))
-import utils as task_utils  # noqa: E402  (tasks/lmeval/utils.py, as lm-eval's !function loads it)
+REPO_TASKS = Path(__file__).resolve().parents[1] / "tasks" / "lmeval"
+
+
+def _load_task_utils():
+    """tasks/lmeval/utils.py, loaded from its file as lm-eval's ``!function`` does (it is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evalkit_test_lmeval_task_utils", REPO_TASKS / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+task_utils = _load_task_utils()
 
 
 # ---- task data -------------------------------------------------------------------------------
@@ -288,3 +299,29 @@ def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
     flips = {r["scheme"]: r["value"] for r in rows if r["metric"] == "evalkit_passkey/flip_rate"}
     assert flips["bf16"] == 0.0
     assert list(tmp_path.joinpath("out").rglob("lmeval_samples.json"))
+
+
+@pytest.mark.slow
+def test_group_rows_pool_the_items_of_their_subtasks(tiny_llama_dir, tmp_path):
+    """A group (like lm-eval's mmlu) gets lm-eval's aggregate and flip statistics over all its items."""
+    from evalkit.evals.lmeval import LmEvalEval
+    from evalkit.models import load_model
+    from evalkit.scheme import parse_scheme
+
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "kvtest_copy.yaml").write_text(
+        f"include: {REPO_TASKS / 'evalkit_mmlu4.yaml'}\ntask: kvtest_copy\nfewshot_split: test\ntest_split: dev\n")
+    (folder / "kvtest_group.yaml").write_text(
+        "group: kvtest_group\ntask: [evalkit_mmlu4, kvtest_copy]\n"
+        "aggregate_metric_list:\n  - metric: acc\n    aggregation: mean\n    weight_by_size: true\n")
+    lm = load_model(str(tiny_llama_dir))
+    ev = LmEvalEval({"tasks": "kvtest_group", "limit": 3, "include": [str(folder)]})
+    ev.prepare(lm, tmp_path / "work")
+    rows = {r.metric: r for r in ev.evaluate(lm, parse_scheme("int4/tensor/dynamic"))}
+    group_delta = rows["kvtest_group/gold_loglik_abs_delta"]
+    parts = [rows[f"{t}/gold_loglik_abs_delta"] for t in ("evalkit_mmlu4", "kvtest_copy")]
+    assert group_delta.info["n_items"] == 6 and group_delta.info["subtasks"] == ["evalkit_mmlu4", "kvtest_copy"]
+    assert group_delta.value == pytest.approx((parts[0].value + parts[1].value) / 2, rel=1e-12)
+    acc = [rows[f"{t}/acc"].value for t in ("evalkit_mmlu4", "kvtest_copy")]
+    assert rows["kvtest_group/acc"].value == pytest.approx(sum(acc) / 2)

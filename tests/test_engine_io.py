@@ -147,6 +147,10 @@ def test_cli_import_export(tiny_llama_dir, tmp_path, capsys):
     assert f"fp8_e4m3/head/static+scales={back}" in capsys.readouterr().out
     a, b = load_scale_table(out), load_scale_table(back)
     assert torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
+    assert main(["calibrate", "--model", str(tiny_llama_dir), "--scales", str(out), "--export-vllm", str(tmp_path / "ckpt2")]) == 0
+    again = import_vllm(tmp_path / "ckpt2")
+    assert torch.equal(again.k_scale, a.k_scale) and torch.equal(again.v_scale, a.v_scale)
+    capsys.readouterr()
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "config.json").write_text((tmp_path / "ckpt" / "config.json").read_text())
     assert main(["calibrate", "--import-vllm", str(tmp_path / "bare"), "--out", str(tmp_path / "x.safetensors")]) == 2

@@ -139,3 +139,5 @@ def test_perplexity_measure_and_cli_outputs(tiny, tiny_llama_dir, tmp_path, caps
     assert (out / "sensitivity.png").is_file() and (out / "sensitivity.csv").is_file()
     assert main(args) == 2  # refuses to overwrite
     assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", "bf16"]) == 2
+    assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--target-kl-fraction", "2"]) == 2
+    assert "--target-kl-fraction must be in [0, 1]" in capsys.readouterr().err

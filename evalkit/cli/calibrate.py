@@ -5,6 +5,7 @@
     python -m evalkit calibrate --recipe calibration/smollm2-135m-head-amax.yaml
     python -m evalkit calibrate --import-vllm CKPT_DIR --out calibration/imported.safetensors
     python -m evalkit calibrate ... --export-vllm OUT_DIR [--with-weights]
+    python -m evalkit calibrate --scales calibration/NAME.safetensors --export-vllm OUT_DIR
 
 Settings come from the defaults, then the ``--recipe`` YAML file, then the command line. The
 scheme that uses the result is printed last (``fp8_e4m3/<granularity>/static+scales=<out>``).
@@ -40,6 +41,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, default=None, help="scale table to write (calibration/NAME.safetensors)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out / --export-vllm folder")
     p.add_argument("--import-vllm", dest="import_vllm", type=Path, default=None, help="read the scales from this vLLM / llm-compressor checkpoint folder instead of calibrating")
+    p.add_argument("--scales", type=Path, default=None, help="start from this existing scale table (e.g. to --export-vllm it) instead of calibrating")
     p.add_argument("--export-vllm", dest="export_vllm", type=Path, default=None, help="also write the scales as a vLLM checkpoint folder (config.json + k_scale/v_scale tensors)")
     p.add_argument("--with-weights", action="store_true", help="with --export-vllm: save the model weights too (a complete checkpoint)")
     p.set_defaults(handler=run)
@@ -65,9 +67,9 @@ def settings(args) -> dict:
         cfg["model"] = "embedded"
     if cfg["eval_corpus"] in ("none", ""):
         cfg["eval_corpus"] = None
-    if cfg["out"] is None:
+    if cfg["out"] is None and not args.export_vllm:
         raise EvalkitError("--out is required: where to write the scale table, e.g. calibration/NAME.safetensors")
-    cfg["out"] = Path(cfg["out"])
+    cfg["out"] = None if cfg["out"] is None else Path(cfg["out"])
     return cfg
 
 
@@ -76,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = settings(args)
     out = cfg["out"]
-    if out.suffix != ".safetensors":
+    if out is not None and out.suffix != ".safetensors":
         raise EvalkitError(f"--out {out} must end in .safetensors")
-    if (out.exists() or sidecar_path(out).exists()) and not args.force:
+    if out is not None and (out.exists() or sidecar_path(out).exists()) and not args.force:
         raise EvalkitError(f"{out} already exists: choose another name or pass --force to overwrite it")
+    if args.scales is not None and args.import_vllm is not None:
+        raise EvalkitError("give --scales or --import-vllm, not both")
     if args.export_vllm and args.export_vllm.exists() and any(args.export_vllm.iterdir()) and not args.force:
         raise EvalkitError(f"{args.export_vllm} exists and is not empty: choose another folder or pass --force")
     if args.import_vllm is not None:
@@ -87,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
 
         table = import_vllm(args.import_vllm)
         lm = None
+    elif args.scales is not None:
+        from evalkit.static_scales import load_scale_table
+
+        args.model = cfg["model"]
+        lm = load_from_args(args)
+        table = load_scale_table(args.scales, lm.layout, config_hash=lm.config_hash)
     else:
         from evalkit.calibrate import calibrate
 
@@ -99,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
                               batch_size=int(cfg["batch_size"]), eval_corpus=cfg["eval_corpus"])
         for w in caught:
             print(f"evalkit: warning: {w.message}")
-    save_scale_table(out, table)
     from evalkit.calibrate import table_stats
 
-    print(f"wrote {out} ({table_stats(table)}) and {sidecar_path(out).name}")
+    if out is not None:
+        save_scale_table(out, table)
+        print(f"wrote {out} ({table_stats(table)}) and {sidecar_path(out).name}")
     if args.export_vllm:
         from evalkit.engine_io import export_vllm
 
@@ -113,5 +124,6 @@ def run(args: argparse.Namespace) -> int:
         export_vllm(table, args.export_vllm, config, model=lm.model if args.with_weights else None,
                     tokenizer=lm.tokenizer if args.with_weights else None, force=args.force)
         print(f"exported vLLM scales to {args.export_vllm}")
-    print(f"scheme: {table.meta.get('format', 'fp8_e4m3')}/{table.granularity}/static+scales={out}")
+    if out is not None:
+        print(f"scheme: {table.meta.get('format', 'fp8_e4m3')}/{table.granularity}/static+scales={out}")
     return 0

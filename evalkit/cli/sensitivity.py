@@ -26,6 +26,9 @@ def add_parser(sub):
     p.add_argument("--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic")
     p.add_argument("--layers", default=None, help="only these layers, e.g. 0,1,29 (default: all)")
     p.add_argument("--target-kl", dest="target_kl", type=float, default=None, help="mean KL (nats/token) the kept-BF16 set must reach")
+    p.add_argument("--target-kl-fraction", dest="target_kl_fraction", type=float, default=None,
+                   help="target KL as a fraction of the all-layers KL, e.g. 0.5 to halve it")
+    p.add_argument("--max-keep", dest="max_keep", type=int, default=None, help="keep at most this many layers in BF16")
     p.add_argument("--target-ppl-rel", dest="target_ppl_rel", type=float, default=None, help="relative perplexity change to reach, e.g. 0.001")
     p.add_argument("--context", type=int, default=8192, help="sequence length for the memory cost (default 8192)")
     p.add_argument("--out", type=Path, default=None, help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png")
@@ -53,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
             raise EvalkitError(f"--layers {args.layers!r}: give layer indices like 0,1,29") from None
     if args.target_kl is not None and args.target_kl < 0:
         raise EvalkitError(f"--target-kl must be >= 0, got {args.target_kl}")
+    if args.target_kl_fraction is not None and not 0 <= args.target_kl_fraction <= 1:
+        raise EvalkitError(f"--target-kl-fraction must be in [0, 1], got {args.target_kl_fraction}")
+    if args.target_kl is not None and args.target_kl_fraction is not None:
+        raise EvalkitError("give --target-kl or --target-kl-fraction, not both")
     if args.context <= 0:
         raise EvalkitError(f"--context must be positive, got {args.context}")
     if args.out and (args.out / "sensitivity.csv").exists():
@@ -67,9 +74,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"all layers quantized: KL {full['kl_mean'][0]:.4g} nats/token, perplexity change {full['ppl_delta_rel'][0]:+.3%}")
     print(shown.to_markdown(index=False, floatfmt=".4g"))
     rec = None
-    if args.target_kl is not None or args.target_ppl_rel is not None:
-        rec = recommend(lm, scheme, measure, table, full, target_kl=args.target_kl, target_ppl_rel=args.target_ppl_rel,
-                        context=args.context)
+    target_kl = args.target_kl
+    if args.target_kl_fraction is not None:
+        target_kl = args.target_kl_fraction * full["kl_mean"][0]
+    if target_kl is not None or args.target_ppl_rel is not None:
+        rec = recommend(lm, scheme, measure, table, full, target_kl=target_kl, target_ppl_rel=args.target_ppl_rel,
+                        context=args.context, max_keep=args.max_keep)
         print()
         print(rec.summary())
     if args.out:

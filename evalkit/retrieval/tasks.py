@@ -6,7 +6,7 @@ and values are drawn, and how many keys, values per key and queried keys one sam
 
     needle: "One of the special magic numbers for {key} is: {value}."
     key: words                          # 'none' (passkey) or adjective-noun pairs
-    value: {kind: number, digits: 7}    # number | word | uuid
+    value: {kind: number, digits: 7}    # number | word (optional words: [...]) | uuid
     keys: 4, values_per_key: 1, queries: 1, scoring: exact   # RULER niah_multikey
 
 :func:`draw_needles` turns a task and a seed into the sample's needles (one per key and value),
@@ -79,8 +79,12 @@ class TaskSpec:
             raise EvalkitError(f"{where}: haystack must be one of {', '.join(HAYSTACK_KINDS)}, got {self.haystack!r}")
         if self.scoring not in SCORINGS:
             raise EvalkitError(f"{where}: scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}")
-        if self.value.get("kind") not in VALUE_KINDS:
-            raise EvalkitError(f"{where}: value kind must be one of {', '.join(VALUE_KINDS)}, got {self.value.get('kind')!r}")
+        if not isinstance(self.value, dict) or self.value.get("kind") not in VALUE_KINDS:
+            raise EvalkitError(f"{where}: value kind must be one of {', '.join(VALUE_KINDS)}, got {self.value!r}")
+        words = self.value.get("words")
+        if words is not None and (not isinstance(words, list) or len(set(words)) < self.values_per_key * self.keys
+                                  or not all(isinstance(w, str) and w.strip() for w in words)):
+            raise EvalkitError(f"{where}: value words must be a list of at least {self.values_per_key * self.keys} distinct words")
         if self.key not in ("none", "words"):
             raise EvalkitError(f"{where}: key must be 'none' or 'words', got {self.key!r}")
         if not 1 <= self.queries <= self.keys or self.values_per_key < 1:
@@ -143,7 +147,7 @@ def _value(spec: dict, rng: random.Random, used: set[str]) -> str:
             digits = int(spec.get("digits", 7))
             v = str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
         elif kind == "word":
-            v = rng.choice(WORDS)
+            v = rng.choice(spec.get("words") or WORDS)
         else:
             v = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         if v not in used:

@@ -129,17 +129,19 @@ def retrieval(results: Results, out_dir: str | Path) -> list[Path]:
     paths = []
     for (model, task), g in df.groupby(["model", "task"], sort=False):
         schemes = list(dict.fromkeys(g["scheme"]))
-        fig, axes = plt.subplots(1, len(schemes), figsize=(3.2 * len(schemes) + 1, 3.4), squeeze=False)
+        fig, axes = plt.subplots(1, len(schemes), figsize=(3.0 * len(schemes) + 1.5, 3.6), squeeze=False, sharey=True,
+                                 layout="constrained")
         for ax, scheme in zip(axes[0], schemes):
             grid = g[g["scheme"] == scheme].pivot_table(index="depth", columns="length", values="value", aggfunc="mean")
             im = ax.imshow(grid.values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
             ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize=7)
-            ax.set_yticks(range(grid.shape[0]), [f"{d:.2f}" for d in grid.index], fontsize=7)
+            ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
             for (i, j), v in np.ndenumerate(grid.values):
                 if not np.isnan(v):
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
             ax.set_title(scheme, fontsize=8)
             ax.set_xlabel("context length")
+            ax.label_outer()
         axes[0][0].set_ylabel("needle depth")
         fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
         fig.suptitle(f"{model}: {task}")

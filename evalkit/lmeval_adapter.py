@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -50,10 +51,15 @@ def include_paths(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
 
 
 @lru_cache(maxsize=8)
-def task_manager(paths: tuple[str, ...], include_defaults: bool):
+def task_manager(paths: tuple[str, ...], include_defaults: bool, metadata_json: str = "{}"):
+    """A TaskManager (cached per process: indexing lm-eval's built-ins takes tens of seconds).
+
+    ``metadata`` reaches every task's config and its ``custom_dataset`` function, as the
+    ``lm_eval`` command line does with ``--model_args`` (ruler, for one, reads ``pretrained``)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(paths), include_defaults=include_defaults)
+    return TaskManager(include_path=list(paths), include_defaults=include_defaults,
+                       metadata=json.loads(metadata_json) or None)
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class TaskSet:
     external: tuple[str, ...]
 
 
-def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = ()) -> TaskSet:
+def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = (), metadata: dict | None = None) -> TaskSet:
     """Find every name (evalkit's YAMLs and ``extra_paths`` first, lm-eval's built-ins only when needed).
 
     Unknown names raise EvalkitError listing the nearest known names.
@@ -74,10 +80,11 @@ def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = ()) -> TaskSe
     paths = tuple(include_paths(extra_paths))
     ours = task_manager((str(TASKS_DIR),), False).all_tasks
     external = tuple(n for n in names if n not in ours)
-    local = task_manager(paths, False)
+    meta = json.dumps(metadata or {}, sort_keys=True)
+    local = task_manager(paths, False, meta)
     if all(n in local.all_tasks for n in names):
         return TaskSet(tuple(names), local, external)
-    full = task_manager(paths, True)
+    full = task_manager(paths, True, meta)
     unknown = [n for n in names if n not in full.all_tasks]
     if unknown:
         parts = []

@@ -133,6 +133,7 @@ def test_items_for_generation_and_rolling():
     ({"num_fewshot": -1}, "num_fewshot"), ({"batch_size": 0}, "batch_size"),
     ({"tasks": ""}, "at least one task"), ({"colour": 1}, "unknown lmeval parameter"),
     ({"include": ["/no/such/folder"]}, "does not exist"),
+    ({"metadata": "{not json"}, "not valid JSON"), ({"metadata": "[4096]"}, "must be a JSON object"),
 ])
 def test_bad_parameters(params, match):
     from evalkit.evals.lmeval import LmEvalEval

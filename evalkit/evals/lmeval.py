@@ -64,7 +64,7 @@ class LmEvalEval(Evaluation):
     def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
         from evalkit.lmeval_adapter import resolve_tasks
 
-        known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters"}
+        known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters", "metadata"}
         extra = set(params) - known
         if extra:
             raise EvalkitError(f"unknown lmeval parameter(s) {', '.join(sorted(extra))}: use {', '.join(sorted(known))}")
@@ -77,6 +77,14 @@ class LmEvalEval(Evaluation):
         include = params.get("include") or []
         if isinstance(include, str):
             include = [include]
+        metadata = params.get("metadata") or {}
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except json.JSONDecodeError as exc:
+                raise EvalkitError(f"lmeval metadata (--lmeval-metadata) is not valid JSON: {exc}") from None
+        if not isinstance(metadata, dict):
+            raise EvalkitError("lmeval metadata (--lmeval-metadata) must be a JSON object, e.g. '{\"max_seq_lengths\": [4096]}'")
         out = {
             "tasks": list(dict.fromkeys(tasks)),
             "num_fewshot": _positive_int("num_fewshot (--num-fewshot)", params.get("num_fewshot"), 0),
@@ -84,6 +92,7 @@ class LmEvalEval(Evaluation):
             "batch_size": _positive_int("batch_size (--lmeval-batch-size)", params.get("batch_size", 1), 1),
             "include": [str(Path(p).resolve()) for p in include],
             "bootstrap_iters": _positive_int("bootstrap_iters", params.get("bootstrap_iters", 100000), 0),
+            "metadata": metadata,
         }
         resolve_tasks(out["tasks"], tuple(out["include"]))  # unknown names fail here, before any model work
         return out
@@ -98,11 +107,14 @@ class LmEvalEval(Evaluation):
         g.add_argument("--lmeval-batch-size", type=int, default=1,
                        help="HFLM batch size (default 1: exact; larger batches are right-padded without a mask)")
         g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
+        g.add_argument("--lmeval-metadata", default=None,
+                       help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler")
 
     @classmethod
     def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
         params = {"num_fewshot": args.lmeval_num_fewshot, "limit": args.lmeval_limit,
-                  "batch_size": args.lmeval_batch_size, "include": args.lmeval_include or []}
+                  "batch_size": args.lmeval_batch_size, "include": args.lmeval_include or [],
+                  "metadata": args.lmeval_metadata or {}}
         if args.lmeval_tasks is not None:
             params["tasks"] = args.lmeval_tasks
         return params
@@ -113,7 +125,9 @@ class LmEvalEval(Evaluation):
         from evalkit.lmeval_adapter import make_hflm, resolve_tasks, run_lm_eval
         from evalkit.lmeval_items import items_from_results
 
-        self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]))
+        # like `lm_eval --model_args pretrained=...`, the model's path reaches the tasks as metadata
+        metadata = {"pretrained": str(lm.path), **self.params["metadata"]}
+        self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]), metadata)
         self._hflm = make_hflm(lm.model, lm.tokenizer, self.params["batch_size"])
         self._model = lm.model
         key = self._baseline_key(lm)

@@ -159,6 +159,6 @@ def test_named_grids_parse():
                 assert f"{fmt}/{gran}/{sc}" in schemes
 
 
-def test_sweep_help_runs_without_evals_installed():
-    out = subprocess.run([sys.executable, "-m", "evalkit", "sweep", "--help"], capture_output=True, text=True, timeout=120)
+def test_sweep_help():
+    out = subprocess.run([sys.executable, "-m", "evalkit", "sweep", "--help"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "--shard" in out.stdout and "--executor" in out.stdout

@@ -3,7 +3,7 @@
 A grid names models, KV schemes and evaluations; the sweep runs their product::
 
     name: quick
-    out: results/quick                  # optional; --out overrides it
+    out: results/quick                  # optional, relative to the current folder; --out overrides it
     models:
       - embedded                        # or {name: ID_OR_FOLDER, dtype:, device:, device_map:, ...}
     schemes:
@@ -372,7 +372,7 @@ def grid_dirs() -> list[Path]:
 def resolve_grid(name_or_path: str) -> Path:
     """A grid file path, or the name of a grid in ``sweeps/`` (``default``, ``quick``)."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    if p.suffix in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise GridError(f"grid file {p} does not exist")
         return p

@@ -285,7 +285,8 @@ class PerplexityEval(Evaluation):
             low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
             ci = (None, None) if math.isnan(low) else (low, high)
             rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=info))
-        rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=info))
+        p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
+        rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
         rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
         return rows
 

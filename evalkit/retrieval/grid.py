@@ -108,7 +108,8 @@ def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: 
                     template = build_template(tokenizer, task.intro, nd.question, nd.answer_prefix, chat)
                     ids, realised = build_prompt(tokenizer, template, sources[kind], nd.needles, length, depth,
                                                  random.Random(key + "/place"), label=f"task {task.name}")
-                    max_new = len(encode(tokenizer, " " + ", ".join(nd.answers))) + 4
+                    # room for the answers plus list markup ("1. ", newlines) around each, and a few tokens
+                    max_new = len(encode(tokenizer, " " + ", ".join(nd.answers))) + 4 * len(nd.answers) + 4
                     if max_length is not None and length + max_new > max_length:
                         raise EvalkitError(f"task {task.name}: a {length}-token prompt plus its {max_new}-token answer "
                                            f"exceeds the model's maximum of {max_length} tokens: use --lengths up to "

@@ -186,7 +186,9 @@ def plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     axes[1].set_xlabel("layer")
-    fig.suptitle(title, fontsize=10)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, 80)), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,7 @@ def main() -> int:
                          "--cache-dir", str(tmp / "cache_b")] + run_flags(name, params or {})
                         for model in models for name, params in quick["evals"].items() for scheme in SCHEMES]
             wall_a, cpu_a = timed(sweep, env)
+            print(f"load average between A and B: {os.getloadavg()[0]:.1f}")
             wall_b, cpu_b = timed(separate, env)
             print(f"A  one sweep, {len(SCHEMES)} schemes x {len(quick['evals'])} eval(s):  wall {wall_a:7.1f} s   cpu {cpu_a:7.1f} s")
             print(f"B  {len(separate)} separate `evalkit run` processes:        wall {wall_b:7.1f} s   cpu {cpu_b:7.1f} s")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.errors import NonFiniteKVError, SchemeError
+from evalkit.errors import NonFiniteKVError, ScaleError, SchemeError
 from evalkit.model_info import KVLayout
 from evalkit.quantize import check_granularity, fake_quantize
 from evalkit.scheme import GranularityKind, ScaleSource, Scheme
@@ -52,6 +52,12 @@ class KVQuantizer:
             self.table = scale_table or load_scale_table(
                 scheme.static_path, layout, granularity=scheme.granularity.kind.value, config_hash=config_hash
             )
+            made_for = self.table.meta.get("format")
+            if made_for and made_for != scheme.format:
+                raise ScaleError(
+                    f"static scales in {scheme.static_path} were calibrated for {made_for} (scale = amax / its max), "
+                    f"not {scheme.format}: calibrate for {scheme.format} or use {made_for}"
+                )
 
     def is_active(self, layer_idx: int) -> bool:
         """Whether this layer's K/V are quantized (not the baseline, not a skipped layer)."""

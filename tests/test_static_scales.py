@@ -105,3 +105,13 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
             codes = t / scale
             assert codes.abs().max() <= 448 * (1 + 1e-6)
             assert torch.allclose(codes, fake_quantize(codes, fmt, tensor, torch.ones(1, 1, 1, 1)), rtol=1e-5, atol=1e-6)
+
+
+def test_table_made_for_another_format_is_refused(tmp_path, llama):
+    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.scheme import parse_scheme
+
+    path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), {"format": "fp8_e4m3"})
+    KVQuantizer(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(llama.config))
+    with pytest.raises(ScaleError, match="calibrated for fp8_e4m3"):
+        KVQuantizer(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(llama.config))

@@ -321,7 +321,7 @@ def quantized_cache(model, scheme, *, scale_table=None) -> Iterator[Callable[...
 
 @contextlib.contextmanager
 def mla_cache_session(model, quantizer: KVQuantizer):
-    """For MLA models: give every forward that brings no (or an empty, foreign) cache a storage cache."""
+    """For MLA models: give every decoder forward that brings no (or an empty, foreign) cache a storage cache."""
     if quantizer.scheme.attention.value != "kv" and not quantizer.fmt.is_identity:
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
 
@@ -336,7 +336,10 @@ def mla_cache_session(model, quantizer: KVQuantizer):
         kwargs["use_cache"] = True
         return args, kwargs
 
-    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    # on the decoder (the module that creates the cache), so callers that run the backbone directly
+    # (the perplexity eval does, to chunk the output head) are covered as well as model(...) and generate()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    handle = decoder.register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
         yield
     finally:

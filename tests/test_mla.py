@@ -136,3 +136,19 @@ def test_head_granularity_exits_2_at_the_cli(tmp_path, tiny_tokenizer_dir):
                            "--eval", "perplexity"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "use tensor, token or group<N>" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_perplexity_eval_runs_unchanged_on_mla(tmp_path, tiny_tokenizer_dir):
+    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.models import load_model
+    from evalkit.scheme import parse_scheme
+    from tests.tiny_models import make_model_dir
+
+    lm = load_model(str(make_model_dir(tmp_path / "tiny_deepseek", "deepseek_v3", tiny_tokenizer_dir)))
+    ev = PerplexityEval({"corpus": "embedded", "window": 64, "stride": 64, "max_windows": 3, "bootstrap_samples": 200})
+    ev.prepare(lm, tmp_path / "work")
+    base = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("bf16")) if not r.labels}
+    fp8 = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("fp8_e4m3/group16/dynamic+rope=bf16")) if not r.labels}
+    assert base["kl_mean"] == 0 and base["top1_agreement"] == 1
+    assert fp8["kl_mean"] > 0 and fp8["ppl"] != base["ppl"]

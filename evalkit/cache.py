@@ -103,6 +103,8 @@ class StoredTensor:
         self.head_dim = x.shape[-1]
         if not self.quantized:
             self._cat("codes", x)
+        elif self.fixed is not None:  # static or unit: one fixed scale, whatever the granularity
+            self._cat("codes", encode(round_codes(x.float() / self.fixed, self.fmt), self.fmt))
         elif self.kind is GranularityKind.BLOCK:
             self._append_block(x, valid)
         else:
@@ -156,6 +158,8 @@ class StoredTensor:
         if not self.quantized:
             return self.codes
         values = decode(self.codes, self.fmt)
+        if self.fixed is not None:
+            return (values * self.fixed).to(dtype)
         b, h, s, d = values.shape
         kind = self.kind
         if kind is GranularityKind.GROUP:
@@ -182,7 +186,9 @@ class StoredTensor:
         if drop <= 0:
             return
         self.codes = self.codes[:, :, drop:]
-        if self.quantized and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
+        if self.fixed is not None:
+            pass  # one fixed scale: nothing per token to drop
+        elif self.quantized and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
             self.scale = self.scale[:, :, drop:]
             if self.zero is not None:
                 self.zero = self.zero[:, :, drop:]

@@ -50,6 +50,8 @@ def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
     """Scale overhead amortized per element for long sequences (tensor and head scales -> 0)."""
     if scheme.is_identity:
         return 0.0
+    if scheme.scales is not ScaleSource.DYNAMIC:
+        return 0.0  # static and unit scales are a per-layer constant
     kind, size = scheme.granularity.kind, scheme.granularity.size
     per_scale = scale_bytes(scheme)
     if kind is GranularityKind.TOKEN:
@@ -73,7 +75,9 @@ def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
     per_seq = scheme.scales is ScaleSource.DYNAMIC
-    if kind is GranularityKind.TENSOR:
+    if not per_seq and kind is not GranularityKind.HEAD:
+        n_scales = 1  # static or unit: one fixed scale per layer (unit block/token/group scales are all 1.0)
+    elif kind is GranularityKind.TENSOR:
         n_scales = batch if per_seq else 1
     elif kind is GranularityKind.HEAD:
         n_scales = (batch if per_seq else 1) * heads

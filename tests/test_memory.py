@@ -80,6 +80,10 @@ def test_sequence_bytes_exact_with_partial_blocks_and_per_sequence_scales():
     assert model_cache_bytes(layout, P("fp8_e4m3/block16/dynamic"), 17, batch=3) == data + 2 * 2 * 3 * 2 * 2 * 4
     assert model_cache_bytes(layout, P("fp8_e4m3/tensor/dynamic"), 17, batch=3) == data + 2 * 2 * 3 * 4
     assert model_cache_bytes(layout, P("fp8_e4m3/tensor/unit"), 17, batch=3) == data + 2 * 2 * 4
+    # unit scales are one constant per layer whatever the granularity: nothing stored per block or token
+    for fixed in ("fp8_e4m3/block16/unit", "fp8_e4m3/token/unit", "int4/group8/unit"):
+        bits = 4 if fixed.startswith("int4") else 8
+        assert model_cache_bytes(layout, P(fixed), 17, batch=3) == data * bits // 8 + 2 * 2 * 4
     assert model_cache_bytes(layout, P("fp8_e4m3/head/dynamic"), 17, batch=3) == data + 2 * 2 * 3 * 2 * 4
     assert model_cache_bytes(layout, P("bf16"), 17, batch=3) == 2 * data
     assert bytes_per_token_at(layout, P("bf16"), 17) == 2 * 2 * 2 * 2 * 16

@@ -25,7 +25,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -159,10 +159,31 @@ def network_guard(tasks: TaskSet):
 
 
 def make_hflm(model, tokenizer, batch_size: int = 1):
-    """lm-eval's HFLM around an already loaded model (no reload, no copy)."""
+    """lm-eval's HFLM around an already loaded model (no reload, no copy); without its per-request
+    progress bars when ``EVALKIT_PROGRESS=0`` (``evalkit sweep --no-progress``)."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    cls = _quiet_hflm_class() if os.environ.get("EVALKIT_PROGRESS") == "0" else HFLM
+    return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
+@cache
+def _quiet_hflm_class():
+    from lm_eval.models.huggingface import HFLM
+
+    class QuietHFLM(HFLM):
+        """HFLM whose request loops never draw a progress bar (lm-eval's evaluator cannot ask)."""
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return super().loglikelihood(requests, disable_tqdm=True)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return super().loglikelihood_rolling(requests, disable_tqdm=True)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return super().generate_until(requests, disable_tqdm=True)
+
+    return QuietHFLM
 
 
 @contextlib.contextmanager

@@ -326,3 +326,22 @@ def test_group_rows_pool_the_items_of_their_subtasks(tiny_llama_dir, tmp_path):
     assert group_delta.value == pytest.approx((parts[0].value + parts[1].value) / 2, rel=1e-12)
     acc = [rows[f"{t}/acc"].value for t in ("evalkit_mmlu4", "kvtest_copy")]
     assert rows["kvtest_group/acc"].value == pytest.approx(sum(acc) / 2)
+
+
+def test_no_progress_silences_lm_evals_request_bars(tiny_llama_dir, monkeypatch, capsys):
+    """`sweep --no-progress` sets EVALKIT_PROGRESS=0: lm-eval's per-request bars stay silent, and
+    the quiet HFLM scores exactly as lm-eval's own."""
+    from lm_eval.api.instance import Instance
+
+    from evalkit.lmeval_adapter import make_hflm
+    from evalkit.models import load_model
+
+    lm = load_model(str(tiny_llama_dir))
+    request = [Instance(request_type="loglikelihood", doc={}, arguments=("The cat", " sat"), idx=0)]
+    monkeypatch.delenv("EVALKIT_PROGRESS", raising=False)
+    loud = make_hflm(lm.model, lm.tokenizer).loglikelihood(request)
+    assert "Running loglikelihood requests" in capsys.readouterr().err
+    monkeypatch.setenv("EVALKIT_PROGRESS", "0")
+    quiet = make_hflm(lm.model, lm.tokenizer).loglikelihood(request)
+    assert "Running loglikelihood requests" not in capsys.readouterr().err
+    assert quiet == loud

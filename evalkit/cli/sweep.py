@@ -12,6 +12,7 @@ belongs to another grid is refused. The exit code is 1 when any run failed (see 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     store = ResultStore(out)
     store.check(grid)  # read-only: a foreign folder is refused before anything is written
     executor = make_executor(cfg.executor, cfg.ray_address)
+    if args.no_progress:
+        os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' own bars (retrieval, lm-eval requests) too
     summary = run_sweep(grid, store, executor, rerun=cfg.rerun, shard=shard, workdir=args.cache_dir,
                         progress=not args.no_progress, grid_text=text)
     print(summary.text(store))

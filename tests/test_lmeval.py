@@ -83,6 +83,15 @@ def _mc_sample(doc_id, lls, target):
             "acc": float(pred == target), "acc_norm": 0.0}
 
 
+def test_proportion_intervals_stay_inside_zero_one():
+    from evalkit.evals.lmeval import proportion_ci
+
+    low, high = proportion_ci(0.25, 8, 0.25 - 1.96 * 0.16366, 0.25 + 1.96 * 0.16366)  # lm-eval's normal one: [-0.07, 0.57]
+    assert 0 < low < 0.25 < high < 1 and (low, high) == pytest.approx((0.0715, 0.5907), abs=1e-4)  # Wilson, 2 of 8
+    assert proportion_ci(0.3333, 7, -0.1, 0.8) == (0.0, 0.8)  # not k/7: the normal interval, clipped
+    assert proportion_ci(0.5, 0, None, None) == (None, None)
+
+
 def test_flip_statistics_against_hand_counts():
     from evalkit.lmeval_items import compare_items, item_from_sample
 
@@ -258,7 +267,7 @@ def test_quantized_schemes_change_gold_logliks(tiny_run):
 
 
 @pytest.mark.slow
-def test_rows_carry_provenance_and_stderr_intervals(tiny_run):
+def test_rows_carry_provenance_and_proportion_intervals(tiny_run):
     from evalkit.lmeval_adapter import lm_eval_version
 
     lm, ev, work, art, rows = tiny_run
@@ -270,7 +279,12 @@ def test_rows_carry_provenance_and_stderr_intervals(tiny_run):
     se = acc.info["stderr"]
     p = acc.value
     assert se == pytest.approx(math.sqrt(p * (1 - p) / 5))  # lm-eval's sample stderr (n - 1)
-    assert (acc.ci_low, acc.ci_high) == (p - 1.96 * se, p + 1.96 * se)
+    # a proportion's interval is Wilson's (inside [0, 1]), by hand: z = 1.959964, n = 6
+    z, n, k = 1.959963984540054, 6, round(p * 6)
+    centre = (k / n + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(k / n * (1 - k / n) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (acc.ci_low, acc.ci_high) == (pytest.approx(centre - half, abs=1e-12), pytest.approx(centre + half, abs=1e-12))
+    assert 0 <= acc.ci_low <= p <= acc.ci_high <= 1
     for row in rows["int4/tensor/dynamic"]:
         assert {"lm_eval_version", "task", "task_version", "n_shot", "limit", "n_items"} <= set(row.info)
         assert row.labels["task"] in TINY_TASKS.split(",")

@@ -66,7 +66,9 @@ def retrieval_rows(scheme):
 def lmeval_rows(scheme):
     rel = abs(PPL[scheme][0])
     return [_row("mini_mmlu/acc", 0.40 - rel, 0.35 - rel, 0.45 - rel, {"task": "mini_mmlu", "filter": "none"}),
-            _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"})]
+            _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"}),
+            _row("mini_ppl/word_perplexity", 80.0 * (1 + rel), None, None, {"task": "mini_ppl", "filter": "none"}),
+            _row("mini_ppl/bits_per_byte", 0.9, None, None, {"task": "mini_ppl", "filter": "none"})]
 
 
 def sensitivity_rows(scheme):
@@ -129,6 +131,9 @@ def test_markdown_rounding_and_ci(store):
     assert cells[5] == "0.0021" and cells[6] == "99.5"
     block = next(line for line in lines if "block16" in line)
     assert "| 130 " in block and "1.97x" in block  # 128 data + 8 scales of 4 bytes per 16 tokens
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert "mini_ppl word_perplexity" in header  # a perplexity-type lm-eval task shows its word perplexity
+    assert cells[header.index("mini_ppl word_perplexity")] == "80.32"
 
 
 def test_csv_is_raw_numbers(store):

@@ -10,7 +10,9 @@ parameters, task files and library versions all match). ``evaluate`` runs the sa
 ``quantized_kv(model, scheme)`` and emits, per task (and filter):
 
 * every lm-eval metric with its standard error: value, 95 % interval value ± 1.96·stderr (when
-  lm-eval gives a stderr), the stderr itself in ``info``;
+  lm-eval gives a stderr), the stderr itself in ``info``; for proportions (``acc``, ``acc_norm``,
+  ``exact_match``: k of n items right) the Wilson interval instead, which stays inside [0, 1]
+  where the normal interval of a small sample does not (8 items at 25 % gave [-0.07, 0.57]);
 * ``flip_rate``, ``flip_right_to_wrong``, ``flip_wrong_to_right`` and ``gold_loglik_abs_delta``
   against the baseline's items (:mod:`evalkit.lmeval_items`).
 
@@ -222,6 +224,21 @@ def provenance(results: dict, task: str, params: dict) -> dict[str, Any]:
     return info
 
 
+PROPORTIONS = ("acc", "acc_norm", "exact_match")
+
+
+def proportion_ci(value: float, n: int, low, high) -> tuple[float | None, float | None]:
+    """Wilson 95 % interval when ``value`` is k/n for whole k; else the normal one clipped to [0, 1]."""
+    from evalkit.stats import binomial_ci
+
+    k = value * n
+    if n > 0 and abs(k - round(k)) < 1e-6 * max(n, 1):
+        return binomial_ci(int(round(k)), n)
+    if low is None:
+        return None, None
+    return max(0.0, low), min(1.0, high)
+
+
 def metric_rows(results: dict, params: dict) -> list[MetricRow]:
     rows = []
     for task, metrics in results["results"].items():
@@ -233,6 +250,8 @@ def metric_rows(results: dict, params: dict) -> list[MetricRow]:
             stderr = metrics.get(f"{metric}_stderr,{filt}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
             low, high = (value - 1.96 * stderr, value + 1.96 * stderr) if stderr is not None else (None, None)
+            if metric in PROPORTIONS:
+                low, high = proportion_ci(float(value), info["n_items"], low, high)
             rows.append(MetricRow(_metric_name(task, metric, filt), float(value), low, high,
                                   labels={"task": task, "filter": filt},
                                   info={**info, "stderr": stderr, "lm_eval_metric": key,

@@ -20,7 +20,7 @@ from evalkit.report.results import Results
 from evalkit.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
-LMEVAL_SCORES = ("acc", "acc_norm", "exact_match")
+LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
 
 
 def _with_ci(out: dict, key: str, row) -> None:
@@ -110,7 +110,7 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
         for task in lm_tasks:
             score = next((s for s in LMEVAL_SCORES if f"{task}/{s}" in r and not pd.isna(r[f"{task}/{s}"])), None)
             if score:
-                d[f"{task} {score}"] = _ci(r, f"{task}/{score}", 1, ".3f")
+                d[f"{task} {score}"] = _ci(r, f"{task}/{score}", 1, ".2f" if score.endswith("perplexity") else ".3f")
             if f"{task}/flip_rate" in r:
                 d[f"{task} flips %"] = "" if base else _num(100 * r[f"{task}/flip_rate"] if not pd.isna(r[f"{task}/flip_rate"]) else math.nan, ".1f")
         out.append(d)

@@ -359,3 +359,19 @@ def test_no_progress_silences_lm_evals_request_bars(tiny_llama_dir, monkeypatch,
     quiet = make_hflm(lm.model, lm.tokenizer).loglikelihood(request)
     assert "Running loglikelihood requests" not in capsys.readouterr().err
     assert quiet == loud
+
+
+def test_cached_baseline_that_is_damaged_or_stale_is_a_miss(tmp_path):
+    from evalkit.evals.lmeval import _read_baseline
+
+    path = tmp_path / "baseline.json"
+    assert _read_baseline(path, "k") is None  # missing
+    path.write_text('{"key": "k", "items": {')  # cut by a kill
+    assert _read_baseline(path, "k") is None
+    path.write_text(json.dumps({"key": "other", "items": {}, "summary": {}}))
+    assert _read_baseline(path, "k") is None
+    path.write_text(json.dumps({"key": "k", "items": [], "summary": {}}))  # another layout
+    assert _read_baseline(path, "k") is None
+    good = {"key": "k", "items": {"t": [1]}, "summary": {"results": {}}}
+    path.write_text(json.dumps(good))
+    assert _read_baseline(path, "k") == good

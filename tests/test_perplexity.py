@@ -169,6 +169,29 @@ def test_identical_across_runs_and_baseline_cached(tiny, tmp_path, monkeypatch, 
     assert len(list((tmp_path / "perplexity").iterdir())) == 1
 
 
+def test_stale_or_damaged_baseline_is_recomputed(tiny, tmp_path, prose):
+    """A cached baseline from an older evalkit (a tensor missing) or a truncated log-prob file is a
+    cache miss: recomputed, with the same numbers, never a KeyError mid-sweep."""
+    from safetensors.torch import load_file, save_file
+
+    params = dict(window=64, max_windows=2, bootstrap_samples=200, corpus=prose)
+    ev = PerplexityEval(params)
+    ev.prepare(tiny, tmp_path)
+    first = [r.to_dict() for r in ev.evaluate(tiny, parse_scheme(QUANT))]
+    (folder,) = list((tmp_path / "perplexity").iterdir())
+    old = load_file(folder / "baseline.safetensors")
+    save_file({k: v for k, v in old.items() if k != "t"}, folder / "baseline.safetensors")  # the v1 layout had no t/z
+    again = PerplexityEval(params)
+    again.prepare(tiny, tmp_path)
+    assert [r.to_dict() for r in again.evaluate(tiny, parse_scheme(QUANT))] == first
+    probs = folder / "probs.npy"
+    probs.write_bytes(probs.read_bytes()[:1000])
+    third = PerplexityEval(params)
+    third.prepare(tiny, tmp_path)
+    assert [r.to_dict() for r in third.evaluate(tiny, parse_scheme(QUANT))] == first
+    assert list((tmp_path / "perplexity").iterdir()) == [folder]
+
+
 @pytest.mark.parametrize("params, message", [
     (dict(corpus="nope", window=64), "unknown corpus"),
     (dict(window=600), "longer than the model's maximum 512"),

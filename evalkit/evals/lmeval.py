@@ -134,8 +134,8 @@ class LmEvalEval(Evaluation):
         self._model = lm.model
         key = self._baseline_key(lm)
         self.baseline_path = Path(workdir) / "lmeval" / key[:20] / "baseline.json"
-        if self.baseline_path.is_file():
-            stored = json.loads(self.baseline_path.read_text())
+        stored = _read_baseline(self.baseline_path, key)
+        if stored is not None:
             self.baseline_items = stored["items"]
             self.baseline_summary = stored["summary"]
             return
@@ -170,7 +170,7 @@ class LmEvalEval(Evaluation):
             for f in sorted(Path(folder).rglob("*")):
                 if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():
                     h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
-        meta = {"name": lm.name, "path": str(lm.path), "config": lm.config_hash, "device": str(lm.device.type),
+        meta = {"format": BASELINE_FORMAT, "name": lm.name, "path": str(lm.path), "config": lm.config_hash, "device": str(lm.device.type),
                 "params": self.canonical_params(), "lm_eval": lm_eval_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__}
         h.update(json.dumps(meta, sort_keys=True, default=str).encode())
@@ -193,6 +193,23 @@ class LmEvalEval(Evaluation):
             (artifacts / "lmeval_samples.json").write_text(json.dumps(
                 {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
         return metric_rows(results, self.params) + flip_rows(results, items, self.baseline_items, self.params)
+
+
+BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape
+
+
+def _read_baseline(path: Path, key: str) -> dict | None:
+    """The cached baseline for ``key``, or None (a cache miss) when missing, unreadable or stale."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("items"), dict) \
+            or not isinstance(stored.get("summary"), dict):
+        return None
+    return stored
 
 
 # ---- rows ------------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
 P_SCALE = 2.0**15  # stored weights are fp16(P * P_SCALE): normal range down to P = 2e-9
 CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MB of float32
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # bump when the cached baseline's contents change
+BASELINE_KEYS = frozenset({"nll", "argmax", "t", "z"})
 DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
                 bos=None, bootstrap_samples=2000, seed=0)
 
@@ -156,12 +157,31 @@ class PerplexityEval(Evaluation):
                    dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=corpus.sha256,
                    tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
         self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        if not (self.dir / "meta.json").is_file():
+        base = self._load_baseline() if (self.dir / "meta.json").is_file() else None
+        if base is None:  # not there, or left by an older evalkit or a damaged disk: a cache miss
+            shutil.rmtree(self.dir, ignore_errors=True)
             self._compute_baseline(lm, key)
+            base = self._load_baseline()
+            if base is None:
+                raise EvalkitError(f"the baseline just written to {self.dir} cannot be read back: check the disk, or use --cache-dir elsewhere")
+        self.base_nll, self.base_argmax, self.base_t, self.base_z = base["nll"], base["argmax"], base["t"], base["z"]
+
+    def _load_baseline(self) -> dict | None:
+        """The cached baseline tensors, or None when the file is missing, unreadable or incomplete."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        base = load_file(self.dir / "baseline.safetensors")
-        self.base_nll, self.base_argmax, self.base_t, self.base_z = base["nll"], base["argmax"], base["t"], base["z"]
+        try:
+            base = load_file(self.dir / "baseline.safetensors")
+        except (OSError, SafetensorError):
+            return None
+        n = int(self.offsets[-1])
+        if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) for k in BASELINE_KEYS):
+            return None
+        probs = self.dir / "probs.npy"
+        if not probs.is_file() or probs.stat().st_size < n * self.head.vocab * 2:
+            return None
+        return base
 
     def _compute_baseline(self, lm, key: dict) -> None:
         n, vocab = int(self.offsets[-1]), self.head.vocab

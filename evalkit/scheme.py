@@ -131,8 +131,9 @@ class Scheme:
                 raise SchemeError("static scales need a scale file: add +scales=PATH (make one with `python -m evalkit calibrate`)")
         elif self.static_path:
             raise SchemeError(f"+scales=PATH only goes with static scales, not {self.scales.value}")
-        if self.scales is ScaleSource.UNIT and fmt.asymmetric:
-            raise SchemeError(f"{fmt.name} needs a zero point, which unit scales do not have: use {fmt.name.replace('_asym', '')} or dynamic scales")
+        if self.scales is not ScaleSource.DYNAMIC and fmt.asymmetric:
+            raise SchemeError(f"{fmt.name} needs a zero point, which {self.scales.value} scales do not have: "
+                              f"use {fmt.name.replace('_asym', '')} or dynamic scales")
         if isinstance(self.skip_layers, str):
             if self.skip_layers != SLIDING:
                 raise SchemeError(f"skip must be a list of layer indices or 'sliding', got {self.skip_layers!r}")

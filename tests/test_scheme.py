@@ -56,6 +56,7 @@ def test_list_parsing_keeps_skip_commas():
     ("fp8_e4m3/tensor/dynamic+attn=fa4", "attn="),
     ("fp8_e4m3/tensor/dynamic+color=red", "unknown scheme option"),
     ("int4_asym/tensor/unit", "zero point"),
+    ("int8_asym/tensor/static+scales=s.safetensors", "which static scales do not have"),
     ("bf16+attn=fa3", "takes no options"),
     ("", "empty"),
 ])

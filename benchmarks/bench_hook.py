@@ -6,8 +6,9 @@
    Targets: identity <= 1.02, fp8_e4m3/head/dynamic <= 1.05.
    The naive float8-cast round trip is measured beside it for reference. Wall and CPU-time
    (process_time) ratios are both reported.
-   Beside it, the quantizer's own time inside a forward, measured directly, as a share of the
-   unhooked forward: the overhead without the noise of differencing two multi-second forwards.
+   Beside it, the hook's own time inside a forward, measured directly (``hook_share``), as a share
+   of the unhooked forward: the overhead without the noise of differencing two multi-second forwards.
+   ``--skip-forward`` measures only that.
 2. Real FP8 cache bytes after a 2048-token prompt plus 64 generated tokens, as a fraction of the
    BF16 cache (2 bytes per element). Target <= 0.51 for tensor and head.
 
@@ -86,40 +87,53 @@ def forward_ratios(lm, tokens: int, rounds: int) -> dict:
     return out
 
 
-def quantizer_share(lm, tokens: int, rounds: int, scheme: str = "fp8_e4m3/head/dynamic") -> dict:
-    """The hook's own work, timed directly: seconds spent inside the quantizer's calls during one
-    forward, as a fraction of the unhooked forward (a far less noisy estimate of the overhead than
-    a ratio of two forwards of several seconds each). Both medians over ``rounds``."""
+def hook_share(lm, tokens: int, rounds: int, scheme: str) -> dict:
+    """What the hook adds, timed directly: seconds spent inside the hook's attention function
+    minus those spent in the model's own attention it calls, during one forward, as a fraction of
+    the unhooked forward (a far less noisy estimate than a ratio of two multi-second forwards on a
+    shared machine). For a quantized scheme that is the K/V quantize-dequantize plus dispatch;
+    for the identity scheme, dispatch only. Medians over ``rounds``."""
     from pydoc_data.topics import topics
 
-    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.hook import _Session
 
     ids = lm.tokenizer(" ".join(topics.values()), return_tensors="pt").input_ids[:, :tokens]
-    inside, forward = [], []
-    original = KVQuantizer.__call__
+    added, forward = [], []
+    attend, inner = _Session.attend, _Session.inner
 
-    def timed_call(self, *args, **kwargs):
+    def timed_attend(self, *args, **kwargs):
         t = time.perf_counter()
         try:
-            return original(self, *args, **kwargs)
+            return attend(self, *args, **kwargs)
         finally:
-            inside[-1] += time.perf_counter() - t
+            added[-1] += time.perf_counter() - t
+
+    def timed_inner(self, module):
+        fn = inner(self, module)
+
+        def timed_fn(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                added[-1] -= time.perf_counter() - t
+        return timed_fn
 
     with torch.inference_mode():
         for _ in range(rounds):
             t = time.perf_counter()
             lm.model(ids)
             forward.append(time.perf_counter() - t)
-            inside.append(0.0)
-            KVQuantizer.__call__ = timed_call
+            added.append(0.0)
+            _Session.attend, _Session.inner = timed_attend, timed_inner
             try:
                 with quantized_kv(lm.model, scheme):
                     lm.model(ids)
             finally:
-                KVQuantizer.__call__ = original
-    share = statistics.median(inside) / statistics.median(forward)
-    return {"scheme": scheme, "quantizer_seconds_per_forward": round(statistics.median(inside), 4),
-            "unhooked_forward_s": round(statistics.median(forward), 3), "overhead_share": round(share, 4),
+                _Session.attend, _Session.inner = attend, inner
+    share = statistics.median(added) / statistics.median(forward)
+    return {"scheme": scheme, "hook_seconds_per_forward": round(statistics.median(added), 5),
+            "unhooked_forward_s": round(statistics.median(forward), 3), "overhead_share": round(share, 5),
             "implied_forward_ratio": round(1 + share, 4)}
 
 
@@ -153,15 +167,18 @@ def main():
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--skip-cache", action="store_true")
+    ap.add_argument("--skip-forward", action="store_true", help="only the directly timed hook share (and the cache)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load_model("embedded")
-    result = {"threads": torch.get_num_threads(), "forward": forward_ratios(lm, args.tokens, args.rounds),
-              "quantizer_share": quantizer_share(lm, args.tokens, max(3, args.rounds // 2))}
+    share_rounds = max(3, args.rounds // 2)
+    result = {"threads": torch.get_num_threads(), "forward": None if args.skip_forward else forward_ratios(lm, args.tokens, args.rounds),
+              "hook_share": {"identity (bf16)": hook_share(lm, args.tokens, share_rounds, "bf16"),
+                             "fp8_e4m3/head/dynamic": hook_share(lm, args.tokens, share_rounds, "fp8_e4m3/head/dynamic")}}
     with naive_cast_round_trip():
-        result["quantizer_share_naive_cast"] = quantizer_share(lm, args.tokens, max(3, args.rounds // 2))
+        result["hook_share"]["fp8_e4m3/head/dynamic (naive cast)"] = hook_share(lm, args.tokens, share_rounds, "fp8_e4m3/head/dynamic")
     if not args.skip_cache:
         result["cache"] = cache_bytes(lm, args.tokens, args.new_tokens)
     print(json.dumps(result, indent=1))

@@ -2,8 +2,8 @@
 
 torch's float8 casts are correct but slow on CPU (DESIGN.md measured a round trip of every layer's
 K and V at ~25-30 % of a forward pass of the embedded model on older torch; on torch 2.13 the cast
-round trip inside the hook takes 1.8 % of a 2048-token forward against 1.0 % for this emulation,
-``benchmarks/bench_hook.py``). The rounding they perform is simple enough to emulate exactly in a
+round trip inside the hook takes about 1.6 % of a 2048-token forward against 1.2 % for this
+emulation, ``benchmarks/bench_hook.py``). The rounding they perform is simple enough to emulate exactly in a
 few vectorised float32/int32 operations:
 
 * For ``|y|`` in the binade ``[2**e, 2**(e+1))`` the format's spacing is ``q = 2**(e' - m)`` with

@@ -75,8 +75,8 @@ def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
     per_seq = scheme.scales is ScaleSource.DYNAMIC
-    if not per_seq and kind is not GranularityKind.HEAD:
-        n_scales = 1  # static or unit: one fixed scale per layer (unit block/token/group scales are all 1.0)
+    if scheme.scales is ScaleSource.UNIT or (not per_seq and kind is not GranularityKind.HEAD):
+        n_scales = 1  # one fixed scale per layer (a unit scale is 1.0 whatever the granularity)
     elif kind is GranularityKind.TENSOR:
         n_scales = batch if per_seq else 1
     elif kind is GranularityKind.HEAD:

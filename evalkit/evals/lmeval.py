@@ -249,7 +249,7 @@ def proportion_ci(value: float, n: int, low, high) -> tuple[float | None, float 
     from evalkit.stats import binomial_ci
 
     k = value * n
-    if n > 0 and abs(k - round(k)) < 1e-6 * max(n, 1):
+    if n > 0 and abs(k - round(k)) < 1e-6 * n:
         return binomial_ci(int(round(k)), n)
     if low is None:
         return None, None

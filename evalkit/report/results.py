@@ -68,12 +68,7 @@ def load_store(folder: str | Path) -> Results:
         if view.torn_lines and not view.complete:
             raise EvalkitError(f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?")
         raise EvalkitError(f"{folder} has no completed runs yet: run `python -m evalkit sweep --out {folder}` first")
-    frame = pd.DataFrame([{k: r.get(k) for k in ROW_FIELDS} for r in view.rows])
-    frame["labels"] = frame["labels"].map(lambda d: d if isinstance(d, dict) else {})
-    frame["info"] = frame["info"].map(lambda d: d if isinstance(d, dict) else {})
-    for col in ("value", "ci_low", "ci_high"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    results = Results(folder, frame, view.complete, view.failed)
+    results = Results(folder, _rows_frame(view.rows), view.complete, view.failed)
     results.layouts = _layouts(results)
     return results
 
@@ -95,13 +90,19 @@ def add_rows_file(results: Results, path: str | Path) -> Results:
                 raise EvalkitError(f"{path} line {n} is not JSON: give a rows.jsonl written by evalkit") from None
             if not isinstance(rec, dict) or not {"model", "scheme", "metric", "value"} <= set(rec):
                 raise EvalkitError(f"{path} line {n} is not an evalkit result row (needs model, scheme, metric, value)")
-            recs.append({k: rec.get(k) for k in ROW_FIELDS} | {"run_id": rec.get("run_id") or f"{path}:{n}",
-                                                               "eval": rec.get("eval") or "rows"})
-    extra = pd.DataFrame(recs)
-    extra["labels"] = extra["labels"].map(lambda d: d if isinstance(d, dict) else {})
-    extra["info"] = extra["info"].map(lambda d: d if isinstance(d, dict) else {})
-    results.rows = pd.concat([results.rows, extra], ignore_index=True)
+            recs.append(rec | {"run_id": rec.get("run_id") or f"{path}:{n}", "eval": rec.get("eval") or "rows"})
+    results.rows = pd.concat([results.rows, _rows_frame(recs)], ignore_index=True)
     return results
+
+
+def _rows_frame(records: list[dict]) -> pd.DataFrame:
+    """Metric records as a frame of ROW_FIELDS: labels and info always dicts, numbers numeric."""
+    frame = pd.DataFrame([{k: r.get(k) for k in ROW_FIELDS} for r in records], columns=list(ROW_FIELDS))
+    frame["labels"] = frame["labels"].map(lambda d: d if isinstance(d, dict) else {})
+    frame["info"] = frame["info"].map(lambda d: d if isinstance(d, dict) else {})
+    for col in ("value", "ci_low", "ci_high"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
 
 
 def _layout_from_dict(d: dict) -> KVLayout:

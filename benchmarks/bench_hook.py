@@ -44,16 +44,22 @@ def naive_cast_round_trip():
         q.round_to_fp8 = original
 
 
-def forward_ratios(lm, tokens: int, rounds: int) -> dict:
+def prompt_ids(lm, tokens: int) -> torch.Tensor:
+    """The first ``tokens`` tokens of Python's documentation prose (one sequence), tokenized once."""
+    from pydoc_data.topics import topics
+
+    ids = lm.tokenizer(" ".join(topics.values()), return_tensors="pt").input_ids[:, :tokens]
+    if ids.shape[1] < tokens:
+        raise SystemExit(f"the prose has only {ids.shape[1]} tokens: use --tokens {ids.shape[1]} or less")
+    return ids
+
+
+def forward_ratios(lm, ids: torch.Tensor, rounds: int) -> dict:
     """ABBA pairs: each round, for each hooked variant (order rotated per round), forwards run as
     unhooked, variant, variant, unhooked, and the round's ratio is (v1 + v2) / (u1 + u2), so a
     drifting machine speed cancels to first order. The figure is the median over rounds; every
     round's ratio is listed. Run it with ``--threads 1`` on a shared 2-vCPU machine: there a
     2048-token forward varies by ~3 % between runs against ~13 % with two threads."""
-    from pydoc_data.topics import topics
-
-    text = " ".join(topics.values())
-    ids = lm.tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
     model = lm.model
     variants = {
         "identity (bf16)": lambda: quantized_kv(model, "bf16"),
@@ -87,17 +93,14 @@ def forward_ratios(lm, tokens: int, rounds: int) -> dict:
     return out
 
 
-def hook_share(lm, tokens: int, rounds: int, scheme: str) -> dict:
+def hook_share(lm, ids: torch.Tensor, rounds: int, scheme: str) -> dict:
     """What the hook adds, timed directly: seconds spent inside the hook's attention function
     minus those spent in the model's own attention it calls, during one forward, as a fraction of
     the unhooked forward (a far less noisy estimate than a ratio of two multi-second forwards on a
     shared machine). For a quantized scheme that is the K/V quantize-dequantize plus dispatch;
     for the identity scheme, dispatch only. Medians over ``rounds``."""
-    from pydoc_data.topics import topics
-
     from evalkit.hook import _Session
 
-    ids = lm.tokenizer(" ".join(topics.values()), return_tensors="pt").input_ids[:, :tokens]
     added, forward = [], []
     attend, inner = _Session.attend, _Session.inner
 
@@ -145,10 +148,7 @@ def _stacked(*cms):
         yield
 
 
-def cache_bytes(lm, tokens: int, new_tokens: int) -> dict:
-    from pydoc_data.topics import topics
-
-    ids = lm.tokenizer(" ".join(topics.values()), return_tensors="pt").input_ids[:, :tokens]
+def cache_bytes(lm, ids: torch.Tensor, new_tokens: int) -> dict:
     out = {}
     bf16 = None
     for scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/token/dynamic"):
@@ -173,14 +173,15 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load_model("embedded")
+    ids = prompt_ids(lm, args.tokens)
     share_rounds = max(3, args.rounds // 2)
-    result = {"threads": torch.get_num_threads(), "forward": None if args.skip_forward else forward_ratios(lm, args.tokens, args.rounds),
-              "hook_share": {"identity (bf16)": hook_share(lm, args.tokens, share_rounds, "bf16"),
-                             "fp8_e4m3/head/dynamic": hook_share(lm, args.tokens, share_rounds, "fp8_e4m3/head/dynamic")}}
+    result = {"threads": torch.get_num_threads(), "forward": None if args.skip_forward else forward_ratios(lm, ids, args.rounds),
+              "hook_share": {"identity (bf16)": hook_share(lm, ids, share_rounds, "bf16"),
+                             "fp8_e4m3/head/dynamic": hook_share(lm, ids, share_rounds, "fp8_e4m3/head/dynamic")}}
     with naive_cast_round_trip():
-        result["hook_share"]["fp8_e4m3/head/dynamic (naive cast)"] = hook_share(lm, args.tokens, share_rounds, "fp8_e4m3/head/dynamic")
+        result["hook_share"]["fp8_e4m3/head/dynamic (naive cast)"] = hook_share(lm, ids, share_rounds, "fp8_e4m3/head/dynamic")
     if not args.skip_cache:
-        result["cache"] = cache_bytes(lm, args.tokens, args.new_tokens)
+        result["cache"] = cache_bytes(lm, ids, args.new_tokens)
     print(json.dumps(result, indent=1))
 
 

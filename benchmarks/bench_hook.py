@@ -26,15 +26,15 @@ import time
 import torch
 
 from evalkit import quantized_kv
-from evalkit.cache import quantized_cache
+from evalkit.integration.storage import quantized_cache
 from evalkit.models import load_model
 
 
 @contextlib.contextmanager
 def naive_cast_round_trip():
     """Swap the emulation for torch's own float8 cast (what the emulation replaces)."""
-    import evalkit.quantize as q
-    from evalkit.fp8_emulation import round_to_fp8_by_cast
+    import evalkit.kv.quantize as q
+    from evalkit.kv.rounding import round_to_fp8_by_cast
 
     original = q.round_to_fp8
     q.round_to_fp8 = round_to_fp8_by_cast
@@ -99,7 +99,7 @@ def hook_share(lm, ids: torch.Tensor, rounds: int, scheme: str) -> dict:
     the unhooked forward (a far less noisy estimate than a ratio of two multi-second forwards on a
     shared machine). For a quantized scheme that is the K/V quantize-dequantize plus dispatch;
     for the identity scheme, dispatch only. Medians over ``rounds``."""
-    from evalkit.hook import _Session
+    from evalkit.integration.install import _Session
 
     added, forward = [], []
     attend, inner = _Session.attend, _Session.inner

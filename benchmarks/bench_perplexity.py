@@ -58,7 +58,7 @@ def plain_loop(lm, windows) -> tuple[float, int]:
 
 def throughput(args) -> None:
     from evalkit.evals.perplexity import PerplexityEval
-    from evalkit.scheme import Scheme, parse_scheme
+    from evalkit.kv.scheme import Scheme, parse_scheme
 
     lm = _load()
     ev = PerplexityEval(dict(window=args.window, max_windows=args.windows, corpus="embedded", bos=False))
@@ -126,7 +126,7 @@ def memory_one(length: int, step: str, work: Path) -> float:
     """Peak RSS growth (MB) of one step on one window, in this (fresh) process, after a warm-up."""
     from evalkit.corpus import load_corpus, tokenize_corpus
     from evalkit.evals.perplexity import PerplexityEval
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     lm = _load()
     with torch.inference_mode():  # one-time allocations (kernels, workspaces) are not the window's

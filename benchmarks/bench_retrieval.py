@@ -44,7 +44,7 @@ def main() -> None:
     from evalkit.models import cache_root, load_model
     from evalkit.retrieval import grid as G
     from evalkit.retrieval.generate import generate_batches
-    from evalkit.scheme import parse_schemes
+    from evalkit.kv.scheme import parse_schemes
 
     lm = load_model(args.model)
     schemes = parse_schemes(args.schemes)

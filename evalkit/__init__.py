@@ -8,8 +8,8 @@ Public entry points::
 """
 
 from evalkit.errors import EvalkitError
-from evalkit.hook import quantized_kv
-from evalkit.scheme import Scheme, parse_scheme, parse_schemes
+from evalkit.integration.install import quantized_kv
+from evalkit.kv.scheme import Scheme, parse_scheme, parse_schemes
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Calibration: static K/V scales from data, written as a scale table (:mod:`evalkit.static_scales`).
+"""Calibration: static K/V scales from data, written as a scale table (:mod:`evalkit.kv.scale_table`).
 
 The model runs over calibration text inside :func:`evalkit.quantized_kv` with a
 :class:`KVObserver` in place of the quantizer, so statistics are taken exactly where evalkit
@@ -35,13 +35,13 @@ from functools import lru_cache
 import torch
 
 from evalkit.errors import EvalkitError
-from evalkit.formats import KVFormat, get_format
-from evalkit.hook import quantized_kv
-from evalkit.kv_quantizer import KVQuantizer
+from evalkit.kv.formats import KVFormat, get_format
+from evalkit.integration.install import quantized_kv
+from evalkit.integration.binding import KVQuantizer
 from evalkit.model_info import KVLayout
-from evalkit.quantize import fake_quantize
-from evalkit.scheme import Granularity, GranularityKind, parse_scheme
-from evalkit.static_scales import ScaleTable
+from evalkit.kv.quantize import fake_quantize
+from evalkit.kv.scheme import Granularity, GranularityKind, parse_scheme
+from evalkit.kv.scale_table import ScaleTable
 
 DEFAULT_CORPUS = "stdlib-docs"
 BINS = 2048

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from evalkit.errors import EvalkitError
 from evalkit.memory import bytes_per_token, model_cache_bytes
 from evalkit.model_info import KVLayout
-from evalkit.scheme import Scheme
+from evalkit.kv.scheme import Scheme
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from evalkit.errors import EvalkitError, ScaleError
 from evalkit.model_info import config_hash, kv_layout
-from evalkit.static_scales import ScaleTable
+from evalkit.kv.scale_table import ScaleTable
 
 SCALES_FILE = "kv_cache_scales.safetensors"
 PROVENANCE_FILE = "evalkit_kv_scales.json"

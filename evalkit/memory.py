@@ -1,6 +1,6 @@
 """Bytes of KV cache: per cached element, per layer, per token and per sequence for a whole model.
 
-Conventions (shared with the real storage cache in :mod:`evalkit.cache`, which is tested to hold
+Conventions (shared with the real storage cache in :mod:`evalkit.integration.storage`, which is tested to hold
 exactly these bytes): data takes ``bits / 8`` bytes per element (INT4 packs two per byte); every
 scale is one float32 (4 bytes); asymmetric formats store a float32 zero point beside each scale.
 Dynamic per-tensor and per-head scales are kept per sequence, static and unit ones once per layer.
@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from evalkit.errors import SchemeError
 from evalkit.model_info import KVLayout
-from evalkit.scheme import GranularityKind, ScaleSource, Scheme
+from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
 
 SCALE_BYTES = 4
 BASELINE_BYTES = 2  # BF16

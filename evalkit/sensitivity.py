@@ -29,7 +29,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.memory import attention_layers, model_cache_bytes
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 Measure = Callable[[Scheme], dict[str, tuple[float, float | None, float | None]]]
 KL, PPL_REL, PPL = "kl_mean", "ppl_delta_rel", "ppl_delta"

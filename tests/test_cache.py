@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
-from evalkit.cache import QuantizedKVCache, quantized_cache
+from evalkit.integration.storage import QuantizedKVCache, quantized_cache
 from evalkit.memory import layer_cache_bytes
 from evalkit.model_info import kv_layout
-from evalkit.scheme import parse_scheme
+from evalkit.kv.scheme import parse_scheme
 from tests.tiny_models import tiny_model
 
 NEW_TOKENS = 9

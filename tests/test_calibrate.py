@@ -15,7 +15,7 @@ from evalkit.calibrate import (BINS, DEFAULT_CORPUS, KVObserver, _run, calibrate
                                overlap_fraction, parse_method, percentile_from_histogram)
 from evalkit.errors import EvalkitError
 from evalkit.models import load_model
-from evalkit.static_scales import load_scale_table, save_scale_table
+from evalkit.kv.scale_table import load_scale_table, save_scale_table
 
 E4M3_MAX = 448.0
 TEXT = load_text(DEFAULT_CORPUS)

@@ -11,7 +11,7 @@ from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.model_info import kv_layout
 from evalkit.presets import PRESETS, config_namespace, get_preset
-from evalkit.scheme import parse_schemes
+from evalkit.kv.scheme import parse_schemes
 
 
 @pytest.mark.parametrize("text,want", [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9), ("1.03TB", 1_030_000_000_000),

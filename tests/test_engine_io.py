@@ -15,7 +15,7 @@ from evalkit.calibrate import calibrate
 from evalkit.engine_io import SCALES_FILE, export_vllm, import_vllm
 from evalkit.errors import EvalkitError
 from evalkit.models import load_model
-from evalkit.static_scales import load_scale_table, save_scale_table
+from evalkit.kv.scale_table import load_scale_table, save_scale_table
 
 
 @pytest.fixture(scope="module")

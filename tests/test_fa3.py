@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from evalkit import quantized_kv
-from evalkit.attention_fa3 import fa3_attention
+from evalkit.integration.fa3 import fa3_attention
 from tests.tiny_models import tiny_model
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from evalkit.formats import FORMATS
-from evalkit.fp8_emulation import round_to_fp8, round_to_fp8_by_cast
-from evalkit.quantize import round_codes
+from evalkit.kv.formats import FORMATS
+from evalkit.kv.rounding import round_to_fp8, round_to_fp8_by_cast
+from evalkit.kv.quantize import round_codes
 
 FP8 = ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"]
 ML_DTYPES = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}

@@ -133,9 +133,9 @@ def test_skipped_layers_are_untouched():
 
 
 def test_skip_sliding_keeps_only_sliding_layers():
-    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.integration.binding import KVQuantizer
     from evalkit.model_info import kv_layout
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     model = tiny_model("gemma3")
     q = KVQuantizer(parse_scheme("fp8_e4m3/head/dynamic+skip=sliding"), kv_layout(model.config))

@@ -217,7 +217,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
     """Baseline plus bf16 / int4 / fp8-unit rows on the tiny llama (limit 6 per task)."""
     from evalkit.evals.lmeval import LmEvalEval
     from evalkit.models import load_model
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     lm = load_model(str(tiny_llama_dir))
     ev = LmEvalEval({"tasks": TINY_TASKS, "limit": 6})
@@ -321,7 +321,7 @@ def test_group_rows_pool_the_items_of_their_subtasks(tiny_llama_dir, tmp_path):
     """A group (like lm-eval's mmlu) gets lm-eval's aggregate and flip statistics over all its items."""
     from evalkit.evals.lmeval import LmEvalEval
     from evalkit.models import load_model
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     folder = tmp_path / "tasks"
     folder.mkdir()

@@ -40,7 +40,7 @@ def test_baseline_equals_lm_eval_cli_to_the_last_digit(tiny_llama_dir, tmp_path)
     from evalkit.evals.lmeval import LmEvalEval
     from evalkit.lmeval_items import item_from_sample
     from evalkit.models import load_model
-    from evalkit.scheme import Scheme
+    from evalkit.kv.scheme import Scheme
 
     cli_results, cli_samples = run_lm_eval_cli(tiny_llama_dir, tmp_path / "cli", TASKS, limit=5)
 
@@ -74,7 +74,7 @@ def test_quantized_kv_flips_answers_on_the_embedded_model(embedded, tmp_path):
     int4 changes answers; fp8 with scale 1.0 and int4 both move every gold log-likelihood.
     (fp8 with scale 1.0 flips 1 answer of all 224: figure in the issue notes, not re-run here.)"""
     from evalkit.evals.lmeval import LmEvalEval
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     n = 40
     ev = LmEvalEval({"tasks": "evalkit_mmlu4", "limit": n})

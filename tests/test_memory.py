@@ -11,7 +11,7 @@ from evalkit.errors import SchemeError
 from evalkit.memory import bytes_per_token, bytes_per_token_at, memory_summary, model_cache_bytes
 from evalkit.model_info import kv_layout
 from evalkit.presets import PRESETS, config_namespace
-from evalkit.scheme import parse_scheme as P
+from evalkit.kv.scheme import parse_scheme as P
 
 
 def preset_layout(name):
@@ -134,7 +134,7 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
     assert model_cache_bytes(kv_layout(model.config), P("bf16"), seq, batch=2) == 2 * elems
 
 
-# -- against the real storage cache (evalkit.cache) after generate() ---------------------------
+# -- against the real storage cache (evalkit.integration.storage) after generate() ---------------------------
 def tiny_mla_model():
     cfg = tf.DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
@@ -167,7 +167,7 @@ CACHE_CASES = [
 @pytest.mark.parametrize("arch,scheme", CACHE_CASES)
 def test_bytes_equal_the_real_cache_after_generate(cache_models, arch, scheme):
     """Exact equality with what evalkit's storage cache holds after a padded-batch generate()."""
-    from evalkit.cache import quantized_cache
+    from evalkit.integration.storage import quantized_cache
 
     model = cache_models[arch]
     ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
-from evalkit.cache import QuantizedKVCache, quantized_cache
+from evalkit.integration.storage import QuantizedKVCache, quantized_cache
 from evalkit.errors import SchemeError
 from tests.test_quantize import reference
 from tests.tiny_models import tiny_model
@@ -142,7 +142,7 @@ def test_head_granularity_exits_2_at_the_cli(tmp_path, tiny_tokenizer_dir):
 def test_perplexity_eval_runs_unchanged_on_mla(tmp_path, tiny_tokenizer_dir):
     from evalkit.evals.perplexity import PerplexityEval
     from evalkit.models import load_model
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
     from tests.tiny_models import make_model_dir
 
     lm = load_model(str(make_model_dir(tmp_path / "tiny_deepseek", "deepseek_v3", tiny_tokenizer_dir)))

@@ -18,8 +18,8 @@ import torch
 from evalkit.corpus import load_corpus
 from evalkit.errors import EvalkitError
 from evalkit.evals.perplexity import PerplexityEval, _baseline_summary, _kl_stored, bucket_edges, plan_windows
-from evalkit.hook import quantized_kv
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.integration.install import quantized_kv
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 QUANT = "int4/tensor/dynamic"
 

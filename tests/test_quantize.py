@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.formats import FORMATS
-from evalkit.quantize import check_granularity, fake_quantize
-from evalkit.scheme import Granularity
+from evalkit.kv.formats import FORMATS
+from evalkit.kv.quantize import check_granularity, fake_quantize
+from evalkit.kv.scheme import Granularity
 
 ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}
 

@@ -191,7 +191,7 @@ def test_layout_from_model_config(tmp_path, tiny_llama_dir):
 
     from evalkit.memory import bytes_per_token
     from evalkit.model_info import kv_layout
-    from evalkit.scheme import parse_scheme
+    from evalkit.kv.scheme import parse_scheme
 
     folder = write_store(tmp_path / "s2", model="tinyllama", info={"model_path": str(tiny_llama_dir)})
     frame = summary_frame(load_store(folder)).set_index("scheme")

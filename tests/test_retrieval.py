@@ -21,7 +21,7 @@ from evalkit.retrieval import grid as G
 from evalkit.retrieval.prompts import Haystack, build_prompt, build_template, encode, filler_haystack
 from evalkit.retrieval.scoring import accuracy_ci, difference_ci, score, words
 from evalkit.retrieval.tasks import DEFAULT_TASKS, available_tasks, draw_needles, load_task
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -236,7 +236,7 @@ def test_identity_through_cache_and_hook_equals_plain_generate(tiny_lm):
 
 
 def test_generation_runs_through_the_storage_cache(tiny_lm, monkeypatch):
-    import evalkit.cache as cache_mod
+    import evalkit.integration.storage as cache_mod
 
     made = []
     original = cache_mod.QuantizedKVCache.__init__

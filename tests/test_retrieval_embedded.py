@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from evalkit.evals.retrieval import RetrievalEval
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 pytestmark = pytest.mark.slow
 

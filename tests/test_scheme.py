@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evalkit.errors import SchemeError
-from evalkit.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme, parse_schemes
+from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme, parse_schemes
 
 CANONICAL = [
     "bf16",

@@ -11,7 +11,7 @@ import torch
 from evalkit import quantized_kv
 from evalkit.errors import EvalkitError
 from evalkit.models import load_model
-from evalkit.scheme import parse_scheme
+from evalkit.kv.scheme import parse_scheme
 from evalkit.sensitivity import KL, PPL_REL, layer_table, perplexity_measure, plot, recommend
 
 SCHEME = "int4/head/dynamic"  # coarse enough that a random tiny model shows a clear KL

@@ -8,11 +8,11 @@ from safetensors.torch import save_file
 
 from evalkit import quantized_kv
 from evalkit.errors import ScaleError
-from evalkit.formats import FORMATS
+from evalkit.kv.formats import FORMATS
 from evalkit.model_info import config_hash, kv_layout
-from evalkit.quantize import fake_quantize
-from evalkit.scheme import Granularity
-from evalkit.static_scales import ScaleTable, load_scale_table, save_scale_table
+from evalkit.kv.quantize import fake_quantize
+from evalkit.kv.scheme import Granularity
+from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
 from tests.tiny_models import tiny_model
 
 
@@ -108,8 +108,8 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
 
 
 def test_table_made_for_another_format_is_refused(tmp_path, llama):
-    from evalkit.kv_quantizer import KVQuantizer
-    from evalkit.scheme import parse_scheme
+    from evalkit.integration.binding import KVQuantizer
+    from evalkit.kv.scheme import parse_scheme
 
     path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), {"format": "fp8_e4m3"})
     KVQuantizer(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(llama.config))

@@ -76,7 +76,7 @@ class ToyEval(Evaluation):
             self.base_logits = lm.model(self.ids).logits
 
     def evaluate(self, lm, scheme, artifacts=None):
-        from evalkit.hook import quantized_kv
+        from evalkit.integration.install import quantized_kv
 
         if self.params["marker_dir"]:
             (Path(self.params["marker_dir"]) / f"start-{time.time_ns()}").write_text(str(scheme))
@@ -110,7 +110,7 @@ def toy_eval(monkeypatch):
 
 def test_toy_metrics_against_numpy(tiny_llama_dir):
     """The toy eval's numbers equal a plain numpy computation of NLL and KL."""
-    from evalkit.hook import quantized_kv
+    from evalkit.integration.install import quantized_kv
     from evalkit.models import load_model
 
     lm = load_model(str(tiny_llama_dir))

@@ -42,7 +42,7 @@ def values(folder: Path) -> dict:
 
 def test_local_sweep_numbers_loads_once_resume_rerun(tmp_path, tiny_llama_dir, toy_eval, monkeypatch, capsys):
     import evalkit.models as models
-    from evalkit.hook import quantized_kv
+    from evalkit.integration.install import quantized_kv
 
     loads = []
     real = models.load_model

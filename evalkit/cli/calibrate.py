@@ -74,7 +74,7 @@ def settings(args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.static_scales import save_scale_table, sidecar_path
+    from evalkit.kv.scale_table import save_scale_table, sidecar_path
 
     cfg = settings(args)
     out = cfg["out"]
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         table = import_vllm(args.import_vllm)
         lm = None
     elif args.scales is not None:
-        from evalkit.static_scales import load_scale_table
+        from evalkit.kv.scale_table import load_scale_table
 
         args.model = cfg["model"]
         lm = load_from_args(args)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.capacity import format_bytes, format_plan, kv_budget, parse_bytes, parse_count, plan
     from evalkit.model_info import kv_layout
     from evalkit.presets import PRESETS, config_namespace
-    from evalkit.scheme import parse_schemes
+    from evalkit.kv.scheme import parse_schemes
 
     if args.list_presets:
         for name, p in PRESETS.items():

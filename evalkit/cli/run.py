@@ -16,7 +16,7 @@ from pathlib import Path
 
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.evals import eval_names, get_eval
-from evalkit.scheme import Scheme, parse_schemes
+from evalkit.kv.scheme import Scheme, parse_schemes
 
 
 def add_parser(sub):
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     ev = cls(cls.params_from_args(args))
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
-    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.integration.binding import KVQuantizer
 
     for scheme in schemes:
         KVQuantizer(scheme, lm.layout, lm.config_hash)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from evalkit.formats import FORMATS
+from evalkit.kv.formats import FORMATS
 from evalkit.memory import bytes_per_element
-from evalkit.scheme import GRANULARITY_HELP, SCALE_HELP, Granularity, GranularityKind, ScaleSource, Scheme
+from evalkit.kv.scheme import GRANULARITY_HELP, SCALE_HELP, Granularity, GranularityKind, ScaleSource, Scheme
 
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group32"]
 

@@ -44,7 +44,7 @@ def add_parser(sub):
 
 def run(args: argparse.Namespace) -> int:
     from evalkit.evals.perplexity import PerplexityEval
-    from evalkit.kv_quantizer import KVQuantizer
+    from evalkit.integration.binding import KVQuantizer
     from evalkit.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
 
     scheme = check_scheme(args.scheme)

@@ -179,7 +179,7 @@ class LmEvalEval(Evaluation):
     # ---- per scheme -------------------------------------------------------------------------
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.hook import quantized_kv
+        from evalkit.integration.install import quantized_kv
         from evalkit.lmeval_items import items_from_results
 
         if getattr(self, "_model", None) is not lm.model:

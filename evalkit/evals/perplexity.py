@@ -235,7 +235,7 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.hook import quantized_kv
+        from evalkit.integration.install import quantized_kv
 
         if not hasattr(self, "dir"):
             raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")

@@ -33,7 +33,7 @@ from evalkit.retrieval import grid as G
 from evalkit.retrieval.generate import VIAS, generate_batches
 from evalkit.retrieval.scoring import accuracy_ci, difference_ci, score
 from evalkit.retrieval.tasks import DEFAULT_TASKS, load_task
-from evalkit.scheme import Scheme
+from evalkit.kv.scheme import Scheme
 
 FORMAT_VERSION = 1
 DEFAULTS = dict(tasks=list(DEFAULT_TASKS), lengths=None, depths=list(G.DEFAULT_DEPTHS), samples=10, haystack=None,

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from evalkit.report.results import Results  # noqa: E402
-from evalkit.scheme import Scheme  # noqa: E402
+from evalkit.kv.scheme import Scheme  # noqa: E402
 
 
 def _slug(text: str) -> str:

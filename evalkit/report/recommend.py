@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 
 @dataclass(frozen=True)

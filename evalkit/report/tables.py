@@ -17,7 +17,7 @@ import pandas as pd
 from evalkit.errors import EvalkitError
 from evalkit.memory import bytes_per_token
 from evalkit.report.results import Results
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column

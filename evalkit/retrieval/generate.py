@@ -1,9 +1,9 @@
 """Greedy answers for retrieval prompts, through the FP8 storage cache (default) or the hook.
 
-``via="cache"``: :func:`evalkit.cache.quantized_cache` hands ``generate()`` a cache whose layers
+``via="cache"``: :func:`evalkit.integration.storage.quantized_cache` hands ``generate()`` a cache whose layers
 store K/V as codes plus scales; the prefill attention and every decode step read those stored
 values back, as a serving engine with an FP8 KV cache does. ``via="hook"``:
-:func:`evalkit.hook.quantized_kv` fake-quantizes the full K/V inside attention at every step (the
+:func:`evalkit.integration.install.quantized_kv` fake-quantizes the full K/V inside attention at every step (the
 prefill's scales are recomputed as tokens are added), to compare the two paths.
 
 All prompts of one (task, length) have exactly the same number of tokens, so a batch needs no
@@ -26,12 +26,12 @@ VIAS = ("cache", "hook")
 def kv_session(model, scheme, via: str):
     """Yield ``extra_kwargs()`` giving per-``generate`` keyword arguments for the chosen path."""
     if via == "cache":
-        from evalkit.cache import quantized_cache
+        from evalkit.integration.storage import quantized_cache
 
         with quantized_cache(model, scheme) as new_cache:
             yield lambda am: {"cache": new_cache(am)}
     elif via == "hook":
-        from evalkit.hook import quantized_kv
+        from evalkit.integration.install import quantized_kv
 
         with quantized_kv(model, scheme):
             yield lambda am: {}

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from evalkit.errors import EvalkitError
-from evalkit.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor")
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")

@@ -83,7 +83,7 @@ class ModelSession:
         return ev
 
     def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
-        from evalkit.scheme import parse_scheme
+        from evalkit.kv.scheme import parse_scheme
 
         start, cpu = time.perf_counter(), time.process_time()
         info: dict = {}

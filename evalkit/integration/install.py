@@ -15,7 +15,7 @@ happens on first use and is idempotent; which model a call belongs to is looked 
 weak-keyed table of the attention modules of models inside a ``quantized_kv`` block.
 
 Multi-head latent attention models store a compressed latent, not per-head K/V, so for them the
-hook quantizes at the cache boundary instead (:mod:`evalkit.cache`): a forward pre-hook hands the
+hook quantizes at the cache boundary instead (:mod:`evalkit.integration.storage`): a forward pre-hook hands the
 model an FP8 storage cache whenever the caller did not pass one.
 """
 
@@ -31,11 +31,11 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from evalkit.attention_fa3 import fa3_attention
+from evalkit.integration.fa3 import fa3_attention
 from evalkit.errors import EvalkitError
-from evalkit.kv_quantizer import KVQuantizer
+from evalkit.integration.binding import KVQuantizer
 from evalkit.model_info import check_supported, config_hash, kv_layout, text_config
-from evalkit.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
+from evalkit.kv.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 _SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, _Session]" = weakref.WeakKeyDictionary()
 _PREFIX = "evalkit_"
@@ -125,7 +125,7 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table=None, quantizer: KV
 
     Yields the :class:`KVQuantizer` (its ``scheme``, ``layout`` and static ``table``). A ready
     ``quantizer`` (e.g. the calibration observer, a KVQuantizer subclass) replaces the one built
-    from ``scheme``. ``kv_in_cache=True`` is for :func:`evalkit.cache.quantized_cache`: K/V are
+    from ``scheme``. ``kv_in_cache=True`` is for :func:`evalkit.integration.storage.quantized_cache`: K/V are
     quantized by the storage cache and the hook only applies the attention precision (``attn=fa3``).
     """
     if isinstance(scheme, str):
@@ -135,7 +135,7 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table=None, quantizer: KV
     if quantizer is None:
         quantizer = KVQuantizer(scheme, layout, config_hash(model.config), scale_table)
     if layout.is_mla:
-        from evalkit.cache import mla_cache_session
+        from evalkit.integration.storage import mla_cache_session
 
         if kv_in_cache:
             yield quantizer

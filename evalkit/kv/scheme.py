@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 
 from evalkit.errors import SchemeError
-from evalkit.formats import KVFormat, get_format
+from evalkit.kv.formats import KVFormat, get_format
 
 
 class GranularityKind(str, enum.Enum):

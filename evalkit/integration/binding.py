@@ -3,8 +3,8 @@
 :class:`KVQuantizer` binds a scheme to one model's KV layout: it resolves skipped layers
 (indices or every sliding-window layer), loads and validates a static scale table once, checks
 the granularity against head_dim, refuses non-finite K/V with a clear error, and quantizes one
-layer's K or V. The attention hook (fake quantization, :mod:`evalkit.hook`) and the storage
-cache (:mod:`evalkit.cache`) both call it, so the two paths cannot drift apart.
+layer's K or V. The attention hook (fake quantization, :mod:`evalkit.integration.install`) and the storage
+cache (:mod:`evalkit.integration.storage`) both call it, so the two paths cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 
 from evalkit.errors import NonFiniteKVError, ScaleError, SchemeError
 from evalkit.model_info import KVLayout
-from evalkit.quantize import check_granularity, fake_quantize
-from evalkit.scheme import GranularityKind, ScaleSource, Scheme
-from evalkit.static_scales import ScaleTable, load_scale_table
+from evalkit.kv.quantize import check_granularity, fake_quantize
+from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
+from evalkit.kv.scale_table import ScaleTable, load_scale_table
 
 UNIT_SCALE = torch.ones(1, 1, 1, 1)
 

@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from evalkit.formats import FORMATS
-from evalkit.fp8_emulation import round_to_fp8
+from evalkit.kv.formats import FORMATS
+from evalkit.kv.rounding import round_to_fp8
 
 E4M3 = FORMATS["fp8_e4m3"]
 QUERY_CHUNK = 1024

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.formats import KVFormat
+from evalkit.kv.formats import KVFormat
 
 
 def round_to_fp8(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:

@@ -36,13 +36,13 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
 from evalkit.errors import SchemeError
-from evalkit.formats import KVFormat
-from evalkit.kv_quantizer import KVQuantizer
+from evalkit.kv.formats import KVFormat
+from evalkit.integration.binding import KVQuantizer
 from evalkit.memory import BASELINE_BYTES
 from evalkit.model_info import text_config
-from evalkit.quantize import (asymmetric_codes, asymmetric_params, group_amax, grouped, round_codes, scale_from_amax,
+from evalkit.kv.quantize import (asymmetric_codes, asymmetric_params, group_amax, grouped, round_codes, scale_from_amax,
                               ungrouped)
-from evalkit.scheme import Granularity, GranularityKind, ScaleSource
+from evalkit.kv.scheme import Granularity, GranularityKind, ScaleSource
 
 
 def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -316,7 +316,7 @@ def quantized_cache(model, scheme, *, scale_table=None) -> Iterator[Callable[...
     With ``attn=fa3`` the attention precision wrapper is installed for the block too (K/V are
     then quantized by the cache, not by the hook).
     """
-    from evalkit.hook import quantized_kv
+    from evalkit.integration.install import quantized_kv
 
     with quantized_kv(model, scheme, scale_table=scale_table, kv_in_cache=True) as quantizer:
         def new_cache(attention_mask: torch.Tensor | None = None) -> QuantizedKVCache:

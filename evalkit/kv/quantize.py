@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import NonFiniteKVError, SchemeError
-from evalkit.formats import KVFormat
-from evalkit.fp8_emulation import round_to_fp8
-from evalkit.scheme import Granularity, GranularityKind
+from evalkit.kv.formats import KVFormat
+from evalkit.kv.rounding import round_to_fp8
+from evalkit.kv.scheme import Granularity, GranularityKind
 
 
 GROUP_DIMS = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),

@@ -1,0 +1,1 @@
+"""Core KV quantization math (no transformers import): formats, schemes, rounding, quantize/dequantize, scale tables."""

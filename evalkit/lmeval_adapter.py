@@ -4,7 +4,8 @@ evalkit never imitates an lm-eval task: it calls ``lm_eval.simple_evaluate`` on 
 wraps the model already in memory (built once per loaded model), with the KV scheme switched
 around each call by :func:`evalkit.quantized_kv` (loglikelihood and ``generate_until`` alike).
 
-* Tasks come from ``tasks/lmeval`` (evalkit's offline YAMLs, always indexed) and, only when a
+* Tasks come from ``tasks/lmeval`` (evalkit's offline YAMLs, always indexed; the checkout's
+  folder or the installed package's copy, see :mod:`evalkit.resources`) and, only when a
   requested name is not there, from lm-eval's built-in index (``include_defaults=True``; indexing
   its ~15k tasks takes tens of seconds, so it is built once per process).
 * lm-eval's request cache is never used (``use_cache=None``): it keys on the request only and would
@@ -23,16 +24,16 @@ import contextlib
 import difflib
 import json
 import os
-import socket
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from evalkit.errors import EvalkitError
+from evalkit.hub import hub_reachable
+from evalkit.resources import resource_dir
 
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lmeval"
+TASKS_DIR = resource_dir("tasks") / "lmeval"
 _NETWORK_ERRORS = ("ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
 
 
@@ -93,22 +94,6 @@ def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = (), metadata:
             parts.append(f"{n!r} (nearest: {', '.join(near)})" if near else repr(n))
         raise EvalkitError(f"unknown lm-eval task {'; '.join(parts)}: see `lm_eval ls tasks` or the YAMLs in {TASKS_DIR}")
     return TaskSet(tuple(names), full, external)
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """False when offline mode is set or the hub's host cannot be reached within ``timeout``."""
-    import datasets
-
-    if datasets.config.HF_HUB_OFFLINE:
-        return False
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -204,16 +189,27 @@ def _without_env_report():
         evaluator.add_env_info = original
 
 
+LOGGERS = ("lm_eval", "lm-eval")  # lm-eval's modules log under lm_eval.*; some task utils use "lm-eval"
+LOG_NAME = "lmeval.log"
+
+
 def run_lm_eval(hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None,
                 bootstrap_iters: int = 100000) -> dict[str, Any]:
-    """One call of lm-eval's evaluator with per-item samples logged and no request cache."""
+    """One call of lm-eval's evaluator with per-item samples logged and no request cache.
+
+    Inside a sweep run (:func:`evalkit.runlog.run_folder`), lm-eval's log records (task-config
+    warnings and all), its progress bars and any other stderr output of the call go to
+    ``lmeval.log`` in the run's folder instead of the terminal; otherwise lm-eval logs warnings only."""
     import lm_eval
 
-    with network_guard(tasks), _without_env_report():
+    from evalkit.runlog import current_log, to_log
+
+    log = current_log(LOG_NAME)
+    with network_guard(tasks), _without_env_report(), to_log(log, LOGGERS, f"lm-eval {', '.join(tasks.names)}"):
         results = lm_eval.simple_evaluate(
             model=hflm, tasks=list(tasks.names), num_fewshot=num_fewshot, limit=limit, task_manager=tasks.manager,
             log_samples=True, use_cache=None, cache_requests=False, bootstrap_iters=bootstrap_iters,
-            verbosity="WARNING")
+            verbosity=None if log else "WARNING")  # None: lm-eval leaves the logging set-up to_log made alone
     if results is None:
         raise EvalkitError("lm-eval returned no results (non-zero rank?): run evalkit in a single process")
     return results

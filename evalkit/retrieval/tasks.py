@@ -25,8 +25,9 @@ from pathlib import Path
 import yaml
 
 from evalkit.errors import EvalkitError
+from evalkit.resources import resource_dir
 
-TASK_DIR = Path(__file__).resolve().parents[2] / "tasks" / "retrieval"
+TASK_DIR = resource_dir("tasks") / "retrieval"
 DEFAULT_TASKS = ("passkey", "niah_single_number", "niah_single_word", "niah_single_uuid",
                  "niah_multikey", "niah_multivalue", "niah_multiquery")
 HAYSTACK_KINDS = ("filler", "corpus")

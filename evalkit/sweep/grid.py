@@ -352,21 +352,14 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
 
 # -- named grids -------------------------------------------------------------------------------
 def grid_dirs() -> list[Path]:
-    """Where named grids (``default``, ``quick``) are looked up, in order.
-
-    ``$EVALKIT_SWEEPS``; the ``sweeps/`` folder of the source tree this package runs from (a clone,
-    editable or not installed); ``share/evalkit/sweeps`` under the Python prefix (a wheel that ships
-    them as data files).
-    """
+    """Where named grids (``default``, ``quick``) are looked up, in order: ``$EVALKIT_SWEEPS``, then
+    evalkit's ``sweeps/`` folder (the checkout's, or the installed package's copy)."""
     import os
-    import sys
 
-    dirs = []
-    if os.environ.get("EVALKIT_SWEEPS"):
-        dirs.append(Path(os.environ["EVALKIT_SWEEPS"]))
-    dirs.append(Path(__file__).resolve().parents[2] / "sweeps")
-    dirs.append(Path(sys.prefix) / "share" / "evalkit" / "sweeps")
-    return dirs
+    from evalkit.resources import resource_dir
+
+    dirs = [Path(os.environ["EVALKIT_SWEEPS"])] if os.environ.get("EVALKIT_SWEEPS") else []
+    return dirs + [resource_dir("sweeps")]
 
 
 def resolve_grid(name_or_path: str) -> Path:

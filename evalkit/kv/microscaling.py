@@ -1,0 +1,237 @@
+"""FP4 (E2M1) elements and the scale encodings of the microscaling KV formats, bit for bit.
+
+Sources read (public): the OCP Microscaling Formats (MX) Specification v1.0 (E2M1, E8M0, the
+shared-scale rule of section 6.3); Microsoft's ``microxcaling`` reference library, which
+implements that section (``_quantize_mx``); NVIDIA's NVFP4 recipe as published in
+TensorRT-Model-Optimizer (``modelopt/torch/quantization/qtensor/nvfp4_tensor.py``,
+``NVFP4QTensor``) and in the NVFP4 quantization kernel vLLM carries
+(``csrc/quantization/fp4/nvfp4_utils.cuh``, ``cvt_warp_fp16_to_fp4``); SGLang's FP4 KV cache
+(``python/sglang/srt/layers/quantization/kvfp4_tensor.py``, ``memory_pool.py``, and
+``docs/advanced_features/quantized_kv_cache.md``). Nothing is copied from them.
+
+E2M1 (``round_to_e2m1``)
+    One sign bit, two exponent bits (bias 1), one mantissa bit: magnitudes
+    {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf, no NaN, a negative zero. The spacing is 0.5 below 2,
+    1 in [2, 4) and 2 in [4, 6]. Rounding is to nearest, ties to the even code (the one whose
+    mantissa bit is 0), and saturating: anything beyond ±6 becomes ±6, as the MX spec's
+    conversion and NVIDIA's ``cvt.rn.satfinite.e2m1x2.f32`` do. It runs in every attention layer,
+    so it is the float trick of ``evalkit.kv.rounding``: for ``a = |y|`` in a binade whose E2M1
+    spacing is ``q``, ``(a + c) - c`` with ``c = q * 2**23`` rounds ``a`` to a multiple of ``q``
+    by the FPU's own round-to-nearest-even (the sum lies in c's binade, whose float32 spacing is
+    ``q``; the subtraction is exact). ``c`` is ``2**22``, ``2**23`` or ``2**24``, built in integer
+    passes from the exponent bits of ``a`` clamped to the E2M1 binades. A round-up such as
+    1.75 -> 2 is the correct carry. In float32 ties-to-even on the multiples of ``q`` is exactly
+    ties-to-even-code in E2M1, so 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
+    3.5 -> 4, 5 -> 4. The sign is put back with ``copysign``, so -0.1 -> -0 and -0 -> -0 as
+    ``ml_dtypes.float4_e2m1fn`` gives. NaN: E2M1 has none (``ml_dtypes`` turns NaN into -0);
+    here a NaN input stays NaN in the float32 output, so the caller's non-finite check sees it.
+
+Codes and packing (``e2m1_to_code``, ``code_to_e2m1``, ``pack_fp4``, ``unpack_fp4``)
+    The OCP bit layout S E E M: bit 3 is the sign, bits 2..0 index the magnitude table above
+    (so 0x8 is -0). Two codes per byte along the last dimension, the element with the lower
+    index in the low nibble (the layout of SGLang's, ModelOpt's and vLLM's FP4 buffers).
+
+E8M0 shared scale of the MX formats (``e8m0_scale``)
+    One scale per block of 32 elements: ``X = 2**(floor(log2(amax)) - emax_elem)`` with the
+    element format's largest exponent (E2M1: 2, since 6 = 1.5 * 2**2; E4M3: 8, since
+    448 = 1.75 * 2**8), clamped to the E8M0 range [2**-127, 2**127] (codes 0..254; 255 is NaN).
+    The elements ``V / X`` are then cast with saturation: ``amax / X`` lies in [2**emax,
+    2**(emax+1)), so for MXFP4 values in (6, 8) * X clamp to 6 (the spec accepts that loss).
+    ``floor(log2(amax))`` is read exactly from the float32 exponent (``torch.frexp``: amax =
+    m * 2**e with m in [0.5, 1), so floor(log2) = e - 1, subnormals included), never from a float
+    ``log2``, which can round 2**k - ulp up to k. amax == 0 gives 2**-127, the smallest E8M0
+    value (the reference library gets there too, by clamping); the block's elements are all zero
+    whatever the scale. NaN or inf amax gives NaN (the E8M0 NaN code). The sign of amax is
+    ignored.
+
+E4M3 scales (``round_scale_to_e4m3``)
+    FP8 E4M3 ('fn': max 448, subnormals down to 2**-9), round to nearest even, saturating at 448
+    (+inf saturates too, as ``__NV_SATFINITE`` does), NaN stays NaN. A scale below 2**-9 (zero,
+    a tiny value, a negative) is raised to 2**-9 before the cast so that it never rounds to 0 and
+    no one divides by zero; ModelOpt clamps the same way before its cast.
+
+NVFP4 two-level scales (``nvfp4_scales``)
+    E2M1 elements, one E4M3 scale per 16 elements, one FP32 scale per tensor. ModelOpt's recipe,
+    step by step in float32: ``global = tensor_amax / (448 * 6)``; ``s = group_amax / (6 *
+    global)``; a group scale of exactly 0 becomes 1.0; then ``s`` is clamped to [2**-9, 448] and
+    cast to E4M3. The elements are ``x / (s_e4m3 * global)`` rounded to E2M1. The kernels that
+    engines run (``cvt_warp_fp16_to_fp4``) compute the same quantities with multiplications by
+    approximate reciprocals (``rcp.approx.ftz``), so they can differ from this reference by one
+    float32 ulp before a rounding and, rarely, by one code; they write scale 0 and all-zero codes
+    for an all-zero group. Where the recipe has no answer this module defines one:
+    tensor_amax == 0 (0/0 in ModelOpt) gives a global scale of 1.0; a NaN or inf tensor_amax or
+    group_amax gives NaN scales; a group amax above the tensor amax (a stale static tensor amax)
+    saturates the group scale at 448 and then the elements at ±6.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalkit.errors import SchemeError
+
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # 6 = 1.5 * 2**2
+E4M3_MAX = 448.0
+E4M3_EMAX = 8  # 448 = 1.75 * 2**8
+E4M3_SMALLEST_SUBNORMAL = 2.0**-9
+E8M0_MIN_EXP = -127
+E8M0_MAX_EXP = 127
+
+MX_BLOCK = 32  # OCP MX v1.0: elements per shared E8M0 scale
+NVFP4_BLOCK = 16  # NVFP4: elements per E4M3 scale
+NVFP4_GLOBAL_DIVISOR = E4M3_MAX * E2M1_MAX  # 2688: the tensor amax maps to the largest e4m3 x e2m1 product
+
+SGLANG_FP4_BLOCK = 16
+SGLANG_FP4_SCALE_DTYPE = "e8m0"
+"""SGLang's ``--kv-cache-dtype fp4_e2m1``: 16 elements per scale along head_dim, E8M0 scales.
+
+Read in SGLang's source: ``python/sglang/srt/layers/quantization/kvfp4_tensor.py``
+(``FP4MXBlock16KVQuantizeUtil``, aliased ``BlockFP4KVQuantizeUtil``, earlier named
+``KVFP4QuantizeUtil``: "Similar to MXFP4 but uses block_size=16 (MXFP4 spec defines
+block_size=32). Each block of 16 elements shares one uint8 exponent-only scale factor") and
+``python/sglang/srt/mem_cache/memory_pool.py`` (``MHATokenToKVPoolFP4``: K/V buffers
+``uint8 [slots, heads, head_dim // 2]``, scale buffers ``uint8 [slots, heads * head_dim // 16]``,
+``scale_block_size = 16``); the docs page
+``docs/advanced_features/quantized_kv_cache.md`` says the same ("SGLang's current implementation
+uses blocks of 16 elements for KV cache quantization"; 4.5 bits a value, 3.56x BF16's tokens).
+The blocks are contiguous runs of 16 in a [heads, head_dim] row, so with head_dim a multiple of
+16 they lie along head_dim. The scale byte is a biased exponent, value ``2**(byte - 127)``:
+E8M0's encoding. SGLang's rule differs from the OCP one above (``e8m0_scale``), which
+evalkit's code must model separately if it wants SGLang's exact codes: its exponent is
+``ceil(log2(max(amax / 6, 1e-10)))`` computed with float ``log2`` (so ``amax / X <= 6``, up to
+that log2's rounding, and nothing saturates, at the cost of up to one binade of resolution); its element rounding counts
+the thresholds ``|v| >= (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5)``, so ties round away from zero,
+not to even; the sign bit is ``v < 0``; a per-tensor ``k_scale``/``v_scale``, when the checkpoint
+has one, divides the values first. The same file also has an NVFP4 KV recipe
+(``NVFP4KVQuantizeUtil``: flashinfer, E4M3 scales per 16 plus an FP32 global scale), which is
+not what ``fp4_e2m1`` selects in ``MHATokenToKVPoolFP4``.
+"""
+
+_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_BY_CODE = _E2M1_MAGNITUDES + tuple(-m for m in _E2M1_MAGNITUDES)  # code 8 is -0.0
+
+# Exponent fields (biased by 127) of the E2M1 binades: [0, 2) spaces 0.5 like the binade of 1,
+# [2, 4) spaces 1, [4, 6] spaces 2. Adding 23 - 1 (float32's mantissa bits less E2M1's) to the
+# field makes c = spacing * 2**23.
+_E2M1_FIRST_EXP_FIELD = 127
+_E2M1_LAST_EXP_FIELD = 129
+_C_EXPONENT_OFFSET = 23 - 1
+_FLOAT32_EXPONENT_MASK = 0x7F800000
+
+
+def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest E2M1 value, ties to even, saturating at ±6; float32 in and out.
+
+    -0 and small negatives give -0; ±inf gives ±6; NaN stays NaN (E2M1 has no NaN).
+    """
+    y = y.to(torch.float32)
+    magnitude = y.abs().clamp_(max=E2M1_MAX)  # clamp keeps NaN
+    # c = spacing * 2**23 = 2**(binade + 22): the exponent bits of |y|, kept within E2M1's binades
+    # (below 1 the spacing stays 0.5, the subnormal one), with 22 added to the exponent field.
+    c = (
+        magnitude.view(torch.int32)
+        .bitwise_and(_FLOAT32_EXPONENT_MASK)
+        .clamp_(_E2M1_FIRST_EXP_FIELD << 23, _E2M1_LAST_EXP_FIELD << 23)
+        .add_(_C_EXPONENT_OFFSET << 23)
+        .view(torch.float32)
+    )
+    return magnitude.add_(c).sub_(c).copysign_(y)  # (|y| + c) - c: the FPU's round-to-nearest-even
+
+
+def e2m1_to_code(values: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8, 0..15: sign bit 3, magnitude index bits 2..0) of exact E2M1 values.
+
+    The values must already lie on the E2M1 grid (the output of ``round_to_e2m1``); anything else,
+    NaN included, raises ValueError. -0 gives code 8.
+    """
+    values = values.to(torch.float32)
+    table = values.new_tensor(_E2M1_MAGNITUDES)
+    magnitude = values.abs()
+    index = torch.searchsorted(table, magnitude).clamp_(max=len(_E2M1_MAGNITUDES) - 1)
+    if not bool((table[index] == magnitude).all()):
+        raise ValueError("e2m1_to_code needs values on the E2M1 grid; round them with round_to_e2m1 first")
+    return index.to(torch.uint8).bitwise_or_(torch.signbit(values).to(torch.uint8) << 3)
+
+
+def code_to_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """The float32 value of each 4-bit E2M1 code (0..15); code 8 is -0.0."""
+    _check_codes(codes)
+    table = torch.tensor(_E2M1_BY_CODE, dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last dimension, element 2i in the low nibble; uint8 out."""
+    _check_codes(codes)
+    if codes.shape[-1] % 2:
+        raise SchemeError(
+            f"FP4 stores two values per byte along head_dim, so head_dim must be even; it is {codes.shape[-1]}"
+        )
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_fp4``: uint8 [..., n] -> codes uint8 [..., 2n]."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"unpack_fp4 takes uint8 bytes, not {packed.dtype}")
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+
+
+def e8m0_scale(amax: torch.Tensor, elem_emax: int) -> torch.Tensor:
+    """The OCP MX shared scale ``2**(floor(log2(amax)) - elem_emax)`` in [2**-127, 2**127]; float32.
+
+    elem_emax: 2 for E2M1 (MXFP4), 8 for E4M3 (MXFP8). amax == 0 gives 2**-127; NaN or inf amax
+    gives NaN. Every result is exactly representable as float8_e8m0fnu.
+    """
+    amax = amax.to(torch.float32)
+    _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, 0.5 <= |m| < 1, so floor(log2) = exponent - 1
+    shared = (exponent.to(torch.int64) - 1 - elem_emax).clamp_(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    shared = shared.masked_fill_(amax == 0, E8M0_MIN_EXP)
+    scale = _power_of_two(shared)
+    return scale.masked_fill_(~torch.isfinite(amax), float("nan"))
+
+
+def round_scale_to_e4m3(s: torch.Tensor) -> torch.Tensor:
+    """Round scales to FP8 E4M3 (nearest even), kept in [2**-9, 448]; float32 out.
+
+    Below 2**-9 (zero, tiny, negative) gives 2**-9, so no scale is ever 0; above 448, +inf
+    included, gives 448; NaN stays NaN.
+    """
+    s = s.to(torch.float32).clamp(min=E4M3_SMALLEST_SUBNORMAL, max=E4M3_MAX)  # clamp keeps NaN
+    return s.to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def nvfp4_scales(group_amax: torch.Tensor, tensor_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4's scales: (E4M3 group scales as float32, FP32 per-tensor scale), ModelOpt's recipe.
+
+    ``global = tensor_amax / 2688``; ``group = e4m3(group_amax / (6 * global))`` with 0 -> 1.0
+    and the E4M3 range [2**-9, 448]; a group's elements are ``x / (group * global)`` in E2M1.
+    ``tensor_amax`` must broadcast against ``group_amax`` (a scalar, or one value per head).
+    tensor_amax == 0 gives a global scale of 1.0; NaN or inf in either amax gives NaN scales.
+    """
+    group_amax = group_amax.to(torch.float32)
+    tensor_amax = tensor_amax.to(torch.float32)
+    global_scale = tensor_amax / NVFP4_GLOBAL_DIVISOR
+    global_scale = global_scale.masked_fill(tensor_amax == 0, 1.0)
+    global_scale = global_scale.masked_fill_(~torch.isfinite(tensor_amax), float("nan"))
+    wanted = group_amax / (E2M1_MAX * global_scale)
+    wanted = wanted.masked_fill(wanted == 0, 1.0)
+    group_scale = round_scale_to_e4m3(wanted)
+    group_scale = group_scale.masked_fill_(~torch.isfinite(group_amax), float("nan"))
+    return group_scale, global_scale
+
+
+def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """Exact float32 ``2**exponent`` for integer exponents in [-149, 127], 2**-127 (a float32
+    subnormal) included: built as float64 bits, then one exact conversion."""
+    bits = (exponent.to(torch.int64) + 1023).bitwise_left_shift_(52)
+    return bits.view(torch.float64).to(torch.float32)
+
+
+def _check_codes(codes: torch.Tensor) -> None:
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise TypeError(f"FP4 codes are integers (uint8), not {codes.dtype}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError("FP4 codes are 4-bit: 0..15")

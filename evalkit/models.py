@@ -6,7 +6,15 @@ imported: it needs another package). Converting the GGUF takes ~17 s, so the fir
 dense copy under the evalkit cache folder (``$EVALKIT_CACHE`` or ``~/.cache/evalkit``), with its
 completion marker written last; later loads read that copy in about a second.
 
+A ``--model`` that looks like a path (starts with ``.``, ``/`` or ``~``, or names something that
+exists) is a local folder, and a missing one is reported as such, never as a bad hub id. A hub id
+is checked against the local Hugging Face cache and one short probe of the hub
+(:mod:`evalkit.hub`) before transformers is asked: offline, a cached model loads from the cache
+and an uncached one fails at once with one line, instead of a minute of "Retrying in Ns".
+
 Remote model code runs only with ``trust_remote_code=True`` (the CLI's ``--trust-remote-code``).
+torch and transformers are imported only when a model is loaded, so ``evalkit models`` and the
+command line's option parsing stay fast.
 """
 
 from __future__ import annotations
@@ -16,8 +24,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from evalkit.errors import EvalkitError
 from evalkit.model_info import KVLayout, check_supported, config_hash, kv_layout
@@ -34,6 +41,10 @@ EMBEDDED_MODELS = {
 EMBEDDED_ALIASES = {"embedded": "smollm2-135m", "smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
 DEFAULT_MODEL = "embedded"
 _MARKER = ".evalkit-complete"
+HUB_PROBE_TIMEOUT = 2.0  # seconds; an unreachable hub is reported well within 5 s
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -83,6 +94,7 @@ def ensure_embedded(name: str) -> Path:
     target = embedded_dense_dir(name)
     if (target / _MARKER).is_file():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf = embedded_gguf(name)
@@ -106,10 +118,14 @@ def ensure_embedded(name: str) -> Path:
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
+    import torch
+
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
+    import torch
+
     if dtype is None or dtype == "auto":
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
@@ -121,20 +137,71 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
     return table[dtype]
 
 
+def is_path_like(name: str) -> bool:
+    """A --model that names a local folder: starts with '.', '/' or '~', or exists on disk."""
+    return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+
+
+def local_folder(name: str) -> Path:
+    """The model folder a path-like --model names; EvalkitError when there is none."""
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        raise EvalkitError(f"no such folder: {name} (a --model starting with '.', '/' or '~' is a local model folder; "
+                           "a Hugging Face id is written ORG/NAME)")
+    if not folder.is_dir():
+        raise EvalkitError(f"{name} is a file, not a model folder: pass the folder that holds config.json and the weights")
+    return folder
+
+
+def hub_cache_only(repo_id: str) -> bool:
+    """Whether a hub id must be read from the local Hugging Face cache only (the hub is unreachable).
+
+    Checks the cache first, then probes the hub once (``HF_HUB_OFFLINE=1`` skips the probe). An id
+    that is neither cached nor reachable raises EvalkitError at once, with one line.
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    from evalkit.hub import hub_reachable
+
+    try:
+        cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # huggingface_hub's HFValidationError: not ORG/NAME
+        raise EvalkitError(f"model {repo_id!r} is neither a local folder nor a Hugging Face id (ORG/NAME): "
+                           "check the spelling, or start a folder path with ./") from None
+    if hub_reachable(HUB_PROBE_TIMEOUT):
+        return False
+    if not cached:
+        raise EvalkitError(f"model {repo_id!r} is not in the local Hugging Face cache and the hub is unreachable "
+                           "(offline or HF_HUB_OFFLINE=1): download it once with the network, or pass a local folder")
+    return True
+
+
+def model_source(name: str) -> tuple[str, bool]:
+    """What ``from_pretrained`` should read for ``name`` (embedded name, folder or hub id), and
+    whether only local files may be used."""
+    embedded = embedded_name(name)
+    if embedded:
+        return str(ensure_embedded(embedded)), False
+    if is_path_like(name):
+        return str(local_folder(name)), False
+    return name, hub_cache_only(name)
+
+
 def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", device_map=None,
                trust_remote_code: bool = False, attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM by Hugging Face id, local folder, or embedded name; eval mode, no grad needed."""
+    path, local_only = model_source(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    embedded = embedded_name(name)
-    path = str(ensure_embedded(embedded)) if embedded else name
     torch_dtype = resolve_dtype(dtype, device)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if local_only:
+        kwargs["local_files_only"] = True
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_only)
     except OSError as exc:
         where = "folder" if Path(path).exists() else "Hugging Face id"
         raise EvalkitError(f"could not load model {name!r} as a {where}: {str(exc).splitlines()[0]} "
@@ -152,4 +219,5 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", de
     check_supported(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model, tokenizer, embedded or name, path, config_hash(model.config), kv_layout(model.config))
+    return LoadedModel(model, tokenizer, embedded_name(name) or name, path, config_hash(model.config),
+                       kv_layout(model.config))

@@ -1,8 +1,12 @@
 """The command line: `python -m evalkit COMMAND ...`.
 
 Each command lives in its own module under ``evalkit.cli`` with ``add_parser(subparsers)``
-registering its options and a handler. User errors (:class:`EvalkitError`) print one line to
-stderr and exit with code 2; nothing else is caught, so real bugs keep their traceback.
+registering its options and a handler. Only the chosen command's module is imported; the others
+appear in ``--help`` by the one-line help in :data:`COMMANDS`, so ``--help``, ``schemes``,
+``models`` and ``capacity`` start in a fraction of a second instead of loading torch,
+transformers and lm-eval (``benchmarks/bench_startup.py`` measures it). User errors
+(:class:`EvalkitError`) print one line to stderr and exit with code 2; nothing else is caught, so
+real bugs keep their traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +18,18 @@ import sys
 
 from evalkit.errors import EvalkitError
 
-COMMANDS = ["schemes", "models", "run", "sweep", "merge", "calibrate", "sensitivity", "capacity", "report"]
+# command -> the one-line help `--help` shows (each module's add_parser repeats it; a test keeps them equal)
+COMMANDS = {
+    "schemes": "list KV formats, granularities and scale sources",
+    "models": "list the embedded offline models, where their files are, and evalkit's cache",
+    "run": "run one evaluation for several KV schemes on one model",
+    "sweep": "run a grid of models x schemes x evals into a results folder",
+    "merge": "combine the results folders of sweep shards",
+    "calibrate": "static K/V scales from calibration text, or imported from a vLLM checkpoint",
+    "sensitivity": "per-layer KV quantization sensitivity and which layers to keep in BF16",
+    "capacity": "KV tokens and concurrent sequences that fit, per KV scheme",
+    "report": "tables, plots and a recommendation from a results folder",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,12 +37,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"evalkit: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command's options, or (``command`` given) with only that command's:
+    the others are listed by name and help without importing their modules."""
     parser = _Parser(prog="python -m evalkit", description="Quality cost of FP8/INT KV caches, against the memory saved.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
-        importlib.import_module(f"evalkit.cli.{name}").add_parser(sub)
+    for name, text in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"evalkit.cli.{name}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=text)
     return parser
+
+
+def _chosen(argv: list[str]) -> str:
+    """The command named on the command line ('' for none: `--help` alone imports no command)."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first in COMMANDS else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["sweep"]  # the main job: the default sweep on the embedded model
-    parser = build_parser()
+    parser = build_parser(_chosen(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -55,14 +55,13 @@ def _load_config(args) -> tuple[dict, str, dict | None]:
             raise EvalkitError(f"config file {args.config} does not exist") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise EvalkitError(f"{args.config} is not a JSON config: {exc}") from None
+    from evalkit.models import model_source
+
+    path, local_only = model_source(args.model)  # a missing folder or an offline uncached id: one line, at once
     from transformers import AutoConfig
 
-    from evalkit.models import embedded_name, ensure_embedded
-
-    embedded = embedded_name(args.model)
-    path = str(ensure_embedded(embedded)) if embedded else args.model
     try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local_only)
     except (OSError, ValueError) as exc:
         raise EvalkitError(f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
                            "(check the name, or use --config FILE / --preset NAME offline)") from None

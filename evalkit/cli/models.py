@@ -1,14 +1,43 @@
-"""`evalkit models`: the embedded offline models and where their files are."""
+"""`evalkit models`: the embedded offline models, where their files are, and evalkit's on-disk cache.
+
+The cache (``$EVALKIT_CACHE``, default ``~/.cache/evalkit``) holds the dense copy of each embedded
+model (``models/``) and the tokenized data and baselines that evaluations reuse (``work/``). It is
+shown with its size because it grows silently (about a gigabyte after the default sweep); every
+file in it is rebuilt when missing, so deleting it is always safe.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from evalkit.errors import EvalkitError
-from evalkit.models import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, embedded_dense_dir, embedded_gguf
+from evalkit.models import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
 
 
 def add_parser(sub):
-    p = sub.add_parser("models", help="list the embedded offline models and where their files are")
+    p = sub.add_parser("models", help="list the embedded offline models, where their files are, and evalkit's cache")
     p.set_defaults(handler=run)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Total size of the files under ``folder`` (0 when it does not exist); links are not followed."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed while we walked
+    return total
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 
 def run(args) -> int:
@@ -27,4 +56,9 @@ def run(args) -> int:
         state = "ready" if (dense / _MARKER).is_file() else "not converted yet (first load converts it, ~20 s)"
         print(f"  dense:    {dense} [{state}]")
     print("\nAny Hugging Face id or local model folder works too: --model ORG/NAME or --model ./folder")
+    root = cache_root()
+    parts = [f"{p.name} {human_bytes(folder_bytes(p))}" for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+    detail = f" ({', '.join(parts)})" if parts else ""
+    print(f"\ncache: {root}  {human_bytes(folder_bytes(root))}{detail}")
+    print("  move it: set EVALKIT_CACHE=/other/folder; clear it: delete the folder (rebuilt when needed)")
     return 0

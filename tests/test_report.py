@@ -29,6 +29,7 @@ PPL = {"bf16": (0.0, 0.0, 1.0), "fp8_e4m3/tensor/dynamic": (0.004, 0.0021, 0.995
        "fp8_e4m3/block16/dynamic": (0.001, 0.0008, 0.998), "int4/token/dynamic": (0.05, 0.09, 0.95),
        "fp8_e5m2/tensor/unit": (-0.02, 0.03, 0.97)}
 BASE_PPL = 20.0
+CODE = "sha256:" + "c0de" * 16  # the code identity the synthetic runs carry
 
 
 def _row(metric, value, lo=None, hi=None, labels=None):
@@ -80,7 +81,7 @@ def write_store(folder: Path, model="tiny", info=None) -> Path:
     from evalkit.sweep.store import ResultStore, RunOutcome
 
     store = ResultStore(folder)
-    info = {"kv_layout": LAYOUT} if info is None else info
+    info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": CODE}} if info is None else info
     n = 0
     for scheme in PPL:
         for ev, maker in (("perplexity", perplexity_rows), ("retrieval", retrieval_rows), ("lmeval", lmeval_rows)):
@@ -123,7 +124,7 @@ def test_summary_numbers_and_order(store):
 def test_markdown_rounding_and_ci(store):
     text = format_table(summary_frame(load_store(store)), "md")
     lines = text.splitlines()
-    assert lines[0].startswith("| scheme") and "bf16" in lines[2]
+    assert lines[0].startswith("| scheme") and lines[2].startswith("| baseline (float32) ")
     row = next(line for line in lines if "fp8_e4m3/tensor/dynamic" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:4] == ["128", "2.00x", "20.08"]
@@ -161,7 +162,8 @@ def test_recommendation_is_cheapest_inside_budget(store):
     # a tighter perplexity budget leaves only block16
     assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002))["tiny"]
     tight = recommend(frame, Budget(max_ppl_rel=0.0001))["tiny"]
-    assert "keep bf16" in tight and "closest: fp8_e4m3/block16/dynamic (Δppl +0.10%, top-1 99.80%; fails Δppl)" in tight
+    assert "keep the unquantized baseline (float32 KV cache)" in tight
+    assert tight.endswith("closest: fp8_e4m3/block16/dynamic (fails |Δppl| ≤ 0.01%: +0.10%, over by 0.09 pts)")
     # a looser one admits int4 (96 bytes) only if its flips and retrieval pass too
     assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9))["tiny"]
     assert "use int4/token/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1,
@@ -252,3 +254,188 @@ def test_sensitivity_rows_file_joins_the_plots(store, tmp_path, capsys):
     rows.write_text('{"foo": 1}\n')
     code, _, err = cli(capsys, "report", str(store), "--sensitivity", str(rows))
     assert code == 2 and "not an evalkit result row" in err
+
+
+# ---- what a reader needs to read the table -----------------------------------------------------
+
+STATIC_T = "fp8_e4m3/tensor/static+scales=calibration/some-model-tensor-amax.safetensors"
+STATIC_H = "fp8_e4m3/head/static+scales=/data/scales/some-model-head-amax.safetensors+skip=0"
+
+
+def write_ppl_store(folder: Path, schemes: dict, infos: dict | None = None, constant: bool = True) -> Path:
+    """SYNTHETIC store: a perplexity run per scheme ((Δppl rel, top-1) each), plus, if ``constant``, an
+    lm-eval run whose accuracy and flips are the same for every scheme."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    store = ResultStore(folder)
+    for i, (scheme, (rel, top1)) in enumerate(schemes.items()):
+        info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": CODE}, **(infos or {}).get(scheme, {})}
+        rows = [_row("ppl", BASE_PPL * (1 + rel)), _row("ppl_delta_rel", rel), _row("kl_mean", rel / 10),
+                _row("top1_agreement", top1)]
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {}}
+        store.append(RunOutcome(f"p{i}", spec, True, rows, info=info))
+        if constant:
+            labels = {"task": "mcq", "filter": "none"}
+            rows = [_row("mcq/acc", 0.25, 0.1, 0.5, labels), _row("mcq/flip_rate", 0.0, None, None, labels)]
+            store.append(RunOutcome(f"l{i}", {**spec, "eval": "lmeval"}, True, rows, info=info))
+    return folder
+
+
+def md_rows(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+    return header, rows
+
+
+def test_static_schemes_short_name_and_scale_file_in_a_note(tmp_path):
+    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), STATIC_T: (0.004, 0.995), STATIC_H: (0.003, 0.996)})
+    frame = summary_frame(load_store(folder))
+    text = format_table(frame, "md")
+    _, rows = md_rows(text)
+    assert set(rows) == {"baseline (float32)", "fp8_e4m3/head/static[1]+skip=0", "fp8_e4m3/tensor/static[2]"}
+    assert "- [1] static scales from /data/scales/some-model-head-amax.safetensors\n" in text
+    assert "- [2] static scales from calibration/some-model-tensor-amax.safetensors\n" in text
+    assert not any("safetensors" in line for line in text.splitlines() if line.startswith("|"))
+    tex = format_table(frame, "latex")
+    assert r"\texttt{fp8\_e4m3/tensor/static[2]}" in tex and r"[2] static scales from calibration/some-model" in tex
+    assert "+scales=" not in tex
+    from io import StringIO
+
+    csv = pd.read_csv(StringIO(format_table(frame, "csv")))
+    assert set(csv["scheme"]) == {"bf16", STATIC_T, STATIC_H}  # the full strings, raw
+    assert set(csv["dtype"]) == {"float32"} and set(csv["code"]) == {CODE}
+
+
+def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
+    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)})
+    text = format_table(summary_frame(load_store(folder)), "md")
+    _, rows = md_rows(text)
+    assert "baseline (float32)" in rows and "bf16" not in rows
+    assert "- baseline (float32): nothing quantized, the KV cache in the dtype the model ran in; bytes/token and " \
+           "capacity count a bf16 cache" in text
+    # a store written before runs recorded their dtype: no guess
+    old = write_ppl_store(tmp_path / "old", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
+                          infos={"bf16": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}})
+    text = format_table(summary_frame(load_store(old)), "md")
+    assert "baseline" in md_rows(text)[1] and "(float32)" not in text
+
+
+def test_constant_columns_are_flagged(tmp_path):
+    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995),
+                                              "fp8_e5m2/tensor/dynamic": (0.04, 0.95)})
+    text = format_table(summary_frame(load_store(folder)), "md")
+    header, _ = md_rows(text)
+    assert "mcq acc" in header and "mcq flips %" in header  # flagged, not dropped
+    note = next(line for line in text.splitlines() if "do not separate" in line)
+    assert note == "- the same on every row, so they do not separate the schemes: mcq acc = 0.250; mcq flips % = 0.0"
+    assert "ppl" not in note.split(":", 1)[1] and "top-1" not in note
+    tex = format_table(summary_frame(load_store(folder)), "latex")
+    assert "do not separate the schemes: mcq acc = 0.250" in tex
+    # with nothing constant, no note
+    plain = write_ppl_store(tmp_path / "p", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995),
+                                             "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}, constant=False)
+    assert "do not separate" not in format_table(summary_frame(load_store(plain)), "md")
+
+
+def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
+    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954),
+                                              "fp8_e5m2/tensor/dynamic": (0.03, 0.95)}, constant=False)
+    line = recommend(summary_frame(load_store(folder)), Budget())["tiny"]
+    assert line.startswith("tiny: keep the unquantized baseline (float32 KV cache): no quantized scheme")
+    assert line.endswith("closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40%, short by 3.60 pts)")
+    line = recommend(summary_frame(load_store(folder)), Budget(max_ppl_rel=0.001, min_top1=0.9))["tiny"]
+    assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40%, over by 0.30 pts)" in line
+    # retrieval and flips say their gap too (the main fixture's int4: drop and 10 % flips)
+    frame = summary_frame(load_store(write_store(tmp_path / "full")))
+    line = recommend(frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, min_top1=0.9))["tiny"]
+    assert "fails retrieval drop ≤ 2 pts: 22.5 pts, over by 20.5 pts" in line
+    assert "fails mini_mmlu flips ≤ 5%: 10.0%, over by 5.0 pts" in line
+
+
+def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path, capsys):
+    """Runs of one spec computed by other code are superseded by the newer run; a table whose counted
+    runs still come from two code identities says so, with the fix."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    schemes = {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}
+    folder = write_ppl_store(tmp_path / "s", schemes, constant=False)
+    assert not any("code" in n for n in summary_frame(load_store(folder)).attrs["store_notes"])
+    # the e5m2 run recomputed by new code: the old one is superseded, one identity remains... for that row
+    new = "sha256:" + "1ea" * 21 + "f"
+    spec = {"model": {"name": "tiny"}, "scheme": "fp8_e5m2/tensor/dynamic", "eval": "perplexity", "params": {}}
+    rows = [_row("ppl", 21.0), _row("ppl_delta_rel", 0.05), _row("kl_mean", 0.005), _row("top1_agreement", 0.94)]
+    ResultStore(folder).append(RunOutcome("p2-new", spec, True, rows, info={"kv_layout": LAYOUT, "dtype": "float32",
+                                                                          "versions": {"evalkit_code": new}}))
+    results = load_store(folder)
+    assert set(results.complete) == {"p0", "p1", "p2-new"} and set(results.superseded) == {"p2"}
+    frame = summary_frame(results)
+    assert frame.set_index("scheme").loc["fp8_e5m2/tensor/dynamic", "ppl_delta_rel"] == pytest.approx(0.05)
+    assert frame.set_index("scheme").loc["fp8_e5m2/tensor/dynamic", "code"] == new
+    text = format_table(frame, "md")
+    note = next(line for line in text.splitlines() if "MIXED CODE" in line)
+    assert "2 versions of evalkit's code (sha256:c0dec0de: 2 runs, sha256:1ea1ea1e: 1 runs)" in note
+    assert f"python -m evalkit sweep GRID --out {folder}" in note
+    assert "- 1 older runs of the same specs (other code or libraries) are superseded by newer ones and not shown" in text
+    assert "MIXED CODE" in format_table(frame, "latex")
+    # the CLI prints the notes under the table (and to stderr for CSV, which has none)
+    code, out, err = cli(capsys, "report", str(folder))
+    assert code == 0 and "MIXED CODE" in out
+    code, out, err = cli(capsys, "report", str(folder), "--format", "csv")
+    assert code == 0 and "MIXED CODE" in err and "MIXED CODE" not in out
+
+
+def test_pareto_plot_is_legible(tmp_path):
+    """At its default size: every text inside the figure (title not clipped), no two labels overlap,
+    static schemes by their short name, and the x range is the schemes' own, not 0..50 %."""
+    schemes = {"bf16": (0, 1)}
+    for fmt, base in (("fp8_e4m3", 0.007), ("fp8_e5m2", 0.045)):
+        for j, gran in enumerate(("tensor", "head", "block16")):
+            for k, src in enumerate(("dynamic", "unit")):
+                schemes[f"{fmt}/{gran}/{src}"] = (base + 0.0002 * (2 * j + k), 0.98)
+    schemes[STATIC_T] = (0.0071, 0.98)
+    frame = summary_frame(load_store(write_ppl_store(tmp_path / "s", schemes, constant=False)))
+    from evalkit.report.plots import pareto_figure
+
+    from matplotlib.text import Text
+
+    fig = pareto_figure(frame)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    ax = fig.axes[0]
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *fig.texts, *ax.get_legend().get_texts()]
+    for t in texts:
+        ext = Text.get_window_extent(t, renderer)
+        assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, t.get_text()
+    labels = [t for t in ax.texts if t.get_text() in set(scheme_labels_of(frame))]
+    assert len(labels) == len(schemes) - 1 and "fp8_e4m3/tensor/static[1]" in [t.get_text() for t in labels]
+    extents = [Text.get_window_extent(t, renderer) for t in labels]  # the text alone, not its leader line
+    for i, a in enumerate(extents):
+        for b in extents[i + 1:]:
+            assert not a.overlaps(b)
+    assert ax.get_xlim()[0] > 45  # not squeezed against a baseline at 0 %
+    assert any("static scales from calibration/some-model-tensor-amax.safetensors" in t.get_text() for t in fig.texts)
+
+
+def scheme_labels_of(frame):
+    from evalkit.report.tables import scheme_labels
+
+    return scheme_labels(frame)[0]
+
+
+def test_spread_labels_keeps_order_gap_and_bounds():
+    from evalkit.report.plots import spread_labels
+
+    ys = [0.5, 0.51, 0.5, 0.9, 0.02, 0.99]
+    pos = spread_labels(ys, 0.05)
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    placed = [pos[i] for i in order]
+    assert all(b - a >= 0.05 - 1e-9 for a, b in zip(placed, placed[1:]))
+    assert 0 <= min(pos) and max(pos) <= 1
+    assert pos[4] == pytest.approx(0.02) and spread_labels([0.3], 0.05) == [0.3]
+    many = spread_labels([0.5] * 30, 0.05)  # cannot fit at 0.05: the gap shrinks, bounds hold
+    assert 0 <= min(many) and max(many) <= 1 and len(set(round(p, 9) for p in many)) == 30

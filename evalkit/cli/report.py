@@ -3,12 +3,17 @@
     python -m evalkit report results/default                       # Markdown table + recommendation
     python -m evalkit report results/default --format latex --out table.tex --plots figures/
 
-Reads the store only (runs with a completion record); nothing is re-evaluated.
+Reads the store only (runs with a completion record); nothing is re-evaluated. Notes under the
+table say what a reader needs: the scale file of each static scheme, the baseline's dtype, columns
+that do not separate the schemes, and a MIXED CODE warning when the counted runs were computed by
+more than one version of evalkit's code (the report still prints the table; resuming the sweep
+recomputes the older runs). CSV keeps raw values and prints its notes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -38,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
         add_rows_file(results, args.sensitivity)
     frame = summary_frame(results)
     text = format_table(frame, args.format)
+    if args.format == "csv":  # CSV holds raw values only: its notes (mixed code, constant columns...) go to stderr
+        from evalkit.report.tables import table_notes
+
+        for note in table_notes(frame):
+            print(f"note: {note}", file=sys.stderr)
     budget = Budget(args.max_ppl_rel, args.min_top1, args.max_retrieval_drop, args.max_flip_rate)
     lines = list(recommend(frame, budget).values())
     if args.out:

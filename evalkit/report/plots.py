@@ -22,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -36,7 +37,8 @@ def _slug(text: str) -> str:
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     for p in paths:
         fig.savefig(p, dpi=150)
     plt.close(fig)
@@ -53,35 +55,96 @@ def frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return points.loc[keep].sort_values(x)
 
 
+def spread_labels(ys: list[float], gap: float, low: float = 0.0, high: float = 1.0) -> list[float]:
+    """Label positions for points at heights ``ys`` (any order): each as close to its point as it can
+    be, neighbours at least ``gap`` apart, all inside [low, high] (the gap shrinks if they cannot fit)."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    if not order:
+        return []
+    gap = min(gap, (high - low) / max(len(ys) - 1, 1))
+    pos = [min(max(ys[i], low), high) for i in order]
+    for k in range(1, len(pos)):  # push up past the one below
+        pos[k] = max(pos[k], pos[k - 1] + gap)
+    pos[-1] = min(pos[-1], high)
+    for k in range(len(pos) - 2, -1, -1):  # then down below the one above, where the top overflowed
+        pos[k] = min(pos[k], pos[k + 1] - gap)
+    out = [0.0] * len(ys)
+    for k, i in enumerate(order):
+        out[i] = pos[k]
+    return out
+
+
 def pareto(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """``frame``: :func:`evalkit.report.tables.summary_frame` output."""
+    """``frame``: :func:`evalkit.report.tables.summary_frame` output; see :func:`pareto_figure`."""
+    fig = pareto_figure(frame)
+    return [] if fig is None else _save(fig, Path(out_dir), "pareto")
+
+
+def pareto_figure(frame: pd.DataFrame):
+    """The Pareto figure of a summary frame (None when it has nothing to draw).
+
+    One panel per model: the quantized schemes (the baseline is the origin: nothing saved, nothing
+    lost) coloured by format, the frontier joined by a line. Labels sit in a column right of the
+    panel, each level with its point where there is room, joined to it by a thin line, so they
+    never overlap; the x range is the schemes' own (they often differ by a fraction of a percent).
+    Static schemes carry their short name (``.../static[1]``) and the scale files are named below."""
+    from evalkit.report.tables import scheme_labels
+
     df = frame.copy()
     use_ppl = "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any()
     metric = "ppl_delta_rel" if use_ppl else "kl_mean"
     if metric not in df or "capacity_x" not in df:
-        return []
-    df = df[df[metric].notna() & df["capacity_x"].notna()]
+        return None
+    df["label"], notes = scheme_labels(df)
+    df = df[df[metric].notna() & df["capacity_x"].notna() & (df["scheme"] != str(Scheme()))]
     if df.empty:
-        return []
+        return None
     df["saved"] = 100 * (1 - 1 / df["capacity_x"])
     df["loss"] = df[metric].abs() * (100 if use_ppl else 1)
+    df["format"] = df["scheme"].str.split("/").str[0]
     models = list(dict.fromkeys(df["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
+    rows = max(df.groupby("model").size())
+    height = max(4.8, 1.6 + 0.22 * rows)  # room for one label line per scheme
+    fig, axes = plt.subplots(1, len(models), figsize=(9.5 * len(models), height), squeeze=False, layout="constrained")
+    colors = dict(zip(dict.fromkeys(df["format"]), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
     for ax, model in zip(axes[0], models):
         g = df[df["model"] == model]
-        ax.scatter(g["saved"], g["loss"], color="tab:blue", zorder=3)
+        for fmt, f in g.groupby("format", sort=False):
+            ax.scatter(f["saved"], f["loss"], color=colors[fmt], zorder=3, s=28, label=fmt)
         front = frontier(g, "saved", "loss")
-        ax.plot(front["saved"], front["loss"], color="tab:red", lw=1.5, zorder=2, label="Pareto frontier")
-        for _, r in g.iterrows():
-            ax.annotate(r["scheme"], (r["saved"], r["loss"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        ax.set_xlabel("KV memory saved vs bf16 (%)")
-        ax.set_ylabel("|Δ perplexity| (%)" if use_ppl else "mean KL to baseline (nats)")
-        if (g["loss"] > 0).all() and g["loss"].max() / max(g["loss"].min(), 1e-12) > 100:
+        ax.plot(front["saved"], front["loss"], color="0.25", lw=1.2, ls="--", zorder=2, label="Pareto frontier")
+        lo, hi = g["saved"].min(), g["saved"].max()
+        pad = max(0.5, 0.08 * (hi - lo))
+        ax.set_xlim(lo - pad, hi + pad)
+        if (g["loss"] > 0).all() and g["loss"].max() / g["loss"].min() > 30:
             ax.set_yscale("log")
-        ax.set_title(f"{model}: quality loss vs memory saved")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        else:
+            ax.set_ylim(0, g["loss"].max() * 1.08)
+        ax.set_xlabel("KV memory saved vs a bf16 cache (%)")
+        ax.set_ylabel("|Δ perplexity| vs baseline (%)" if use_ppl else "mean KL to baseline (nats)")
+        ax.set_title(f"{model}: quality loss vs KV memory saved", fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(fig, Path(out_dir), "pareto")
+        ax.legend(fontsize=8, loc="best")
+        _label_column(fig, ax, g)
+    if notes:
+        fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))
+        fig.text(0.01, 0.01, "   ".join(notes), fontsize=7, color="0.3")
+    return fig
+
+
+def _label_column(fig, ax, g: pd.DataFrame, fontsize: float = 7.5) -> None:
+    """Each point's label in a column just right of the axes, spread so that no two overlap."""
+    fig.canvas.draw()  # fixes the axes' size and limits
+    to_axes = ax.transAxes.inverted()
+    points = [to_axes.transform(ax.transData.transform((x, y))) for x, y in zip(g["saved"], g["loss"])]
+    height_px = ax.get_window_extent().height
+    gap = 1.25 * fontsize * fig.dpi / 72 / height_px
+    ys = spread_labels([float(p[1]) for p in points], gap, 0.0, 1.0)
+    for (px, py), y, label in zip(points, ys, g["label"]):
+        ax.annotate(label, xy=(px, py), xycoords="axes fraction", xytext=(1.04, y), textcoords="axes fraction",
+                    fontsize=fontsize, va="center", ha="left", annotation_clip=False,
+                    arrowprops=dict(arrowstyle="-", color="0.6", lw=0.6, shrinkA=0, shrinkB=3))
 
 
 def _bucket_start(text: str) -> float:

@@ -5,6 +5,16 @@ The store (see :mod:`evalkit.sweep.store`) is a folder with an append-only ``res
 and one ``complete`` (or ``failed``) record per run attempt. Only runs whose latest attempt has a
 completion record count; everything else is ignored, as the store's own reader does.
 
+Runs of one spec (model, scheme, eval, parameters) carry different run ids when other code or
+other library versions computed them (a run id hashes evalkit's code identity and the library
+versions; see :mod:`evalkit.sweep.code_identity`). A resumed sweep recomputes such runs and keeps
+the old records, so of the completed runs of one spec only the one that finished last counts: the
+older ones are *superseded* (kept in the file, left out of every table). If the counted runs still
+come from more than one code identity (a sweep stopped half-way through recomputing), the numbers
+of one table would mix versions of the code: :func:`provenance_notes` says so, with the fix, and
+the report prints it under the table. Runs written before evalkit recorded a code identity count
+as "unrecorded".
+
 Bytes per token need the model's KV layout, which is not a quality metric. It is taken, in this
 order, from ``kv_bytes_per_token`` metric rows if the sweep wrote them, from ``info.kv_layout`` of
 the completion records, or from the ``config.json`` of the run's ``info.model_path`` (a folder, or
@@ -35,6 +45,22 @@ class Results:
     complete: dict[str, dict]  # run_id -> completion record
     failed: dict[str, dict] = field(default_factory=dict)
     layouts: dict[str, KVLayout] = field(default_factory=dict)  # model name -> layout (where known)
+    superseded: dict[str, dict] = field(default_factory=dict)  # run_id -> completion record of an older run of a spec
+
+    @property
+    def codes(self) -> dict[str, str]:
+        """run_id -> the code identity that computed it (``unrecorded`` for runs of older evalkit)."""
+        return {run_id: code_of(rec) for run_id, rec in self.complete.items()}
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """model -> the dtype its weights (and unquantized KV cache) were in, where the runs recorded it."""
+        out: dict[str, str] = {}
+        for rec in self.complete.values():
+            dtype = (rec.get("info") or {}).get("dtype")
+            if dtype and rec.get("model") not in out:
+                out[rec["model"]] = str(dtype)
+        return out
 
     @property
     def models(self) -> list[str]:
@@ -68,9 +94,61 @@ def load_store(folder: str | Path) -> Results:
         if view.torn_lines and not view.complete:
             raise EvalkitError(f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?")
         raise EvalkitError(f"{folder} has no completed runs yet: run `python -m evalkit sweep --out {folder}` first")
-    results = Results(folder, _rows_frame(view.rows), view.complete, view.failed)
+    complete, superseded = supersede(view.complete)
+    rows = [r for r in view.rows if r["run_id"] in complete]
+    results = Results(folder, _rows_frame(rows), complete, view.failed, superseded=superseded)
     results.layouts = _layouts(results)
     return results
+
+
+UNRECORDED = "unrecorded"
+
+
+def code_of(record: dict) -> str:
+    """The code identity in a completion record (``unrecorded`` before evalkit recorded one)."""
+    versions = (record.get("info") or {}).get("versions") or {}
+    return str(versions.get("evalkit_code") or UNRECORDED)
+
+
+def _spec_key(run_id: str, record: dict) -> str:
+    from evalkit.sweep.grid import RunSpec, canonical_json
+
+    try:
+        return canonical_json(RunSpec.from_dict(record["spec"]).canonical())
+    except (KeyError, TypeError, ValueError):
+        return run_id  # a record without a usable spec is never superseded
+
+
+def supersede(complete: dict[str, dict]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(counted, superseded): of the completed runs of one spec, the one that finished last counts."""
+    latest: dict[str, tuple[tuple, str]] = {}
+    for i, (run_id, rec) in enumerate(complete.items()):
+        key, when = _spec_key(run_id, rec), (str(rec.get("finished") or ""), i)
+        if key not in latest or when >= latest[key][0]:
+            latest[key] = (when, run_id)
+    keep = {run_id for _, run_id in latest.values()}
+    return ({k: v for k, v in complete.items() if k in keep}, {k: v for k, v in complete.items() if k not in keep})
+
+
+def provenance_notes(results: Results) -> list[str]:
+    """Notes for a reader about which code computed the counted runs (empty when one code did)."""
+    notes = []
+    counts: dict[str, int] = {}
+    for code in results.codes.values():
+        counts[code] = counts.get(code, 0) + 1
+    if len(counts) > 1:
+        parts = ", ".join(f"{code[:15] if code != UNRECORDED else code}: {n} runs"
+                          for code, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        notes.append(f"MIXED CODE: these runs were computed by {len(counts)} versions of evalkit's code ({parts}), so "
+                     f"rows may not be comparable; resume the sweep (`python -m evalkit sweep GRID --out {results.folder}`) "
+                     "with the current code to recompute the others")
+    elif counts and UNRECORDED in counts:
+        notes.append("these runs carry no code identity (written by an evalkit that did not record one): resume the "
+                     f"sweep (`python -m evalkit sweep GRID --out {results.folder}`) to recompute them with a recorded one")
+    if results.superseded:
+        notes.append(f"{len(results.superseded)} older runs of the same specs (other code or libraries) are superseded "
+                     "by newer ones and not shown")
+    return notes
 
 
 def add_rows_file(results: Results, path: str | Path) -> Results:

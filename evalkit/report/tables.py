@@ -5,6 +5,17 @@ from a loaded store; :func:`format_table` renders it as Markdown, LaTeX (booktab
 numbers, for further analysis). Rounding for people: perplexity to 2 decimals, relative changes
 in percent with 2 decimals, KL in 3 significant digits, agreement and accuracy in percent with one
 decimal, bytes per token as integers, capacity to 2 decimals.
+
+What a reader needs to read the table is in notes under it (Markdown and LaTeX; the CSV keeps the
+raw values in columns instead: the full ``scheme`` string, ``dtype``, ``code``):
+
+* a static scheme is shown by a short name, ``fp8_e4m3/head/static[1]``, and note ``[1]`` names
+  its scale file (the full string is hundreds of characters wide);
+* the baseline row (the ``bf16`` scheme: nothing quantized) is labelled with the dtype the model
+  really ran in, ``baseline (float32)``, and a note says that bytes and capacity count a bf16 cache;
+* a column whose shown value is the same on every row (retrieval at 100 %, an accuracy at chance,
+  no flips) is listed as not separating the schemes;
+* which code computed the runs, when more than one version did (:func:`evalkit.report.results.provenance_notes`).
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.memory import bytes_per_token
-from evalkit.report.results import Results
+from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.kv.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
@@ -66,7 +77,13 @@ def summary_frame(results: Results) -> pd.DataFrame:
     frame["_order"] = frame["model"].map({m: i for i, m in enumerate(results.models)})
     frame = frame.sort_values(["_order", "_base", "bytes_per_token", "scheme"], ascending=[True, True, False, True],
                               na_position="last", kind="stable")
-    return frame.drop(columns=["_base", "_order"]).reset_index(drop=True)
+    frame = frame.drop(columns=["_base", "_order"]).reset_index(drop=True)
+    frame["dtype"] = frame["model"].map(results.dtypes)
+    codes = {run_id: code_of(rec) for run_id, rec in results.complete.items()}
+    runs = df.groupby(["model", "scheme"])["run_id"].agg(lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""})))
+    frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
+    frame.attrs["store_notes"] = provenance_notes(results)
+    return frame
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -91,14 +108,36 @@ def _bytes(v):
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
 
 
+def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(a short label per row, the notes the labels refer to).
+
+    The baseline is ``baseline (<dtype>)``; a static scheme drops its ``+scales=PATH`` for a
+    numbered note naming the file (one number per distinct file)."""
+    labels, files = [], {}
+    for _, r in frame.iterrows():
+        scheme = parse_scheme(r["scheme"])
+        if scheme.is_identity:
+            dtype = r.get("dtype")
+            labels.append(f"baseline ({dtype})" if isinstance(dtype, str) and dtype else "baseline")
+        elif scheme.static_path:
+            n = files.setdefault(scheme.static_path, len(files) + 1)
+            short = str(scheme).replace(f"+scales={scheme.static_path}", "")
+            head, _, options = short.partition("+")
+            labels.append(f"{head}[{n}]" + (f"+{options}" if options else ""))
+        else:
+            labels.append(str(scheme))
+    return labels, [f"[{n}] static scales from {path}" for path, n in files.items()]
+
+
 def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Strings for people, with the columns the store has data for."""
     lm_tasks = list(dict.fromkeys(c.rsplit("/", 1)[0] for c in frame.columns if "/" in c and not c.endswith(("_lo", "_hi"))))
+    labels, _ = scheme_labels(frame)
     out = []
-    for _, r in frame.iterrows():
+    for (_, r), label in zip(frame.iterrows(), labels):
         r = r.to_dict()
         base = r["scheme"] == str(Scheme())
-        d = {"model": r["model"], "scheme": r["scheme"], "bytes/token": _bytes(r.get("bytes_per_token")),
+        d = {"model": r["model"], "scheme": label, "bytes/token": _bytes(r.get("bytes_per_token")),
              "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x"}
         if "ppl" in r:
             d["ppl"] = _num(r.get("ppl"), ".2f")
@@ -120,6 +159,38 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+NOT_METRICS = ("model", "scheme", "bytes/token", "capacity")
+
+
+def constant_columns(table: pd.DataFrame) -> dict[str, str]:
+    """Metric columns of a display table whose shown value (the interval aside) is the same on every
+    row that has one (at least two rows): column -> that value. They do not separate the schemes."""
+    out = {}
+    for col in table.columns:
+        if col in NOT_METRICS:
+            continue
+        values = [str(v).split(" [")[0] for v in table[col] if str(v) not in ("", "baseline")]
+        if len(values) >= 2 and len(set(values)) == 1:
+            out[col] = values[0]
+    return out
+
+
+def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[str]:
+    """The notes printed under a table of ``frame`` (see the module docstring), in reading order."""
+    table = display_frame(frame) if table is None else table
+    _, notes = scheme_labels(frame)
+    bases = frame[frame["scheme"] == str(Scheme())]
+    dtypes = sorted({d for d in bases.get("dtype", pd.Series(dtype=object)).dropna() if d})
+    if dtypes:
+        notes.append(f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
+                     "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it")
+    constant = constant_columns(table)
+    if constant:
+        notes.append("the same on every row, so they do not separate the schemes: "
+                     + "; ".join(f"{col} = {value}" for col, value in constant.items()))
+    return list(frame.attrs.get("store_notes", [])) + notes
+
+
 LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
                  "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "Δ": r"$\Delta$"}
 
@@ -135,7 +206,7 @@ def _latex_cell(column: str, value) -> str:
     return text if column == "model" else re.sub(r"(?<![\w.])-(?=\d)", "$-$", text)  # true minus signs in numbers
 
 
-def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory") -> str:
+def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory", notes: list[str] = ()) -> str:
     align = "".join("l" if c in ("model", "scheme") else "r" for c in table.columns)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{align}}}", r"\toprule",
              " & ".join(latex_escape(c) for c in table.columns) + r" \\", r"\midrule"]
@@ -146,16 +217,24 @@ def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality agai
         prev_model = r.get("model")
         cells = [_latex_cell(c, v) for c, v in r.items()]
         lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if notes:
+        lines.append(r"\par\smallskip{\footnotesize " + r"\par ".join(latex_escape(n) for n in notes) + "}")
+    lines += [rf"\caption{{{latex_escape(caption)}}}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 def format_table(frame: pd.DataFrame, fmt: str = "md") -> str:
+    """The table as Markdown or LaTeX with its notes under it, or CSV (raw numbers, no notes)."""
     if fmt == "csv":
         return frame.to_csv(index=False)
+    if fmt not in ("md", "latex"):
+        raise EvalkitError(f"unknown table format {fmt!r}: use md, latex or csv")
     table = display_frame(frame)
-    if fmt == "md":
-        return table.to_markdown(index=False, disable_numparse=True) + "\n"
+    notes = table_notes(frame, table)
     if fmt == "latex":
-        return to_latex(table)
-    raise EvalkitError(f"unknown table format {fmt!r}: use md, latex or csv")
+        return to_latex(table, notes=notes)
+    text = table.to_markdown(index=False, disable_numparse=True) + "\n"
+    if notes:
+        text += "\nNotes:\n" + "".join(f"- {n}\n" for n in notes)
+    return text

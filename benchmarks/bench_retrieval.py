@@ -1,7 +1,7 @@
 """Time of the retrieval grid per scheme on one model, side by side in one run.
 
     python benchmarks/bench_retrieval.py [--model embedded] [--schemes bf16,fp8_e4m3/tensor/dynamic]
-        [--measure-lengths 1k,2k] [--prompts 2] [--rounds 1] [--via cache] [--threads 1]
+        [--measure-lengths 1k,2k] [--prompts 2] [--rounds 1] [--threads 1]
 
 1. Builds the full default grid (7 tasks x 1k/2k/4k/8k capped x 5 depths x 10 samples) once and
    reports how long that took: tokenization and prompt building happen once per grid, not per
@@ -34,7 +34,6 @@ def main() -> None:
     ap.add_argument("--measure-lengths", default="1k,2k")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per measured length and scheme")
     ap.add_argument("--rounds", type=int, default=1, help="repeat each measurement, keep the fastest")
-    ap.add_argument("--via", default="cache", choices=("cache", "hook"))
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,7 +52,7 @@ def main() -> None:
     full.prepare(lm, cache_root() / "work")
     t_grid = time.perf_counter() - t0
     counts = {n: sum(s.length == n for s in full.samples) for n in full.lengths}
-    print(f"model {lm.name}, via {args.via}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f}")
+    print(f"model {lm.name}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f}")
     print(f"default grid: {len(full.samples)} prompts, lengths {full.lengths}, built in {t_grid:.1f} s (once per grid)")
 
     measured = sorted({G.parse_length(x) for x in args.measure_lengths.split(",")})
@@ -70,7 +69,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for scheme in schemes:
                 t0 = time.perf_counter()
-                generate_batches(lm, scheme, args.via, [(prompts, max_new)])
+                generate_batches(lm, scheme, [(prompts, max_new)])
                 t = (time.perf_counter() - t0) / len(prompts)
                 times[str(scheme)][n] = min(t, times[str(scheme)].get(n, float("inf")))
 

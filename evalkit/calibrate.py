@@ -1,10 +1,9 @@
 """Calibration: static K/V scales from data, written as a scale table (:mod:`evalkit.kv.scale_table`).
 
-The model runs over calibration text inside :func:`evalkit.quantized_kv` with a
-:class:`KVObserver` in place of the quantizer, so statistics are taken exactly where evalkit
-quantizes: post-RoPE K and V in the attention function, per layer and per KV head, K and V
-separately, padding left out. Nothing is changed in the forward pass (the observer returns its
-input), so calibration cannot be poisoned by its own quantization.
+The model runs over calibration text inside :func:`evalkit.integration.observe.observe_kv` with a
+:class:`KVObserver`, so statistics are taken exactly where the storage cache quantizes: post-RoPE
+K and V, per layer and per KV head, K and V separately, padding left out. Nothing is changed in the
+forward pass (the observer only reads), so calibration cannot be poisoned by its own quantization.
 
 Methods (scale = statistic / format max, the convention vLLM uses: value = code * scale):
 
@@ -34,14 +33,14 @@ from functools import lru_cache
 
 import torch
 
-from evalkit.errors import EvalkitError
+from evalkit.corpus import tokenizer_adds_bos
+from evalkit.errors import EvalkitError, NonFiniteKVError
+from evalkit.integration.observe import observe_kv
 from evalkit.kv.formats import KVFormat, get_format
-from evalkit.integration.install import quantized_kv
-from evalkit.integration.binding import KVQuantizer
-from evalkit.model_info import KVLayout
-from evalkit.kv.quantize import fake_quantize
-from evalkit.kv.scheme import Granularity, GranularityKind, parse_scheme
+from evalkit.kv.quantize import quantize_dequantize
 from evalkit.kv.scale_table import ScaleTable
+from evalkit.kv.scheme import Granularity, GranularityKind
+from evalkit.model_info import KVLayout
 
 DEFAULT_CORPUS = "stdlib-docs"
 BINS = 2048
@@ -133,26 +132,17 @@ def calibration_batches(tokenizer, text: str, samples: int, seq_len: int, bos: b
     return rows
 
 
-def wants_bos(tokenizer) -> bool:
-    """Whether the tokenizer puts a BOS token first by default (then calibration does too)."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return False
-    first = tokenizer("a")["input_ids"]
-    return bool(first) and first[0] == bos
-
-
 # -- statistics ------------------------------------------------------------------------------------
-class KVObserver(KVQuantizer):
-    """Records K/V statistics per layer and KV head; returns K/V unchanged.
+class KVObserver:
+    """Records K/V statistics per layer and KV head; changes nothing.
 
-    Run it with ``quantized_kv(model, observer.scheme, quantizer=observer)``. ``mse_candidates``
-    (which -> (L, C, H) scales) switches on the exact error measurement of the second mse pass.
+    Run it with ``observe_kv(model, observer)``. ``mse_candidates`` (which -> (L, C, H) scales)
+    switches on the exact error measurement of the second mse pass.
     """
 
     def __init__(self, layout: KVLayout, fmt: str = "fp8_e4m3", histograms: bool = False,
                  mse_candidates: dict[str, torch.Tensor] | None = None, granularity: str = "tensor"):
-        super().__init__(parse_scheme(f"{fmt}/tensor/dynamic"), layout)
+        self.layout, self.fmt = layout, get_format(fmt)
         L, H = layout.num_layers, layout.num_kv_heads
         self.amax = {w: torch.zeros(L, H, dtype=torch.float64) for w in "kv"}
         self.count = {w: torch.zeros(L, dtype=torch.long) for w in "kv"}
@@ -166,11 +156,10 @@ class KVObserver(KVQuantizer):
             shape = (L, MSE_STEPS) if granularity == "tensor" else (L, MSE_STEPS, H)
             self.sse = {w: torch.zeros(shape, dtype=torch.float64) for w in "kv"}
 
-    def is_active(self, layer_idx: int) -> bool:
-        return True
-
-    def __call__(self, which, layer_idx, x, valid=None):
-        self.check_finite(which, layer_idx, x)
+    def __call__(self, which: str, layer_idx: int, x: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteKVError(f"layer {layer_idx} {which.upper()} contains NaN or inf during calibration: "
+                                   "load the model in float32 or bfloat16 rather than float16")
         xf = x.detach().float()
         if valid is not None:
             xf = xf.masked_fill(~valid[:, None, :, None], 0.0)
@@ -179,14 +168,13 @@ class KVObserver(KVQuantizer):
             keep = valid[:, None, :, None].expand_as(xf).transpose(0, 1).reshape(xf.shape[1], -1)[0]
             per_head = per_head[:, keep]
         if per_head.shape[1] == 0:  # every position is padding
-            return x
+            return
         self.count[which][layer_idx] += per_head.shape[1]
         self.amax[which][layer_idx] = torch.maximum(self.amax[which][layer_idx], per_head.amax(dim=1).double())
         if self.histograms:
             self._histogram(which, layer_idx, per_head)
         if self.mse_candidates is not None:
             self._sse(which, layer_idx, xf)
-        return x
 
     def _histogram(self, which: str, layer: int, a: torch.Tensor) -> None:
         top = float(a.max())
@@ -212,7 +200,7 @@ class KVObserver(KVQuantizer):
         gran = Granularity(GranularityKind.HEAD)
         for c in range(cands.shape[0]):
             scale = cands[c].float().reshape(1, -1, 1, 1)
-            err = (fake_quantize(xf, self.fmt, gran, scale) - xf).double().pow(2)
+            err = (quantize_dequantize(xf, self.fmt, gran, scale=scale) - xf).double().pow(2)
             if self.granularity == "tensor":
                 self.sse[which][layer, c] += err.sum()
             else:
@@ -250,7 +238,7 @@ def parse_method(text: str) -> Method:
 
 
 def _run(model, batches: torch.Tensor, observer: KVObserver, batch_size: int) -> None:
-    with torch.no_grad(), quantized_kv(model, observer.scheme, quantizer=observer):
+    with torch.no_grad(), observe_kv(model, observer):
         for i in range(0, batches.shape[0], batch_size):
             chunk = batches[i : i + batch_size].to(next(model.parameters()).device)
             model(input_ids=chunk, use_cache=False)
@@ -294,7 +282,7 @@ def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: i
                 "scales fitted on evaluation data flatter the results; calibrate on another corpus", stacklevel=2)
     if lm.layout.max_positions and seq_len > lm.layout.max_positions:
         raise EvalkitError(f"--seq-len {seq_len} exceeds the model's maximum length {lm.layout.max_positions}: use a shorter one")
-    use_bos = wants_bos(lm.tokenizer) if bos is None else bos
+    use_bos = tokenizer_adds_bos(lm.tokenizer) if bos is None else bos
     batches = calibration_batches(lm.tokenizer, text, samples, seq_len, use_bos)
     observer = KVObserver(lm.layout, fmt, histograms=method.name == "percentile", granularity=granularity)
     _run(lm.model, batches, observer, batch_size)

@@ -140,6 +140,14 @@ def _open_dataset(name: str, split: str, spec: str):
     raise EvalkitError(f"could not load dataset corpus {spec!r} ({'; '.join(errors)}): check the name, split and network (HF_DATASETS_OFFLINE)")
 
 
+def tokenizer_adds_bos(tokenizer) -> bool:
+    """True when the tokenizer puts BOS in front of plain text by itself (the model expects it)."""
+    if getattr(tokenizer, "bos_token_id", None) is None:
+        return False
+    ids = tokenizer("hello", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """SHA-256 of what decides the ids: the tokenizer's class and its serialized vocabulary and rules."""
     h = hashlib.sha256(type(tokenizer).__name__.encode())

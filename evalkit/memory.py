@@ -40,12 +40,6 @@ def scale_bytes(scheme: Scheme) -> int:
     return SCALE_BYTES * (2 if scheme.kv_format.asymmetric else 1)
 
 
-def data_bytes(scheme: Scheme, elements: int) -> int:
-    if scheme.is_identity:
-        return BASELINE_BYTES * elements
-    return math.ceil(elements * scheme.kv_format.bits / 8)
-
-
 def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
     """Scale overhead amortized per element for long sequences (tensor and head scales -> 0)."""
     if scheme.is_identity:
@@ -102,9 +96,22 @@ def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
             f"{scheme.granularity} has no meaning for the MLA latent of {layout.model_type} (one shared latent per token, no KV heads): "
             "use tensor, token or group<N> (e.g. group128 for 128-value tiles)"
         )
-    if scheme.granularity.kind is GranularityKind.GROUP and layout.mla_latent_dim % scheme.granularity.size:
-        raise SchemeError(f"group{scheme.granularity.size} does not divide the latent width {layout.mla_latent_dim}: "
-                          f"use a group width that divides {layout.mla_latent_dim}")
+    if scheme.granularity.kind is GranularityKind.GROUP:
+        size = scheme.granularity.size
+        if layout.mla_latent_dim % size:
+            raise SchemeError(f"group{size} does not divide the latent width {layout.mla_latent_dim}: "
+                              f"use a group width that divides {layout.mla_latent_dim}")
+        if not scheme.rope_bf16 and layout.mla_rope_dim % min(size, layout.mla_rope_dim):
+            raise SchemeError(f"group{size} does not tile the {layout.mla_rope_dim}-value RoPE key: "
+                              "use a width dividing it or +rope=bf16")
+
+
+def mla_rope_granularity(scheme: Scheme, layout: KVLayout):
+    """The RoPE key's granularity: a group wider than the key covers the whole key (one scale per token)."""
+    g = scheme.granularity
+    if g.kind is GranularityKind.GROUP and g.size > layout.mla_rope_dim:
+        return type(g)(GranularityKind.GROUP, layout.mla_rope_dim)
+    return g
 
 
 def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool) -> int:

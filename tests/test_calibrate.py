@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
+from evalkit.integration.observe import observe_kv
 from evalkit.calibrate import (BINS, DEFAULT_CORPUS, KVObserver, _run, calibrate, calibration_batches, load_text,
                                overlap_fraction, parse_method, percentile_from_histogram)
 from evalkit.errors import EvalkitError
@@ -39,7 +40,7 @@ def test_observer_amax_matches_the_models_cache_and_changes_nothing(tiny):
     with torch.no_grad():
         plain = tiny.model(input_ids=ids).logits
     obs = KVObserver(tiny.layout)
-    with torch.no_grad(), quantized_kv(tiny.model, obs.scheme, quantizer=obs):
+    with torch.no_grad(), observe_kv(tiny.model, obs):
         observed = tiny.model(input_ids=ids, use_cache=False).logits
     assert torch.equal(plain, observed)  # the observer is transparent
     for i, (k, v) in enumerate(cached_kv(tiny, ids)):
@@ -168,7 +169,7 @@ def test_padding_is_left_out_of_the_statistics(tiny):
     padded = torch.cat([pad, ids], dim=1)
     mask = torch.cat([torch.zeros(1, 16, dtype=torch.long), torch.ones_like(ids)], dim=1)
     obs = KVObserver(tiny.layout)
-    with torch.no_grad(), quantized_kv(tiny.model, obs.scheme, quantizer=obs):
+    with torch.no_grad(), observe_kv(tiny.model, obs):
         tiny.model(input_ids=padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
     assert torch.equal(obs.count["k"], obs_plain.count["k"])
     assert torch.allclose(obs.amax["k"], obs_plain.amax["k"], rtol=1e-5)

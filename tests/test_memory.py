@@ -167,15 +167,15 @@ CACHE_CASES = [
 @pytest.mark.parametrize("arch,scheme", CACHE_CASES)
 def test_bytes_equal_the_real_cache_after_generate(cache_models, arch, scheme):
     """Exact equality with what evalkit's storage cache holds after a padded-batch generate()."""
-    from evalkit.integration.storage import quantized_cache
+    from evalkit import quantized_kv
 
     model = cache_models[arch]
     ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
     am = torch.ones_like(ids)
     am[0, :2] = 0  # left padding: padded slots are stored too
     s = P(scheme)
-    with quantized_cache(model, s) as new_cache:
-        cache = new_cache(am)
+    with quantized_kv(model, s) as session:
+        cache = session.new_cache(am)
         model.generate(ids, attention_mask=am, cache=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
     seq = cache.get_seq_length()
     assert seq == 9 + 10 - 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
-from evalkit.integration.storage import QuantizedKVCache, quantized_cache
+from evalkit.integration.storage import StorageCache
 from evalkit.errors import SchemeError
 from tests.test_quantize import reference
 from tests.tiny_models import tiny_model
@@ -45,22 +45,22 @@ def test_identity_is_bit_exact(mla):
     with quantized_kv(mla, "bf16"):
         assert torch.equal(mla(ids, attention_mask=mask).logits, ref)
         assert torch.equal(mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False), ref_gen)
-    with quantized_cache(mla, "bf16") as new_cache:
-        out = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=new_cache(mask))
+    with quantized_kv(mla, "bf16") as session:
+        out = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=session.new_cache(mask))
     assert torch.equal(out, ref_gen)
     assert torch.equal(mla(ids, attention_mask=mask).logits, ref)  # no hook left behind
 
 
 @torch.no_grad()
-def test_fp8_changes_logits_and_hook_equals_cache(mla):
+def test_fp8_changes_logits_and_an_explicit_cache_equals_the_installed_one(mla):
     ids, mask = inputs()
     ref = mla(ids, attention_mask=mask).logits
     with quantized_kv(mla, "fp8_e4m3/group16/dynamic"):
         out = mla(ids, attention_mask=mask).logits
         gen = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
     assert not torch.equal(out, ref) and (out - ref).abs().max() < 0.5
-    with quantized_cache(mla, "fp8_e4m3/group16/dynamic") as new_cache:
-        gen2 = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=new_cache(mask),
+    with quantized_kv(mla, "fp8_e4m3/group16/dynamic") as session:
+        gen2 = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=session.new_cache(mask),
                             output_scores=True, return_dict_in_generate=True)
     assert all(torch.equal(a, b) for a, b in zip(gen.scores, gen2.scores))
 
@@ -97,18 +97,18 @@ def test_cache_holds_exactly_the_quantized_latent(mla, scheme, gran, rope_bf16):
     ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(4))
     seen, handles = capture_attention_inputs(mla)
     try:
-        with quantized_cache(mla, scheme) as new_cache:
-            cache = new_cache()
+        with quantized_kv(mla, scheme) as session:
+            cache = session.new_cache()
             mla(ids, cache=cache, use_cache=True)
     finally:
         for h in handles:
             h.remove()
-    assert isinstance(cache, QuantizedKVCache)
+    assert isinstance(cache, StorageCache)
     fmt = scheme.split("/")[0]
     for idx, layer in enumerate(cache.layers):
         latent, k_rot = independent_latent(mla.model.layers[idx].self_attn, *seen[idx])
-        stored_latent = layer.k.dequantize(torch.float32)
-        stored_rope = layer.v.dequantize(torch.float32)
+        stored_latent = layer.k.values.float()
+        stored_rope = layer.v.values.float()
         assert stored_latent.shape == (1, 1, 12, 32) and stored_rope.shape == (1, 1, 12, 8)
         assert layer.k.codes.element_size() == 1
         assert torch.equal(stored_latent, torch.from_numpy(reference(latent.numpy(), fmt, gran)))

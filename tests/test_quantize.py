@@ -1,4 +1,4 @@
-"""fake_quantize against an independent per-group reference written with numpy and ml_dtypes."""
+"""The quantization core against an independent per-group reference written with numpy and ml_dtypes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import FORMATS
-from evalkit.kv.quantize import check_granularity, fake_quantize
+from evalkit.kv.quantize import check_granularity, decode, encode, quantize, quantize_dequantize
 from evalkit.kv.scheme import Granularity
 
 ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}
@@ -67,7 +67,7 @@ def test_matches_independent_reference(name, granularity):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 3, 10, 16, generator=g) * torch.tensor([0.5, 4.0, 30.0]).reshape(1, 3, 1, 1)
     x[0, 1, 3] = 0.0  # an all-zero token
-    ours = fake_quantize(x, FORMATS[name], Granularity.parse(granularity))
+    ours = quantize_dequantize(x, FORMATS[name], Granularity.parse(granularity))
     ref = torch.from_numpy(reference(x.numpy(), name, granularity))
     assert torch.equal(ours, ref), f"max diff {(ours - ref).abs().max()}"
 
@@ -76,35 +76,58 @@ def test_matches_independent_reference(name, granularity):
 def test_error_shrinks_with_finer_granularity(name):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, 4, 64, 32, generator=g) * torch.exp(torch.randn(1, 4, 64, 1, generator=g))
-    errors = [float(((fake_quantize(x, FORMATS[name], Granularity.parse(gr)) - x) ** 2).mean()) for gr in ("tensor", "head", "token")]
+    errors = [float(((quantize_dequantize(x, FORMATS[name], Granularity.parse(gr)) - x) ** 2).mean()) for gr in ("tensor", "head", "token")]
     assert errors[0] >= errors[1] >= errors[2] > 0
 
 
 def test_static_scale_saturates_and_unit_scale_rounds():
     fmt = FORMATS["fp8_e4m3"]
     x = torch.tensor([1000.0, -1000.0, 0.3, 0.0]).reshape(1, 1, 1, 4)
-    out = fake_quantize(x, fmt, Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))
+    out = quantize_dequantize(x, fmt, Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))
     assert out.flatten().tolist() == [448.0, -448.0, 0.3125, 0.0]
-    assert torch.isfinite(fake_quantize(x * 1e30, FORMATS["fp8_e5m2"], Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))).all()
+    assert torch.isfinite(quantize_dequantize(x * 1e30, FORMATS["fp8_e5m2"], Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))).all()
 
 
 def test_padding_is_excluded_from_dynamic_scales():
     fmt = FORMATS["fp8_e4m3"]
     g = torch.Generator().manual_seed(0)
-    real = torch.randn(1, 2, 6, 8, generator=g)
+    real = torch.randn(1, 2, 8, 8, generator=g)
     pad = torch.full((1, 2, 3, 8), 1e4)  # huge padding values must not set the scale
-    x = torch.cat([pad, real], dim=2)
-    valid = torch.tensor([[False] * 3 + [True] * 6])
     for gran in ("tensor", "head", "block4"):
-        out = fake_quantize(x, fmt, Granularity.parse(gran), valid=valid)
-        assert torch.equal(out[:, :, 3:], fake_quantize(real, fmt, Granularity.parse(gran))), gran
-        assert torch.equal(out[:, :, :3], pad)
+        x = torch.cat([real, pad], dim=2)  # right padding: blocks still start at position 0
+        valid = torch.tensor([[True] * 8 + [False] * 3])
+        out = quantize_dequantize(x, fmt, Granularity.parse(gran), valid=valid)
+        assert torch.equal(out[:, :, :8], quantize_dequantize(real, fmt, Granularity.parse(gran))), gran
+        assert torch.isfinite(out).all()  # padding saturates at the real tokens' scale, it never turns inf
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_encoded_codes_decode_exactly_and_take_bits_per_element(name, granularity):
+    fmt = FORMATS[name]
+    x = torch.randn(2, 3, 10, 16, generator=torch.Generator().manual_seed(2)) * 5
+    q = quantize(x, fmt, Granularity.parse(granularity))
+    stored = encode(q.codes, fmt)
+    assert torch.equal(decode(stored, fmt), q.codes)
+    assert stored.numel() * stored.element_size() == x.numel() * fmt.bits // 8
+
+
+def test_nonfinite_input_is_flagged_not_raised():
+    fmt = FORMATS["fp8_e4m3"]
+    x = torch.randn(1, 2, 4, 8)
+    assert not bool(quantize(x, fmt, Granularity.parse("head")).nonfinite)
+    x[0, 1, 2, 3] = float("nan")
+    for gran in ("tensor", "head", "block2", "token", "group4"):
+        assert bool(quantize(x, fmt, Granularity.parse(gran)).nonfinite), gran
+    assert bool(quantize(x, fmt, Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1)).nonfinite)
+    x[0, 1, 2, 3] = float("inf")
+    assert bool(quantize(x, FORMATS["int8_asym"], Granularity.parse("token")).nonfinite)
 
 
 def test_identity_and_dtype():
     x = torch.randn(1, 2, 5, 8, dtype=torch.bfloat16)
-    assert fake_quantize(x, FORMATS["bf16"], Granularity.parse("tensor")) is x
-    assert fake_quantize(x, FORMATS["fp8_e4m3"], Granularity.parse("head")).dtype == torch.bfloat16
+    assert quantize_dequantize(x, FORMATS["bf16"], Granularity.parse("tensor")) is x
+    assert quantize_dequantize(x, FORMATS["fp8_e4m3"], Granularity.parse("head")).dtype == torch.bfloat16
 
 
 def test_group_must_divide_head_dim():

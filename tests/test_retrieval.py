@@ -221,7 +221,7 @@ def test_rows_aggregate_scores_per_cell(tiny_lm, tmp_path, monkeypatch):
     assert len(recs) == len(ev.samples) and sum(r["score"] for r in recs) == sum(map(scheme_rule, ev.samples))
 
 
-def test_identity_through_cache_and_hook_equals_plain_generate(tiny_lm):
+def test_identity_through_the_storage_path_equals_plain_generate(tiny_lm):
     from evalkit.retrieval.generate import generate_batches, generation_config
 
     ev = RetrievalEval({"tasks": "passkey", "lengths": "300", "depths": "0,100", "samples": 1, "haystack": "filler"})
@@ -231,21 +231,20 @@ def test_identity_through_cache_and_hook_equals_plain_generate(tiny_lm):
     with torch.inference_mode():
         out = tiny_lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=generation_config(tiny_lm.tokenizer, 6))
     plain = tiny_lm.tokenizer.batch_decode(out[:, 300:], skip_special_tokens=True)
-    for via in ("cache", "hook"):
-        assert generate_batches(tiny_lm, Scheme(), via, [(prompts, 6)]) == [plain]
+    assert generate_batches(tiny_lm, Scheme(), [(prompts, 6)]) == [plain]
 
 
 def test_generation_runs_through_the_storage_cache(tiny_lm, monkeypatch):
     import evalkit.integration.storage as cache_mod
 
     made = []
-    original = cache_mod.QuantizedKVCache.__init__
+    original = cache_mod.StorageCache.__init__
 
     def spy(self, *a, **k):
         made.append(self)
         original(self, *a, **k)
 
-    monkeypatch.setattr(cache_mod.QuantizedKVCache, "__init__", spy)
+    monkeypatch.setattr(cache_mod.StorageCache, "__init__", spy)
     ev = RetrievalEval({"tasks": "passkey", "lengths": "300", "depths": "50", "samples": 1, "haystack": "filler"})
     ev.prepare(tiny_lm, None)
     ev.evaluate(tiny_lm, parse_scheme("fp8_e4m3/head/dynamic"))
@@ -255,7 +254,7 @@ def test_generation_runs_through_the_storage_cache(tiny_lm, monkeypatch):
 # ---- bad input -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("params,match", [
     ({"depths": "0,150"}, "outside 0-100"), ({"depths": "-5"}, "outside 0-100"), ({"lengths": "1x"}, "bad context length"),
-    ({"via": "wire"}, "via"), ({"samples": 0}, "samples"), ({"tasks": "nope"}, "unknown retrieval task"),
+    ({"via": "hook"}, "unknown retrieval parameter"), ({"samples": 0}, "samples"), ({"tasks": "nope"}, "unknown retrieval task"),
 ])
 def test_bad_params(params, match):
     with pytest.raises(EvalkitError, match=match):
@@ -337,12 +336,3 @@ def test_canonical_params_follow_the_task_files(tmp_path):
     json.dumps(before)  # hashable as JSON
     copy.write_text(copy.read_text().replace("Remember it.", "Keep it."))
     assert RetrievalEval({"tasks": str(copy)}).canonical_params() != before
-
-
-def test_hook_path_runs_a_quantized_scheme(tiny_lm):
-    ev = RetrievalEval({"tasks": "passkey", "lengths": "300", "depths": "0,100", "samples": 1, "haystack": "filler",
-                        "via": "hook"})
-    ev.prepare(tiny_lm, None)
-    rows = ev.evaluate(tiny_lm, parse_scheme("fp8_e5m2/tensor/unit"))
-    cells = [r for r in rows if r.metric == "accuracy" and len(r.labels) == 3]
-    assert len(cells) == 2 and all(r.info["via"] == "hook" and r.info["n"] == 1 for r in cells)

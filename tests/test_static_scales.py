@@ -10,7 +10,7 @@ from evalkit import quantized_kv
 from evalkit.errors import ScaleError
 from evalkit.kv.formats import FORMATS
 from evalkit.model_info import config_hash, kv_layout
-from evalkit.kv.quantize import fake_quantize
+from evalkit.kv.quantize import quantize_dequantize
 from evalkit.kv.scheme import Granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
 from tests.tiny_models import tiny_model
@@ -66,52 +66,35 @@ def test_bad_tables_are_clear_errors(tmp_path, llama, case, fragment):
 
 
 def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
-    """Per-layer static scales: K/V seen by attention are quantized with the file's scale, per layer."""
+    """Per-layer static scales: the stored K/V are quantized with the file's scale, per layer."""
     path = write(tmp_path / "t.safetensors", torch.tensor([0.002, 0.004]), torch.tensor([0.003, 0.005]),
                  {"config_hash": config_hash(llama.config)})
-    seen = []
-
-    from evalkit import hook
-
-    original = hook._Session.inner
-
-    def spy_inner(self, module):
-        fn = original(self, module)
-
-        def wrapped(module, query, key, value, *args, **kwargs):
-            seen.append((module.layer_idx, key.clone(), value.clone()))
-            return fn(module, query, key, value, *args, **kwargs)
-
-        return wrapped
-
     ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
-    hook._Session.inner = spy_inner
-    try:
-        with torch.no_grad(), quantized_kv(llama, f"fp8_e4m3/tensor/static+scales={path}"):
-            llama(ids)
-        with torch.no_grad(), quantized_kv(llama, "bf16"):
-            llama(ids)
-    finally:
-        hook._Session.inner = original
-    raw = {layer: (k, v) for layer, k, v in seen[2:]}
+    with torch.no_grad():
+        with quantized_kv(llama, f"fp8_e4m3/tensor/static+scales={path}"):
+            stored = llama(ids).past_key_values
+        with quantized_kv(llama, "bf16"):
+            raw = llama(ids).past_key_values
     fmt, tensor = FORMATS["fp8_e4m3"], Granularity.parse("tensor")
     # layer 0 sees the same input in both passes: its K/V are exactly the table-scaled quantization
-    (_, k0, v0), (_, raw_k0, raw_v0) = seen[0], (0, *raw[0])
-    assert torch.equal(k0, fake_quantize(raw_k0, fmt, tensor, torch.tensor(0.002).reshape(1, 1, 1, 1)))
-    assert torch.equal(v0, fake_quantize(raw_v0, fmt, tensor, torch.tensor(0.003).reshape(1, 1, 1, 1)))
+    k0, v0 = stored.layers[0].k.values, stored.layers[0].v.values
+    raw_k0, raw_v0 = raw.layers[0].k.values, raw.layers[0].v.values
+    assert torch.equal(k0, quantize_dequantize(raw_k0, fmt, tensor, scale=torch.tensor(0.002).reshape(1, 1, 1, 1)))
+    assert torch.equal(v0, quantize_dequantize(raw_v0, fmt, tensor, scale=torch.tensor(0.003).reshape(1, 1, 1, 1)))
     # every stored code is on the FP8 grid of its layer's own scale, saturated at 448
-    for layer, k, v in seen[:2]:
-        for t, scale in ((k, (0.002, 0.004)[layer]), (v, (0.003, 0.005)[layer])):
-            codes = t / scale
-            assert codes.abs().max() <= 448 * (1 + 1e-6)
-            assert torch.allclose(codes, fake_quantize(codes, fmt, tensor, torch.ones(1, 1, 1, 1)), rtol=1e-5, atol=1e-6)
+    for layer in (0, 1):
+        for st, scale in ((stored.layers[layer].k, (0.002, 0.004)[layer]), (stored.layers[layer].v, (0.003, 0.005)[layer])):
+            assert float(st.fixed.flatten()[0]) == pytest.approx(scale)
+            codes = st.codes.float()
+            assert codes.abs().max() <= 448
+            assert torch.equal(st.values, codes * st.fixed)
 
 
 def test_table_made_for_another_format_is_refused(tmp_path, llama):
-    from evalkit.integration.binding import KVQuantizer
+    from evalkit.integration.binding import BoundScheme
     from evalkit.kv.scheme import parse_scheme
 
     path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), {"format": "fp8_e4m3"})
-    KVQuantizer(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(llama.config))
+    BoundScheme(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(llama.config))
     with pytest.raises(ScaleError, match="calibrated for fp8_e4m3"):
-        KVQuantizer(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(llama.config))
+        BoundScheme(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(llama.config))

@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     ev = cls(cls.params_from_args(args))
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
-    from evalkit.integration.binding import KVQuantizer
+    from evalkit.integration.binding import BoundScheme
 
     for scheme in schemes:
-        KVQuantizer(scheme, lm.layout, lm.config_hash)
+        BoundScheme(scheme, lm.layout, lm.config_hash)
     workdir = args.cache_dir or cache_root() / "work"
     ev.prepare(lm, workdir)
     all_rows = []

@@ -44,7 +44,7 @@ def add_parser(sub):
 
 def run(args: argparse.Namespace) -> int:
     from evalkit.evals.perplexity import PerplexityEval
-    from evalkit.integration.binding import KVQuantizer
+    from evalkit.integration.binding import BoundScheme
     from evalkit.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
 
     scheme = check_scheme(args.scheme)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     params = PerplexityEval.params_from_args(args)
     PerplexityEval(params)  # validate before loading the model
     lm = load_from_args(args)
-    KVQuantizer(scheme, lm.layout, lm.config_hash)  # static scales: validate the table now
+    BoundScheme(scheme, lm.layout, lm.config_hash)  # static scales: validate the table now
     measure = perplexity_measure(lm, params, args.cache_dir)
     table, full = layer_table(lm, scheme, measure, layers, progress=True)
     shown = table[[c for c in table.columns if not c.endswith(("_lo", "_hi"))]]

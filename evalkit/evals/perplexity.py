@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_fingerprint
+from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
@@ -139,7 +139,7 @@ class PerplexityEval(Evaluation):
         p, model, tok = self.params, lm.model, lm.tokenizer
         if lm.max_length is not None and p["window"] > lm.max_length:
             raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --window {lm.max_length} or less")
-        bos = _auto_bos(tok) if p["bos"] is None else p["bos"]
+        bos = tokenizer_adds_bos(tok) if p["bos"] is None else p["bos"]
         if bos and tok.bos_token_id is None:
             raise EvalkitError("--bos was asked for but the tokenizer has no BOS token: use --no-bos")
         corpus = load_corpus(p["corpus"])
@@ -352,14 +352,6 @@ def _baseline_summary(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 def _kl_stored(w: torch.Tensor, t: torch.Tensor, z: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
     """Per-row KL(P || Q) from the stored baseline (w, t, z) and the scheme's log-probs ``lq``."""
     return ((t - _rowdot(w.float(), lq)) / z).clamp_min_(0)
-
-
-def _auto_bos(tokenizer) -> bool:
-    """True when the tokenizer puts BOS in front of plain text by itself (the model expects it)."""
-    if tokenizer.bos_token_id is None:
-        return False
-    ids = tokenizer("hello", add_special_tokens=True)["input_ids"]
-    return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
 def _weights_fingerprint(model) -> str:

@@ -3,7 +3,7 @@
 ``prepare()`` builds the whole grid once per model (tasks from ``tasks/retrieval/*.yaml`` x
 context lengths x needle depths x samples; :mod:`evalkit.retrieval.grid`): exact-length token-id
 prompts with the chat template, seeded. ``evaluate(scheme)`` answers them greedily through the
-real FP8 storage cache (``via="cache"``, default) or the attention hook (``via="hook"``), scores
+storage cache (:func:`evalkit.quantized_kv`), scores
 them (:mod:`evalkit.retrieval.scoring`: exact match of the first answer word, or recall of
 expected values) and emits rows:
 
@@ -30,14 +30,14 @@ import pandas as pd
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.retrieval import grid as G
-from evalkit.retrieval.generate import VIAS, generate_batches
+from evalkit.retrieval.generate import generate_batches
 from evalkit.retrieval.scoring import accuracy_ci, difference_ci, score
 from evalkit.retrieval.tasks import DEFAULT_TASKS, load_task
 from evalkit.kv.scheme import Scheme
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one storage path (no `via`)
 DEFAULTS = dict(tasks=list(DEFAULT_TASKS), lengths=None, depths=list(G.DEFAULT_DEPTHS), samples=10, haystack=None,
-                corpus="embedded", via="cache", seed=0, batch_size=4, chat=None)
+                corpus="embedded", seed=0, batch_size=4, chat=None)
 
 
 def _as_list(value) -> list:
@@ -70,8 +70,6 @@ class RetrievalEval(Evaluation):
         for key, low in (("samples", 1), ("batch_size", 1), ("seed", 0)):
             if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
                 raise EvalkitError(f"retrieval {key} must be an integer >= {low}, got {p[key]!r}")
-        if p["via"] not in VIAS:
-            raise EvalkitError(f"retrieval via must be one of {', '.join(VIAS)}, got {p['via']!r}: use --via cache (FP8 storage) or hook")
         for key in ("haystack", "corpus"):
             if p[key] is not None and (not isinstance(p[key], str) or not p[key].strip()):
                 raise EvalkitError(f"retrieval {key} must be 'filler' or a corpus spec, got {p[key]!r}")
@@ -87,14 +85,13 @@ class RetrievalEval(Evaluation):
         g.add_argument("--depths", dest="ret_depths", help="needle depths in percent (default 0,25,50,75,100)")
         g.add_argument("--samples", dest="ret_samples", type=int, help="samples per (task, length, depth) cell (default 10)")
         g.add_argument("--haystack", dest="ret_haystack", help="haystack for every task: 'filler' or a corpus spec (default: each task's own: filler for passkey, the embedded corpus for the others)")
-        g.add_argument("--via", dest="ret_via", choices=VIAS, help="generate through the FP8 storage cache (default) or the attention hook")
         g.add_argument("--retrieval-seed", dest="ret_seed", type=int, help="seed of needles, values and haystack windows (default 0)")
         g.add_argument("--retrieval-batch-size", dest="ret_batch_size", type=int, help="prompts per generate() call (default 4)")
 
     @classmethod
     def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
         names = {"tasks": "ret_tasks", "lengths": "ret_lengths", "depths": "ret_depths", "samples": "ret_samples",
-                 "haystack": "ret_haystack", "via": "ret_via", "seed": "ret_seed", "batch_size": "ret_batch_size"}
+                 "haystack": "ret_haystack", "seed": "ret_seed", "batch_size": "ret_batch_size"}
         return {k: getattr(args, v, None) for k, v in names.items()}
 
     def canonical_params(self) -> dict[str, Any]:
@@ -133,11 +130,11 @@ class RetrievalEval(Evaluation):
 
         with tqdm(total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0",
                   leave=False) as bar:
-            generate_batches(lm, scheme, self.params["via"], work, bar, on_batch=done)
+            generate_batches(lm, scheme, work, bar, on_batch=done)
         return out
 
     def _baseline_path(self, lm) -> Path | None:
-        """One JSONL file of baseline continuations per model x via, keyed per prompt (any grid reuses them)."""
+        """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them)."""
         if self.workdir is None:
             return None
         import torch
@@ -145,7 +142,7 @@ class RetrievalEval(Evaluation):
 
         first = next(lm.model.parameters())
         fp = float(sum(prm.detach().double().sum() for prm in list(lm.model.parameters())[:4]))
-        key = json.dumps([FORMAT_VERSION, lm.config_hash, fp, str(first.dtype), str(first.device), self.params["via"],
+        key = json.dumps([FORMAT_VERSION, lm.config_hash, fp, str(first.dtype), str(first.device),
                           torch.__version__, transformers.__version__])
         return self.workdir / "retrieval" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
 
@@ -204,7 +201,7 @@ class RetrievalEval(Evaluation):
 
     def rows(self, frame: pd.DataFrame) -> list[MetricRow]:
         p = self.params
-        info = dict(via=p["via"], seed=p["seed"], haystack=p["haystack"] or "per-task", corpus=p["corpus"],
+        info = dict(seed=p["seed"], haystack=p["haystack"] or "per-task", corpus=p["corpus"],
                     grid_digest=self.digest[:16])
         levels = [["task", "length", "depth"], ["task", "length"], ["task"], []]
         rows: list[MetricRow] = []
@@ -231,7 +228,7 @@ class RetrievalEval(Evaluation):
         folder.mkdir(parents=True, exist_ok=True)
         cells = frame.groupby(["task", "length", "depth"], sort=False).agg(value=("score", "mean"),
                                                                            base=("baseline_score", "mean")).reset_index()
-        heatmap(cells, folder / "retrieval_accuracy.png", f"retrieval accuracy, {scheme} (via {self.params['via']})")
+        heatmap(cells, folder / "retrieval_accuracy.png", f"retrieval accuracy, {scheme}")
         diff = cells.assign(value=cells["value"] - cells["base"])
         heatmap(diff, folder / "retrieval_diff.png", f"accuracy difference vs baseline, {scheme}", diff=True)
         with open(folder / "samples.jsonl", "w") as fh:

@@ -9,6 +9,11 @@ scheme). Two simplifications, both documented: Q gets one dynamic scale per sequ
 (engines use a per-layer ``q_scale``), and the row max is the exact one rather than FA3's running
 max over 128-key tiles, so P's rounding is that of a single tile. Queries are processed in
 chunks, so memory stays linear in the sequence length for a fixed chunk.
+
+Masking: transformers' sdpa mask function returns no mask at all for an unpadded causal batch
+(sdpa then applies ``is_causal`` itself), so when no mask arrives and the module is causal, the
+causal mask is applied here, aligned to the last key (a query at position i of a q-token chunk
+sees the cached keys and new keys up to i).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def fa3_attention(module, query, key, value, attention_mask, scaling=None, dropo
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(d)
     if softcap is None:
         softcap = getattr(module, "attn_logit_softcapping", None)
+    causal = getattr(module, "is_causal", True)
     q = quantize_query(query.float())
     k = key.float().repeat_interleave(groups, dim=1)
     v = value.float().repeat_interleave(groups, dim=1)
@@ -54,6 +60,9 @@ def fa3_attention(module, query, key, value, attention_mask, scaling=None, dropo
                 scores = scores.masked_fill(~mask, float("-inf"))
             else:
                 scores = scores + mask.float()
+        elif causal and s > 1:
+            rows = torch.arange(start, stop, device=query.device)[:, None] + (k.shape[-2] - s)
+            scores = scores.masked_fill(torch.arange(k.shape[-2], device=query.device)[None, :] > rows, float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).min)
         p = torch.exp(scores - row_max)
         row_sum = p.sum(dim=-1, keepdim=True)

@@ -1,162 +1,132 @@
-"""``quantized_kv(model, scheme)``: make a loaded transformers model store K/V through a scheme.
+"""``quantized_kv(model, scheme)``: inside the block, the model stores its KV cache under ``scheme``.
 
-How it works (transformers 5.x; see shared/DESIGN.md): every mainstream decoder calls the
-function ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` with post-RoPE K/V shaped
-(batch, kv_heads, seq, head_dim). We register a wrapper under ``evalkit_<impl>`` that looks up the
-calling attention module's session, quantizes K and V (the full K/V including the cached past,
-so the result is what a quantized cache would hold), and then calls the model's *own*
-implementation: sdpa, another registered backend, or the modeling module's
-``eager_attention_forward`` (gemma2's soft-capping lives there). The matching mask function is
-registered under the same name: without it transformers would pass no mask and ignore padding.
+There is one storage path. A forward pre-hook on the decoder (the module that creates the cache)
+gives every forward that brings no cache, or an empty one, a :class:`~evalkit.integration.storage.StorageCache`
+(``use_cache`` is forced on): so ``model(ids)``, ``model.generate(...)``, lm-eval's ``HFLM`` and
+evals that run the backbone directly all write K/V as codes plus scales and read them back, prefill
+included. A cache made by :meth:`KVSession.new_cache` (or returned by an earlier forward in the
+block) is used as it is, so teacher-forced decoding continues the same cache. A cache that already
+holds tokens evalkit did not store is refused.
 
-The model is switched with ``set_attn_implementation`` on entry and switched back on exit,
-exception or not; nothing is patched at import time and no model file is copied. Registration
-happens on first use and is idempotent; which model a call belongs to is looked up in a
-weak-keyed table of the attention modules of models inside a ``quantized_kv`` block.
+After every forward a hook checks the cache once: NaN or inf in K/V raises naming the layer, and a
+forward that wrote nothing to the cache means the model's attention never calls ``cache.update``
+(its K/V cannot be intercepted): that is refused too, never measured as if unquantized.
 
-Multi-head latent attention models store a compressed latent, not per-head K/V, so for them the
-hook quantizes at the cache boundary instead (:mod:`evalkit.integration.storage`): a forward pre-hook hands the
-model an FP8 storage cache whenever the caller did not pass one.
+``+attn=fa3`` additionally routes attention through :func:`~evalkit.integration.fa3.fa3_attention`
+(queries and softmax probabilities in FP8 over the stored K/V) for quantized layers.
+
+The model is restored on exit, exception or not; nothing is patched at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from collections.abc import Iterator
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from evalkit.errors import EvalkitError, SchemeError, UnsupportedModelError
+from evalkit.integration.attention import attention_handler
+from evalkit.integration.binding import BoundScheme
 from evalkit.integration.fa3 import fa3_attention
-from evalkit.errors import EvalkitError
-from evalkit.integration.binding import KVQuantizer
-from evalkit.model_info import check_supported, config_hash, kv_layout, text_config
-from evalkit.kv.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
+from evalkit.integration.storage import StorageCache
+from evalkit.kv.scale_table import ScaleTable
+from evalkit.kv.scheme import AttentionPrecision, Scheme, parse_scheme
+from evalkit.model_info import check_supported, config_hash, kv_layout
 
-_SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, _Session]" = weakref.WeakKeyDictionary()
-_PREFIX = "evalkit_"
-
-
-def key_validity(attention_mask: torch.Tensor | None, batch: int, kv_len: int) -> torch.Tensor | None:
-    """(batch, kv_len) bool of real (non-padding) key positions, or None when all are real."""
-    if attention_mask is None or attention_mask.dim() != 4:
-        return None
-    mask = attention_mask[..., :kv_len]
-    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    valid = allowed.any(dim=(1, 2))
-    if valid.shape[0] != batch:
-        valid = valid.expand(batch, -1)
-    return None if bool(valid.all()) else valid
+_ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
-class _Session:
-    """One model inside one ``quantized_kv`` block."""
+class KVSession:
+    """One model inside one ``quantized_kv`` block: its bound scheme and the caches it hands out."""
 
-    def __init__(self, model, quantizer: KVQuantizer, inner_name: str, kv_in_cache: bool = False):
-        self.quantizer = quantizer
-        self.kv_in_cache = kv_in_cache  # the storage cache already quantized K/V
-        self.inner_name = inner_name
-        scheme = quantizer.scheme
-        self.fa3 = scheme.attention is AttentionPrecision.FA3
-        dynamic_shared = scheme.scales is ScaleSource.DYNAMIC and scheme.granularity.kind in (
-            GranularityKind.TENSOR, GranularityKind.HEAD, GranularityKind.BLOCK)
-        self.padding_aware = dynamic_shared and not quantizer.fmt.is_identity and not kv_in_cache
-        self._validity_cache: tuple | None = None
+    def __init__(self, model, binding: BoundScheme):
+        self.model, self.binding = model, binding
 
-    def inner(self, module):
-        if self.inner_name == "eager":
-            modeling = sys.modules[type(module).__module__]
-            return getattr(modeling, "eager_attention_forward")
-        return ALL_ATTENTION_FUNCTIONS[self.inner_name]
+    @property
+    def scheme(self) -> Scheme:
+        return self.binding.scheme
 
-    def validity(self, attention_mask, batch, kv_len):
-        if not self.padding_aware or attention_mask is None:
-            return None
-        cached = self._validity_cache
-        if cached is not None and cached[0] is attention_mask and cached[1] == kv_len:
-            return cached[2]
-        valid = key_validity(attention_mask, batch, kv_len)
-        self._validity_cache = (attention_mask, kv_len, valid)
-        return valid
+    @property
+    def layout(self):
+        return self.binding.layout
 
-    def attend(self, module, query, key, value, attention_mask, **kwargs):
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
-        q = self.quantizer
-        if q.is_active(layer):
-            if not self.kv_in_cache:
-                valid = self.validity(attention_mask, key.shape[0], key.shape[-2])
-                key = q("k", layer, key, valid)
-                value = q("v", layer, value, valid)
-            if self.fa3:
-                return fa3_attention(module, query, key, value, attention_mask, **kwargs)
-        return self.inner(module)(module, query, key, value, attention_mask, **kwargs)
+    def new_cache(self, attention_mask: torch.Tensor | None = None) -> StorageCache:
+        """An empty storage cache; ``attention_mask`` (batch, seq) describes the first write's padding."""
+        return StorageCache(self.model.config, self.binding, attention_mask)
 
+    # -- hooks on the decoder ------------------------------------------------------------------
+    def _pre_forward(self, module, args, kwargs):
+        legacy = kwargs.pop("past_key_values", None)
+        cache = kwargs.get("cache")
+        if cache is None:
+            cache = legacy
+        if isinstance(cache, StorageCache):
+            if cache.binding is not self.binding:
+                raise SchemeError("this storage cache was made for another quantized_kv block: make a new one with session.new_cache()")
+            kwargs["cache"], kwargs["use_cache"] = cache, True
+            return args, kwargs
+        if cache is not None and cache.get_seq_length() > 0:
+            raise SchemeError("the model got a cache that already holds tokens evalkit did not store: "
+                              "start from an empty cache (or none) inside quantized_kv")
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            mask = args[1]
+        kwargs["cache"] = self.new_cache(mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
+        kwargs["use_cache"] = True
+        return args, kwargs
 
-def _evalkit_attention(module, query, key, value, attention_mask, **kwargs):
-    session = _SESSIONS.get(module)
-    if session is None:
-        raise EvalkitError("the evalkit attention function was called outside `quantized_kv`: switch the model back with set_attn_implementation")
-    return session.attend(module, query, key, value, attention_mask, **kwargs)
-
-
-def _register(inner_name: str) -> str:
-    name = _PREFIX + inner_name
-    if inner_name not in ALL_MASK_ATTENTION_FUNCTIONS and inner_name != "eager":
-        raise EvalkitError(f"attention implementation {inner_name!r} has no mask function evalkit can reuse: load the model with attn_implementation='sdpa' or 'eager'")
-    AttentionInterface.register(name, _evalkit_attention)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner_name])
-    return name
-
-
-def attention_implementation(model) -> str:
-    return text_config(model.config)._attn_implementation or "eager"
+    def _post_forward(self, module, args, kwargs, output):
+        cache = kwargs.get("cache")
+        if not isinstance(cache, StorageCache):
+            return output
+        cache.check_finite()
+        layers = cache.storage_layers()
+        if layers and all(layer.get_seq_length() == 0 for layer in layers):
+            model_type = getattr(self.layout, "model_type", "?")
+            raise UnsupportedModelError(
+                f"model type {model_type!r} never wrote its K/V to the cache (its attention does not call cache.update), "
+                "so evalkit cannot store them: use a model such as llama, mistral, qwen2/3, gemma, phi3, gpt2, gpt_neox or opt")
+        return output
 
 
 @contextlib.contextmanager
-def quantized_kv(model, scheme: Scheme | str, *, scale_table=None, quantizer: KVQuantizer | None = None,
-                 kv_in_cache: bool = False) -> Iterator[KVQuantizer]:
-    """Within the block, ``model`` stores its K/V through ``scheme``; restored on exit.
-
-    Yields the :class:`KVQuantizer` (its ``scheme``, ``layout`` and static ``table``). A ready
-    ``quantizer`` (e.g. the calibration observer, a KVQuantizer subclass) replaces the one built
-    from ``scheme``. ``kv_in_cache=True`` is for :func:`evalkit.integration.storage.quantized_cache`: K/V are
-    quantized by the storage cache and the hook only applies the attention precision (``attn=fa3``).
-    """
+def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None = None) -> Iterator[KVSession]:
+    """Within the block, ``model`` stores K/V under ``scheme`` (see the module docstring); yields the session."""
     if isinstance(scheme, str):
         scheme = parse_scheme(scheme)
     check_supported(model)
     layout = kv_layout(model.config)
-    if quantizer is None:
-        quantizer = KVQuantizer(scheme, layout, config_hash(model.config), scale_table)
-    if layout.is_mla:
-        from evalkit.integration.storage import mla_cache_session
-
-        if kv_in_cache:
-            yield quantizer
-            return
-        with mla_cache_session(model, quantizer):
-            yield quantizer
-        return
-    original = attention_implementation(model)
-    if original.startswith(_PREFIX):
+    binding = BoundScheme(scheme, layout, config_hash(model.config), scale_table)
+    fa3 = scheme.attention is AttentionPrecision.FA3 and not scheme.is_identity
+    if fa3 and layout.is_mla:
+        raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
+    if model in _ACTIVE:
         raise EvalkitError("quantized_kv blocks cannot be nested on one model: leave the first block before entering another")
-    session = _Session(model, quantizer, original, kv_in_cache)
-    modules = list(model.modules())
-    name = _register(original)
-    for m in modules:
-        _SESSIONS[m] = session
-    try:
-        model.set_attn_implementation(name)
-        yield quantizer
-    finally:
+    session = KVSession(model, binding)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    with contextlib.ExitStack() as stack:
+        if fa3:
+            stack.enter_context(attention_handler(model, _fa3_handler(binding)))
+        handles = [decoder.register_forward_pre_hook(session._pre_forward, with_kwargs=True),
+                   decoder.register_forward_hook(session._post_forward, with_kwargs=True)]
+        _ACTIVE.add(model)
         try:
-            model.set_attn_implementation(original)
+            yield session
         finally:
-            for m in modules:
-                _SESSIONS.pop(m, None)
+            _ACTIVE.discard(model)
+            for h in handles:
+                h.remove()
+
+
+def _fa3_handler(binding: BoundScheme):
+    def handler(module, query, key, value, attention_mask, inner, **kwargs):
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
+        if binding.is_active(layer):
+            return fa3_attention(module, query, key, value, attention_mask, **kwargs)
+        return inner(module, query, key, value, attention_mask, **kwargs)
+
+    return handler

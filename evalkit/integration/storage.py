@@ -1,250 +1,272 @@
-"""A KV cache that really stores K/V as 1-byte (or half-byte) codes plus scales.
+"""The storage cache: K/V kept as real codes plus scales, read back as an engine's kernel reads them.
 
-``quantized_cache(model, scheme)`` yields a factory of transformers ``Cache`` objects to pass as
-``cache=`` (``past_key_values=`` before transformers 5.x deprecated it) to ``generate()``: prefill and decode both read back the stored codes
-(transformers' own ``QuantizedCache(backend="fp8")`` returns the unquantized prefill, so it is not
-used). ``cache.nbytes()`` is the exact size of what is held: code tensors plus float32 scales
-(plus zero points for asymmetric INT), with unquantized (skipped) layers counted at 2 bytes per
-element as BF16 would take; it equals :func:`evalkit.memory.layer_cache_bytes` summed over layers.
+:class:`StorageCache` is a transformers ``DynamicCache`` whose attention layers store what each
+``cache.update(k, v, layer)`` hands them through :func:`evalkit.kv.quantize.quantize`: 1-byte codes
+(float8, int8; 4-bit codes packed two per byte), scales and zero points, all on the device of the
+K/V they store. ``update`` returns the dequantized K/V, so the prefill's own attention reads
+quantized K/V too, as engines that attend from the paged cache do. Each layer also keeps that
+dequantized copy in the model's dtype (what an FP8 attention kernel produces on the fly from the
+codes; a test proves it equal to decoding the stored bytes): a decode step encodes only its new
+token, so decoding costs about what BF16 decoding costs, and memory is the BF16 cache plus the codes.
+``nbytes()`` counts what an engine holds: codes, scales and zero points (BF16 for unquantized layers).
 
-How scales evolve, as engines do it (and where the cache differs from the attention hook, which
-re-quantizes the full unquantized K/V at every step):
+Scales evolve as engines keep them, per sequence (a result never depends on its batch-mates):
 
-* ``tensor`` / ``head`` with dynamic scales: computed from the prefill (real tokens only) and then
-  frozen; later tokens beyond the scale's range saturate. The hook recomputes them over all tokens
-  seen so far, so the two differ once decoding starts. Static and unit scales never change.
-* ``block<N>``: one scale per block of N tokens per head. When decode tokens land in a partially
-  filled block, the block is re-encoded with the scale of all its tokens (its earlier tokens are
-  rounded twice). Blocks are aligned to position 0 of the (possibly left-padded) batch; the hook
-  aligns them to each sequence's first real token.
-* ``token`` / ``group<N>``: each token's scale depends only on itself, so cache and hook agree
-  bit-for-bit (tested).
+* ``tensor`` / ``head``, dynamic: from each sequence's first write (its prefill; padding left
+  out), then frozen; later tokens beyond that range saturate. Static and unit scales never change.
+* ``block<N>``: one scale per N tokens per KV head, blocks counted from each sequence's own first
+  real token (a paged cache is per sequence). When tokens join a partly filled block, the block is
+  re-encoded with the scale of all its tokens, from its stored values.
+* ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens.
 
 Sliding-window layers keep the last ``window - 1`` tokens as transformers does (whole blocks for
-``block<N>``, as a paged cache frees whole blocks). Multi-head latent attention layers receive
-``(latent, rope_key)`` through ``update`` and store exactly those; ``+rope=bf16`` keeps the RoPE
-key unquantized.
+``block<N>``). Multi-head latent attention layers receive ``(latent, rope_key)`` through ``update``
+and store exactly those; ``+rope=bf16`` keeps the RoPE key unquantized.
+
+NaN or inf arriving in K/V sets a flag on the device; :meth:`StorageCache.check_finite` reads all
+flags once per forward pass and raises naming the first layer (no host synchronisation per layer).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Callable, Iterator
-
 import torch
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer,
+                                      get_layer_types_and_kwargs)
 
-from evalkit.errors import SchemeError
+from evalkit.errors import NonFiniteKVError, SchemeError
+from evalkit.integration.binding import BoundScheme
 from evalkit.kv.formats import KVFormat
-from evalkit.integration.binding import KVQuantizer
-from evalkit.memory import BASELINE_BYTES
+from evalkit.kv.quantize import decode, dequantize, encode, quantize
+from evalkit.kv.scheme import Granularity, GranularityKind
+from evalkit.memory import BASELINE_BYTES, mla_rope_granularity
 from evalkit.model_info import text_config
-from evalkit.kv.quantize import (asymmetric_codes, asymmetric_params, group_amax, grouped, round_codes, scale_from_amax,
-                              ungrouped)
-from evalkit.kv.scheme import Granularity, GranularityKind, ScaleSource
+
+SCALE_BYTES = 4  # scales and zero points are float32
 
 
-def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
+class Padding:
+    """Which positions of a batch's first write are real, from its 2-D attention mask (read once).
 
+    Padding must be on one side of each sequence. ``starts[b]`` is sequence b's first real position
+    (left padding), where its blocks begin; ``valid`` (B, S) is None when nothing is padded."""
 
-def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    out = torch.stack((packed & 0xF, packed >> 4), dim=-1)
-    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-
-
-def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Float32 code values (already rounded) -> the stored tensor (exact)."""
-    if fmt.kind == "float":
-        return codes.to(fmt.torch_dtype)
-    if fmt.bits == 4:
-        return _pack_int4(codes if fmt.asymmetric else codes + 8)
-    return codes.to(fmt.torch_dtype)
-
-
-def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """The stored tensor -> float32 code values."""
-    if fmt.kind == "float":
-        return stored.to(torch.float32)
-    if fmt.bits == 4:
-        c = _unpack_int4(stored).to(torch.float32)
-        return c if fmt.asymmetric else c - 8
-    return stored.to(torch.float32)
+    def __init__(self, attention_mask: torch.Tensor | None):
+        self.valid, self.starts = None, None
+        if attention_mask is None or attention_mask.dim() != 2:
+            return
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return
+        real = mask.sum(-1)
+        first = mask.long().argmax(-1)  # 0 for a row without real tokens
+        pos = torch.arange(mask.shape[1], device=mask.device)
+        expected = (pos >= first[:, None]) & (pos < (first + real)[:, None])
+        if not bool((expected == mask).all()):
+            raise SchemeError("padding inside a sequence is not supported: pad on one side only")
+        self.valid, self.starts = mask, [int(v) for v in first.tolist()]
 
 
 class StoredTensor:
-    """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points."""
+    """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points, and the
+    dequantized values attention reads."""
 
     def __init__(self, fmt: KVFormat, granularity: Granularity, fixed_scale: torch.Tensor | None, quantized: bool):
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
-        self.fixed = fixed_scale
-        self.codes: torch.Tensor | None = None  # (B, H, S, D * bits / 8) or the raw values when not quantized
-        self.scale: torch.Tensor | None = fixed_scale  # shape depends on granularity
+        self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
+        self.codes: torch.Tensor | None = None  # stored bytes (B, H, S, D * bits / 8)
+        self.values: torch.Tensor | None = None  # dequantized (or raw, when unquantized) (B, H, S, D)
+        self.scale: torch.Tensor | None = None
         self.zero: torch.Tensor | None = None
-        self.head_dim = 0
+        self.starts: list[int] | None = None  # per-sequence first real position (block alignment)
         self.offset = 0  # absolute position of the first stored token (sliding windows drop the front)
+        self.block_base = 0  # block scales dropped from the front
         self.total = 0  # tokens written so far
-
-    @property
-    def length(self) -> int:
-        return 0 if self.codes is None else self.codes.shape[2]
+        self.nonfinite: torch.Tensor | None = None
 
     @property
     def kind(self) -> GranularityKind:
         return self.granularity.kind
 
-    def _cat(self, name: str, new: torch.Tensor, dim: int = 2) -> None:
-        old = getattr(self, name)
-        setattr(self, name, new if old is None else torch.cat([old, new], dim=dim))
+    def _flag(self, nonfinite: torch.Tensor) -> None:
+        self.nonfinite = nonfinite if self.nonfinite is None else self.nonfinite | nonfinite
 
-    def append(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-        self.head_dim = x.shape[-1]
+    @staticmethod
+    def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        return new if old is None else torch.cat([old, new], dim=dim)
+
+    def append(self, x: torch.Tensor, padding: Padding | None = None) -> None:
+        """Store the new tokens ``x`` (B, H, s, D); ``padding`` is given with a sequence's first write only."""
+        valid = None
+        if padding is not None and padding.valid is not None:
+            valid = padding.valid[:, -x.shape[2]:].to(x.device)
+            self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
         if not self.quantized:
-            self._cat("codes", x)
-        elif self.fixed is not None:  # static or unit: one fixed scale, whatever the granularity
-            self._cat("codes", encode(round_codes(x.float() / self.fixed, self.fmt), self.fmt))
+            self.values = self._cat(self.values, x)
+        elif self.fixed is not None:
+            self._store(quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False)
         elif self.kind is GranularityKind.BLOCK:
-            self._append_block(x, valid)
+            self._append_blocks(x, valid)
+        elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
+            self._store(quantize(x, self.fmt, self.granularity), x.dtype, per_token=True)
+        elif self.scale is None:  # tensor / head: the first write sets the scale, frozen from then on
+            q = quantize(x, self.fmt, self.granularity, valid=valid)
+            self.scale, self.zero = q.scale, q.zero
+            self._store(q, x.dtype, per_token=False)
         else:
-            self._append_scaled(x.float(), valid)
+            self._store(quantize(x, self.fmt, self.granularity, scale=self.scale, zero=self.zero), x.dtype, per_token=False)
         self.total += x.shape[2]
 
-    def _append_scaled(self, xf: torch.Tensor, valid) -> None:
-        fmt, kind = self.fmt, self.kind
-        per_token = kind in (GranularityKind.TOKEN, GranularityKind.GROUP)
-        if self.scale is None or per_token:  # dynamic: per-token scales, or tensor/head frozen at first write
-            g = grouped(xf, self.granularity)
-            masked = g if valid is None or per_token else g.masked_fill(~valid[:, None, :, None], 0.0)
-            if fmt.asymmetric:
-                scale, zero = asymmetric_params(masked, fmt, self.granularity)
-            else:
-                scale, zero = scale_from_amax(group_amax(masked, self.granularity), fmt), None
-            if per_token:
-                codes = self._codes(g, scale, zero)
-                self._cat("codes", encode(ungrouped(codes, xf.shape), fmt))
-                self._cat("scale", scale.reshape(*xf.shape[:3], -1))
-                if zero is not None:
-                    self._cat("zero", zero.reshape(*xf.shape[:3], -1))
-                return
-            self.scale, self.zero = scale, zero
-        self._cat("codes", encode(self._codes(xf, self.scale, self.zero), fmt))
+    def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
+        self.codes = self._cat(self.codes, encode(q.codes, self.fmt))
+        self.values = self._cat(self.values, dequantize(q, dtype))
+        if per_token:
+            self.scale = self._cat(self.scale, q.scale)
+            if q.zero is not None:
+                self.zero = self._cat(self.zero, q.zero)
+        self._flag(q.nonfinite)
 
-    def _codes(self, g, scale, zero):
+    # -- blocks --------------------------------------------------------------------------------
+    def _append_blocks(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
         if self.fmt.asymmetric:
-            return asymmetric_codes(g, self.fmt, scale, zero)
-        return round_codes(g / scale, self.fmt)
+            raise SchemeError(f"block scales are kept for symmetric formats only: use {self.fmt.name.replace('_asym', '')} "
+                              "or token/group granularity")
+        b, h, s, d = x.shape
+        n, t0 = self.granularity.size, self.total
+        starts = self.starts or [0] * b
+        self.starts = starts
+        # grow codes, values and the block-scale table first; the regions below fill them in
+        self.codes = self._cat(self.codes, torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
+        self.values = self._cat(self.values, torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
+        blocks = max(-(-(t0 + s - st) // n) for st in starts) - self.block_base
+        have = 0 if self.scale is None else self.scale.shape[2]
+        if blocks > have:
+            self.scale = self._cat(self.scale, torch.ones(b, h, blocks - have, dtype=torch.float32, device=x.device))
+        if len(set(starts)) == 1:
+            self._encode_region(slice(None), starts[0], x, valid)
+        else:  # left padding: each sequence's blocks begin at its own first token
+            for i, st in enumerate(starts):
+                self._encode_region(slice(i, i + 1), st, x[i:i + 1], None if valid is None else valid[i:i + 1])
 
-    def _append_block(self, x: torch.Tensor, valid) -> None:
-        n = self.granularity.size
-        if self.fmt.asymmetric:
-            raise SchemeError("the storage cache keeps block scales for symmetric formats only: use int4/int8 (not _asym) or token/group granularity")
-        partial = self.total % n
-        xf = x.float()
+    def _code_width(self, d: int) -> int:
+        return d * self.fmt.bits // 8
+
+    def _encode_region(self, rows: slice, start: int, x: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """(Re-)encode, for the sequences ``rows`` whose blocks start at ``start``, every block that
+        the new tokens ``x`` touch: a partly filled last block is re-encoded with its new tokens."""
+        n, t0, s = self.granularity.size, self.total, x.shape[2]
+        first_block = max(t0 - start, 0) // n
+        lo = start + first_block * n  # absolute position where the first touched block begins
+        if lo >= t0 + s:
+            return  # only padding so far
+        old = self.values[rows, :, lo - self.offset:t0 - self.offset].float() if lo < t0 else None
+        new = x[:, :, max(lo - t0, 0):].float()
+        region = new if old is None else torch.cat([old, new], dim=2)
+        region_valid = None
         if valid is not None:
-            xf = xf.masked_fill(~valid[:, None, :, None], 0.0)
-        if partial and self.length >= partial:  # re-encode the partly filled last block with the new tokens
-            tail = self.dequantize(torch.float32)[:, :, -partial:]
-            self.codes, self.scale = self.codes[:, :, :-partial], self.scale[:, :, :-1]
-            xf = torch.cat([tail, xf], dim=2)
-        g = grouped(xf, self.granularity)
-        scale = scale_from_amax(group_amax(g, self.granularity), self.fmt)
-        codes = ungrouped(round_codes(g / scale, self.fmt), xf.shape)
-        self._cat("codes", encode(codes, self.fmt))
-        self._cat("scale", scale.reshape(*xf.shape[:2], -1))
+            region_valid = valid[:, max(lo - t0, 0):]
+            if old is not None:
+                region_valid = torch.cat([torch.ones(region_valid.shape[0], old.shape[2], dtype=torch.bool,
+                                                     device=region_valid.device), region_valid], dim=1)
+        q = quantize(region, self.fmt, self.granularity, valid=region_valid)
+        sl = slice(lo - self.offset, t0 + s - self.offset)
+        self.codes[rows, :, sl] = encode(q.codes, self.fmt)
+        self.values[rows, :, sl] = dequantize(q, x.dtype)
+        k0 = first_block - self.block_base
+        self.scale[rows, :, k0:k0 + q.scale.shape[2]] = q.scale
+        self._flag(q.nonfinite)
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+    # -- reading and bookkeeping ----------------------------------------------------------------
+    def decoded(self) -> torch.Tensor:
+        """Dequantize the stored bytes afresh (float32): what :attr:`values` must equal (tests)."""
         if not self.quantized:
-            return self.codes
-        values = decode(self.codes, self.fmt)
-        if self.fixed is not None:
-            return (values * self.fixed).to(dtype)
-        b, h, s, d = values.shape
-        kind = self.kind
-        if kind is GranularityKind.GROUP:
-            size = self.granularity.size
-            out = values.reshape(b, h, s, d // size, size) * self.scale.unsqueeze(-1)
-            return out.reshape(b, h, s, d).to(dtype)
-        if kind is GranularityKind.BLOCK:
-            n = self.granularity.size
-            scale = self.scale.repeat_interleave(n, dim=2)[:, :, :s, None]
-            return (values * scale).to(dtype)
-        scale = self.scale
-        if self.fmt.asymmetric:
-            return ((values - self.zero) * scale).to(dtype)
-        return (values * scale).to(dtype)
+            return self.values.float()
+        codes = decode(self.codes, self.fmt)
+        if self.fixed is not None or self.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
+            scale = self.fixed if self.fixed is not None else self.scale
+            zero = self.zero if self.fixed is None else None
+            return (codes if zero is None else codes - zero) * scale
+        if self.kind is GranularityKind.TOKEN:
+            return (codes if self.zero is None else codes - self.zero) * self.scale
+        if self.kind is GranularityKind.GROUP:
+            b, h, s, d = codes.shape
+            g = codes.reshape(b, h, s, self.scale.shape[-1], -1)
+            if self.zero is not None:
+                g = g - self.zero.unsqueeze(-1)
+            return (g * self.scale.unsqueeze(-1)).reshape(b, h, s, d)
+        n = self.granularity.size
+        pos = torch.arange(self.offset, self.offset + codes.shape[2], device=codes.device)
+        starts = torch.tensor(self.starts or [0] * codes.shape[0], device=codes.device)
+        idx = ((pos[None, :] - starts[:, None]).clamp(min=0) // n - self.block_base).clamp(min=0)
+        scale = self.scale.gather(2, idx[:, None, :].expand(-1, codes.shape[1], -1))
+        return codes * scale[..., None]
 
     def drop_front(self, keep: int) -> None:
-        """Keep the last ``keep`` tokens (rounded out to whole blocks for block scales)."""
-        if self.length <= keep:
-            return
+        """Keep the last ``keep`` tokens (whole blocks for block scales)."""
         target = self.total - keep
-        if self.quantized and self.kind is GranularityKind.BLOCK:
-            target = target // self.granularity.size * self.granularity.size
+        if self.quantized and self.fixed is None and self.kind is GranularityKind.BLOCK:
+            n = self.granularity.size
+            target = min(st + max(target - st, 0) // n * n for st in self.starts)
         drop = target - self.offset
         if drop <= 0:
             return
-        self.codes = self.codes[:, :, drop:]
-        if self.fixed is not None:
-            pass  # one fixed scale: nothing per token to drop
-        elif self.quantized and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-            self.scale = self.scale[:, :, drop:]
-            if self.zero is not None:
-                self.zero = self.zero[:, :, drop:]
-        elif self.quantized and self.kind is GranularityKind.BLOCK:
-            self.scale = self.scale[:, :, drop // self.granularity.size:]
+        self.values = self.values[:, :, drop:]
+        if self.quantized:
+            self.codes = self.codes[:, :, drop:]
+            if self.fixed is None and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
+                self.scale = self.scale[:, :, drop:]
+                if self.zero is not None:
+                    self.zero = self.zero[:, :, drop:]
+            elif self.fixed is None and self.kind is GranularityKind.BLOCK and len(set(self.starts)) == 1:
+                whole = (target - self.starts[0]) // self.granularity.size - self.block_base
+                self.scale, self.block_base = self.scale[:, :, whole:], self.block_base + whole
         self.offset = target
 
     def nbytes(self) -> int:
-        if self.codes is None:
+        if self.values is None:
             return 0
         if not self.quantized:
-            return self.codes.numel() * BASELINE_BYTES
-        extra = sum(t.numel() * 4 for t in (self.scale, self.zero) if t is not None)
+            return self.values.numel() * BASELINE_BYTES
+        extra = 0
+        if self.fixed is not None:
+            extra = self.fixed.numel() * SCALE_BYTES
+        else:
+            extra = sum(t.numel() * SCALE_BYTES for t in (self.scale, self.zero) if t is not None)
         return self.codes.numel() * self.codes.element_size() + extra
 
 
-class _QuantizedLayerMixin:
-    """Shared by the full-attention and sliding-window layers below."""
+class _StorageLayerMixin:
+    """Shared by the full-attention and sliding-window storage layers."""
 
-    def _setup(self, quantizer: KVQuantizer, layer_idx: int, valid: torch.Tensor | None):
-        self.quantizer, self.layer_idx, self.pending_valid = quantizer, layer_idx, valid
-        active = quantizer.is_active(layer_idx)
-        fmt, gran, layout = quantizer.fmt, quantizer.scheme.granularity, quantizer.layout
-        rope_gran = gran
-        if layout.is_mla and gran.kind is GranularityKind.GROUP and gran.size > layout.mla_rope_dim:
-            rope_gran = Granularity(GranularityKind.GROUP, layout.mla_rope_dim)
-        k_fixed = quantizer.fixed_scale("k", layer_idx, "cpu") if active else None
-        v_fixed = quantizer.fixed_scale("v", layer_idx, "cpu") if active else None
-        rope_quantized = active and not (layout.is_mla and quantizer.scheme.rope_bf16)
-        self.k = StoredTensor(fmt, gran, k_fixed, active)
-        self.v = StoredTensor(fmt, rope_gran if layout.is_mla else gran, v_fixed, rope_quantized)
+    def _setup(self, binding: BoundScheme, layer_idx: int, padding: Padding):
+        self.binding, self.layer_idx, self.padding = binding, layer_idx, padding
+        self.active = binding.is_active(layer_idx)
+        scheme, layout = binding.scheme, binding.layout
+        self.k: StoredTensor | None = None
+        self.v: StoredTensor | None = None
+        self._rope_gran = mla_rope_granularity(scheme, layout) if layout.is_mla else scheme.granularity
+        self._rope_quantized = self.active and not (layout.is_mla and scheme.rope_bf16)
 
-    def _store(self, key_states, value_states):
+    def _make_stores(self, device: torch.device) -> None:
+        b, i = self.binding, self.layer_idx
+        k_fixed = b.fixed_scale("k", i, device) if self.active else None
+        v_fixed = b.fixed_scale("v", i, device) if self._rope_quantized else None
+        self.k = StoredTensor(b.fmt, b.scheme.granularity, k_fixed, self.active)
+        self.v = StoredTensor(b.fmt, self._rope_gran, v_fixed, self._rope_quantized)
+
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            for st in (self.k, self.v):
-                if st.scale is not None:
-                    st.scale = st.scale.to(key_states.device)
-        valid = self.pending_valid
-        if valid is not None:
-            valid = valid[:, -key_states.shape[2]:].to(key_states.device).bool()
-            self.pending_valid = None
-        q = self.quantizer
-        if self.k.quantized:
-            q.check_finite("k", self.layer_idx, key_states)
-        if self.v.quantized:
-            q.check_finite("v", self.layer_idx, value_states)
-        self.k.append(key_states, valid)
-        self.v.append(value_states, valid)
-        self.dtype = key_states.dtype
+            self._make_stores(key_states.device)
+        padding, self.padding = self.padding, None  # the mask describes the first write only
+        self.k.append(key_states, padding)
+        self.v.append(value_states, padding)
+        self.keys, self.values = self.k.values, self.v.values
 
     def get_seq_length(self) -> int:
-        return self.k.total
+        return 0 if self.k is None else self.k.total
 
     def nbytes(self) -> int:
-        return self.k.nbytes() + self.v.nbytes()
+        return 0 if self.k is None else self.k.nbytes() + self.v.nbytes()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("the evalkit storage cache does not support cropping (assisted decoding)")
@@ -255,98 +277,65 @@ class _QuantizedLayerMixin:
     batch_repeat_interleave = batch_select_indices = reorder_cache
 
 
-class QuantizedLayer(_QuantizedLayerMixin, DynamicLayer):
-    def __init__(self, quantizer: KVQuantizer, layer_idx: int, valid=None):
+class StorageLayer(_StorageLayerMixin, DynamicLayer):
+    def __init__(self, binding: BoundScheme, layer_idx: int, padding: Padding):
         DynamicLayer.__init__(self)
-        self._setup(quantizer, layer_idx, valid)
+        self._setup(binding, layer_idx, padding)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self._store(key_states, value_states)
-        return self.k.dequantize(self.dtype), self.v.dequantize(self.dtype)
+        self._write(key_states, value_states)
+        return self.k.values, self.v.values
 
 
-class QuantizedSlidingWindowLayer(_QuantizedLayerMixin, DynamicSlidingWindowLayer):
-    def __init__(self, quantizer: KVQuantizer, layer_idx: int, sliding_window: int, valid=None):
+class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
+    def __init__(self, binding: BoundScheme, layer_idx: int, sliding_window: int, padding: Padding):
         DynamicSlidingWindowLayer.__init__(self, sliding_window=sliding_window)
-        self._setup(quantizer, layer_idx, valid)
+        self._setup(binding, layer_idx, padding)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        visible_past = min(self.k.total, self.sliding_window - 1)
-        self._store(key_states, value_states)
+        visible_past = 0 if self.k is None else min(self.k.total, self.sliding_window - 1)
+        self._write(key_states, value_states)
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
-        keys, values = self.k.dequantize(self.dtype)[:, :, -n:], self.v.dequantize(self.dtype)[:, :, -n:]
+        keys, values = self.k.values[:, :, -n:], self.v.values[:, :, -n:]
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)
+        self.keys, self.values = self.k.values, self.v.values
         return keys, values
 
-    def get_seq_length(self) -> int:
-        return self.k.total
 
+class StorageCache(DynamicCache):
+    """A DynamicCache whose attention layers store K/V under a :class:`BoundScheme`."""
 
-class QuantizedKVCache(DynamicCache):
-    """A DynamicCache whose attention layers store K/V through a :class:`KVQuantizer`."""
-
-    def __init__(self, config, quantizer: KVQuantizer, attention_mask: torch.Tensor | None = None):
+    def __init__(self, config, binding: BoundScheme, attention_mask: torch.Tensor | None = None):
         super().__init__(config=config)
-        valid = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            valid = attention_mask.bool()
+        padding = Padding(attention_mask)
         layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text_config(config))
         layers = []
         for idx, (kind, kwargs) in enumerate(zip(layer_types, per_layer_kwargs)):
             if kind == "full_attention":
-                layers.append(QuantizedLayer(quantizer, idx, valid))
+                layers.append(StorageLayer(binding, idx, padding))
             elif kind in ("sliding_attention", "chunked_attention"):
-                layers.append(QuantizedSlidingWindowLayer(quantizer, idx, kwargs["sliding_window"], valid))
+                layers.append(SlidingStorageLayer(binding, idx, kwargs["sliding_window"], padding))
             else:  # layers without per-token K/V (linear attention, dummies) keep transformers' own cache layer
                 layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
         self.layers = layers
-        self.quantizer = quantizer
+        self.binding = binding
+
+    def storage_layers(self) -> list[_StorageLayerMixin]:
+        return [layer for layer in self.layers if isinstance(layer, _StorageLayerMixin)]
 
     def nbytes(self) -> int:
         """Exact bytes held: codes + scales (+ zero points); unquantized layers at 2 bytes per element."""
-        return sum(layer.nbytes() for layer in self.layers if hasattr(layer, "nbytes"))
+        return sum(layer.nbytes() for layer in self.storage_layers())
 
-
-@contextlib.contextmanager
-def quantized_cache(model, scheme, *, scale_table=None) -> Iterator[Callable[..., QuantizedKVCache]]:
-    """Yield ``new_cache(attention_mask=None)`` building storage caches for ``model`` under ``scheme``.
-
-    With ``attn=fa3`` the attention precision wrapper is installed for the block too (K/V are
-    then quantized by the cache, not by the hook).
-    """
-    from evalkit.integration.install import quantized_kv
-
-    with quantized_kv(model, scheme, scale_table=scale_table, kv_in_cache=True) as quantizer:
-        def new_cache(attention_mask: torch.Tensor | None = None) -> QuantizedKVCache:
-            return QuantizedKVCache(model.config, quantizer, attention_mask)
-
-        yield new_cache
-
-
-@contextlib.contextmanager
-def mla_cache_session(model, quantizer: KVQuantizer):
-    """For MLA models: give every decoder forward that brings no (or an empty, foreign) cache a storage cache."""
-    if quantizer.scheme.attention.value != "kv" and not quantizer.fmt.is_identity:
-        raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
-
-    def pre_hook(module, args, kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if isinstance(cache, QuantizedKVCache):
-            return args, kwargs
-        if cache is not None and cache.get_seq_length() > 0:
-            raise SchemeError("an MLA model under quantized_kv got a pre-filled cache evalkit did not make: start from an empty cache")
-        kwargs.pop("past_key_values", None)
-        kwargs["cache"] = QuantizedKVCache(model.config, quantizer, kwargs.get("attention_mask"))
-        kwargs["use_cache"] = True
-        return args, kwargs
-
-    # on the decoder (the module that creates the cache), so callers that run the backbone directly
-    # (the perplexity eval does, to chunk the output head) are covered as well as model(...) and generate()
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-    handle = decoder.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
+    def check_finite(self) -> None:
+        """Raise :class:`NonFiniteKVError` naming the first layer whose K or V held NaN or inf (one device read)."""
+        stores = [(layer.layer_idx, which, st) for layer in self.storage_layers() if layer.k is not None
+                  for which, st in (("K", layer.k), ("V", layer.v)) if st.nonfinite is not None]
+        if not stores or not bool(torch.stack([st.nonfinite for _, _, st in stores]).any()):
+            return
+        layer_idx, which, _ = next((i, w, st) for i, w, st in stores if bool(st.nonfinite))
+        raise NonFiniteKVError(
+            f"layer {layer_idx} {which} contains NaN or inf before quantization: the model's activations overflowed "
+            "(load it in float32 or bfloat16 rather than float16)")

@@ -3,8 +3,8 @@
 A format is described once, here, from `torch.finfo` / `torch.iinfo` where torch has the dtype,
 so adding a format touches this table and its test row only. Fields:
 
-- ``kind``: ``"float"`` (FP8 via a torch float8 dtype), ``"int"`` (integer codes with a scale and,
-  for asymmetric formats, a zero point) or ``"none"`` (the unquantized baseline).
+- ``kind``: a :class:`FormatKind`: ``FLOAT`` (FP8 via a torch float8 dtype), ``INT`` (integer codes
+  with a scale and, for asymmetric formats, a zero point) or ``NONE`` (the unquantized baseline).
 - ``bits``: bits per stored element (4 for INT4, packed two per byte in the real cache).
 - ``max``: the largest finite magnitude (FP8) or the largest code magnitude (symmetric int).
 - ``mantissa_bits`` / ``min_normal_exp``: what the exact FP8 rounding emulation needs.
@@ -15,6 +15,7 @@ Its byte count is 2 per element whatever dtype the model computes in here.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -23,10 +24,16 @@ import torch
 from evalkit.errors import SchemeError
 
 
+class FormatKind(str, enum.Enum):
+    NONE = "none"
+    FLOAT = "float"
+    INT = "int"
+
+
 @dataclass(frozen=True)
 class KVFormat:
     name: str
-    kind: str  # "none" | "float" | "int"
+    kind: FormatKind
     bits: int
     description: str
     torch_dtype: torch.dtype | None = None
@@ -38,11 +45,16 @@ class KVFormat:
 
     @property
     def is_identity(self) -> bool:
-        return self.kind == "none"
+        return self.kind is FormatKind.NONE
 
     @property
     def bytes_per_element(self) -> float:
         return self.bits / 8
+
+    @property
+    def storage_dtype(self) -> torch.dtype | None:
+        """The dtype of stored codes: the float8 dtype, int8, or uint8 (asymmetric, or two 4-bit codes per byte)."""
+        return self.torch_dtype
 
     @property
     def qmin(self) -> float:
@@ -63,7 +75,7 @@ def _float8(name: str, dtype: torch.dtype, description: str) -> KVFormat:
     info = torch.finfo(dtype)
     return KVFormat(
         name=name,
-        kind="float",
+        kind=FormatKind.FLOAT,
         bits=info.bits,
         description=description,
         torch_dtype=dtype,
@@ -77,7 +89,7 @@ def _float8(name: str, dtype: torch.dtype, description: str) -> KVFormat:
 def _int(name: str, bits: int, asymmetric: bool, description: str) -> KVFormat:
     return KVFormat(
         name=name,
-        kind="int",
+        kind=FormatKind.INT,
         bits=bits,
         description=description,
         torch_dtype=torch.uint8 if (asymmetric or bits < 8) else torch.int8,
@@ -89,7 +101,7 @@ def _int(name: str, bits: int, asymmetric: bool, description: str) -> KVFormat:
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
-        KVFormat("bf16", "none", 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"),
+        KVFormat("bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"),
         _float8("fp8_e4m3", torch.float8_e4m3fn, "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format"),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
         _float8("fp8_e5m2", torch.float8_e5m2, "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision"),

@@ -1,30 +1,64 @@
-"""Quantize-dequantize of K/V tensors under a scheme's format and granularity.
+"""Quantize and dequantize K/V: the one place that knows scales, zero points, grouping and rounding.
 
-Shapes: K and V arrive as (batch, kv_heads, seq, head_dim). A *scale* multiplies the stored code
-to give back the value (the vLLM / compressed-tensors convention): ``x_hat = code * scale`` with
-``code = round(clamp(x / scale))``. Dynamic scales are ``amax / format_max`` computed in float32
-over the elements that share the scale (zero amax gives scale 1, so an all-zero group stays zero).
+K and V arrive as (batch, kv_heads, seq, head_dim). A scale multiplies the stored code to give back
+the value (the vLLM / compressed-tensors convention): ``x_hat = code * scale`` with
+``code = round(clamp(x / scale))``. Asymmetric integer formats also keep a zero point:
+``x_hat = (code - zero) * scale``.
 
-Where the scales come from is the caller's business (:func:`dynamic_scale` here, a static table,
-or 1.0); this module only knows how to reduce amax over a granularity and how to round.
+The granularity says which elements share one scale, and fixes the shape of the scale tensor
+(what a cache stores; :func:`dequantize` broadcasts it back):
 
-Padding: ``valid`` (batch, seq) marks real tokens; padded positions are left out of amax
-(engines never store padding) and are passed through unchanged (attention masks them anyway).
-Blocks are aligned to each sequence's first real token, as a paged cache would place them.
+=============  ===================  ================================================
+granularity    scale shape          elements sharing one scale
+=============  ===================  ================================================
+``tensor``     (B, 1, 1, 1)         all of one sequence's K (or V) in the layer
+``head``       (B, H, 1, 1)         one KV head of one sequence
+``block<N>``   (B, H, ceil(S/N))    N consecutive tokens of one head, counted from x's first token
+``token``      (B, H, S, 1)         one token of one head
+``group<N>``   (B, H, S, D/N)       N channels of head_dim of one token and head
+=============  ===================  ================================================
+
+Dynamic scales (no ``scale`` given) are ``amax / format max`` in float32 over each group, and a
+group whose amax is 0 gets scale 1 so that it stays exactly 0. Asymmetric formats take
+``scale = (max - min) / (2**bits - 1)`` and ``zero = round(-min / scale)`` over a range that always
+includes 0. A given ``scale`` (static, unit, or a dynamic one frozen earlier) is used as it is and
+must broadcast against x; values beyond the range it covers saturate.
+
+Padding: ``valid`` (B, S) marks real tokens. Padded positions are left out of every amax, min and
+max (an engine never stores padding); their codes use the same scales, so they stay finite, and
+attention masks them.
+
+Non-finite input is reported, not raised, as ``Quantized.nonfinite``: a 0-dim bool tensor on x's
+device, True when a real value was NaN or inf. Callers read it once per forward pass rather than
+synchronising with the device in every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from evalkit.errors import NonFiniteKVError, SchemeError
-from evalkit.kv.formats import KVFormat
+from evalkit.errors import SchemeError
+from evalkit.kv.formats import FormatKind, KVFormat
 from evalkit.kv.rounding import round_to_fp8
 from evalkit.kv.scheme import Granularity, GranularityKind
 
+# dims of the grouped view (see _grouped) reduced to one scale
+_REDUCE_DIMS = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),
+                GranularityKind.GROUP: (4,), GranularityKind.BLOCK: (3, 4)}
+PER_TOKEN = (GranularityKind.TOKEN, GranularityKind.GROUP)
 
-GROUP_DIMS = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),
-              GranularityKind.GROUP: (-1,), GranularityKind.BLOCK: (3, 4)}
+
+@dataclass
+class Quantized:
+    """Codes (float32 values on the format's grid, shaped like x), scale and zero point (or None)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    granularity: Granularity | None  # None: a given scale that broadcasts against x as it is
+    nonfinite: torch.Tensor
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -34,15 +68,21 @@ def check_granularity(granularity: Granularity, head_dim: int) -> None:
         )
 
 
-def group_amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """amax of |x| (float32) over each scale group of grouped ``x`` (see :func:`grouped`), keepdim.
+def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """Clamp float32 ``y`` to the format's range and round it to a representable code (float32 out)."""
+    if fmt.kind is FormatKind.FLOAT:
+        return round_to_fp8(y.clamp(-fmt.max, fmt.max), fmt)
+    return torch.round(y).clamp_(fmt.qmin, fmt.qmax)
 
-    Group and block inputs are grouped: (B, H, S, D/N, N) and (B, H, S/N, N, D)."""
-    return x.abs().amax(dim=GROUP_DIMS[granularity.kind], keepdim=True)
+
+def scale_from_amax(amax: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """Dynamic symmetric scale ``amax / max`` (float32); groups with amax 0 get scale 1."""
+    scale = amax / fmt.qmax
+    return torch.where(amax > 0, scale, torch.ones_like(scale))
 
 
-def grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """Reshape so that each scale group is reducible by :func:`group_amax` (may pad blocks with zeros)."""
+def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """A view of x in which each scale group is reduced over :data:`_REDUCE_DIMS` (blocks padded with 0)."""
     b, h, s, d = x.shape
     if granularity.kind is GranularityKind.GROUP:
         return x.reshape(b, h, s, d // granularity.size, granularity.size)
@@ -55,98 +95,113 @@ def grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     return x
 
 
-def ungrouped(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def _ungrouped(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     b, h, s, d = shape
-    return x.reshape(b, h, -1, d)[:, :, :s, :]
+    return g.reshape(b, h, -1, d)[:, :, :s, :]
 
 
-def scale_from_amax(amax: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Dynamic scale: amax / max (float32); groups with amax 0 get scale 1."""
+def _stored(t: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """Grouped-view scale (keepdim) -> the stored scale shape of the table above."""
+    if granularity.kind is GranularityKind.GROUP:
+        return t.squeeze(-1)
+    if granularity.kind is GranularityKind.BLOCK:
+        return t.squeeze(-1).squeeze(-1)
+    return t
+
+
+def _broadcast(t: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """Stored scale shape -> the grouped-view shape that broadcasts against :func:`_grouped`."""
+    if granularity.kind is GranularityKind.GROUP:
+        return t.unsqueeze(-1)
+    if granularity.kind is GranularityKind.BLOCK:
+        return t[..., None, None]
+    return t
+
+
+def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale: torch.Tensor | None = None,
+             zero: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> Quantized:
+    """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``."""
+    if fmt.is_identity:
+        raise AssertionError("the identity format stores values, not codes")
+    xf = x.float()
+    if scale is not None:
+        if fmt.asymmetric and zero is None:
+            raise AssertionError("an asymmetric format needs the zero point with its scale")
+        real = xf if valid is None else xf.masked_fill(~valid[:, None, :, None], 0.0)
+        nonfinite = ~torch.isfinite(real.abs().amax())
+        if fmt.asymmetric:
+            codes = (torch.round(xf / scale) + zero).clamp_(0, fmt.qmax)
+        else:
+            codes = round_codes(xf / scale, fmt)
+        return Quantized(codes, scale, zero, None, nonfinite)
+    g = _grouped(xf, granularity)
+    stats = g
+    if valid is not None and granularity.kind not in PER_TOKEN:
+        stats = _grouped(xf.masked_fill(~valid[:, None, :, None], 0.0), granularity)
+    dims = _REDUCE_DIMS[granularity.kind]
     if fmt.asymmetric:
-        raise AssertionError("asymmetric formats use min/max ranges, see quantize_dequantize")
-    scale = amax / fmt.qmax
-    return torch.where(amax > 0, scale, torch.ones_like(scale))
+        lo = stats.amin(dim=dims, keepdim=True).clamp_(max=0)
+        hi = stats.amax(dim=dims, keepdim=True).clamp_(min=0)
+        s = (hi - lo) / fmt.qmax
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        z = torch.round(-lo / s)
+        codes = (torch.round(g / s) + z).clamp_(0, fmt.qmax)
+        nonfinite = ~torch.isfinite(hi - lo).all()
+        return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), _stored(z, granularity), granularity,
+                         nonfinite)
+    amax = stats.abs().amax(dim=dims, keepdim=True)
+    s = scale_from_amax(amax, fmt)
+    codes = round_codes(g / s, fmt)
+    return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), None, granularity, ~torch.isfinite(amax).all())
 
 
-def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Clamp to the format's range and round to a representable code (float32 in, float32 out)."""
-    if fmt.kind == "float":
-        return round_to_fp8(y.clamp(-fmt.max, fmt.max), fmt)
-    return torch.round(y).clamp(fmt.qmin, fmt.qmax)
+def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(codes - zero) * scale`` broadcast back over x's shape, cast to ``dtype``."""
+    codes = q.codes
+    if q.granularity is None:
+        if q.zero is not None:
+            codes = codes - q.zero
+        return (codes * q.scale).to(dtype)
+    g = _grouped(codes, q.granularity)
+    if q.zero is not None:
+        g = g - _broadcast(q.zero, q.granularity)
+    return _ungrouped(g * _broadcast(q.scale, q.granularity), codes.shape).to(dtype)
 
 
-def fake_quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, scale: torch.Tensor | None = None,
-                  valid: torch.Tensor | None = None, check_finite: bool = False) -> torch.Tensor:
-    """Quantize and dequantize ``x`` (B, H, S, D); returns a tensor of x's dtype.
-
-    ``scale`` given (static or unit): a tensor broadcastable to (B, H, S, D) — only tensor/head
-    granularity take one. ``scale`` None: dynamic, from the values (and ``valid`` positions).
-    ``check_finite``: raise :class:`NonFiniteKVError` if a real (non-padding) value is NaN or inf;
-    with dynamic symmetric scales this reads the amax (which propagates NaN and inf) at no cost.
-    """
+def quantize_dequantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale: torch.Tensor | None = None,
+                        zero: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """What a cache returns for ``x`` written in one piece: ``dequantize(quantize(x))`` in x's dtype."""
     if fmt.is_identity:
         return x
-    if valid is not None and not bool(valid.all()):
-        return _fake_quantize_padded(x, fmt, granularity, scale, valid, check_finite)
-    xf = x.float()
-    if scale is not None or fmt.asymmetric:
-        if check_finite and not bool(torch.isfinite(xf).all()):
-            raise NonFiniteKVError("non-finite K/V")
-        if scale is not None:
-            return (round_codes(xf / scale, fmt) * scale).to(x.dtype)
-        return ungrouped(_asymmetric(grouped(xf, granularity), fmt, granularity), x.shape).to(x.dtype)
-    g = grouped(xf, granularity)
-    amax = group_amax(g, granularity)
-    if check_finite and not bool(torch.isfinite(amax).all()):
-        raise NonFiniteKVError("non-finite K/V")
-    s = scale_from_amax(amax, fmt)
-    return ungrouped(round_codes(g / s, fmt).mul_(s), x.shape).to(x.dtype)
+    return dequantize(quantize(x, fmt, granularity, scale=scale, zero=zero, valid=valid), x.dtype)
 
 
-def asymmetric_params(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric integer scale and zero point over grouped ``g``: scale = (max - min) / (2**bits - 1),
-    zero = round(-min / scale); the range always includes 0 so that zero is exact."""
-    dims = GROUP_DIMS[granularity.kind]
-    lo = g.amin(dim=dims, keepdim=True).clamp(max=0)
-    hi = g.amax(dim=dims, keepdim=True).clamp(min=0)
-    scale = (hi - lo) / fmt.qmax
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return scale, torch.round(-lo / scale)
+# -- stored bytes --------------------------------------------------------------------------------
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
 
 
-def asymmetric_codes(g: torch.Tensor, fmt: KVFormat, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return (torch.round(g / scale) + zero).clamp(0, fmt.qmax)
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    out = torch.stack((packed & 0xF, packed >> 4), dim=-1)
+    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
-def _asymmetric(g: torch.Tensor, fmt: KVFormat, granularity: Granularity) -> torch.Tensor:
-    scale, zero = asymmetric_params(g, fmt, granularity)
-    return (asymmetric_codes(g, fmt, scale, zero) - zero) * scale
+def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """Float32 codes (already on the format's grid) -> the stored tensor: float8, int8, uint8 or
+    4-bit codes packed two per byte along head_dim (low nibble first). Exact."""
+    if fmt.kind is FormatKind.FLOAT:
+        return codes.to(fmt.storage_dtype)
+    if fmt.bits == 4:
+        return _pack_nibbles(codes if fmt.asymmetric else codes + 8)
+    return codes.to(fmt.storage_dtype)
 
 
-def _fake_quantize_padded(x, fmt, granularity, scale, valid, check_finite=False):
-    """Per sequence: quantize only the real tokens (blocks start at the first real token)."""
-    out = x.clone()
-    for b in range(x.shape[0]):
-        idx = valid[b].nonzero().flatten()
-        if idx.numel() == 0:
-            continue
-        lo, hi = int(idx[0]), int(idx[-1]) + 1
-        if hi - lo != idx.numel():
-            raise SchemeError("padding inside a sequence is not supported: pad on one side only")
-        s_b = None
-        if scale is not None:
-            s_b = scale[b : b + 1] if scale.dim() == 4 and scale.shape[0] == x.shape[0] else scale
-        out[b : b + 1, :, lo:hi] = fake_quantize(x[b : b + 1, :, lo:hi], fmt, granularity, s_b, check_finite=check_finite)
-    return out
-
-
-def dynamic_amax(x: torch.Tensor, granularity: Granularity, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-sequence amax at tensor or head granularity (what calibration and frozen scales need)."""
-    a = x.detach().float().abs()
-    if valid is not None:
-        a = a.masked_fill(~valid[:, None, :, None], 0.0)
-    if granularity.kind is GranularityKind.TENSOR:
-        return a.amax(dim=(1, 2, 3), keepdim=True)
-    if granularity.kind is GranularityKind.HEAD:
-        return a.amax(dim=(2, 3), keepdim=True)
-    raise AssertionError("frozen scales exist for tensor and head granularity only")
+def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """The stored tensor -> float32 codes (inverse of :func:`encode`)."""
+    if fmt.kind is FormatKind.FLOAT:
+        return stored.to(torch.float32)
+    if fmt.bits == 4:
+        c = _unpack_nibbles(stored).to(torch.float32)
+        return c if fmt.asymmetric else c - 8
+    return stored.to(torch.float32)

@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalkit.errors import ScaleError
-from evalkit.model_info import KVLayout
 
 
 @dataclass(frozen=True)
@@ -49,8 +48,9 @@ def save_scale_table(path: str | Path, table: ScaleTable) -> None:
     sidecar_path(path).write_text(json.dumps(table.meta, indent=2, sort_keys=True) + "\n")
 
 
-def load_scale_table(path: str | Path, layout: KVLayout | None = None, granularity: str | None = None,
+def load_scale_table(path: str | Path, layout=None, granularity: str | None = None,
                      config_hash: str | None = None) -> ScaleTable:
+    """Read and validate a table; ``layout`` is anything with ``num_layers`` and ``num_kv_heads``."""
     path = Path(path)
     if not path.is_file():
         raise ScaleError(f"static scale file {path} does not exist: make one with `python -m evalkit calibrate` or import one")

@@ -1,10 +1,8 @@
-"""Greedy answers for retrieval prompts, through the FP8 storage cache (default) or the hook.
+"""Greedy answers for retrieval prompts, through the storage cache (:func:`evalkit.quantized_kv`).
 
-``via="cache"``: :func:`evalkit.integration.storage.quantized_cache` hands ``generate()`` a cache whose layers
-store K/V as codes plus scales; the prefill attention and every decode step read those stored
-values back, as a serving engine with an FP8 KV cache does. ``via="hook"``:
-:func:`evalkit.integration.install.quantized_kv` fake-quantizes the full K/V inside attention at every step (the
-prefill's scales are recomputed as tokens are added), to compare the two paths.
+Inside ``quantized_kv`` the model's ``generate()`` gets a storage cache whose layers keep K/V as
+codes plus scales; the prefill attention and every decode step read those stored values back, as a
+serving engine with an FP8 KV cache does.
 
 All prompts of one (task, length) have exactly the same number of tokens, so a batch needs no
 padding: the attention mask is all ones and batched greedy decoding equals one-by-one decoding
@@ -13,31 +11,10 @@ up to floating-point reduction order. Decoding stops at EOS or ``max_new_tokens`
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
 from transformers import GenerationConfig
-
-VIAS = ("cache", "hook")
-
-
-@contextlib.contextmanager
-def kv_session(model, scheme, via: str):
-    """Yield ``extra_kwargs()`` giving per-``generate`` keyword arguments for the chosen path."""
-    if via == "cache":
-        from evalkit.integration.storage import quantized_cache
-
-        with quantized_cache(model, scheme) as new_cache:
-            yield lambda am: {"cache": new_cache(am)}
-    elif via == "hook":
-        from evalkit.integration.install import quantized_kv
-
-        with quantized_kv(model, scheme):
-            yield lambda am: {}
-    else:
-        raise ValueError(f"unknown via {via!r}")
-
 
 def generation_config(tokenizer, max_new_tokens: int) -> GenerationConfig:
     eos = tokenizer.eos_token_id
@@ -47,18 +24,20 @@ def generation_config(tokenizer, max_new_tokens: int) -> GenerationConfig:
 
 
 @torch.inference_mode()
-def generate_batches(lm, scheme, via: str, batches: Sequence[tuple[list[list[int]], int]], progress=None,
+def generate_batches(lm, scheme, batches: Sequence[tuple[list[list[int]], int]], progress=None,
                      on_batch=None) -> list[list[str]]:
     """``batches``: (equal-length prompt ids, max_new_tokens). Returns the decoded continuations;
     ``on_batch(k, texts)`` is called after batch ``k``."""
     model, tok = lm.model, lm.tokenizer
     device = lm.device
     out_text: list[list[str]] = []
-    with kv_session(model, scheme, via) as extra:
+    from evalkit.integration.install import quantized_kv
+
+    with quantized_kv(model, scheme):
         for prompts, max_new in batches:
             x = torch.tensor(prompts, dtype=torch.long, device=device)
             am = torch.ones_like(x)
-            out = model.generate(x, attention_mask=am, generation_config=generation_config(tok, max_new), **extra(am))
+            out = model.generate(x, attention_mask=am, generation_config=generation_config(tok, max_new))
             new = out[:, x.shape[1]:]
             out_text.append(tok.batch_decode(new, skip_special_tokens=True))
             if on_batch is not None:

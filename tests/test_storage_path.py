@@ -1,4 +1,5 @@
-"""The attention hook on every architecture: transparent when off, bounded when on, always restored.
+"""The storage path on every architecture: transparent for the identity scheme, bounded when on,
+always removed.
 
 One parametrized matrix over tiny random models of eleven architectures and both of transformers'
 CPU attention implementations (gemma2 needs eager: soft-capping).
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from evalkit import quantized_kv
+from evalkit.integration.storage import StorageCache
 from evalkit.errors import EvalkitError, NonFiniteKVError, SchemeError, UnsupportedModelError
 from tests.tiny_models import ARCHS, EAGER_ONLY, tiny_model
 
@@ -51,12 +53,13 @@ def test_identity_is_bit_exact_prefill_padding_generate(model):
     ref_gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     impl_before = model.config._attn_implementation
     with quantized_kv(model, "bf16"):
-        assert model.config._attn_implementation.startswith("evalkit_")
-        out = model(ids, attention_mask=mask).logits
+        out = model(ids, attention_mask=mask, use_cache=False)  # the storage cache is installed all the same
+        assert isinstance(out.past_key_values, StorageCache)
         gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-    assert torch.equal(out, ref)
+    assert torch.equal(out.logits, ref)
     assert torch.equal(gen, ref_gen)
     assert model.config._attn_implementation == impl_before
+    assert not model.get_decoder()._forward_pre_hooks and not model.get_decoder()._forward_hooks
     assert torch.equal(model(ids, attention_mask=mask).logits, ref)
 
 
@@ -88,17 +91,18 @@ def test_restored_after_exception(model):
     ref = model(ids, attention_mask=mask).logits
     before = model.config._attn_implementation
     with pytest.raises(RuntimeError, match="boom"):
-        with quantized_kv(model, "fp8_e4m3/head/dynamic"):
+        with quantized_kv(model, "fp8_e4m3/head/dynamic+attn=fa3"):
             model(ids, attention_mask=mask)
             raise RuntimeError("boom")
     assert model.config._attn_implementation == before
+    assert not model.get_decoder()._forward_pre_hooks and not model.get_decoder()._forward_hooks
     assert torch.equal(model(ids, attention_mask=mask).logits, ref)
 
 
 @torch.no_grad()
 def test_padded_row_equals_unpadded_sequence(model):
-    """Padding is excluded from dynamic scales: the padded row scores like the sequence alone
-    (up to the float noise that padding causes in the unhooked model itself)."""
+    """Scales are per sequence and padding is left out of them: the padded row scores like the
+    sequence alone (up to the float noise that padding causes in the plain model itself)."""
     ids, mask = batch()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -133,12 +137,12 @@ def test_skipped_layers_are_untouched():
 
 
 def test_skip_sliding_keeps_only_sliding_layers():
-    from evalkit.integration.binding import KVQuantizer
-    from evalkit.model_info import kv_layout
+    from evalkit.integration.binding import BoundScheme
     from evalkit.kv.scheme import parse_scheme
+    from evalkit.model_info import kv_layout
 
     model = tiny_model("gemma3")
-    q = KVQuantizer(parse_scheme("fp8_e4m3/head/dynamic+skip=sliding"), kv_layout(model.config))
+    q = BoundScheme(parse_scheme("fp8_e4m3/head/dynamic+skip=sliding"), kv_layout(model.config))
     assert [q.is_active(i) for i in range(4)] == [False, False, False, True]
 
 
@@ -163,6 +167,34 @@ def test_nested_blocks_and_bad_group_are_errors():
     with pytest.raises(SchemeError, match="skip=7"):
         with quantized_kv(model, "fp8_e4m3/tensor/dynamic+skip=7"):
             pass
+
+
+def test_a_foreign_prefilled_cache_and_another_blocks_cache_are_refused():
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids, mask = batch()
+    with torch.no_grad():
+        filled = model(ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True).past_key_values
+        with quantized_kv(model, "fp8_e4m3/tensor/dynamic"):
+            with pytest.raises(SchemeError, match="already holds tokens"):
+                model(ids[:, :1], cache=filled)
+        with quantized_kv(model, "fp8_e4m3/tensor/dynamic") as first:
+            cache = first.new_cache()
+        with quantized_kv(model, "fp8_e4m3/head/dynamic"):
+            with pytest.raises(SchemeError, match="another quantized_kv block"):
+                model(ids, cache=cache)
+
+
+def test_attention_that_never_writes_the_cache_is_refused(monkeypatch):
+    """A model whose attention bypasses cache.update would be measured unquantized: refused instead."""
+    model = tiny_model("llama")
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        monkeypatch.setattr(attn, "forward", lambda hidden_states, *a, **k: (torch.zeros_like(hidden_states), None))
+    with torch.no_grad(), quantized_kv(model, "fp8_e4m3/tensor/dynamic"):
+        with pytest.raises(UnsupportedModelError, match="never wrote its K/V"):
+            model(torch.randint(0, 100, (1, 8)))
 
 
 def test_nonfinite_kv_is_a_clear_error():

@@ -1,0 +1,75 @@
+"""Where the semantics did not change, the single storage path gives the old numbers to the last digit.
+
+``tests/data/golden_hook_v1.json`` was written by evalkit 094835d, whose perplexity and lm-eval
+evaluations quantized K/V inside the attention function. One forward per window or request means
+the scales are computed over exactly the tokens the storage cache writes in its first write, so
+logits, perplexity, KL, top-1 agreement and lm-eval log-likelihoods must be identical (not close).
+Logits are compared by SHA-256 of their float32 bytes (a left-padded batch: real positions only;
+padding rows read only padding K/V, which the two paths store differently).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalkit import quantized_kv
+from tests.tiny_models import tiny_model
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_hook_v1.json").read_text())
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().float().contiguous().numpy().tobytes()).hexdigest()
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 128, (2, 40), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", sorted(GOLDEN["tiny"]))
+def test_single_forward_logits_equal_the_hook_bit_for_bit(arch):
+    model = tiny_model(arch)
+    ids, mask = inputs()
+    for scheme, want in GOLDEN["tiny"][arch].items():
+        with torch.inference_mode(), quantized_kv(model, scheme):
+            plain = model(ids).logits
+            padded = model(ids, attention_mask=mask).logits
+        assert digest(plain) == want["plain"], f"{arch} {scheme} (unpadded)"
+        assert digest(padded[mask.bool()]) == want["padded"], f"{arch} {scheme} (left-padded)"
+
+
+@pytest.mark.slow
+def test_embedded_perplexity_kl_top1_equal_the_hook(embedded, tmp_path):
+    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.kv.scheme import parse_scheme
+
+    ev = PerplexityEval({"window": 128, "stride": 128, "max_windows": 3, "bootstrap_samples": 200})
+    ev.prepare(embedded, tmp_path)
+    for scheme, want in GOLDEN["perplexity"].items():
+        rows = {r.metric: r.value for r in ev.evaluate(embedded, parse_scheme(scheme)) if not r.labels}
+        assert {k: rows[k] for k in want} == want, scheme
+
+
+@pytest.mark.slow
+def test_embedded_lmeval_logliks_equal_the_hook(embedded, tmp_path):
+    from evalkit.evals.lmeval import LmEvalEval
+    from evalkit.lmeval_items import items_from_results
+
+    ev = LmEvalEval({"tasks": ["evalkit_mmlu4"], "limit": 4, "bootstrap_iters": 0})
+    ev.prepare(embedded, tmp_path)
+    assert {str(i["doc_id"]): i["gold_loglik"] for i in ev.baseline_items["evalkit_mmlu4"]} == GOLDEN["lmeval"]["bf16"]
+    for scheme, want in GOLDEN["lmeval"].items():
+        if scheme == "bf16":
+            continue
+        with quantized_kv(embedded.model, scheme):
+            items = items_from_results(ev._run())["evalkit_mmlu4"]
+        assert {str(i["doc_id"]): i["gold_loglik"] for i in items} == want, scheme

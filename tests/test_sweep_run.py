@@ -189,3 +189,62 @@ def test_ray_executor_equals_local(tmp_path, tiny_llama_dir, toy_eval):
     assert len(values(tmp_path / "ray")) == 16
     for run_id in ResultStore(tmp_path / "ray").read().complete:  # artifacts came back from the worker
         assert (tmp_path / "ray" / "runs" / run_id[:16] / "toy.json").is_file()
+
+
+def test_resume_recomputes_runs_of_other_code(tmp_path, tiny_llama_dir, toy_eval, monkeypatch, capsys):
+    """Runs a store holds from other code (another code identity in their run ids) are reported when
+    the sweep starts and recomputed; the report then counts only the new ones. The run info records
+    the code identity, the git provenance and the model's dtype; the last lines say how to see the table."""
+    from evalkit.report import load_store
+    from evalkit.sweep import code_identity
+
+    grid = make_grid(tmp_path, tiny_llama_dir, schemes=SCHEMES[:3])
+    out = tmp_path / "out"
+    argv = ["sweep", str(grid), "--out", str(out), "--no-progress", "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert printed.out.splitlines()[-2:] == [f"results: {out / 'results.jsonl'}",
+                                             f"see the table: python -m evalkit report {out} --format md"]
+    assert "other code" not in printed.err
+    old = code_identity.code_identity()
+    for rec in ResultStore(out).read().complete.values():
+        assert rec["info"]["versions"]["evalkit_code"] == rec["info"]["code"]["identity"] == old
+        assert rec["info"]["dtype"] == "float32"
+    new = "sha256:" + "e" * 64
+    monkeypatch.setattr(code_identity, "code_identity", lambda: new)
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert (f"store {out}: 3 runs from other code will be recomputed (evalkit code {old[:15]} -> sha256:eeeeeeee); "
+            "the report shows the new rows") in printed.err
+    assert "3 runs, 0 already done, 3 completed now (3 replacing runs of other code), 0 failed" in printed.out
+    view = ResultStore(out).read()
+    assert len(view.complete) == 6  # the old records stay in the append-only file
+    results = load_store(out)
+    assert len(results.complete) == 3 and len(results.superseded) == 3
+    assert {rec["info"]["versions"]["evalkit_code"] for rec in results.complete.values()} == {new}
+    assert main(argv) == 0  # nothing left from other code
+    printed = capsys.readouterr()
+    assert "3 already done, 0 completed now, 0 failed" in printed.out and "other code" not in printed.err
+
+
+def test_lmeval_warnings_and_bars_go_to_the_runs_log(tmp_path, tiny_llama_dir, capfd):
+    """A tiny lm-eval sweep leaves the terminal clean: lm-eval's task-config warnings and its progress
+    bars land in runs/<id16>/lmeval.log; the summary points at the logs; logging is restored after."""
+    import logging
+
+    handlers = {n: list(logging.getLogger(n).handlers) for n in ("lm_eval", "lm-eval")}
+    text = (f"models: ['{tiny_llama_dir}']\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+            "evals: {lmeval: {tasks: [evalkit_topics_ppl], limit: 2, bootstrap_iters: 0}}\n")
+    (tmp_path / "g.yaml").write_text(text)
+    out = tmp_path / "out"
+    assert main(["sweep", str(tmp_path / "g.yaml"), "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    captured = capfd.readouterr()
+    assert "WARNING" not in captured.err and "is defined, but aggregation is not" not in captured.err
+    assert "requests" not in captured.err  # lm-eval's per-request bars
+    logs = sorted(out.glob("runs/*/lmeval.log"))
+    assert len(logs) == 2
+    first = "\n".join(p.read_text() for p in logs)
+    assert "WARNING [lm_eval" in first and "word_perplexity is defined, but aggregation is not" in first
+    assert "100%" in first and "\r" not in first  # each bar's finished line, not its redraws
+    assert f"lm-eval warnings and progress: {out / 'runs' / '<run>' / 'lmeval.log'} (2 runs)" in captured.out
+    assert {n: list(logging.getLogger(n).handlers) for n in handlers} == handlers

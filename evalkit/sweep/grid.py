@@ -20,8 +20,10 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
 anything runs. A run's id is the SHA-256 of its canonical spec (model settings, canonical scheme
 string, eval name, the eval's number-deciding parameters) together with the versions of the
-packages that decide the numbers (evalkit, torch, transformers, lm-eval), so a changed setting or
-a changed library yields a new run, never a silently reused one.
+packages that decide the numbers (torch, transformers, lm-eval) and the identity of evalkit's own
+number-deciding source code (a hash of its files, :mod:`evalkit.sweep.code_identity`), so a
+changed setting, a changed library or changed evalkit code yields a new run, never a silently
+reused one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import yaml
 
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.sweep import code_identity
 
 TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor")
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
@@ -49,8 +52,7 @@ class GridError(EvalkitError):
 
 
 @lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    """The versions that decide the numbers; part of every run id."""
+def _library_versions() -> dict[str, str]:
     import torch
     import transformers
 
@@ -62,6 +64,12 @@ def versions() -> dict[str, str]:
         lm_eval = "absent"
     return {"evalkit": evalkit.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "lm_eval": lm_eval}
+
+
+def versions() -> dict[str, str]:
+    """What decides the numbers besides the spec; part of every run id: the library versions and
+    ``evalkit_code``, the hash of evalkit's number-deciding source (:mod:`evalkit.sweep.code_identity`)."""
+    return {**_library_versions(), "evalkit_code": code_identity.code_identity()}
 
 
 def canonical_json(obj: Any) -> str:

@@ -21,7 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, versions
+from evalkit.sweep import code_identity
+from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json, versions
 from evalkit.sweep.shard import select
 from evalkit.sweep.store import ResultStore, RunOutcome
 
@@ -33,6 +34,11 @@ def _eval_class(name: str, registry: dict[str, str] | None):
     from evalkit.evals.base import get_eval
 
     return get_eval(name)
+
+
+def _dtype(model) -> str:
+    """The dtype the model's weights (and so its unquantized KV cache) are in, e.g. ``float32``."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def _cuda_devices(model) -> list[int]:
@@ -83,30 +89,40 @@ class ModelSession:
         return ev
 
     def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
-        from evalkit.kv.scheme import parse_scheme
+        """Evaluate one run; an exception becomes a failed outcome. Libraries' chatter during the run
+        (lm-eval's warnings and progress bars) goes to a log in ``artifacts`` (:mod:`evalkit.runlog`)."""
+        from evalkit.runlog import run_folder
 
         start, cpu = time.perf_counter(), time.process_time()
         info: dict = {}
         try:
-            lm = self._model()
-            info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), versions=versions())
-            ev = self._prepared(run, lm)
-            devices = _cuda_devices(lm.model)
-            if devices:
-                import torch
-
-                for d in devices:
-                    torch.cuda.reset_peak_memory_stats(d)
-            rows = ev.evaluate(lm, parse_scheme(run.scheme), artifacts)
+            with run_folder(artifacts):
+                rows = self._evaluate(run, artifacts, info)
             info["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process, all threads
-            if devices:
-                info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
             return RunOutcome(run.run_id, run.to_dict(), True, [r.to_dict() for r in rows],
                               seconds=time.perf_counter() - start, info=info)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
             return RunOutcome(run.run_id, run.to_dict(), False, error=message, traceback=traceback.format_exc(),
                               seconds=time.perf_counter() - start, info=info)
+
+    def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
+        from evalkit.kv.scheme import parse_scheme
+
+        lm = self._model()
+        info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), dtype=_dtype(lm.model),
+                    versions=versions(), code=code_identity.code_record())
+        ev = self._prepared(run, lm)
+        devices = _cuda_devices(lm.model)
+        if devices:
+            import torch
+
+            for d in devices:
+                torch.cuda.reset_peak_memory_stats(d)
+        rows = ev.evaluate(lm, parse_scheme(run.scheme), artifacts)
+        if devices:
+            info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
+        return rows
 
     def run_collecting(self, run: RunSpec) -> RunOutcome:
         """Run with artifacts in a temporary folder and return them as bytes (for remote workers)."""
@@ -136,6 +152,38 @@ def plan(runs: list[RunSpec]) -> list[list[RunSpec]]:
     return out
 
 
+def _short(value) -> str:
+    text = str(value)
+    return text[:15] if text.startswith("sha256:") else text
+
+
+def from_other_code(pending: list[RunSpec], complete: dict[str, dict]) -> tuple[int, str]:
+    """(how many pending runs have a completed run of the same spec under another run id, what differs).
+
+    A run id covers the spec, the library versions and evalkit's code identity, so such a run was
+    computed by other code (or other libraries): it is recomputed, and the report shows the new rows."""
+    by_spec: dict[str, dict] = {}
+    for rec in complete.values():
+        try:
+            by_spec[canonical_json(RunSpec.from_dict(rec["spec"]).canonical())] = rec
+        except (KeyError, TypeError, ValueError):
+            continue
+    now = versions()
+    stale, changes = 0, {}
+    for run in pending:
+        rec = by_spec.get(canonical_json(run.canonical()))
+        if rec is None:
+            continue
+        stale += 1
+        then = (rec.get("info") or {}).get("versions") or {}
+        for key in now:
+            if then.get(key) != now[key]:
+                name = "evalkit code" if key == "evalkit_code" else key
+                changes.setdefault(name, (then.get(key, "unrecorded"), now[key]))
+    what = ", ".join(f"{name} {_short(a)} -> {_short(b)}" for name, (a, b) in changes.items())
+    return stale, what
+
+
 @dataclass
 class SweepSummary:
     total: int  # runs of this grid (and shard)
@@ -143,13 +191,23 @@ class SweepSummary:
     completed: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (run label, error)
     seconds: float = 0.0
+    recomputed: int = 0  # pending runs whose spec was complete in the store under other code
 
     def text(self, store: ResultStore) -> str:
-        lines = [f"sweep: {self.total} runs, {self.skipped} already done, {self.completed} completed now, "
+        """The closing lines: counts, failures, where the results are and the command that shows them."""
+        import shlex
+
+        other = f" ({self.recomputed} replacing runs of other code)" if self.recomputed else ""
+        lines = [f"sweep: {self.total} runs, {self.skipped} already done, {self.completed} completed now{other}, "
                  f"{len(self.failures)} failed, {self.seconds:.1f} s"]
         for label, error in self.failures:
             lines.append(f"  FAILED {label}: {error}")
         lines.append(f"results: {store.results}")
+        logs = sorted(store.folder.glob("runs/*/lmeval.log"))
+        if logs:
+            lines.append(f"lm-eval warnings and progress: {store.folder / 'runs' / '<run>' / 'lmeval.log'} ({len(logs)} runs)")
+        if self.skipped or self.completed:
+            lines.append(f"see the table: python -m evalkit report {shlex.quote(str(store.folder))} --format md")
         return "\n".join(lines)
 
 
@@ -168,9 +226,15 @@ def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, 
         registry = dict(base._REGISTRY)  # evals registered at run time resolve the same way in workers
     store.claim(grid, grid_text)
     runs = select(grid.runs, shard)
-    done = set() if rerun else store.done_ids()
+    view = store.read()
+    done = set() if rerun else set(view.complete)
     pending = [r for r in runs if r.run_id not in done]
     summary = SweepSummary(total=len(runs), skipped=len(runs) - len(pending))
+    if not rerun:
+        summary.recomputed, what = from_other_code(pending, view.complete)
+        if summary.recomputed:
+            print(f"store {store.folder}: {summary.recomputed} runs from other code will be recomputed ({what}); "
+                  "the report shows the new rows", file=sys.stderr)
     start = time.perf_counter()
     bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)

@@ -106,6 +106,7 @@ def pareto_figure(frame: pd.DataFrame):
     rows = max(df.groupby("model").size())
     height = max(4.8, 1.6 + 0.22 * rows)  # room for one label line per scheme
     fig, axes = plt.subplots(1, len(models), figsize=(9.5 * len(models), height), squeeze=False, layout="constrained")
+    fig.get_layout_engine().set(h_pad=0.1, w_pad=0.1)  # inches around the panels: the title keeps a margin
     colors = dict(zip(dict.fromkeys(df["format"]), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
     for ax, model in zip(axes[0], models):
         g = df[df["model"] == model]

@@ -30,7 +30,6 @@ import pandas as pd
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.retrieval import grid as G
-from evalkit.retrieval.generate import generate_batches
 from evalkit.retrieval.scoring import accuracy_ci, difference_ci, score
 from evalkit.retrieval.tasks import DEFAULT_TASKS, load_task
 from evalkit.kv.scheme import Scheme
@@ -115,6 +114,8 @@ class RetrievalEval(Evaluation):
         """Continuations of the samples ``which`` (default all), in that order; ``on_batch(idx, texts)``
         is called after each batch with positions into ``which``."""
         from tqdm import tqdm
+
+        from evalkit.retrieval.generate import generate_batches  # imports transformers: only when generating
 
         which = list(range(len(self.samples))) if which is None else which
         sub = [self.samples[i] for i in which]

@@ -28,8 +28,11 @@ HEAVY = ("torch", "transformers", "lm_eval", "pandas", "scipy")
 
 def seconds(argv: list[str], env: dict) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "evalkit", *argv], cwd=REPO, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-m", "evalkit", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"exit {proc.returncode}: {last}")
     return time.perf_counter() - start
 
 
@@ -51,9 +54,13 @@ def main() -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'command':<52}{'min s':>8}{'median s':>10}  imports")
     for argv in COMMANDS:
-        seconds(argv, env)  # warm the file cache
-        times = [seconds(argv, env) for _ in range(args.runs)]
         label = "python -m evalkit " + " ".join(argv)
+        try:
+            seconds(argv, env)  # warm the file cache
+        except RuntimeError as exc:
+            print(f"{label:<52}  failed, {exc}")
+            continue
+        times = [seconds(argv, env) for _ in range(args.runs)]
         heavy = ", ".join(heavy_imports(argv, env)) or "none of " + "/".join(HEAVY)
         print(f"{label:<52}{min(times):>8.2f}{statistics.median(times):>10.2f}  {heavy}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -1,10 +1,16 @@
 """Bytes of KV cache: per cached element, per layer, per token and per sequence for a whole model.
 
 Conventions (shared with the real storage cache in :mod:`evalkit.integration.storage`, which is tested to hold
-exactly these bytes): data takes ``bits / 8`` bytes per element (INT4 packs two per byte); every
-scale is one float32 (4 bytes); asymmetric formats store a float32 zero point beside each scale.
-Dynamic per-tensor and per-head scales are kept per sequence, static and unit ones once per layer.
-Layers kept unquantized (skipped) take 2 bytes per element (BF16) and no scales.
+exactly these bytes): data takes ``bits / 8`` bytes per element (INT4 and FP4 pack two per byte);
+a scale takes its storage dtype's bytes (``fp32`` 4, ``e4m3`` and ``e8m0`` 1); asymmetric formats
+store a float32 zero point beside each scale. Dynamic per-tensor and per-head scales are kept per
+sequence, static and unit ones once per layer. NVFP4's second-level FP32 scale is one per
+sequence for K and one for V in each layer (engines keep one per layer, ``k_scale``/``v_scale``;
+either way it adds nothing per token). Layers kept unquantized (skipped) take 2 bytes per
+element (BF16) and no scales.
+
+So per element: FP8 with per-tensor scales 1 byte; NVFP4 0.5 + 1/16 = 0.5625 (4.5 bits, like
+SGLang's fp4_e2m1: 0.5 + 1/16); MXFP4 0.5 + 1/32 = 0.53125 (4.25 bits); MXFP8 1 + 1/32.
 
 A whole model (a :class:`~evalkit.model_info.KVLayout`) stores, per attention layer and token:
 
@@ -32,12 +38,18 @@ from evalkit.errors import SchemeError
 from evalkit.model_info import KVLayout
 from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
 
-SCALE_BYTES = 4
+SCALE_BYTES = 4  # a float32 scale or zero point
 BASELINE_BYTES = 2  # BF16
 
 
 def scale_bytes(scheme: Scheme) -> int:
-    return SCALE_BYTES * (2 if scheme.kv_format.asymmetric else 1)
+    """Bytes of one dynamic scale as stored (its dtype), plus its float32 zero point (asymmetric formats)."""
+    return scheme.kv_format.scale_nbytes + (SCALE_BYTES if scheme.kv_format.asymmetric else 0)
+
+
+def tensor_scale_bytes(scheme: Scheme, batch: int) -> int:
+    """NVFP4's second-level FP32 scale: one per sequence for one K (or V, latent, RoPE key) tensor."""
+    return SCALE_BYTES * batch if scheme.kv_format.tensor_scale else 0
 
 
 def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
@@ -68,20 +80,22 @@ def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim
         return BASELINE_BYTES * batch * heads * seq * head_dim
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
-    per_seq = scheme.scales is ScaleSource.DYNAMIC
-    if scheme.scales is ScaleSource.UNIT or (not per_seq and kind is not GranularityKind.HEAD):
-        n_scales = 1  # one fixed scale per layer (a unit scale is 1.0 whatever the granularity)
-    elif kind is GranularityKind.TENSOR:
-        n_scales = batch if per_seq else 1
+    if scheme.scales is not ScaleSource.DYNAMIC:
+        # static and unit scales: one float32 per layer (a unit scale is 1.0 whatever the granularity),
+        # or one per layer and head for static head scales
+        fixed = heads if scheme.scales is ScaleSource.STATIC and kind is GranularityKind.HEAD else 1
+        return data + fixed * SCALE_BYTES
+    if kind is GranularityKind.TENSOR:
+        n_scales = batch
     elif kind is GranularityKind.HEAD:
-        n_scales = (batch if per_seq else 1) * heads
+        n_scales = batch * heads
     elif kind is GranularityKind.BLOCK:
         n_scales = batch * heads * math.ceil(seq / size)
     elif kind is GranularityKind.TOKEN:
         n_scales = batch * heads * seq
     else:
         n_scales = batch * heads * seq * (head_dim // size)
-    return data + n_scales * scale_bytes(scheme)
+    return data + n_scales * scale_bytes(scheme) + tensor_scale_bytes(scheme, batch)
 
 
 # -- MLA ----------------------------------------------------------------------------------------
@@ -118,7 +132,8 @@ def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool)
     """One single-head MLA part (latent or RoPE key); a group wider than the part has one scale per token."""
     if quantized and scheme.granularity.kind is GranularityKind.GROUP and dim % scheme.granularity.size:
         data = batch * seq * math.ceil(dim * scheme.kv_format.bits / 8)
-        return data + batch * seq * math.ceil(dim / scheme.granularity.size) * scale_bytes(scheme)
+        return (data + batch * seq * math.ceil(dim / scheme.granularity.size) * scale_bytes(scheme)
+                + tensor_scale_bytes(scheme, batch))
     return layer_cache_bytes(scheme, batch, 1, seq, dim, quantized)
 
 

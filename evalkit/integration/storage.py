@@ -17,7 +17,9 @@ Scales evolve as engines keep them, per sequence (a result never depends on its 
 * ``block<N>``: one scale per N tokens per KV head, blocks counted from each sequence's own first
   real token (a paged cache is per sequence). When tokens join a partly filled block, the block is
   re-encoded with the scale of all its tokens, from its stored values.
-* ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens.
+* ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens; NVFP4's
+  per-tensor FP32 scale is taken from each sequence's first write and then frozen, like a
+  dynamic ``tensor`` scale.
 
 Sliding-window layers keep the last ``window - 1`` tokens as transformers does (whole blocks for
 ``block<N>``). Multi-head latent attention layers receive ``(latent, rope_key)`` through ``update``
@@ -41,7 +43,8 @@ from evalkit.kv.scheme import Granularity, GranularityKind
 from evalkit.memory import BASELINE_BYTES, mla_rope_granularity
 from evalkit.model_info import text_config
 
-SCALE_BYTES = 4  # scales and zero points are float32
+SCALE_BYTES = 4  # zero points, static/unit scales and NVFP4's per-tensor scale are float32; dynamic scales
+# are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes: e4m3/e8m0 = 1 byte)
 
 
 class Padding:
@@ -82,6 +85,7 @@ class StoredTensor:
         self.block_base = 0  # block scales dropped from the front
         self.total = 0  # tokens written so far
         self.nonfinite: torch.Tensor | None = None
+        self.tensor_scale: torch.Tensor | None = None  # NVFP4: per-sequence FP32 scale from the first write, frozen
 
     @property
     def kind(self) -> GranularityKind:
@@ -107,7 +111,9 @@ class StoredTensor:
         elif self.kind is GranularityKind.BLOCK:
             self._append_blocks(x, valid)
         elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-            self._store(quantize(x, self.fmt, self.granularity), x.dtype, per_token=True)
+            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale)
+            self.tensor_scale = q.tensor_scale  # None unless NVFP4; then the first write's, passed back unchanged
+            self._store(q, x.dtype, per_token=True)
         elif self.scale is None:  # tensor / head: the first write sets the scale, frozen from then on
             q = quantize(x, self.fmt, self.granularity, valid=valid)
             self.scale, self.zero = q.scale, q.zero
@@ -230,7 +236,8 @@ class StoredTensor:
         if self.fixed is not None:
             extra = self.fixed.numel() * SCALE_BYTES
         else:
-            extra = sum(t.numel() * SCALE_BYTES for t in (self.scale, self.zero) if t is not None)
+            extra = sum(t.numel() * n for t, n in ((self.scale, self.fmt.scale_nbytes), (self.zero, SCALE_BYTES),
+                                                   (self.tensor_scale, SCALE_BYTES)) if t is not None)
         return self.codes.numel() * self.codes.element_size() + extra
 
 

@@ -3,11 +3,23 @@
 A format is described once, here, from `torch.finfo` / `torch.iinfo` where torch has the dtype,
 so adding a format touches this table and its test row only. Fields:
 
-- ``kind``: a :class:`FormatKind`: ``FLOAT`` (FP8 via a torch float8 dtype), ``INT`` (integer codes
-  with a scale and, for asymmetric formats, a zero point) or ``NONE`` (the unquantized baseline).
-- ``bits``: bits per stored element (4 for INT4, packed two per byte in the real cache).
-- ``max``: the largest finite magnitude (FP8) or the largest code magnitude (symmetric int).
-- ``mantissa_bits`` / ``min_normal_exp``: what the exact FP8 rounding emulation needs.
+- ``kind``: a :class:`FormatKind`: ``FLOAT`` (a minifloat: FP8 via a torch float8 dtype, or FP4
+  E2M1 kept as 4-bit codes), ``INT`` (integer codes with a scale and, for asymmetric formats, a
+  zero point) or ``NONE`` (the unquantized baseline).
+- ``bits``: bits per stored element (4 for INT4 and FP4, packed two per byte in the real cache).
+- ``max``: the largest finite magnitude (floats) or the largest code magnitude (symmetric int).
+- ``mantissa_bits`` / ``min_normal_exp``: what the exact float rounding emulation needs.
+- ``scale_dtypes``: the :class:`ScaleDType` s a scale of this format may be stored in (the first
+  is the default); ``group_scaled``: the format is only meaningful with one scale per small
+  group of elements (FP4: 8 magnitudes cannot span a layer's range).
+
+A scale has a storage dtype of its own (:class:`ScaleDType`): ``fp32`` (what evalkit always kept),
+``e4m3`` (FP8 E4M3, NVFP4's group scales) or ``e8m0`` (a biased power-of-two exponent byte, the
+OCP MX shared scale). The element table says which dtypes a format takes; a scheme picks one, and
+:meth:`KVFormat.with_scales` binds it to the element format, so that the quantizer and the byte
+counts read one value (``Scheme.kv_format``). Two more scale facts ride along: ``tensor_scale``
+(a second-level FP32 scale per tensor, NVFP4) and ``recipe`` (:class:`Recipe`: how scales and
+elements are derived where engines differ; see :mod:`evalkit.kv.microscaling`).
 
 ``bf16`` is the baseline: K/V are stored unquantized in the model's own dtype (BF16 when serving).
 Its byte count is 2 per element whatever dtype the model computes in here.
@@ -17,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,6 +40,32 @@ class FormatKind(str, enum.Enum):
     NONE = "none"
     FLOAT = "float"
     INT = "int"
+
+
+class ScaleDType(str, enum.Enum):
+    """How a stored scale is encoded; ``nbytes`` is what each one costs in the cache."""
+
+    FP32 = "fp32"
+    E4M3 = "e4m3"
+    E8M0 = "e8m0"
+
+    @property
+    def nbytes(self) -> int:
+        return 4 if self is ScaleDType.FP32 else 1
+
+
+SCALE_DTYPE_HELP = {
+    ScaleDType.FP32: "float32 scale, 4 bytes (the default; scale = amax / format max)",
+    ScaleDType.E4M3: "FP8 E4M3 scale, 1 byte: amax / format max rounded to E4M3 (NVFP4's group scales)",
+    ScaleDType.E8M0: "power-of-two exponent byte, 1 byte: 2**(floor(log2 amax) - emax), the OCP MX rule",
+}
+
+
+class Recipe(str, enum.Enum):
+    """Where engines derive scales or round elements differently from the standard rules."""
+
+    STANDARD = "standard"  # amax / max rounded to the scale dtype; E8M0 by OCP MX; elements RNE, saturating
+    SGLANG = "sglang"  # SGLang's fp4_e2m1 KV: E8M0 exponent ceil(log2(amax / 6)), elements ties away from 0
 
 
 @dataclass(frozen=True)
@@ -42,6 +80,12 @@ class KVFormat:
     min_normal_exp: int = 0
     asymmetric: bool = False
     negative_zero: bool = True
+    scale_dtypes: tuple[ScaleDType, ...] = (ScaleDType.FP32,)
+    group_scaled: bool = False
+    # the scale encoding bound by Scheme.kv_format (defaults: today's float32 scales)
+    scale_dtype: ScaleDType = ScaleDType.FP32
+    tensor_scale: bool = False
+    recipe: Recipe = Recipe.STANDARD
 
     @property
     def is_identity(self) -> bool:
@@ -55,6 +99,25 @@ class KVFormat:
     def storage_dtype(self) -> torch.dtype | None:
         """The dtype of stored codes: the float8 dtype, int8, or uint8 (asymmetric, or two 4-bit codes per byte)."""
         return self.torch_dtype
+
+    @property
+    def packed(self) -> bool:
+        """Two 4-bit codes per stored byte (INT4, FP4)."""
+        return self.bits == 4
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest binade, floor(log2(max)): E2M1 2, E4M3 8, E5M2 15 (the OCP MX rule's emax)."""
+        return math.frexp(self.max)[1] - 1
+
+    @property
+    def scale_nbytes(self) -> int:
+        return self.scale_dtype.nbytes
+
+    def with_scales(self, scale_dtype: ScaleDType = ScaleDType.FP32, tensor_scale: bool = False,
+                    recipe: Recipe = Recipe.STANDARD) -> KVFormat:
+        """This element format with its scales stored as ``scale_dtype`` (checked by the scheme)."""
+        return replace(self, scale_dtype=scale_dtype, tensor_scale=tensor_scale, recipe=recipe)
 
     @property
     def qmin(self) -> float:
@@ -71,7 +134,7 @@ class KVFormat:
         return self.max
 
 
-def _float8(name: str, dtype: torch.dtype, description: str) -> KVFormat:
+def _float8(name: str, dtype: torch.dtype, description: str, scale_dtypes=(ScaleDType.FP32,)) -> KVFormat:
     info = torch.finfo(dtype)
     return KVFormat(
         name=name,
@@ -83,6 +146,24 @@ def _float8(name: str, dtype: torch.dtype, description: str) -> KVFormat:
         mantissa_bits=int(round(-math.log2(info.eps))),
         min_normal_exp=int(round(math.log2(info.smallest_normal))),
         negative_zero=dtype != torch.float8_e4m3fnuz,
+        scale_dtypes=tuple(scale_dtypes),
+    )
+
+
+def _fp4_e2m1(description: str) -> KVFormat:
+    """E2M1 (OCP MX v1.0): magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; torch has no unpacked dtype for it,
+    so it is described here by hand: 1 mantissa bit, smallest normal 2**0, max 6, codes in uint8."""
+    return KVFormat(
+        name="fp4_e2m1",
+        kind=FormatKind.FLOAT,
+        bits=4,
+        description=description,
+        torch_dtype=torch.uint8,
+        max=6.0,
+        mantissa_bits=1,
+        min_normal_exp=0,
+        scale_dtypes=(ScaleDType.FP32, ScaleDType.E4M3, ScaleDType.E8M0),
+        group_scaled=True,
     )
 
 
@@ -102,13 +183,16 @@ FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
         KVFormat("bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"),
-        _float8("fp8_e4m3", torch.float8_e4m3fn, "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format"),
+        _float8("fp8_e4m3", torch.float8_e4m3fn, "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
+                (ScaleDType.FP32, ScaleDType.E8M0)),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
-        _float8("fp8_e5m2", torch.float8_e5m2, "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision"),
+        _float8("fp8_e5m2", torch.float8_e5m2, "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
+                (ScaleDType.FP32, ScaleDType.E8M0)),
         _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
         _int("int8_asym", 8, True, "INT8 asymmetric, codes 0..255 with a zero point (reference point)"),
         _int("int4", 4, False, "INT4 symmetric, codes -7..7, two per byte (KIVI-style reference point)"),
         _int("int4_asym", 4, True, "INT4 asymmetric, codes 0..15 with a zero point, two per byte (KIVI-style)"),
+        _fp4_e2m1("FP4 E2M1 (values 0, .5, 1, 1.5, 2, 3, 4, 6), RNE, saturating, two per byte; per-group scales only"),
     )
 }
 

@@ -61,7 +61,23 @@ NVFP4 two-level scales (``nvfp4_scales``)
     for an all-zero group. Where the recipe has no answer this module defines one:
     tensor_amax == 0 (0/0 in ModelOpt) gives a global scale of 1.0; a NaN or inf tensor_amax or
     group_amax gives NaN scales; a group amax above the tensor amax (a stale static tensor amax)
-    saturates the group scale at 448 and then the elements at ±6.
+    saturates the group scale at 448 and then the elements at ±6. ``nvfp4_global_scale`` and
+    ``nvfp4_group_scales`` are the two steps, so that a cache can keep the global scale of a
+    sequence's first write and reuse it for later tokens.
+
+SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``round_to_e2m1_away``)
+    What ``FP4MXBlock16KVQuantizeUtil.batched_quantize`` in SGLang's ``kvfp4_tensor.py`` computes
+    (see ``SGLANG_FP4_BLOCK`` below), re-derived: the exponent is
+    ``ceil(log2(max(amax / 6, 1e-10)))`` evaluated with torch's float ``log2`` in the dtype of the
+    K/V (SGLang runs it on the BF16 cache input; evalkit does the same for BF16 K/V and uses
+    float32 otherwise), so it lies in [-33, 126] and is stored as the byte ``exponent + 127``;
+    ``amax / 2**exponent <= 6`` (up to that ``log2``'s own rounding), so nothing saturates except
+    through that rounding. The elements are ``v = x / 2**exponent`` (exact: a power of two) mapped
+    to the E2M1 magnitude with index ``#{b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) : |v| >= b}``,
+    so ties round away from zero (0.25 -> 0.5, 2.5 -> 3, 5 -> 6) and anything above 5 becomes 6;
+    the sign is ``v < 0``, so -0.0 gives +0 and -0.1 gives -0. NaN gives +0 there (comparisons
+    are false); here it stays NaN so the caller's non-finite check sees it. amax == 0 gives
+    2**-33 (the 1e-10 floor) and all-zero codes. NaN or inf amax gives NaN.
 """
 
 from __future__ import annotations
@@ -139,19 +155,21 @@ def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
     return magnitude.add_(c).sub_(c).copysign_(y)  # (|y| + c) - c: the FPU's round-to-nearest-even
 
 
-def e2m1_to_code(values: torch.Tensor) -> torch.Tensor:
+def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:
     """4-bit codes (uint8, 0..15: sign bit 3, magnitude index bits 2..0) of exact E2M1 values.
 
     The values must already lie on the E2M1 grid (the output of ``round_to_e2m1``); anything else,
-    NaN included, raises ValueError. -0 gives code 8.
+    NaN included, raises ValueError. -0 gives code 8. ``check=False`` skips that check (and its
+    read back to the host): NaN then gives code 0, as SGLang's quantizer writes it.
     """
     values = values.to(torch.float32)
     table = values.new_tensor(_E2M1_MAGNITUDES)
     magnitude = values.abs()
     index = torch.searchsorted(table, magnitude).clamp_(max=len(_E2M1_MAGNITUDES) - 1)
-    if not bool((table[index] == magnitude).all()):
+    if check and not bool((table[index] == magnitude).all()):
         raise ValueError("e2m1_to_code needs values on the E2M1 grid; round them with round_to_e2m1 first")
-    return index.to(torch.uint8).bitwise_or_(torch.signbit(values).to(torch.uint8) << 3)
+    codes = index.to(torch.uint8).bitwise_or_(torch.signbit(values).to(torch.uint8) << 3)
+    return codes if check else codes.masked_fill_(torch.isnan(values), 0)
 
 
 def code_to_e2m1(codes: torch.Tensor) -> torch.Tensor:
@@ -211,16 +229,55 @@ def nvfp4_scales(group_amax: torch.Tensor, tensor_amax: torch.Tensor) -> tuple[t
     ``tensor_amax`` must broadcast against ``group_amax`` (a scalar, or one value per head).
     tensor_amax == 0 gives a global scale of 1.0; NaN or inf in either amax gives NaN scales.
     """
-    group_amax = group_amax.to(torch.float32)
+    global_scale = nvfp4_global_scale(tensor_amax)
+    return nvfp4_group_scales(group_amax, global_scale), global_scale
+
+
+def nvfp4_global_scale(tensor_amax: torch.Tensor) -> torch.Tensor:
+    """NVFP4's FP32 per-tensor scale ``tensor_amax / 2688``; 0 gives 1.0, NaN or inf gives NaN."""
     tensor_amax = tensor_amax.to(torch.float32)
     global_scale = tensor_amax / NVFP4_GLOBAL_DIVISOR
     global_scale = global_scale.masked_fill(tensor_amax == 0, 1.0)
-    global_scale = global_scale.masked_fill_(~torch.isfinite(tensor_amax), float("nan"))
+    return global_scale.masked_fill_(~torch.isfinite(tensor_amax), float("nan"))
+
+
+def nvfp4_group_scales(group_amax: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4's E4M3 group scales (as float32) under a given global scale: ``e4m3(group_amax / (6 *
+    global))``, 0 -> 1.0, kept in [2**-9, 448]; NaN or inf group_amax gives NaN."""
+    group_amax = group_amax.to(torch.float32)
     wanted = group_amax / (E2M1_MAX * global_scale)
     wanted = wanted.masked_fill(wanted == 0, 1.0)
     group_scale = round_scale_to_e4m3(wanted)
-    group_scale = group_scale.masked_fill_(~torch.isfinite(group_amax), float("nan"))
-    return group_scale, global_scale
+    return group_scale.masked_fill_(~torch.isfinite(group_amax), float("nan"))
+
+
+SGLANG_FP4_MIN_RATIO = 1e-10  # the floor SGLang puts under amax / 6 before log2
+_E2M1_TIE_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between neighbouring magnitudes
+
+
+def sglang_e8m0_scale(amax: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """SGLang's fp4_e2m1 KV scale ``2**ceil(log2(max(amax / 6, 1e-10)))`` (float32 out).
+
+    The division, floor and ``log2`` run in ``compute_dtype`` as SGLang runs them in the K/V's
+    dtype (pass torch.bfloat16 for a BF16 cache). NaN or inf amax gives NaN.
+    """
+    ratio = (amax.to(compute_dtype) / E2M1_MAX).clamp(min=SGLANG_FP4_MIN_RATIO)
+    exponent = torch.ceil(torch.log2(ratio)).to(torch.float32)
+    scale = _power_of_two(exponent.nan_to_num(0.0, 0.0, 0.0).clamp_(-149, 127))
+    return scale.masked_fill_(~torch.isfinite(amax.to(torch.float32)), float("nan"))
+
+
+def round_to_e2m1_away(y: torch.Tensor) -> torch.Tensor:
+    """E2M1 by SGLang's thresholds: nearest magnitude, ties away from zero, saturating at 6; float32.
+
+    The sign is ``y < 0`` (so -0.0 gives +0, -0.1 gives -0); NaN stays NaN (SGLang writes +0).
+    """
+    y = y.to(torch.float32)
+    bounds = y.new_tensor(_E2M1_TIE_BOUNDS)
+    index = torch.bucketize(y.abs(), bounds, right=True)  # how many bounds |y| reaches (>=)
+    magnitude = y.new_tensor(_E2M1_MAGNITUDES)[index]
+    out = torch.where(y < 0, -magnitude, magnitude)
+    return out.masked_fill_(torch.isnan(y), float("nan"))
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:

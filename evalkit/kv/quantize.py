@@ -24,6 +24,27 @@ group whose amax is 0 gets scale 1 so that it stays exactly 0. Asymmetric format
 includes 0. A given ``scale`` (static, unit, or a dynamic one frozen earlier) is used as it is and
 must broadcast against x; values beyond the range it covers saturate.
 
+Scales stored in a narrower dtype (``fmt.scale_dtype``, bound by ``Scheme.kv_format``) are rounded
+to it before use, so the codes are the ones an engine computes (the functions are
+:mod:`evalkit.kv.microscaling`'s, each tested bit for bit there):
+
+============================  ==========================================================================
+``e8m0`` (OCP MX: mxfp4,      ``2**(floor(log2 amax) - emax)``, emax = 2 (E2M1) or 8 (E4M3); the elements
+mxfp8_e4m3)                   ``x / scale`` are rounded to nearest even and saturate at the format max
+``e8m0`` + ``recipe=sglang``  ``2**ceil(log2(max(amax / 6, 1e-10)))`` in the K/V's dtype (float32 here
+(sglang_fp4)                  unless BF16), elements rounded half away from zero (SGLang's thresholds)
+``e4m3``                      ``e4m3(amax / 6)`` kept in [2**-9, 448] (one-level; 0 -> 1)
+``e4m3`` + ``tensor_scale``   NVFP4: ``global = tensor_amax / (448 * 6)`` over the sequence's K (or V)
+(nvfp4)                       in the layer, padding left out; ``group = e4m3(amax / (6 * global))``;
+                              the scale used and returned is ``group * global`` (float32)
+============================  ==========================================================================
+
+NVFP4's per-tensor scale comes back as ``Quantized.tensor_scale`` (B, 1, 1, 1); passing it in as
+``tensor_scale=`` reuses it (a cache freezes the one from a sequence's first write, as engines keep
+one ``k_scale``/``v_scale`` per layer). The returned ``scale`` is always the float32 factor that
+multiplies a code, whatever dtype the scale is stored in; :attr:`KVFormat.scale_nbytes` says what
+each costs in the cache.
+
 Padding: ``valid`` (B, S) marks real tokens. Padded positions are left out of every amax, min and
 max (an engine never stores padding); their codes use the same scales, so they stay finite, and
 attention masks them.
@@ -40,7 +61,8 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import FormatKind, KVFormat
+from evalkit.kv import microscaling as mx
+from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
 from evalkit.kv.rounding import round_to_fp8
 from evalkit.kv.scheme import Granularity, GranularityKind
 
@@ -59,6 +81,7 @@ class Quantized:
     zero: torch.Tensor | None
     granularity: Granularity | None  # None: a given scale that broadcasts against x as it is
     nonfinite: torch.Tensor
+    tensor_scale: torch.Tensor | None = None  # NVFP4's per-sequence FP32 scale (B, 1, 1, 1), already in ``scale``
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -71,12 +94,27 @@ def check_granularity(granularity: Granularity, head_dim: int) -> None:
 def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Clamp float32 ``y`` to the format's range and round it to a representable code (float32 out)."""
     if fmt.kind is FormatKind.FLOAT:
+        if fmt.packed:  # E2M1
+            return mx.round_to_e2m1_away(y) if fmt.recipe is Recipe.SGLANG else mx.round_to_e2m1(y)
         return round_to_fp8(y.clamp(-fmt.max, fmt.max), fmt)
     return torch.round(y).clamp_(fmt.qmin, fmt.qmax)
 
 
-def scale_from_amax(amax: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Dynamic symmetric scale ``amax / max`` (float32); groups with amax 0 get scale 1."""
+def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dynamic symmetric scale from each group's amax, rounded to ``fmt.scale_dtype`` (float32 out).
+
+    fp32: ``amax / max`` (groups with amax 0 get scale 1); e8m0 and e4m3: see the table above.
+    ``global_scale`` is NVFP4's per-tensor scale (broadcast against amax); ``dtype`` is the K/V's
+    own dtype, which SGLang's exponent rule computes in."""
+    if fmt.scale_dtype is ScaleDType.E8M0:
+        if fmt.recipe is Recipe.SGLANG:
+            return mx.sglang_e8m0_scale(amax, torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+        return mx.e8m0_scale(amax, fmt.emax)
+    if fmt.scale_dtype is ScaleDType.E4M3:
+        if global_scale is None:
+            return mx.round_scale_to_e4m3(torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax)))
+        return mx.nvfp4_group_scales(amax, global_scale) * global_scale
     scale = amax / fmt.qmax
     return torch.where(amax > 0, scale, torch.ones_like(scale))
 
@@ -119,12 +157,17 @@ def _broadcast(t: torch.Tensor, granularity: Granularity) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale: torch.Tensor | None = None,
-             zero: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> Quantized:
-    """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``."""
+             zero: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+             tensor_scale: torch.Tensor | None = None) -> Quantized:
+    """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``.
+
+    ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x."""
     if fmt.is_identity:
         raise AssertionError("the identity format stores values, not codes")
     xf = x.float()
     if scale is not None:
+        if fmt.scale_dtype is not ScaleDType.FP32 or fmt.group_scaled:
+            raise AssertionError(f"{fmt.name} with {fmt.scale_dtype.value} scales computes its own per-group scales")
         if fmt.asymmetric and zero is None:
             raise AssertionError("an asymmetric format needs the zero point with its scale")
         real = xf if valid is None else xf.masked_fill(~valid[:, None, :, None], 0.0)
@@ -150,9 +193,20 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), _stored(z, granularity), granularity,
                          nonfinite)
     amax = stats.abs().amax(dim=dims, keepdim=True)
-    s = scale_from_amax(amax, fmt)
+    global_scale = None
+    if fmt.tensor_scale:
+        global_scale = tensor_scale if tensor_scale is not None else _nvfp4_global(xf, valid)
+        global_scale = global_scale.reshape(-1, *([1] * (g.dim() - 1)))
+    s = scale_from_amax(amax, fmt, global_scale, x.dtype)
     codes = round_codes(g / s, fmt)
-    return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), None, granularity, ~torch.isfinite(amax).all())
+    return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), None, granularity, ~torch.isfinite(amax).all(),
+                     None if global_scale is None else global_scale.reshape(-1, 1, 1, 1))
+
+
+def _nvfp4_global(xf: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """NVFP4's per-tensor scale of each sequence in x (B, 1, 1, 1), from its real tokens."""
+    real = xf if valid is None else xf.masked_fill(~valid[:, None, :, None], 0.0)
+    return mx.nvfp4_global_scale(real.abs().amax(dim=(1, 2, 3), keepdim=True))
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -189,7 +243,10 @@ def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Float32 codes (already on the format's grid) -> the stored tensor: float8, int8, uint8 or
-    4-bit codes packed two per byte along head_dim (low nibble first). Exact."""
+    4-bit codes packed two per byte along head_dim (low nibble first; FP4 in the OCP bit layout
+    S E E M). Exact."""
+    if fmt.kind is FormatKind.FLOAT and fmt.packed:
+        return mx.pack_fp4(mx.e2m1_to_code(codes, check=False))
     if fmt.kind is FormatKind.FLOAT:
         return codes.to(fmt.storage_dtype)
     if fmt.bits == 4:
@@ -199,6 +256,8 @@ def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
 
 def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """The stored tensor -> float32 codes (inverse of :func:`encode`)."""
+    if fmt.kind is FormatKind.FLOAT and fmt.packed:
+        return mx.code_to_e2m1(mx.unpack_fp4(stored))
     if fmt.kind is FormatKind.FLOAT:
         return stored.to(torch.float32)
     if fmt.bits == 4:

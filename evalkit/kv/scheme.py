@@ -4,6 +4,7 @@ A :class:`Scheme` is a small frozen value with one canonical string form that pa
 same value::
 
     FORMAT/GRANULARITY/SCALES[+option=value...]
+    NAME[+skip=...][+attn=fa3][+rope=bf16]
 
     bf16                              unquantized baseline (the identity scheme)
     fp8_e4m3/tensor/dynamic           one scale per layer for K and one for V, from the values
@@ -12,15 +13,37 @@ same value::
     fp8_e4m3/block16/dynamic+skip=0,29
     int4/group32/dynamic
     fp8_e4m3/head/dynamic+attn=fa3    also Q and softmax P in FP8, as FlashAttention-3 does
+    nvfp4                             = fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32
+    mxfp4+skip=0                      = fp4_e2m1/group32/dynamic+scale_dtype=e8m0+skip=0
 
 Granularities (the elements sharing one scale), for K of shape (batch, kv_heads, seq, head_dim):
 ``tensor`` (all of a layer's K, or V), ``head`` (one per KV head), ``block<N>`` (one per KV head per
 N consecutive tokens, like a paged-KV block; ``block`` means ``block16``), ``token`` (one per token
 per head) and ``group<N>`` (N channels of head_dim per token per head).
 
-Options (canonical order): ``scales=PATH`` (the static table), ``skip=0,5`` or ``skip=sliding``
-(layers kept unquantized), ``attn=fa3`` (attention precision), ``rope=bf16`` (MLA models: keep the
-RoPE key unquantized).
+Options (canonical order): ``scale_dtype=e4m3|e8m0`` (how each scale is stored; ``fp32``, the
+default, is not written), ``tensor_scale=fp32`` (a second-level FP32 scale per tensor, with E4M3
+group scales: NVFP4), ``recipe=sglang`` (SGLang's own FP4 scale and rounding rules),
+``scales=PATH`` (the static table), ``skip=0,5`` or ``skip=sliding`` (layers kept unquantized),
+``attn=fa3`` (attention precision), ``rope=bf16`` (MLA models: keep the RoPE key unquantized).
+
+Named schemes (:data:`NAMED_SCHEMES`) are the standard combinations. A named scheme's canonical
+string is its name (plus ``skip``/``attn``/``rope`` options), and its long form parses to the same
+value, so ``fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32`` prints as ``nvfp4``:
+
+==============  ==========================================================================
+``nvfp4``       E2M1, 16-element groups along head_dim, E4M3 group scales, FP32 per-tensor scale
+``mxfp4``       E2M1, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP4)
+``mxfp8_e4m3``  FP8 E4M3, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP8)
+``sglang_fp4``  SGLang's ``--kv-cache-dtype fp4_e2m1``: E2M1, 16-element groups, E8M0 scales by
+                SGLang's ceil rule, elements rounded half away from zero
+==============  ==========================================================================
+
+Scales stored as E4M3 or E8M0 exist per group of elements only, computed from the values:
+``static``/``unit`` scales, or a granularity other than ``group<N>``, are refused for them and for
+FP4 (whose 8 magnitudes need a scale per small group). NVFP4's per-tensor scale is, like
+``tensor/dynamic`` scales, taken from each sequence's first write and then frozen
+(see :mod:`evalkit.kv.quantize`).
 """
 
 from __future__ import annotations
@@ -30,7 +53,8 @@ import re
 from dataclasses import dataclass, field
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import KVFormat, get_format
+from evalkit.kv.formats import FORMATS, KVFormat, Recipe, ScaleDType, get_format
+from evalkit.kv.microscaling import MX_BLOCK, NVFP4_BLOCK, SGLANG_FP4_BLOCK, SGLANG_FP4_SCALE_DTYPE
 
 
 class GranularityKind(str, enum.Enum):
@@ -46,7 +70,7 @@ GRANULARITY_HELP = {
     GranularityKind.HEAD: "one scale per KV head per layer (vLLM 'attn_head')",
     GranularityKind.BLOCK: "one scale per KV head per block of N tokens, like a paged-KV block (block = block16)",
     GranularityKind.TOKEN: "one scale per token per KV head (reference; KIVI's value quantization)",
-    GranularityKind.GROUP: "one scale per N channels of head_dim per token per head (reference; MX/FP4-style)",
+    GranularityKind.GROUP: "one scale per N channels of head_dim per token per head (MX/NVFP4 blocks; INT4 reference)",
 }
 
 
@@ -113,14 +137,20 @@ class Scheme:
     skip_layers: tuple[int, ...] | str = ()
     attention: AttentionPrecision = AttentionPrecision.KV
     rope_bf16: bool = False
+    scale_dtype: ScaleDType = ScaleDType.FP32
+    tensor_scale: bool = False
+    recipe: Recipe = Recipe.STANDARD
 
     def __post_init__(self):
         fmt = get_format(self.format)
         if fmt.is_identity:
-            defaults = (Granularity(GranularityKind.TENSOR), ScaleSource.DYNAMIC, None, (), AttentionPrecision.KV, False)
-            if (self.granularity, self.scales, self.static_path, self.skip_layers, self.attention, self.rope_bf16) != defaults:
+            defaults = (Granularity(GranularityKind.TENSOR), ScaleSource.DYNAMIC, None, (), AttentionPrecision.KV, False,
+                        ScaleDType.FP32, False, Recipe.STANDARD)
+            if (self.granularity, self.scales, self.static_path, self.skip_layers, self.attention, self.rope_bf16,
+                    self.scale_dtype, self.tensor_scale, self.recipe) != defaults:
                 raise SchemeError("bf16 is the unquantized baseline and takes no granularity, scales or options: write just 'bf16'")
             return
+        self._check_scale_encoding(fmt)
         if self.scales is ScaleSource.STATIC:
             if self.granularity.kind not in (GranularityKind.TENSOR, GranularityKind.HEAD):
                 raise SchemeError(
@@ -140,10 +170,50 @@ class Scheme:
         elif any(i < 0 for i in self.skip_layers) or list(self.skip_layers) != sorted(set(self.skip_layers)):
             raise SchemeError("skip layers must be distinct non-negative indices in increasing order, e.g. skip=0,5")
 
+    def _check_scale_encoding(self, fmt: KVFormat) -> None:
+        """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
+        if self.scale_dtype not in fmt.scale_dtypes:
+            if len(fmt.scale_dtypes) == 1:
+                raise SchemeError(f"{fmt.name} takes {fmt.scale_dtypes[0].value} scales only, not {self.scale_dtype.value}: "
+                                  f"drop +scale_dtype={self.scale_dtype.value}")
+            raise SchemeError(f"{fmt.name} does not take {self.scale_dtype.value} scales: use scale_dtype "
+                              f"{' or '.join(d.value for d in fmt.scale_dtypes)} (named schemes: `python -m evalkit schemes`)")
+        if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
+            return
+        needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
+        per_group = (f"{fmt.name} values need one scale per group of values along head_dim" if fmt.group_scaled
+                     else f"{self.scale_dtype.value} scales exist per group of values along head_dim")
+        example = f"{fmt.name}/group{NVFP4_BLOCK if fmt.group_scaled else MX_BLOCK}/dynamic"
+        if self.scale_dtype is not ScaleDType.FP32:
+            example += f"+scale_dtype={self.scale_dtype.value}"
+        if self.scales is not ScaleSource.DYNAMIC:
+            raise SchemeError(f"{needs} per-group scales computed from the values, not {self.scales.value} scales: "
+                              f"use dynamic, e.g. {example}")
+        if self.granularity.kind is not GranularityKind.GROUP:
+            raise SchemeError(f"{per_group}, not per {self.granularity}: "
+                              f"use group<N>, e.g. {example}")
+        if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
+            raise SchemeError("tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
+                              "add +scale_dtype=e4m3 or write nvfp4")
+        if self.recipe is Recipe.SGLANG and (fmt.name != "fp4_e2m1" or self.scale_dtype is not ScaleDType.E8M0):
+            raise SchemeError("recipe=sglang is SGLang's fp4_e2m1 KV recipe (E2M1 values, E8M0 scales): "
+                              "use fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang, i.e. sglang_fp4")
+
     # -- derived --------------------------------------------------------------------------------
     @property
     def kv_format(self) -> KVFormat:
-        return get_format(self.format)
+        """The element format with this scheme's scale encoding bound to it (what the quantizer reads)."""
+        return get_format(self.format).with_scales(self.scale_dtype, self.tensor_scale, self.recipe)
+
+    @property
+    def name(self) -> str | None:
+        """The named scheme this is (ignoring skip/attn/rope options), or None."""
+        core = self._core()
+        return next((name for name, named in NAMED_SCHEMES.items() if named.core() == core), None)
+
+    def _core(self) -> tuple:
+        return (self.format, self.granularity, self.scales, self.static_path, self.scale_dtype, self.tensor_scale,
+                self.recipe)
 
     @property
     def is_identity(self) -> bool:
@@ -158,7 +228,17 @@ class Scheme:
     def __str__(self) -> str:
         if self.is_identity:
             return "bf16"
-        text = f"{self.format}/{self.granularity}/{self.scales.value}"
+        name = self.name
+        if name:
+            text = name
+        else:
+            text = f"{self.format}/{self.granularity}/{self.scales.value}"
+            if self.scale_dtype is not ScaleDType.FP32:
+                text += f"+scale_dtype={self.scale_dtype.value}"
+            if self.tensor_scale:
+                text += "+tensor_scale=fp32"
+            if self.recipe is not Recipe.STANDARD:
+                text += f"+recipe={self.recipe.value}"
         if self.static_path:
             text += f"+scales={self.static_path}"
         if self.skip_layers:
@@ -175,36 +255,58 @@ class Scheme:
         return parse_scheme(text)
 
 
-_OPTION_KEYS = ("scales", "skip", "attn", "rope")
+@dataclass(frozen=True)
+class NamedScheme:
+    """A standard format-and-scales combination with a short canonical name."""
+
+    format: str
+    group: int
+    scale_dtype: ScaleDType
+    description: str
+    tensor_scale: bool = False
+    recipe: Recipe = Recipe.STANDARD
+
+    def core(self) -> tuple:
+        return (self.format, Granularity(GranularityKind.GROUP, self.group), ScaleSource.DYNAMIC, None, self.scale_dtype,
+                self.tensor_scale, self.recipe)
+
+    def scheme(self, **options) -> Scheme:
+        return Scheme(format=self.format, granularity=Granularity(GranularityKind.GROUP, self.group),
+                      scales=ScaleSource.DYNAMIC, scale_dtype=self.scale_dtype, tensor_scale=self.tensor_scale,
+                      recipe=self.recipe, **options)
+
+    def long_form(self) -> str:
+        text = f"{self.format}/group{self.group}/dynamic+scale_dtype={self.scale_dtype.value}"
+        text += "+tensor_scale=fp32" if self.tensor_scale else ""
+        return text + (f"+recipe={self.recipe.value}" if self.recipe is not Recipe.STANDARD else "")
 
 
-def parse_scheme(text: str) -> Scheme:
-    """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]`` (or ``bf16``) into a :class:`Scheme`."""
-    if not isinstance(text, str) or not text.strip():
-        raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic or bf16")
-    text = text.strip()
-    head, *options = text.split("+")
-    parts = head.split("/")
-    if parts == ["bf16"]:
-        if options:
-            raise SchemeError("bf16 is the unquantized baseline and takes no options: write just 'bf16'")
-        return Scheme()
-    if len(parts) != 3:
-        raise SchemeError(
-            f"malformed KV scheme {text!r}: write FORMAT/GRANULARITY/SCALES, e.g. fp8_e4m3/head/dynamic (see `python -m evalkit schemes`)"
-        )
-    fmt, gran, scales = parts
-    get_format(fmt)
-    granularity = Granularity.parse(gran)
-    try:
-        source = ScaleSource(scales)
-    except ValueError:
-        raise SchemeError(f"unknown scale source {scales!r}: use one of {', '.join(s.value for s in ScaleSource)}") from None
+NAMED_SCHEMES: dict[str, NamedScheme] = {
+    "nvfp4": NamedScheme("fp4_e2m1", NVFP4_BLOCK, ScaleDType.E4M3, tensor_scale=True, description=(
+        "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 values along head_dim, one FP32 scale per tensor "
+        "(from each sequence's first write, then frozen)")),
+    "mxfp4": NamedScheme("fp4_e2m1", MX_BLOCK, ScaleDType.E8M0, description=(
+        "OCP MX v1.0 MXFP4: E2M1, one E8M0 (power-of-two) scale per 32 values")),
+    "mxfp8_e4m3": NamedScheme("fp8_e4m3", MX_BLOCK, ScaleDType.E8M0, description=(
+        "OCP MX v1.0 MXFP8: FP8 E4M3, one E8M0 scale per 32 values")),
+    "sglang_fp4": NamedScheme("fp4_e2m1", SGLANG_FP4_BLOCK, ScaleDType(SGLANG_FP4_SCALE_DTYPE), recipe=Recipe.SGLANG,
+                              description=("SGLang --kv-cache-dtype fp4_e2m1: E2M1, one E8M0 scale per 16 values, "
+                                           "exponent ceil(log2(amax/6)), elements rounded half away from zero")),
+}
+
+_OPTION_KEYS = ("scale_dtype", "tensor_scale", "recipe", "scales", "skip", "attn", "rope")
+_NAMED_OPTION_KEYS = ("skip", "attn", "rope")
+
+
+def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
     kwargs: dict = {}
     for opt in options:
         key, sep, value = opt.partition("=")
-        if not sep or key not in _OPTION_KEYS or not value:
-            raise SchemeError(f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in _OPTION_KEYS)}")
+        if key in _OPTION_KEYS and key not in allowed and sep and value:
+            raise SchemeError(f"{text.split('+')[0]} fixes its format and scales, so +{key}= does not apply: "
+                              f"write the long form (see `python -m evalkit schemes`) to change them")
+        if not sep or key not in allowed or not value:
+            raise SchemeError(f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in allowed)}")
         if key == "scales":
             kwargs["static_path"] = value
         elif key == "skip":
@@ -224,17 +326,67 @@ def parse_scheme(text: str) -> Scheme:
             if value not in ("bf16", "quant"):
                 raise SchemeError(f"rope={value!r}: use rope=bf16 to keep the MLA RoPE key unquantized")
             kwargs["rope_bf16"] = value == "bf16"
-    return Scheme(format=fmt, granularity=granularity, scales=source, **kwargs)
+        elif key == "scale_dtype":
+            try:
+                kwargs["scale_dtype"] = ScaleDType(value)
+            except ValueError:
+                raise SchemeError(f"scale_dtype={value!r}: use one of {', '.join(d.value for d in ScaleDType)}") from None
+        elif key == "tensor_scale":
+            if value not in ("fp32", "none"):
+                raise SchemeError(f"tensor_scale={value!r}: use tensor_scale=fp32 (NVFP4's per-tensor FP32 scale)")
+            kwargs["tensor_scale"] = value == "fp32"
+        elif key == "recipe":
+            try:
+                kwargs["recipe"] = Recipe(value)
+            except ValueError:
+                raise SchemeError(f"recipe={value!r}: use one of {', '.join(r.value for r in Recipe)}") from None
+    return kwargs
+
+
+def parse_scheme(text: str) -> Scheme:
+    """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]``, ``NAME[+key=value...]`` or ``bf16`` into a :class:`Scheme`."""
+    if not isinstance(text, str) or not text.strip():
+        raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic, nvfp4 or bf16")
+    text = text.strip()
+    head, *options = text.split("+")
+    parts = head.split("/")
+    if parts == ["bf16"]:
+        if options:
+            raise SchemeError("bf16 is the unquantized baseline and takes no options: write just 'bf16'")
+        return Scheme()
+    if len(parts) == 1 and head in NAMED_SCHEMES:
+        return NAMED_SCHEMES[head].scheme(**_options(text, options, _NAMED_OPTION_KEYS))
+    if len(parts) != 3:
+        if len(parts) == 1 and head in FORMATS:
+            raise SchemeError(f"{head} needs a granularity and a scale source: write e.g. {head}/group16/dynamic "
+                              f"(or a named scheme: {', '.join(NAMED_SCHEMES)})")
+        raise SchemeError(
+            f"malformed KV scheme {text!r}: write FORMAT/GRANULARITY/SCALES, e.g. fp8_e4m3/head/dynamic, "
+            f"or a named scheme ({', '.join(NAMED_SCHEMES)}) (see `python -m evalkit schemes`)"
+        )
+    fmt, gran, scales = parts
+    get_format(fmt)
+    granularity = Granularity.parse(gran)
+    try:
+        source = ScaleSource(scales)
+    except ValueError:
+        raise SchemeError(f"unknown scale source {scales!r}: use one of {', '.join(s.value for s in ScaleSource)}") from None
+    return Scheme(format=fmt, granularity=granularity, scales=source, **_options(text, options, _OPTION_KEYS))
+
+
+_SCHEME_START = re.compile(
+    r",(?=\s*(?:" + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
+    + r")(?:[/+,\s]|$))")
 
 
 def parse_schemes(text: str | list[str]) -> list[Scheme]:
-    """Parse a comma-free list: schemes are separated by spaces or passed as a list.
+    """Parse a list: schemes separated by commas (or passed as a list).
 
     ``skip=0,5`` contains commas, so a comma-separated string is split only at commas that are
-    followed by a format name.
+    followed by a format or named-scheme name.
     """
     if isinstance(text, str):
-        pieces = re.split(r",(?=\s*(?:bf16|fp8_|int\d))", text)
+        pieces = _SCHEME_START.split(text)
     else:
         pieces = list(text)
     return [parse_scheme(p) for p in pieces if p.strip()]

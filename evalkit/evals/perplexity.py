@@ -15,19 +15,10 @@ safetensors) and its whole next-token distribution P as float16 weights ``w = fp
 completion marker. The key hashes the model (config, a weight fingerprint, dtype, device), the
 tokenizer, the corpus hash, the protocol and the torch version.
 
-KL choice (as llama.cpp's ``--kl-divergence-base``: store the full baseline distribution in 16
-bits). KL needs the baseline's whole distribution at every position; recomputing it per scheme
-costs a second forward (throughput halves) and top-k storage is not exact. With the stored
-weights, ``t = sum_v w_v log P_v`` and ``z = sum_v w_v`` from the baseline pass, a scheme's KL per
-position is ``(t - sum_v w_v log Q_v) / z``: one fused dot product with the scheme's log-softmax,
-which the NLL needs anyway, so a scheme costs one forward per window plus reading 2 bytes per
-vocabulary entry. This equals KL(P'||Q) - KL(P'||P) for the renormalized stored distribution P'
-(KL(P'||P) ~ 1e-8): the exact KL up to zero-mean rounding noise of ~1e-3 of each token's KL
-(tested against full-precision KL), exactly 0 for an identity scheme (the same dot product on the
-same numbers), and clamped at 0 per token against float32 summation noise (~1e-6 nats: the
-floor below which a scheme's KL is not resolved; float64 would cost ~10 % throughput). Disk:
-2 bytes x vocabulary per scored token (98 KB for a 49k vocabulary; 20k tokens = 2 GB), checked
-against free space before anything is written.
+KL choice: the full baseline distribution stored in 16 bits, a scheme's KL one dot product with
+its log-softmax (the math, its precision and its disk cost are in :mod:`evalkit.evals.distribution`,
+shared with the decode evaluation). Disk: 2 bytes x vocabulary per scored token (98 KB for a 49k
+vocabulary; 20k tokens = 2 GB), checked against free space before anything is written.
 
 Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
 log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
@@ -45,7 +36,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -56,10 +46,11 @@ import torch
 from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.distribution import CHUNK_ELEMENTS, OutputHead, baseline_summary as _baseline_summary
+from evalkit.evals.distribution import check_free_space, kl_stored as _kl_stored, publish, temp_dir
+from evalkit.evals.distribution import weights_fingerprint as _weights_fingerprint
 from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
-P_SCALE = 2.0**15  # stored weights are fp16(P * P_SCALE): normal range down to P = 2e-9
-CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MB of float32
 FORMAT_VERSION = 2  # bump when the cached baseline's contents change
 BASELINE_KEYS = frozenset({"nll", "argmax", "t", "z"})
 DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
@@ -150,7 +141,7 @@ class PerplexityEval(Evaluation):
         self.plan = plan_windows(len(ids), p["window"], p["stride"], bos, p["max_windows"])
         self.targets = [(p["window"] - t0) for _, t0 in self.plan]
         self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
-        self.head = _OutputHead(model)
+        self.head = OutputHead(model, "perplexity")
         self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
                              bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
         key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=_weights_fingerprint(model),
@@ -185,13 +176,9 @@ class PerplexityEval(Evaluation):
 
     def _compute_baseline(self, lm, key: dict) -> None:
         n, vocab = int(self.offsets[-1]), self.head.vocab
-        self.dir.parent.mkdir(parents=True, exist_ok=True)
-        need, free = n * vocab * 2, shutil.disk_usage(self.dir.parent).free
-        if need * 1.05 + 2**28 > free:
-            raise EvalkitError(f"the baseline log-probs need {need / 1e9:.1f} GB ({n} tokens x {vocab} vocab x 2 B) but {free / 1e9:.1f} GB are free: lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
-        tmp = self.dir.with_name(f"{self.dir.name}.{os.getpid()}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        check_free_space(self.dir.parent, n * vocab * 2, f"the baseline log-probs ({n} tokens x {vocab} vocab x 2 B)",
+                         "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
+        tmp = temp_dir(self.dir)
         out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t", "z")}
         out["argmax"] = torch.empty(n, dtype=torch.int64)
         with open(tmp / "probs.npy", "wb") as fh:
@@ -205,10 +192,7 @@ class PerplexityEval(Evaluation):
 
         save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
         (tmp / "meta.json").write_text(json.dumps({**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True))
-        try:
-            os.rename(tmp, self.dir)
-        except OSError:  # another process finished the same baseline first: use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish(tmp, self.dir)
 
     def _scored_chunks(self, lm):
         """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
@@ -309,57 +293,3 @@ class PerplexityEval(Evaluation):
         rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
         rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
         return rows
-
-
-class _OutputHead:
-    """The model's output layer applied to final hidden states (plus gemma-style soft-capping),
-    checked once against the model's own logits so an unusual head is refused, not mis-scored."""
-
-    def __init__(self, model):
-        self.linear = model.get_output_embeddings()
-        if self.linear is None:
-            raise EvalkitError(f"{type(model).__name__} has no output embeddings: perplexity needs a causal LM head")
-        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.vocab = self.linear.out_features
-        device = next(model.parameters()).device
-        ids = torch.arange(1, 9, device=device)[None] % self.vocab
-        with torch.inference_mode():
-            ref = model(input_ids=ids, use_cache=False).logits.float()
-            ours = self(model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0])
-        if not torch.allclose(ours, ref[0], rtol=1e-4, atol=1e-4):
-            raise EvalkitError(f"{type(model).__name__} post-processes its logits in a way evalkit does not reproduce: perplexity cannot score it")
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-
-def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-row dot product of two (rows, vocab) tensors, fused (no (rows, vocab) temporary)."""
-    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
-
-
-def _baseline_summary(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the baseline stores per position: fp16 weights w, t = w . log P and z = sum w."""
-    w = (lp.exp() * P_SCALE).half()
-    wf = w.float()
-    return w, _rowdot(wf, lp), wf.sum(-1)
-
-
-def _kl_stored(w: torch.Tensor, t: torch.Tensor, z: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
-    """Per-row KL(P || Q) from the stored baseline (w, t, z) and the scheme's log-probs ``lq``."""
-    return ((t - _rowdot(w.float(), lq)) / z).clamp_min_(0)
-
-
-def _weights_fingerprint(model) -> str:
-    """Cheap hash of every parameter's name, shape, dtype and first/last 64 values."""
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            flat = t.detach().reshape(-1)
-            h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
-    return h.hexdigest()

@@ -11,6 +11,9 @@ the weights::
 Activations, CUDA graphs and fragmentation are what ``utilization`` leaves room for; like the
 engines' own ``gpu_memory_utilization``, it is a fraction of the whole memory. Sizes parse as
 ``80GiB`` (2**30), ``80GB`` (10**9), ``1.03TB``; token counts as ``32k`` (32 x 1024) or ``128K``.
+
+Bytes are evalkit's plain count (data plus each scale at its storage size, :mod:`evalkit.memory`).
+:func:`layout_notes` says where an engine's own layout differs from it, for the schemes shown.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from evalkit.errors import EvalkitError
 from evalkit.memory import bytes_per_token, model_cache_bytes
 from evalkit.model_info import KVLayout
+from evalkit.kv.formats import ScaleDType
 from evalkit.kv.scheme import Scheme
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -106,3 +110,32 @@ def format_plan(rows: list[Capacity], context: int) -> str:
         "x BF16": f"{r.multiplier:.2f}",
     } for r in rows])
     return table.to_markdown(index=False, disable_numparse=True)
+
+
+def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
+    """Where engines lay the cache out differently from the plain count, for these schemes (facts
+    read in the engines' public sources; see :mod:`evalkit.kv.microscaling` for the FP4 ones)."""
+    notes = []
+    names = {s.name for s in schemes}
+    if layout.is_mla:
+        notes.append("MLA: engines keep the 64-value RoPE key in BF16 (DeepSeek's fp8_ds_mla: 512 E4M3 latent values + "
+                     "4 FP32 scales + 64 BF16 RoPE values = 656 B per layer, the fp8_e4m3/group128/dynamic+rope=bf16 row); "
+                     "rows without +rope=bf16 quantize the RoPE key too, which the engines' standard layouts do not.")
+        if any(s.kv_format.group_scaled for s in schemes):
+            notes.append("MLA with FP4: no mainstream engine ships an FP4 MLA cache in the sources read; the FP4 rows "
+                         "quantize the 512-value latent in groups along it (and the RoPE key unless +rope=bf16).")
+    if "nvfp4" in names:
+        notes.append("nvfp4: 0.5 B per value + one E4M3 byte per 16 values; the FP32 per-tensor scale is counted once "
+                     "per sequence for each cached tensor of each layer (K and V; MLA: latent and RoPE key), where engines "
+                     "keep one k_scale/v_scale per layer; either way it adds "
+                     "nothing per token. vLLM packs each page as [K data | K scales | V data | V scales]; TensorRT-LLM "
+                     "keeps the block scales in a separate pool: same bytes, modulo page alignment.")
+    if "sglang_fp4" in names:
+        notes.append("sglang_fp4: SGLang's MHATokenToKVPoolFP4 holds uint8 [slots, heads, head_dim/2] codes plus uint8 "
+                     "[slots, heads*head_dim/16] E8M0 scales: 4.5 bits per value, as counted here.")
+    if names & {"mxfp4", "mxfp8_e4m3"}:
+        notes.append("mxfp4 / mxfp8_e4m3: the OCP MX v1.0 layout, blocks of 32 values with one E8M0 byte each "
+                     "(0.25 bit per value); SGLang's fp4_e2m1 KV uses E8M0 blocks of 16 instead (sglang_fp4).")
+    if any(s.scale_dtype is ScaleDType.FP32 and s.granularity.size and s.kv_format.group_scaled for s in schemes):
+        notes.append("fp4_e2m1 with fp32 scales is a reference point (ideal scales), not an engine layout.")
+    return notes

@@ -102,6 +102,20 @@ def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim
 MLA_GRANULARITIES = (GranularityKind.TENSOR, GranularityKind.TOKEN, GranularityKind.GROUP)
 
 
+def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
+    """One clear error where a scheme cannot tile a model's cached tensors (MLA rules, or a group
+    width that does not divide head_dim)."""
+    if scheme.is_identity:
+        return
+    if layout.is_mla:
+        check_mla_scheme(scheme, layout)
+        return
+    from evalkit.kv.quantize import check_granularity
+
+    for dim in dict.fromkeys((layout.head_dim, layout.v_head_dim)):
+        check_granularity(scheme.granularity, dim)
+
+
 def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if scheme.is_identity or not layout.is_mla:
         return
@@ -178,7 +192,7 @@ def model_cache_bytes(layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1
     """Exact KV bytes of ``batch`` sequences of ``seq`` tokens over every attention layer.
 
     ``keep`` says how many tokens sliding-window layers hold (see :func:`stored_tokens`)."""
-    check_mla_scheme(scheme, layout)
+    check_layout_scheme(scheme, layout)
     total = 0
     for i in attention_layers(layout):
         quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i))

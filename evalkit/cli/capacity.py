@@ -17,8 +17,10 @@ from pathlib import Path
 
 from evalkit.errors import EvalkitError
 
-DEFAULT_SCHEMES = "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,int4/group32/dynamic"
-MLA_SCHEMES = "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic"
+DEFAULT_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
+                   "int4/group32/dynamic,nvfp4,sglang_fp4,mxfp4")
+MLA_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
+               "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16")
 
 
 def add_parser(sub):
@@ -97,7 +99,7 @@ def _weights(args, preset, config_fields) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.capacity import format_bytes, format_plan, kv_budget, parse_bytes, parse_count, plan
+    from evalkit.capacity import format_bytes, format_plan, kv_budget, layout_notes, parse_bytes, parse_count, plan
     from evalkit.model_info import kv_layout
     from evalkit.presets import PRESETS, config_namespace
     from evalkit.kv.scheme import parse_schemes
@@ -108,18 +110,22 @@ def run(args: argparse.Namespace) -> int:
         return 0
     fields, label, preset = _load_config(args)
     layout = kv_layout(config_namespace(fields))
-    schemes = parse_schemes(args.schemes or (MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
+    if args.schemes:
+        schemes, left_out = parse_schemes(args.schemes), []
+    else:
+        schemes, left_out = _fitting(layout, parse_schemes(MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
     context = parse_count(args.context)
     gpu_memory = parse_bytes(args.gpu_memory)
     weights, weights_note = _weights(args, preset, fields)
     budget = kv_budget(gpu_memory, args.gpus, args.utilization, weights)
     rows = plan(layout, schemes, budget, context)
+    notes = left_out + layout_notes(layout, schemes)
     if args.json:
         from dataclasses import asdict
 
         print(json.dumps({"model": label, "context": context, "gpus": args.gpus, "gpu_memory": gpu_memory,
                           "utilization": args.utilization, "weights_bytes": weights, "kv_budget": budget,
-                          "rows": [asdict(r) for r in rows]}, indent=1))
+                          "rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
         return 0
     kind = (f"MLA: latent {layout.mla_latent_dim} + RoPE key {layout.mla_rope_dim} per token per layer" if layout.is_mla
             else f"{layout.num_kv_heads} KV heads x head_dim {layout.head_dim}")
@@ -128,4 +134,23 @@ def run(args: argparse.Namespace) -> int:
           f"= KV budget {format_bytes(budget)}; context {context:,} tokens")
     print()
     print(format_plan(rows, context))
+    if notes:
+        print("\nNotes (bytes are data + each scale at its storage size; where engines lay it out differently):")
+        for note in notes:
+            print(f"- {note}")
     return 0
+
+
+def _fitting(layout, schemes) -> tuple[list, list[str]]:
+    """The default schemes this model's tensors can hold, and a note for each one left out."""
+    from evalkit.errors import SchemeError
+    from evalkit.memory import check_layout_scheme
+
+    keep, notes = [], []
+    for scheme in schemes:
+        try:
+            check_layout_scheme(scheme, layout)
+            keep.append(scheme)
+        except SchemeError as exc:
+            notes.append(f"{scheme} left out of the default list: {exc}")
+    return keep, notes

@@ -45,7 +45,7 @@ class MetricRow:
 
 
 class Evaluation(ABC):
-    """One kind of evaluation (perplexity, retrieval, lm-eval)."""
+    """One kind of evaluation (perplexity, retrieval, lm-eval, decode)."""
 
     name: ClassVar[str]
     #: headline metrics for the one-row-per-scheme table printed by `evalkit run`
@@ -85,6 +85,7 @@ _REGISTRY = {
     "perplexity": "evalkit.evals.perplexity:PerplexityEval",
     "retrieval": "evalkit.evals.retrieval:RetrievalEval",
     "lmeval": "evalkit.evals.lmeval:LmEvalEval",
+    "decode": "evalkit.evals.decode:DecodeEval",
 }
 
 

@@ -38,6 +38,37 @@ def test_mla_bytes_per_token_match_the_engine_layouts(name):
     assert bytes_per_token(layout, P("fp8_e4m3/group128/dynamic")) == 61 * (512 + 16 + 64 + 4)
 
 
+def test_mla_fp4_bytes_per_token():
+    layout = preset_layout("kimi-k2")
+    # NVFP4: 0.5 B per value + one E4M3 byte per 16; the per-tensor FP32 scale is per sequence, nothing per token
+    assert bytes_per_token(layout, P("nvfp4")) == 61 * (256 + 32 + 32 + 4) == 19_764
+    assert bytes_per_token(layout, P("nvfp4+rope=bf16")) == 61 * (256 + 32 + 128) == 25_376
+    assert bytes_per_token(layout, P("mxfp4+rope=bf16")) == 61 * (256 + 16 + 128) == 24_400
+    assert bytes_per_token(layout, P("mxfp8_e4m3+rope=bf16")) == 61 * (512 + 16 + 128)
+    # per sequence: the NVFP4 global scales of latent and RoPE key, 4 bytes each per layer
+    assert model_cache_bytes(layout, P("nvfp4"), 1000) == 1000 * 19_764 + 61 * 2 * 4
+
+
+def test_dense_fp4_and_mx_bytes_per_token():
+    layout = preset_layout("llama-3.1-8b")
+    elems = 32 * 2 * 8 * 128  # layers x (K, V) x KV heads x head_dim
+    assert bytes_per_token(layout, P("bf16")) == 2 * elems == 131_072
+    assert bytes_per_token(layout, P("nvfp4")) == elems * (0.5 + 1 / 16) == 36_864
+    assert bytes_per_token(layout, P("sglang_fp4")) == 36_864  # SGLang's docs: 4.5 bits per value, 3.56x BF16
+    assert bytes_per_token(layout, P("mxfp4")) == elems * (0.5 + 1 / 32) == 34_816
+    assert bytes_per_token(layout, P("mxfp8_e4m3")) == elems * (1 + 1 / 32) == 67_584
+    assert bytes_per_token(layout, P("fp4_e2m1/group16/dynamic")) == elems * (0.5 + 4 / 16)  # fp32 scales: 4 bytes
+    assert model_cache_bytes(layout, P("nvfp4"), 100, batch=3) == 3 * 100 * 36_864 + 3 * 32 * 2 * 4
+    assert model_cache_bytes(layout, P("mxfp4"), 100, batch=3) == 3 * 100 * 34_816
+
+
+def test_a_group_that_does_not_divide_head_dim_is_refused():
+    layout = llama_layout(layers=2, heads=4, kv_heads=2, head_dim=48)
+    with pytest.raises(SchemeError, match="group32 does not divide head_dim 48"):
+        bytes_per_token(layout, P("mxfp4"))
+    assert bytes_per_token(layout, P("nvfp4")) == 2 * 2 * 2 * 48 * (0.5 + 1 / 16)
+
+
 def test_mla_refuses_head_granularity_and_non_dividing_groups():
     layout = preset_layout("kimi-k2")
     with pytest.raises(SchemeError, match="tensor, token or group"):
@@ -149,7 +180,11 @@ def tiny_mla_model():
 def cache_models():
     from tests.tiny_models import tiny_model
 
-    return {"llama": tiny_model("llama"), "gemma3": tiny_model("gemma3"), "mla": tiny_mla_model()}
+    torch.manual_seed(0)
+    head32 = tf.AutoModelForCausalLM.from_config(tf.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=512)).eval()  # head_dim 32, for the 32-wide MX groups
+    return {"llama": tiny_model("llama"), "gemma3": tiny_model("gemma3"), "mla": tiny_mla_model(), "llama32": head32}
 
 
 CACHE_CASES = [
@@ -160,6 +195,9 @@ CACHE_CASES = [
     ("gemma3", "fp8_e4m3/token/dynamic+skip=sliding"),
     ("mla", "fp8_e4m3/tensor/dynamic"), ("mla", "fp8_e4m3/token/dynamic"), ("mla", "fp8_e4m3/group16/dynamic"),
     ("mla", "fp8_e4m3/group16/dynamic+rope=bf16"), ("mla", "bf16"),
+    ("llama", "nvfp4"), ("llama", "sglang_fp4"), ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+skip=0"),
+    ("llama32", "mxfp4"), ("llama32", "mxfp8_e4m3"), ("gemma3", "nvfp4"), ("gemma3", "sglang_fp4+skip=sliding"),
+    ("mla", "nvfp4"), ("mla", "mxfp4+rope=bf16"), ("mla", "mxfp8_e4m3"),
 ]
 
 

@@ -15,7 +15,29 @@ CANONICAL = [
     "fp8_e4m3/tensor/static+scales=calibration/x.safetensors",
     "fp8_e4m3/head/static+scales=/abs/path/h.safetensors+skip=0,3",
     "fp8_e4m3/head/dynamic+skip=sliding", "fp8_e4m3/head/dynamic+attn=fa3", "fp8_e4m3/group128/dynamic+rope=bf16",
+    # FP4 and microscaling: named schemes are their own canonical strings
+    "nvfp4", "mxfp4", "mxfp8_e4m3", "sglang_fp4", "nvfp4+skip=0,3", "mxfp4+skip=sliding+attn=fa3", "nvfp4+rope=bf16",
+    "fp4_e2m1/group16/dynamic", "fp4_e2m1/group32/dynamic+scale_dtype=e4m3", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+tensor_scale=fp32",
+    "fp4_e2m1/group32/dynamic+scale_dtype=e8m0+recipe=sglang", "fp8_e5m2/group32/dynamic+scale_dtype=e8m0",
+    "fp8_e4m3/group16/dynamic+scale_dtype=e8m0+skip=1",
 ]
+
+
+@pytest.mark.parametrize("long, name", [
+    ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32", "nvfp4"),
+    ("fp4_e2m1/group32/dynamic+scale_dtype=e8m0", "mxfp4"),
+    ("fp8_e4m3/group32/dynamic+scale_dtype=e8m0+skip=0", "mxfp8_e4m3+skip=0"),
+    ("fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang+rope=bf16", "sglang_fp4+rope=bf16"),
+    ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32+skip=3,1", "nvfp4+skip=1,3"),
+])
+def test_long_forms_print_as_their_name(long, name):
+    assert str(parse_scheme(long)) == name and parse_scheme(name) == parse_scheme(long)
+
+
+def test_existing_strings_keep_fp32_scales_and_their_text():
+    s = parse_scheme("fp8_e4m3/tensor/dynamic")
+    assert s.scale_dtype.value == "fp32" and not s.tensor_scale and s.name is None
+    assert s.kv_format.scale_nbytes == 4 and str(s) == "fp8_e4m3/tensor/dynamic"
 
 
 @pytest.mark.parametrize("text", CANONICAL)
@@ -38,6 +60,9 @@ def test_fields_and_defaults():
 def test_list_parsing_keeps_skip_commas():
     schemes = parse_schemes("bf16,fp8_e4m3/tensor/dynamic+skip=0,1,int4/token/dynamic")
     assert [str(s) for s in schemes] == ["bf16", "fp8_e4m3/tensor/dynamic+skip=0,1", "int4/token/dynamic"]
+    schemes = parse_schemes("nvfp4+skip=0,1,mxfp4,fp4_e2m1/group16/dynamic,mxfp8_e4m3+skip=2,3,sglang_fp4")
+    assert [str(s) for s in schemes] == ["nvfp4+skip=0,1", "mxfp4", "fp4_e2m1/group16/dynamic", "mxfp8_e4m3+skip=2,3",
+                                         "sglang_fp4"]
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -58,6 +83,23 @@ def test_list_parsing_keeps_skip_commas():
     ("int4_asym/tensor/unit", "zero point"),
     ("int8_asym/tensor/static+scales=s.safetensors", "which static scales do not have"),
     ("bf16+attn=fa3", "takes no options"),
+    ("fp4_e2m1/tensor/dynamic", "one scale per group of values along head_dim, not per tensor"),
+    ("fp4_e2m1/token/dynamic", "not per token"),
+    ("fp4_e2m1/group16/unit", "not unit scales"),
+    ("fp4_e2m1/group16/static+scales=s.safetensors", "not static scales"),
+    ("fp8_e4m3/head/static+scales=s.safetensors+scale_dtype=e8m0", "not static scales"),
+    ("fp8_e4m3/block16/dynamic+scale_dtype=e8m0", "not per block16"),
+    ("fp8_e4m3/group32/dynamic+scale_dtype=e4m3", "does not take e4m3 scales"),
+    ("int8/group32/dynamic+scale_dtype=e8m0", "takes fp32 scales only"),
+    ("fp8_e4m3fnuz/group32/dynamic+scale_dtype=e8m0", "takes fp32 scales only"),
+    ("fp4_e2m1/group16/dynamic+scale_dtype=e5m2", "scale_dtype='e5m2'"),
+    ("fp4_e2m1/group16/dynamic+tensor_scale=fp32", "goes with scale_dtype=e4m3"),
+    ("fp8_e4m3/group16/dynamic+recipe=sglang", "recipe=sglang"),
+    ("mxfp4+scale_dtype=e4m3", "mxfp4 fixes its format and scales"),
+    ("nvfp4+scales=x.safetensors", "nvfp4 fixes its format and scales"),
+    ("nvfp4+color=red", "unknown scheme option"),
+    ("fp4_e2m1", "needs a granularity and a scale source"),
+    ("nvfp4/group16/dynamic", "unknown KV format"),
     ("", "empty"),
 ])
 def test_bad_schemes_are_one_clear_line(text, fragment):

@@ -58,6 +58,10 @@ def reference_layer0(raw: torch.Tensor, scheme_text: str, mask: torch.Tensor, pr
         p = prefill - start
         if s.scales.value == "unit":
             y = quantize_dequantize(x, fmt, gran, scale=torch.ones(1, 1, 1, 1))
+        elif fmt.tensor_scale:  # NVFP4: per-token group scales under the prefill's per-tensor scale, frozen
+            frozen = quantize(x[:, :, :p], fmt, gran).tensor_scale
+            y = torch.cat([dequantize(quantize(x[:, :, t:t + 1], fmt, gran, tensor_scale=frozen)) for t in range(x.shape[2])],
+                          dim=2)
         elif gran.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
             y = torch.cat([quantize_dequantize(x[:, :, t:t + 1], fmt, gran) for t in range(x.shape[2])], dim=2)
         elif gran.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
@@ -98,6 +102,67 @@ def test_values_attention_reads_equal_the_decoded_stored_bytes(llama, scheme):
         for st in (layer.k, layer.v):
             real = mask.bool()[:, None, :, None].expand_as(st.values)
             assert torch.equal(st.decoded()[real], st.values.float()[real])
+
+
+# FP4 and microscaling schemes; the 32-wide groups of MX need a model with head_dim 32
+@pytest.fixture(scope="module")
+def models(llama):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=512)
+    return {"llama": llama, "llama32": tf.AutoModelForCausalLM.from_config(cfg).eval()}
+
+
+MICRO_SCHEMES = [("llama", "nvfp4"), ("llama", "sglang_fp4"), ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3"),
+                 ("llama", "fp4_e2m1/group16/dynamic"), ("llama32", "mxfp4"), ("llama32", "mxfp8_e4m3"),
+                 ("llama32", "nvfp4+skip=1")]
+
+
+@pytest.mark.parametrize("arch,scheme", MICRO_SCHEMES)
+def test_layer0_stores_what_an_engine_stores_microscaling(models, arch, scheme):
+    ids, mask = inputs()
+    raw = teacher_forced(models[arch], "bf16", ids, mask).layers[0].k.values
+    cache = teacher_forced(models[arch], scheme, ids, mask)
+    expected = reference_layer0(raw, scheme, mask, PREFILL)
+    got = cache.layers[0].k.values
+    real = mask.bool()[:, None, :, None].expand_as(got)
+    assert torch.equal(got[real], expected[real])
+
+
+@pytest.mark.parametrize("arch,scheme", MICRO_SCHEMES)
+def test_values_attention_reads_equal_the_decoded_stored_bytes_microscaling(models, arch, scheme):
+    ids, mask = inputs()
+    cache = teacher_forced(models[arch], scheme, ids, mask)
+    fmt = parse_scheme(scheme).kv_format
+    for layer in cache.layers:
+        for st in (layer.k, layer.v):
+            real = mask.bool()[:, None, :, None].expand_as(st.values)
+            assert torch.equal(st.decoded()[real], st.values.float()[real])
+            if st.quantized and fmt.packed:  # two E2M1 codes per stored byte
+                assert st.codes.dtype == torch.uint8 and st.codes.shape[-1] * 2 == st.values.shape[-1]
+
+
+@pytest.mark.parametrize("arch,scheme", MICRO_SCHEMES)
+def test_bytes_equal_the_analytic_count_microscaling(models, arch, scheme):
+    ids, mask = inputs(pad=False, length=21)
+    _, cache = generate(models[arch], ids, mask, scheme)
+    seq = ids.shape[1] + NEW_TOKENS - 1
+    assert cache.nbytes() == expected_bytes(models[arch], scheme, 2, lambda layer: seq)
+
+
+def test_scales_are_counted_at_their_storage_size(llama):
+    """Per K (or V) tensor of one layer: codes + one byte per E4M3/E8M0 scale (+ 4 per sequence for NVFP4's global)."""
+    ids, mask = inputs(pad=False, length=21)
+    seq = ids.shape[1] + NEW_TOKENS - 1
+    for scheme, per_token in (("nvfp4", 2 * 8 + 2 * 1), ("sglang_fp4", 2 * 8 + 2 * 1),
+                              ("fp4_e2m1/group16/dynamic", 2 * 8 + 2 * 4)):  # 2 KV heads x (16 / 2 code bytes + scales)
+        _, cache = generate(llama, ids, mask, scheme)
+        st = cache.layers[0].k
+        extra = 2 * 4 if scheme == "nvfp4" else 0
+        assert st.nbytes() == 2 * seq * per_token + extra, scheme
+        assert (st.tensor_scale is not None) == (scheme == "nvfp4")
 
 
 def test_frozen_tensor_scales_saturate_later_tokens(llama):

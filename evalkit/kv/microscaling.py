@@ -164,7 +164,7 @@ def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:
     """
     values = values.to(torch.float32)
     table = values.new_tensor(_E2M1_MAGNITUDES)
-    magnitude = values.abs()
+    magnitude = values.abs().contiguous()
     index = torch.searchsorted(table, magnitude).clamp_(max=len(_E2M1_MAGNITUDES) - 1)
     if check and not bool((table[index] == magnitude).all()):
         raise ValueError("e2m1_to_code needs values on the E2M1 grid; round them with round_to_e2m1 first")
@@ -274,7 +274,7 @@ def round_to_e2m1_away(y: torch.Tensor) -> torch.Tensor:
     """
     y = y.to(torch.float32)
     bounds = y.new_tensor(_E2M1_TIE_BOUNDS)
-    index = torch.bucketize(y.abs(), bounds, right=True)  # how many bounds |y| reaches (>=)
+    index = torch.bucketize(y.abs().contiguous(), bounds, right=True)  # how many bounds |y| reaches (>=)
     magnitude = y.new_tensor(_E2M1_MAGNITUDES)[index]
     out = torch.where(y < 0, -magnitude, magnitude)
     return out.masked_fill_(torch.isnan(y), float("nan"))

@@ -178,6 +178,12 @@ class Scheme:
                                   f"drop +scale_dtype={self.scale_dtype.value}")
             raise SchemeError(f"{fmt.name} does not take {self.scale_dtype.value} scales: use scale_dtype "
                               f"{' or '.join(d.value for d in fmt.scale_dtypes)} (named schemes: `python -m evalkit schemes`)")
+        if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
+            raise SchemeError("tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
+                              "add +scale_dtype=e4m3 or write nvfp4")
+        if self.recipe is Recipe.SGLANG and (fmt.name != "fp4_e2m1" or self.scale_dtype is not ScaleDType.E8M0):
+            raise SchemeError("recipe=sglang is SGLang's fp4_e2m1 KV recipe (E2M1 values, E8M0 scales): "
+                              "use fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang, i.e. sglang_fp4")
         if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
             return
         needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
@@ -192,12 +198,6 @@ class Scheme:
         if self.granularity.kind is not GranularityKind.GROUP:
             raise SchemeError(f"{per_group}, not per {self.granularity}: "
                               f"use group<N>, e.g. {example}")
-        if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
-            raise SchemeError("tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
-                              "add +scale_dtype=e4m3 or write nvfp4")
-        if self.recipe is Recipe.SGLANG and (fmt.name != "fp4_e2m1" or self.scale_dtype is not ScaleDType.E8M0):
-            raise SchemeError("recipe=sglang is SGLang's fp4_e2m1 KV recipe (E2M1 values, E8M0 scales): "
-                              "use fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang, i.e. sglang_fp4")
 
     # -- derived --------------------------------------------------------------------------------
     @property

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from evalkit.kv.formats import FORMATS
-from evalkit.kv.rounding import round_to_fp8, round_to_fp8_by_cast
+from evalkit.kv.rounding import SMALL, round_to_fp8, round_to_fp8_by_cast, round_to_fp8_emulated
 from evalkit.kv.quantize import round_codes
 
 FP8 = ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"]
@@ -43,11 +43,13 @@ def test_edge_cases_match_cast_and_ml_dtypes(name):
     fmt = FORMATS[name]
     table = edge_table(name)
     x = torch.tensor(list(table.values()), dtype=torch.float32)
-    ours = round_codes(x, fmt)  # clamps, then rounds by emulation
+    ours = round_codes(x, fmt)  # clamps, then rounds (a small table: by the cast)
     clamped = x.clamp(-fmt.max, fmt.max)
     by_cast = round_to_fp8_by_cast(clamped, fmt)
+    emulated = round_to_fp8_emulated(clamped, fmt)
     ref = torch.from_numpy(reference(clamped.numpy(), name))
     for i, label in enumerate(table):
+        assert emulated[i].view(torch.int32) == ref[i].view(torch.int32), f"{name} {label}: emulated {emulated[i]} vs ml_dtypes {ref[i]}"
         assert ours[i].view(torch.int32) == by_cast[i].view(torch.int32), f"{name} {label}: {ours[i]} vs cast {by_cast[i]}"
         assert ours[i].view(torch.int32) == ref[i].view(torch.int32), f"{name} {label}: {ours[i]} vs ml_dtypes {ref[i]}"
     assert torch.isfinite(ours).all(), "overflow must saturate, never inf"
@@ -72,7 +74,7 @@ def test_every_rounding_boundary(name):
     mids = mids.astype(np.float32)
     probes = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))])
     x = torch.from_numpy(probes)
-    ours = round_to_fp8(x, fmt)
+    ours = round_to_fp8_emulated(x, fmt)
     assert torch.equal(ours.view(torch.int32), round_to_fp8_by_cast(x, fmt).view(torch.int32))
     assert torch.equal(ours.view(torch.int32), torch.from_numpy(reference(probes, name)).view(torch.int32))
     assert probes.size > 700
@@ -84,16 +86,16 @@ def test_large_random_tensors(name):
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(2_000_000, generator=g) * torch.exp(torch.randn(2_000_000, generator=g) * 6)
     x = x.clamp(-fmt.max, fmt.max)
-    ours = round_to_fp8(x, fmt)
+    ours = round_to_fp8_emulated(x, fmt)
     assert torch.equal(ours.view(torch.int32), round_to_fp8_by_cast(x, fmt).view(torch.int32))
     assert torch.equal(ours.view(torch.int32), torch.from_numpy(reference(x.numpy(), name)).view(torch.int32))
 
 
 def test_fnuz_has_no_negative_zero():
     fmt = FORMATS["fp8_e4m3fnuz"]
-    out = round_to_fp8(torch.tensor([-0.0, -1e-9]), fmt)
+    out = round_to_fp8_emulated(torch.tensor([-0.0, -1e-9]), fmt)
     assert not torch.signbit(out).any()
-    e4m3 = round_to_fp8(torch.tensor([-0.0, -1e-9]), FORMATS["fp8_e4m3"])
+    e4m3 = round_to_fp8_emulated(torch.tensor([-0.0, -1e-9]), FORMATS["fp8_e4m3"])
     assert torch.signbit(e4m3).all()
 
 
@@ -102,3 +104,12 @@ def test_format_table_is_derived_from_finfo():
     assert FORMATS["fp8_e4m3"].mantissa_bits == 3 and FORMATS["fp8_e5m2"].mantissa_bits == 2
     assert FORMATS["fp8_e4m3"].min_normal_exp == -6 and FORMATS["fp8_e4m3fnuz"].min_normal_exp == -7
     assert FORMATS["int4"].qmax == 7 and FORMATS["int8"].qmax == 127 and FORMATS["int4_asym"].qmax == 15
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"])
+def test_dispatch_by_size_gives_the_same_bits_either_way(name):
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(9)
+    for n in (1, SMALL, SMALL + 1, 3 * SMALL):
+        x = (torch.randn(n, generator=g) * 30).clamp(-fmt.max, fmt.max)
+        assert torch.equal(round_to_fp8(x, fmt).view(torch.int32), round_to_fp8_emulated(x, fmt).view(torch.int32))

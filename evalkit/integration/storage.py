@@ -69,6 +69,39 @@ class Padding:
         self.valid, self.starts = mask, [int(v) for v in first.tolist()]
 
 
+class GrowingTensor:
+    """A tensor that grows along the token dimension (dim 2) in place: appends cost the new tokens
+    only, not a copy of everything stored so far. Capacity grows by at least ``CHUNK`` tokens (or an
+    eighth of what is held), so at most that much stays allocated and unused."""
+
+    CHUNK = 256
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def data(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer[:, :, :self.length]
+
+    def append(self, new: torch.Tensor) -> None:
+        need = self.length + new.shape[2]
+        if self.buffer is None or need > self.buffer.shape[2] or self.buffer.shape[:2] != new.shape[:2]:
+            grown = max(need, self.length + max(self.CHUNK, self.length // 8))
+            buffer = new.new_empty(*new.shape[:2], grown, *new.shape[3:])
+            if self.length:
+                buffer[:, :, :self.length] = self.buffer[:, :, :self.length]
+            self.buffer = buffer
+        self.buffer[:, :, self.length:need] = new
+        self.length = need
+
+    def drop_front(self, n: int) -> None:
+        self.buffer, self.length = self.buffer[:, :, n:], self.length - n
+
+    def allocated_bytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()
+
+
 class StoredTensor:
     """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points, and the
     dequantized values attention reads."""
@@ -76,10 +109,11 @@ class StoredTensor:
     def __init__(self, fmt: KVFormat, granularity: Granularity, fixed_scale: torch.Tensor | None, quantized: bool):
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
-        self.codes: torch.Tensor | None = None  # stored bytes (B, H, S, D * bits / 8)
+        self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
         self.values: torch.Tensor | None = None  # dequantized (or raw, when unquantized) (B, H, S, D)
-        self.scale: torch.Tensor | None = None
-        self.zero: torch.Tensor | None = None
+        self._token_scale, self._token_zero = GrowingTensor(), GrowingTensor()  # token / group granularity
+        self._scale: torch.Tensor | None = None  # tensor / head (frozen) and block scales
+        self._zero: torch.Tensor | None = None
         self.starts: list[int] | None = None  # per-sequence first real position (block alignment)
         self.offset = 0  # absolute position of the first stored token (sliding windows drop the front)
         self.block_base = 0  # block scales dropped from the front
@@ -90,6 +124,30 @@ class StoredTensor:
     @property
     def kind(self) -> GranularityKind:
         return self.granularity.kind
+
+    @property
+    def codes(self) -> torch.Tensor | None:
+        return self._codes.data
+
+    @property
+    def per_token(self) -> bool:
+        return self.fixed is None and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP)
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        return self._token_scale.data if self.per_token else self._scale
+
+    @scale.setter
+    def scale(self, value: torch.Tensor | None) -> None:
+        self._scale = value
+
+    @property
+    def zero(self) -> torch.Tensor | None:
+        return self._token_zero.data if self.per_token else self._zero
+
+    @zero.setter
+    def zero(self, value: torch.Tensor | None) -> None:
+        self._zero = value
 
     def _flag(self, nonfinite: torch.Tensor) -> None:
         self.nonfinite = nonfinite if self.nonfinite is None else self.nonfinite | nonfinite
@@ -123,12 +181,12 @@ class StoredTensor:
         self.total += x.shape[2]
 
     def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
-        self.codes = self._cat(self.codes, encode(q.codes, self.fmt))
+        self._codes.append(encode(q.codes, self.fmt))
         self.values = self._cat(self.values, dequantize(q, dtype))
         if per_token:
-            self.scale = self._cat(self.scale, q.scale)
+            self._token_scale.append(q.scale)
             if q.zero is not None:
-                self.zero = self._cat(self.zero, q.zero)
+                self._token_zero.append(q.zero)
         self._flag(q.nonfinite)
 
     # -- blocks --------------------------------------------------------------------------------
@@ -141,7 +199,7 @@ class StoredTensor:
         starts = self.starts or [0] * b
         self.starts = starts
         # grow codes, values and the block-scale table first; the regions below fill them in
-        self.codes = self._cat(self.codes, torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
+        self._codes.append(torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
         self.values = self._cat(self.values, torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
         blocks = max(-(-(t0 + s - st) // n) for st in starts) - self.block_base
         have = 0 if self.scale is None else self.scale.shape[2]
@@ -217,15 +275,25 @@ class StoredTensor:
             return
         self.values = self.values[:, :, drop:]
         if self.quantized:
-            self.codes = self.codes[:, :, drop:]
-            if self.fixed is None and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-                self.scale = self.scale[:, :, drop:]
-                if self.zero is not None:
-                    self.zero = self.zero[:, :, drop:]
+            self._codes.drop_front(drop)
+            if self.per_token:
+                self._token_scale.drop_front(drop)
+                if self._token_zero.buffer is not None:
+                    self._token_zero.drop_front(drop)
             elif self.fixed is None and self.kind is GranularityKind.BLOCK and len(set(self.starts)) == 1:
                 whole = (target - self.starts[0]) // self.granularity.size - self.block_base
                 self.scale, self.block_base = self.scale[:, :, whole:], self.block_base + whole
         self.offset = target
+
+    def held_bytes(self) -> int:
+        """Bytes this process holds for it: the dequantized copy plus allocated codes, scales and zero points."""
+        if self.values is None:
+            return 0
+        held = self.values.numel() * self.values.element_size()
+        if self.quantized:
+            held += sum(g.allocated_bytes() for g in (self._codes, self._token_scale, self._token_zero))
+            held += sum(t.numel() * t.element_size() for t in (self._scale, self._zero, self.fixed) if t is not None)
+        return held
 
     def nbytes(self) -> int:
         if self.values is None:

@@ -30,8 +30,20 @@ import torch
 from evalkit.kv.formats import KVFormat
 
 
+SMALL = 16384  # below this many elements (a decode step's K or V) the cast's two kernels beat seven passes
+
+
 def round_to_fp8(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Round float32 ``y`` (already clamped to ±fmt.max) to the nearest value of ``fmt``; float32 out."""
+    """Round float32 ``y`` (already clamped to ±fmt.max) to the nearest value of ``fmt``; float32 out.
+
+    Both ways are exact and give the same bits; the faster one is chosen by size."""
+    if y.numel() <= SMALL:
+        return round_to_fp8_by_cast(y, fmt)
+    return round_to_fp8_emulated(y, fmt)
+
+
+def round_to_fp8_emulated(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """The integer emulation described above (float32 in and out)."""
     assert y.dtype == torch.float32, "round_to_fp8 works on float32"
     drop = 23 - fmt.mantissa_bits
     # c = 2**(max(e, min_normal_exp) + drop) for |y| in [2**e, 2**(e+1)), built on the exponent bits;

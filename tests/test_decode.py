@@ -358,3 +358,42 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(sharp_dir, tmp_path,
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (progress bars aside)
     assert line.startswith("evalkit: error: ") and message in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "decode").exists()
+
+
+# ---- report --------------------------------------------------------------------------------------
+def decode_store(folder):
+    """SYNTHETIC results store (hand-chosen values) with decode runs, written by the store's own writer."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+    from tests.test_report import CODE, LAYOUT, _row
+
+    store = ResultStore(folder)
+    info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": CODE}}
+    kls = {"bf16": 0.0, "fp8_e4m3/tensor/dynamic": 0.002, "fp8_e5m2/head/unit": 0.03}
+    for n, (scheme, kl) in enumerate(kls.items()):
+        rows = [_row("kl_mean", kl, kl * 0.8, kl * 1.2)]
+        for i, bucket in enumerate(["16-19", "20-23", "24-27"]):  # KL grows with the position
+            v = kl * (1 + i)
+            rows.append(_row("kl_mean", v, v * 0.8 if kl else None, v * 1.2 if kl else None, {"bucket": bucket}))
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "decode", "params": {}}
+        store.append(RunOutcome(f"tiny-{n}", spec, True, rows, info=info))
+    return folder
+
+
+def test_report_column_and_plot(tmp_path):
+    from PIL import Image
+
+    from evalkit.report import format_table, load_store, summary_frame
+    from evalkit.report.plots import all_plots, decode
+
+    results = load_store(decode_store(tmp_path / "store"))
+    frame = summary_frame(results).set_index("scheme")
+    assert frame.loc["fp8_e5m2/head/unit", "decode_kl_last"] == pytest.approx(0.09)
+    assert frame.loc["fp8_e5m2/head/unit", "decode_kl_last_lo"] == pytest.approx(0.072)
+    assert frame.loc["fp8_e4m3/tensor/dynamic", "decode_kl_last_bucket"] == "24-27"
+    text = format_table(summary_frame(results))
+    assert "decode KL (last bucket)" in text and "0.09 [0.072, 0.108]" in text and "0.006 [0.0048, 0.0072]" in text
+    assert "positions 24-27 of teacher-forced decoding" in text
+    paths = decode(results, tmp_path / "plots")
+    assert [p.name for p in paths] == ["decode_kl_tiny.png", "decode_kl_tiny.svg"]
+    assert Image.open(paths[0]).size[0] > 1000
+    assert any(p.name == "decode_kl_tiny.png" for p in all_plots(results, summary_frame(results), tmp_path / "all"))

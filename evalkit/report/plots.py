@@ -5,6 +5,8 @@
   joined by a line.
 * :func:`positions` -- Δppl % and KL by token-position bucket (``labels.bucket``), one line per scheme:
   where in the context the damage happens.
+* :func:`decode` -- the decode evaluation's KL(baseline || scheme) against the position of the
+  generated token (position buckets, log y), one line per scheme: how the error grows over a generation.
 * :func:`retrieval` -- accuracy heatmaps (context length x needle depth) per model, task and scheme.
 * :func:`sensitivity` -- per-layer sensitivity: any metric with a ``labels.layer`` (e.g. the KL of
   quantizing one layer at a time), one line per scheme.
@@ -182,6 +184,44 @@ def positions(results: Results, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+def decode(results: Results, out_dir: str | Path) -> list[Path]:
+    """Decode KL per position bucket, one line per quantized scheme (x: the bucket's middle position,
+    y: mean KL on a log axis, band: the 95 % interval); one figure per model. Buckets whose KL is not
+    above zero cannot sit on a log axis and are left out."""
+    from evalkit.report.tables import scheme_labels
+
+    df = results.rows
+    df = df[(df["eval"] == "decode") & (df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]
+    df = df[(df["scheme"] != str(Scheme())) & (df["value"] > 0)]
+    if df.empty:
+        return []
+    bounds = df["labels"].map(lambda d: [float(v) for v in re.findall(r"\d+", d["bucket"])[:2]])
+    df = df.assign(mid=bounds.map(lambda b: (b[0] + b[-1]) / 2))
+    paths = []
+    for model, g in df.groupby("model", sort=False):
+        schemes = list(dict.fromkeys(g["scheme"]))
+        labels = dict(zip(schemes, scheme_labels(pd.DataFrame({"scheme": schemes}))[0]))
+        colors = plt.get_cmap("tab20" if len(schemes) > 10 else "tab10").colors
+        fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
+        for i, scheme in enumerate(schemes):
+            s = g[g["scheme"] == scheme].sort_values("mid")
+            style = ":" if "/static" in scheme else "--" if "/unit" in scheme else "-"
+            color = colors[i % len(colors)]
+            ax.plot(s["mid"], s["value"], marker="o", ms=3, ls=style, color=color, label=labels[scheme])
+            band = s[s["ci_low"].notna() & (s["ci_low"] > 0)]
+            if len(band) > 1:
+                ax.fill_between(band["mid"], band["ci_low"], band["ci_high"], color=color, alpha=0.12, lw=0)
+        ax.set_yscale("log")
+        ax.set_xlabel("position of the generated token (middle of its bucket)")
+        ax.set_ylabel("mean KL(baseline || scheme), nats")
+        ax.set_title(f"{model}: decode-time KL by position (teacher-forced through the stored KV cache)", fontsize=11)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="scheme (-- unit, : static)",
+                  title_fontsize=7)
+        paths += _save(fig, Path(out_dir), f"decode_kl_{_slug(model)}")
+    return paths
+
+
 def retrieval(results: Results, out_dir: str | Path) -> list[Path]:
     df = results.rows
     df = df[(df["eval"] == "retrieval") & (df["metric"] == "accuracy")
@@ -240,4 +280,5 @@ def sensitivity(results: Results, out_dir: str | Path) -> list[Path]:
 
 
 def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    return pareto(frame, out_dir) + positions(results, out_dir) + retrieval(results, out_dir) + sensitivity(results, out_dir)
+    return (pareto(frame, out_dir) + positions(results, out_dir) + decode(results, out_dir) + retrieval(results, out_dir)
+            + sensitivity(results, out_dir))

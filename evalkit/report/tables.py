@@ -15,7 +15,9 @@ raw values in columns instead: the full ``scheme`` string, ``dtype``, ``code``):
   really ran in, ``baseline (float32)``, and a note says that bytes and capacity count a bf16 cache;
 * a column whose shown value is the same on every row (retrieval at 100 %, an accuracy at chance,
   no flips) is listed as not separating the schemes;
-* which code computed the runs, when more than one version did (:func:`evalkit.report.results.provenance_notes`).
+* which code computed the runs, when more than one version did (:func:`evalkit.report.results.provenance_notes`);
+* which decode positions the "decode KL (last bucket)" column covers (the decode evaluation's last
+  position bucket: the error after the longest stretch of generation the run measured).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from evalkit.kv.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
+DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
 
 
 def _with_ci(out: dict, key: str, row) -> None:
@@ -55,6 +58,7 @@ def summary_frame(results: Results) -> pd.DataFrame:
     for name, col in (("accuracy", "retrieval_acc"), ("accuracy_diff", "retrieval_diff")):
         for _, r in df[(df["eval"] == "retrieval") & (df["metric"] == name) & ~df["labels"].map(bool)].iterrows():
             _with_ci(slot(r["model"], r["scheme"]), col, r)
+    _decode_last_bucket(df, slot)
     lm = df[df["eval"] == "lmeval"]
     for _, r in lm.iterrows():
         task, _, stat = str(r["metric"]).rpartition("/")
@@ -63,7 +67,7 @@ def summary_frame(results: Results) -> pd.DataFrame:
         if stat in LMEVAL_SCORES or stat in ("flip_rate", "flip_right_to_wrong", "flip_wrong_to_right"):
             _with_ci(slot(r["model"], r["scheme"]), f"{task}/{stat}", r)
     if not rows:
-        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows (perplexity, retrieval, lmeval)")
+        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows (perplexity, retrieval, lmeval, decode)")
     frame = pd.DataFrame(list(rows.values()))
     if "bytes_per_token" not in frame:
         frame["bytes_per_token"] = math.nan
@@ -84,6 +88,21 @@ def summary_frame(results: Results) -> pd.DataFrame:
     frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
     frame.attrs["store_notes"] = provenance_notes(results)
     return frame
+
+
+def _bucket_start(label) -> float:
+    m = re.match(r"\s*(\d+)", str(label))
+    return float(m.group(1)) if m else math.nan
+
+
+def _decode_last_bucket(df: pd.DataFrame, slot) -> None:
+    """The decode eval's ``kl_mean`` of its last position bucket (the latest positions) per model x scheme."""
+    rows = df[(df["eval"] == "decode") & (df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]
+    for (model, scheme), g in rows.groupby(["model", "scheme"], sort=False):
+        last = g.loc[g["labels"].map(lambda d: _bucket_start(d["bucket"])).idxmax()]
+        out = slot(model, scheme)
+        _with_ci(out, DECODE_LAST, last)
+        out[f"{DECODE_LAST}_bucket"] = last["labels"]["bucket"]
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -144,6 +163,8 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
             d["Δppl [95% CI]"] = "baseline" if base else _ci(r, "ppl_delta_rel", 100, unit="%")
             d["KL (nats)"] = "" if base else _num(r.get("kl_mean"), ".3g")
             d["top-1 %"] = "" if base else _num(100 * r["top1_agreement"] if not pd.isna(r.get("top1_agreement", math.nan)) else math.nan, ".1f")
+        if DECODE_LAST in r:
+            d["decode KL (last bucket)"] = "" if base else _ci(r, DECODE_LAST, 1, ".3g")
         if "retrieval_acc" in r:
             d["retrieval % [95% CI]"] = _ci(r, "retrieval_acc", 100, ".1f")
         for task in lm_tasks:
@@ -184,6 +205,12 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
     if dtypes:
         notes.append(f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
                      "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it")
+    if f"{DECODE_LAST}_bucket" in frame:
+        buckets = sorted(set(frame[f"{DECODE_LAST}_bucket"].dropna()), key=_bucket_start)
+        if buckets:
+            notes.append(f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
+                         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
+                         "95 % bootstrap interval over sequences")
     constant = constant_columns(table)
     if constant:
         notes.append("the same on every row, so they do not separate the schemes: "

@@ -172,8 +172,8 @@ def test_light_commands_do_not_import_transformers_or_lm_eval(argv):
 
 
 def test_help_lists_every_command_with_its_own_help():
-    """`--help` shows each command by the help in COMMANDS without importing it; the command's own
-    parser must say the same."""
+    """`--help` shows each command by its help in COMMANDS without importing it; the command's own
+    parser says the same (modules pass help=COMMANDS[name], never a second copy of the text)."""
     from evalkit.cli import COMMANDS, build_parser
 
     full = build_parser()

@@ -18,9 +18,10 @@ import sys
 
 from evalkit.errors import EvalkitError
 
-# command -> the one-line help `--help` shows (each module's add_parser repeats it; a test keeps them equal)
+# command -> its one-line help, written only here: `--help` shows it without importing the command,
+# and each module's add_parser passes help=COMMANDS[name]
 COMMANDS = {
-    "schemes": "list KV formats, granularities and scale sources",
+    "schemes": "list KV formats, granularities, scale sources and dtypes, and named schemes",
     "models": "list the embedded offline models, where their files are, and evalkit's cache",
     "run": "run one evaluation for several KV schemes on one model",
     "sweep": "run a grid of models x schemes x evals into a results folder",

@@ -18,6 +18,7 @@ import json
 import warnings
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.errors import EvalkitError
 
@@ -26,7 +27,7 @@ DEFAULTS = {"corpus": "stdlib-docs", "samples": 32, "seq_len": 512, "granularity
 
 
 def add_parser(sub):
-    p = sub.add_parser("calibrate", help="static K/V scales from calibration text, or imported from a vLLM checkpoint")
+    p = sub.add_parser("calibrate", help=COMMANDS["calibrate"])
     add_model_arguments(p)
     p.set_defaults(model=None)
     p.add_argument("--recipe", type=Path, default=None, help="YAML recipe with any of: model, corpus, samples, seq_len, granularity, method, format, out")

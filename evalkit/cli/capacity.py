@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
 
 DEFAULT_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
@@ -24,7 +25,7 @@ MLA_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16
 
 
 def add_parser(sub):
-    p = sub.add_parser("capacity", help="KV tokens and concurrent sequences that fit, per KV scheme")
+    p = sub.add_parser("capacity", help=COMMANDS["capacity"])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a published model config (see --list-presets)")
     src.add_argument("--config", type=Path, help="a config.json file")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
+
 
 def add_parser(sub):
-    p = sub.add_parser("merge", help="combine the results folders of sweep shards")
+    p = sub.add_parser("merge", help=COMMANDS["merge"])
     p.add_argument("out", type=Path, help="the merged results folder")
     p.add_argument("shards", type=Path, nargs="+", help="results folders written by `evalkit sweep --shard I/N`")
     p.set_defaults(handler=run)

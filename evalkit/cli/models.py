@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
 from evalkit.models import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
 
 
 def add_parser(sub):
-    p = sub.add_parser("models", help="list the embedded offline models, where their files are, and evalkit's cache")
+    p = sub.add_parser("models", help=COMMANDS["models"])
     p.set_defaults(handler=run)
 
 

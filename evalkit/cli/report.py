@@ -16,9 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
+
 
 def add_parser(sub):
-    p = sub.add_parser("report", help="tables, plots and a recommendation from a results folder")
+    p = sub.add_parser("report", help=COMMANDS["report"])
     p.add_argument("folder", type=Path, help="a results folder written by `evalkit sweep`")
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
     p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")

@@ -14,13 +14,14 @@ import json
 import sys
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.evals import eval_names, get_eval
 from evalkit.kv.scheme import Scheme, parse_schemes
 
 
 def add_parser(sub):
-    p = sub.add_parser("run", help="run one evaluation for several KV schemes on one model")
+    p = sub.add_parser("run", help=COMMANDS["run"])
     add_model_arguments(p)
     p.add_argument("--schemes", default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
                    help="comma-separated scheme strings (see `evalkit schemes`)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from evalkit.cli import COMMANDS
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
 from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
@@ -13,7 +14,7 @@ GRAMMAR = ("FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32
 
 
 def add_parser(sub):
-    p = sub.add_parser("schemes", help="list KV formats, granularities, scale sources and dtypes, and named schemes")
+    p = sub.add_parser("schemes", help=COMMANDS["schemes"])
     p.add_argument("--head-dim", type=int, default=64, help="head_dim used for the bytes-per-element column (default 64)")
     p.set_defaults(handler=run)
 

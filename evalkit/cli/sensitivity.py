@@ -16,12 +16,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.errors import EvalkitError
 
 
 def add_parser(sub):
-    p = sub.add_parser("sensitivity", help="per-layer KV quantization sensitivity and which layers to keep in BF16")
+    p = sub.add_parser("sensitivity", help=COMMANDS["sensitivity"])
     add_model_arguments(p)
     p.add_argument("--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic")
     p.add_argument("--layers", default=None, help="only these layers, e.g. 0,1,29 (default: all)")

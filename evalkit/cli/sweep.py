@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
 
 
@@ -40,7 +41,7 @@ class SweepConfig:
 
 
 def add_parser(sub):
-    p = sub.add_parser("sweep", help="run a grid of models x schemes x evals into a results folder")
+    p = sub.add_parser("sweep", help=COMMANDS["sweep"])
     p.add_argument("grid", nargs="?", default=None, help="grid YAML file, or a name in sweeps/ (default: 'default')")
     p.add_argument("--quick", action="store_true", help="run sweeps/quick.yaml (a minute or two on CPU)")
     p.add_argument("--out", default=None, help="results folder (default: the grid's 'out', else results/<grid name>)")

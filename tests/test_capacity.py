@@ -101,3 +101,32 @@ def test_list_presets(capsys):
     code, out, _ = run_cli(capsys, "capacity", "--list-presets")
     assert code == 0 and all(name in out for name in PRESETS)
     assert get_preset("Kimi-K2")["config"]["kv_lora_rank"] == 512
+
+
+@pytest.mark.parametrize("preset,rows", [
+    ("llama-3.1-8b", {"nvfp4": ("36,864", "3.56"), "mxfp4": ("34,816", "3.76"), "sglang_fp4": ("36,864", "3.56"),
+                      "mxfp8_e4m3": ("67,584", "1.94"), "fp8_e4m3/tensor/dynamic": ("65,536", "2.00")}),
+    ("kimi-k2", {"nvfp4+rope=bf16": ("25,376", "2.77"), "nvfp4": ("19,764", "3.56"), "mxfp4+rope=bf16": ("24,400", "2.88"),
+                 "fp8_e4m3/group128/dynamic+rope=bf16": ("40,016", "1.76")}),
+])
+def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, rows):
+    code, out, _ = run_cli(capsys, "capacity", "--preset", preset, "--gpu-memory", "80GB", "--gpus", "16",
+                           "--weights-bytes", "1.03TB", "--context", "32k")
+    assert code == 0
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
+             if line.startswith("| ") and not line.startswith("| scheme")}
+    for scheme, (per_token, multiplier) in rows.items():
+        assert table[scheme][0] == per_token and table[scheme][-1] == multiplier, scheme
+    assert "Notes" in out and "nvfp4:" in out and ("RoPE key in BF16" in out) == (preset == "kimi-k2")
+
+
+def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tmp_path):
+    cfg = tmp_path / "config.json"  # head_dim 48: the 32-wide MX groups and int4/group32 do not fit
+    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "hidden_size": 192}))
+    code, out, _ = run_cli(capsys, "capacity", "--config", str(cfg), "--gpu-memory", "1GiB", "--weights-bytes", "0",
+                           "--json")
+    data = json.loads(out)
+    assert code == 0 and "nvfp4" in {r["scheme"] for r in data["rows"]}
+    assert not {"mxfp4", "mxfp8_e4m3", "int4/group32/dynamic"} & {r["scheme"] for r in data["rows"]}
+    assert any(n.startswith("mxfp4 left out of the default list: group32 does not divide head_dim 48") for n in data["notes"])

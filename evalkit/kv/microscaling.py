@@ -65,6 +65,22 @@ NVFP4 two-level scales (``nvfp4_scales``)
     ``nvfp4_group_scales`` are the two steps, so that a cache can keep the global scale of a
     sequence's first write and reuse it for later tokens.
 
+NVFP4 in a KV cache: where the per-tensor scale comes from
+    Engines keep one FP32 scale per layer for K and one for V and never recompute it per token:
+    vLLM's NVFP4 store kernel (``csrc/.../nvfp4_kv_cache_kernels.cu``,
+    ``reshape_and_cache_nvfp4_kernel``, vLLM PRs #37332 and #40177) quantizes every token with
+    ``global = 1 / k_scale`` (``v_scale``), the layer's scale from the checkpoint (ModelOpt
+    calibration) or from vLLM's one-time ``calculate_kv_scales`` estimate on the first batch;
+    SGLang's ``NVFP4KVQuantizeUtil`` refuses to run without a per-layer global scale; flashinfer's
+    ``nvfp4_quantize_paged_kv_cache`` derives it from the amax when none is given. evalkit models
+    the dynamic case as it models ``tensor/dynamic`` FP8 scales: from each sequence's first write
+    (its prefill, padding left out), then frozen for the tokens that follow, so later tokens beyond
+    that range saturate (group scale 448, elements ±6). The scale a code is multiplied by is
+    ``float32(group * global)``, the product vLLM's reference dequantizer
+    (``tests/kernels/quantization/nvfp4_utils.py``, ``dequant_nvfp4_kv_cache``) and ModelOpt form;
+    the attention kernels fold ``global`` into their softmax and output scales instead, which can
+    differ in the last float32 bit.
+
 SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``round_to_e2m1_away``)
     What ``FP4MXBlock16KVQuantizeUtil.batched_quantize`` in SGLang's ``kvfp4_tensor.py`` computes
     (see ``SGLANG_FP4_BLOCK`` below), re-derived: the exponent is

@@ -31,6 +31,7 @@ COMMANDS = {
     "capacity": "KV tokens and concurrent sequences that fit, per KV scheme",
     "report": "tables, plots and a recommendation from a results folder",
 }
+MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalkit.cli.common)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["sweep"]  # the main job: the default sweep on the embedded model
-    parser = build_parser(_chosen(argv))
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
+    command = _chosen(argv)
     try:
+        if command in MODEL_COMMANDS and not {"-h", "--help"} & set(argv):
+            from evalkit.cli.common import check_model_first
+
+            check_model_first(argv)  # a bad --model fails before the command's heavy imports
+        parser = build_parser(command)
+        args = parser.parse_args(argv)
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
         return int(args.handler(args) or 0)
     except EvalkitError as exc:
         print(f"evalkit: error: {exc}", file=sys.stderr)

@@ -1,8 +1,15 @@
-"""Options shared by commands that load a model."""
+"""Options shared by commands that load a model, and a check of ``--model`` before anything heavy.
+
+Commands that load a model import torch and their evaluations while their options are parsed
+(seconds). :func:`check_model_first` looks at ``--model`` before that, so a missing folder or a
+hub id that is neither cached nor reachable fails at once with ``load_model``'s own one line.
+"""
 
 from __future__ import annotations
 
-from evalkit.models import DEFAULT_MODEL
+import argparse
+
+from evalkit.models import DEFAULT_MODEL, embedded_name, model_source
 
 
 def add_model_arguments(p) -> None:
@@ -20,3 +27,13 @@ def load_from_args(args):
 
     return load_model(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code, attn_implementation=args.attn_implementation)
+
+
+def check_model_first(argv: list[str]) -> None:
+    """Raise EvalkitError for a ``--model`` in ``argv`` that cannot load (see :func:`evalkit.models.model_source`);
+    the embedded model is left to the command (its first load converts it)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--model", default=DEFAULT_MODEL)
+    known, _ = pre.parse_known_args(argv)
+    if not embedded_name(known.model):
+        model_source(known.model)

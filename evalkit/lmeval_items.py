@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from evalkit.errors import EvalkitError
+from evalkit.stats import binomial_ci
 
 
 def _first_binary_metric(sample: dict) -> float | None:
@@ -71,15 +72,6 @@ def items_from_results(results: dict) -> dict[str, list[dict]]:
     return out
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return (math.nan, math.nan)
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return (float(ci.low), float(ci.high))
-
-
 def mean_ci(values: np.ndarray) -> tuple[float, float, float]:
     from scipy import stats
 
@@ -111,12 +103,12 @@ def compare_items(base: list[dict], other: list[dict]) -> dict[str, dict[str, An
         out: dict[str, Any] = {}
         if all(b["prediction"] is not None for b, _ in pairs):
             flips = sum(b["prediction"] != o["prediction"] for b, o in pairs)
-            out["flip_rate"] = (flips / n, *wilson(flips, n), {"n_items": n, "n_flipped": flips})
+            out["flip_rate"] = (flips / n, *binomial_ci(flips, n), {"n_items": n, "n_flipped": flips})
         if all(b["correct"] is not None and o["correct"] is not None for b, o in pairs):
             r2w = sum(b["correct"] == 1.0 and o["correct"] == 0.0 for b, o in pairs)
             w2r = sum(b["correct"] == 0.0 and o["correct"] == 1.0 for b, o in pairs)
-            out["flip_right_to_wrong"] = (r2w / n, *wilson(r2w, n), {"n_items": n, "n_flipped": r2w})
-            out["flip_wrong_to_right"] = (w2r / n, *wilson(w2r, n), {"n_items": n, "n_flipped": w2r})
+            out["flip_right_to_wrong"] = (r2w / n, *binomial_ci(r2w, n), {"n_items": n, "n_flipped": r2w})
+            out["flip_wrong_to_right"] = (w2r / n, *binomial_ci(w2r, n), {"n_items": n, "n_flipped": w2r})
         if all(b["gold_loglik"] is not None and o["gold_loglik"] is not None for b, o in pairs):
             delta = np.array([o["gold_loglik"] - b["gold_loglik"] for b, o in pairs], dtype=np.float64)
             mean, low, high = mean_ci(np.abs(delta))

@@ -109,7 +109,7 @@ def test_model_load_failure_fails_its_runs_only(tmp_path, tiny_llama_dir, toy_ev
     (tmp_path / "g.yaml").write_text(text)
     assert main(["sweep", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
     printed = capsys.readouterr().out
-    assert "2 completed now, 2 failed" in printed and "could not load model" in printed
+    assert "2 completed now, 2 failed" in printed and "no such folder" in printed
 
 
 def test_shards_merged_equal_unsharded(tmp_path, tiny_llama_dir, toy_eval, capsys):

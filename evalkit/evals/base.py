@@ -93,10 +93,13 @@ def eval_names() -> list[str]:
     return list(_REGISTRY)
 
 
-def get_eval(name: str) -> type[Evaluation]:
-    if name not in _REGISTRY:
-        raise EvalkitError(f"unknown eval {name!r}: use one of {', '.join(_REGISTRY)}")
+def get_eval(name: str, registry: dict[str, str] | None = None) -> type[Evaluation]:
+    """The evaluation class registered as ``name`` (in ``registry`` when given: a sweep passes the
+    registry it started with to its workers, so evals registered at run time resolve the same way)."""
     import importlib
 
-    module, cls = _REGISTRY[name].split(":")
+    registry = _REGISTRY if registry is None else registry
+    if name not in registry:
+        raise EvalkitError(f"unknown eval {name!r}: use one of {', '.join(registry)}")
+    module, cls = registry[name].split(":")
     return getattr(importlib.import_module(module), cls)

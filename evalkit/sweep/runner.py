@@ -12,7 +12,6 @@ shows a progress bar (current run, done/total, ETA) and prints a summary of fail
 from __future__ import annotations
 
 import gc
-import importlib
 import shutil
 import sys
 import tempfile
@@ -21,19 +20,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.evals.base import get_eval
 from evalkit.sweep import code_identity
 from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json, versions
 from evalkit.sweep.shard import select
 from evalkit.sweep.store import ResultStore, RunOutcome
-
-
-def _eval_class(name: str, registry: dict[str, str] | None):
-    if registry and name in registry:
-        module, cls = registry[name].split(":")
-        return getattr(importlib.import_module(module), cls)
-    from evalkit.evals.base import get_eval
-
-    return get_eval(name)
 
 
 def _dtype(model) -> str:
@@ -78,7 +69,7 @@ class ModelSession:
         key = run.eval_key
         if key not in self._evals:
             try:
-                ev = _eval_class(run.eval, self.registry)(run.params)
+                ev = get_eval(run.eval, self.registry)(run.params)
                 ev.prepare(lm, self.workdir)
                 self._evals[key] = ev
             except Exception as exc:

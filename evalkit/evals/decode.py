@@ -246,7 +246,7 @@ class DecodeEval(Evaluation):
             probs[sl, j] = w.cpu().numpy()
 
         free = torch.arange(rows) >= self.p.sequences
-        self._pass(lm, Scheme(), tokens, record, free)
+        self.run_pass(lm, Scheme(), tokens, record, free)
         probs.flush()
         from safetensors.torch import save_file
 
@@ -255,7 +255,7 @@ class DecodeEval(Evaluation):
                                                    "starts": self.starts}, indent=1, sort_keys=True))
         publish(tmp, self.dir)
 
-    def _pass(self, lm, scheme, tokens: torch.Tensor, record, free: torch.Tensor | None = None) -> None:
+    def run_pass(self, lm, scheme, tokens: torch.Tensor, record, free: torch.Tensor | None = None) -> None:
         """Run every row of ``tokens`` through the decode loop under ``scheme``, in batches; call
         ``record(rows, j, log_probs, nll, argmax)`` per step (``tokens`` of free rows get the greedy tokens)."""
         from tqdm import tqdm
@@ -281,12 +281,12 @@ class DecodeEval(Evaluation):
                 tokens[sl] = ids.cpu()
 
     # ---- one scheme ------------------------------------------------------------------------
-    def positions(self, lm, scheme) -> dict[str, np.ndarray]:
-        """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll`` and ``base_nll``."""
-        if not hasattr(self, "dir"):
-            raise RuntimeError("DecodeEval needs prepare() first")
+    def scorer(self, device: torch.device):
+        """``(record, collect)`` for one scheme's pass: ``record`` scores one step against the stored
+        baseline (KL from the step's fp16 weights, read from the memory map; top-1 against the
+        baseline's argmax) into (rows x T) tensors on ``device``; ``collect()`` returns them as
+        :meth:`positions` does."""
         rows, steps = self._shape
-        device = lm.device
         base = {k: self.base[k].to(device) for k in ("t", "z", "argmax")}
         kl = torch.empty(rows, steps, dtype=torch.float32, device=device)
         nll, agree = torch.empty_like(kl), torch.empty(rows, steps, dtype=torch.bool, device=device)
@@ -297,9 +297,19 @@ class DecodeEval(Evaluation):
             kl[sl, j] = kl_stored(w, base["t"][sl, j], base["z"][sl, j], lp)
             nll[sl, j], agree[sl, j] = step_nll, top == base["argmax"][sl, j]
 
-        self._pass(lm, scheme, self.inputs.clone(), record)
-        return {"kl": kl.double().cpu().numpy(), "agree": agree.cpu().numpy(), "nll": nll.double().cpu().numpy(),
-                "base_nll": self.base["nll"].double().numpy()}
+        def collect() -> dict[str, np.ndarray]:
+            return {"kl": kl.double().cpu().numpy(), "agree": agree.cpu().numpy(), "nll": nll.double().cpu().numpy(),
+                    "base_nll": self.base["nll"].double().numpy()}
+
+        return record, collect
+
+    def positions(self, lm, scheme) -> dict[str, np.ndarray]:
+        """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll`` and ``base_nll``."""
+        if not hasattr(self, "dir"):
+            raise RuntimeError("DecodeEval needs prepare() first")
+        record, collect = self.scorer(lm.device)
+        self.run_pass(lm, scheme, self.inputs.clone(), record)
+        return collect()
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         pos = self.positions(lm, scheme)

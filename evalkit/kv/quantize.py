@@ -246,7 +246,7 @@ def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     4-bit codes packed two per byte along head_dim (low nibble first; FP4 in the OCP bit layout
     S E E M). Exact."""
     if fmt.kind is FormatKind.FLOAT and fmt.packed:
-        return mx.pack_fp4(mx.e2m1_to_code(codes, check=False))
+        return _pack_nibbles(mx.e2m1_to_code(codes, check=False))  # no host read-back: runs in every layer
     if fmt.kind is FormatKind.FLOAT:
         return codes.to(fmt.storage_dtype)
     if fmt.bits == 4:

@@ -157,7 +157,7 @@ def test_local_tasks_validate_without_the_builtin_index():
 
     ev = LmEvalEval({"tasks": "evalkit_mmlu4, evalkit_topics_ppl,evalkit_passkey,evalkit_mmlu4", "limit": "5"})
     assert ev.params["tasks"] == ["evalkit_mmlu4", "evalkit_topics_ppl", "evalkit_passkey"] and ev.params["limit"] == 5
-    assert ev.params["batch_size"] == 1 and ev.params["num_fewshot"] is None
+    assert ev.params["batch_size"] is None and ev.params["num_fewshot"] is None  # None: the device default
     tasks = resolve_tasks(ev.params["tasks"])
     assert tasks.external == () and sorted(tasks.manager.all_tasks) == sorted(ev.params["tasks"])  # no built-in index
 

@@ -20,6 +20,10 @@ Metric names are ``<task>/<metric>`` (``[<filter>]`` appended when lm-eval's fil
 ``none``); ``labels`` hold task and filter. Every row's ``info`` carries the provenance needed to
 reproduce it: lm-eval version, task name and version, n-shot, limit, number of items, batch size
 and the task config lm-eval reports.
+
+Batch size (``--lmeval-batch-size N|auto``, grid key ``batch_size``; default ``auto`` on CUDA, 8 on
+CPU): every batch size gives each item the log-likelihoods of batch size 1 to float tolerance,
+under every scheme, since padding is masked out of the KV scales (:mod:`evalkit.lmeval_adapter`).
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class LmEvalEval(Evaluation):
 
     @classmethod
     def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
-        from evalkit.lmeval_adapter import resolve_tasks
+        from evalkit.lmeval_adapter import parse_batch_size, resolve_tasks
 
         known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters", "metadata"}
         extra = set(params) - known
@@ -91,7 +95,7 @@ class LmEvalEval(Evaluation):
             "tasks": list(dict.fromkeys(tasks)),
             "num_fewshot": _positive_int("num_fewshot (--num-fewshot)", params.get("num_fewshot"), 0),
             "limit": _positive_int("limit (--limit)", params.get("limit"), 1),
-            "batch_size": _positive_int("batch_size (--lmeval-batch-size)", params.get("batch_size", 1), 1),
+            "batch_size": parse_batch_size(params.get("batch_size")),
             "include": [str(Path(p).resolve()) for p in include],
             "bootstrap_iters": _positive_int("bootstrap_iters", params.get("bootstrap_iters", 100000), 0),
             "metadata": metadata,
@@ -106,8 +110,9 @@ class LmEvalEval(Evaluation):
                        help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})")
         g.add_argument("--num-fewshot", dest="lmeval_num_fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
         g.add_argument("--limit", dest="lmeval_limit", type=int, default=None, help="evaluate only the first N items of each task")
-        g.add_argument("--lmeval-batch-size", type=int, default=1,
-                       help="HFLM batch size (default 1: exact; larger batches are right-padded without a mask)")
+        g.add_argument("--lmeval-batch-size", default=None, metavar="N|auto",
+                       help="HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
+                            "every batch size gives batch size 1's log-likelihoods (padding is masked)")
         g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
         g.add_argument("--lmeval-metadata", default=None,
                        help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler")
@@ -192,7 +197,8 @@ class LmEvalEval(Evaluation):
             artifacts.mkdir(parents=True, exist_ok=True)
             (artifacts / "lmeval_samples.json").write_text(json.dumps(
                 {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
-        return metric_rows(results, self.params) + flip_rows(results, items, self.baseline_items, self.params)
+        params = {**self.params, "batch_size": self._hflm.batch_size}  # the one used: device default resolved
+        return metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params)
 
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape

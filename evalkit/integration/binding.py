@@ -17,6 +17,7 @@ from evalkit.kv.scale_table import ScaleTable, load_scale_table
 from evalkit.kv.scheme import ScaleSource, Scheme
 from evalkit.memory import check_mla_scheme
 from evalkit.model_info import KVLayout
+from evalkit.resources import resolve_calibration_file
 
 
 class BoundScheme:
@@ -72,8 +73,4 @@ class BoundScheme:
 
 def _resolve_static_path(path: str) -> str:
     """A relative scale file is looked up in the current folder, then among evalkit's shipped tables."""
-    try:
-        from evalkit.resources import resolve_calibration_file
-    except ImportError:
-        return path
     return str(resolve_calibration_file(path))

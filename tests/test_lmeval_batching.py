@@ -52,7 +52,7 @@ def worst(a: list[float], b: list[float]) -> float:
 
 @pytest.mark.parametrize("value, expected", [(None, None), (1, 1), ("8", 8), (" 16 ", 16), ("auto", "auto"), ("AUTO", "auto")])
 def test_batch_size_values(value, expected):
-    from evalkit.lmeval_adapter import parse_batch_size
+    from evalkit.lmeval_batching import parse_batch_size
 
     assert parse_batch_size(value) == expected
 
@@ -79,14 +79,14 @@ def test_cli_bad_batch_size_is_one_line_and_exit_2(flag, tmp_path, capsys):
 
 
 def test_default_batch_size_follows_the_device():
-    from evalkit.lmeval_adapter import CPU_BATCH_SIZE, default_batch_size
+    from evalkit.lmeval_batching import CPU_BATCH_SIZE, default_batch_size
 
     assert default_batch_size("cpu") == CPU_BATCH_SIZE
     assert default_batch_size(torch.device("cuda", 0)) == "auto"
 
 
 def test_requests_differing_only_by_trailing_zeros_go_to_separate_calls():
-    from evalkit.lmeval_adapter import loglikelihood_calls, padded_lengths
+    from evalkit.lmeval_batching import loglikelihood_calls, padded_lengths
 
     reqs = [(None, [5, 6], [0, 9]), (None, [5, 6], [9]), (None, [7], [8, 9]), (None, [5, 6, 0], [0, 3]),
             (None, [1, 2, 3, 4, 5], [6, 7])]

@@ -22,8 +22,8 @@ reproduce it: lm-eval version, task name and version, n-shot, limit, number of i
 and the task config lm-eval reports.
 
 Batch size (``--lmeval-batch-size N|auto``, grid key ``batch_size``; default ``auto`` on CUDA, 8 on
-CPU): every batch size gives each item the log-likelihoods of batch size 1 to float tolerance,
-under every scheme, since padding is masked out of the KV scales (:mod:`evalkit.lmeval_adapter`).
+CPU): every batch size gives each item its batch-size-1 log-likelihoods under every scheme (bit for
+bit on CPU): padding is kept out of the KV scales and attention (:mod:`evalkit.lmeval_batching`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class LmEvalEval(Evaluation):
 
     @classmethod
     def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
-        from evalkit.lmeval_adapter import parse_batch_size, resolve_tasks
+        from evalkit.lmeval_adapter import resolve_tasks
+        from evalkit.lmeval_batching import parse_batch_size
 
         known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters", "metadata"}
         extra = set(params) - known

@@ -1,9 +1,11 @@
 """Exact float32 -> FP8 -> float32 rounding by integer arithmetic on the float32 bits.
 
-torch's float8 casts are correct but slow on CPU (DESIGN.md measured a round trip of every layer's
-K and V at ~25-30 % of a forward pass of the embedded model on older torch; on torch 2.13 the cast
-round trip inside the hook takes about 1.6 % of a 2048-token forward against 1.2 % for this
-emulation, ``benchmarks/bench_hook.py``). The rounding they perform is simple enough to emulate exactly in a
+torch's float8 casts are correct but, on CPU, a round trip of every layer's K and V over a long
+prefill costs more than a few passes of integer arithmetic on the float32 bits (on older torch
+about a quarter of a forward of the embedded model; on torch 2.13 still about 1.6 % of a
+2048-token forward against 1.2 % for this emulation). For one decode token the two kernels of the
+cast are cheaper than seven passes, so :func:`round_to_fp8` picks by size; both give the same bits.
+The rounding they perform is simple enough to emulate exactly in a
 few vectorised float32/int32 operations:
 
 * For ``|y|`` in the binade ``[2**e, 2**(e+1))`` the format's spacing is ``q = 2**(e' - m)`` with

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_perplexity.py throughput [--window 512] [--windows 4] [--rounds 2]
     python benchmarks/bench_perplexity.py memory [--lengths 1024,4096,8192]
+    python benchmarks/bench_perplexity.py kl [--model embedded|llama128k] [--window 512] [--windows 4] [--schemes ...]
 
 ``throughput``: scored tokens per second of (a) a plain transformers loop
 (``model(ids, labels=ids)`` per window), (b) ``PerplexityEval.evaluate`` for the baseline scheme
@@ -16,6 +17,14 @@ baseline pass, ``evaluate(fp8_e4m3/head/dynamic)``, and the plain loop) a fresh 
 the model, runs a short warm-up forward, then samples its resident set size every 5 ms during the
 step on one window, and prints the peak above the level before the step. Fresh processes keep
 memory freed by one step (and kept by the allocator) from hiding the next step's growth.
+
+``kl``: the 2 KB-per-token KL (:mod:`evalkit.evals.kl_topk`) against the full-vocabulary KL, per
+scheme: ``PerplexityEval`` on disjoint windows of the embedded corpus, and the same windows run
+through the model directly with float64 log-softmax over the whole vocabulary (the reference). It
+prints the estimate's relative error, the proven lower bound's, the reported sampling standard
+error, the mean tail mass and the baseline folder's bytes on disk per scored token. ``--model
+llama128k`` is a random llama with a 131072-token vocabulary (hidden 64, 2 layers, the embedded
+tokenizer): the disk cost at an LLM vocabulary.
 """
 
 from __future__ import annotations
@@ -165,9 +174,71 @@ def memory(args) -> None:
         print(f"{length:7d} " + " ".join(f"{v:9.0f}" for v in out), flush=True)
 
 
+KL_SCHEMES = ("fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic",
+              "int4_asym/group8/dynamic", "int4/tensor/dynamic")
+
+
+def _llama128k(folder: Path):
+    """A random llama with a 131072-token vocabulary, saved with the embedded model's tokenizer."""
+    import transformers as tf
+
+    from evalkit.models import load_model
+
+    tok = _load().tokenizer
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=131072, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return load_model(str(folder))
+
+
+def full_vocabulary_kl(lm, ev, scheme) -> float:
+    """Mean KL over the scored tokens from the whole vocabulary: float64 log-softmax of the logits of
+    ``model(ids)`` without and with the scheme."""
+    from evalkit.integration.install import quantized_kv
+
+    total, n = 0.0, 0
+    with torch.inference_mode():
+        for ids in _windows(ev):
+            base = lm.model(ids).logits[0, :-1].double().log_softmax(-1)
+            with quantized_kv(lm.model, scheme):
+                quant = lm.model(ids).logits[0, :-1].double().log_softmax(-1)
+            total += float((base.exp() * (base - quant)).sum())
+            n += base.shape[0]
+    return total / n
+
+
+def kl(args) -> None:
+    from evalkit.evals.perplexity import PerplexityEval
+
+    with tempfile.TemporaryDirectory() as work:
+        lm = _load() if args.model == "embedded" else _llama128k(Path(work) / "llama128k")
+        ev = PerplexityEval(dict(window=args.window, max_windows=args.windows, corpus="embedded", bos=False,
+                                 bootstrap_samples=200))
+        t = time.perf_counter()
+        ev.prepare(lm, Path(work))
+        prep = time.perf_counter() - t
+        n = int(ev.offsets[-1])
+        disk = sum(f.stat().st_size for f in ev.dir.iterdir())
+        vocab = ev.head.vocab
+        print(f"{args.model}: vocabulary {vocab}, {len(ev.plan)} windows x {args.window} tokens, {n} scored tokens; "
+              f"baseline {prep:.1f} s, {disk} bytes on disk = {disk / n:.0f} B per scored token "
+              f"(full float16 distributions: {2 * vocab} B)")
+        print(f"{'scheme':28s} {'full KL':>10s} {'estimate':>10s} {'error':>8s} {'lower bd':>9s} {'se':>7s} {'tail mass':>9s}")
+        for name in args.schemes.split(","):
+            row = next(r for r in ev.evaluate(lm, name) if r.metric == "kl_mean" and not r.labels)
+            ref = full_vocabulary_kl(lm, ev, name)
+            info = row.info
+            print(f"{name:28s} {ref:10.6f} {row.value:10.6f} {100 * (row.value / ref - 1):+7.3f}% "
+                  f"{100 * (info['kl_lower_bound'] / ref - 1):+8.2f}% {100 * info['kl_sampling_se'] / ref:6.3f}% "
+                  f"{info['kl_tail_mass']:9.3f}", flush=True)
+        print("error, lower bd and se relative to the full-vocabulary KL")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["throughput", "memory", "memory-one"])
+    p.add_argument("mode", choices=["throughput", "memory", "memory-one", "kl"])
     p.add_argument("length", nargs="?", type=int)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--windows", type=int, default=4)
@@ -176,6 +247,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--step", default="evaluate")
     p.add_argument("--work", type=Path)
+    p.add_argument("--model", choices=["embedded", "llama128k"], default="embedded", help="kl: the model")
+    p.add_argument("--schemes", default=",".join(KL_SCHEMES), help="kl: comma-separated schemes")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -183,6 +256,8 @@ def main() -> None:
         throughput(args)
     elif args.mode == "memory":
         memory(args)
+    elif args.mode == "kl":
+        kl(args)
     else:
         print(memory_one(args.length, args.step, args.work))
 

@@ -3,7 +3,10 @@
 ``tests/data/golden_hook_v1.json`` was written by evalkit 094835d, whose perplexity and lm-eval
 evaluations quantized K/V inside the attention function. One forward per window or request means
 the scales are computed over exactly the tokens the storage cache writes in its first write, so
-logits, perplexity, KL, top-1 agreement and lm-eval log-likelihoods must be identical (not close).
+logits, perplexity, top-1 agreement and lm-eval log-likelihoods must be identical (not close). KL is
+the exception since perplexity baseline format 3: the golden KL was computed from full float16
+distributions, evalkit now estimates it from a 2 KB summary per token (:mod:`evalkit.evals.kl_topk`),
+so it is compared within 1 %, with the summary's proven lower bound at or below it.
 Logits are compared by SHA-256 of their float32 bytes (a left-padded batch: real positions only;
 padding rows read only padding K/V, which the two paths store differently).
 """
@@ -55,8 +58,13 @@ def test_embedded_perplexity_kl_top1_equal_the_hook(embedded, tmp_path):
     ev = PerplexityEval({"window": 128, "stride": 128, "max_windows": 3, "bootstrap_samples": 200})
     ev.prepare(embedded, tmp_path)
     for scheme, want in GOLDEN["perplexity"].items():
-        rows = {r.metric: r.value for r in ev.evaluate(embedded, parse_scheme(scheme)) if not r.labels}
-        assert {k: rows[k] for k in want} == want, scheme
+        rows = {r.metric: r for r in ev.evaluate(embedded, parse_scheme(scheme)) if not r.labels}
+        exact = {k: v for k, v in want.items() if k != "kl_mean"}
+        assert {k: rows[k].value for k in exact} == exact, scheme
+        # KL: the golden value came from full float16 distributions, ours from the 2 KB summary
+        # (evals/kl_topk.py): within 1 %, and the proven lower bound not above it
+        assert rows["kl_mean"].value == pytest.approx(want["kl_mean"], rel=0.01), scheme
+        assert rows["kl_mean"].info["kl_lower_bound"] <= want["kl_mean"] * (1 + 1e-3), scheme
 
 
 @pytest.mark.slow

@@ -9,16 +9,22 @@ strided-perplexity protocol; ``stride == window`` gives disjoint windows, and wi
 first token of each disjoint window is predicted by nothing and so not scored).
 
 Baseline. ``prepare()`` runs the unquantized model once per model x corpus x protocol and caches,
-under ``workdir/perplexity/<key>/``: per scored token its NLL, argmax, ``t`` and ``z`` (below;
-safetensors) and its whole next-token distribution P as float16 weights ``w = fp16(P * 2^15)``
-(``probs.npy``; relative precision 2^-11 down to P = 2e-9). ``meta.json`` is written last as the
-completion marker. The key hashes the model (config, a weight fingerprint, dtype, device), the
-tokenizer, the corpus hash, the protocol and the torch version.
+under ``workdir/perplexity/<key>/``, per scored token: its NLL and argmax (exact: perplexity, its
+change and top-1 agreement need nothing else) and a 2 KB summary of its next-token distribution
+(:mod:`evalkit.evals.kl_topk`): the top 160 tokens' probabilities, the tail's mass and 128
+stratified tail samples. Scalars go to ``baseline.safetensors``, the per-token arrays to ``.npy``
+files written chunk by chunk; ``meta.json`` is written last as the completion marker. The key
+hashes the model (config, a weight fingerprint, dtype, device), the tokenizer, the corpus hash,
+the protocol and the torch version.
 
-KL choice: the full baseline distribution stored in 16 bits, a scheme's KL one dot product with
-its log-softmax (the math, its precision and its disk cost are in :mod:`evalkit.evals.distribution`,
-shared with the decode evaluation). Disk: 2 bytes x vocabulary per scored token (98 KB for a 49k
-vocabulary; 20k tokens = 2 GB), checked against free space before anything is written.
+KL choice: the 2 KB summary, whatever the vocabulary (2004 bytes per scored token: 600 MB for
+wikitext-2's ~300k test tokens, where full float16 distributions of a 128k vocabulary take 77 GB),
+checked against free space before anything is written. A scheme's KL per token is the head's
+exact term plus the tail's, estimated without bias from the samples; the tail's aggregated term
+gives a proven lower bound, reported with the estimate (the math and why no useful two-sided bound
+exists from a small summary: :mod:`evalkit.evals.kl_topk`). A scheme costs one forward per window,
+as the NLL needs anyway; computing the baseline in lockstep instead would be exact without storage
+but would double every scheme's cost.
 
 Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
 log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
@@ -33,6 +39,7 @@ signed-rank p-value over per-window mean NLL. Rows repeat for position buckets w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -46,13 +53,15 @@ import torch
 from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
-from evalkit.evals.distribution import CHUNK_ELEMENTS, OutputHead, baseline_summary as _baseline_summary
-from evalkit.evals.distribution import check_free_space, kl_stored as _kl_stored, publish, temp_dir
+from evalkit.evals.distribution import CHUNK_ELEMENTS, OutputHead, check_free_space, publish, temp_dir
 from evalkit.evals.distribution import weights_fingerprint as _weights_fingerprint
+from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, kl_from_summary, summarize
 from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
-FORMAT_VERSION = 2  # bump when the cached baseline's contents change
-BASELINE_KEYS = frozenset({"nll", "argmax", "t", "z"})
+FORMAT_VERSION = 3  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary)
+BASELINE_KEYS = frozenset({"nll", "argmax", "t", "log_tail"})  # one value per scored token (safetensors)
+ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
+SAMPLE_SEED = 0  # the tail samples' stratified offsets
 DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
                 bos=None, bootstrap_samples=2000, seed=0)
 
@@ -155,39 +164,49 @@ class PerplexityEval(Evaluation):
             base = self._load_baseline()
             if base is None:
                 raise EvalkitError(f"the baseline just written to {self.dir} cannot be read back: check the disk, or use --cache-dir elsewhere")
-        self.base_nll, self.base_argmax, self.base_t, self.base_z = base["nll"], base["argmax"], base["t"], base["z"]
+        self.base = base
+        self.base_nll, self.base_argmax = base["nll"], base["argmax"]
 
     def _load_baseline(self) -> dict | None:
-        """The cached baseline tensors, or None when the file is missing, unreadable or incomplete."""
+        """The cached baseline (scalars as tensors, per-token arrays memory-mapped), or None when a
+        file is missing, unreadable, incomplete or of another shape."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
             base = load_file(self.dir / "baseline.safetensors")
-        except (OSError, SafetensorError):
+            arrays = {name: np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        except (OSError, ValueError, SafetensorError):
             return None
         n = int(self.offsets[-1])
         if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) for k in BASELINE_KEYS):
             return None
-        probs = self.dir / "probs.npy"
-        if not probs.is_file() or probs.stat().st_size < n * self.head.vocab * 2:
+        if any(a.ndim != 2 or a.shape[0] != n or a.dtype != np.dtype(ARRAYS[name]) for name, a in arrays.items()):
             return None
-        return base
+        return {**base, **arrays}
 
     def _compute_baseline(self, lm, key: dict) -> None:
+        from evalkit.evals.kl_topk import TAIL_SAMPLES, TOP_K
+
         n, vocab = int(self.offsets[-1]), self.head.vocab
-        check_free_space(self.dir.parent, n * vocab * 2, f"the baseline log-probs ({n} tokens x {vocab} vocab x 2 B)",
+        check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
                          "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
         tmp = temp_dir(self.dir)
-        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t", "z")}
+        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t", "log_tail")}
         out["argmax"] = torch.empty(n, dtype=torch.int64)
-        with open(tmp / "probs.npy", "wb") as fh:
-            np.lib.format.write_array_header_2_0(fh, {"descr": "<f2", "fortran_order": False, "shape": (n, vocab)})
+        width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
+        generator = torch.Generator().manual_seed(SAMPLE_SEED)
+        with contextlib.ExitStack() as stack:
+            files = {name: stack.enter_context(open(tmp / f"{name}.npy", "wb")) for name in ARRAYS}
+            for name, fh in files.items():
+                np.lib.format.write_array_header_2_0(fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])})
             for lo, lp, tgt_nll, top in self._scored_chunks(lm):
-                w, t, z = _baseline_summary(lp)
+                summary = summarize(lp, generator)
                 sl = slice(lo, lo + len(top))
-                out["nll"][sl], out["argmax"][sl], out["t"][sl], out["z"][sl] = tgt_nll.cpu(), top.cpu(), t.cpu(), z.cpu()
-                fh.write(w.cpu().numpy().tobytes())
+                out["nll"][sl], out["argmax"][sl] = tgt_nll.cpu(), top.cpu()
+                out["t"][sl], out["log_tail"][sl] = summary["t"].cpu(), summary["log_tail"].cpu()
+                for name, fh in files.items():
+                    fh.write(summary[name].cpu().numpy().astype(ARRAYS[name], copy=False).tobytes())
         from safetensors.torch import save_file
 
         save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
@@ -225,21 +244,19 @@ class PerplexityEval(Evaluation):
             raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
         n = int(self.offsets[-1])
         nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
-        with open(self.dir / "probs.npy", "rb") as fh, quantized_kv(lm.model, scheme):
-            np.lib.format.read_magic(fh)
-            shape, _, _ = np.lib.format.read_array_header_2_0(fh)
-            data_start, vocab = fh.tell(), shape[1]
+        lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+        with quantized_kv(lm.model, scheme):
             for lo, lp, tgt_nll, top in self._scored_chunks(lm):
                 sl = slice(lo, lo + len(top))
-                fh.seek(data_start + lo * vocab * 2)
-                w = torch.from_numpy(np.fromfile(fh, dtype="<f2", count=len(top) * vocab).reshape(-1, vocab))
-                t, z = self.base_t[sl].to(lp.device), self.base_z[sl].to(lp.device)
-                kl[sl] = _kl_stored(w.to(lp.device), t, z, lp).double().cpu()
+                summary = {k: (torch.from_numpy(np.array(self.base[k][sl])) if k in ARRAYS else self.base[k][sl]).to(lp.device)
+                           for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")}
+                k, low, v = kl_from_summary(summary, lp)
+                kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
                 nll[sl] = tgt_nll.double().cpu()
                 agree[sl] = top.cpu() == self.base_argmax[sl]
         if artifacts is not None:
             self._write_windows(Path(artifacts), nll, kl, agree)
-        return self._rows(nll, kl, agree)
+        return self._rows(nll, kl, agree, lower, var)
 
     def _write_windows(self, folder: Path, nll, kl, agree) -> None:
         """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""
@@ -253,24 +270,27 @@ class PerplexityEval(Evaluation):
         pd.DataFrame({"start": [s for s, _ in self.plan], "first_target": [t for _, t in self.plan],
                       "n_tokens": self.targets, **sums}).to_csv(folder / "perplexity_windows.csv", index_label="window")
 
-    def _rows(self, nll, kl, agree) -> list[MetricRow]:
+    def _rows(self, nll, kl, agree, lower, var) -> list[MetricRow]:
         p, w = self.params, len(self.plan)
         pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
         win = np.repeat(np.arange(w), self.targets)
         info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_windows=w,
                     bootstrap_samples=p["bootstrap_samples"], seed=p["seed"], ci="95% paired percentile bootstrap over windows",
-                    p_value_test=PVALUE_TEST, kl_reference="baseline distribution stored as fp16(P * 2^15)",
-                    baseline_cache=self.dir.name)
+                    p_value_test=PVALUE_TEST, kl_method=METHOD, baseline_cache=self.dir.name)
+        tail_mass = self.base["log_tail"].double().exp().numpy()
         edges = bucket_edges(p["window"])
         groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
         rows = []
         for labels, sel in groups:
             if sel.any():
+                kl_info = {**info, "kl_lower_bound": float(lower.numpy()[sel].mean()),
+                           "kl_tail_mass": float(tail_mass[sel].mean()),
+                           "kl_sampling_se": float(math.sqrt(var.numpy()[sel].sum()) / sel.sum())}
                 rows += self._group_rows(labels, win[sel], w, nll.numpy()[sel], self.base_nll.double().numpy()[sel],
-                                         kl.numpy()[sel], agree.numpy()[sel], info)
+                                         kl.numpy()[sel], agree.numpy()[sel], info, kl_info)
         return rows
 
-    def _group_rows(self, labels, win, w, nll, base, kl, agree, info) -> list[MetricRow]:
+    def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info) -> list[MetricRow]:
         """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
         sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
         keep = sums[0] > 0
@@ -288,7 +308,7 @@ class PerplexityEval(Evaluation):
             value = float(fn(*arrays))
             low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=info))
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == "kl_mean" else info))
         p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
         rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
         rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))

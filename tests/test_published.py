@@ -1,0 +1,71 @@
+"""The published results reproduce: the README table is `report` of the committed store, its rows
+come from the code in this tree, and re-running some of its runs gives the stored numbers.
+
+The store is ``published/default``: the default sweep's ``results.jsonl``, ``spec.json`` and
+``grid.yaml`` (per-run artifacts left out), made by ``python -m evalkit sweep --out published/default``
+and rendered into the README by ``python -m evalkit report published/default --format md``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "published" / "default"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def report_md() -> str:
+    out = subprocess.run([sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_readme_table_is_the_report_of_the_committed_store():
+    readme = (ROOT / "README.md").read_text()
+    assert BEGIN in readme and END in readme, "the README's results must sit between the results markers"
+    published = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert published == report_md(), "regenerate: python -m evalkit report published/default --format md"
+
+
+def test_store_holds_the_default_grid_from_one_code_identity():
+    """Every spec of the default grid completed once, nothing failed, and all rows come from one code
+    identity (the code that made them is recorded; re-running shows that this code reproduces them)."""
+    from evalkit.sweep.grid import canonical_json, parse_grid
+
+    records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+    complete = [r for r in records if r["type"] == "complete"]
+    grid = parse_grid(ROOT / "sweeps" / "default.yaml")
+    stored_specs = sorted(canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}) for r in complete)
+    wanted = sorted(canonical_json({k: d[k] for k in ("model", "scheme", "eval", "params")})
+                    for d in (run.to_dict() for run in grid.runs))
+    assert stored_specs == wanted, "the store is not the default grid: rerun `python -m evalkit sweep --out published/default`"
+    assert not [r for r in records if r["type"] == "failed"]
+    identities = {r["info"]["code"]["identity"] for r in complete}
+    assert len(identities) == 1, f"rows from several code versions: {identities}"
+
+
+@pytest.mark.slow
+def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
+    """Two of the store's perplexity runs, recomputed from scratch here, equal the stored rows."""
+    from evalkit.evals.base import get_eval
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.models import load_model
+    from evalkit.sweep.grid import parse_grid
+
+    grid = parse_grid(ROOT / "sweeps" / "default.yaml")
+    runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4")]
+    records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+    lm = load_model("embedded")
+    ev = get_eval("perplexity")(runs[0].params)
+    ev.prepare(lm, tmp_path)
+    for run in runs:
+        stored = {(r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"] for r in records
+                  if r["type"] == "metric" and r["run_id"] == run.run_id}
+        fresh = {(r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))}
+        assert stored and {k: v for k, v in fresh.items() if k in stored} == stored, run.scheme

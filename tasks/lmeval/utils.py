@@ -12,6 +12,9 @@ built at run time from what is installed on every machine that has lm-eval:
   (code blocks and heading rules dropped), scored with rolling log-likelihood.
 * ``evalkit_passkey``: a short pass-key retrieval (the "grass is green" haystack of Mohtashami &
   Jaggi, 2023) scored by greedy generation, so ``generate_until`` goes through the KV scheme too.
+* ``evalkit_recall``: a ~120-word prose passage from the same topics, then the first words of one
+  of its sentences again; the model completes the sentence by copying it from the passage (greedy
+  generation attending back to the stored K/V), scored on the next four words.
 
 lm-eval calls a ``custom_dataset`` function with the task's ``metadata`` as keyword arguments and
 expects a dict of split name -> ``datasets.Dataset``.
@@ -128,3 +131,43 @@ def passkey_results(doc: dict, results) -> dict:
     """exact_match: the first run of digits in the generated answer is the pass key."""
     digits = re.findall(r"\d+", results[0])
     return {"exact_match": float(bool(digits) and digits[0] == doc["passkey"])}
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words with punctuation and markup stripped (empty ones dropped), for comparison."""
+    return [w for w in (re.sub(r"\W", "", t).lower() for t in text.split()) if w]
+
+
+def recall_documents(num_items: int = 100, words_per_doc: int = 120, prefix_words: int = 6, target_words: int = 4,
+                     seed: int = 1234) -> list[dict]:
+    """Passages with one sentence to complete: the middle sentence of at least prefix + target + 2
+    words whose first ``prefix_words`` words occur once in the passage; shuffled (seeded) so that the
+    first items of a ``--limit`` come from many topics."""
+    docs = []
+    for doc in topic_documents(words_per_doc):
+        text = doc["text"]
+        sentences = [s for s in _SENTENCE_END.split(text) if len(s.split()) >= prefix_words + target_words + 2]
+        if not sentences:
+            continue
+        words = sentences[len(sentences) // 2].split()
+        prefix, target = " ".join(words[:prefix_words]), " ".join(words[prefix_words:prefix_words + target_words])
+        if text.count(prefix) == 1 and len(_words(target)) == target_words:
+            docs.append({"topic": doc["topic"], "passage": text, "prefix": prefix, "target": target})
+    random.Random(seed).shuffle(docs)
+    return docs[:num_items]
+
+
+def load_recall(**kwargs) -> dict[str, datasets.Dataset]:
+    docs = recall_documents(int(kwargs.get("num_items", 100)), int(kwargs.get("words_per_doc", 120)),
+                            int(kwargs.get("prefix_words", 6)), int(kwargs.get("target_words", 4)),
+                            int(kwargs.get("seed", 1234)))
+    return {"test": datasets.Dataset.from_list(docs)}
+
+
+def recall_results(doc: dict, results) -> dict:
+    """exact_match: the generation's first words are the sentence's next words (case and punctuation ignored)."""
+    target = _words(doc["target"])
+    return {"exact_match": float(_words(results[0])[:len(target)] == target)}

@@ -48,9 +48,11 @@ def text_outputs(nb) -> list[str]:
     out = []
     for c in nb.cells:
         if c.cell_type == "code":
-            out.append("\n".join(o.get("text", "") + "".join(v for k, v in o.get("data", {}).items()
-                                                             if k in ("text/plain", "text/markdown"))
-                                 for o in c.get("outputs", [])))
+            parts = []
+            for o in c.get("outputs", []):
+                data = o.get("data", {})
+                parts.append(o.get("text", "") + "".join(data[k] for k in sorted(data) if k in ("text/plain", "text/markdown")))
+            out.append("\n".join(parts))
     return out
 
 

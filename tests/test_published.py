@@ -52,20 +52,24 @@ def test_store_holds_the_default_grid_from_one_code_identity():
 
 @pytest.mark.slow
 def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
-    """Two of the store's perplexity runs, recomputed from scratch here, equal the stored rows."""
+    """Three of the store's perplexity runs, recomputed from scratch here, equal the stored rows."""
     from evalkit.evals.base import get_eval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models import load_model
-    from evalkit.sweep.grid import parse_grid
+    from evalkit.sweep.grid import canonical_json, parse_grid
 
     grid = parse_grid(ROOT / "sweeps" / "default.yaml")
     runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4")]
     records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+    run_of = {canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r["run_id"]
+              for r in records if r["type"] == "complete"}  # by spec: a run id also hashes the code identity
     lm = load_model("embedded")
     ev = get_eval("perplexity")(runs[0].params)
     ev.prepare(lm, tmp_path)
     for run in runs:
+        spec = run.to_dict()
+        run_id = run_of[canonical_json({k: spec[k] for k in ("model", "scheme", "eval", "params")})]
         stored = {(r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"] for r in records
-                  if r["type"] == "metric" and r["run_id"] == run.run_id}
+                  if r["type"] == "metric" and r["run_id"] == run_id}
         fresh = {(r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))}
         assert stored and {k: v for k, v in fresh.items() if k in stored} == stored, run.scheme

@@ -10,11 +10,18 @@ default): with the default, its random weights give near-uniform next-token dist
 KL under any scheme (~1e-5 nats) sits at the float32 noise floor of the KL estimate, so nothing
 could be told apart. At 0.2 the KLs are 1e-2 .. 1e-1 nats.
 
-Tolerances, stated once: the decode eval's KL comes from the baseline distribution stored in
-float16 (zero-mean rounding noise of ~1e-3 of each token's KL, see evalkit.evals.distribution)
-and decode attention is computed by other kernels than a full forward (one query against the
-cache), so per position ``|KL_a - KL_b| <= 1e-2 * KL + 1e-4`` nats (observed: at most 0.4 % and
-5e-5), and the mean over positions within 1 %.
+KL estimate and tolerances. The decode eval stores the baseline as the 2 KB summary perplexity uses
+(evalkit.evals.kl_topk: top-160 exact, tail mass, 128 stratified tail samples) and reports, per
+position, an unbiased estimate K^ that never falls below a proven lower bound L. Against the exact
+float64 KL: L <= KL per position (up to the float16 weights' rounding, 1e-3 relative), and
+|K^ - KL| <= 6 of its own sampling standard deviations (+ 2e-3 KL for rounding), the mean within
+4 standard errors of the mean (+ 1e-3 relative). Observed on the tiny model (vocabulary 512, tail
+mass 14 %): at most 4.1 sd per position, means within 0.15-0.7 %.
+
+Decode against one forward is compared like with like: the same stored summary and estimator
+applied to the decode's and the forward's log-probs, so sampling noise cancels and what is left
+is float order (decode attention runs other kernels than a full forward): per position
+``|KL_decode - KL_forward| <= 1e-2 * KL + 1e-4`` nats and the means within 1 %.
 """
 
 from __future__ import annotations
@@ -177,8 +184,11 @@ def test_per_position_kl_top1_nll_match_a_plain_float64_computation(sharp, prepa
     base, quant = plain_reference(sharp, ids, None), plain_reference(sharp, ids, scheme)
     kl = (base.exp() * (base - quant)).sum(-1).numpy()
     assert kl.mean() > 1e-3  # a real difference to measure
-    assert np.all(np.abs(pos["kl"] - kl) <= 1e-2 * kl + 1e-4)
-    assert pos["kl"].mean() == pytest.approx(kl.mean(), rel=1e-2)
+    sd = np.sqrt(pos["kl_var"])
+    assert np.all(pos["kl_lower"] <= kl * (1 + 1e-3) + 1e-6) and np.all(pos["kl"] >= pos["kl_lower"] - 1e-6)
+    assert np.all(np.abs(pos["kl"] - kl) <= 6 * sd + 2e-3 * kl + 1e-6)
+    se_mean = math.sqrt(pos["kl_var"].sum()) / kl.size
+    assert abs(pos["kl"].mean() - kl.mean()) <= 4 * se_mean + 1e-3 * kl.mean()
     assert np.array_equal(pos["agree"], (base.argmax(-1) == quant.argmax(-1)).numpy())
     target = ids[:, P:, None]
     assert np.allclose(pos["nll"], -quant.gather(-1, target)[..., 0].numpy(), atol=1e-4)
@@ -216,13 +226,23 @@ def test_greedy_rows_and_first_divergence_match_generate(sharp, prepared):
 
 
 # ---- consistency: decode vs one forward ----------------------------------------------------------
-def single_forward_kl(lm, ids, scheme):
-    """KL(baseline || scheme) of one forward over the first P + T - 1 tokens, at the T decode positions."""
-    with torch.inference_mode():
-        base = lm.model(ids[:, :P + T - 1]).logits[:, P - 1:].double().log_softmax(-1)
-        with quantized_kv(lm.model, scheme):
-            quant = lm.model(ids[:, :P + T - 1]).logits[:, P - 1:].double().log_softmax(-1)
-    return (base.exp() * (base - quant)).sum(-1).numpy()
+def single_forward_kl(lm, ev, scheme, caches: list | None = None):
+    """KL of one forward over the corpus rows' first P + T - 1 tokens at the T decode positions, by the
+    eval's own estimator against its stored baseline summaries (so sampling noise is the same).
+    ``caches``: the forward's storage cache is appended to it."""
+    from evalkit.evals.decode import ARRAYS
+    from evalkit.evals.kl_topk import kl_from_summary
+
+    n, prefill, steps = ev.p.sequences, ev.p.prefill, ev.p.decode
+    with torch.inference_mode(), quantized_kv(lm.model, scheme):
+        out = lm.model(ev.inputs[:n, :prefill + steps - 1])
+        lq = out.logits[:, prefill - 1:].float().log_softmax(-1)
+    if caches is not None:
+        caches.append(out.past_key_values)
+    summary = {k: torch.from_numpy(np.array(ev.base[k][:n])) if k in ARRAYS else ev.base[k][:n]
+               for k in (*ARRAYS, "t", "log_tail")}
+    summary = {k: v.reshape(n * steps, *v.shape[2:]) for k, v in summary.items()}
+    return kl_from_summary(summary, lq.reshape(n * steps, -1))[0].double().reshape(n, steps).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -241,9 +261,8 @@ def static_table(sharp, tmp_path_factory):
 def test_per_token_and_fixed_scales_decode_equals_one_forward(sharp, prepared, static_table, scheme):
     """A token's codes do not depend on later tokens, so decoding changes nothing but float order."""
     scheme = f"fp8_e4m3/tensor/static+scales={static_table}" if scheme == "STATIC" else scheme
-    ids = prepared.inputs[:N]
     decoded = prepared.positions(sharp, parse_scheme(scheme))["kl"][:N]
-    forward = single_forward_kl(sharp, ids, scheme)
+    forward = single_forward_kl(sharp, prepared, scheme)
     assert forward.mean() > 1e-3
     assert np.all(np.abs(decoded - forward) <= 1e-2 * forward + 1e-4)
     assert decoded.mean() == pytest.approx(forward.mean(), rel=1e-2)
@@ -253,7 +272,7 @@ def test_per_token_and_fixed_scales_decode_equals_one_forward(sharp, prepared, s
 def test_frozen_dynamic_scales_make_decode_differ_from_one_forward(sharp, prepared, scheme):
     """Dynamic tensor/head scales come from the prefill only in decode, from all tokens in one forward."""
     decoded = prepared.positions(sharp, parse_scheme(scheme))["kl"][:N]
-    forward = single_forward_kl(sharp, prepared.inputs[:N], scheme)
+    forward = single_forward_kl(sharp, prepared, scheme)
     assert np.abs(decoded - forward).max() > 0.1 * forward.mean()
     assert not np.all(np.abs(decoded - forward) <= 1e-2 * forward + 1e-4)
 
@@ -297,8 +316,8 @@ def test_baseline_cached_and_damaged_cache_recomputed(sharp, prose, tmp_path, mo
     again = DecodeEval(params)
     again.prepare(sharp, tmp_path)
     assert [r.to_dict() for r in again.evaluate(sharp, parse_scheme(QUANT))] == first
-    probs = folder / "probs.npy"
-    probs.write_bytes(probs.read_bytes()[:1000])
+    head = folder / "head.npy"  # a summary file cut short (an interrupted copy, a full disk)
+    head.write_bytes(head.read_bytes()[:1000])
     monkeypatch.setattr(DecodeEval, "_compute_baseline", real)
     third = DecodeEval(params)
     third.prepare(sharp, tmp_path)
@@ -397,3 +416,85 @@ def test_report_column_and_plot(tmp_path):
     assert [p.name for p in paths] == ["decode_kl_tiny.png", "decode_kl_tiny.svg"]
     assert Image.open(paths[0]).size[0] > 1000
     assert any(p.name == "decode_kl_tiny.png" for p in all_plots(results, summary_frame(results), tmp_path / "all"))
+
+
+# ---- the embedded model: frozen prefill scales in decode -----------------------------------------
+def capture_caches(monkeypatch) -> list:
+    """Every storage cache the decode loop makes from now on is also appended to the returned list."""
+    from evalkit.integration.install import KVSession
+
+    made, original = [], KVSession.new_cache
+    monkeypatch.setattr(KVSession, "new_cache", lambda self, mask=None: made.append(original(self, mask)) or made[-1])
+    return made
+
+
+def beyond_prefill_range(raw_cache, prefill: int, rows: int, per_head: bool) -> tuple[float, float]:
+    """Over all layers' raw K and V (an identity cache): the share of decode-token values whose
+    magnitude exceeds the prefill's amax (per sequence and layer, or per KV head), and the largest
+    ratio |value| / prefill amax. Those values saturate under scales frozen at the prefill."""
+    beyond, total, worst = 0, 0, 0.0
+    for layer in raw_cache.layers:
+        for st in (layer.k, layer.v):
+            x = st.values[:rows].abs().float()
+            dims = (2, 3) if per_head else (1, 2, 3)
+            amax = x[:, :, :prefill].amax(dim=dims, keepdim=True)
+            ratio = x[:, :, prefill:] / amax
+            beyond += int((ratio > 1).sum())
+            total += ratio.numel()
+            worst = max(worst, float(ratio.max()))
+    return beyond / total, worst
+
+
+def consistency_figures(lm, ev, scheme, monkeypatch):
+    """Decode vs one forward for ``scheme`` on the corpus rows: KL means (all, first and second half
+    of the decode), the mean per-position |KL_decode - KL_forward| relative to the mean KL
+    (``spread``), and the share of stored codes that are the same in both caches."""
+    from evalkit.kv.quantize import decode as decode_codes
+
+    p, n = ev.p, ev.p.sequences
+    made = capture_caches(monkeypatch)
+    kl_dec = ev.positions(lm, parse_scheme(scheme))["kl"][:n]
+    dec_cache, forward = made[-1], []
+    kl_fwd = single_forward_kl(lm, ev, scheme, forward)
+    same = {"layer0": [0, 0], "all": [0, 0]}
+    for i, (a, b) in enumerate(zip(dec_cache.layers, forward[0].layers)):
+        for st_dec, st_fwd in ((a.k, b.k), (a.v, b.v)):
+            equal = decode_codes(st_dec.codes, st_dec.fmt)[:n] == decode_codes(st_fwd.codes, st_fwd.fmt)
+            for key in (["layer0", "all"] if i == 0 else ["all"]):
+                same[key][0] += int(equal.sum())
+                same[key][1] += equal.numel()
+    half = p.decode // 2
+    return dict(kl_decode=kl_dec.mean(), kl_forward=kl_fwd.mean(), ratio=kl_dec.mean() / kl_fwd.mean(),
+                ratio_first_half=kl_dec[:, :half].mean() / kl_fwd[:, :half].mean(),
+                ratio_second_half=kl_dec[:, half:].mean() / kl_fwd[:, half:].mean(),
+                spread=np.abs(kl_dec - kl_fwd).mean() / kl_fwd.mean(),
+                same_codes_layer0=same["layer0"][0] / same["layer0"][1], same_codes=same["all"][0] / same["all"][1])
+
+
+@pytest.mark.slow
+def test_embedded_decode_vs_one_forward(embedded, tmp_path, monkeypatch):
+    """Per-token scales store the same codes in decode as in one forward, except codes that
+    float-order noise flips and deeper layers amplify (so per-position KLs scatter a little, their
+    mean agrees); dynamic tensor/head scales frozen at the prefill saturate the decode tokens that
+    exceed the prefill's range (one forward takes its scales from all tokens), so other codes are
+    stored and the per-position KLs differ several times more. Prints the figures (run with -s)."""
+    path = tmp_path / "prose.txt"
+    path.write_text(load_corpus("embedded").text[:20_000])
+    ev = DecodeEval(dict(prefill=64, decode=64, sequences=2, bootstrap_samples=200, corpus=f"file:{path}"))
+    made = capture_caches(monkeypatch)
+    ev.prepare(embedded, tmp_path)  # the baseline pass: raw K/V in an identity cache
+    raw = made[-1]
+    for name, per_head in (("tensor", False), ("head", True)):
+        share, worst = beyond_prefill_range(raw, ev.p.prefill, ev.p.sequences, per_head)
+        print(f"decode K/V values beyond the prefill's {name} amax: {share:.3%}, up to {worst:.2f} x the amax")
+        assert share > 0 and worst > 1
+    figures = {s: consistency_figures(embedded, ev, s, monkeypatch)
+               for s in ("fp8_e4m3/token/dynamic", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic")}
+    for scheme, f in figures.items():
+        print(scheme, " ".join(f"{k}={v:.4g}" for k, v in f.items()))
+    token, tensor, head = figures.values()
+    assert token["same_codes_layer0"] > 0.999 and token["same_codes"] > 0.9
+    assert token["ratio"] == pytest.approx(1, abs=0.1)
+    for frozen in (tensor, head):
+        assert frozen["same_codes"] < 0.8
+        assert frozen["spread"] > 2 * token["spread"]

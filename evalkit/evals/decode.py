@@ -24,13 +24,16 @@ batch of 2N rows (``batch_size`` rows per forward):
 
 Baseline. The same loop under ``bf16`` (identity storage, bit-identical to the plain model), run
 once per model x corpus x protocol in :meth:`DecodeEval.prepare` and cached under
-``workdir/decode/<key>/``: per row and position its NLL, argmax, ``t`` and ``z`` and the full
-distribution as float16 weights ``w`` (``probs.npy``, rows x T x vocabulary; the KL math is in
-:mod:`evalkit.evals.distribution`), plus every row's tokens (the greedy rows' continuation).
-``meta.json`` is written last. The key hashes the model (config, weight fingerprint, dtype,
-device), tokenizer, corpus hash, the protocol (batch size included: it decides the floats) and
-the torch and transformers versions. The identity scheme therefore gives KL exactly 0 and
-agreement exactly 1: the same computation on the same numbers.
+``workdir/decode/<key>/``: per row and position its NLL and argmax and the 2 KB summary of its
+next-token distribution that perplexity stores too (:mod:`evalkit.evals.kl_topk`: the top-160
+tokens exactly, the tail's mass, 128 stratified tail samples; whatever the vocabulary), plus every
+row's tokens (the greedy rows' continuation). A scheme's KL per position is that module's
+estimate: exact on the head, a proven lower bound plus an unbiased, never-below-the-bound
+estimate of the tail; its ``info`` carries the mean lower bound, the tail mass and the sampling
+standard error. ``meta.json`` is written last. The key hashes the model (config, weight
+fingerprint, dtype, device), tokenizer, corpus hash, the protocol (batch size included: it
+decides the floats) and the torch and transformers versions. The identity scheme therefore gives
+KL exactly 0 and agreement exactly 1: the same computation on the same numbers.
 
 Buckets. Decode positions are cut into ``buckets`` equal-width groups (fewer when T is smaller),
 labelled by absolute positions, ``{"bucket": "512-703"}``; rows repeat per bucket. Equal widths
@@ -45,9 +48,10 @@ order-statistic interval) and ``identical_share`` (Wilson) as in :mod:`evalkit.e
 
 Memory and devices. The loop runs on the model's device; the cache grows linearly with P + T; per
 step only (batch x vocabulary) logits exist (the output head runs on the last hidden state only,
-also after the prefill); per-position results are (rows x T) numbers. The baseline's stored
-distributions are read back one step at a time (a memory map), so nothing of size T x vocabulary
-is held in memory. Disk: 2N x T x vocabulary x 2 bytes, checked before anything is written.
+also after the prefill); per-position results are (rows x T) numbers. The baseline's summaries
+are written and read back one step at a time (memory maps), so nothing of size T x vocabulary is
+ever held. Disk: 2N x T x 2004 bytes (P = 32k, T = 8k, N = 4: 134 MB), checked before anything is
+written.
 """
 
 from __future__ import annotations
@@ -68,13 +72,15 @@ import torch
 from evalkit.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
-from evalkit.evals.distribution import (OutputHead, baseline_summary, check_free_space, kl_stored, publish, temp_dir,
-                                        weights_fingerprint)
+from evalkit.evals.distribution import OutputHead, check_free_space, publish, temp_dir, weights_fingerprint
 from evalkit.evals.divergence import censored_median, first_divergence, identical_share
+from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
 from evalkit.stats import paired_bootstrap_ci
 
-FORMAT_VERSION = 1  # bump when the cached baseline's contents change
-BASELINE_KEYS = ("nll", "argmax", "t", "z", "tokens")
+FORMAT_VERSION = 2  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary)
+SCALARS = ("nll", "argmax", "t", "log_tail")  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
+ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, T, width) each, as .npy memory maps
+SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
 
 
 def _param(default, help: str, low: int | None = None, flag: str | None = None):
@@ -211,43 +217,57 @@ class DecodeEval(Evaluation):
         return 2 * self.p.sequences, self.p.decode
 
     def _load_baseline(self) -> dict | None:
-        """The cached baseline tensors, or None when a file is missing, unreadable or of another shape."""
+        """The cached baseline (scalars as tensors, summaries memory-mapped), or None when a file is
+        missing, unreadable or of another shape, or holds other tokens."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
             base = load_file(self.dir / "baseline.safetensors")
-            probs = np.load(self.dir / "probs.npy", mmap_mode="r")
+            arrays = {name: np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
         except (OSError, ValueError, SafetensorError):
             return None
         rows, steps = self._shape
-        if (any(k not in base for k in BASELINE_KEYS) or any(base[k].shape != (rows, steps) for k in BASELINE_KEYS[:4])
-                or base["tokens"].shape != self.inputs.shape or probs.shape != (rows, steps, self.head.vocab)
-                or probs.dtype != np.float16):
+        if (any(k not in base or base[k].shape != (rows, steps) for k in SCALARS) or "tokens" not in base
+                or base["tokens"].shape != self.inputs.shape
+                or any(a.shape != (rows, steps, self._width(name)) or a.dtype != np.dtype(ARRAYS[name])
+                       for name, a in arrays.items())):
             return None
-        return base
+        n, prefill = self.p.sequences, self.p.prefill  # the same text and prompts (a hash collision aside)
+        if not (torch.equal(base["tokens"][:n], self.inputs[:n]) and torch.equal(base["tokens"][n:, :prefill], self.inputs[n:, :prefill])):
+            return None
+        return {**base, **arrays}
+
+    def _width(self, name: str) -> int:
+        return min(TOP_K, self.head.vocab) if name in ("head", "w") else TAIL_SAMPLES
 
     def _compute_baseline(self, lm, key: dict) -> None:
         from evalkit.kv.scheme import Scheme
 
         (rows, steps), vocab = self._shape, self.head.vocab
-        check_free_space(self.dir.parent, rows * steps * vocab * 2,
-                         f"the baseline distributions ({rows} rows x {steps} tokens x {vocab} vocab x 2 B)",
+        check_free_space(self.dir.parent, rows * steps * BYTES_PER_POSITION,
+                         f"the baseline summaries ({rows} rows x {steps} tokens x {BYTES_PER_POSITION} B)",
                          "lower --sequences/--decode or use --cache-dir on a bigger disk")
         tmp = temp_dir(self.dir)
-        probs = np.lib.format.open_memmap(tmp / "probs.npy", mode="w+", dtype=np.float16, shape=(rows, steps, vocab))
-        out = {k: torch.empty(rows, steps, dtype=torch.float32, device=lm.device) for k in ("nll", "t", "z")}
+        arrays = {name: np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype),
+                                                  shape=(rows, steps, self._width(name)))
+                  for name, dtype in ARRAYS.items()}
+        out = {k: torch.empty(rows, steps, dtype=torch.float32, device=lm.device) for k in ("nll", "t", "log_tail")}
         out["argmax"] = torch.empty(rows, steps, dtype=torch.int64, device=lm.device)
         tokens = self.inputs.clone()
+        generator = torch.Generator().manual_seed(SAMPLE_SEED)
 
         def record(sl, j, lp, nll, top):
-            w, t, z = baseline_summary(lp)
-            out["nll"][sl, j], out["t"][sl, j], out["z"][sl, j], out["argmax"][sl, j] = nll, t, z, top
-            probs[sl, j] = w.cpu().numpy()
+            summary = summarize(lp, generator)
+            out["nll"][sl, j], out["argmax"][sl, j] = nll, top
+            out["t"][sl, j], out["log_tail"][sl, j] = summary["t"], summary["log_tail"]
+            for name, a in arrays.items():
+                a[sl, j] = summary[name].cpu().numpy()
 
         free = torch.arange(rows) >= self.p.sequences
         self.run_pass(lm, Scheme(), tokens, record, free)
-        probs.flush()
+        for a in arrays.values():
+            a.flush()
         from safetensors.torch import save_file
 
         save_file({**{k: v.cpu() for k, v in out.items()}, "tokens": tokens}, tmp / "baseline.safetensors")
@@ -283,28 +303,31 @@ class DecodeEval(Evaluation):
     # ---- one scheme ------------------------------------------------------------------------
     def scorer(self, device: torch.device):
         """``(record, collect)`` for one scheme's pass: ``record`` scores one step against the stored
-        baseline (KL from the step's fp16 weights, read from the memory map; top-1 against the
+        baseline (KL from the step's summary, read from the memory maps; top-1 against the
         baseline's argmax) into (rows x T) tensors on ``device``; ``collect()`` returns them as
         :meth:`positions` does."""
         rows, steps = self._shape
-        base = {k: self.base[k].to(device) for k in ("t", "z", "argmax")}
+        base = {k: self.base[k].to(device) for k in ("t", "log_tail", "argmax")}
         kl = torch.empty(rows, steps, dtype=torch.float32, device=device)
-        nll, agree = torch.empty_like(kl), torch.empty(rows, steps, dtype=torch.bool, device=device)
-        probs = np.load(self.dir / "probs.npy", mmap_mode="r")
+        lower, var, nll = torch.empty_like(kl), torch.empty_like(kl), torch.empty_like(kl)
+        agree = torch.empty(rows, steps, dtype=torch.bool, device=device)
 
         def record(sl, j, lp, step_nll, top):
-            w = torch.from_numpy(np.ascontiguousarray(probs[sl, j])).to(device)
-            kl[sl, j] = kl_stored(w, base["t"][sl, j], base["z"][sl, j], lp)
+            summary = {name: torch.from_numpy(np.array(self.base[name][sl, j])).to(device) for name in ARRAYS}
+            summary["t"], summary["log_tail"] = base["t"][sl, j], base["log_tail"][sl, j]
+            kl[sl, j], lower[sl, j], var[sl, j] = kl_from_summary(summary, lp)
             nll[sl, j], agree[sl, j] = step_nll, top == base["argmax"][sl, j]
 
         def collect() -> dict[str, np.ndarray]:
             return {"kl": kl.double().cpu().numpy(), "agree": agree.cpu().numpy(), "nll": nll.double().cpu().numpy(),
-                    "base_nll": self.base["nll"].double().numpy()}
+                    "base_nll": self.base["nll"].double().numpy(), "kl_lower": lower.double().cpu().numpy(),
+                    "kl_var": var.double().cpu().numpy(), "tail_mass": self.base["log_tail"].double().exp().numpy()}
 
         return record, collect
 
     def positions(self, lm, scheme) -> dict[str, np.ndarray]:
-        """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll`` and ``base_nll``."""
+        """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll``, ``base_nll``, and the
+        KL estimate's ``kl_lower`` bound, sampling variance ``kl_var`` and baseline ``tail_mass``."""
         if not hasattr(self, "dir"):
             raise RuntimeError("DecodeEval needs prepare() first")
         record, collect = self.scorer(lm.device)
@@ -335,8 +358,7 @@ class DecodeEval(Evaluation):
         p, n = self.p, self.p.sequences
         info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_sequences=n,
                     starts=self.starts, bootstrap_samples=p.bootstrap_samples, seed=p.seed,
-                    ci="95% paired percentile bootstrap over sequences", baseline_cache=self.dir.name,
-                    kl_reference="baseline distribution stored as fp16(P * 2^15)",
+                    ci="95% paired percentile bootstrap over sequences", baseline_cache=self.dir.name, kl_method=METHOD,
                     positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction")
         edges = bucket_edges(p.decode, p.buckets)
         groups = [({}, slice(0, p.decode))] + [({"bucket": f"{p.prefill + a}-{p.prefill + b - 1}"}, slice(a, b))
@@ -348,7 +370,8 @@ class DecodeEval(Evaluation):
                 "kl_mean": (pos["kl"][tf, cols], None),
                 "top1_agreement": (pos["agree"][tf, cols], None),
                 "nll_delta": (pos["nll"][tf, cols], pos["base_nll"][tf, cols]),
-                "free_kl_mean": (pos["kl"][fr, cols], None)})
+                "free_kl_mean": (pos["kl"][fr, cols], None)}, {
+                "kl_mean": _kl_info(pos, tf, cols), "free_kl_mean": _kl_info(pos, fr, cols)})
             out.append(MetricRow("n_tokens", float(n * (cols.stop - cols.start)), labels=dict(labels), info=info))
         steps = first_divergence(pos["agree"][fr])
         median, low, high, m_info = censored_median(steps, p.decode)
@@ -358,7 +381,7 @@ class DecodeEval(Evaluation):
                              info={**info, "identical": k, "ci": "95% Wilson interval over sequences"}))
         return out
 
-    def _mean_rows(self, labels: dict, info: dict, metrics: dict) -> list[MetricRow]:
+    def _mean_rows(self, labels: dict, info: dict, metrics: dict, extra: dict) -> list[MetricRow]:
         """Per metric: the mean over sequences x positions of ``a - b`` (b optional), with a bootstrap
         interval over sequences (each sequence's sum over its positions is one unit)."""
         rows = []
@@ -372,5 +395,13 @@ class DecodeEval(Evaluation):
             value = float(fn(s, count))
             low, high = paired_bootstrap_ci(fn, [s, count], n_resamples=self.p.bootstrap_samples, seed=self.p.seed)
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=info))
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info={**info, **extra.get(metric, {})}))
         return rows
+
+
+def _kl_info(pos: dict, rows: slice, cols: slice) -> dict:
+    """What the KL estimate rests on, for a block of positions (as perplexity reports it): the mean
+    proven lower bound, the baseline's mean tail mass, and the standard error of the mean from tail sampling."""
+    var = pos["kl_var"][rows, cols]
+    return {"kl_lower_bound": float(pos["kl_lower"][rows, cols].mean()), "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean()),
+            "kl_sampling_se": float(math.sqrt(var.sum()) / var.size)}

@@ -135,8 +135,9 @@ def test_tiny_auto_batch_size_equals_batch_1(tiny, tiny_requests):
 
 
 def test_tiny_generation_is_batch_independent(tiny, tiny_requests):
-    """generate_until: lm-eval left-pads with a mask itself; the storage cache leaves the padding
-    out of every scale, so greedy continuations do not depend on the batch size."""
+    """generate_until: lm-eval left-pads with a mask itself and the storage cache leaves the padding
+    out of every scale: the greedy continuations are batch size 1's (its logits are equal to float
+    rounding only: see evalkit/lmeval_batching.py)."""
     from evalkit.lmeval_adapter import make_hflm
 
     reqs = tiny_requests["generate"]

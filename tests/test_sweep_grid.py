@@ -197,9 +197,10 @@ def test_named_grids_parse():
     default = parse_grid(resolve_grid("default"))
     schemes = {r.scheme for r in default.runs}
     for fmt in ("fp8_e4m3", "fp8_e5m2"):
+        assert f"{fmt}/tensor/unit" in schemes  # unit scales are one constant whatever the granularity
         for gran in ("tensor", "head", "block16"):
-            for sc in ("dynamic", "unit"):
-                assert f"{fmt}/{gran}/{sc}" in schemes
+            assert f"{fmt}/{gran}/dynamic" in schemes
+    assert {"nvfp4", "mxfp4"} <= schemes and sum("/static+" in s for s in schemes) == 2
 
 
 def test_sweep_help():

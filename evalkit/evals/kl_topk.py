@@ -2,13 +2,13 @@
 
 Storing the baseline's whole next-token distribution costs 2 bytes x vocabulary per position
 (256 KB for a 128k vocabulary: 77 GB for wikitext-2's test split). The baseline pass keeps instead,
-per position, :data:`BYTES_PER_POSITION` = 2004 bytes (:func:`summarize`):
+per position, :data:`BYTES_PER_POSITION` = 2008 bytes (:func:`summarize`):
 
 * the head S: the ``K = 160`` most probable tokens, as int32 ids and float16 weights
   ``w_v = fp16(p_v * 2^15)``, with ``t = sum_S w_v log p_v`` (float32, from the exact log p);
-* the tail T (every other token): its log-mass ``log P_T`` (float32, a logsumexp over T);
+* the tail T (every other token): its log-mass ``log P_T`` (float64, a logsumexp over T);
 * ``m = 128`` tail samples, drawn as in 4. below: int32 ids and float32 ``log p``;
-* and the perplexity's own NLL (float32) and argmax (int64): 160 * 6 + 128 * 8 + 20 = 2004 B.
+* and the perplexity's own NLL (float32) and argmax (int64): 160 * 6 + 128 * 8 + 24 = 2008 B.
 
 A scheme's log-probs ``log q`` (computed anyway for its NLL) give, per position
 (:func:`kl_from_summary`; exactly 0 for an identity scheme, the same operations on the same numbers):
@@ -38,7 +38,9 @@ A scheme's log-probs ``log q`` (computed anyway for its NLL) give, per position
        f = (q~/p~ - 1) - log(q~/p~) = expm1(d) - d  >=  0,      E_{p~}[q~/p~ - 1] = sum_T q~ - 1 = 0,
 
    so E_{p~}[f] = KL(p~ || q~) (the control variate q~/p~ - 1 cancels the first-order noise of
-   log(p~/q~): f is second order in d). Hence
+   log(p~/q~): f is second order in d). The zero mean of q~/p~ - 1 holds only as far as P_T and
+   Q_T agree with the log-probs used in d: both tail masses are therefore summed in float64 (in
+   float32 their 1e-7 relative error biased a KL of 1e-6 nats by 10-50 %). Hence
 
        K^ = L + P_T (1/m) sum_j f(x_j)
 
@@ -66,16 +68,17 @@ from evalkit.evals.distribution import P_SCALE, rowdot
 
 TOP_K = 160  # head tokens stored per position: int32 id + float16 weight
 TAIL_SAMPLES = 128  # stratified tail samples per position: int32 id + float32 log p (an even number)
-SCALAR_BYTES = 4 + 8 + 4 + 4  # nll (float32), argmax (int64), t and log P_T (float32)
-BYTES_PER_POSITION = TOP_K * (4 + 2) + TAIL_SAMPLES * (4 + 4) + SCALAR_BYTES  # 2004 <= 2048
+SCALAR_BYTES = 4 + 8 + 4 + 8  # nll (float32), argmax (int64), t (float32), log P_T (float64)
+BYTES_PER_POSITION = TOP_K * (4 + 2) + TAIL_SAMPLES * (4 + 4) + SCALAR_BYTES  # 2008 <= 2048
 METHOD = (f"top-{TOP_K} exact + tail mass (lower bound: log-sum inequality) + {TAIL_SAMPLES} stratified tail "
           f"samples (unbiased, >= the bound); {BYTES_PER_POSITION} B per token stored")
 SUMMARY_KEYS = ("head", "w", "t", "log_tail", "tail", "tail_lp")
 
 
 def tail_logmass(lp: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """log of the probability mass outside the ``head`` ids, per row (-inf when nothing is outside)."""
-    return lp.scatter(1, head, float("-inf")).logsumexp(-1)
+    """log of the probability mass outside the ``head`` ids, per row, summed in float64 (-inf when
+    nothing is outside)."""
+    return lp.double().scatter_(1, head, float("-inf")).logsumexp(-1)
 
 
 def summarize(lp: torch.Tensor, generator: torch.Generator, top_k: int = TOP_K,
@@ -100,16 +103,17 @@ def summarize(lp: torch.Tensor, generator: torch.Generator, top_k: int = TOP_K,
 
 
 def kl_from_summary(summary: dict[str, torch.Tensor], lq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: the KL estimate K^ (clamped at 0), the proven lower bound L, and the estimated
-    variance of K^ (tail sampling), from a baseline :func:`summarize` and the scheme's log-probs."""
+    """Per row, in float64: the KL estimate K^ (clamped at 0), the proven lower bound L, and the
+    estimated variance of K^ (tail sampling), from a baseline :func:`summarize` and the scheme's
+    log-probs ``lq`` (rows, vocab)."""
     head = summary["head"].long()
-    h = (summary["t"] - rowdot(summary["w"].float(), lq.gather(1, head))) / P_SCALE
-    log_pt = summary["log_tail"]
+    h = ((summary["t"] - rowdot(summary["w"].float(), lq.gather(1, head))) / P_SCALE).double()
+    log_pt = summary["log_tail"].double()
     pt = log_pt.exp()
     has_tail = pt > 0
-    log_ratio = torch.where(has_tail, log_pt - tail_logmass(lq, head), torch.zeros_like(h))  # log(P_T / Q_T)
-    d = lq.gather(1, summary["tail"].long()) - summary["tail_lp"] + log_ratio[:, None]  # log(q~/p~) per sample
-    f = torch.where(has_tail[:, None], torch.expm1(d) - d, torch.zeros_like(d))
+    log_ratio = torch.where(has_tail, log_pt - tail_logmass(lq, head), 0.0)  # log(P_T / Q_T)
+    d = (lq.gather(1, summary["tail"].long()) - summary["tail_lp"]).double() + log_ratio[:, None]  # log(q~/p~)
+    f = torch.where(has_tail[:, None], torch.expm1(d) - d, 0.0)
     m = f.shape[1]
     lower = h + pt * log_ratio
     kl = (lower + pt * f.mean(-1)).clamp_min_(0)

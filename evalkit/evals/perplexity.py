@@ -17,7 +17,7 @@ files written chunk by chunk; ``meta.json`` is written last as the completion ma
 hashes the model (config, a weight fingerprint, dtype, device), the tokenizer, the corpus hash,
 the protocol and the torch version.
 
-KL choice: the 2 KB summary, whatever the vocabulary (2004 bytes per scored token: 600 MB for
+KL choice: the 2 KB summary, whatever the vocabulary (2008 bytes per scored token: 600 MB for
 wikitext-2's ~300k test tokens, where full float16 distributions of a 128k vocabulary take 77 GB),
 checked against free space before anything is written. A scheme's KL per token is the head's
 exact term plus the tail's, estimated without bias from the samples; the tail's aggregated term
@@ -192,8 +192,8 @@ class PerplexityEval(Evaluation):
         check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
                          "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
         tmp = temp_dir(self.dir)
-        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t", "log_tail")}
-        out["argmax"] = torch.empty(n, dtype=torch.int64)
+        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t")}
+        out["argmax"], out["log_tail"] = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.float64)
         width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
         with contextlib.ExitStack() as stack:

@@ -74,11 +74,11 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.distribution import OutputHead, check_free_space, publish, temp_dir, weights_fingerprint
 from evalkit.evals.divergence import censored_median, first_divergence, identical_share
-from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
+from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
 from evalkit.stats import paired_bootstrap_ci
 
-FORMAT_VERSION = 2  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary)
-SCALARS = ("nll", "argmax", "t", "log_tail")  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
+FORMAT_VERSION = 3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
+SCALARS = tuple(SCALAR_DTYPES)  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, T, width) each, as .npy memory maps
 SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
 
@@ -228,7 +228,7 @@ class DecodeEval(Evaluation):
         except (OSError, ValueError, SafetensorError):
             return None
         rows, steps = self._shape
-        if (any(k not in base or base[k].shape != (rows, steps) for k in SCALARS) or "tokens" not in base
+        if (any(k not in base or base[k].shape != (rows, steps) or base[k].dtype != SCALAR_DTYPES[k] for k in SCALARS) or "tokens" not in base
                 or base["tokens"].shape != self.inputs.shape
                 or any(a.shape != (rows, steps, self._width(name)) or a.dtype != np.dtype(ARRAYS[name])
                        for name, a in arrays.items())):
@@ -252,8 +252,7 @@ class DecodeEval(Evaluation):
         arrays = {name: np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype),
                                                   shape=(rows, steps, self._width(name)))
                   for name, dtype in ARRAYS.items()}
-        out = {k: torch.empty(rows, steps, dtype=torch.float32, device=lm.device) for k in ("nll", "t", "log_tail")}
-        out["argmax"] = torch.empty(rows, steps, dtype=torch.int64, device=lm.device)
+        out = {k: torch.empty(rows, steps, dtype=dtype, device=lm.device) for k, dtype in SCALAR_DTYPES.items()}
         tokens = self.inputs.clone()
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
 

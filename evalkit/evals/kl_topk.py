@@ -68,7 +68,8 @@ from evalkit.evals.distribution import P_SCALE, rowdot
 
 TOP_K = 160  # head tokens stored per position: int32 id + float16 weight
 TAIL_SAMPLES = 128  # stratified tail samples per position: int32 id + float32 log p (an even number)
-SCALAR_BYTES = 4 + 8 + 4 + 8  # nll (float32), argmax (int64), t (float32), log P_T (float64)
+SCALAR_DTYPES = {"nll": torch.float32, "argmax": torch.int64, "t": torch.float32, "log_tail": torch.float64}
+SCALAR_BYTES = sum(torch.empty(0, dtype=d).element_size() for d in SCALAR_DTYPES.values())  # 4 + 8 + 4 + 8
 BYTES_PER_POSITION = TOP_K * (4 + 2) + TAIL_SAMPLES * (4 + 4) + SCALAR_BYTES  # 2008 <= 2048
 METHOD = (f"top-{TOP_K} exact + tail mass (lower bound: log-sum inequality) + {TAIL_SAMPLES} stratified tail "
           f"samples (unbiased, >= the bound); {BYTES_PER_POSITION} B per token stored")

@@ -55,11 +55,11 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.distribution import CHUNK_ELEMENTS, OutputHead, check_free_space, publish, temp_dir
 from evalkit.evals.distribution import weights_fingerprint as _weights_fingerprint
-from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, kl_from_summary, summarize
+from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
 from evalkit.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
-FORMAT_VERSION = 3  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary)
-BASELINE_KEYS = frozenset({"nll", "argmax", "t", "log_tail"})  # one value per scored token (safetensors)
+FORMAT_VERSION = 4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
+BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
 SAMPLE_SEED = 0  # the tail samples' stratified offsets
 DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
@@ -179,7 +179,7 @@ class PerplexityEval(Evaluation):
         except (OSError, ValueError, SafetensorError):
             return None
         n = int(self.offsets[-1])
-        if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) for k in BASELINE_KEYS):
+        if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) or base[k].dtype != SCALAR_DTYPES[k] for k in BASELINE_KEYS):
             return None
         if any(a.ndim != 2 or a.shape[0] != n or a.dtype != np.dtype(ARRAYS[name]) for name, a in arrays.items()):
             return None
@@ -192,8 +192,7 @@ class PerplexityEval(Evaluation):
         check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
                          "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
         tmp = temp_dir(self.dir)
-        out = {k: torch.empty(n, dtype=torch.float32) for k in ("nll", "t")}
-        out["argmax"], out["log_tail"] = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.float64)
+        out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
         width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
         with contextlib.ExitStack() as stack:

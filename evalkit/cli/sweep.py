@@ -3,10 +3,16 @@
     python -m evalkit sweep                       # sweeps/default.yaml
     python -m evalkit sweep --quick               # sweeps/quick.yaml (a minute or two on CPU)
     python -m evalkit sweep GRID.yaml --out DIR [--rerun] [--shard I/N] [--executor ray --ray-address ADDR]
+    python -m evalkit sweep GRID.yaml --dry-run [--assume-device h200]   # runs, tokens, time, disk; runs nothing
+    python -m evalkit sweep gpu --model ID_OR_FOLDER                      # the grid with another model
 
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
-then these flags. Everything is validated before the output folder is touched; a folder that
-belongs to another grid is refused. The exit code is 1 when any run failed (see the summary).
+then these flags. Everything is validated before the output folder is touched: every problem of
+the grid file is listed (one line each, exit 2), a folder that belongs to another grid is refused,
+and so is a grid whose baselines, results and model downloads do not fit on the disk
+(:mod:`evalkit.sweep.estimate`). ``--dry-run`` prints each run's tokens and estimated time and the
+disk needed (:mod:`evalkit.sweep.estimate`), writes nothing and evaluates nothing. The exit code is
+1 when any run failed (see the summary).
 """
 
 from __future__ import annotations
@@ -51,30 +57,92 @@ def add_parser(sub):
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (e.g. auto or ray://host:10001); default: start a local one")
     p.add_argument("--cache-dir", type=Path, default=None, help="where evaluations cache tokenized data and baselines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--model", default=None, metavar="ID_OR_FOLDER",
+                   help="replace the grid's models by this one (hub id, folder or 'embedded'; the grid's dtype and device kept)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs with their tokens, estimated wall time and the disk needed; run and write nothing")
+    p.add_argument("--assume-device", default=None, choices=("h100", "h200", "a100"),
+                   help="with --dry-run: time from this GPU's datasheet peaks instead of a probe on this machine")
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from evalkit.sweep.executors import make_executor
-    from evalkit.sweep.grid import parse_grid, resolve_grid
-    from evalkit.sweep.runner import run_sweep
-    from evalkit.sweep.shard import parse_shard
+def _read_grid(path: Path, text: str):
+    """The parsed grid, or None when the file has several problems: each is printed on its own line."""
+    import sys
+
+    from evalkit.sweep.grid import GridError, parse_grid
+
+    try:
+        return parse_grid(path, text)
+    except GridError as exc:
+        if len(exc.problems) < 2:
+            raise
+        for problem in exc.problems:
+            print(f"evalkit: error: {problem}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace, *, free_space=None) -> int:
+    """``free_space(folder) -> bytes`` replaces the real free-space query (tests)."""
+    from evalkit.models import cache_root
+    from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
+    from evalkit.sweep.grid import resolve_grid, with_model
+    from evalkit.sweep.shard import parse_shard, select
     from evalkit.sweep.store import ResultStore
 
     if args.quick and args.grid:
         raise EvalkitError("give either a grid or --quick, not both")
+    if args.assume_device and not args.dry_run:
+        raise EvalkitError("--assume-device only sizes a dry run: add --dry-run, or drop --assume-device")
     shard = parse_shard(args.shard) if args.shard is not None else None
     path = resolve_grid(args.grid or ("quick" if args.quick else "default"))
     text = path.read_text()
-    grid = parse_grid(path, text)
+    grid = _read_grid(path, text)
+    if grid is None:
+        return 2  # like any user error
+    if args.model:
+        import yaml
+
+        grid = with_model(grid, args.model)
+        text = f"# {path} with --model {args.model}\n" + yaml.safe_dump(grid.data, sort_keys=False)
     cfg = SweepConfig().with_grid(grid).with_args(args)
     out = Path(cfg.out or Path("results") / grid.name)
+    workdir = Path(args.cache_dir) if args.cache_dir is not None else cache_root() / "work"
+    free_space = free_space or disk_free
     store = ResultStore(out)
+    if args.dry_run:
+        estimate = estimate_sweep(grid, select(grid.runs, shard), out, workdir, assume_device=args.assume_device,
+                                  free_space=free_space)
+        print(estimate.text())
+        check_disk(estimate)
+        return 0
     store.check(grid)  # read-only: a foreign folder is refused before anything is written
+    _check_disk_before(grid, store, shard, cfg.rerun, out, workdir, free_space)
+    from evalkit.sweep.executors import make_executor
+    from evalkit.sweep.runner import run_sweep
+
     executor = make_executor(cfg.executor, cfg.ray_address)
     if args.no_progress:
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' own bars (retrieval, lm-eval requests) too
-    summary = run_sweep(grid, store, executor, rerun=cfg.rerun, shard=shard, workdir=args.cache_dir,
+    summary = run_sweep(grid, store, executor, rerun=cfg.rerun, shard=shard, workdir=workdir,
                         progress=not args.no_progress, grid_text=text)
     print(summary.text(store))
     return 1 if summary.failures else 0
+
+
+def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:
+    """Refuse (one line) a sweep whose pending runs do not fit on the disk; sizing problems never block it."""
+    from evalkit.sweep.estimate import DiskSpaceError, check_disk, estimate_sweep
+    from evalkit.sweep.shard import select
+
+    done = set() if rerun else set(store.read().complete)
+    pending = [r for r in select(grid.runs, shard) if r.run_id not in done]
+    if not pending:
+        return
+    try:
+        estimate = estimate_sweep(grid, pending, out, workdir, timing=False, free_space=free_space)
+        check_disk(estimate)
+    except DiskSpaceError:
+        raise
+    except Exception:  # noqa: BLE001  (the evaluations report their own problems when they run)
+        return

@@ -18,7 +18,8 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
     seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
 
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
-anything runs. A run's id is the SHA-256 of its canonical spec (model settings, canonical scheme
+anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
+of the file (``problems``, one line each; its message is the first, with a count of the others). A run's id is the SHA-256 of its canonical spec (model settings, canonical scheme
 string, eval name, the eval's number-deciding parameters) together with the versions of the
 packages that decide the numbers (torch, transformers, lm-eval) and the identity of evalkit's own
 number-deciding source code (a hash of its files, :mod:`evalkit.sweep.code_identity`), so a
@@ -28,6 +29,7 @@ reused one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -48,7 +50,15 @@ EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
 
 class GridError(EvalkitError):
-    """A grid file that cannot be used (reported with file, line and key)."""
+    """A grid file that cannot be used (reported with file, line and key); ``problems`` lists every
+    problem found, one line each (the message is the first, plus how many more there are)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        problems = list(problems or [message])
+        if len(problems) > 1:
+            message = f"{problems[0]} (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''} in the grid)"
+        super().__init__(message)
+        self.problems = [str(EvalkitError(p)) for p in problems]
 
 
 @lru_cache(maxsize=1)
@@ -165,6 +175,7 @@ class _Located:
     def __init__(self, path: Path, text: str):
         self.file = str(path)
         self.lines: dict[tuple, int] = {}
+        self.problems: list[str] = []  # every problem found so far, one line each
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
@@ -186,9 +197,11 @@ class _Located:
             for knode, vnode in node.value:
                 key = loader.construct_object(knode, deep=True)
                 if not isinstance(key, str):
-                    raise GridError(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}")
+                    self.problems.append(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}")
+                    continue
                 if key in out:
-                    raise GridError(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key")
+                    self.problems.append(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key")
+                    continue
                 out[key] = self._build(loader, vnode, path + (key,))
                 self.lines[path + (key,)] = knode.start_mark.line + 1
             return out
@@ -210,6 +223,18 @@ class _Located:
             line = self.lines.get(path)
         return GridError(f"{self.file}:{line or 1}: {self.where(path)}: {message}")
 
+    @contextlib.contextmanager
+    def collecting(self):
+        """Record a GridError raised inside the block and go on after it (one problem per block)."""
+        try:
+            yield
+        except GridError as exc:
+            self.problems.extend(exc.problems)
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise GridError(self.problems[0], self.problems)
+
 
 def _strings(doc: _Located, value, path: tuple, what: str) -> list[str]:
     if isinstance(value, str):
@@ -224,22 +249,26 @@ def _models(doc: _Located, value) -> list[ModelSpec]:
         raise doc.error(("models",), "give a non-empty list of models, e.g. [embedded]")
     out = []
     for i, m in enumerate(value):
-        path = ("models", i)
-        if isinstance(m, str):
-            m = {"name": m}
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
-            raise doc.error(path, "a model is a name (hub id, folder, 'embedded') or a mapping with a 'name'")
-        for k in m:
-            if k not in MODEL_KEYS:
-                raise doc.error(path + (k,), f"unknown model setting: use {', '.join(MODEL_KEYS)}")
-        try:
-            spec = ModelSpec(**{k: (str(v) if k in ("dtype", "device") else v) for k, v in m.items()})
-        except TypeError as exc:
-            raise doc.error(path, str(exc)) from None
-        if not isinstance(spec.gpus, int) or spec.gpus < 0:
-            raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
-        out.append(spec)
+        with doc.collecting():
+            out.append(_model(doc, m, ("models", i)))
     return list(dict.fromkeys(out))
+
+
+def _model(doc: _Located, m, path: tuple) -> ModelSpec:
+    if isinstance(m, str):
+        m = {"name": m}
+    if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+        raise doc.error(path, "a model is a name (hub id, folder, 'embedded') or a mapping with a 'name'")
+    for k in m:
+        if k not in MODEL_KEYS:
+            raise doc.error(path + (k,), f"unknown model setting: use {', '.join(MODEL_KEYS)}")
+    try:
+        spec = ModelSpec(**{k: (str(v) if k in ("dtype", "device") else v) for k, v in m.items()})
+    except TypeError as exc:
+        raise doc.error(path, str(exc)) from None
+    if not isinstance(spec.gpus, int) or spec.gpus < 0:
+        raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
+    return spec
 
 
 def _parse_one_scheme(doc: _Located, text, path: tuple) -> Scheme:
@@ -256,31 +285,38 @@ def _schemes(doc: _Located, value) -> list[str]:
         raise doc.error(("schemes",), "give a non-empty list of schemes (strings or {expand: ...})")
     out: list[str] = []
     for i, item in enumerate(value):
-        path = ("schemes", i)
-        if isinstance(item, dict):
-            if set(item) != {"expand"} or not isinstance(item["expand"], dict):
-                raise doc.error(path, "a scheme entry is a string or {expand: {formats:, granularities:, scales:, options:}}")
-            spec = item["expand"]
-            epath = path + ("expand",)
-            for k in spec:
-                if k not in EXPAND_KEYS:
-                    raise doc.error(epath + (k,), f"unknown expansion key: use {', '.join(EXPAND_KEYS)}")
-            for k in ("formats", "granularities", "scales"):
-                if k not in spec:
-                    raise doc.error(epath, f"missing {k!r}")
-            formats = _strings(doc, spec["formats"], epath + ("formats",), "formats")
-            grans = _strings(doc, spec["granularities"], epath + ("granularities",), "granularities")
-            scales = _strings(doc, spec["scales"], epath + ("scales",), "scale sources")
-            options = spec.get("options", "") or ""
-            if not isinstance(options, str) or (options and not options.startswith("+")):
-                raise doc.error(epath + ("options",), "options are scheme options like '+skip=0' (or '+scales=PATH' for static)")
-            for f in formats:
-                for g in grans:
-                    for s in scales:
-                        out.append(str(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath)))
-        else:
-            out.append(str(_parse_one_scheme(doc, item, path)))
+        with doc.collecting():
+            out.extend(_scheme_item(doc, item, ("schemes", i)))
     return list(dict.fromkeys(out))
+
+
+def _scheme_item(doc: _Located, item, path: tuple) -> list[str]:
+    """The canonical scheme strings of one entry of ``schemes`` (a string or an expansion)."""
+    out: list[str] = []
+    if isinstance(item, dict):
+        if set(item) != {"expand"} or not isinstance(item["expand"], dict):
+            raise doc.error(path, "a scheme entry is a string or {expand: {formats:, granularities:, scales:, options:}}")
+        spec = item["expand"]
+        epath = path + ("expand",)
+        for k in spec:
+            if k not in EXPAND_KEYS:
+                raise doc.error(epath + (k,), f"unknown expansion key: use {', '.join(EXPAND_KEYS)}")
+        for k in ("formats", "granularities", "scales"):
+            if k not in spec:
+                raise doc.error(epath, f"missing {k!r}")
+        formats = _strings(doc, spec["formats"], epath + ("formats",), "formats")
+        grans = _strings(doc, spec["granularities"], epath + ("granularities",), "granularities")
+        scales = _strings(doc, spec["scales"], epath + ("scales",), "scale sources")
+        options = spec.get("options", "") or ""
+        if not isinstance(options, str) or (options and not options.startswith("+")):
+            raise doc.error(epath + ("options",), "options are scheme options like '+skip=0' (or '+scales=PATH' for static)")
+        for f in formats:
+            for g in grans:
+                for s in scales:
+                    out.append(str(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath)))
+    else:
+        out.append(str(_parse_one_scheme(doc, item, path)))
+    return out
 
 
 def _blamed_key(params: dict, message: str) -> tuple:
@@ -304,23 +340,32 @@ def _evals(doc: _Located, value, seeds: list[int] | None) -> list[tuple[str, str
         raise doc.error(("evals",), "give a mapping of eval name to its parameters, e.g. {perplexity: {window: 256}}")
     out = []
     for name, params in value.items():
-        path = ("evals", name)
-        params = {} if params is None else params
-        if not isinstance(params, dict):
-            raise doc.error(path, "an eval's parameters are a mapping (or empty)")
+        with doc.collecting():
+            out.extend(_eval_entry(doc, name, params, seeds))
+    return out
+
+
+def _eval_entry(doc: _Located, name, params, seeds: list[int] | None) -> list[tuple[str, str, str]]:
+    from evalkit.evals.base import get_eval
+
+    path = ("evals", name)
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise doc.error(path, "an eval's parameters are a mapping (or empty)")
+    try:
+        cls = get_eval(name)
+    except EvalkitError as exc:
+        raise doc.error(path, str(exc)) from None
+    except ImportError as exc:
+        raise doc.error(path, f"eval {name!r} cannot be imported in this installation ({exc})") from None
+    out = []
+    for seed in seeds if seeds is not None else [None]:
+        p = dict(params) if seed is None else {**params, "seed": seed}
         try:
-            cls = get_eval(name)
+            ev = cls(p)
         except EvalkitError as exc:
-            raise doc.error(path, str(exc)) from None
-        except ImportError as exc:
-            raise doc.error(path, f"eval {name!r} cannot be imported in this installation ({exc})") from None
-        for seed in seeds if seeds is not None else [None]:
-            p = dict(params) if seed is None else {**params, "seed": seed}
-            try:
-                ev = cls(p)
-            except EvalkitError as exc:
-                raise doc.error(path + _blamed_key(params, str(exc)), str(exc)) from None
-            out.append((name, canonical_json(ev.canonical_params()), canonical_json(ev.params)))
+            raise doc.error(path + _blamed_key(params, str(exc)), str(exc)) from None
+        out.append((name, canonical_json(ev.canonical_params()), canonical_json(ev.params)))
     return out
 
 
@@ -335,27 +380,50 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     doc = _Located(path, text)
     data = doc.value
     if not isinstance(data, dict):
-        raise doc.error((), "a grid is a mapping with models, schemes and evals")
+        doc.problems.append(str(doc.error((), "a grid is a mapping with models, schemes and evals")))
+        doc.raise_problems()
     for k in data:
         if k not in TOP_KEYS:
-            raise doc.error((k,), f"unknown key: use {', '.join(TOP_KEYS)}")
+            doc.problems.append(str(doc.error((k,), f"unknown key: use {', '.join(TOP_KEYS)}")))
     for k in ("models", "schemes", "evals"):
         if k not in data:
-            raise doc.error((), f"missing {k!r}")
+            doc.problems.append(str(doc.error((), f"missing {k!r}")))
     seeds = data.get("seeds")
     if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
-        raise doc.error(("seeds",), "seeds are a non-empty list of integers")
+        doc.problems.append(str(doc.error(("seeds",), "seeds are a non-empty list of integers")))
+        seeds = None
     for k in ("name", "out", "executor", "description"):
         if k in data and not isinstance(data[k], str):
-            raise doc.error((k,), "must be a string")
-    if data.get("executor") not in (None, "local", "ray"):
-        raise doc.error(("executor",), "executor is local or ray")
-    models = _models(doc, data["models"])
-    schemes = _schemes(doc, data["schemes"])
-    evals = _evals(doc, data["evals"], seeds)
+            doc.problems.append(str(doc.error((k,), "must be a string")))
+    if isinstance(data.get("executor"), str) and data["executor"] not in ("local", "ray"):
+        doc.problems.append(str(doc.error(("executor",), "executor is local or ray")))
+    models: list[ModelSpec] = []
+    schemes: list[str] = []
+    evals: list[tuple[str, str, str]] = []
+    if "models" in data:
+        with doc.collecting():
+            models = _models(doc, data["models"])
+    if "schemes" in data:
+        with doc.collecting():
+            schemes = _schemes(doc, data["schemes"])
+    if "evals" in data:
+        with doc.collecting():
+            evals = _evals(doc, data["evals"], seeds)
+    doc.raise_problems()
     runs = tuple(RunSpec(m, s, e, p, rp) for m in models for (e, p, rp) in evals for s in schemes)
     return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
                 executor=data.get("executor"), data=data)
+
+
+def with_model(grid: Grid, name: str) -> Grid:
+    """The grid with every model's name replaced by ``name`` (its dtype, device and other settings
+    kept; models that become equal are merged): ``evalkit sweep GRID --model ID_OR_FOLDER``."""
+    from dataclasses import replace
+
+    runs = tuple(dict.fromkeys(replace(r, model=replace(r.model, name=name)) for r in grid.runs))
+    models = list(dict.fromkeys(r.model for r in runs))
+    data = {**grid.data, "models": [asdict(m) for m in models]}
+    return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
 
 
 # -- named grids -------------------------------------------------------------------------------

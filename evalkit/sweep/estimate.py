@@ -1,0 +1,229 @@
+"""Sizing a sweep before it runs: tokens, wall time and disk per run (``evalkit sweep GRID --dry-run``).
+
+:func:`estimate_sweep` prices every run of a grid from its parameters (:mod:`evalkit.sweep.workload`)
+and each model's speed (:mod:`evalkit.sweep.throughput`: a short probe when the model and its
+device are here, else an analytic estimate), in the order the sweep runs them
+(:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
+each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
+bf16 retrieval run reuses that pass. Nothing is written and nothing is evaluated.
+
+Disk (:func:`disk_needs`): the baseline caches and tokenized corpora under the cache folder, the
+results store under the output folder, and the weights of models not yet in the local Hugging Face
+cache; summed per file system and compared with its free space with the same headroom as the
+evaluations' own check (5 % and 256 MB). :func:`check_disk` refuses a grid that does not fit, in
+one line, before any work starts; a real sweep calls it too (without the probe).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+
+class DiskSpaceError(EvalkitError):
+    """A sweep whose baselines, results or model downloads do not fit on the disk."""
+
+
+def disk_free(path: Path) -> int:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent)."""
+    return shutil.disk_usage(_existing(path)).free
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+@dataclass
+class RunEstimate:
+    model: str
+    scheme: str
+    eval: str
+    tokens: int
+    seconds: float | None  # None: not timed (model size unknown)
+    extras: list[str] = field(default_factory=list)  # "baseline", "load"
+    approximate: bool = False
+
+
+@dataclass
+class DiskNeed:
+    folder: Path
+    what: str
+    bytes: int
+
+
+@dataclass
+class SweepEstimate:
+    name: str  # the grid's
+    runs: list[RunEstimate]
+    speeds: list[str]  # one line per model: which estimate
+    notes: list[str]  # approximations
+    disk: list[DiskNeed]
+    unsized: list[str] = field(default_factory=list)  # evaluations that could not be sized, and why
+    free_space: Callable[[Path], int] = disk_free
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.runs)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds or 0.0 for r in self.runs)
+
+    def disk_by_filesystem(self) -> list[tuple[list[DiskNeed], int]]:
+        """Needs grouped by file system, each with the free bytes there."""
+        groups: dict[int, list[DiskNeed]] = {}
+        for need in self.disk:
+            groups.setdefault(os.stat(_existing(need.folder)).st_dev, []).append(need)
+        return [(needs, self.free_space(needs[0].folder)) for needs in groups.values()]
+
+    def text(self) -> str:
+        header = ("model", "scheme", "eval", "tokens", "est. time", "includes")
+        cells = [(r.model, r.scheme, r.eval, f"{r.tokens:,}" + ("~" if r.approximate else " "), format_seconds(r.seconds),
+                  " + ".join(r.extras)) for r in self.runs]
+        widths = [max(len(str(c)) for c in col) for col in zip(header, *cells)]
+        right = (False, False, False, True, True, False)
+
+        def line(row) -> str:
+            return "  ".join(str(c).rjust(w) if r else str(c).ljust(w) for c, w, r in zip(row, widths, right)).rstrip()
+
+        lines = [f"dry run of sweep {self.name}: nothing evaluated, nothing written", "", line(header)]
+        lines += [line(row) for row in cells]
+        lines.append("")
+        lines.append(f"total: {len(self.runs)} runs, {self.tokens:,} tokens, estimated wall time {format_seconds(self.seconds)}"
+                     + (" (runs marked ? not timed)" if any(r.seconds is None for r in self.runs) else ""))
+        for line in self.speeds:
+            lines.append(f"speed: {line}")
+        for needs, free in self.disk_by_filesystem():
+            total = sum(n.bytes for n in needs)
+            parts = ", ".join(f"{n.what} {format_bytes(n.bytes)} in {n.folder}" for n in needs)
+            verdict = "fits" if fits(total, free) else "DOES NOT FIT"
+            lines.append(f"disk: {format_bytes(total)} needed, {format_bytes(free)} free: {verdict} ({parts})")
+        for note in self.notes:
+            lines.append(f"approximate (~): {note}")
+        for note in self.unsized:
+            lines.append(f"not sized: {note}")
+        return "\n".join(lines)
+
+
+def fits(need: int, free: int) -> bool:
+    """The evaluations' own headroom (:func:`evalkit.evals.distribution.check_free_space`)."""
+    return need * 1.05 + 2**28 <= free
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _hub_cache() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def estimate_sweep(grid, runs, out: Path, cache_dir: Path, *, assume_device: str | None = None, timing: bool = True,
+                   free_space: Callable[[Path], int] = disk_free) -> SweepEstimate:
+    """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them."""
+    from evalkit.sweep.modelfacts import model_facts
+    from evalkit.sweep.runner import plan
+    from evalkit.sweep.workload import workload
+
+    estimates: list[RunEstimate] = []
+    speeds: list[str] = []
+    notes: list[str] = []
+    unsized: list[str] = []
+    disk = {"baselines": 0, "store": 0, "download": 0}
+    for group in plan(list(runs)):
+        spec = group[0].model
+        facts = model_facts(spec.name, spec.dtype, spec.device)
+        unsized += facts.notes
+        speed = _speed(spec, facts, assume_device, speeds) if timing and facts.known else None
+        disk["download"] += facts.download_bytes
+        works: dict[str, object] = {}
+        for i, run in enumerate(group):
+            first = run.eval_key not in works
+            if first:
+                try:
+                    works[run.eval_key] = workload(run.eval, run.params, facts, spec.device)
+                except EvalkitError as exc:
+                    works[run.eval_key] = exc
+                    unsized.append(f"{spec.name} {run.eval}: {exc}")
+            work = works[run.eval_key]
+            if isinstance(work, EvalkitError):
+                estimates.append(RunEstimate(spec.name, run.scheme, run.eval, 0, None, ["not sized"]))
+                continue
+            if work.approximate and first:
+                notes.append(f"{spec.name} {run.eval}: {work.approximate}")
+            reuse = work.identity_is_baseline and run.scheme == "bf16"
+            tokens = 0 if reuse else work.tokens
+            extras = []
+            seconds = None
+            if speed is not None:
+                seconds = 0.0 if reuse else sum(speed.seconds(f, facts) for f in work.forwards)
+                if first:
+                    seconds += sum(speed.seconds(f, facts) for f in work.baseline)
+                if i == 0:
+                    seconds += speed.load_seconds
+            if first:
+                extras.append("baseline")
+                tokens += work.baseline_tokens
+                disk["baselines"] += work.baseline_bytes + work.cache_bytes
+            if i == 0:
+                extras.append("model load")
+            disk["store"] += work.store_bytes + 2000
+            estimates.append(RunEstimate(spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate)))
+    needs = [DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),
+             DiskNeed(out, "results store", disk["store"])]
+    if disk["download"]:
+        needs.append(DiskNeed(_hub_cache(), "model download", disk["download"]))
+    return SweepEstimate(grid.name, estimates, speeds, list(dict.fromkeys(notes)), needs, list(dict.fromkeys(unsized)),
+                         free_space)
+
+
+def _speed(spec, facts, assume_device: str | None, speeds: list[str]):
+    from evalkit.sweep import throughput as T
+
+    if assume_device is not None:
+        speed = T.datasheet(facts, assume_device)
+    elif facts.weights_local and T.device_available(spec.device):
+        try:
+            speed = T.probe(spec, facts)
+        except Exception as exc:  # noqa: BLE001  (a probe that fails falls back to the analytic estimate)
+            speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
+            speeds.append(f"{spec.name}: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    else:
+        speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
+    why = "" if speed.kind == "probe" else f" [{facts.source}, {facts.params / 1e9:.2f}B parameters]"
+    speeds.append(f"{spec.name} on {spec.device}: {speed.description}{why}")
+    return speed
+
+
+def check_disk(estimate: SweepEstimate) -> None:
+    """DiskSpaceError (one line) when any file system lacks room for what the sweep will write there."""
+    for needs, free in estimate.disk_by_filesystem():
+        total = sum(n.bytes for n in needs)
+        if not fits(total, free):
+            parts = ", ".join(f"{n.what} {format_bytes(n.bytes)} in {n.folder}" for n in needs)
+            raise DiskSpaceError(f"sweep {estimate.name} needs {format_bytes(total)} on one disk ({parts}) but "
+                                 f"{format_bytes(free)} are free there: free space, point --out / --cache-dir / "
+                                 "HF_HUB_CACHE at a bigger disk, or lower max_windows / samples / limit / sequences")

@@ -1,0 +1,127 @@
+"""`evalkit sweep GRID --dry-run`: runs, tokens from the params, time from a probe or the datasheet,
+disk against free space; every grid problem listed; nothing written. Offline, on CPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from evalkit.cli import build_parser, main
+from evalkit.sweep.estimate import DiskSpaceError, estimate_sweep
+from evalkit.sweep.grid import parse_grid, resolve_grid
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The run rows of a dry run's table: model, scheme, eval, tokens, time..., split on 2+ spaces."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
+            if line.startswith(("embedded ", "meta-llama/"))]
+
+
+def tokens(cell: str) -> int:
+    return int(cell.rstrip("~").replace(",", ""))
+
+
+@pytest.mark.slow
+def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_path, capsys):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    assert main(["sweep", "default", "--dry-run", "--out", str(out), "--cache-dir", str(cache)]) == 0
+    text = capsys.readouterr().out
+    rows = table_rows(text)
+    assert len(rows) == 52 and not out.exists() and not cache.exists()
+    by = {}
+    for model, scheme, ev, tok, *rest in rows:
+        by.setdefault(ev, []).append((scheme, tokens(tok), rest))
+    # perplexity: 4 windows x 512 tokens per scheme; the first (bf16) run also pays the baseline pass
+    assert [t for s, t, _ in by["perplexity"]] == [2 * 4 * 512] + [4 * 512] * 12
+    # decode: 2 x 4 rows (teacher-forced, free-running) x (256 prefill + 256 decoded)
+    assert [t for s, t, _ in by["decode"]] == [2 * 8 * 512] + [8 * 512] * 12
+    # retrieval: 2 tasks x 1 length x 2 depths x 1 sample of 1024 tokens, plus each answer's budget;
+    # the bf16 run is the baseline pass itself
+    ret = [t for s, t, _ in by["retrieval"]]
+    assert all(4 * 1024 < t < 4 * 1024 + 4 * 64 for t in ret)
+    assert len(set(ret[1:])) == 1
+    assert all(t > 0 for _, t, _ in by["lmeval"])
+    assert "baseline + model load" in rows[0][-1]
+    total = re.search(r"total: 52 runs, ([\d,]+) tokens, estimated wall time (.+)", text)
+    assert total and tokens(total.group(1)) == sum(tokens(r[3]) for r in rows)
+    assert "speed: embedded on cpu: probe on cpu" in text
+    assert all(r[4] != "?" and not r[4].startswith("0.0") for r in rows)
+    assert re.search(r"^disk: .* needed, .* free: fits", text, re.M)
+
+
+def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
+    grid = tmp_path / "bad.yaml"
+    grid.write_text("models: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\n"
+                    "evals:\n  perplexity: {window: 1}\n  bogus: {}\n")
+    assert main(["sweep", str(grid), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3, err
+    assert err[0].startswith(f"evalkit: error: {grid}:4: schemes[1]: unknown scale source")
+    assert err[1].startswith(f"evalkit: error: {grid}:6: evals.perplexity.window: window 1 is too short")
+    assert err[2].startswith(f"evalkit: error: {grid}:7: evals.bogus: unknown eval")
+    assert not (tmp_path / "o").exists()
+    # the same for a real sweep; a single problem stays one line
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 3
+
+
+SMALL = "name: small\nmodels: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_grid_that_does_not_fit_on_the_disk_is_refused_before_any_work(tmp_path, dry):
+    """The free-space query is injected: 1 MB free refuses even this tiny grid (256 MB headroom)."""
+    from evalkit.cli.sweep import run
+
+    grid = tmp_path / "small.yaml"
+    grid.write_text(SMALL)
+    out = tmp_path / "out"
+    argv = ["sweep", str(grid), "--out", str(out), "--cache-dir", str(tmp_path / "cache")] + (["--dry-run"] if dry else [])
+    args = build_parser("sweep").parse_args(argv)
+    with pytest.raises(DiskSpaceError) as exc:
+        run(args, free_space=lambda folder: 10**6)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("sweep small needs") and "1.0 MB are free" in msg and exc.value.exit_code == 2
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_assume_device_needs_dry_run(capsys):
+    assert main(["sweep", "quick", "--assume-device", "h200"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
+    grid = parse_grid(resolve_grid("gpu"))
+    assert {r.model.name for r in grid.runs} == {"meta-llama/Llama-3.1-8B-Instruct"}
+    assert {r.model.dtype for r in grid.runs} == {"bfloat16"} and {r.model.device for r in grid.runs} == {"cuda"}
+    assert {r.eval for r in grid.runs} == {"perplexity", "retrieval", "decode", "lmeval"}
+    assert {"bf16", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {r.scheme for r in grid.runs}
+    est = estimate_sweep(grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200")
+    assert 0.5 * 3600 < est.seconds < 2 * 3600
+    assert len(est.speeds) == 1 and "H200" in est.speeds[0] and "datasheet" in est.speeds[0]
+    # not cached here: wikitext-2 from its known Llama-3 count, mmlu/gsm8k from the documented sizes
+    assert any("wikitext-2" in n for n in est.notes) and any("mmlu" in n and "gsm8k" in n for n in est.notes)
+    assert any(d.what == "model download" and 15e9 < d.bytes < 17e9 for d in est.disk)
+    ppl = [r for r in est.runs if r.eval == "perplexity"]
+    assert ppl[1].tokens == 71 * 4096  # ~289k tokens in windows of 4096 (BOS first): all of the split
+    assert main(["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert len(table_rows(text)) == 28 and "approximate (~)" in text and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_gpu_preset_with_another_model(tmp_path, capsys):
+    """--model replaces the grid's models (dtype and device kept): the embedded model on gpu.yaml,
+    its CUDA device absent here, is timed analytically from this CPU; retrieval's 16k/32k
+    contexts exceed its 8k maximum and are reported as not sized."""
+    out = tmp_path / "o"
+    assert main(["sweep", "gpu", "--dry-run", "--model", "embedded", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = table_rows(text)
+    assert len(rows) == 28 and all(r[0] == "embedded" for r in rows) and "meta-llama" not in text
+    assert "measured on this machine's cpu (the grid's cuda is not here)" in text
+    assert "not sized: embedded retrieval: context length 16384 is above the model's maximum" in text
+    assert not out.exists()

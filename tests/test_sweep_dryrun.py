@@ -4,7 +4,6 @@ disk against free space; every grid problem listed; nothing written. Offline, on
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -125,3 +124,15 @@ def test_gpu_preset_with_another_model(tmp_path, capsys):
     assert "measured on this machine's cpu (the grid's cuda is not here)" in text
     assert "not sized: embedded retrieval: context length 16384 is above the model's maximum" in text
     assert not out.exists()
+
+
+def test_model_override_keeps_the_grids_settings(tmp_path):
+    from evalkit.sweep.grid import with_model
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(SMALL.replace("models: [embedded]", "models:\n  - {name: a, dtype: bfloat16, device: cuda}\n"
+                                  "  - {name: b, dtype: bfloat16, device: cuda}"))
+    g = with_model(parse_grid(grid), "embedded")
+    assert {(r.model.name, r.model.dtype, r.model.device) for r in g.runs} == {("embedded", "bfloat16", "cuda")}
+    assert len(g.runs) == 2 and g.data["models"] == [dict(name="embedded", dtype="bfloat16", device="cuda", device_map=None,
+                                                          attn_implementation="sdpa", trust_remote_code=False, gpus=0)]

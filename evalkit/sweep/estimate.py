@@ -7,7 +7,7 @@ device are here, else an analytic estimate), in the order the sweep runs them
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
 bf16 retrieval run reuses that pass. Nothing is written and nothing is evaluated.
 
-Disk (:func:`disk_needs`): the baseline caches and tokenized corpora under the cache folder, the
+Disk (:meth:`SweepEstimate.disk_by_filesystem`): the baseline caches and tokenized corpora under the cache folder, the
 results store under the output folder, and the weights of models not yet in the local Hugging Face
 cache; summed per file system and compared with its free space with the same headroom as the
 evaluations' own check (5 % and 256 MB). :func:`check_disk` refuses a grid that does not fit, in

@@ -334,8 +334,6 @@ def _blamed_key(params: dict, message: str) -> tuple:
 
 def _evals(doc: _Located, value, seeds: list[int] | None) -> list[tuple[str, str, str]]:
     """(eval name, canonical params JSON, full params JSON) per eval and seed."""
-    from evalkit.evals.base import get_eval
-
     if not isinstance(value, dict) or not value:
         raise doc.error(("evals",), "give a mapping of eval name to its parameters, e.g. {perplexity: {window: 256}}")
     out = []

@@ -215,34 +215,39 @@ def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, 
         from evalkit.evals import base
 
         registry = dict(base._REGISTRY)  # evals registered at run time resolve the same way in workers
-    store.claim(grid, grid_text)
     runs = select(grid.runs, shard)
-    view = store.read()
-    done = set() if rerun else set(view.complete)
-    pending = [r for r in runs if r.run_id not in done]
-    summary = SweepSummary(total=len(runs), skipped=len(runs) - len(pending))
-    if not rerun:
-        summary.recomputed, what = from_other_code(pending, view.complete)
-        if summary.recomputed:
-            print(f"store {store.folder}: {summary.recomputed} runs from other code will be recomputed ({what}); "
-                  "the report shows the new rows", file=sys.stderr)
-    start = time.perf_counter()
-    bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, disable=not progress,
-               dynamic_ncols=True)
-
-    def on_start(run: RunSpec) -> None:
-        bar.set_postfix_str(run.label(), refresh=True)
-
+    store.check(grid)
+    executor.start(runs)  # Ray: connect and check the cluster's GPUs; a refusal leaves nothing written
     try:
-        for run, outcome in executor.execute(plan(pending), store, workdir, registry, on_start):
-            store.append(outcome)
-            if outcome.ok:
-                summary.completed += 1
-            else:
-                summary.failures.append((run.label(), outcome.error or "unknown error"))
-                bar.write(f"FAILED {run.label()}: {outcome.error}", file=sys.stderr)
-            bar.update(1)
+        store.claim(grid, grid_text)
+        view = store.read()
+        done = set() if rerun else set(view.complete)
+        pending = [r for r in runs if r.run_id not in done]
+        summary = SweepSummary(total=len(runs), skipped=len(runs) - len(pending))
+        if not rerun:
+            summary.recomputed, what = from_other_code(pending, view.complete)
+            if summary.recomputed:
+                print(f"store {store.folder}: {summary.recomputed} runs from other code will be recomputed ({what}); "
+                      "the report shows the new rows", file=sys.stderr)
+        start = time.perf_counter()
+        bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, disable=not progress,
+                   dynamic_ncols=True)
+
+        def on_start(run: RunSpec) -> None:
+            bar.set_postfix_str(run.label(), refresh=True)
+
+        try:
+            for run, outcome in executor.execute(plan(pending), store, workdir, registry, on_start):
+                store.append(outcome)
+                if outcome.ok:
+                    summary.completed += 1
+                else:
+                    summary.failures.append((run.label(), outcome.error or "unknown error"))
+                    bar.write(f"FAILED {run.label()}: {outcome.error}", file=sys.stderr)
+                bar.update(1)
+        finally:
+            bar.close()
+        summary.seconds = time.perf_counter() - start
+        return summary
     finally:
-        bar.close()
-    summary.seconds = time.perf_counter() - start
-    return summary
+        executor.close()

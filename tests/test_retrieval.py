@@ -336,3 +336,28 @@ def test_canonical_params_follow_the_task_files(tmp_path):
     json.dumps(before)  # hashable as JSON
     copy.write_text(copy.read_text().replace("Remember it.", "Keep it."))
     assert RetrievalEval({"tasks": str(copy)}).canonical_params() != before
+
+
+def _append_many(path: str, tag: int) -> None:
+    from pathlib import Path
+
+    from evalkit.evals.distribution import append_lines
+
+    for i in range(200):
+        append_lines(Path(path), [json.dumps({"key": f"{tag}-{i}-{j}", "generated": "x" * 3000}) for j in range(4)])
+
+
+def test_cache_lines_of_concurrent_writers_never_interleave(tmp_path):
+    """Ray workers of one model share the retrieval baseline file: each batch is one O_APPEND write."""
+    import multiprocessing
+
+    path = tmp_path / "baseline.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(str(path), tag)) for tag in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs)
+    keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]  # every line parses
+    assert sorted(keys) == sorted(f"{t}-{i}-{j}" for t in range(3) for i in range(200) for j in range(4))

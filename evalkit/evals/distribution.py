@@ -113,6 +113,19 @@ def temp_dir(final: Path) -> Path:
     return tmp
 
 
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append text lines to a cache file shared by several processes (Ray workers of one model): one
+    ``write`` with ``O_APPEND``, so lines of concurrent writers never interleave; a reader skips a
+    line cut by a killed writer."""
+    if not lines:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, "".join(line + "\n" for line in lines).encode())
+    finally:
+        os.close(fd)
+
+
 def publish(tmp: Path, final: Path) -> None:
     """Rename a finished temporary folder into place (another process that finished first wins)."""
     try:

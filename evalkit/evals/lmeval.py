@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -149,7 +150,7 @@ class LmEvalEval(Evaluation):
         self.baseline_items = items_from_results(results)
         self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
         self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.baseline_path.with_suffix(".tmp")
+        tmp = self.baseline_path.with_name(f"{self.baseline_path.name}.{os.getpid()}.tmp")  # this process's own: workers of one model may share the cache
         tmp.write_text(json.dumps({"key": key, "items": self.baseline_items, "summary": self.baseline_summary,
                                    "samples": _jsonable(results["samples"])}))
         tmp.replace(self.baseline_path)  # complete file appears last

@@ -29,6 +29,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.distribution import append_lines
 from evalkit.retrieval import grid as G
 from evalkit.retrieval.scoring import accuracy_ci, difference_ci, score
 from evalkit.retrieval.tasks import DEFAULT_TASKS, load_task
@@ -173,8 +174,7 @@ class RetrievalEval(Evaluation):
                 fresh = {keys[missing[p]]: t for p, t in zip(positions, texts)}
                 known.update(fresh)
                 if path is not None:
-                    with open(path, "a") as fh:
-                        fh.write("".join(json.dumps({"key": k, "generated": g}) + "\n" for k, g in fresh.items()))
+                    append_lines(path, [json.dumps({"key": k, "generated": g}) for k, g in fresh.items()])
 
             gens = self._generate(lm, Scheme(), missing, on_batch=save)
             known.update({keys[i]: g for i, g in zip(missing, gens)})

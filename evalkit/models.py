@@ -193,7 +193,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", de
     path, local_only = model_source(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_dtype(dtype, device)
+    import torch
+
+    placed_on = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")  # where the weights go
+    torch_dtype = resolve_dtype(dtype, placed_on)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     if device_map is not None:
         kwargs["device_map"] = device_map

@@ -206,3 +206,23 @@ def test_named_grids_parse():
 def test_sweep_help():
     out = subprocess.run([sys.executable, "-m", "evalkit", "sweep", "--help"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "--shard" in out.stdout and "--executor" in out.stdout
+
+
+def test_gpus_place_the_model_on_them(tmp_path, toy_eval):
+    """A model that asks for GPUs and names no device goes on them: one GPU -> cuda, several ->
+    device_map auto (the Ray worker sees only its own GPUs); an explicit device or map is kept."""
+    models = """\
+models:
+  - {name: a, gpus: 1}
+  - {name: b, gpus: 4}
+  - {name: c, gpus: 2, device: cpu}
+  - {name: d, gpus: 2, device_map: balanced}
+  - e
+schemes: [bf16]
+evals:
+  toy: {}
+"""
+    g = parse_grid(write(tmp_path, models))
+    placed = {r.model.name: (r.model.device, r.model.device_map, r.model.num_gpus) for r in g.runs}
+    assert placed == {"a": ("cuda", None, 1), "b": ("cpu", "auto", 4), "c": ("cpu", None, 2),
+                      "d": ("cpu", "balanced", 2), "e": ("cpu", None, 0)}

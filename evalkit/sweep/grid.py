@@ -30,6 +30,7 @@ reused one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -268,6 +269,8 @@ def _model(doc: _Located, m, path: tuple) -> ModelSpec:
         raise doc.error(path, str(exc)) from None
     if not isinstance(spec.gpus, int) or spec.gpus < 0:
         raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
+    if spec.gpus and "device" not in m and "device_map" not in m:  # GPUs asked for: the model goes on them
+        spec = dataclasses.replace(spec, **({"device": "cuda"} if spec.gpus == 1 else {"device_map": "auto"}))
     return spec
 
 

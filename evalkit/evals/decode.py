@@ -50,7 +50,7 @@ Memory and devices. The loop runs on the model's device; the cache grows linearl
 step only (batch x vocabulary) logits exist (the output head runs on the last hidden state only,
 also after the prefill); per-position results are (rows x T) numbers. The baseline's summaries
 are written and read back one step at a time (memory maps), so nothing of size T x vocabulary is
-ever held. Disk: 2N x T x 2004 bytes (P = 32k, T = 8k, N = 4: 134 MB), checked before anything is
+ever held. Disk: 2N x T x 2008 bytes (P = 32k, T = 8k, N = 4: 134 MB), checked before anything is
 written.
 """
 

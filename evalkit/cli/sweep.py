@@ -144,5 +144,8 @@ def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path
         check_disk(estimate)
     except DiskSpaceError:
         raise
-    except Exception:  # noqa: BLE001  (the evaluations report their own problems when they run)
-        return
+    except Exception as exc:  # noqa: BLE001  (the evaluations report their own problems when they run)
+        import sys
+
+        print(f"evalkit: note: disk needs not checked, the sweep could not be sized ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)

@@ -97,11 +97,16 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()
 
 
+def fits(need: float, free: int) -> bool:
+    """``need`` bytes fit in ``free`` with headroom: 5 % and 256 MB (caches, the store, the OS)."""
+    return need * 1.05 + 2**28 <= free
+
+
 def check_free_space(folder: Path, need: int, what: str, fix: str) -> None:
-    """EvalkitError unless ``need`` bytes (plus 5 % and 256 MB of headroom) are free under ``folder``."""
+    """EvalkitError unless ``need`` bytes :func:`fit <fits>` in the free space under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
-    if need * 1.05 + 2**28 > free:
+    if not fits(need, free):
         raise EvalkitError(f"{what} need {need / 1e9:.1f} GB but {free / 1e9:.1f} GB are free: {fix}")
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
+from evalkit.evals.distribution import fits
 
 
 class DiskSpaceError(EvalkitError):
@@ -111,11 +112,6 @@ class SweepEstimate:
         for note in self.unsized:
             lines.append(f"not sized: {note}")
         return "\n".join(lines)
-
-
-def fits(need: int, free: int) -> bool:
-    """The evaluations' own headroom (:func:`evalkit.evals.distribution.check_free_space`)."""
-    return need * 1.05 + 2**28 <= free
 
 
 def format_seconds(s: float | None) -> str:

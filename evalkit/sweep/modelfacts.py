@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# bytes per weight of the dtypes checkpoints ship in (download sizes)
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
@@ -47,9 +48,10 @@ class ModelFacts:
 
 
 def _load_dtype_bytes(dtype: str, device: str) -> float:
-    if dtype in (None, "auto"):
-        return 2.0 if str(device).startswith("cuda") else 4.0
-    return float(DTYPE_BYTES.get(str(dtype).lower(), 4))
+    """Bytes per weight as :func:`evalkit.models.load_model` will load them (its dtype rule)."""
+    from evalkit.models import resolve_dtype
+
+    return float(resolve_dtype(dtype, device).itemsize)
 
 
 def _from_config(facts: ModelFacts, config: dict) -> None:

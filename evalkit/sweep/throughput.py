@@ -65,15 +65,14 @@ class Speed:
 
     def seconds(self, f, facts) -> float:
         """Wall time of a :class:`~evalkit.sweep.workload.Forwards` on a model of these ``facts``."""
-        attended = f.context + (f.length + 1) / 2
-        per_token = 2 * facts.params + 4 * facts.layers * facts.attn_width * attended
-        compute = f.rows * f.length * per_token / self.flops
+        compute = f.rows * _flops(facts, f.length, f.context) / self.flops
         kv = f.rows * (f.context + f.length) * facts.layers * 2 * facts.kv_width * facts.dtype_bytes
         memory = (facts.weight_bytes + kv) / self.bandwidth
         return f.calls * (max(compute, memory) + self.overhead)
 
 
 def _flops(facts, tokens: int, context: float = 0.0) -> float:
+    """FLOPs of one row's forward of ``tokens`` new tokens after ``context`` cached ones."""
     return tokens * (2 * facts.params + 4 * facts.layers * facts.attn_width * (context + (tokens + 1) / 2))
 
 

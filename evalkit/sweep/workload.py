@@ -33,6 +33,7 @@ from evalkit.evals.kl_topk import BYTES_PER_POSITION
 CHARS_PER_TOKEN = 4.0  # English prose, when no tokenizer is here (GPT-2/Llama-3 tokenizers: 4-4.5)
 ROW_BYTES = 1100  # one results.jsonl row with its info (published/default: 1.09 MB / 1040 rows)
 LMEVAL_ROW_BYTES = 2500  # lm-eval rows carry the task config in their info
+AUTO_BATCH_ASSUMED = 32  # lm-eval's batch size "auto" searches down from 64 on the device: 32 assumed
 
 # wikitext-2-raw-v1 test split, tokens of the whole split (no special tokens), per tokenizer family.
 # gpt2: 287,644 (Hugging Face transformers docs, "Perplexity of fixed-length models");
@@ -233,35 +234,27 @@ class _Requests:
 
 def _own_task_requests(names: list[str], params: dict, facts, max_length: int) -> _Requests:
     """Build lm-eval's requests for evalkit's offline tasks and count their tokens exactly."""
-    import contextlib
-    import io
-    import logging
+    import os
     import warnings
+    from pathlib import Path
 
     from lm_eval.tasks import get_task_dict
 
-    from evalkit.lmeval_adapter import resolve_tasks
+    from evalkit.lmeval_adapter import LOGGERS, resolve_tasks
+    from evalkit.runlog import to_log
 
     out = _Requests()
     tasks = resolve_tasks(names, tuple(params["include"]), {"pretrained": facts.name, **params["metadata"]})
-    quiet = logging.getLogger("lm-eval"), logging.getLogger("lm_eval")
-    levels = [lg.level for lg in quiet]
-    for lg in quiet:
-        lg.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # get_task_dict: the dict shape lm-eval's evaluator uses
-            task_dict = get_task_dict(list(names), tasks.manager)
-            leaves = _leaf_tasks(task_dict)
-            for task in leaves:
-                if params["num_fewshot"] is not None and task.get_config("num_fewshot") != 0:
-                    task.set_config(key="num_fewshot", value=params["num_fewshot"])
-                elif task.get_config("num_fewshot") is None:
-                    task.set_config(key="num_fewshot", value=0)
-                task.build_all_requests(limit=params["limit"], rank=0, world_size=1)
-    finally:
-        for lg, level in zip(quiet, levels):
-            lg.setLevel(level)
+    with to_log(Path(os.devnull), LOGGERS), warnings.catch_warnings():  # lm-eval's chatter and bars: discarded
+        warnings.simplefilter("ignore", DeprecationWarning)  # get_task_dict: the dict shape lm-eval's evaluator uses
+        task_dict = get_task_dict(list(names), tasks.manager)
+        leaves = _leaf_tasks(task_dict)
+        for task in leaves:
+            if params["num_fewshot"] is not None and task.get_config("num_fewshot") != 0:
+                task.set_config(key="num_fewshot", value=params["num_fewshot"])
+            elif task.get_config("num_fewshot") is None:
+                task.set_config(key="num_fewshot", value=0)
+            task.build_all_requests(limit=params["limit"], rank=0, world_size=1)
     out.leaves = len(leaves)
     for task in leaves:
         seen: set = set()
@@ -311,9 +304,11 @@ def _table_requests(name: str, params: dict) -> _Requests:
 def lmeval_work(params: dict, facts, device: str) -> Work:
     from evalkit.lmeval_adapter import TASKS_DIR, task_manager
 
-    batch = params["batch_size"]
-    if batch in (None, "auto"):
-        batch = 32 if str(device).startswith("cuda") else 8  # auto: lm-eval's search from 64 down; 32 assumed
+    from evalkit.lmeval_batching import default_batch_size
+
+    batch = params["batch_size"] or default_batch_size(device)
+    if batch == "auto":
+        batch = AUTO_BATCH_ASSUMED
     max_length = facts.max_length or 2048  # HFLM's: the config's maximum, else 2048
     ours = set(task_manager((str(TASKS_DIR),), False).all_tasks)
     own = [t for t in params["tasks"] if t in ours or t not in LMEVAL_TASK_SIZES]

@@ -8,6 +8,9 @@ import os
 import pytest
 import torch
 
+from evalkit import numerics
+
+numerics.configure()  # before any matrix product, as the command line does
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -50,26 +50,62 @@ def test_store_holds_the_default_grid_from_one_code_identity():
     assert len(identities) == 1, f"rows from several code versions: {identities}"
 
 
+# Another processor computes other floats, and a quantized forward amplifies them (evalkit.numerics:
+# 1e-6 relative weight noise moves FP8 perplexity by up to 0.5 %, its KL by up to 7 %, top-1 by
+# 1 point on the embedded model). Off the store's platform a re-run must agree to within that
+# spread (with room); on it, bit for bit.
+FOREIGN_TOLERANCE = {"ppl": ("rel", 0.01), "kl_mean": ("rel", 0.15), "top1_agreement": ("abs", 0.02), "n_tokens": ("abs", 0.0)}
+BASELINE_TOLERANCE = 1e-4  # relative, the unquantized model on another processor
+
+
+def _agrees(metric: str, fresh: float, stored: float, baseline: bool) -> bool:
+    if baseline:
+        return abs(fresh - stored) <= BASELINE_TOLERANCE * max(abs(stored), 1e-12)
+    kind, tol = FOREIGN_TOLERANCE[metric]
+    return abs(fresh - stored) <= tol * (abs(stored) if kind == "rel" else 1.0)
+
+
 @pytest.mark.slow
 def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
-    """Three of the store's perplexity runs, recomputed from scratch here, equal the stored rows."""
+    """Three of the store's perplexity runs, recomputed from scratch here, equal the stored rows bit
+    for bit on the platform that made the store (CPU, instruction set, MKL mode: evalkit.numerics),
+    and agree within float-rounding spread elsewhere."""
     from evalkit.evals.base import get_eval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models import load_model
+    from evalkit.numerics import platform_record, same_platform
     from evalkit.sweep.grid import canonical_json, parse_grid
 
     grid = parse_grid(ROOT / "sweeps" / "default.yaml")
     runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4")]
     records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
-    run_of = {canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r["run_id"]
-              for r in records if r["type"] == "complete"}  # by spec: a run id also hashes the code identity
+    complete = {canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r
+                for r in records if r["type"] == "complete"}  # by spec: a run id also hashes the code identity
     lm = load_model("embedded")
     ev = get_eval("perplexity")(runs[0].params)
     ev.prepare(lm, tmp_path)
     for run in runs:
         spec = run.to_dict()
-        run_id = run_of[canonical_json({k: spec[k] for k in ("model", "scheme", "eval", "params")})]
+        done = complete[canonical_json({k: spec[k] for k in ("model", "scheme", "eval", "params")})]
         stored = {(r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"] for r in records
-                  if r["type"] == "metric" and r["run_id"] == run_id}
+                  if r["type"] == "metric" and r["run_id"] == done["run_id"]}
         fresh = {(r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))}
-        assert stored and {k: v for k, v in fresh.items() if k in stored} == stored, run.scheme
+        assert stored and set(stored) <= set(fresh), run.scheme
+        if same_platform(done["info"].get("platform"), platform_record()):
+            assert {k: fresh[k] for k in stored} == stored, run.scheme
+        else:
+            compared = [k for k in stored if k[0] in FOREIGN_TOLERANCE]
+            assert compared
+            bad = {k: (fresh[k], stored[k]) for k in compared if not _agrees(k[0], fresh[k], stored[k], run.scheme == "bf16")}
+            assert not bad, (run.scheme, bad)
+
+
+def test_the_store_records_its_platform_and_kv_layout():
+    """Every run says which platform computed it and the model's KV layout (the report sizes bytes
+    per token from it, with no model files at hand)."""
+    records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+    complete = [r for r in records if r["type"] == "complete"]
+    assert complete
+    for r in complete:
+        assert {"cpu", "cpu_capability", "mkl_cbwr", "blas_batch_invariant"} <= set(r["info"]["platform"])
+        assert r["info"]["kv_layout"]["num_layers"] == 30

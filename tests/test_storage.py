@@ -94,6 +94,52 @@ def test_layer0_stores_what_an_engine_stores(llama, scheme):
     assert torch.equal(got[real], expected[real])
 
 
+@pytest.mark.parametrize("scheme", ["fp8_e5m2/block4/dynamic", "int4/block8/dynamic", "fp8_e4m3/block16/dynamic",
+                                    "fp8_e5m2/block4/unit"])
+def test_layer0_stores_what_an_engine_stores_unpadded_blocks(llama, scheme):
+    """Without padding every sequence's blocks start together, and the cache takes its one-piece
+    block path (StoredTensor._extend_blocks): still what the step-by-step reference stores."""
+    ids, mask = inputs(pad=False)
+    raw = teacher_forced(llama, "bf16", ids, mask).layers[0].k.values
+    cache = teacher_forced(llama, scheme, ids, mask)
+    assert torch.equal(cache.layers[0].k.values, reference_layer0(raw, scheme, mask, PREFILL))
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3/block4/dynamic", "fp8_e5m2/block16/dynamic", "int8/block8/dynamic",
+                                    "int4/block4/dynamic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_piece_block_path_equals_the_per_sequence_path(scheme, dtype):
+    """The same token stream stored twice, bit for bit the same codes, values and scales: as row 1 of
+    an unpadded batch (the one-piece path) and as row 1 of a batch whose first write left-pads it
+    by 5 tokens (blocks start per sequence: the per-region path), over a prefill, single-token steps
+    across block boundaries and multi-token writes."""
+    from evalkit.integration.storage import Padding, StoredTensor
+
+    s, pad = parse_scheme(scheme), 5
+    g = torch.Generator().manual_seed(3)
+    stream = [torch.randn(2, 3, n, 16, generator=g).to(dtype) * 4 for n in (8, 1, 1, 1, 5, 1, 1, 1, 1, 17, 1)]
+    fast, region = (StoredTensor(s.kv_format, s.granularity, None, True) for _ in range(2))
+    for i, x in enumerate(stream):
+        fast.append(x)
+        if i == 0:  # row 0: 13 other tokens; row 1: 5 padding positions, then the stream's first 8 tokens
+            first = torch.cat([torch.randn(2, 3, pad, 16, generator=g).to(dtype), x], dim=2)
+            first[0] = torch.randn(3, 13, 16, generator=g).to(dtype)
+            mask = torch.ones(2, 13, dtype=torch.long)
+            mask[1, :pad] = 0
+            region.append(first, Padding(mask))
+        else:
+            region.append(x)
+    length = fast.values.shape[2]
+    assert region.starts == [0, pad] and fast.starts == [0, 0]
+    for name in ("codes", "values"):
+        a, b = getattr(fast, name)[1], getattr(region, name)[1, :, pad:]
+        assert a.dtype == b.dtype and torch.equal(a.float(), b.float()), name
+    blocks = -(-length // s.granularity.size)
+    assert torch.equal(fast.scale[1], region.scale[1, :, :blocks])
+    expected = fast.decoded().to(dtype)  # the values attention reads are the decoded bytes, in the K/V's dtype
+    assert torch.equal(fast.values, expected)
+
+
 @pytest.mark.parametrize("scheme", SEMANTIC_SCHEMES + ["int4/group8/dynamic", "fp8_e4m3fnuz/head/dynamic", "bf16"])
 def test_values_attention_reads_equal_the_decoded_stored_bytes(llama, scheme):
     ids, mask = inputs()

@@ -59,6 +59,9 @@ def _chosen(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from evalkit import numerics
+
+    numerics.configure()  # before the first matrix product: batch-invariant, reproducible BLAS (evalkit.numerics)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:

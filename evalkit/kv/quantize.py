@@ -115,8 +115,7 @@ def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tenso
         if global_scale is None:
             return mx.round_scale_to_e4m3(torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax)))
         return mx.nvfp4_group_scales(amax, global_scale) * global_scale
-    scale = amax / fmt.qmax
-    return torch.where(amax > 0, scale, torch.ones_like(scale))
+    return torch.where(amax > 0, amax / fmt.qmax, 1.0)
 
 
 def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
@@ -126,6 +125,8 @@ def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
         return x.reshape(b, h, s, d // granularity.size, granularity.size)
     if granularity.kind is GranularityKind.BLOCK:
         n = granularity.size
+        if s <= n:  # one block (a decode step's partly filled block): padding zeros would change no amax
+            return x.reshape(b, h, 1, s, d)
         pad = (-s) % n
         if pad:
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))

@@ -69,6 +69,9 @@ class _SessionActor:
     """The Ray actor: a ModelSession living in a worker process."""
 
     def __init__(self, model: dict, workdir: str, registry: dict | None):
+        from evalkit import numerics
+
+        numerics.configure()  # a worker of an existing cluster gets no environment from the driver
         self.session = ModelSession(ModelSpec(**model), workdir, registry)
 
     def run(self, run: dict) -> RunOutcome:
@@ -90,7 +93,7 @@ def _worker_env() -> dict[str, str]:
     paths = [src, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
     for k, v in os.environ.items():
-        if k.startswith(("HF_", "EVALKIT_", "TOKENIZERS_", "TRANSFORMERS_")):
+        if k.startswith(("HF_", "EVALKIT_", "TOKENIZERS_", "TRANSFORMERS_", "MKL_CBWR")):
             env[k] = v
     return env
 

@@ -100,9 +100,16 @@ class ModelSession:
     def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
         from evalkit.kv.scheme import parse_scheme
 
+        from dataclasses import asdict
+
+        from evalkit.model_info import kv_layout
+        from evalkit.numerics import platform_record
+
         lm = self._model()
+        # the KV layout goes with the run so the report sizes bytes per token without the model's files
         info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), dtype=_dtype(lm.model),
-                    versions=versions(), code=code_identity.code_record())
+                    versions=versions(), code=code_identity.code_record(), platform=platform_record(),
+                    kv_layout=asdict(kv_layout(lm.model.config)))
         ev = self._prepared(run, lm)
         devices = _cuda_devices(lm.model)
         if devices:

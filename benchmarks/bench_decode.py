@@ -103,6 +103,9 @@ def eval_arm(ev, lm, scheme, sync):
 
 
 def main() -> None:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=4, help="rows per forward (even: batch / 2 sequences)")
     ap.add_argument("--context", type=int, default=512, help="prefill tokens")

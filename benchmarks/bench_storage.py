@@ -59,6 +59,9 @@ def timed(fn) -> float:
 
 
 def main() -> None:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

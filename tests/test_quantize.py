@@ -133,3 +133,24 @@ def test_identity_and_dtype():
 def test_group_must_divide_head_dim():
     with pytest.raises(SchemeError, match="does not divide head_dim 64"):
         check_granularity(Granularity.parse("group48"), 64)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"])
+@pytest.mark.parametrize("shape", [(2, 3, 1, 64), (2, 3, 13, 64), (4, 8, 256, 64)])  # a decode token .. above SMALL
+@pytest.mark.parametrize("granularity", ["tensor", "block16", "token"])
+def test_the_stored_tensor_rounding_made_holds_the_bytes_encode_writes(name, shape, granularity):
+    """Small FP8 tensors keep the float8 tensor their rounding cast produced (no second cast to store
+    it); its bytes equal encode(codes) and decode back to the codes, also under a given scale."""
+    from evalkit.kv.quantize import encode_quantized
+
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*shape, generator=g) * 30
+    x[0, 0, 0, :3] = torch.tensor([0.0, -0.0, 1e-9])
+    for q in (quantize(x, fmt, Granularity.parse(granularity)),
+              quantize(x, fmt, Granularity.parse(granularity), scale=torch.tensor(0.05))):
+        assert (q.stored is not None) == (x.numel() <= 16384)
+        stored = encode_quantized(q, fmt)
+        assert stored.dtype == fmt.storage_dtype
+        assert torch.equal(stored.view(torch.uint8), encode(q.codes, fmt).view(torch.uint8))
+        assert torch.equal(decode(stored, fmt), q.codes)

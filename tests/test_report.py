@@ -388,6 +388,27 @@ def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path
     assert code == 0 and "MIXED CODE" in err and "MIXED CODE" not in out
 
 
+def test_runs_from_two_platforms_are_flagged(tmp_path):
+    """A table whose runs were computed on two processors says so (quantization amplifies their rounding)."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    schemes = {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)}
+    folder = write_ppl_store(tmp_path / "s", schemes, constant=False)
+    assert not any("PLATFORM" in n for n in summary_frame(load_store(folder)).attrs["store_notes"])
+    here = {"cpu": "Xeon", "cpu_id": "GenuineIntel/6/207/2", "cpu_capability": "AVX512", "mkl_cbwr": "AUTO,STRICT"}
+    there = {**here, "cpu": "EPYC", "cpu_id": "AuthenticAMD/25/1/1", "cpu_capability": "AVX2"}
+    rows = [_row("ppl", 21.0), _row("ppl_delta_rel", 0.05), _row("kl_mean", 0.005), _row("top1_agreement", 0.94)]
+    store = ResultStore(folder)
+    for run_id, scheme, where in (("q1", "fp8_e5m2/tensor/dynamic", here), ("q2", "int8/token/dynamic", there)):
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {}}
+        store.append(RunOutcome(run_id, spec, True, rows, info={"kv_layout": LAYOUT, "dtype": "float32", "device": "cpu",
+                                                              "platform": where, "versions": {"evalkit_code": CODE}}))
+    text = format_table(summary_frame(load_store(folder)), "md")
+    note = next(line for line in text.splitlines() if "MIXED PLATFORM" in line)
+    assert "2 platforms" in note and "Xeon [GenuineIntel/6/207/2], AVX512, MKL_CBWR=AUTO,STRICT: 1 runs" in note
+    assert "EPYC [AuthenticAMD/25/1/1], AVX2" in note
+
+
 def test_pareto_plot_is_legible(tmp_path):
     """At its default size: every text inside the figure (title not clipped), no two labels overlap,
     static schemes by their short name, and the x range is the schemes' own, not 0..50 %."""

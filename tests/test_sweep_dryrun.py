@@ -34,8 +34,8 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
         by.setdefault(ev, []).append((scheme, tokens(tok), rest))
     # perplexity: 4 windows x 512 tokens per scheme; the first (bf16) run also pays the baseline pass
     assert [t for s, t, _ in by["perplexity"]] == [2 * 4 * 512] + [4 * 512] * 12
-    # decode: 2 x 4 rows (teacher-forced, free-running) x (256 prefill + 256 decoded)
-    assert [t for s, t, _ in by["decode"]] == [2 * 8 * 512] + [8 * 512] * 12
+    # decode: 2 x 4 rows (teacher-forced, free-running) x (256 prefill + 192 decoded)
+    assert [t for s, t, _ in by["decode"]] == [2 * 8 * 448] + [8 * 448] * 12
     # retrieval: 2 tasks x 1 length x 2 depths x 1 sample of 1024 tokens, plus each answer's budget;
     # the bf16 run is the baseline pass itself
     ret = [t for s, t, _ in by["retrieval"]]

@@ -38,7 +38,7 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, 
 from evalkit.errors import NonFiniteKVError, SchemeError
 from evalkit.integration.binding import BoundScheme
 from evalkit.kv.formats import KVFormat
-from evalkit.kv.quantize import decode, dequantize, encode, quantize
+from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import Granularity, GranularityKind
 from evalkit.memory import BASELINE_BYTES, mla_rope_granularity
 from evalkit.model_info import text_config
@@ -71,8 +71,9 @@ class Padding:
 
 class GrowingTensor:
     """A tensor that grows along the token dimension (dim 2) in place: appends cost the new tokens
-    only, not a copy of everything stored so far. Capacity grows by at least ``CHUNK`` tokens (or an
-    eighth of what is held), so at most that much stays allocated and unused."""
+    only, not a copy of everything stored so far. The first append adopts its tensor as it is (a
+    single forward reads exactly what was written, with no copy); later growth reserves at least
+    ``CHUNK`` tokens (or an eighth of what is held), so at most that much stays allocated and unused."""
 
     CHUNK = 256
 
@@ -86,7 +87,10 @@ class GrowingTensor:
 
     def append(self, new: torch.Tensor) -> None:
         need = self.length + new.shape[2]
-        if self.buffer is None or need > self.buffer.shape[2] or self.buffer.shape[:2] != new.shape[:2]:
+        if self.buffer is None or (self.length == 0 and (need > self.buffer.shape[2] or self.buffer.shape[:2] != new.shape[:2])):
+            self.buffer, self.length = new, need  # adopted as it is
+            return
+        if need > self.buffer.shape[2] or self.buffer.shape[:2] != new.shape[:2]:
             grown = max(need, self.length + max(self.CHUNK, self.length // 8))
             buffer = new.new_empty(*new.shape[:2], grown, *new.shape[3:])
             if self.length:
@@ -114,7 +118,8 @@ class StoredTensor:
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
         self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
-        self.values: torch.Tensor | None = None  # dequantized (or raw, when unquantized) (B, H, S, D)
+        self._values = GrowingTensor()  # quantized: the dequantized values attention reads (B, H, S, D)
+        self._raw: torch.Tensor | None = None  # unquantized: the K/V as given, concatenated as DynamicCache does
         self._token_scale, self._token_zero = GrowingTensor(), GrowingTensor()  # token / group granularity
         self._scale: torch.Tensor | None = None  # tensor / head (frozen) and block scales
         self._zero: torch.Tensor | None = None
@@ -132,6 +137,12 @@ class StoredTensor:
     @property
     def codes(self) -> torch.Tensor | None:
         return self._codes.data
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """What attention reads: the dequantized values (a view of a growing buffer: a decode step
+        copies its own token only), or for an unquantized layer the K/V themselves."""
+        return self._values.data if self.quantized else self._raw
 
     @property
     def per_token(self) -> bool:
@@ -167,7 +178,7 @@ class StoredTensor:
             valid = padding.valid[:, -x.shape[2]:].to(x.device)
             self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
         if not self.quantized:
-            self.values = self._cat(self.values, x)
+            self._raw = self._cat(self._raw, x)
         elif self.fixed is not None:
             self._store(quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False)
         elif self.kind is GranularityKind.BLOCK:
@@ -185,8 +196,8 @@ class StoredTensor:
         self.total += x.shape[2]
 
     def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
-        self._codes.append(encode(q.codes, self.fmt))
-        self.values = self._cat(self.values, dequantize(q, dtype))
+        self._codes.append(encode_quantized(q, self.fmt))
+        self._values.append(dequantize(q, dtype))
         if per_token:
             self._token_scale.append(q.scale)
             if q.zero is not None:
@@ -207,7 +218,7 @@ class StoredTensor:
             return
         # grow codes, values and the block-scale table first; the regions below fill them in
         self._codes.append(torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
-        self.values = self._cat(self.values, torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
+        self._values.append(torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
         blocks = max(-(-(t0 + s - st) // n) for st in starts) - self.block_base
         have = 0 if self.scale is None else self.scale.shape[2]
         if blocks > have:
@@ -231,9 +242,9 @@ class StoredTensor:
         region = xf if lo == t0 else torch.cat([self.values[:, :, keep:].float(), xf], dim=2)
         q = quantize(region, self.fmt, self.granularity)
         self._codes.truncate(keep)
-        self._codes.append(encode(q.codes, self.fmt))
-        new = dequantize(q, x.dtype)
-        self.values = new if keep == 0 else torch.cat([self.values[:, :, :keep], new], dim=2)
+        self._codes.append(encode_quantized(q, self.fmt))
+        self._values.truncate(keep)
+        self._values.append(dequantize(q, x.dtype))
         k0, m = (lo - start) // n - self.block_base, q.scale.shape[2]
         if self.scale is not None and k0 + m <= self.scale.shape[2]:
             self.scale[:, :, k0:k0 + m] = q.scale
@@ -263,7 +274,7 @@ class StoredTensor:
                                                      device=region_valid.device), region_valid], dim=1)
         q = quantize(region, self.fmt, self.granularity, valid=region_valid)
         sl = slice(lo - self.offset, t0 + s - self.offset)
-        self.codes[rows, :, sl] = encode(q.codes, self.fmt)
+        self.codes[rows, :, sl] = encode_quantized(q, self.fmt)
         self.values[rows, :, sl] = dequantize(q, x.dtype)
         k0 = first_block - self.block_base
         self.scale[rows, :, k0:k0 + q.scale.shape[2]] = q.scale
@@ -303,8 +314,10 @@ class StoredTensor:
         drop = target - self.offset
         if drop <= 0:
             return
-        self.values = self.values[:, :, drop:]
-        if self.quantized:
+        if not self.quantized:
+            self._raw = self._raw[:, :, drop:]
+        else:
+            self._values.drop_front(drop)
             self._codes.drop_front(drop)
             if self.per_token:
                 self._token_scale.drop_front(drop)
@@ -319,9 +332,9 @@ class StoredTensor:
         """Bytes this process holds for it: the dequantized copy plus allocated codes, scales and zero points."""
         if self.values is None:
             return 0
-        held = self.values.numel() * self.values.element_size()
+        held = self.values.numel() * self.values.element_size() if not self.quantized else 0
         if self.quantized:
-            held += sum(g.allocated_bytes() for g in (self._codes, self._token_scale, self._token_zero))
+            held += sum(g.allocated_bytes() for g in (self._values, self._codes, self._token_scale, self._token_zero))
             held += sum(t.numel() * t.element_size() for t in (self._scale, self._zero, self.fixed) if t is not None)
         return held
 

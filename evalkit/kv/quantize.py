@@ -63,7 +63,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
-from evalkit.kv.rounding import round_to_fp8
+from evalkit.kv.rounding import SMALL, round_to_fp8
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
@@ -82,6 +82,7 @@ class Quantized:
     granularity: Granularity | None  # None: a given scale that broadcasts against x as it is
     nonfinite: torch.Tensor
     tensor_scale: torch.Tensor | None = None  # NVFP4's per-sequence FP32 scale (B, 1, 1, 1), already in ``scale``
+    stored: torch.Tensor | None = None  # the stored tensor of ``codes`` where rounding made it anyway (see encode_quantized)
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -98,6 +99,16 @@ def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
             return mx.round_to_e2m1_away(y) if fmt.recipe is Recipe.SGLANG else mx.round_to_e2m1(y)
         return round_to_fp8(y.clamp(-fmt.max, fmt.max), fmt)
     return torch.round(y).clamp_(fmt.qmin, fmt.qmax)
+
+
+def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`round_codes`, plus the stored float8 tensor where rounding casts to it anyway (a small
+    FP8 tensor, e.g. a decode token: :func:`~evalkit.kv.rounding.round_to_fp8` casts there), so
+    storing it costs no second cast. The same bits as ``round_codes`` and ``encode`` (tested)."""
+    if fmt.kind is FormatKind.FLOAT and not fmt.packed and y.numel() <= SMALL:
+        stored = y.clamp(-fmt.max, fmt.max).to(fmt.storage_dtype)
+        return stored.to(torch.float32), stored
+    return round_codes(y, fmt), None
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None,
@@ -175,9 +186,9 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         nonfinite = ~torch.isfinite(real.abs().amax())
         if fmt.asymmetric:
             codes = (torch.round(xf / scale) + zero).clamp_(0, fmt.qmax)
-        else:
-            codes = round_codes(xf / scale, fmt)
-        return Quantized(codes, scale, zero, None, nonfinite)
+            return Quantized(codes, scale, zero, None, nonfinite)
+        codes, stored = _round_and_store(xf / scale, fmt)
+        return Quantized(codes, scale, zero, None, nonfinite, stored=stored)
     g = _grouped(xf, granularity)
     stats = g
     if valid is not None and granularity.kind not in PER_TOKEN:
@@ -199,9 +210,10 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         global_scale = tensor_scale if tensor_scale is not None else _nvfp4_global(xf, valid)
         global_scale = global_scale.reshape(-1, *([1] * (g.dim() - 1)))
     s = scale_from_amax(amax, fmt, global_scale, x.dtype)
-    codes = round_codes(g / s, fmt)
+    codes, stored = _round_and_store(g / s, fmt)
     return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), None, granularity, ~torch.isfinite(amax).all(),
-                     None if global_scale is None else global_scale.reshape(-1, 1, 1, 1))
+                     None if global_scale is None else global_scale.reshape(-1, 1, 1, 1),
+                     None if stored is None else _ungrouped(stored, x.shape))
 
 
 def _nvfp4_global(xf: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -253,6 +265,12 @@ def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     if fmt.bits == 4:
         return _pack_nibbles(codes if fmt.asymmetric else codes + 8)
     return codes.to(fmt.storage_dtype)
+
+
+def encode_quantized(q: Quantized, fmt: KVFormat) -> torch.Tensor:
+    """The stored tensor of ``q``'s codes: ``encode(q.codes, fmt)``, or the float8 tensor that
+    rounding already made (:attr:`Quantized.stored`), which holds the same bytes."""
+    return q.stored if q.stored is not None else encode(q.codes, fmt)
 
 
 def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:

@@ -53,6 +53,20 @@ class Results:
         return {run_id: code_of(rec) for run_id, rec in self.complete.items()}
 
     @property
+    def platforms(self) -> dict[str, str]:
+        """run_id -> the platform that computed it (CPU, instruction set, MKL mode; ``device`` for GPU
+        runs), for runs that recorded one (:mod:`evalkit.numerics`)."""
+        out = {}
+        for run_id, rec in self.complete.items():
+            info = rec.get("info") or {}
+            p = info.get("platform")
+            if isinstance(p, dict):
+                device = str(info.get("device") or "cpu")
+                where = f"{p.get('cpu')} [{p.get('cpu_id')}], {p.get('cpu_capability')}, MKL_CBWR={p.get('mkl_cbwr')}"
+                out[run_id] = where if device == "cpu" else f"{device} on {where}"
+        return out
+
+    @property
     def dtypes(self) -> dict[str, str]:
         """model -> the dtype its weights (and unquantized KV cache) were in, where the runs recorded it."""
         out: dict[str, str] = {}
@@ -145,6 +159,14 @@ def provenance_notes(results: Results) -> list[str]:
     elif counts and UNRECORDED in counts:
         notes.append("these runs carry no code identity (written by an evalkit that did not record one): resume the "
                      f"sweep (`python -m evalkit sweep GRID --out {results.folder}`) to recompute them with a recorded one")
+    platforms: dict[str, int] = {}
+    for where in results.platforms.values():
+        platforms[where] = platforms.get(where, 0) + 1
+    if len(platforms) > 1:
+        parts = "; ".join(f"{where}: {n} runs" for where, n in sorted(platforms.items(), key=lambda kv: -kv[1]))
+        notes.append(f"MIXED PLATFORM: these runs were computed on {len(platforms)} platforms ({parts}); a quantized "
+                     "forward amplifies the float rounding that differs between them, so differences between rows of "
+                     "different platforms are partly numerical noise")
     if results.superseded:
         notes.append(f"{len(results.superseded)} older runs of the same specs (other code or libraries) are superseded "
                      "by newer ones and not shown")

@@ -7,7 +7,9 @@ K/V they store. ``update`` returns the dequantized K/V, so the prefill's own att
 quantized K/V too, as engines that attend from the paged cache do. Each layer also keeps that
 dequantized copy in the model's dtype (what an FP8 attention kernel produces on the fly from the
 codes; a test proves it equal to decoding the stored bytes): a decode step encodes only its new
-token, so decoding costs about what BF16 decoding costs, and memory is the BF16 cache plus the codes.
+token and, since codes and values grow in place (:class:`GrowingTensor`), copies only that token
+where transformers' own cache concatenates the whole cache every step; memory is the model-dtype
+cache plus the codes, plus at most 256 tokens of growth room each.
 ``nbytes()`` counts what an engine holds: codes, scales and zero points (BF16 for unquantized layers).
 
 Scales evolve as engines keep them, per sequence (a result never depends on its batch-mates):
@@ -16,7 +18,8 @@ Scales evolve as engines keep them, per sequence (a result never depends on its 
   out), then frozen; later tokens beyond that range saturate. Static and unit scales never change.
 * ``block<N>``: one scale per N tokens per KV head, blocks counted from each sequence's own first
   real token (a paged cache is per sequence). When tokens join a partly filled block, the block is
-  re-encoded with the scale of all its tokens, from its stored values.
+  re-encoded with the scale of all its tokens, from its stored values (in one piece when every
+  sequence's blocks start together, else sequence by sequence: the same numbers, tested).
 * ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens; NVFP4's
   per-tensor FP32 scale is taken from each sequence's first write and then frozen, like a
   dynamic ``tensor`` scale.

@@ -38,6 +38,9 @@ def items_per_second(hflm, tasks, scheme: str, limit: int, model) -> tuple[float
 
 
 def main() -> None:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="evalkit_mmlu4")
     ap.add_argument("--limit", type=int, default=24, help="items per round (default 24)")

@@ -237,6 +237,9 @@ def kl(args) -> None:
 
 
 def main() -> None:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=["throughput", "memory", "memory-one", "kl"])
     p.add_argument("length", nargs="?", type=int)

@@ -28,6 +28,9 @@ from scipy.optimize import nnls
 
 
 def main() -> None:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--schemes", default="bf16,fp8_e4m3/tensor/dynamic")

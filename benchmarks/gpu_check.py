@@ -168,6 +168,9 @@ def speed(lm, quick: bool) -> None:
 
 
 def main() -> int:
+    from evalkit import numerics
+
+    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller speed section")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu to test this script (checks 1-3)")

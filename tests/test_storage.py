@@ -113,7 +113,7 @@ def test_one_piece_block_path_equals_the_per_sequence_path(scheme, dtype):
     an unpadded batch (the one-piece path) and as row 1 of a batch whose first write left-pads it
     by 5 tokens (blocks start per sequence: the per-region path), over a prefill, single-token steps
     across block boundaries and multi-token writes."""
-    from evalkit.integration.storage import Padding, StoredTensor
+    from evalkit.integration.stored import Padding, StoredTensor
 
     s, pad = parse_scheme(scheme), 5
     g = torch.Generator().manual_seed(3)
@@ -213,7 +213,7 @@ def test_scales_are_counted_at_their_storage_size(llama):
 
 def test_frozen_tensor_scales_saturate_later_tokens(llama):
     """A decode token beyond the prefill's range saturates at the frozen scale (what engines do)."""
-    from evalkit.integration.storage import StoredTensor
+    from evalkit.integration.stored import StoredTensor
 
     fmt_scheme = parse_scheme("fp8_e4m3/tensor/dynamic")
     st = StoredTensor(fmt_scheme.kv_format, fmt_scheme.granularity, None, True)

@@ -63,7 +63,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
-from evalkit.kv.rounding import SMALL, round_to_fp8
+from evalkit.kv.rounding import round_to_fp8_stored
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
@@ -94,21 +94,18 @@ def check_granularity(granularity: Granularity, head_dim: int) -> None:
 
 def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Clamp float32 ``y`` to the format's range and round it to a representable code (float32 out)."""
-    if fmt.kind is FormatKind.FLOAT:
-        if fmt.packed:  # E2M1
-            return mx.round_to_e2m1_away(y) if fmt.recipe is Recipe.SGLANG else mx.round_to_e2m1(y)
-        return round_to_fp8(y.clamp(-fmt.max, fmt.max), fmt)
-    return torch.round(y).clamp_(fmt.qmin, fmt.qmax)
+    return _round_and_store(y, fmt)[0]
 
 
 def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`round_codes`, plus the stored float8 tensor where rounding casts to it anyway (a small
-    FP8 tensor, e.g. a decode token: :func:`~evalkit.kv.rounding.round_to_fp8` casts there), so
-    storing it costs no second cast. The same bits as ``round_codes`` and ``encode`` (tested)."""
-    if fmt.kind is FormatKind.FLOAT and not fmt.packed and y.numel() <= SMALL:
-        stored = y.clamp(-fmt.max, fmt.max).to(fmt.storage_dtype)
-        return stored.to(torch.float32), stored
-    return round_codes(y, fmt), None
+    """:func:`round_codes`, plus the stored float8 tensor where rounding made it anyway (a small FP8
+    tensor, e.g. a decode token, is rounded by torch's cast), so storing it costs no second cast
+    (:func:`encode_quantized`; the same bytes as ``encode``, tested)."""
+    if fmt.kind is FormatKind.FLOAT:
+        if fmt.packed:  # E2M1
+            return (mx.round_to_e2m1_away(y) if fmt.recipe is Recipe.SGLANG else mx.round_to_e2m1(y)), None
+        return round_to_fp8_stored(y.clamp(-fmt.max, fmt.max), fmt)
+    return torch.round(y).clamp_(fmt.qmin, fmt.qmax), None
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None,

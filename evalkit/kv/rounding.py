@@ -39,9 +39,16 @@ def round_to_fp8(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Round float32 ``y`` (already clamped to ±fmt.max) to the nearest value of ``fmt``; float32 out.
 
     Both ways are exact and give the same bits; the faster one is chosen by size."""
+    return round_to_fp8_stored(y, fmt)[0]
+
+
+def round_to_fp8_stored(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`round_to_fp8`, plus the float8 tensor where the cast made it (small tensors; None
+    when the emulation rounded), so that a cache storing it needs no second cast."""
     if y.numel() <= SMALL:
-        return round_to_fp8_by_cast(y, fmt)
-    return round_to_fp8_emulated(y, fmt)
+        stored = y.to(fmt.torch_dtype)
+        return stored.to(torch.float32), stored
+    return round_to_fp8_emulated(y, fmt), None
 
 
 def round_to_fp8_emulated(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:

@@ -1,0 +1,345 @@
+"""One layer's K or V (or MLA latent / RoPE key) as an engine stores it: codes, scales, zero points,
+and the dequantized values attention reads.
+
+:class:`StoredTensor` writes what :func:`evalkit.kv.quantize.quantize` makes of each new piece of
+K/V: 1-byte codes (float8, int8; 4-bit codes packed two per byte), scales and zero points, all on
+the device of the K/V they store. It also keeps the dequantized values in the model's dtype (what
+an FP8 attention kernel produces on the fly from the codes; a test proves them equal to decoding
+the stored bytes): a decode step encodes only its new token and, since codes and values grow in
+place (:class:`GrowingTensor`), copies only that token where transformers' own cache concatenates
+the whole cache every step; memory is the model-dtype cache plus the codes, plus at most 256
+tokens (or an eighth) of growth room each. ``nbytes()`` counts what an engine holds.
+
+Scales evolve as engines keep them, per sequence (a result never depends on its batch-mates):
+
+* ``tensor`` / ``head``, dynamic: from each sequence's first write (its prefill; padding left
+  out), then frozen; later tokens beyond that range saturate. Static and unit scales never change.
+* ``block<N>``: one scale per N tokens per KV head, blocks counted from each sequence's own first
+  real token (a paged cache is per sequence). When tokens join a partly filled block, the block is
+  re-encoded with the scale of all its tokens, from its stored values (in one piece when every
+  sequence's blocks start together, else sequence by sequence: the same numbers, tested).
+* ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens; NVFP4's
+  per-tensor FP32 scale is taken from each sequence's first write and then frozen, like a
+  dynamic ``tensor`` scale.
+
+Sliding windows drop whole tokens from the front (whole blocks for ``block<N>``). NaN or inf
+arriving in K/V sets a flag on the device instead of raising (no host synchronisation per layer).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalkit.errors import SchemeError
+from evalkit.kv.formats import KVFormat
+from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
+from evalkit.kv.scheme import Granularity, GranularityKind
+from evalkit.memory import BASELINE_BYTES
+
+SCALE_BYTES = 4  # zero points, static/unit scales and NVFP4's per-tensor scale are float32; dynamic scales
+# are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes: e4m3/e8m0 = 1 byte)
+
+
+class Padding:
+    """Which positions of a batch's first write are real, from its 2-D attention mask (read once).
+
+    Padding must be on one side of each sequence. ``starts[b]`` is sequence b's first real position
+    (left padding), where its blocks begin; ``valid`` (B, S) is None when nothing is padded."""
+
+    def __init__(self, attention_mask: torch.Tensor | None):
+        self.valid, self.starts = None, None
+        if attention_mask is None or attention_mask.dim() != 2:
+            return
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return
+        real = mask.sum(-1)
+        first = mask.long().argmax(-1)  # 0 for a row without real tokens
+        pos = torch.arange(mask.shape[1], device=mask.device)
+        expected = (pos >= first[:, None]) & (pos < (first + real)[:, None])
+        if not bool((expected == mask).all()):
+            raise SchemeError("padding inside a sequence is not supported: pad on one side only")
+        self.valid, self.starts = mask, [int(v) for v in first.tolist()]
+
+
+class GrowingTensor:
+    """A tensor that grows along the token dimension (dim 2) in place: appends cost the new tokens
+    only, not a copy of everything stored so far. The first append adopts its tensor as it is (a
+    single forward reads exactly what was written, with no copy); later growth reserves at least
+    ``CHUNK`` tokens (or an eighth of what is held), so at most that much stays allocated and unused."""
+
+    CHUNK = 256
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def data(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer[:, :, :self.length]
+
+    def append(self, new: torch.Tensor) -> None:
+        need = self.length + new.shape[2]
+        fits = self.buffer is not None and need <= self.buffer.shape[2] and self.buffer.shape[:2] == new.shape[:2]
+        if not fits and self.length == 0:
+            self.buffer, self.length = new, need  # adopted as it is
+            return
+        if not fits:
+            grown = max(need, self.length + max(self.CHUNK, self.length // 8))
+            buffer = new.new_empty(*new.shape[:2], grown, *new.shape[3:])
+            if self.length:
+                buffer[:, :, :self.length] = self.buffer[:, :, :self.length]
+            self.buffer = buffer
+        self.buffer[:, :, self.length:need] = new
+        self.length = need
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (the buffer stays; later appends overwrite the rest)."""
+        self.length = min(self.length, n)
+
+    def drop_front(self, n: int) -> None:
+        self.buffer, self.length = self.buffer[:, :, n:], self.length - n
+
+    def allocated_bytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()
+
+
+class StoredTensor:
+    """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points, and the
+    dequantized values attention reads."""
+
+    def __init__(self, fmt: KVFormat, granularity: Granularity, fixed_scale: torch.Tensor | None, quantized: bool):
+        self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
+        self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
+        self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
+        self._values = GrowingTensor()  # quantized: the dequantized values attention reads (B, H, S, D)
+        self._raw: torch.Tensor | None = None  # unquantized: the K/V as given, concatenated as DynamicCache does
+        self._token_scale, self._token_zero = GrowingTensor(), GrowingTensor()  # token / group granularity
+        self._scale: torch.Tensor | None = None  # tensor / head (frozen) and block scales
+        self._zero: torch.Tensor | None = None
+        self.starts: list[int] | None = None  # per-sequence first real position (block alignment)
+        self.offset = 0  # absolute position of the first stored token (sliding windows drop the front)
+        self.block_base = 0  # block scales dropped from the front
+        self.total = 0  # tokens written so far
+        self.nonfinite: torch.Tensor | None = None
+        self.tensor_scale: torch.Tensor | None = None  # NVFP4: per-sequence FP32 scale from the first write, frozen
+
+    @property
+    def kind(self) -> GranularityKind:
+        return self.granularity.kind
+
+    @property
+    def codes(self) -> torch.Tensor | None:
+        return self._codes.data
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """What attention reads: the dequantized values (a view of a growing buffer: a decode step
+        copies its own token only), or for an unquantized layer the K/V themselves."""
+        return self._values.data if self.quantized else self._raw
+
+    @property
+    def per_token(self) -> bool:
+        return self.fixed is None and self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP)
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        return self._token_scale.data if self.per_token else self._scale
+
+    @scale.setter
+    def scale(self, value: torch.Tensor | None) -> None:
+        self._scale = value
+
+    @property
+    def zero(self) -> torch.Tensor | None:
+        return self._token_zero.data if self.per_token else self._zero
+
+    @zero.setter
+    def zero(self, value: torch.Tensor | None) -> None:
+        self._zero = value
+
+    def _flag(self, nonfinite: torch.Tensor) -> None:
+        self.nonfinite = nonfinite if self.nonfinite is None else self.nonfinite | nonfinite
+
+    @staticmethod
+    def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        return new if old is None else torch.cat([old, new], dim=dim)
+
+    def append(self, x: torch.Tensor, padding: Padding | None = None) -> None:
+        """Store the new tokens ``x`` (B, H, s, D); ``padding`` is given with a sequence's first write only."""
+        valid = None
+        if padding is not None and padding.valid is not None:
+            valid = padding.valid[:, -x.shape[2]:].to(x.device)
+            self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
+        if not self.quantized:
+            self._raw = self._cat(self._raw, x)
+        elif self.fixed is not None:
+            self._store(quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False)
+        elif self.kind is GranularityKind.BLOCK:
+            self._append_blocks(x, valid)
+        elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
+            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale)
+            self.tensor_scale = q.tensor_scale  # None unless NVFP4; then the first write's, passed back unchanged
+            self._store(q, x.dtype, per_token=True)
+        elif self.scale is None:  # tensor / head: the first write sets the scale, frozen from then on
+            q = quantize(x, self.fmt, self.granularity, valid=valid)
+            self.scale, self.zero = q.scale, q.zero
+            self._store(q, x.dtype, per_token=False)
+        else:
+            self._store(quantize(x, self.fmt, self.granularity, scale=self.scale, zero=self.zero), x.dtype, per_token=False)
+        self.total += x.shape[2]
+
+    def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
+        self._codes.append(encode_quantized(q, self.fmt))
+        self._values.append(dequantize(q, dtype))
+        if per_token:
+            self._token_scale.append(q.scale)
+            if q.zero is not None:
+                self._token_zero.append(q.zero)
+        self._flag(q.nonfinite)
+
+    # -- blocks --------------------------------------------------------------------------------
+    def _append_blocks(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
+        if self.fmt.asymmetric:
+            raise SchemeError(f"block scales are kept for symmetric formats only: use {self.fmt.name.replace('_asym', '')} "
+                              "or token/group granularity")
+        b, h, s, d = x.shape
+        n, t0 = self.granularity.size, self.total
+        starts = self.starts or [0] * b
+        self.starts = starts
+        if valid is None and len(set(starts)) == 1 and t0 >= starts[0]:
+            self._extend_blocks(x, starts[0])
+            return
+        # grow codes, values and the block-scale table first; the regions below fill them in
+        self._codes.append(torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
+        self._values.append(torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
+        blocks = max(-(-(t0 + s - st) // n) for st in starts) - self.block_base
+        have = 0 if self.scale is None else self.scale.shape[2]
+        if blocks > have:
+            self.scale = self._cat(self.scale, torch.ones(b, h, blocks - have, dtype=torch.float32, device=x.device))
+        if len(set(starts)) == 1:
+            self._encode_region(slice(None), starts[0], x, valid)
+        else:  # left padding: each sequence's blocks begin at its own first token
+            for i, st in enumerate(starts):
+                self._encode_region(slice(i, i + 1), st, x[i:i + 1], None if valid is None else valid[i:i + 1])
+
+    def _extend_blocks(self, x: torch.Tensor, start: int) -> None:
+        """The common case in one piece (every sequence's blocks start at ``start``, no padding in
+        ``x``, e.g. a decode step): the block holding the first new token, whose earlier tokens are
+        re-encoded from their stored values, and the new tokens are quantized together; the codes,
+        values and scales before that block stay as they are. The same numbers as
+        :meth:`_encode_region` (tested), with a few small operations instead of many per step."""
+        n, t0 = self.granularity.size, self.total
+        lo = start + (t0 - start) // n * n  # absolute position where the block holding t0 begins
+        keep = lo - self.offset  # stored tokens before that block
+        xf = x.float()
+        region = xf if lo == t0 else torch.cat([self.values[:, :, keep:].float(), xf], dim=2)
+        q = quantize(region, self.fmt, self.granularity)
+        self._codes.truncate(keep)
+        self._codes.append(encode_quantized(q, self.fmt))
+        self._values.truncate(keep)
+        self._values.append(dequantize(q, x.dtype))
+        k0, m = (lo - start) // n - self.block_base, q.scale.shape[2]
+        if self.scale is not None and k0 + m <= self.scale.shape[2]:
+            self.scale[:, :, k0:k0 + m] = q.scale
+        else:
+            self.scale = q.scale if self.scale is None or k0 == 0 else torch.cat([self.scale[:, :, :k0], q.scale], dim=2)
+        self._flag(q.nonfinite)
+
+    def _code_width(self, d: int) -> int:
+        return d * self.fmt.bits // 8
+
+    def _encode_region(self, rows: slice, start: int, x: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """(Re-)encode, for the sequences ``rows`` whose blocks start at ``start``, every block that
+        the new tokens ``x`` touch: a partly filled last block is re-encoded with its new tokens."""
+        n, t0, s = self.granularity.size, self.total, x.shape[2]
+        first_block = max(t0 - start, 0) // n
+        lo = start + first_block * n  # absolute position where the first touched block begins
+        if lo >= t0 + s:
+            return  # only padding so far
+        old = self.values[rows, :, lo - self.offset:t0 - self.offset].float() if lo < t0 else None
+        new = x[:, :, max(lo - t0, 0):].float()
+        region = new if old is None else torch.cat([old, new], dim=2)
+        region_valid = None
+        if valid is not None:
+            region_valid = valid[:, max(lo - t0, 0):]
+            if old is not None:
+                region_valid = torch.cat([torch.ones(region_valid.shape[0], old.shape[2], dtype=torch.bool,
+                                                     device=region_valid.device), region_valid], dim=1)
+        q = quantize(region, self.fmt, self.granularity, valid=region_valid)
+        sl = slice(lo - self.offset, t0 + s - self.offset)
+        self.codes[rows, :, sl] = encode_quantized(q, self.fmt)
+        self.values[rows, :, sl] = dequantize(q, x.dtype)
+        k0 = first_block - self.block_base
+        self.scale[rows, :, k0:k0 + q.scale.shape[2]] = q.scale
+        self._flag(q.nonfinite)
+
+    # -- reading and bookkeeping ----------------------------------------------------------------
+    def decoded(self) -> torch.Tensor:
+        """Dequantize the stored bytes afresh (float32): what :attr:`values` must equal (tests)."""
+        if not self.quantized:
+            return self.values.float()
+        codes = decode(self.codes, self.fmt)
+        if self.fixed is not None or self.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
+            scale = self.fixed if self.fixed is not None else self.scale
+            zero = self.zero if self.fixed is None else None
+            return (codes if zero is None else codes - zero) * scale
+        if self.kind is GranularityKind.TOKEN:
+            return (codes if self.zero is None else codes - self.zero) * self.scale
+        if self.kind is GranularityKind.GROUP:
+            b, h, s, d = codes.shape
+            g = codes.reshape(b, h, s, self.scale.shape[-1], -1)
+            if self.zero is not None:
+                g = g - self.zero.unsqueeze(-1)
+            return (g * self.scale.unsqueeze(-1)).reshape(b, h, s, d)
+        n = self.granularity.size
+        pos = torch.arange(self.offset, self.offset + codes.shape[2], device=codes.device)
+        starts = torch.tensor(self.starts or [0] * codes.shape[0], device=codes.device)
+        idx = ((pos[None, :] - starts[:, None]).clamp(min=0) // n - self.block_base).clamp(min=0)
+        scale = self.scale.gather(2, idx[:, None, :].expand(-1, codes.shape[1], -1))
+        return codes * scale[..., None]
+
+    def drop_front(self, keep: int) -> None:
+        """Keep the last ``keep`` tokens (whole blocks for block scales)."""
+        target = self.total - keep
+        if self.quantized and self.fixed is None and self.kind is GranularityKind.BLOCK:
+            n = self.granularity.size
+            target = min(st + max(target - st, 0) // n * n for st in self.starts)
+        drop = target - self.offset
+        if drop <= 0:
+            return
+        if not self.quantized:
+            self._raw = self._raw[:, :, drop:]
+        else:
+            self._values.drop_front(drop)
+            self._codes.drop_front(drop)
+            if self.per_token:
+                self._token_scale.drop_front(drop)
+                if self._token_zero.buffer is not None:
+                    self._token_zero.drop_front(drop)
+            elif self.fixed is None and self.kind is GranularityKind.BLOCK and len(set(self.starts)) == 1:
+                whole = (target - self.starts[0]) // self.granularity.size - self.block_base
+                self.scale, self.block_base = self.scale[:, :, whole:], self.block_base + whole
+        self.offset = target
+
+    def held_bytes(self) -> int:
+        """Bytes this process holds for it: the dequantized copy plus allocated codes, scales and zero points."""
+        if self.values is None:
+            return 0
+        if not self.quantized:
+            return self.values.numel() * self.values.element_size()
+        held = sum(g.allocated_bytes() for g in (self._values, self._codes, self._token_scale, self._token_zero))
+        return held + sum(t.numel() * t.element_size() for t in (self._scale, self._zero, self.fixed) if t is not None)
+
+    def nbytes(self) -> int:
+        if self.values is None:
+            return 0
+        if not self.quantized:
+            return self.values.numel() * BASELINE_BYTES
+        extra = 0
+        if self.fixed is not None:
+            extra = self.fixed.numel() * SCALE_BYTES
+        else:
+            extra = sum(t.numel() * n for t, n in ((self.scale, self.fmt.scale_nbytes), (self.zero, SCALE_BYTES),
+                                                   (self.tensor_scale, SCALE_BYTES)) if t is not None)
+        return self.codes.numel() * self.codes.element_size() + extra

@@ -34,3 +34,7 @@ class UnsupportedModelError(EvalkitError):
 
 class NonFiniteKVError(EvalkitError):
     """NaN or inf values reached the KV cache."""
+
+
+class PreflightError(EvalkitError):
+    """An output location this machine cannot write, or a device it does not have (evalkit.cli.preflight)."""

@@ -6,7 +6,9 @@ appear in ``--help`` by the one-line help in :data:`COMMANDS`, so ``--help``, ``
 ``models`` and ``capacity`` start in a fraction of a second instead of loading torch,
 transformers and lm-eval (``benchmarks/bench_startup.py`` measures it). User errors
 (:class:`EvalkitError`) print one line to stderr and exit with code 2; nothing else is caught, so
-real bugs keep their traceback.
+real bugs keep their traceback. Commands check the machine first (:mod:`evalkit.cli.preflight`: the
+folders they will write, the ``--device`` they will use) so that such a problem is one of these lines,
+before any model loads and with nothing written.
 """
 
 from __future__ import annotations

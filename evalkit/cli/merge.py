@@ -21,8 +21,10 @@ def add_parser(sub):
 
 
 def run(args: argparse.Namespace) -> int:
+    from evalkit.cli.preflight import check_writable
     from evalkit.sweep.store import ResultStore, merge_stores
 
+    check_writable(args.out, "OUT", fix="give as OUT a folder you can write")
     counts = merge_stores(args.out, args.shards)
     view = ResultStore(args.out).read()
     print(f"merged {counts['shards']} folders: {counts['merged']} runs added, {counts['already_present']} already present, "

@@ -35,6 +35,10 @@ def add_parser(sub):
 
 
 def run(args: argparse.Namespace) -> int:
+    from evalkit.cli.preflight import check_writable
+
+    check_writable(args.out, "--out", kind="file")  # before reading the store: nothing written, nothing half-done
+    check_writable(args.plots, "--plots")
     from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
     from evalkit.report.plots import all_plots
 

@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         raise EvalkitError(f"{args.out} already holds a sensitivity result: choose another --out")
     params = PerplexityEval.params_from_args(args)
     PerplexityEval(params)  # validate before loading the model
+    from evalkit.cli.preflight import check_model_device, check_writable
+    from evalkit.models import cache_root
+
+    check_writable(args.out, "--out")
+    check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
+    check_model_device(args)
     lm = load_from_args(args)
     BoundScheme(scheme, lm.layout, lm.config_hash)  # static scales: validate the table now
     measure = perplexity_measure(lm, params, args.cache_dir)

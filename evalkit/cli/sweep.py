@@ -9,7 +9,9 @@
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
 then these flags. Everything is validated before the output folder is touched: every problem of
 the grid file is listed (one line each, exit 2), a folder that belongs to another grid is refused,
-and so is a grid whose baselines, results and model downloads do not fit on the disk
+so are a results or cache folder this machine cannot write and a grid ``device:`` it does not have
+(local executor; :mod:`evalkit.cli.preflight`), and so is a grid whose baselines, results and model
+downloads do not fit on the disk
 (:mod:`evalkit.sweep.estimate`). ``--dry-run`` prints each run's tokens and estimated time and the
 disk needed (:mod:`evalkit.sweep.estimate`), writes nothing and evaluates nothing. The exit code is
 1 when any run failed (see the summary).
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         check_disk(estimate)
         return 0
     store.check(grid)  # read-only: a foreign folder is refused before anything is written
+    _check_machine(grid, store, shard, cfg, out, workdir)
     _check_disk_before(grid, store, shard, cfg.rerun, out, workdir, free_space)
     from evalkit.sweep.executors import make_executor
     from evalkit.sweep.runner import run_sweep
@@ -130,13 +133,30 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     return 1 if summary.failures else 0
 
 
-def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:
-    """Refuse (one line) a sweep whose pending runs do not fit on the disk; sizing problems never block it."""
-    from evalkit.sweep.estimate import DiskSpaceError, check_disk, estimate_sweep
+def _pending(grid, store, shard, rerun: bool) -> list:
     from evalkit.sweep.shard import select
 
     done = set() if rerun else set(store.read().complete)
-    pending = [r for r in select(grid.runs, shard) if r.run_id not in done]
+    return [r for r in select(grid.runs, shard) if r.run_id not in done]
+
+
+def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Path) -> None:
+    """One line, before the first run: a results folder this machine cannot write, and with the local
+    executor a cache folder it cannot write or a grid ``device:`` it does not have (Ray workers bring
+    their own disks and devices)."""
+    from evalkit.cli.preflight import check_grid_devices, check_writable
+
+    check_writable(out, "--out")  # the store is written here, whichever executor runs the runs
+    if cfg.executor == "local":
+        check_writable(workdir, "--cache-dir")
+        check_grid_devices([r.model for r in _pending(grid, store, shard, cfg.rerun)], grid.path)
+
+
+def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:
+    """Refuse (one line) a sweep whose pending runs do not fit on the disk; sizing problems never block it."""
+    from evalkit.sweep.estimate import DiskSpaceError, check_disk, estimate_sweep
+
+    pending = _pending(grid, store, shard, rerun)
     if not pending:
         return
     try:

@@ -38,3 +38,7 @@ class NonFiniteKVError(EvalkitError):
 
 class PreflightError(EvalkitError):
     """An output location this machine cannot write, or a device it does not have (evalkit.cli.preflight)."""
+
+
+class EngineUnavailableError(EvalkitError):
+    """A serving engine evalkit is asked to run (vLLM) that is not installed or cannot run on this machine."""

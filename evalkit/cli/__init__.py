@@ -32,6 +32,7 @@ COMMANDS = {
     "sensitivity": "per-layer KV quantization sensitivity and which layers to keep in BF16",
     "capacity": "KV tokens and concurrent sequences that fit, per KV scheme",
     "report": "tables, plots and a recommendation from a results folder",
+    "conformance": "evalkit's KV codes held against a real engine's own KV store (vLLM on CPU)",
 }
 MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalkit.cli.common)
 

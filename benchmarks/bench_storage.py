@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 
 SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/head/unit"]
 
@@ -124,11 +125,11 @@ def main() -> None:
                     ctx.__enter__()
                 try:
                     res = model(prompt, use_cache=True)
-                    cache, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
+                    cache, tok = output_cache(res), res.logits[:, -1:].argmax(-1)
                     sync()
                     start = time.perf_counter()
                     for _ in range(args.decode):
-                        res = model(tok, cache=cache, use_cache=True)
+                        res = model(tok, **cache_inputs(model, cache))
                         tok = res.logits[:, -1:].argmax(-1)
                     sync()
                     out["step"] = (time.perf_counter() - start) / args.decode

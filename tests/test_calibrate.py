@@ -17,6 +17,7 @@ from evalkit.calibrate import (BINS, DEFAULT_CORPUS, KVObserver, _run, calibrate
 from evalkit.errors import EvalkitError
 from evalkit.models import load_model
 from evalkit.kv.scale_table import load_scale_table, save_scale_table
+from evalkit.integration.hf_compat import output_cache
 
 E4M3_MAX = 448.0
 TEXT = load_text(DEFAULT_CORPUS)
@@ -31,7 +32,7 @@ def cached_kv(lm, ids):
     """Post-RoPE K/V per layer as the model's own cache stores them (independent of the hook)."""
     with torch.no_grad():
         out = lm.model(input_ids=ids, use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     return [(layer.keys.float(), layer.values.float()) for layer in cache.layers]
 
 

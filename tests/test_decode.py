@@ -41,6 +41,7 @@ from evalkit.evals.decode_loop import decode_logits
 from evalkit.evals.distribution import OutputHead
 from evalkit.evals.divergence import censored_median, first_divergence, identical_share, median_interval
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 
 P, T, N = 24, 24, 2
 QUANT = "int4/tensor/dynamic"
@@ -163,15 +164,15 @@ def plain_reference(lm, ids, scheme):
     with torch.inference_mode():
         if scheme is None:
             cache = DynamicCache(config=lm.model.config)
-            logits = [lm.model(ids[:, :P], cache=cache, use_cache=True).logits[:, -1]]
+            logits = [lm.model(ids[:, :P], **cache_inputs(lm.model, cache)).logits[:, -1]]
             for t in range(P, P + T - 1):
-                logits.append(lm.model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1])
+                logits.append(lm.model(ids[:, t:t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
         else:
             with quantized_kv(lm.model, scheme):
                 res = lm.model(ids[:, :P])
-                logits, cache = [res.logits[:, -1]], res.past_key_values
+                logits, cache = [res.logits[:, -1]], output_cache(res)
                 for t in range(P, P + T - 1):
-                    logits.append(lm.model(ids[:, t:t + 1], cache=cache).logits[:, -1])
+                    logits.append(lm.model(ids[:, t:t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
     for lg in logits:
         out.append(lg.double().log_softmax(-1))
     return torch.stack(out, dim=1)
@@ -238,7 +239,7 @@ def single_forward_kl(lm, ev, scheme, caches: list | None = None):
         out = lm.model(ev.inputs[:n, :prefill + steps - 1])
         lq = out.logits[:, prefill - 1:].float().log_softmax(-1)
     if caches is not None:
-        caches.append(out.past_key_values)
+        caches.append(output_cache(out))
     summary = {k: torch.from_numpy(np.array(ev.base[k][:n])) if k in ARRAYS else ev.base[k][:n]
                for k in (*ARRAYS, "t", "log_tail")}
     summary = {k: v.reshape(n * steps, *v.shape[2:]) for k, v in summary.items()}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 from tests.tiny_models import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -44,7 +45,7 @@ def test_every_scheme_runs_on_cuda_with_tensors_on_the_device(llama_bf16, scheme
     ids, mask = batch("cuda")
     with quantized_kv(llama_bf16, scheme) as session:
         cache = session.new_cache(mask)
-        llama_bf16.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, cache=cache)
+        llama_bf16.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **cache_inputs(llama_bf16, cache))
     for layer in cache.storage_layers():
         for st in (layer.k, layer.v):
             for t in (st.codes, st.values, st.scale, st.zero, st.fixed, st.nonfinite):
@@ -62,7 +63,7 @@ def test_every_scheme_runs_on_cuda_with_tensors_on_the_device(llama_bf16, scheme
 def test_no_host_synchronisation_in_a_decode_step(llama_bf16, scheme):
     ids, _ = batch("cuda")
     with quantized_kv(llama_bf16, scheme):
-        cache = llama_bf16(ids).past_key_values
+        cache = output_cache(llama_bf16(ids))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

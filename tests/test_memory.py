@@ -12,6 +12,7 @@ from evalkit.memory import bytes_per_token, bytes_per_token_at, memory_summary, 
 from evalkit.model_info import kv_layout
 from evalkit.presets import PRESETS, config_namespace
 from evalkit.kv.scheme import parse_scheme as P
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 
 
 def preset_layout(name):
@@ -158,7 +159,7 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
     ids = torch.randint(0, 100, (2, 7))
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
                          return_dict_in_generate=True, pad_token_id=0)
-    cache = out.past_key_values
+    cache = output_cache(out)
     elems = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     seq = cache.get_seq_length()
     assert seq == 7 + 4 - 1
@@ -214,7 +215,7 @@ def test_bytes_equal_the_real_cache_after_generate(cache_models, arch, scheme):
     s = P(scheme)
     with quantized_kv(model, s) as session:
         cache = session.new_cache(am)
-        model.generate(ids, attention_mask=am, cache=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        model.generate(ids, attention_mask=am, **cache_inputs(model, cache), max_new_tokens=10, do_sample=False, pad_token_id=0)
     seq = cache.get_seq_length()
     assert seq == 9 + 10 - 1
     want = model_cache_bytes(kv_layout(model.config), s, seq, batch=2, keep="transformers")

@@ -15,6 +15,7 @@ import torch
 from evalkit import quantized_kv
 from evalkit.integration.storage import StorageCache
 from evalkit.errors import SchemeError
+from evalkit.integration.hf_compat import cache_inputs
 from tests.test_quantize import reference
 from tests.tiny_models import tiny_model
 
@@ -46,7 +47,7 @@ def test_identity_is_bit_exact(mla):
         assert torch.equal(mla(ids, attention_mask=mask).logits, ref)
         assert torch.equal(mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False), ref_gen)
     with quantized_kv(mla, "bf16") as session:
-        out = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=session.new_cache(mask))
+        out = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask)))
     assert torch.equal(out, ref_gen)
     assert torch.equal(mla(ids, attention_mask=mask).logits, ref)  # no hook left behind
 
@@ -60,7 +61,7 @@ def test_fp8_changes_logits_and_an_explicit_cache_equals_the_installed_one(mla):
         gen = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
     assert not torch.equal(out, ref) and (out - ref).abs().max() < 0.5
     with quantized_kv(mla, "fp8_e4m3/group16/dynamic") as session:
-        gen2 = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=session.new_cache(mask),
+        gen2 = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask)),
                             output_scores=True, return_dict_in_generate=True)
     assert all(torch.equal(a, b) for a, b in zip(gen.scores, gen2.scores))
 
@@ -99,7 +100,7 @@ def test_cache_holds_exactly_the_quantized_latent(mla, scheme, gran, rope_bf16):
     try:
         with quantized_kv(mla, scheme) as session:
             cache = session.new_cache()
-            mla(ids, cache=cache, use_cache=True)
+            mla(ids, **cache_inputs(mla, cache))
     finally:
         for h in handles:
             h.remove()

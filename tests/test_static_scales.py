@@ -13,6 +13,7 @@ from evalkit.model_info import config_hash, kv_layout
 from evalkit.kv.quantize import quantize_dequantize
 from evalkit.kv.scheme import Granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
+from evalkit.integration.hf_compat import output_cache
 from tests.tiny_models import tiny_model
 
 
@@ -72,9 +73,9 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
     ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         with quantized_kv(llama, f"fp8_e4m3/tensor/static+scales={path}"):
-            stored = llama(ids).past_key_values
+            stored = output_cache(llama(ids))
         with quantized_kv(llama, "bf16"):
-            raw = llama(ids).past_key_values
+            raw = output_cache(llama(ids))
     fmt, tensor = FORMATS["fp8_e4m3"], Granularity.parse("tensor")
     # layer 0 sees the same input in both passes: its K/V are exactly the table-scaled quantization
     k0, v0 = stored.layers[0].k.values, stored.layers[0].v.values

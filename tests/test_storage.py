@@ -18,6 +18,7 @@ from evalkit.kv.quantize import dequantize, quantize, quantize_dequantize
 from evalkit.kv.scheme import GranularityKind, parse_scheme
 from evalkit.memory import layer_cache_bytes
 from evalkit.model_info import kv_layout
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 from tests.tiny_models import tiny_model
 
 PREFILL, STEPS = 13, 9
@@ -41,9 +42,9 @@ def teacher_forced(model, scheme, ids, mask, prefill=PREFILL) -> StorageCache:
     """Prefill, then one token per forward, continuing the storage cache the first forward made."""
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with quantized_kv(model, scheme):
-        cache = model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill]).past_key_values
+        cache = output_cache(model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill]))
         for t in range(prefill, ids.shape[1]):
-            model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1], cache=cache)
+            model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1], **cache_inputs(model, cache))
     return cache
 
 
@@ -240,7 +241,7 @@ NEW_TOKENS = 9
 def generate(model, ids, mask, scheme):
     with torch.no_grad(), quantized_kv(model, scheme) as session:
         cache = session.new_cache(mask)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, cache=cache,
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **cache_inputs(model, cache),
                              output_scores=True, return_dict_in_generate=True)
     return out, cache
 
@@ -352,7 +353,7 @@ def test_host_reads_do_not_grow_with_the_number_of_layers(scheme):
         ids, mask = inputs()
         with torch.no_grad(), quantized_kv(model, scheme):
             def step():
-                cache = model(ids[:, :PREFILL], attention_mask=mask[:, :PREFILL]).past_key_values
-                model(ids[:, PREFILL:PREFILL + 1], attention_mask=mask[:, :PREFILL + 1], cache=cache)
+                cache = output_cache(model(ids[:, :PREFILL], attention_mask=mask[:, :PREFILL]))
+                model(ids[:, PREFILL:PREFILL + 1], attention_mask=mask[:, :PREFILL + 1], **cache_inputs(model, cache))
             counts.append(_count_host_reads(step))
     assert counts[0] == counts[1], counts

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from evalkit import quantized_kv
 from evalkit.integration.storage import StorageCache
 from evalkit.errors import EvalkitError, NonFiniteKVError, SchemeError, UnsupportedModelError
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 from tests.tiny_models import ARCHS, EAGER_ONLY, tiny_model
 
 IMPLS = ["sdpa", "eager"]
@@ -54,7 +55,7 @@ def test_identity_is_bit_exact_prefill_padding_generate(model):
     impl_before = model.config._attn_implementation
     with quantized_kv(model, "bf16"):
         out = model(ids, attention_mask=mask, use_cache=False)  # the storage cache is installed all the same
-        assert isinstance(out.past_key_values, StorageCache)
+        assert isinstance(output_cache(out), StorageCache)
         gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     assert torch.equal(out.logits, ref)
     assert torch.equal(gen, ref_gen)
@@ -175,15 +176,15 @@ def test_a_foreign_prefilled_cache_and_another_blocks_cache_are_refused():
     model = tiny_model("llama")
     ids, mask = batch()
     with torch.no_grad():
-        filled = model(ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True).past_key_values
+        filled = output_cache(model(ids, attention_mask=mask, **cache_inputs(model, DynamicCache(config=model.config))))
         with quantized_kv(model, "fp8_e4m3/tensor/dynamic"):
             with pytest.raises(SchemeError, match="already holds tokens"):
-                model(ids[:, :1], cache=filled)
+                model(ids[:, :1], **cache_inputs(model, filled))
         with quantized_kv(model, "fp8_e4m3/tensor/dynamic") as first:
             cache = first.new_cache()
         with quantized_kv(model, "fp8_e4m3/head/dynamic"):
             with pytest.raises(SchemeError, match="another quantized_kv block"):
-                model(ids, cache=cache)
+                model(ids, **cache_inputs(model, cache))
 
 
 def test_attention_that_never_writes_the_cache_is_refused(monkeypatch):

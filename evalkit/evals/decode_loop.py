@@ -29,6 +29,8 @@ from collections.abc import Iterator
 
 import torch
 
+from evalkit.integration.hf_compat import cache_inputs
+
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Position of each token among its sequence's real tokens (padding gets 0), as ``generate()``."""
@@ -49,7 +51,7 @@ def decode_logits(model, head, session, ids: torch.Tensor, mask: torch.Tensor, p
     backbone = model.base_model
     cache = session.new_cache(mask[:, :prefill])
     out = backbone(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill],
-                   cache=cache, use_cache=True)
+                   **cache_inputs(backbone, cache))
     hidden = out.last_hidden_state[:, -1]
     del out
     for t in range(prefill, length):
@@ -59,6 +61,6 @@ def decode_logits(model, head, session, ids: torch.Tensor, mask: torch.Tensor, p
         yield logits
         if t + 1 < length:
             out = backbone(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1],
-                           cache=cache, use_cache=True)
+                           **cache_inputs(backbone, cache))
             hidden = out.last_hidden_state[:, -1]
             del out

@@ -30,10 +30,13 @@ from evalkit.errors import EvalkitError, SchemeError, UnsupportedModelError
 from evalkit.integration.attention import attention_handler
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.fa3 import fa3_attention
+from evalkit.integration.hf_compat import cache_keyword, check_transformers, take_cache
 from evalkit.integration.storage import StorageCache
 from evalkit.kv.scale_table import ScaleTable
 from evalkit.kv.scheme import AttentionPrecision, Scheme, parse_scheme
 from evalkit.model_info import check_supported, config_hash, kv_layout
+
+check_transformers()
 
 _ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
@@ -41,8 +44,9 @@ _ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 class KVSession:
     """One model inside one ``quantized_kv`` block: its bound scheme and the caches it hands out."""
 
-    def __init__(self, model, binding: BoundScheme):
+    def __init__(self, model, binding: BoundScheme, cache_keyword: str = "cache"):
         self.model, self.binding = model, binding
+        self.cache_keyword = cache_keyword  # what the decoder's forward calls its cache (see hf_compat)
 
     @property
     def scheme(self) -> Scheme:
@@ -58,14 +62,11 @@ class KVSession:
 
     # -- hooks on the decoder ------------------------------------------------------------------
     def _pre_forward(self, module, args, kwargs):
-        legacy = kwargs.pop("past_key_values", None)
-        cache = kwargs.get("cache")
-        if cache is None:
-            cache = legacy
+        cache = take_cache(kwargs)  # given as cache= or past_key_values=, whichever the release names it
         if isinstance(cache, StorageCache):
             if cache.binding is not self.binding:
                 raise SchemeError("this storage cache was made for another quantized_kv block: make a new one with session.new_cache()")
-            kwargs["cache"], kwargs["use_cache"] = cache, True
+            kwargs[self.cache_keyword], kwargs["use_cache"] = cache, True
             return args, kwargs
         if cache is not None and cache.get_seq_length() > 0:
             raise SchemeError("the model got a cache that already holds tokens evalkit did not store: "
@@ -73,12 +74,12 @@ class KVSession:
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
             mask = args[1]
-        kwargs["cache"] = self.new_cache(mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
+        kwargs[self.cache_keyword] = self.new_cache(mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
         kwargs["use_cache"] = True
         return args, kwargs
 
     def _post_forward(self, module, args, kwargs, output):
-        cache = kwargs.get("cache")
+        cache = kwargs.get(self.cache_keyword)
         if not isinstance(cache, StorageCache):
             return output
         cache.check_finite()
@@ -104,8 +105,8 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
     if model in _ACTIVE:
         raise EvalkitError("quantized_kv blocks cannot be nested on one model: leave the first block before entering another")
-    session = KVSession(model, binding)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    session = KVSession(model, binding, cache_keyword(decoder))
     with contextlib.ExitStack() as stack:
         if fa3:
             stack.enter_context(attention_handler(model, _fa3_handler(binding)))

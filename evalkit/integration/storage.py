@@ -18,11 +18,11 @@ flags once per forward pass and raises naming the first layer (no host synchroni
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer,
-                                      get_layer_types_and_kwargs)
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
+from evalkit.integration.hf_compat import cache_layer_specs
 from evalkit.integration.stored import Padding, StoredTensor
 from evalkit.memory import mla_rope_granularity
 from evalkit.model_info import text_config
@@ -104,9 +104,8 @@ class StorageCache(DynamicCache):
     def __init__(self, config, binding: BoundScheme, attention_mask: torch.Tensor | None = None):
         super().__init__(config=config)
         padding = Padding(attention_mask)
-        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text_config(config))
         layers = []
-        for idx, (kind, kwargs) in enumerate(zip(layer_types, per_layer_kwargs)):
+        for idx, (kind, kwargs) in enumerate(cache_layer_specs(text_config(config))):
             if kind == "full_attention":
                 layers.append(StorageLayer(binding, idx, padding))
             elif kind in ("sliding_attention", "chunked_attention"):

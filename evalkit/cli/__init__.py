@@ -37,6 +37,16 @@ COMMANDS = {
 MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalkit.cli.common)
 
 
+# Packages only some evaluations use (the core, the storage path and gpu_check never import them):
+# a command that reaches one that is missing says which and how to install it.
+OPTIONAL_PACKAGES = {
+    "lm_eval": ("lm-eval", 'pip install "lm-eval[hf]>=0.4.9,<0.5"'),
+    "datasets": ("datasets", 'pip install "datasets>=3.0"'),
+    "gguf": ("gguf (to read the embedded model's GGUF file)", 'pip install "gguf>=0.10"'),
+    "ray": ("ray", 'pip install "ray>=2.9" (or pip install -e ".[ray]")'),
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors: one line, exit 2
         self.exit(2, f"evalkit: error: {message} (see --help)\n")
@@ -84,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     except EvalkitError as exc:
         print(f"evalkit: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        needed = OPTIONAL_PACKAGES.get((exc.name or "").split(".")[0])
+        if needed is None:
+            raise
+        print(f"evalkit: error: this command needs {needed[0]}, which is not installed: {needed[1]}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("evalkit: interrupted", file=sys.stderr)
         return 130

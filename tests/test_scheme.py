@@ -20,6 +20,15 @@ CANONICAL = [
     "fp4_e2m1/group16/dynamic", "fp4_e2m1/group32/dynamic+scale_dtype=e4m3", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+tensor_scale=fp32",
     "fp4_e2m1/group32/dynamic+scale_dtype=e8m0+recipe=sglang", "fp8_e5m2/group32/dynamic+scale_dtype=e8m0",
     "fp8_e4m3/group16/dynamic+scale_dtype=e8m0+skip=1",
+    # rounding: rtz/rna are written after scales=, before skip/attn/rope; rne (the default) never is
+    "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e5m2/tensor/unit+rounding=rtz", "fp8_e4m3fnuz/head/unit+rounding=rna",
+    "fp8_e4m3/tensor/static+scales=calibration/x.safetensors+rounding=rtz",
+    "fp8_e4m3/head/static+scales=h.safetensors+rounding=rna+skip=0,3+attn=fa3",
+    "fp8_e4m3/block16/dynamic+rounding=rtz+skip=sliding", "int8/token/dynamic+rounding=rtz", "int4_asym/group32/dynamic+rounding=rna",
+    "fp4_e2m1/group16/dynamic+rounding=rtz", "fp4_e2m1/group32/dynamic+scale_dtype=e8m0+rounding=rna",
+    "fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32+rounding=rtz",
+    "fp8_e4m3/group32/dynamic+scale_dtype=e8m0+rounding=rtz+rope=bf16",
+    "fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang",  # SGLang's scale rule with nearest-even elements
 ]
 
 
@@ -27,7 +36,9 @@ CANONICAL = [
     ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32", "nvfp4"),
     ("fp4_e2m1/group32/dynamic+scale_dtype=e8m0", "mxfp4"),
     ("fp8_e4m3/group32/dynamic+scale_dtype=e8m0+skip=0", "mxfp8_e4m3+skip=0"),
-    ("fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang+rope=bf16", "sglang_fp4+rope=bf16"),
+    ("fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang+rounding=rna+rope=bf16", "sglang_fp4+rope=bf16"),
+    ("fp4_e2m1/group16/dynamic+rounding=rna+scale_dtype=e8m0+recipe=sglang", "sglang_fp4"),
+    ("fp8_e4m3/group32/dynamic+scale_dtype=e8m0+rounding=rne", "mxfp8_e4m3"),
     ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32+skip=3,1", "nvfp4+skip=1,3"),
 ])
 def test_long_forms_print_as_their_name(long, name):
@@ -98,6 +109,11 @@ def test_list_parsing_keeps_skip_commas():
     ("mxfp4+scale_dtype=e4m3", "mxfp4 fixes its format and scales"),
     ("nvfp4+scales=x.safetensors", "nvfp4 fixes its format and scales"),
     ("nvfp4+color=red", "unknown scheme option"),
+    ("nvfp4+rounding=rtz", "nvfp4 fixes its format and scales (and rounding)"),
+    ("sglang_fp4+rounding=rne", "sglang_fp4 fixes its format and scales (and rounding)"),
+    ("fp8_e4m3/tensor/unit+rounding=up", "rounding='up': use rne"),
+    ("fp8_e4m3/tensor/unit+rounding=", "unknown scheme option"),
+    ("bf16+rounding=rtz", "takes no options"),
     ("fp4_e2m1", "needs a granularity and a scale source"),
     ("nvfp4/group16/dynamic", "unknown KV format"),
     ("", "empty"),
@@ -107,3 +123,35 @@ def test_bad_schemes_are_one_clear_line(text, fragment):
         parse_scheme(text)
     message = str(err.value)
     assert fragment in message and "\n" not in message
+
+
+@pytest.mark.parametrize("text, order", [
+    ("fp8_e4m3/head/static+skip=3+rounding=rtz+attn=fa3+scales=h.safetensors",
+     "fp8_e4m3/head/static+scales=h.safetensors+rounding=rtz+skip=3+attn=fa3"),
+    ("int8/token/dynamic+rounding=rna", "int8/token/dynamic+rounding=rna"),
+    ("fp8_e4m3/tensor/unit+rounding=rne", "fp8_e4m3/tensor/unit"),
+])
+def test_rounding_takes_its_place_in_the_canonical_order(text, order):
+    assert str(parse_scheme(text)) == order and parse_scheme(order) == parse_scheme(text)
+
+
+def test_rounding_field_default_and_binding():
+    from evalkit.kv.rounding import Rounding
+
+    s = parse_scheme("fp8_e4m3/tensor/unit+rounding=rtz")
+    assert s.rounding is Rounding.RTZ and s.kv_format.rounding is Rounding.RTZ
+    assert s != parse_scheme("fp8_e4m3/tensor/unit") and hash(s) != hash(parse_scheme("fp8_e4m3/tensor/unit"))
+    assert Scheme(format="fp8_e4m3", scales=ScaleSource.UNIT, rounding="rtz") == s  # a string reads as the mode
+    assert parse_scheme("sglang_fp4").rounding is Rounding.RNA and parse_scheme("nvfp4").rounding is Rounding.RNE
+    with pytest.raises(SchemeError, match="takes no granularity"):
+        Scheme(rounding=Rounding.RTZ)
+
+
+@pytest.mark.parametrize("text", CANONICAL)
+def test_nearest_even_is_never_written(text):
+    """Existing strings (and so run ids and the published store) keep their text: rne is the default."""
+    from evalkit.kv.rounding import Rounding
+
+    s = parse_scheme(text)
+    assert ("rounding=" in str(s)) == (s.rounding is not Rounding.RNE and s.name is None)
+    assert "rounding=rne" not in str(s)

@@ -18,8 +18,10 @@ A scale has a storage dtype of its own (:class:`ScaleDType`): ``fp32`` (what eva
 OCP MX shared scale). The element table says which dtypes a format takes; a scheme picks one, and
 :meth:`KVFormat.with_scales` binds it to the element format, so that the quantizer and the byte
 counts read one value (``Scheme.kv_format``). Two more scale facts ride along: ``tensor_scale``
-(a second-level FP32 scale per tensor, NVFP4) and ``recipe`` (:class:`Recipe`: how scales and
-elements are derived where engines differ; see :mod:`evalkit.kv.microscaling`).
+(a second-level FP32 scale per tensor, NVFP4) and ``recipe`` (:class:`Recipe`: how scales are
+derived where engines differ; see :mod:`evalkit.kv.microscaling`). The element rounding is bound the
+same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`evalkit.kv.rounding.Rounding`,
+nearest even unless a scheme says ``+rounding=rtz`` or ``rna``).
 
 ``bf16`` is the baseline: K/V are stored unquantized in the model's own dtype (BF16 when serving).
 Its byte count is 2 per element whatever dtype the model computes in here.
@@ -34,6 +36,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.rounding import Rounding
 
 
 class FormatKind(str, enum.Enum):
@@ -62,10 +65,11 @@ SCALE_DTYPE_HELP = {
 
 
 class Recipe(str, enum.Enum):
-    """Where engines derive scales or round elements differently from the standard rules."""
+    """Where engines derive scales differently from the standard rules (element rounding is its own
+    option, ``rounding``)."""
 
-    STANDARD = "standard"  # amax / max rounded to the scale dtype; E8M0 by OCP MX; elements RNE, saturating
-    SGLANG = "sglang"  # SGLang's fp4_e2m1 KV: E8M0 exponent ceil(log2(amax / 6)), elements ties away from 0
+    STANDARD = "standard"  # amax / max rounded to the scale dtype; E8M0 by OCP MX
+    SGLANG = "sglang"  # SGLang's fp4_e2m1 KV: E8M0 exponent ceil(log2(amax / 6)), sign bit v < 0 (-0.0 -> +0)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class KVFormat:
     scale_dtype: ScaleDType = ScaleDType.FP32
     tensor_scale: bool = False
     recipe: Recipe = Recipe.STANDARD
+    rounding: Rounding = Rounding.RNE
 
     @property
     def is_identity(self) -> bool:
@@ -118,6 +123,10 @@ class KVFormat:
                     recipe: Recipe = Recipe.STANDARD) -> KVFormat:
         """This element format with its scales stored as ``scale_dtype`` (checked by the scheme)."""
         return replace(self, scale_dtype=scale_dtype, tensor_scale=tensor_scale, recipe=recipe)
+
+    def with_rounding(self, rounding: Rounding = Rounding.RNE) -> KVFormat:
+        """This format with its elements rounded by ``rounding`` (:mod:`evalkit.kv.rounding`)."""
+        return self if rounding is self.rounding else replace(self, rounding=Rounding(rounding))
 
     @property
     def qmin(self) -> float:
@@ -192,7 +201,7 @@ FORMATS: dict[str, KVFormat] = {
         _int("int8_asym", 8, True, "INT8 asymmetric, codes 0..255 with a zero point (reference point)"),
         _int("int4", 4, False, "INT4 symmetric, codes -7..7, two per byte (KIVI-style reference point)"),
         _int("int4_asym", 4, True, "INT4 asymmetric, codes 0..15 with a zero point, two per byte (KIVI-style)"),
-        _fp4_e2m1("FP4 E2M1 (values 0, .5, 1, 1.5, 2, 3, 4, 6), RNE, saturating, two per byte; per-group scales only"),
+        _fp4_e2m1("FP4 E2M1 (values 0, .5, 1, 1.5, 2, 3, 4, 6), saturating, two per byte; per-group scales only"),
     )
 }
 

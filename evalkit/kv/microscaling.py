@@ -12,19 +12,21 @@ TensorRT-Model-Optimizer (``modelopt/torch/quantization/qtensor/nvfp4_tensor.py`
 E2M1 (``round_to_e2m1``)
     One sign bit, two exponent bits (bias 1), one mantissa bit: magnitudes
     {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf, no NaN, a negative zero. The spacing is 0.5 below 2,
-    1 in [2, 4) and 2 in [4, 6]. Rounding is to nearest, ties to the even code (the one whose
-    mantissa bit is 0), and saturating: anything beyond ±6 becomes ±6, as the MX spec's
-    conversion and NVIDIA's ``cvt.rn.satfinite.e2m1x2.f32`` do. It runs in every attention layer,
-    so it is the float trick of ``evalkit.kv.rounding``: for ``a = |y|`` in a binade whose E2M1
-    spacing is ``q``, ``(a + c) - c`` with ``c = q * 2**23`` rounds ``a`` to a multiple of ``q``
-    by the FPU's own round-to-nearest-even (the sum lies in c's binade, whose float32 spacing is
-    ``q``; the subtraction is exact). ``c`` is ``2**22``, ``2**23`` or ``2**24``, built in integer
-    passes from the exponent bits of ``a`` clamped to the E2M1 binades. A round-up such as
-    1.75 -> 2 is the correct carry. In float32 ties-to-even on the multiples of ``q`` is exactly
-    ties-to-even-code in E2M1, so 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
-    3.5 -> 4, 5 -> 4. The sign is put back with ``copysign``, so -0.1 -> -0 and -0 -> -0 as
-    ``ml_dtypes.float4_e2m1fn`` gives. NaN: E2M1 has none (``ml_dtypes`` turns NaN into -0);
-    here a NaN input stays NaN in the float32 output, so the caller's non-finite check sees it.
+    1 in [2, 4) and 2 in [4, 6]. Rounding is saturating (anything beyond ±6 becomes ±6, as the MX
+    spec's conversion and NVIDIA's ``cvt.rn.satfinite.e2m1x2.f32`` do) and by default to nearest,
+    ties to the even code (the one whose mantissa bit is 0); ``rounding=rtz`` / ``rna`` round
+    toward zero or ties away. It runs in every attention layer, so it is the float trick of
+    ``evalkit.kv.rounding`` (which does all rounding) with E2M1's fields: for ``a = |y|`` in a
+    binade whose E2M1 spacing is ``q``, ``(a + c) - c`` with ``c = q * 2**23`` rounds ``a`` to a
+    multiple of ``q`` by the FPU's own round-to-nearest-even (the sum lies in c's binade, whose
+    float32 spacing is ``q``; the subtraction is exact). ``c`` is ``2**22``, ``2**23`` or
+    ``2**24``, built in integer passes from the exponent bits of ``a`` (at least the smallest
+    normal's, 2**0). A round-up such as 1.75 -> 2 is the correct carry. In float32 ties-to-even
+    on the multiples of ``q`` is exactly ties-to-even-code in E2M1, so 0.25 -> 0, 0.75 -> 1,
+    1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4 (ties away: 0.5, 1, 1.5, 2, 3, 4, 6). The
+    sign is put back with ``copysign``, so -0.1 -> -0 and -0 -> -0 as ``ml_dtypes.float4_e2m1fn``
+    gives. NaN: E2M1 has none (``ml_dtypes`` turns NaN into -0); here a NaN input stays NaN in the
+    float32 output, so the caller's non-finite check sees it.
 
 Codes and packing (``e2m1_to_code``, ``code_to_e2m1``, ``pack_fp4``, ``unpack_fp4``)
     The OCP bit layout S E E M: bit 3 is the sign, bits 2..0 index the magnitude table above
@@ -81,7 +83,7 @@ NVFP4 in a KV cache: where the per-tensor scale comes from
     the attention kernels fold ``global`` into their softmax and output scales instead, which can
     differ in the last float32 bit.
 
-SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``round_to_e2m1_away``)
+SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``sglang_zero_sign``; elements ``rounding=rna``)
     What ``FP4MXBlock16KVQuantizeUtil.batched_quantize`` in SGLang's ``kvfp4_tensor.py`` computes
     (see ``SGLANG_FP4_BLOCK`` below), re-derived: the exponent is
     ``ceil(log2(max(amax / 6, 1e-10)))`` evaluated with torch's float ``log2`` in the dtype of the
@@ -90,10 +92,13 @@ SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``round_to_e2m1_away``)
     ``amax / 2**exponent <= 6`` (up to that ``log2``'s own rounding), so nothing saturates except
     through that rounding. The elements are ``v = x / 2**exponent`` (exact: a power of two) mapped
     to the E2M1 magnitude with index ``#{b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) : |v| >= b}``,
-    so ties round away from zero (0.25 -> 0.5, 2.5 -> 3, 5 -> 6) and anything above 5 becomes 6;
-    the sign is ``v < 0``, so -0.0 gives +0 and -0.1 gives -0. NaN gives +0 there (comparisons
-    are false); here it stays NaN so the caller's non-finite check sees it. amax == 0 gives
-    2**-33 (the 1e-10 floor) and all-zero codes. NaN or inf amax gives NaN.
+    so ties round away from zero (0.25 -> 0.5, 2.5 -> 3, 5 -> 6) and anything above 5 becomes 6:
+    exactly ``round_to_e2m1(v, Rounding.RNA)`` (saturating ties-away rounding; tested against the
+    thresholds), which is what the named scheme ``sglang_fp4`` sets (``rounding=rna``). The sign
+    is ``v < 0``, so -0.0 gives +0 and -0.1 gives -0: the one difference from a sign-keeping
+    rounding, applied by ``recipe=sglang`` (``sglang_zero_sign``). NaN gives +0 there
+    (comparisons are false); here it stays NaN so the caller's non-finite check sees it.
+    amax == 0 gives 2**-33 (the 1e-10 floor) and all-zero codes. NaN or inf amax gives NaN.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.formats import FORMATS
+from evalkit.kv.rounding import Rounding, round_to_grid
 
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # 6 = 1.5 * 2**2
@@ -143,32 +150,16 @@ not what ``fp4_e2m1`` selects in ``MHATokenToKVPoolFP4``.
 _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_BY_CODE = _E2M1_MAGNITUDES + tuple(-m for m in _E2M1_MAGNITUDES)  # code 8 is -0.0
 
-# Exponent fields (biased by 127) of the E2M1 binades: [0, 2) spaces 0.5 like the binade of 1,
-# [2, 4) spaces 1, [4, 6] spaces 2. Adding 23 - 1 (float32's mantissa bits less E2M1's) to the
-# field makes c = spacing * 2**23.
-_E2M1_FIRST_EXP_FIELD = 127
-_E2M1_LAST_EXP_FIELD = 129
-_C_EXPONENT_OFFSET = 23 - 1
-_FLOAT32_EXPONENT_MASK = 0x7F800000
+_E2M1 = FORMATS["fp4_e2m1"]  # 1 mantissa bit, smallest normal 2**0, max 6: what the rounding reads
 
 
-def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest E2M1 value, ties to even, saturating at ±6; float32 in and out.
+def round_to_e2m1(y: torch.Tensor, rounding: Rounding = Rounding.RNE) -> torch.Tensor:
+    """Round to an E2M1 value by ``rounding`` (default nearest, ties to even), saturating at ±6;
+    float32 in and out.
 
     -0 and small negatives give -0; ±inf gives ±6; NaN stays NaN (E2M1 has no NaN).
     """
-    y = y.to(torch.float32)
-    magnitude = y.abs().clamp_(max=E2M1_MAX)  # clamp keeps NaN
-    # c = spacing * 2**23 = 2**(binade + 22): the exponent bits of |y|, kept within E2M1's binades
-    # (below 1 the spacing stays 0.5, the subnormal one), with 22 added to the exponent field.
-    c = (
-        magnitude.view(torch.int32)
-        .bitwise_and(_FLOAT32_EXPONENT_MASK)
-        .clamp_(_E2M1_FIRST_EXP_FIELD << 23, _E2M1_LAST_EXP_FIELD << 23)
-        .add_(_C_EXPONENT_OFFSET << 23)
-        .view(torch.float32)
-    )
-    return magnitude.add_(c).sub_(c).copysign_(y)  # (|y| + c) - c: the FPU's round-to-nearest-even
+    return round_to_grid(y.to(torch.float32), _E2M1, rounding)  # saturates at ±6 (fmt.max)
 
 
 def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:
@@ -268,7 +259,6 @@ def nvfp4_group_scales(group_amax: torch.Tensor, global_scale: torch.Tensor) -> 
 
 
 SGLANG_FP4_MIN_RATIO = 1e-10  # the floor SGLang puts under amax / 6 before log2
-_E2M1_TIE_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between neighbouring magnitudes
 
 
 def sglang_e8m0_scale(amax: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -283,17 +273,10 @@ def sglang_e8m0_scale(amax: torch.Tensor, compute_dtype: torch.dtype = torch.flo
     return scale.masked_fill_(~torch.isfinite(amax.to(torch.float32)), float("nan"))
 
 
-def round_to_e2m1_away(y: torch.Tensor) -> torch.Tensor:
-    """E2M1 by SGLang's thresholds: nearest magnitude, ties away from zero, saturating at 6; float32.
-
-    The sign is ``y < 0`` (so -0.0 gives +0, -0.1 gives -0); NaN stays NaN (SGLang writes +0).
-    """
-    y = y.to(torch.float32)
-    bounds = y.new_tensor(_E2M1_TIE_BOUNDS)
-    index = torch.bucketize(y.abs().contiguous(), bounds, right=True)  # how many bounds |y| reaches (>=)
-    magnitude = y.new_tensor(_E2M1_MAGNITUDES)[index]
-    out = torch.where(y < 0, -magnitude, magnitude)
-    return out.masked_fill_(torch.isnan(y), float("nan"))
+def sglang_zero_sign(y: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """SGLang's E2M1 sign bit is ``v < 0``: where the input ``y`` is ±0 the element is +0 (in place
+    on ``rounded``); a negative input that rounds to zero stays -0, every other element keeps its value."""
+    return rounded.masked_fill_(y == 0, 0.0)
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,11 @@
 K and V arrive as (batch, kv_heads, seq, head_dim). A scale multiplies the stored code to give back
 the value (the vLLM / compressed-tensors convention): ``x_hat = code * scale`` with
 ``code = round(clamp(x / scale))``. Asymmetric integer formats also keep a zero point:
-``x_hat = (code - zero) * scale``.
+``x_hat = (code - zero) * scale`` with ``code = clamp(round(x / scale) + zero)``. ``round`` is the
+format's rounding (``fmt.rounding``, bound by ``Scheme.kv_format`` from ``+rounding=``): nearest even
+unless the scheme says ``rtz`` (toward zero) or ``rna`` (ties away from zero), for every float and
+integer format; all of it is done by :mod:`evalkit.kv.rounding`, and it applies to the elements
+only (scales are rounded to their dtype by their own rules, below; zero points to nearest even).
 
 The granularity says which elements share one scale, and fixes the shape of the scale tensor
 (what a cache stores; :func:`dequantize` broadcasts it back):
@@ -30,9 +34,10 @@ to it before use, so the codes are the ones an engine computes (the functions ar
 
 ============================  ==========================================================================
 ``e8m0`` (OCP MX: mxfp4,      ``2**(floor(log2 amax) - emax)``, emax = 2 (E2M1) or 8 (E4M3); the elements
-mxfp8_e4m3)                   ``x / scale`` are rounded to nearest even and saturate at the format max
+mxfp8_e4m3)                   ``x / scale`` are rounded (nearest even) and saturate at the format max
 ``e8m0`` + ``recipe=sglang``  ``2**ceil(log2(max(amax / 6, 1e-10)))`` in the K/V's dtype (float32 here
-(sglang_fp4)                  unless BF16), elements rounded half away from zero (SGLang's thresholds)
+(sglang_fp4 = this +          unless BF16); a ±0 element is stored +0 (SGLang's sign bit is v < 0); the
+``rounding=rna``)             named scheme rounds its elements half away from zero (SGLang's thresholds)
 ``e4m3``                      ``e4m3(amax / 6)`` kept in [2**-9, 448] (one-level; 0 -> 1)
 ``e4m3`` + ``tensor_scale``   NVFP4: ``global = tensor_amax / (448 * 6)`` over the sequence's K (or V)
 (nvfp4)                       in the layer, padding left out; ``group = e4m3(amax / (6 * global))``;
@@ -63,7 +68,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
-from evalkit.kv.rounding import round_to_fp8_stored
+from evalkit.kv.rounding import round_integer, round_to_fp8_stored
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
@@ -93,19 +98,21 @@ def check_granularity(granularity: Granularity, head_dim: int) -> None:
 
 
 def round_codes(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Clamp float32 ``y`` to the format's range and round it to a representable code (float32 out)."""
+    """Clamp float32 ``y`` to the format's range and round it to a representable code by
+    ``fmt.rounding`` (float32 out)."""
     return _round_and_store(y, fmt)[0]
 
 
 def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`round_codes`, plus the stored float8 tensor where rounding made it anyway (a small FP8
-    tensor, e.g. a decode token, is rounded by torch's cast), so storing it costs no second cast
-    (:func:`encode_quantized`; the same bytes as ``encode``, tested)."""
+    tensor rounded to nearest even, e.g. a decode token, is rounded by torch's cast), so storing it
+    costs no second cast (:func:`encode_quantized`; the same bytes as ``encode``, tested)."""
     if fmt.kind is FormatKind.FLOAT:
         if fmt.packed:  # E2M1
-            return (mx.round_to_e2m1_away(y) if fmt.recipe is Recipe.SGLANG else mx.round_to_e2m1(y)), None
+            codes = mx.round_to_e2m1(y, fmt.rounding)
+            return (mx.sglang_zero_sign(y, codes) if fmt.recipe is Recipe.SGLANG else codes), None
         return round_to_fp8_stored(y.clamp(-fmt.max, fmt.max), fmt)
-    return torch.round(y).clamp_(fmt.qmin, fmt.qmax), None
+    return round_integer(y, fmt.rounding).clamp_(fmt.qmin, fmt.qmax), None
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None,
@@ -182,7 +189,7 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         real = xf if valid is None else xf.masked_fill(~valid[:, None, :, None], 0.0)
         nonfinite = ~torch.isfinite(real.abs().amax())
         if fmt.asymmetric:
-            codes = (torch.round(xf / scale) + zero).clamp_(0, fmt.qmax)
+            codes = (round_integer(xf / scale, fmt.rounding) + zero).clamp_(0, fmt.qmax)
             return Quantized(codes, scale, zero, None, nonfinite)
         codes, stored = _round_and_store(xf / scale, fmt)
         return Quantized(codes, scale, zero, None, nonfinite, stored=stored)
@@ -197,7 +204,7 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         s = (hi - lo) / fmt.qmax
         s = torch.where(s > 0, s, torch.ones_like(s))
         z = torch.round(-lo / s)
-        codes = (torch.round(g / s) + z).clamp_(0, fmt.qmax)
+        codes = (round_integer(g / s, fmt.rounding) + z).clamp_(0, fmt.qmax)
         nonfinite = ~torch.isfinite(hi - lo).all()
         return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), _stored(z, granularity), granularity,
                          nonfinite)

@@ -13,6 +13,7 @@ same value::
     fp8_e4m3/block16/dynamic+skip=0,29
     int4/group32/dynamic
     fp8_e4m3/head/dynamic+attn=fa3    also Q and softmax P in FP8, as FlashAttention-3 does
+    fp8_e4m3/tensor/unit+rounding=rtz elements rounded toward zero, as vLLM's CPU KV store does
     nvfp4                             = fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32
     mxfp4+skip=0                      = fp4_e2m1/group32/dynamic+scale_dtype=e8m0+skip=0
 
@@ -23,8 +24,12 @@ per head) and ``group<N>`` (N channels of head_dim per token per head).
 
 Options (canonical order): ``scale_dtype=e4m3|e8m0`` (how each scale is stored; ``fp32``, the
 default, is not written), ``tensor_scale=fp32`` (a second-level FP32 scale per tensor, with E4M3
-group scales: NVFP4), ``recipe=sglang`` (SGLang's own FP4 scale and rounding rules),
-``scales=PATH`` (the static table), ``skip=0,5`` or ``skip=sliding`` (layers kept unquantized),
+group scales: NVFP4), ``recipe=sglang`` (SGLang's own FP4 scale rule and zero sign),
+``scales=PATH`` (the static table), ``rounding=rtz|rna`` (how ``x / scale`` becomes a code:
+toward zero, or to nearest with ties away from zero, both saturating; ``rne``, to nearest with
+ties to even, is the default and is never written, so strings without the option keep their
+meaning and their run ids; every quantized format takes each mode, see
+:mod:`evalkit.kv.rounding`), ``skip=0,5`` or ``skip=sliding`` (layers kept unquantized),
 ``attn=fa3`` (attention precision), ``rope=bf16`` (MLA models: keep the RoPE key unquantized).
 
 Named schemes (:data:`NAMED_SCHEMES`) are the standard combinations. A named scheme's canonical
@@ -36,8 +41,14 @@ value, so ``fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32`` prints
 ``mxfp4``       E2M1, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP4)
 ``mxfp8_e4m3``  FP8 E4M3, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP8)
 ``sglang_fp4``  SGLang's ``--kv-cache-dtype fp4_e2m1``: E2M1, 16-element groups, E8M0 scales by
-                SGLang's ceil rule, elements rounded half away from zero
+                SGLang's ceil rule (``recipe=sglang``), elements rounded half away from zero
+                (``rounding=rna``)
 ==============  ==========================================================================
+
+A named scheme fixes its rounding too (``nvfp4+rounding=rtz`` is refused: write the long form).
+``recipe=sglang`` is SGLang's scale rule only; before rounding was an option it also implied ties
+away from zero, so a long form written without ``+rounding=rna`` now rounds to nearest even
+(``sglang_fp4`` itself, its numbers and its string, are unchanged).
 
 Scales stored as E4M3 or E8M0 exist per group of elements only, computed from the values:
 ``static``/``unit`` scales, or a granularity other than ``group<N>``, are refused for them and for
@@ -55,6 +66,7 @@ from dataclasses import dataclass, field
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import FORMATS, KVFormat, Recipe, ScaleDType, get_format
 from evalkit.kv.microscaling import MX_BLOCK, NVFP4_BLOCK, SGLANG_FP4_BLOCK, SGLANG_FP4_SCALE_DTYPE
+from evalkit.kv.rounding import Rounding
 
 
 class GranularityKind(str, enum.Enum):
@@ -140,14 +152,20 @@ class Scheme:
     scale_dtype: ScaleDType = ScaleDType.FP32
     tensor_scale: bool = False
     recipe: Recipe = Recipe.STANDARD
+    rounding: Rounding = Rounding.RNE
 
     def __post_init__(self):
         fmt = get_format(self.format)
+        if not isinstance(self.rounding, Rounding):  # Scheme(rounding="rtz") reads as Rounding.RTZ
+            try:
+                object.__setattr__(self, "rounding", Rounding(self.rounding))
+            except ValueError:
+                raise SchemeError(f"rounding={self.rounding!r}: use {_ROUNDING_CHOICES}") from None
         if fmt.is_identity:
             defaults = (Granularity(GranularityKind.TENSOR), ScaleSource.DYNAMIC, None, (), AttentionPrecision.KV, False,
-                        ScaleDType.FP32, False, Recipe.STANDARD)
+                        ScaleDType.FP32, False, Recipe.STANDARD, Rounding.RNE)
             if (self.granularity, self.scales, self.static_path, self.skip_layers, self.attention, self.rope_bf16,
-                    self.scale_dtype, self.tensor_scale, self.recipe) != defaults:
+                    self.scale_dtype, self.tensor_scale, self.recipe, self.rounding) != defaults:
                 raise SchemeError("bf16 is the unquantized baseline and takes no granularity, scales or options: write just 'bf16'")
             return
         self._check_scale_encoding(fmt)
@@ -203,7 +221,8 @@ class Scheme:
     @property
     def kv_format(self) -> KVFormat:
         """The element format with this scheme's scale encoding bound to it (what the quantizer reads)."""
-        return get_format(self.format).with_scales(self.scale_dtype, self.tensor_scale, self.recipe)
+        return get_format(self.format).with_scales(self.scale_dtype, self.tensor_scale, self.recipe).with_rounding(
+            self.rounding)
 
     @property
     def name(self) -> str | None:
@@ -213,7 +232,7 @@ class Scheme:
 
     def _core(self) -> tuple:
         return (self.format, self.granularity, self.scales, self.static_path, self.scale_dtype, self.tensor_scale,
-                self.recipe)
+                self.recipe, self.rounding)
 
     @property
     def is_identity(self) -> bool:
@@ -241,6 +260,8 @@ class Scheme:
                 text += f"+recipe={self.recipe.value}"
         if self.static_path:
             text += f"+scales={self.static_path}"
+        if self.rounding is not Rounding.RNE and not name:  # a named scheme's name says its rounding
+            text += f"+rounding={self.rounding.value}"
         if self.skip_layers:
             skip = self.skip_layers if isinstance(self.skip_layers, str) else ",".join(map(str, self.skip_layers))
             text += f"+skip={skip}"
@@ -265,20 +286,22 @@ class NamedScheme:
     description: str
     tensor_scale: bool = False
     recipe: Recipe = Recipe.STANDARD
+    rounding: Rounding = Rounding.RNE
 
     def core(self) -> tuple:
         return (self.format, Granularity(GranularityKind.GROUP, self.group), ScaleSource.DYNAMIC, None, self.scale_dtype,
-                self.tensor_scale, self.recipe)
+                self.tensor_scale, self.recipe, self.rounding)
 
     def scheme(self, **options) -> Scheme:
         return Scheme(format=self.format, granularity=Granularity(GranularityKind.GROUP, self.group),
                       scales=ScaleSource.DYNAMIC, scale_dtype=self.scale_dtype, tensor_scale=self.tensor_scale,
-                      recipe=self.recipe, **options)
+                      recipe=self.recipe, rounding=self.rounding, **options)
 
     def long_form(self) -> str:
         text = f"{self.format}/group{self.group}/dynamic+scale_dtype={self.scale_dtype.value}"
         text += "+tensor_scale=fp32" if self.tensor_scale else ""
-        return text + (f"+recipe={self.recipe.value}" if self.recipe is not Recipe.STANDARD else "")
+        text += f"+recipe={self.recipe.value}" if self.recipe is not Recipe.STANDARD else ""
+        return text + (f"+rounding={self.rounding.value}" if self.rounding is not Rounding.RNE else "")
 
 
 NAMED_SCHEMES: dict[str, NamedScheme] = {
@@ -290,11 +313,14 @@ NAMED_SCHEMES: dict[str, NamedScheme] = {
     "mxfp8_e4m3": NamedScheme("fp8_e4m3", MX_BLOCK, ScaleDType.E8M0, description=(
         "OCP MX v1.0 MXFP8: FP8 E4M3, one E8M0 scale per 32 values")),
     "sglang_fp4": NamedScheme("fp4_e2m1", SGLANG_FP4_BLOCK, ScaleDType(SGLANG_FP4_SCALE_DTYPE), recipe=Recipe.SGLANG,
+                              rounding=Rounding.RNA,
                               description=("SGLang --kv-cache-dtype fp4_e2m1: E2M1, one E8M0 scale per 16 values, "
                                            "exponent ceil(log2(amax/6)), elements rounded half away from zero")),
 }
 
-_OPTION_KEYS = ("scale_dtype", "tensor_scale", "recipe", "scales", "skip", "attn", "rope")
+_OPTION_KEYS = ("scale_dtype", "tensor_scale", "recipe", "scales", "rounding", "skip", "attn", "rope")
+_ROUNDING_CHOICES = ("rne (to nearest, ties to even; the default), rtz (toward zero) or rna (to nearest, ties away "
+                     "from zero), each saturating at the format's max")
 _NAMED_OPTION_KEYS = ("skip", "attn", "rope")
 
 
@@ -303,7 +329,7 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
     for opt in options:
         key, sep, value = opt.partition("=")
         if key in _OPTION_KEYS and key not in allowed and sep and value:
-            raise SchemeError(f"{text.split('+')[0]} fixes its format and scales, so +{key}= does not apply: "
+            raise SchemeError(f"{text.split('+')[0]} fixes its format and scales (and rounding), so +{key}= does not apply: "
                               f"write the long form (see `python -m evalkit schemes`) to change them")
         if not sep or key not in allowed or not value:
             raise SchemeError(f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in allowed)}")
@@ -340,6 +366,11 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
                 kwargs["recipe"] = Recipe(value)
             except ValueError:
                 raise SchemeError(f"recipe={value!r}: use one of {', '.join(r.value for r in Recipe)}") from None
+        elif key == "rounding":
+            try:
+                kwargs["rounding"] = Rounding(value)
+            except ValueError:
+                raise SchemeError(f"rounding={value!r}: use {_ROUNDING_CHOICES}") from None
     return kwargs
 
 

@@ -4,7 +4,9 @@
 
 The baseline (bf16) is always evaluated first, whether listed or not. With ``--out DIR`` the
 rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--json`` prints the
-rows as JSON instead of the table.
+rows as JSON instead of the table. ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
+each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
+before anything loads, the schemes it cannot run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, default=None, help="folder for rows.jsonl and artifacts")
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
+    p.add_argument("--engine-profile", dest="engine_profile", default=None, metavar="NAME",
+                   help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
+                        "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)")
     for name in eval_names():
         try:
             get_eval(name).add_arguments(p)
@@ -45,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
     check_model_device(args)
     schemes = parse_schemes(args.schemes)
+    profile = None
+    if getattr(args, "engine_profile", None):
+        from evalkit.engines.profiles import get_profile
+
+        profile = get_profile(args.engine_profile)
+        schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())
     schemes.sort(key=lambda s: not s.is_identity)
@@ -56,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     for scheme in schemes:
         BoundScheme(scheme, lm.layout, lm.config_hash)
+        if profile is not None:
+            profile.check(scheme, lm.layout)
     workdir = args.cache_dir or cache_root() / "work"
     ev.prepare(lm, workdir)
     all_rows = []

@@ -16,6 +16,7 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
     evals:
       perplexity: {window: 128, max_windows: 4}
     seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
+    engine_profile: vllm-cpu            # optional: every scheme as that engine's KV kernels run it
 
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
 anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
@@ -45,7 +46,7 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.sweep import code_identity
 
-TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor")
+TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor", "engine_profile")
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
@@ -393,7 +394,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         doc.problems.append(str(doc.error(("seeds",), "seeds are a non-empty list of integers")))
         seeds = None
-    for k in ("name", "out", "executor", "description"):
+    for k in ("name", "out", "executor", "description", "engine_profile"):
         if k in data and not isinstance(data[k], str):
             doc.problems.append(str(doc.error((k,), "must be a string")))
     if isinstance(data.get("executor"), str) and data["executor"] not in ("local", "ray"):
@@ -407,6 +408,8 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if "schemes" in data:
         with doc.collecting():
             schemes = _schemes(doc, data["schemes"])
+    if isinstance(data.get("engine_profile"), str) and schemes:
+        schemes = _engine_schemes(doc, data["engine_profile"], schemes)
     if "evals" in data:
         with doc.collecting():
             evals = _evals(doc, data["evals"], seeds)
@@ -414,6 +417,39 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     runs = tuple(RunSpec(m, s, e, p, rp) for m in models for (e, p, rp) in evals for s in schemes)
     return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
                 executor=data.get("executor"), data=data)
+
+
+def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
+    """The canonical strings of ``schemes`` as engine ``name`` runs them (``engine_profile:``, see
+    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at ``schemes``."""
+    from evalkit.engines.profiles import get_profile
+
+    try:
+        profile = get_profile(name)
+    except EvalkitError as exc:
+        doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
+        return schemes
+    out: list[str] = []
+    for text in schemes:
+        try:
+            out.append(str(profile.apply(parse_scheme(text))))
+        except EvalkitError as exc:
+            doc.problems.append(str(doc.error(("schemes",), str(exc))))
+    return list(dict.fromkeys(out))
+
+
+def with_engine_profile(grid: Grid, name: str) -> Grid:
+    """The grid with every scheme as engine ``name`` runs it (``evalkit sweep GRID --engine-profile
+    NAME``; the same as an ``engine_profile:`` key in the grid). Raises EvalkitError for a scheme
+    the engine cannot run."""
+    from dataclasses import replace
+
+    from evalkit.engines.profiles import get_profile
+
+    profile = get_profile(name)
+    runs = tuple(dict.fromkeys(replace(r, scheme=str(profile.apply(parse_scheme(r.scheme)))) for r in grid.runs))
+    data = {**grid.data, "engine_profile": name}
+    return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
 
 
 def with_model(grid: Grid, name: str) -> Grid:

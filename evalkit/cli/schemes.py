@@ -9,7 +9,7 @@ from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, Granu
 from evalkit.memory import bytes_per_element
 
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group32"]
-GRAMMAR = ("FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH]"
+GRAMMAR = ("FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH][+rounding=rtz|rna]"
            "[+skip=0,5|sliding][+attn=fa3][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or bf16")
 
 

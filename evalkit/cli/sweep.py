@@ -59,6 +59,9 @@ def add_parser(sub):
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (e.g. auto or ray://host:10001); default: start a local one")
     p.add_argument("--cache-dir", type=Path, default=None, help="where evaluations cache tokenized data and baselines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--engine-profile", default=None, metavar="NAME",
+                   help="run every scheme as that engine's kernels do (vllm-cpu, vllm-cuda, vllm-rocm, sglang, "
+                        "tensorrt-llm): its rounding and scale rules; a scheme it cannot run is refused")
     p.add_argument("--model", default=None, metavar="ID_OR_FOLDER",
                    help="replace the grid's models by this one (hub id, folder or 'embedded'; the grid's dtype and device kept)")
     p.add_argument("--dry-run", action="store_true",
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     """``free_space(folder) -> bytes`` replaces the real free-space query (tests)."""
     from evalkit.models import cache_root
     from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
-    from evalkit.sweep.grid import resolve_grid, with_model
+    from evalkit.sweep.grid import resolve_grid, with_engine_profile, with_model
     from evalkit.sweep.shard import parse_shard, select
     from evalkit.sweep.store import ResultStore
 
@@ -107,6 +110,8 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
 
         grid = with_model(grid, args.model)
         text = f"# {path} with --model {args.model}\n" + yaml.safe_dump(grid.data, sort_keys=False)
+    if args.engine_profile:
+        grid = with_engine_profile(grid, args.engine_profile)
     cfg = SweepConfig().with_grid(grid).with_args(args)
     out = Path(cfg.out or Path("results") / grid.name)
     workdir = Path(args.cache_dir) if args.cache_dir is not None else cache_root() / "work"

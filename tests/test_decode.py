@@ -400,6 +400,7 @@ def decode_store(folder):
 
 
 def test_report_column_and_plot(tmp_path):
+    pytest.importorskip("tabulate", reason="the report prints with tabulate (not in the GPU-image environment)")
     from PIL import Image
 
     from evalkit.report import format_table, load_store, summary_frame

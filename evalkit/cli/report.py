@@ -7,7 +7,9 @@ Reads the store only (runs with a completion record); nothing is re-evaluated. N
 table say what a reader needs: the scale file of each static scheme, the baseline's dtype, columns
 that do not separate the schemes, and a MIXED CODE warning when the counted runs were computed by
 more than one version of evalkit's code (the report still prints the table; resuming the sweep
-recomputes the older runs). CSV keeps raw values and prints its notes to stderr.
+recomputes the older runs). CSV keeps raw values and prints its notes to stderr. A folder that
+also holds a ``conformance.json`` (``evalkit conformance --out DIR``) gets its "Does it match the
+engine?" section after the recommendation.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         print()
         for line in lines:
             print(("% " if args.format == "latex" and not args.out else "") + "Recommendation: " + line)
+    if (args.folder / "conformance.json").is_file() and args.format == "md" and not args.out:
+        from evalkit.cli.conformance import load_report, render_markdown
+
+        print("\n## Does it match the engine?\n")
+        print(render_markdown(load_report(args.folder)), end="")
     if args.plots:
         paths = all_plots(results, frame, args.plots)
         print(f"{len(paths)} plot files written to {args.plots}")

@@ -71,7 +71,6 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -793,8 +792,6 @@ def real_facts(ctx: Context, model):
 
 
 def estimator(sec: Section, ctx: Context) -> None:
-    from unittest import mock
-
     from evalkit import models
     from evalkit.integration.install import quantized_kv
     from evalkit.model_info import config_hash, kv_layout
@@ -819,13 +816,10 @@ def estimator(sec: Section, ctx: Context) -> None:
     if not sec.fits(1.0):
         sec.cut(["dry-run estimate (probe and --assume-device h200) vs measured"])
         return
-    # the dry run's real probe, on the model in memory: its loader hands back this model
+    # the dry run's real probe, on the model in memory
     loaded = models.LoadedModel(model, None, facts.name, "in memory", config_hash(model.config), kv_layout(model.config))
-    spec = SimpleNamespace(name=facts.name, dtype=str(model.dtype).removeprefix("torch."), device=str(ctx.device),
-                           device_map=None, trust_remote_code=False, attn_implementation="sdpa")
     t = time.perf_counter()
-    with mock.patch.object(models, "load_model", lambda *a, **k: loaded):
-        probe = T.probe(spec, facts)
+    probe = T.probe_model(loaded, facts)
     probe_s = time.perf_counter() - t
     sheet = T.datasheet(facts, "h200")
     # measured prefill: one forward of the prefill length under the probe's scheme, timed as the probe times its own

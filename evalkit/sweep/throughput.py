@@ -125,10 +125,6 @@ def device_available(device: str) -> bool:
 
 def probe(spec, facts) -> Speed:
     """Load the model as the sweep does and time a forward and a few decode steps through evalkit's paths."""
-    import torch
-
-    from evalkit.evals.decode_loop import decode_logits
-    from evalkit.integration.install import quantized_kv
     from evalkit.models import load_model
 
     from transformers.utils import logging as hf_logging
@@ -142,7 +138,18 @@ def probe(spec, facts) -> Speed:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    load = time.perf_counter() - start
+    return probe_model(lm, facts, load_seconds=time.perf_counter() - start)
+
+
+def probe_model(lm, facts, load_seconds: float = 0.0) -> Speed:
+    """Time a forward and a few decode steps of an already loaded model (a ``LoadedModel``) through
+    evalkit's paths; :func:`probe` after loading, and ``gpu_check`` on the model it built."""
+    import torch
+
+    from evalkit.evals.decode_loop import decode_logits
+    from evalkit.integration.install import quantized_kv
+
+    load = load_seconds
     model = lm.model
     device = lm.device
     vocab = model.get_output_embeddings().out_features

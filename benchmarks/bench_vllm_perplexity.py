@@ -53,7 +53,8 @@ def main() -> None:
     numerics.configure()
     import torch
 
-    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, VllmBackend, engine_config
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
     from evalkit.evals.perplexity import PerplexityEval
     from evalkit.models import cache_root, load_model
 

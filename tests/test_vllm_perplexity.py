@@ -27,9 +27,9 @@ PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstra
 
 def _vllm_missing() -> str | None:
     try:
-        from evalkit.engines.vllm_runner import check_available
+        from evalkit.engines.vllm_kernel import check_vllm_available
 
-        check_available()
+        check_vllm_available()
     except EngineUnavailableError as exc:
         return str(exc)
     return None
@@ -106,7 +106,8 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
 
 def test_without_vllm_the_runner_is_one_line(monkeypatch):
     import evalkit.engines.vllm_kernel as kernel
-    from evalkit.engines.vllm_runner import VllmBackend, VllmRunner
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm_runner import VllmRunner
 
     monkeypatch.setattr(kernel, "vllm_installed", lambda: False)
     for make in (lambda: VllmBackend(), lambda: VllmRunner("unused")):
@@ -154,7 +155,7 @@ def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
 
 
 def _run(logits, targets, k):
-    from evalkit.engines.vllm_runner import _EngineRun
+    from evalkit.engines.vllm_backend import _EngineRun
 
     lp = torch.log_softmax(logits.double(), -1).float().double()
     top = lp.topk(k, -1)
@@ -162,7 +163,7 @@ def _run(logits, targets, k):
 
 
 def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
-    from evalkit.engines.vllm_runner import kl_lower_bound
+    from evalkit.engines.vllm_backend import kl_lower_bound
 
     g = torch.Generator().manual_seed(0)
     rows, vocab, k = 64, 500, 8
@@ -190,7 +191,7 @@ def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
 @pytest.fixture(scope="module")
 def prepared(embedded, tmp_path_factory):
     """The emulation and the engine prepared on the same 2 windows of 128 tokens (engine baseline: kv auto)."""
-    from evalkit.engines.vllm_runner import VllmBackend
+    from evalkit.engines.vllm_backend import VllmBackend
     from evalkit.evals.perplexity import PerplexityEval
 
     work = tmp_path_factory.mktemp("work")

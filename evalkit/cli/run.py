@@ -7,7 +7,7 @@ rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--jso
 rows as JSON instead of the table. ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
 before anything loads, the schemes it cannot run. ``--engine vllm`` (``--eval perplexity``) has
-vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_runner`): the schemes map through the
+vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 """
 
@@ -35,7 +35,7 @@ def add_parser(sub):
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
     p.add_argument("--engine", default="emulation", choices=("emulation", "vllm"),
                    help="who computes the log-probs: evalkit's emulation (default) or vLLM itself (--eval perplexity; "
-                        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_runner)")
+                        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_backend)")
     p.add_argument("--engine-profile", dest="engine_profile", default=None, metavar="NAME",
                    help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
                         "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
     backend = None
     if args.engine != "emulation":  # one line, before anything loads, for what the engine cannot run
-        from evalkit.engines.vllm_runner import engine_backend
+        from evalkit.engines.vllm_backend import engine_backend
 
         backend, schemes = engine_backend(args, schemes)
     if Scheme() not in schemes:

@@ -81,7 +81,8 @@ def end_to_end(model: str = "embedded", schemes=DEFAULT_SCHEMES, corpus: str = "
     their gap (percentage points), r, the noise floor and the verdict. ``model`` (or ``model_dir``) is
     anything ``evalkit.models.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
     Scheme objects or strings, mapped through the vllm-cpu profile (the rounding is the engine's)."""
-    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, VllmBackend, engine_config
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
     from evalkit.evals.perplexity import PerplexityEval
     from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import parse_scheme

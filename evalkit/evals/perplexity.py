@@ -32,7 +32,7 @@ log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits 
 
 Backends. The eval asks a backend for the log-probs of its windows (:class:`TokenScores` per
 scored token); the default, :class:`EmulationBackend`, is the transformers model through evalkit's
-storage cache with the cached baseline above. An engine (``evalkit.engines.vllm_runner.VllmBackend``,
+storage cache with the cached baseline above. An engine (``evalkit.engines.vllm_backend.VllmBackend``,
 ``evalkit run --engine vllm``) is another: its baseline is its own unquantized run, and where it
 returns only a top-k its KL row is the proven lower bound, named ``kl_lower_bound`` (``kl_bound:
 true`` in the row's info) instead of ``kl_mean``.

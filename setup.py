@@ -2,7 +2,7 @@
 
 They stay at the top of the repository (users look there) and are mapped into the package as
 ``evalkit/_data/<kind>`` with setuptools' ``package_dir``, one data package per folder, so a
-wheel, ``pip install .`` and ``pip install -e .`` all carry them and ``evalkit.resources`` finds
+wheel, ``pip install .`` and ``pip install -e .`` all carry them and ``evalkit.data.resources`` finds
 them outside the checkout. This file only computes that mapping (it needs a walk over the folders,
 which pyproject.toml cannot express next to a package search); everything else is in pyproject.toml.
 """

@@ -10,7 +10,7 @@ On the embedded model (float32 on CPU unless --device/--dtype say otherwise), ``
 
 * ``plain``: transformers alone: ``model(token, attention_mask, position_ids, <cache>=DynamicCache)``
   and the argmax of its logits (what ``generate`` does per greedy step); no evalkit anywhere;
-* ``loop``: the eval's loop (:func:`evalkit.evals.decode_loop.decode_logits`) through the storage
+* ``loop``: the eval's loop (:func:`evalkit.evals.decode.loop.decode_logits`) through the storage
   cache under the scheme: one decode forward of the backbone, the output head, the argmax;
 * ``eval``: :meth:`DecodeEval.run_pass` with the eval's own scorer: the loop plus log-softmax, NLL,
   KL against the stored baseline distribution (read from disk) and top-1, i.e. a whole step of
@@ -50,7 +50,7 @@ def plain_arm(lm, ids, prefill, steps, sync):
     """Step times of plain transformers decoding (DynamicCache, no evalkit), teacher-forced on ``ids``."""
     from transformers import DynamicCache
 
-    from evalkit.evals.decode_loop import position_ids
+    from evalkit.evals.decode.loop import position_ids
 
     model, mask = lm.model, torch.ones_like(ids)
     pos = position_ids(mask)
@@ -73,7 +73,7 @@ def plain_arm(lm, ids, prefill, steps, sync):
 def loop_arm(lm, head, scheme, ids, prefill, sync, keep=None):
     """Step times of the eval's loop through the storage cache (backbone + output head + argmax)."""
     from evalkit import quantized_kv
-    from evalkit.evals.decode_loop import decode_logits
+    from evalkit.evals.decode.loop import decode_logits
 
     times = []
     with torch.inference_mode(), quantized_kv(lm.model, scheme) as session:
@@ -104,7 +104,7 @@ def eval_arm(ev, lm, scheme, sync):
 
 
 def main() -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,8 +124,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("EVALKIT_PROGRESS", "0")
-    from evalkit.evals.decode import DecodeEval
-    from evalkit.models import load_model
+    from evalkit.evals.decode.evaluation import DecodeEval
+    from evalkit.models.loading import load_model
 
     lm = load_model("embedded", device=args.device, dtype=args.dtype)
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)

@@ -25,7 +25,7 @@ import torch
 def items_per_second(hflm, tasks, scheme: str, limit: int, model) -> tuple[float, float, dict]:
     """(items per wall second, items per CPU second, per-item log-likelihoods) of one run."""
     from evalkit.integration.install import quantized_kv
-    from evalkit.lmeval_adapter import run_lm_eval
+    from evalkit.evals.lmeval.adapter import run_lm_eval
 
     t, c = time.perf_counter(), time.process_time()
     with quantized_kv(model, scheme):
@@ -38,7 +38,7 @@ def items_per_second(hflm, tasks, scheme: str, limit: int, model) -> tuple[float
 
 
 def main() -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,8 +51,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from evalkit.lmeval_adapter import make_hflm, resolve_tasks
-    from evalkit.models import load_model
+    from evalkit.evals.lmeval.adapter import make_hflm, resolve_tasks
+    from evalkit.models.loading import load_model
 
     lm = load_model("embedded")
     tasks = resolve_tasks([args.task])

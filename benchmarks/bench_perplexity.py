@@ -44,7 +44,7 @@ SCHEME = "fp8_e4m3/head/dynamic"
 
 
 def _load():
-    from evalkit.models import load_model
+    from evalkit.models.loading import load_model
 
     return load_model("embedded")
 
@@ -66,7 +66,7 @@ def plain_loop(lm, windows) -> tuple[float, int]:
 
 
 def throughput(args) -> None:
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.scheme import Scheme, parse_scheme
 
     lm = _load()
@@ -133,8 +133,8 @@ class _PeakRSS:
 
 def memory_one(length: int, step: str, work: Path) -> float:
     """Peak RSS growth (MB) of one step on one window, in this (fresh) process, after a warm-up."""
-    from evalkit.corpus import load_corpus, tokenize_corpus
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.data.corpus import load_corpus, tokenize_corpus
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.scheme import parse_scheme
 
     lm = _load()
@@ -182,7 +182,7 @@ def _llama128k(folder: Path):
     """A random llama with a 131072-token vocabulary, saved with the embedded model's tokenizer."""
     import transformers as tf
 
-    from evalkit.models import load_model
+    from evalkit.models.loading import load_model
 
     tok = _load().tokenizer
     torch.manual_seed(0)
@@ -210,7 +210,7 @@ def full_vocabulary_kl(lm, ev, scheme) -> float:
 
 
 def kl(args) -> None:
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
 
     with tempfile.TemporaryDirectory() as work:
         lm = _load() if args.model == "embedded" else _llama128k(Path(work) / "llama128k")
@@ -237,7 +237,7 @@ def kl(args) -> None:
 
 
 def main() -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

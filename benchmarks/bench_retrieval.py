@@ -28,7 +28,7 @@ from scipy.optimize import nnls
 
 
 def main() -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,10 +42,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("EVALKIT_PROGRESS", "0")
 
-    from evalkit.evals.retrieval import RetrievalEval
-    from evalkit.models import cache_root, load_model
-    from evalkit.retrieval import grid as G
-    from evalkit.retrieval.generate import generate_batches
+    from evalkit.evals.retrieval.evaluation import RetrievalEval
+    from evalkit.models.loading import cache_root, load_model
+    from evalkit.evals.retrieval import grid as G
+    from evalkit.evals.retrieval.generate import generate_batches
     from evalkit.kv.scheme import parse_schemes
 
     lm = load_model(args.model)

@@ -60,7 +60,7 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # as the command line: batch-invariant BLAS, before the first matrix product
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,8 +76,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from evalkit import quantized_kv
-    from evalkit.corpus import load_corpus, tokenize_corpus
-    from evalkit.models import load_model
+    from evalkit.data.corpus import load_corpus, tokenize_corpus
+    from evalkit.models.loading import load_model
 
     lm = load_model("embedded", device=args.device, dtype=args.dtype)
     model = lm.model

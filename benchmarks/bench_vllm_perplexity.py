@@ -48,15 +48,15 @@ def main() -> None:
     ap.add_argument("--with-start", action="store_true", help="also time both with the engine start included")
     args = ap.parse_args()
 
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()
     import torch
 
     from evalkit.engines.vllm_backend import VllmBackend
     from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
-    from evalkit.evals.perplexity import PerplexityEval
-    from evalkit.models import cache_root, load_model
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
+    from evalkit.models.loading import cache_root, load_model
 
     lm = load_model("embedded")
     params = dict(corpus="embedded", window=args.window, stride=args.window, max_windows=args.windows)

@@ -7,7 +7,7 @@
 What it needs, and all it needs: Python, torch, transformers and safetensors (numpy comes with
 torch), plus evalkit's own core and storage path, imported from this checkout (the script puts the
 repository root first on ``sys.path``, so evalkit need not be installed). It imports nothing from
-lm-eval, datasets or gguf (``tests/test_gpu_check.py`` runs it with those blocked), reads no model
+lm-eval, datasets or gguf (``tests/benchmarks/test_gpu_check.py`` runs it with those blocked), reads no model
 weights, no tokenizer and no corpus, and never touches the network: every model is built from a
 config with seeded random weights (``AutoModelForCausalLM.from_config``, under the device as the
 default device, so the real-size model is initialised on the GPU), and token ids are random. Files
@@ -15,7 +15,7 @@ it reads: the shipped static scale tables in ``calibration/``.
 
 Models. "embedded": the architecture of the embedded model, SmolLM2-135M (llama, 30 layers, 9
 query / 3 KV heads, head_dim 64), bf16; "real-size": Llama-3.1-8B's architecture
-(``evalkit.presets`` "llama-3.1-8b" plus the fields that preset does not need: vocabulary, MLP
+(``evalkit.models.presets`` "llama-3.1-8b" plus the fields that preset does not need: vocabulary, MLP
 width, RoPE), bf16 (~16 GB). ``--device cpu`` runs a 2-layer embedded model (bf16) and a
 scaled-down real-size stand-in (4 layers, float32: see :func:`sizes_for`) at 256 and 1k context, in
 well under two minutes on two cores; speed is not judged there.
@@ -41,7 +41,7 @@ items and reports the rest as skipped):
    16. The cache is filled by writing seeded random K/V through each cache layer's ``update`` (the
    write a prefill makes, without the prefill's compute), then decode steps are timed;
 5. memory: peak ``torch.cuda.max_memory_allocated`` of each run of section 4 against the analytic
-   size (``evalkit.memory.model_cache_bytes``: the BF16 copy attention reads plus the codes and
+   size (``evalkit.kv.memory.model_cache_bytes``: the BF16 copy attention reads plus the codes and
    scales), the bytes the cache holds, and its engine bytes (exact);
 6. the sweep dry run's estimator (``evalkit.sweep.throughput``): its real probe, run on the
    real-size model in memory, and its ``--assume-device h200`` datasheet estimate, against the
@@ -78,7 +78,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from evalkit import numerics
+from evalkit.runtime import numerics
 
 numerics.configure()  # as the command line: batch-invariant BLAS on CPU, before the first matrix product
 
@@ -87,8 +87,8 @@ import torch
 GiB = 2**30
 
 # The embedded model's architecture: SmolLM2-135M-Instruct as evalkit converts it (its dense copy's
-# config.json; tests/test_gpu_check.py compares them where that copy exists). evalkit defines it
-# nowhere else in full: evalkit.models describes the embedded model only in words.
+# config.json; tests/benchmarks/test_gpu_check.py compares them where that copy exists). evalkit defines it
+# nowhere else in full: evalkit.models.loading describes the embedded model only in words.
 EMBEDDED_CONFIG = dict(
     model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
     num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_act="silu", max_position_embeddings=8192,
@@ -96,7 +96,7 @@ EMBEDDED_CONFIG = dict(
     attention_bias=False, mlp_bias=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02)
 
 REAL_PRESET = "llama-3.1-8b"
-# What Llama-3.1-8B's config.json has beyond the KV fields of evalkit.presets' "llama-3.1-8b".
+# What Llama-3.1-8B's config.json has beyond the KV fields of evalkit.models.presets' "llama-3.1-8b".
 REAL_EXTRA = dict(
     vocab_size=128256, intermediate_size=14336, head_dim=128, hidden_act="silu", rms_norm_eps=1e-5,
     rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -138,7 +138,7 @@ SHARES = dict(identity=30, casts=45, storage=90, speed=220, memory=10, estimator
 
 
 def real_config(cpu: bool) -> dict:
-    from evalkit.presets import get_preset
+    from evalkit.models.presets import get_preset
 
     fields = {**get_preset(REAL_PRESET)["config"], **REAL_EXTRA}
     if cpu:
@@ -481,7 +481,7 @@ def storage_schemes() -> list[str]:
 def shipped_table(scheme, layout):
     """The shipped static table a scheme names, cut to the model's layers (the 2-layer CPU model)."""
     from evalkit.kv.scale_table import ScaleTable, load_scale_table
-    from evalkit.resources import resolve_calibration_file
+    from evalkit.data.resources import resolve_calibration_file
 
     path = resolve_calibration_file(scheme.static_path)
     table = load_scale_table(path, granularity=scheme.granularity.kind.value)
@@ -497,7 +497,7 @@ def schemes_through_storage(sec: Section, ctx: Context) -> None:
     from evalkit import quantized_kv
     from evalkit.integration.hf_compat import cache_inputs, output_cache
     from evalkit.kv.scheme import ScaleSource, parse_scheme
-    from evalkit.model_info import kv_layout
+    from evalkit.models.info import kv_layout
 
     model = ctx.embedded()
     layout = kv_layout(model.config)
@@ -588,9 +588,9 @@ def ensure_real(ctx: Context):
 
 def copy_bytes(layout, seq: int, batch: int, dtype: torch.dtype) -> int:
     """Bytes of the K/V copy in the model's dtype (transformers' DynamicCache, and the values the
-    storage path's attention reads): evalkit.memory's BF16 count, scaled to the dtype."""
+    storage path's attention reads): evalkit.kv.memory's BF16 count, scaled to the dtype."""
     from evalkit.kv.scheme import Scheme
-    from evalkit.memory import model_cache_bytes
+    from evalkit.kv.memory import model_cache_bytes
 
     return model_cache_bytes(layout, Scheme(), seq, batch) * dtype.itemsize // 2
 
@@ -601,7 +601,7 @@ def decode_run(ctx: Context, model, scheme: str | None, context: int, batch: int
 
     from evalkit import quantized_kv
     from evalkit.integration.hf_compat import cache_inputs
-    from evalkit.model_info import kv_layout
+    from evalkit.models.info import kv_layout
 
     layout = kv_layout(model.config)
     s = ctx.sizes
@@ -661,8 +661,8 @@ def decode_run(ctx: Context, model, scheme: str | None, context: int, batch: int
 def analytic_bytes(ctx: Context, model, scheme: str | None, seq: int, batch: int) -> tuple[int, int]:
     """(the model-dtype copy, the codes and scales as an engine holds them) for ``seq`` tokens."""
     from evalkit.kv.scheme import parse_scheme
-    from evalkit.memory import model_cache_bytes
-    from evalkit.model_info import kv_layout
+    from evalkit.kv.memory import model_cache_bytes
+    from evalkit.models.info import kv_layout
 
     layout = kv_layout(model.config)
     codes = model_cache_bytes(layout, parse_scheme(scheme), seq, batch) if scheme else 0
@@ -742,8 +742,8 @@ def speed(sec: Section, ctx: Context) -> None:
 # -- 5. memory ----------------------------------------------------------------------------------
 def memory(sec: Section, ctx: Context) -> None:
     from evalkit.kv.scheme import parse_scheme
-    from evalkit.memory import model_cache_bytes
-    from evalkit.model_info import kv_layout
+    from evalkit.kv.memory import model_cache_bytes
+    from evalkit.models.info import kv_layout
 
     if not ctx.speed_runs:
         sec.skip("memory against the analytic size", "section 4 made no runs")
@@ -781,9 +781,9 @@ def memory(sec: Section, ctx: Context) -> None:
 
 # -- 6. the dry run's estimator -----------------------------------------------------------------
 def real_facts(ctx: Context, model):
-    """The dry run's facts (evalkit.sweep.modelfacts: the parameter count from the config on the meta
+    """The dry run's facts (evalkit.models.facts: the parameter count from the config on the meta
     device) for the real-size config, loaded as here."""
-    from evalkit.sweep.modelfacts import ModelFacts, _from_config
+    from evalkit.models.facts import ModelFacts, _from_config
 
     facts = ModelFacts(name=f"{REAL_PRESET} (random weights{'' if ctx.cuda else ', CPU stand-in'})",
                        dtype_bytes=float(model.dtype.itemsize), weights_local=True, source="gpu_check's model in memory")
@@ -794,8 +794,8 @@ def real_facts(ctx: Context, model):
 def estimator(sec: Section, ctx: Context) -> None:
     from evalkit import models
     from evalkit.integration.install import quantized_kv
-    from evalkit.model_info import config_hash, kv_layout
-    from evalkit.presets import get_preset
+    from evalkit.models.info import config_hash, kv_layout
+    from evalkit.models.presets import get_preset
     from evalkit.sweep import throughput as T
     from evalkit.sweep.workload import Forwards
 

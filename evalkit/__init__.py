@@ -20,7 +20,7 @@ _LAZY = {
     "parse_scheme": "evalkit.kv.scheme",
     "parse_schemes": "evalkit.kv.scheme",
     "quantized_kv": "evalkit.integration.install",
-    "load_model": "evalkit.models",
+    "load_model": "evalkit.models.loading",
 }
 
 __all__ = [*_LAZY, "__version__"]

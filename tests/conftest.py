@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from evalkit import numerics
+from evalkit.runtime import numerics
 
 numerics.configure()  # before any matrix product, as the command line does
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +36,6 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct, float32 on CPU."""
-    from evalkit.models import load_model
+    from evalkit.models.loading import load_model
 
     return load_model("embedded")

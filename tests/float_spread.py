@@ -1,9 +1,9 @@
-"""The golden computations of ``tests/test_storage_golden.py``, and how far their results move when
+"""The golden computations of ``tests/integration/test_storage_golden.py``, and how far their results move when
 the model's floats move by a rounding-sized amount (the "float spread" the golden tests allow off
 the platform that captured the golden numbers).
 
 Another processor rounds the same model's floats differently (other kernels, other summation
-orders: :mod:`evalkit.numerics`), and a quantized forward amplifies that: a tiny change in one K
+orders: :mod:`evalkit.runtime.numerics`), and a quantized forward amplifies that: a tiny change in one K
 value moves it across a rounding boundary now and then, the flipped code changes the next layers
 by far more. Measuring the spread honestly: run the very computations the golden tests run, with
 every weight of the model multiplied by ``1 + eps * N(0, 1)`` (seeded; ``eps = 1e-6`` moves the
@@ -34,7 +34,7 @@ import torch
 from evalkit import quantized_kv
 from tests.tiny_models import tiny_model
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_hook_v1.json").read_text())
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "golden_hook_v1.json").read_text())
 PPL_PARAMS = {"window": 128, "stride": 128, "max_windows": 3, "bootstrap_samples": 200}
 LMEVAL_PARAMS = {"tasks": ["evalkit_mmlu4"], "limit": 4, "bootstrap_iters": 0}
 LMEVAL_TASK = "evalkit_mmlu4"
@@ -101,7 +101,7 @@ def tiny_logits(arch: str, model=None) -> tuple[dict[str, torch.Tensor], dict[st
 def perplexity_values(lm, workdir: Path) -> dict[str, dict[str, float]]:
     """{scheme: {metric: value}} of the golden file's perplexity schemes (the unlabelled rows, plus
     ``kl_lower_bound`` from the KL row's info). The baseline is computed afresh from ``lm``."""
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.scheme import parse_scheme
 
     ev = PerplexityEval(dict(PPL_PARAMS))
@@ -116,8 +116,8 @@ def perplexity_values(lm, workdir: Path) -> dict[str, dict[str, float]]:
 
 def lmeval_logliks(lm, workdir: Path) -> dict[str, dict[str, float]]:
     """{scheme: {doc_id: gold log-likelihood}}; "bf16" is the eval's own unquantized baseline."""
-    from evalkit.evals.lmeval import LmEvalEval
-    from evalkit.lmeval_items import items_from_results
+    from evalkit.evals.lmeval.evaluation import LmEvalEval
+    from evalkit.evals.lmeval.items import items_from_results
 
     ev = LmEvalEval(dict(LMEVAL_PARAMS))
     ev.prepare(lm, Path(workdir))
@@ -182,7 +182,7 @@ def measure(eps: float = 1e-6, seeds=(0, 1, 2), parts=("tiny", "perplexity", "lm
                 samples.setdefault("tiny", {}).setdefault(arch, []).append(dev)
             log(f"tiny {arch}: {json.dumps({s: f'{v:.2e}' for s, v in tiny[arch].items()})}")
     if lm is None and ("perplexity" in parts or "lmeval" in parts):
-        from evalkit.models import load_model
+        from evalkit.models.loading import load_model
 
         lm = load_model("embedded")
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,7 +228,7 @@ def _up2(x: float) -> float:
 
 
 def print_tables(table: dict) -> None:
-    """The measured maxima as the spread tables of ``tests/test_storage_golden.py`` (to paste), and
+    """The measured maxima as the spread tables of ``tests/integration/test_storage_golden.py`` (to paste), and
     this machine's deviation from the golden file against ``SAFETY`` x the committed tables."""
     from tests import test_storage_golden as t
 
@@ -260,7 +260,7 @@ def print_tables(table: dict) -> None:
 
 
 def main(argv=None) -> None:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
     numerics.configure()  # before the first matrix product, as the tests' conftest does
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -83,9 +83,9 @@ def _chosen(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit import numerics
+    from evalkit.runtime import numerics
 
-    numerics.configure()  # before the first matrix product: batch-invariant, reproducible BLAS (evalkit.numerics)
+    numerics.configure()  # before the first matrix product: batch-invariant, reproducible BLAS (evalkit.runtime.numerics)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:

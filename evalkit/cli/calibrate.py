@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.export_vllm, "--export-vllm")
     check_model_device(args)
     if args.import_vllm is not None:
-        from evalkit.engine_io import import_vllm
+        from evalkit.scales.vllm_io import import_vllm
 
         table = import_vllm(args.import_vllm)
         lm = None
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         lm = load_from_args(args)
         table = load_scale_table(args.scales, lm.layout, config_hash=lm.config_hash)
     else:
-        from evalkit.calibrate import calibrate
+        from evalkit.scales.calibrate import calibrate
 
         args.model = cfg["model"]
         lm = load_from_args(args)
@@ -115,13 +115,13 @@ def run(args: argparse.Namespace) -> int:
                               batch_size=int(cfg["batch_size"]), eval_corpus=cfg["eval_corpus"])
         for w in caught:
             print(f"evalkit: warning: {w.message}")
-    from evalkit.calibrate import table_stats
+    from evalkit.scales.calibrate import table_stats
 
     if out is not None:
         save_scale_table(out, table)
         print(f"wrote {out} ({table_stats(table)}) and {sidecar_path(out).name}")
     if args.export_vllm:
-        from evalkit.engine_io import export_vllm
+        from evalkit.scales.vllm_io import export_vllm
 
         if lm is None:
             args.model = cfg["model"] if args.model is None else args.model

@@ -46,7 +46,7 @@ def add_parser(sub):
 
 def _load_config(args) -> tuple[dict, str, dict | None]:
     """(config fields, label, preset or None)."""
-    from evalkit.presets import get_preset
+    from evalkit.models.presets import get_preset
 
     if args.preset:
         preset = get_preset(args.preset)
@@ -58,7 +58,7 @@ def _load_config(args) -> tuple[dict, str, dict | None]:
             raise EvalkitError(f"config file {args.config} does not exist") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise EvalkitError(f"{args.config} is not a JSON config: {exc}") from None
-    from evalkit.models import model_source
+    from evalkit.models.loading import model_source
 
     path, local_only = model_source(args.model)  # a missing folder or an offline uncached id: one line, at once
     from transformers import AutoConfig
@@ -72,15 +72,15 @@ def _load_config(args) -> tuple[dict, str, dict | None]:
 
 
 def _model_folder(name: str) -> Path:
-    from evalkit.models import embedded_dense_dir, embedded_name
+    from evalkit.models.loading import embedded_dense_dir, embedded_name
 
     embedded = embedded_name(name)
     return embedded_dense_dir(embedded) if embedded else Path(name)
 
 
 def _weights(args, preset, config_fields) -> tuple[int, str]:
-    from evalkit.capacity import format_bytes, parse_bytes
-    from evalkit.presets import weights_bytes
+    from evalkit.planning.capacity import format_bytes, parse_bytes
+    from evalkit.models.presets import weights_bytes
 
     if args.weights_bytes:
         n = parse_bytes(args.weights_bytes)
@@ -100,9 +100,9 @@ def _weights(args, preset, config_fields) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.capacity import format_bytes, format_plan, kv_budget, layout_notes, parse_bytes, parse_count, plan
-    from evalkit.model_info import kv_layout
-    from evalkit.presets import PRESETS, config_namespace
+    from evalkit.planning.capacity import format_bytes, format_plan, kv_budget, layout_notes, parse_bytes, parse_count, plan
+    from evalkit.models.info import kv_layout
+    from evalkit.models.presets import PRESETS, config_namespace
     from evalkit.kv.scheme import parse_schemes
 
     if args.list_presets:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 def _fitting(layout, schemes) -> tuple[list, list[str]]:
     """The default schemes this model's tensors can hold, and a note for each one left out."""
     from evalkit.errors import SchemeError
-    from evalkit.memory import check_layout_scheme
+    from evalkit.kv.memory import check_layout_scheme
 
     keep, notes = [], []
     for scheme in schemes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from evalkit.models import DEFAULT_MODEL, embedded_name, model_source
+from evalkit.models.loading import DEFAULT_MODEL, embedded_name, model_source
 
 
 def add_model_arguments(p) -> None:
@@ -23,14 +23,14 @@ def add_model_arguments(p) -> None:
 
 
 def load_from_args(args):
-    from evalkit.models import load_model
+    from evalkit.models.loading import load_model
 
     return load_model(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code, attn_implementation=args.attn_implementation)
 
 
 def check_model_first(argv: list[str]) -> None:
-    """Raise EvalkitError for a ``--model`` in ``argv`` that cannot load (see :func:`evalkit.models.model_source`);
+    """Raise EvalkitError for a ``--model`` in ``argv`` that cannot load (see :func:`evalkit.models.loading.model_source`);
     the embedded model is left to the command (its first load converts it)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--model", default=DEFAULT_MODEL)

@@ -95,7 +95,7 @@ def scheme_scales(scheme) -> tuple[float, ...]:
     scales = list(DEFAULT_SCALES)
     if scheme.scales is ScaleSource.STATIC:
         from evalkit.kv.scale_table import load_scale_table
-        from evalkit.resources import resolve_calibration_file
+        from evalkit.data.resources import resolve_calibration_file
 
         table = load_scale_table(resolve_calibration_file(scheme.static_path), granularity="tensor")
         both = [float(t) for t in (table.k_scale.min(), table.v_scale.min(), table.k_scale.max(), table.v_scale.max())]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
-from evalkit.models import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
+from evalkit.models.loading import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
 
 
 def add_parser(sub):

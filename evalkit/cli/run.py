@@ -49,7 +49,7 @@ def add_parser(sub):
 
 def run(args: argparse.Namespace) -> int:
     from evalkit.cli.preflight import check_model_device, check_writable
-    from evalkit.models import cache_root
+    from evalkit.models.loading import cache_root
 
     check_writable(args.out, "--out")  # the machine first: before the model loads, nothing written
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")

@@ -6,7 +6,7 @@ from evalkit.cli import COMMANDS
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
 from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
-from evalkit.memory import bytes_per_element
+from evalkit.kv.memory import bytes_per_element
 
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group32"]
 GRAMMAR = ("FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH][+rounding=rtz|rna]"

@@ -35,7 +35,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, default=None, help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and the baseline are cached")
     try:
-        from evalkit.evals.perplexity import PerplexityEval
+        from evalkit.evals.perplexity.evaluation import PerplexityEval
     except ImportError:  # the perplexity eval is not in this checkout: `run` says so
         pass
     else:
@@ -44,9 +44,9 @@ def add_parser(sub):
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.integration.binding import BoundScheme
-    from evalkit.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
+    from evalkit.planning.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
 
     scheme = check_scheme(args.scheme)
     layers = None
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     params = PerplexityEval.params_from_args(args)
     PerplexityEval(params)  # validate before loading the model
     from evalkit.cli.preflight import check_model_device, check_writable
-    from evalkit.models import cache_root
+    from evalkit.models.loading import cache_root
 
     check_writable(args.out, "--out")
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")

@@ -79,14 +79,14 @@ def end_to_end(model: str = "embedded", schemes=DEFAULT_SCHEMES, corpus: str = "
                top_k: int | None = None, progress=None) -> list[dict[str, Any]]:
     """One row per scheme (see the module docstring): the engine's and the emulation's Δppl (percent),
     their gap (percentage points), r, the noise floor and the verdict. ``model`` (or ``model_dir``) is
-    anything ``evalkit.models.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
+    anything ``evalkit.models.loading.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
     Scheme objects or strings, mapped through the vllm-cpu profile (the rounding is the engine's)."""
     from evalkit.engines.vllm_backend import VllmBackend
     from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
-    from evalkit.evals.perplexity import PerplexityEval
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import parse_scheme
-    from evalkit.models import cache_root, load_model
+    from evalkit.models.loading import cache_root, load_model
 
     say = progress or (lambda text: None)
     configs = [engine_config(s) for s in schemes]  # one line for what the engine cannot run, before any load

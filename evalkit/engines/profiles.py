@@ -151,7 +151,7 @@ class EngineProfile:
     # -- what the engine can run ------------------------------------------------------------------
     def check(self, scheme: Scheme, layout=None) -> None:
         """Refuse (one SchemeError line naming what is supported) a scheme this engine cannot run;
-        ``layout`` (a :class:`evalkit.model_info.KVLayout`) adds the engine's head_dim requirement."""
+        ``layout`` (a :class:`evalkit.models.info.KVLayout`) adds the engine's head_dim requirement."""
         if scheme.is_identity:
             return
         where = f"{self.name} cannot run {scheme}"
@@ -230,7 +230,7 @@ class EngineProfile:
     def _load_checkpoint_scales(self, path: str, source_format: str):
         """The scale table at ``path`` (checkpoint convention: calibrated for ``source_format``)."""
         from evalkit.kv.scale_table import load_scale_table
-        from evalkit.resources import resolve_calibration_file
+        from evalkit.data.resources import resolve_calibration_file
 
         table = load_scale_table(resolve_calibration_file(path))
         made_for = table.meta.get("format")

@@ -2,7 +2,7 @@
 --engine vllm``'s set-up of it (:func:`engine_backend`).
 
 The backend runs prompts through :class:`~evalkit.engines.vllm_runner.VllmRunner` (see
-:mod:`evalkit.evals.perplexity` for the seam): the engine's own unquantized run (``kv_cache_dtype="auto"``, same
+:mod:`evalkit.evals.perplexity.evaluation` for the seam): the engine's own unquantized run (``kv_cache_dtype="auto"``, same
 dtype) is the baseline; NLL and perplexity are exact from the engine's log-probs, top-1 agreement is
 taken from its top-k, and KL(baseline || scheme) is the proven lower bound of
 :mod:`evalkit.evals.kl_topk` over the tokens both runs returned (the top-k gives no estimate of the
@@ -104,7 +104,7 @@ class VllmBackend:
 
     def scores(self, run: _EngineRun, info: dict):
         """The eval's per-token scores of an engine run against the engine's baseline."""
-        from evalkit.evals.perplexity import TokenScores
+        from evalkit.evals.perplexity.evaluation import TokenScores
 
         _, lower, tail = kl_lower_bound(self.base, run)
         return TokenScores(nll=run.nll, base_nll=self.base.nll, agree=run.ids[:, 0] == self.base.ids[:, 0], kl=None,
@@ -135,7 +135,7 @@ def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tupl
     :func:`evalkit.evals.kl_topk.kl_from_summary` on a summary over a local vocabulary (S's columns
     plus one for the tail), whose tail sample is that one column: its estimate then equals the bound.
     Returns (None, bound, P_T)."""
-    from evalkit.evals.distribution import P_SCALE, rowdot
+    from evalkit.evals.output_head import P_SCALE, rowdot
     from evalkit.evals.kl_topk import kl_from_summary
 
     n = base.nll.numel()

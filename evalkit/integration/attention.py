@@ -26,7 +26,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from evalkit.errors import EvalkitError
-from evalkit.model_info import text_config
+from evalkit.models.info import text_config
 
 PREFIX = "evalkit_"
 Handler = Callable[..., tuple]  # handler(module, query, key, value, attention_mask, inner, **kwargs)

@@ -15,9 +15,9 @@ from evalkit.errors import ScaleError, SchemeError
 from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table
 from evalkit.kv.scheme import ScaleSource, Scheme
-from evalkit.memory import check_mla_scheme
-from evalkit.model_info import KVLayout
-from evalkit.resources import resolve_calibration_file
+from evalkit.kv.memory import check_mla_scheme
+from evalkit.models.info import KVLayout
+from evalkit.data.resources import resolve_calibration_file
 
 
 class BoundScheme:

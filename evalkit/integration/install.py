@@ -34,7 +34,7 @@ from evalkit.integration.hf_compat import cache_keyword, check_transformers, tak
 from evalkit.integration.storage import StorageCache
 from evalkit.kv.scale_table import ScaleTable
 from evalkit.kv.scheme import AttentionPrecision, Scheme, parse_scheme
-from evalkit.model_info import check_supported, config_hash, kv_layout
+from evalkit.models.info import check_supported, config_hash, kv_layout
 
 check_transformers()
 

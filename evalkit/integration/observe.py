@@ -17,7 +17,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.integration.attention import attention_handler, key_validity
-from evalkit.model_info import check_supported, kv_layout
+from evalkit.models.info import check_supported, kv_layout
 
 Observer = Callable[[str, int, torch.Tensor, "torch.Tensor | None"], None]
 

@@ -24,8 +24,8 @@ from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.hf_compat import cache_layer_specs
 from evalkit.integration.stored import Padding, StoredTensor
-from evalkit.memory import mla_rope_granularity
-from evalkit.model_info import text_config
+from evalkit.kv.memory import mla_rope_granularity
+from evalkit.models.info import text_config
 
 
 class _StorageLayerMixin:

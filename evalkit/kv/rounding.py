@@ -61,8 +61,8 @@ comparison and stays NaN. These cost about three times the nearest-even passes a
 (torch has no directed float8 cast).
 
 ``round_to_fp8_emulated`` needs its input clamped to the format's finite range (callers clamp, as
-before a real cast). ``tests/test_fp8_emulation.py`` proves the nearest-even emulation
-bit-identical to both torch's cast and ml_dtypes, and ``tests/test_rounding_modes.py`` every mode
+before a real cast). ``tests/kv/test_fp8_emulation.py`` proves the nearest-even emulation
+bit-identical to both torch's cast and ml_dtypes, and ``tests/kv/test_rounding_modes.py`` every mode
 and format against a float64 nearest-neighbour search over each format's full table of values
 (from ml_dtypes), on every rounding boundary and midpoint, subnormals, ±0, values above max, NaN
 and large random tensors.

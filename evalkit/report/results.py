@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from evalkit.errors import EvalkitError
-from evalkit.model_info import KVLayout, kv_layout
+from evalkit.models.info import KVLayout, kv_layout
 
 RESULTS_FILE = "results.jsonl"
 ROW_FIELDS = ("run_id", "model", "scheme", "eval", "metric", "value", "ci_low", "ci_high", "labels", "info")
@@ -55,7 +55,7 @@ class Results:
     @property
     def platforms(self) -> dict[str, str]:
         """run_id -> the platform that computed it (CPU, instruction set, MKL mode; ``device`` for GPU
-        runs), for runs that recorded one (:mod:`evalkit.numerics`)."""
+        runs), for runs that recorded one (:mod:`evalkit.runtime.numerics`)."""
         out = {}
         for run_id, rec in self.complete.items():
             info = rec.get("info") or {}
@@ -214,7 +214,7 @@ def _layout_from_dict(d: dict) -> KVLayout:
 
 
 def _layouts(results: Results) -> dict[str, KVLayout]:
-    from evalkit.presets import config_namespace
+    from evalkit.models.presets import config_namespace
 
     out: dict[str, KVLayout] = {}
     for rec in results.complete.values():

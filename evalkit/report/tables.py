@@ -28,7 +28,7 @@ import re
 import pandas as pd
 
 from evalkit.errors import EvalkitError
-from evalkit.memory import bytes_per_token
+from evalkit.kv.memory import bytes_per_token
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.kv.scheme import Scheme, parse_scheme
 

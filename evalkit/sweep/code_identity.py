@@ -45,8 +45,8 @@ DATA = {"tasks": (".yaml", ".yml", ".py", ".json", ".txt", ".jinja"), "calibrati
 def data_dir(kind: str) -> Path | None:
     """A shipped data folder (``tasks``, ``calibration``): the checkout's, or the installed copy."""
     try:
-        from evalkit.resources import resource_dir
-    except ImportError:  # a tree without evalkit.resources: the folders sit beside the package
+        from evalkit.data.resources import resource_dir
+    except ImportError:  # a tree without evalkit.data.resources: the folders sit beside the package
         folder = PACKAGE.parent / kind
         return folder if (PACKAGE.parent / "pyproject.toml").is_file() and folder.is_dir() else None
     try:

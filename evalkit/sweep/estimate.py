@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.distribution import fits
+from evalkit.evals.output_head import fits
 
 
 class DiskSpaceError(EvalkitError):
@@ -140,7 +140,7 @@ def _hub_cache() -> Path:
 def estimate_sweep(grid, runs, out: Path, cache_dir: Path, *, assume_device: str | None = None, timing: bool = True,
                    free_space: Callable[[Path], int] = disk_free) -> SweepEstimate:
     """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them."""
-    from evalkit.sweep.modelfacts import model_facts
+    from evalkit.models.facts import model_facts
     from evalkit.sweep.runner import plan
     from evalkit.sweep.workload import workload
 

@@ -69,7 +69,7 @@ class _SessionActor:
     """The Ray actor: a ModelSession living in a worker process."""
 
     def __init__(self, model: dict, workdir: str, registry: dict | None):
-        from evalkit import numerics
+        from evalkit.runtime import numerics
 
         numerics.configure()  # a worker of an existing cluster gets no environment from the driver
         self.session = ModelSession(ModelSpec(**model), workdir, registry)

@@ -469,7 +469,7 @@ def grid_dirs() -> list[Path]:
     evalkit's ``sweeps/`` folder (the checkout's, or the installed package's copy)."""
     import os
 
-    from evalkit.resources import resource_dir
+    from evalkit.data.resources import resource_dir
 
     dirs = [Path(os.environ["EVALKIT_SWEEPS"])] if os.environ.get("EVALKIT_SWEEPS") else []
     return dirs + [resource_dir("sweeps")]

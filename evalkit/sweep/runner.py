@@ -53,7 +53,7 @@ class ModelSession:
 
     def _model(self):
         if self._lm is None and self._load_error is None:
-            from evalkit.models import load_model
+            from evalkit.models.loading import load_model
 
             s = self.spec
             try:
@@ -81,8 +81,8 @@ class ModelSession:
 
     def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
         """Evaluate one run; an exception becomes a failed outcome. Libraries' chatter during the run
-        (lm-eval's warnings and progress bars) goes to a log in ``artifacts`` (:mod:`evalkit.runlog`)."""
-        from evalkit.runlog import run_folder
+        (lm-eval's warnings and progress bars) goes to a log in ``artifacts`` (:mod:`evalkit.runtime.runlog`)."""
+        from evalkit.runtime.runlog import run_folder
 
         start, cpu = time.perf_counter(), time.process_time()
         info: dict = {}
@@ -102,8 +102,8 @@ class ModelSession:
 
         from dataclasses import asdict
 
-        from evalkit.model_info import kv_layout
-        from evalkit.numerics import platform_record
+        from evalkit.models.info import kv_layout
+        from evalkit.runtime.numerics import platform_record
 
         lm = self._model()
         # the KV layout goes with the run so the report sizes bytes per token without the model's files
@@ -215,7 +215,7 @@ def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, 
     from tqdm import tqdm
 
     if workdir is None:
-        from evalkit.models import cache_root
+        from evalkit.models.loading import cache_root
 
         workdir = cache_root() / "work"
     if registry is None:

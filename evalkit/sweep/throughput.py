@@ -125,7 +125,7 @@ def device_available(device: str) -> bool:
 
 def probe(spec, facts) -> Speed:
     """Load the model as the sweep does and time a forward and a few decode steps through evalkit's paths."""
-    from evalkit.models import load_model
+    from evalkit.models.loading import load_model
 
     from transformers.utils import logging as hf_logging
 
@@ -146,7 +146,7 @@ def probe_model(lm, facts, load_seconds: float = 0.0) -> Speed:
     evalkit's paths; :func:`probe` after loading, and ``gpu_check`` on the model it built."""
     import torch
 
-    from evalkit.evals.decode_loop import decode_logits
+    from evalkit.evals.decode.loop import decode_logits
     from evalkit.integration.install import quantized_kv
 
     load = load_seconds

@@ -6,7 +6,7 @@ Per evaluation, :func:`workload` returns a :class:`Work`: the forward calls one 
 process, the baseline pass (once per model x evaluation, as the evaluations cache it), and the
 disk its baseline cache and its results take. Counts follow each evaluation's own protocol:
 
-* perplexity: the window plan of :func:`evalkit.evals.perplexity.plan_windows` over the corpus,
+* perplexity: the window plan of :func:`evalkit.evals.perplexity.evaluation.plan_windows` over the corpus,
   tokenized with the model's tokenizer when both are on this machine (exact); otherwise the
   corpus's known token count (:data:`WIKITEXT2_TEST_TOKENS`) or ~4 characters per token
   (approximate). Tokens = windows x window (every window is forwarded whole).
@@ -121,9 +121,9 @@ def _count_tokens(tokenizer, text: str) -> int:
 # ---- perplexity --------------------------------------------------------------------------------
 def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
     """(tokens in the corpus, whether the tokenizer adds BOS or None if unknown, why approximate)."""
-    from evalkit.corpus import SHORT_NAMES, load_corpus, tokenizer_adds_bos
+    from evalkit.data.corpus import SHORT_NAMES, load_corpus, tokenizer_adds_bos
     from evalkit.errors import EvalkitError
-    from evalkit.lmeval_adapter import offline_datasets
+    from evalkit.evals.lmeval.adapter import offline_datasets
 
     tok = facts.tokenizer
     try:
@@ -149,7 +149,7 @@ def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
 
 
 def perplexity_work(params: dict, facts) -> Work:
-    from evalkit.evals.perplexity import bucket_edges, plan_windows
+    from evalkit.evals.perplexity.evaluation import bucket_edges, plan_windows
 
     n, bos, approx = _corpus_tokens(params["corpus"], facts)
     if bos is None:
@@ -171,8 +171,8 @@ def perplexity_work(params: dict, facts) -> Work:
 
 # ---- retrieval ---------------------------------------------------------------------------------
 def retrieval_work(params: dict, facts) -> Work:
-    from evalkit.retrieval import grid as G
-    from evalkit.retrieval.tasks import draw_needles, load_task
+    from evalkit.evals.retrieval import grid as G
+    from evalkit.evals.retrieval.tasks import draw_needles, load_task
 
     lengths = G.resolve_lengths(params["lengths"], facts.max_length)
     specs = [load_task(t) for t in params["tasks"]]
@@ -206,7 +206,7 @@ def retrieval_work(params: dict, facts) -> Work:
 
 # ---- decode ------------------------------------------------------------------------------------
 def decode_work(params: dict, facts) -> Work:
-    from evalkit.evals.decode import DecodeParams, bucket_edges
+    from evalkit.evals.decode.evaluation import DecodeParams, bucket_edges
 
     p = DecodeParams(**params)
     rows = 2 * p.sequences
@@ -240,8 +240,8 @@ def _own_task_requests(names: list[str], params: dict, facts, max_length: int) -
 
     from lm_eval.tasks import get_task_dict
 
-    from evalkit.lmeval_adapter import LOGGERS, resolve_tasks
-    from evalkit.runlog import to_log
+    from evalkit.evals.lmeval.adapter import LOGGERS, resolve_tasks
+    from evalkit.runtime.runlog import to_log
 
     out = _Requests()
     tasks = resolve_tasks(names, tuple(params["include"]), {"pretrained": facts.name, **params["metadata"]})
@@ -302,9 +302,9 @@ def _table_requests(name: str, params: dict) -> _Requests:
 
 
 def lmeval_work(params: dict, facts, device: str) -> Work:
-    from evalkit.lmeval_adapter import TASKS_DIR, task_manager
+    from evalkit.evals.lmeval.adapter import TASKS_DIR, task_manager
 
-    from evalkit.lmeval_batching import default_batch_size
+    from evalkit.evals.lmeval.batching import default_batch_size
 
     batch = params["batch_size"] or default_batch_size(device)
     if batch == "auto":

@@ -1,0 +1,307 @@
+"""``lmeval``: lm-evaluation-harness tasks under each KV scheme, on one loaded model, with flip rates.
+
+    python -m evalkit run --eval lmeval --tasks evalkit_mmlu4,evalkit_passkey --limit 50 \\
+        --schemes bf16,fp8_e4m3/tensor/unit,int4/tensor/dynamic
+
+The numbers are lm-eval's own (``simple_evaluate`` on an ``HFLM`` around the in-memory model; see
+:mod:`evalkit.evals.lmeval.adapter`). ``prepare`` runs the baseline on the plain model (no hook), keeps
+its per-item samples in memory and as JSON under the work folder (reused when model weights,
+parameters, task files and library versions all match). ``evaluate`` runs the same tasks inside
+``quantized_kv(model, scheme)`` and emits, per task (and filter):
+
+* every lm-eval metric with its standard error: value, 95 % interval value ± 1.96·stderr (when
+  lm-eval gives a stderr), the stderr itself in ``info``; for proportions (``acc``, ``acc_norm``,
+  ``exact_match``: k of n items right) the Wilson interval instead, which stays inside [0, 1]
+  where the normal interval of a small sample does not (8 items at 25 % gave [-0.07, 0.57]);
+* ``flip_rate``, ``flip_right_to_wrong``, ``flip_wrong_to_right`` and ``gold_loglik_abs_delta``
+  against the baseline's items (:mod:`evalkit.evals.lmeval.items`).
+
+Metric names are ``<task>/<metric>`` (``[<filter>]`` appended when lm-eval's filter is not
+``none``); ``labels`` hold task and filter. Every row's ``info`` carries the provenance needed to
+reproduce it: lm-eval version, task name and version, n-shot, limit, number of items, batch size
+and the task config lm-eval reports.
+
+Batch size (``--lmeval-batch-size N|auto``, grid key ``batch_size``; default ``auto`` on CUDA, 8 on
+CPU): every batch size gives each item its batch-size-1 log-likelihoods under every scheme (bit for
+bit on CPU): padding is kept out of the KV scales and attention (:mod:`evalkit.evals.lmeval.batching`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Evaluation, MetricRow
+
+DEFAULT_TASKS = ("evalkit_mmlu4",)
+
+
+def _positive_int(name: str, value, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            value = int(float(value))
+        except (TypeError, ValueError):
+            raise EvalkitError(f"lmeval {name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise EvalkitError(f"lmeval {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _jsonable(obj):
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps(obj, default=handle_non_serializable))
+
+
+class LmEvalEval(Evaluation):
+    name = "lmeval"
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+        from evalkit.evals.lmeval.adapter import resolve_tasks
+        from evalkit.evals.lmeval.batching import parse_batch_size
+
+        known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters", "metadata"}
+        extra = set(params) - known
+        if extra:
+            raise EvalkitError(f"unknown lmeval parameter(s) {', '.join(sorted(extra))}: use {', '.join(sorted(known))}")
+        tasks = params.get("tasks", DEFAULT_TASKS)
+        if isinstance(tasks, str):
+            tasks = tasks.split(",")
+        tasks = [t.strip() for t in tasks if t and t.strip()]
+        if not tasks:
+            raise EvalkitError("lmeval needs at least one task: --tasks evalkit_mmlu4,...")
+        include = params.get("include") or []
+        if isinstance(include, str):
+            include = [include]
+        metadata = params.get("metadata") or {}
+        if isinstance(metadata, str):
+            try:
+                metadata = json.loads(metadata)
+            except json.JSONDecodeError as exc:
+                raise EvalkitError(f"lmeval metadata (--lmeval-metadata) is not valid JSON: {exc}") from None
+        if not isinstance(metadata, dict):
+            raise EvalkitError("lmeval metadata (--lmeval-metadata) must be a JSON object, e.g. '{\"max_seq_lengths\": [4096]}'")
+        out = {
+            "tasks": list(dict.fromkeys(tasks)),
+            "num_fewshot": _positive_int("num_fewshot (--num-fewshot)", params.get("num_fewshot"), 0),
+            "limit": _positive_int("limit (--limit)", params.get("limit"), 1),
+            "batch_size": parse_batch_size(params.get("batch_size")),
+            "include": [str(Path(p).resolve()) for p in include],
+            "bootstrap_iters": _positive_int("bootstrap_iters", params.get("bootstrap_iters", 100000), 0),
+            "metadata": metadata,
+        }
+        resolve_tasks(out["tasks"], tuple(out["include"]))  # unknown names fail here, before any model work
+        return out
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("lmeval (--eval lmeval)")
+        g.add_argument("--tasks", dest="lmeval_tasks", default=None,
+                       help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})")
+        g.add_argument("--num-fewshot", dest="lmeval_num_fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
+        g.add_argument("--limit", dest="lmeval_limit", type=int, default=None, help="evaluate only the first N items of each task")
+        g.add_argument("--lmeval-batch-size", default=None, metavar="N|auto",
+                       help="HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
+                            "every batch size gives batch size 1's log-likelihoods (padding is masked)")
+        g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
+        g.add_argument("--lmeval-metadata", default=None,
+                       help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler")
+
+    @classmethod
+    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        params = {"num_fewshot": args.lmeval_num_fewshot, "limit": args.lmeval_limit,
+                  "batch_size": args.lmeval_batch_size, "include": args.lmeval_include or [],
+                  "metadata": args.lmeval_metadata or {}}
+        if args.lmeval_tasks is not None:
+            params["tasks"] = args.lmeval_tasks
+        return params
+
+    # ---- per model --------------------------------------------------------------------------
+
+    def prepare(self, lm, workdir: Path) -> None:
+        from evalkit.evals.lmeval.adapter import make_hflm, resolve_tasks, run_lm_eval
+        from evalkit.evals.lmeval.items import items_from_results
+
+        # like `lm_eval --model_args pretrained=...`, the model's path reaches the tasks as metadata
+        metadata = {"pretrained": str(lm.path), **self.params["metadata"]}
+        self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]), metadata)
+        self._hflm = make_hflm(lm.model, lm.tokenizer, self.params["batch_size"])
+        self._model = lm.model
+        key = self._baseline_key(lm)
+        self.baseline_path = Path(workdir) / "lmeval" / key[:20] / "baseline.json"
+        stored = _read_baseline(self.baseline_path, key)
+        if stored is not None:
+            self.baseline_items = stored["items"]
+            self.baseline_summary = stored["summary"]
+            return
+        results = self._run()
+        self.baseline_items = items_from_results(results)
+        self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
+        self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.baseline_path.with_name(f"{self.baseline_path.name}.{os.getpid()}.tmp")  # this process's own: workers of one model may share the cache
+        tmp.write_text(json.dumps({"key": key, "items": self.baseline_items, "summary": self.baseline_summary,
+                                   "samples": _jsonable(results["samples"])}))
+        tmp.replace(self.baseline_path)  # complete file appears last
+
+    def _run(self) -> dict:
+        from evalkit.evals.lmeval.adapter import run_lm_eval
+
+        p = self.params
+        return run_lm_eval(self._hflm, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"],
+                           bootstrap_iters=p["bootstrap_iters"])
+
+    def _baseline_key(self, lm) -> str:
+        import torch
+        import transformers
+
+        from evalkit.evals.lmeval.adapter import include_paths, lm_eval_version
+
+        h = hashlib.sha256()
+        for name, prm in lm.model.named_parameters():  # a cheap fingerprint of the weights themselves
+            flat = prm.detach().reshape(-1)
+            h.update(f"{name}{tuple(prm.shape)}{prm.dtype}".encode())
+            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
+        for folder in include_paths(tuple(self.params["include"])):
+            for f in sorted(Path(folder).rglob("*")):
+                if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():
+                    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
+        meta = {"format": BASELINE_FORMAT, "name": lm.name, "path": str(lm.path), "config": lm.config_hash, "device": str(lm.device.type),
+                "params": self.canonical_params(), "lm_eval": lm_eval_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__}
+        h.update(json.dumps(meta, sort_keys=True, default=str).encode())
+        return h.hexdigest()
+
+    # ---- per scheme -------------------------------------------------------------------------
+
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.integration.install import quantized_kv
+        from evalkit.evals.lmeval.items import items_from_results
+
+        if getattr(self, "_model", None) is not lm.model:
+            raise EvalkitError("lmeval.evaluate needs prepare() on this loaded model first")
+        with quantized_kv(lm.model, scheme):
+            results = self._run()
+        items = items_from_results(results)
+        if artifacts is not None:
+            artifacts = Path(artifacts)
+            artifacts.mkdir(parents=True, exist_ok=True)
+            (artifacts / "lmeval_samples.json").write_text(json.dumps(
+                {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
+        params = {**self.params, "batch_size": self._hflm.batch_size}  # the one used: device default resolved
+        return metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params)
+
+
+BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape
+
+
+def _read_baseline(path: Path, key: str) -> dict | None:
+    """The cached baseline for ``key``, or None (a cache miss) when missing, unreadable or stale."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("items"), dict) \
+            or not isinstance(stored.get("summary"), dict):
+        return None
+    return stored
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+def _metric_name(task: str, metric: str, filt: str) -> str:
+    return f"{task}/{metric}" if filt == "none" else f"{task}/{metric}[{filt}]"
+
+
+def leaf_tasks(results: dict, task: str) -> list[str]:
+    """The leaf tasks under a task or group name (a leaf is its own only member)."""
+    subtasks = results.get("group_subtasks", {}).get(task)
+    if not subtasks:
+        return [task]
+    return [leaf for sub in subtasks for leaf in leaf_tasks(results, sub)]
+
+
+def provenance(results: dict, task: str, params: dict) -> dict[str, Any]:
+    from evalkit.evals.lmeval.adapter import lm_eval_version
+
+    leaves = leaf_tasks(results, task)
+    n_items = sum(int(results.get("n-samples", {}).get(t, {}).get("effective", 0)) for t in leaves)
+    info = {"lm_eval_version": lm_eval_version(), "task": task, "task_version": results.get("versions", {}).get(task),
+            "n_shot": results.get("n-shot", {}).get(task), "limit": params["limit"], "n_items": n_items,
+            "batch_size": params["batch_size"]}
+    if task in results.get("configs", {}):
+        info["config"] = _jsonable(results["configs"][task])
+    else:
+        info["subtasks"] = leaves
+    return info
+
+
+PROPORTIONS = ("acc", "acc_norm", "exact_match")
+
+
+def proportion_ci(value: float, n: int, low, high) -> tuple[float | None, float | None]:
+    """Wilson 95 % interval when ``value`` is k/n for whole k; else the normal one clipped to [0, 1]."""
+    from evalkit.evals.stats import binomial_ci
+
+    k = value * n
+    if n > 0 and abs(k - round(k)) < 1e-6 * n:
+        return binomial_ci(int(round(k)), n)
+    if low is None:
+        return None, None
+    return max(0.0, low), min(1.0, high)
+
+
+def metric_rows(results: dict, params: dict) -> list[MetricRow]:
+    rows = []
+    for task, metrics in results["results"].items():
+        info = provenance(results, task, params)
+        for key, value in metrics.items():
+            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
+                continue
+            metric, filt = key.split(",", 1)
+            stderr = metrics.get(f"{metric}_stderr,{filt}")
+            stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
+            low, high = (value - 1.96 * stderr, value + 1.96 * stderr) if stderr is not None else (None, None)
+            if metric in PROPORTIONS:
+                low, high = proportion_ci(float(value), info["n_items"], low, high)
+            rows.append(MetricRow(_metric_name(task, metric, filt), float(value), low, high,
+                                  labels={"task": task, "filter": filt},
+                                  info={**info, "stderr": stderr, "lm_eval_metric": key,
+                                        "higher_is_better": results.get("higher_is_better", {}).get(task, {}).get(metric)}))
+    return rows
+
+
+def flip_rows(results: dict, items: dict, baseline: dict, params: dict) -> list[MetricRow]:
+    from evalkit.evals.lmeval.items import compare_items
+
+    rows = []
+    for task in results["results"]:
+        leaves = leaf_tasks(results, task)
+        if any(t not in items or t not in baseline for t in leaves):
+            continue
+        ours = [dict(i, task=t) for t in leaves for i in items[t]]
+        base = [dict(i, task=t) for t in leaves for i in baseline[t]]
+        if len(leaves) > 1:  # doc ids repeat across subtasks: make them unique within the group
+            for group in (ours, base):
+                for i in group:
+                    i["doc_id"] = f"{i['task']}:{i['doc_id']}"
+        info = provenance(results, task, params)
+        for filt, stats in compare_items(base, ours).items():
+            for stat, (value, low, high, extra) in stats.items():
+                rows.append(MetricRow(_metric_name(task, stat, filt), value,
+                                      None if math.isnan(low) else low, None if math.isnan(high) else high,
+                                      labels={"task": task, "filter": filt}, info={**info, **extra}))
+    return rows

@@ -1,0 +1,1 @@
+"""Perplexity with KL divergence and top-1 agreement against the unquantized model."""

@@ -1,0 +1,377 @@
+"""Perplexity, KL(baseline || scheme) and top-1 agreement per KV scheme, with paired intervals.
+
+Protocol. The corpus is tokenized once (:mod:`evalkit.data.corpus`) and cut into windows of ``window``
+input tokens, optionally starting with BOS (default: on when the tokenizer itself adds BOS). A
+window holds ``C = window - bos`` corpus tokens and the next window starts ``min(stride, C)``
+tokens later; the last window is aligned to the corpus end. Every token is scored exactly once,
+by the first window that reaches it, which is the one giving it the most context (the standard
+strided-perplexity protocol; ``stride == window`` gives disjoint windows, and without BOS the
+first token of each disjoint window is predicted by nothing and so not scored).
+
+Baseline. ``prepare()`` runs the unquantized model once per model x corpus x protocol and caches,
+under ``workdir/perplexity/<key>/``, per scored token: its NLL and argmax (exact: perplexity, its
+change and top-1 agreement need nothing else) and a 2 KB summary of its next-token distribution
+(:mod:`evalkit.evals.kl_topk`): the top 160 tokens' probabilities, the tail's mass and 128
+stratified tail samples. Scalars go to ``baseline.safetensors``, the per-token arrays to ``.npy``
+files written chunk by chunk; ``meta.json`` is written last as the completion marker. The key
+hashes the model (config, a weight fingerprint, dtype, device), the tokenizer, the corpus hash,
+the protocol and the torch version.
+
+KL choice: the 2 KB summary, whatever the vocabulary (2008 bytes per scored token: 600 MB for
+wikitext-2's ~300k test tokens, where full float16 distributions of a 128k vocabulary take 77 GB),
+checked against free space before anything is written. A scheme's KL per token is the head's
+exact term plus the tail's, estimated without bias from the samples; the tail's aggregated term
+gives a proven lower bound, reported with the estimate (the math and why no useful two-sided bound
+exists from a small summary: :mod:`evalkit.evals.kl_topk`). A scheme costs one forward per window,
+as the NLL needs anyway; computing the baseline in lockstep instead would be exact without storage
+but would double every scheme's cost.
+
+Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
+log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
+(window x vocabulary) float tensor exists for long windows and nothing grows with the corpus.
+
+Backends. The eval asks a backend for the log-probs of its windows (:class:`TokenScores` per
+scored token); the default, :class:`EmulationBackend`, is the transformers model through evalkit's
+storage cache with the cached baseline above. An engine (``evalkit.engines.vllm_backend.VllmBackend``,
+``evalkit run --engine vllm``) is another: its baseline is its own unquantized run, and where it
+returns only a top-k its KL row is the proven lower bound, named ``kl_lower_bound`` (``kl_bound:
+true`` in the row's info) instead of ``kl_mean``.
+
+Statistics (:mod:`evalkit.evals.stats`): 95 % paired percentile bootstrap over windows (fixed seed,
+``bootstrap_samples`` resamples) for perplexity, its change, KL and agreement, and a Wilcoxon
+signed-rank p-value over per-window mean NLL. Rows repeat for position buckets within the window
+(target index 0-127, 128-511, 512-2047, ... powers of 4 up to the window) with ``labels={"bucket":..}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, publish, temp_dir
+from evalkit.evals.output_head import weights_fingerprint as _weights_fingerprint
+from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
+from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
+
+FORMAT_VERSION = 4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
+BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
+ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
+SAMPLE_SEED = 0  # the tail samples' stratified offsets
+DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
+                bos=None, bootstrap_samples=2000, seed=0)
+
+
+def bucket_edges(window: int) -> list[int]:
+    """Edges 0, 128, 512, 2048, ... (powers of 4 from 128) up to the window's last target index."""
+    edges, e = [0], 128
+    while e < window:
+        edges.append(e)
+        e *= 4
+    return edges + [window]
+
+
+def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows: int | None) -> list[tuple[int, int]]:
+    """``(start, first_target)`` per window: the corpus index of its first content token and the
+    input index of its first scored target (targets run from there to the window's end)."""
+    c = window - int(bos)
+    if n_tokens < c:
+        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --window")
+    step, plan, scored_to, start = min(stride, c), [], (0 if bos else 1), 0
+    while scored_to < n_tokens and (max_windows is None or len(plan) < max_windows):
+        start = min(start, n_tokens - c)
+        plan.append((start, max(scored_to - start + int(bos), 1)))  # input 0 is never a target
+        scored_to, start = start + c, start + step
+    return plan
+
+
+@dataclass
+class TokenScores:
+    """One scheme's numbers per scored token, in the eval's order, from a backend."""
+
+    nll: torch.Tensor  # float64
+    base_nll: torch.Tensor  # float64: the backend's own unquantized run
+    agree: torch.Tensor  # bool: top-1 equals the baseline's
+    kl: torch.Tensor | None  # float64 KL estimate; None where the backend gives only the lower bound
+    kl_lower: torch.Tensor  # float64 proven lower bound
+    kl_var: torch.Tensor | None  # float64 variance of the estimate (None with kl None)
+    kl_tail_mass: torch.Tensor  # float64 baseline mass outside the tokens known exactly
+    info: dict = field(default_factory=dict)  # provenance for every row of the scheme
+
+
+class EmulationBackend:
+    """The transformers model, K/V through evalkit's storage cache; the cached 2 KB baseline summary."""
+
+    name = "emulation"
+
+    def check(self, schemes) -> None:
+        """Every scheme runs here (the model checks its own)."""
+
+    def prepare(self, ev, lm, workdir: Path) -> None:
+        ev._prepare_baseline(lm, workdir)
+
+    def score(self, ev, lm, scheme) -> TokenScores:
+        return ev._score_emulation(lm, scheme)
+
+
+class PerplexityEval(Evaluation):
+    name = "perplexity"
+    summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
+
+    def __init__(self, params: dict[str, Any] | None = None, backend=None):
+        super().__init__(params)
+        self.backend = EmulationBackend() if backend is None else backend
+
+    @classmethod
+    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(params) - set(DEFAULTS)
+        if unknown:
+            raise EvalkitError(f"unknown perplexity parameter(s) {', '.join(sorted(unknown))}: use {', '.join(DEFAULTS)}")
+        p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+        if not isinstance(p["corpus"], str) or not p["corpus"].strip():
+            raise EvalkitError("perplexity needs a corpus: pass --corpus embedded, wikitext2, file:PATH or hf:NAME:SPLIT")
+        for key in ("window", "stride", "max_windows", "max_tokens", "batch_size", "bootstrap_samples", "seed"):
+            if p[key] is not None and (isinstance(p[key], bool) or not isinstance(p[key], int)):
+                raise EvalkitError(f"perplexity {key} must be an integer, got {p[key]!r}")
+        if p["window"] < 2:
+            raise EvalkitError(f"window {p['window']} is too short: use --window 2 or more")
+        p["stride"] = p["window"] if p["stride"] is None else p["stride"]
+        if not 0 < p["stride"] <= p["window"]:
+            raise EvalkitError(f"stride {p['stride']} must be in 1..window ({p['window']}): fix --stride")
+        for key, low in (("max_windows", 1), ("max_tokens", 2), ("batch_size", 1), ("bootstrap_samples", 100)):
+            if p[key] is not None and p[key] < low:
+                raise EvalkitError(f"perplexity {key} must be at least {low}, got {p[key]}: fix --{key.replace('_', '-')}")
+        if p["bos"] is not None and not isinstance(p["bos"], bool):
+            raise EvalkitError(f"perplexity bos must be true, false or unset (auto), got {p['bos']!r}")
+        return p
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("perplexity (--eval perplexity)")
+        g.add_argument("--corpus", dest="ppl_corpus", help="embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+        g.add_argument("--window", dest="ppl_window", type=int, help="tokens per window incl. BOS (default 1024)")
+        g.add_argument("--stride", dest="ppl_stride", type=int, help="tokens between window starts (default: window, disjoint)")
+        g.add_argument("--max-windows", dest="ppl_max_windows", type=int, help="evaluate at most N windows (default 20)")
+        g.add_argument("--max-tokens", dest="ppl_max_tokens", type=int, help="use only the first N corpus tokens")
+        g.add_argument("--batch-size", dest="ppl_batch_size", type=int, help="windows per forward (default 1)")
+        g.add_argument("--bos", dest="ppl_bos", action=argparse.BooleanOptionalAction, default=None,
+                       help="start each window with BOS (default: when the tokenizer adds BOS itself)")
+        g.add_argument("--bootstrap-samples", dest="ppl_bootstrap_samples", type=int, help="bootstrap resamples (default 2000)")
+        g.add_argument("--seed", dest="ppl_seed", type=int, help="bootstrap seed (default 0)")
+
+    @classmethod
+    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        return {k: getattr(args, "ppl_" + k, None) for k in DEFAULTS}
+
+    # ---- baseline --------------------------------------------------------------------------
+    def prepare(self, lm, workdir: Path) -> None:
+        p, tok = self.params, lm.tokenizer
+        if lm.max_length is not None and p["window"] > lm.max_length:
+            raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --window {lm.max_length} or less")
+        bos = tokenizer_adds_bos(tok) if p["bos"] is None else p["bos"]
+        if bos and tok.bos_token_id is None:
+            raise EvalkitError("--bos was asked for but the tokenizer has no BOS token: use --no-bos")
+        corpus = load_corpus(p["corpus"])
+        ids = tokenize_corpus(corpus, tok, Path(workdir))
+        if p["max_tokens"] is not None:
+            ids = ids[: p["max_tokens"]]
+        self.ids, self.bos, self.corpus, self.tokenizer_bos = ids, bos, corpus, tok.bos_token_id
+        self.plan = plan_windows(len(ids), p["window"], p["stride"], bos, p["max_windows"])
+        self.targets = [(p["window"] - t0) for _, t0 in self.plan]
+        self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
+        self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
+                             bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
+        self.backend.prepare(self, lm, Path(workdir))
+
+    def window_inputs(self):
+        """Each window's input ids (BOS first where used) and the index of its first scored target."""
+        for i, (_, t0) in enumerate(self.plan):
+            yield self._input_ids(self.plan[i: i + 1])[0], t0
+
+    def _input_ids(self, batch) -> torch.Tensor:
+        c = self.params["window"] - int(self.bos)
+        ids = torch.stack([self.ids[s: s + c] for s, _ in batch])
+        if self.bos:
+            ids = torch.cat([torch.full((len(batch), 1), self.tokenizer_bos, dtype=ids.dtype), ids], dim=1)
+        return ids
+
+    def _prepare_baseline(self, lm, workdir: Path) -> None:
+        """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
+        model, tok = lm.model, lm.tokenizer
+        self.head = OutputHead(model, "perplexity")
+        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=_weights_fingerprint(model),
+                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=self.corpus.sha256,
+                   tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
+        self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        base = self._load_baseline() if (self.dir / "meta.json").is_file() else None
+        if base is None:  # not there, or left by an older evalkit or a damaged disk: a cache miss
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self._compute_baseline(lm, key)
+            base = self._load_baseline()
+            if base is None:
+                raise EvalkitError(f"the baseline just written to {self.dir} cannot be read back: check the disk, or use --cache-dir elsewhere")
+        self.base = base
+        self.base_nll, self.base_argmax = base["nll"], base["argmax"]
+
+    def _load_baseline(self) -> dict | None:
+        """The cached baseline (scalars as tensors, per-token arrays memory-mapped), or None when a
+        file is missing, unreadable, incomplete or of another shape."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            base = load_file(self.dir / "baseline.safetensors")
+            arrays = {name: np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        except (OSError, ValueError, SafetensorError):
+            return None
+        n = int(self.offsets[-1])
+        if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) or base[k].dtype != SCALAR_DTYPES[k] for k in BASELINE_KEYS):
+            return None
+        if any(a.ndim != 2 or a.shape[0] != n or a.dtype != np.dtype(ARRAYS[name]) for name, a in arrays.items()):
+            return None
+        return {**base, **arrays}
+
+    def _compute_baseline(self, lm, key: dict) -> None:
+        from evalkit.evals.kl_topk import TAIL_SAMPLES, TOP_K
+
+        n, vocab = int(self.offsets[-1]), self.head.vocab
+        check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
+                         "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
+        tmp = temp_dir(self.dir)
+        out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
+        width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
+        generator = torch.Generator().manual_seed(SAMPLE_SEED)
+        with contextlib.ExitStack() as stack:
+            files = {name: stack.enter_context(open(tmp / f"{name}.npy", "wb")) for name in ARRAYS}
+            for name, fh in files.items():
+                np.lib.format.write_array_header_2_0(fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])})
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+                summary = summarize(lp, generator)
+                sl = slice(lo, lo + len(top))
+                out["nll"][sl], out["argmax"][sl] = tgt_nll.cpu(), top.cpu()
+                out["t"][sl], out["log_tail"][sl] = summary["t"].cpu(), summary["log_tail"].cpu()
+                for name, fh in files.items():
+                    fh.write(summary[name].cpu().numpy().astype(ARRAYS[name], copy=False).tobytes())
+        from safetensors.torch import save_file
+
+        save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
+        (tmp / "meta.json").write_text(json.dumps({**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True))
+        publish(tmp, self.dir)
+
+    def _scored_chunks(self, lm):
+        """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
+        model, p = lm.model, self.params
+        rows = max(1, CHUNK_ELEMENTS // self.head.vocab)
+        with torch.inference_mode():
+            for b0 in range(0, len(self.plan), p["batch_size"]):
+                batch = self.plan[b0: b0 + p["batch_size"]]
+                ids = self._input_ids(batch).to(lm.device)
+                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+                h = torch.cat([hidden[i, t0 - 1: -1] for i, (_, t0) in enumerate(batch)])
+                tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
+                del hidden
+                base = int(self.offsets[b0])
+                for lo in range(0, len(tgt), rows):
+                    lp = torch.log_softmax(self.head(h[lo: lo + rows]), dim=-1)
+                    nll = -lp.gather(1, tgt[lo: lo + rows, None])[:, 0]
+                    yield base + lo, lp, nll, lp.argmax(-1)
+
+    # ---- one scheme ------------------------------------------------------------------------
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        if not hasattr(self, "protocol"):
+            raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
+        scores = self.backend.score(self, lm, scheme)
+        if artifacts is not None:
+            self._write_windows(Path(artifacts), scores)
+        return self._rows(scores)
+
+    def _score_emulation(self, lm, scheme) -> TokenScores:
+        from evalkit.integration.install import quantized_kv
+
+        n = int(self.offsets[-1])
+        nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
+        lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+        with quantized_kv(lm.model, scheme):
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+                sl = slice(lo, lo + len(top))
+                summary = {k: (torch.from_numpy(np.array(self.base[k][sl])) if k in ARRAYS else self.base[k][sl]).to(lp.device)
+                           for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")}
+                k, low, v = kl_from_summary(summary, lp)
+                kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
+                nll[sl] = tgt_nll.double().cpu()
+                agree[sl] = top.cpu() == self.base_argmax[sl]
+        return TokenScores(nll, self.base_nll.double(), agree, kl, lower, var, self.base["log_tail"].double().exp(),
+                           info=dict(kl_method=METHOD, baseline_cache=self.dir.name))
+
+    def _write_windows(self, folder: Path, scores: TokenScores) -> None:
+        """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""
+        import pandas as pd
+
+        win = np.repeat(np.arange(len(self.plan)), self.targets)
+        kl = scores.kl if scores.kl is not None else scores.kl_lower
+        sums = {name: np.bincount(win, weights=x.astype(np.float64), minlength=len(self.plan))
+                for name, x in (("nll_sum", scores.nll.numpy()), ("base_nll_sum", scores.base_nll.double().numpy()),
+                                ("kl_sum", kl.numpy()), ("top1_agree", scores.agree.numpy()))}
+        folder.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"start": [s for s, _ in self.plan], "first_target": [t for _, t in self.plan],
+                      "n_tokens": self.targets, **sums}).to_csv(folder / "perplexity_windows.csv", index_label="window")
+
+    def _rows(self, scores: TokenScores) -> list[MetricRow]:
+        p, w = self.params, len(self.plan)
+        pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
+        win = np.repeat(np.arange(w), self.targets)
+        info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_windows=w,
+                    bootstrap_samples=p["bootstrap_samples"], seed=p["seed"], ci="95% paired percentile bootstrap over windows",
+                    p_value_test=PVALUE_TEST, **scores.info)
+        tail_mass = scores.kl_tail_mass.numpy()
+        lower = scores.kl_lower.numpy()
+        # only a bound: the row is named for it; with an estimate, kl_mean and the bound in its info
+        kl_metric, kl = ("kl_mean", scores.kl.numpy()) if scores.kl is not None else ("kl_lower_bound", lower)
+        edges = bucket_edges(p["window"])
+        groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
+        rows = []
+        for labels, sel in groups:
+            if sel.any():
+                kl_info = {**info, "kl_tail_mass": float(tail_mass[sel].mean())}
+                if scores.kl is not None:
+                    kl_info = {**info, "kl_lower_bound": float(lower[sel].mean()), **kl_info,
+                               "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum())}
+                rows += self._group_rows(labels, win[sel], w, scores.nll.numpy()[sel], scores.base_nll.double().numpy()[sel],
+                                         kl[sel], scores.agree.numpy()[sel], info, kl_info, kl_metric)
+        return rows
+
+    def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean") -> list[MetricRow]:
+        """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
+        sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
+        keep = sums[0] > 0
+        cnt, s_nll, s_base, s_kl, s_agree = (s[keep] for s in sums)
+        metric_fns = {
+            "ppl": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)),
+            "ppl_delta": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
+            "ppl_delta_rel": lambda c, a, b, k, g: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
+            kl_metric: lambda c, a, b, k, g: k.sum(-1) / c.sum(-1),
+            "top1_agreement": lambda c, a, b, k, g: g.sum(-1) / c.sum(-1),
+        }
+        arrays = [cnt, s_nll, s_base, s_kl, s_agree]
+        rows = []
+        for metric, fn in metric_fns.items():
+            value = float(fn(*arrays))
+            low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
+            ci = (None, None) if math.isnan(low) else (low, high)
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == kl_metric else info))
+        p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
+        rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
+        rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
+        return rows

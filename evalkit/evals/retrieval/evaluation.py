@@ -1,0 +1,237 @@
+"""Long-context retrieval: passkey and RULER needle-in-a-haystack tasks across lengths and depths.
+
+``prepare()`` builds the whole grid once per model (tasks from ``tasks/retrieval/*.yaml`` x
+context lengths x needle depths x samples; :mod:`evalkit.evals.retrieval.grid`): exact-length token-id
+prompts with the chat template, seeded. ``evaluate(scheme)`` answers them greedily through the
+storage cache (:func:`evalkit.quantized_kv`), scores
+them (:mod:`evalkit.evals.retrieval.scoring`: exact match of the first answer word, or recall of
+expected values) and emits rows:
+
+- ``accuracy`` per (task, length, depth) cell, per (task, length), per task, and overall, with a
+  95 % interval (Wilson when scores are 0/1, else bootstrap);
+- ``accuracy_diff``: the paired difference from the baseline on the same prompts, at the same
+  levels (the baseline's answers are computed once and cached per prompt on disk under ``workdir``).
+
+With ``artifacts`` it writes ``retrieval_accuracy.png`` (heatmap per task), ``retrieval_diff.png``
+(difference from the baseline) and ``samples.jsonl`` (answers, generations, scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.output_head import append_lines
+from evalkit.evals.retrieval import grid as G
+from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, score
+from evalkit.evals.retrieval.tasks import DEFAULT_TASKS, load_task
+from evalkit.kv.scheme import Scheme
+
+FORMAT_VERSION = 2  # 2: one storage path (no `via`)
+DEFAULTS = dict(tasks=list(DEFAULT_TASKS), lengths=None, depths=list(G.DEFAULT_DEPTHS), samples=10, haystack=None,
+                corpus="embedded", seed=0, batch_size=4, chat=None)
+
+
+def _as_list(value) -> list:
+    if isinstance(value, str):
+        return [v for v in (x.strip() for x in value.split(",")) if v]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class RetrievalEval(Evaluation):
+    name = "retrieval"
+    summary_metrics = ("accuracy", "accuracy_diff")
+
+    @classmethod
+    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(params) - set(DEFAULTS)
+        if unknown:
+            raise EvalkitError(f"unknown retrieval parameter(s) {', '.join(sorted(unknown))}: use {', '.join(DEFAULTS)}")
+        p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+        p["tasks"] = _as_list(p["tasks"])
+        if not p["tasks"]:
+            raise EvalkitError("no retrieval task given: pass --retrieval-tasks passkey,niah_single_number,...")
+        names = [load_task(t).name for t in p["tasks"]]  # task names or paths of task files; EvalkitError if bad
+        if len(set(names)) != len(names):
+            raise EvalkitError(f"retrieval task given twice in {', '.join(p['tasks'])}: list each task once")
+        if p["lengths"] is not None:
+            p["lengths"] = sorted({G.parse_length(v) for v in _as_list(p["lengths"])})
+        p["depths"] = sorted({G.parse_depth(v) for v in _as_list(p["depths"])})
+        if not p["depths"] or (p["lengths"] is not None and not p["lengths"]):
+            raise EvalkitError("retrieval needs at least one length and one depth: fix --lengths / --depths")
+        for key, low in (("samples", 1), ("batch_size", 1), ("seed", 0)):
+            if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
+                raise EvalkitError(f"retrieval {key} must be an integer >= {low}, got {p[key]!r}")
+        for key in ("haystack", "corpus"):
+            if p[key] is not None and (not isinstance(p[key], str) or not p[key].strip()):
+                raise EvalkitError(f"retrieval {key} must be 'filler' or a corpus spec, got {p[key]!r}")
+        if p["chat"] is not None and not isinstance(p["chat"], bool):
+            raise EvalkitError(f"retrieval chat must be true, false or unset (auto), got {p['chat']!r}")
+        return p
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("retrieval (--eval retrieval)")
+        g.add_argument("--retrieval-tasks", dest="ret_tasks", help=f"comma-separated tasks (default all: {','.join(DEFAULT_TASKS)}) or task .yaml paths")
+        g.add_argument("--lengths", dest="ret_lengths", help="context lengths in tokens incl. template, e.g. 1k,2k (default 1k,2k,4k,8k capped at the model's maximum)")
+        g.add_argument("--depths", dest="ret_depths", help="needle depths in percent (default 0,25,50,75,100)")
+        g.add_argument("--samples", dest="ret_samples", type=int, help="samples per (task, length, depth) cell (default 10)")
+        g.add_argument("--haystack", dest="ret_haystack", help="haystack for every task: 'filler' or a corpus spec (default: each task's own: filler for passkey, the embedded corpus for the others)")
+        g.add_argument("--retrieval-seed", dest="ret_seed", type=int, help="seed of needles, values and haystack windows (default 0)")
+        g.add_argument("--retrieval-batch-size", dest="ret_batch_size", type=int, help="prompts per generate() call (default 4)")
+
+    @classmethod
+    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        names = {"tasks": "ret_tasks", "lengths": "ret_lengths", "depths": "ret_depths", "samples": "ret_samples",
+                 "haystack": "ret_haystack", "seed": "ret_seed", "batch_size": "ret_batch_size"}
+        return {k: getattr(args, v, None) for k, v in names.items()}
+
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters plus a hash of each task file, so an edited task gets a new run id."""
+        specs = [load_task(t) for t in self.params["tasks"]]
+        files = {s.name: hashlib.sha256(Path(s.source).read_bytes()).hexdigest()[:16] for s in specs}
+        return {**self.params, "task_files": files, "format_version": FORMAT_VERSION}
+
+    # ---- grid --------------------------------------------------------------------------------
+    def prepare(self, lm, workdir: Path | None) -> None:
+        p = self.params
+        self.lengths = G.resolve_lengths(p["lengths"], lm.max_length)
+        self.specs = {spec.name: spec for spec in (load_task(t) for t in p["tasks"])}
+        self.workdir = Path(workdir) if workdir is not None else None
+        self.samples = G.build_samples(list(self.specs.values()), lm.tokenizer, self.lengths, p["depths"], p["samples"],
+                                       p["seed"], p["haystack"], p["corpus"], self.workdir, p["chat"], lm.max_length)
+        self.digest = G.samples_digest(self.samples)
+        self._baseline: list[str] | None = None
+
+    def _generate(self, lm, scheme: Scheme, which: list[int] | None = None, on_batch=None) -> list[str]:
+        """Continuations of the samples ``which`` (default all), in that order; ``on_batch(idx, texts)``
+        is called after each batch with positions into ``which``."""
+        from tqdm import tqdm
+
+        from evalkit.evals.retrieval.generate import generate_batches  # imports transformers: only when generating
+
+        which = list(range(len(self.samples))) if which is None else which
+        sub = [self.samples[i] for i in which]
+        order = G.batches(sub, self.params["batch_size"])
+        work = [([list(sub[i].ids) for i in b], max(sub[i].max_new_tokens for i in b)) for b in order]
+        out: list[str] = [""] * len(sub)
+
+        def done(k: int, texts: list[str]) -> None:
+            for i, t in zip(order[k], texts):
+                out[i] = t
+            if on_batch is not None:
+                on_batch(order[k], texts)
+
+        with tqdm(total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0",
+                  leave=False) as bar:
+            generate_batches(lm, scheme, work, bar, on_batch=done)
+        return out
+
+    def _baseline_path(self, lm) -> Path | None:
+        """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them)."""
+        if self.workdir is None:
+            return None
+        import torch
+        import transformers
+
+        first = next(lm.model.parameters())
+        fp = float(sum(prm.detach().double().sum() for prm in list(lm.model.parameters())[:4]))
+        key = json.dumps([FORMAT_VERSION, lm.config_hash, fp, str(first.dtype), str(first.device),
+                          torch.__version__, transformers.__version__])
+        return self.workdir / "retrieval" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
+
+    @staticmethod
+    def _sample_key(s: G.Sample) -> str:
+        return hashlib.sha256(json.dumps([list(s.ids), s.max_new_tokens]).encode()).hexdigest()
+
+    def baseline(self, lm) -> list[str]:
+        if self._baseline is not None:
+            return self._baseline
+        path = self._baseline_path(lm)
+        known: dict[str, str] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by an interrupted writer: recomputed below
+                known[rec["key"]] = rec["generated"]
+        keys = [self._sample_key(s) for s in self.samples]
+        missing = [i for i, k in enumerate(keys) if k not in known]
+        if missing:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+
+            def save(positions: list[int], texts: list[str]) -> None:  # after every batch: a stopped run resumes
+                fresh = {keys[missing[p]]: t for p, t in zip(positions, texts)}
+                known.update(fresh)
+                if path is not None:
+                    append_lines(path, [json.dumps({"key": k, "generated": g}) for k, g in fresh.items()])
+
+            gens = self._generate(lm, Scheme(), missing, on_batch=save)
+            known.update({keys[i]: g for i, g in zip(missing, gens)})
+        self._baseline = [known[k] for k in keys]
+        return self._baseline
+
+    # ---- scoring -----------------------------------------------------------------------------
+    def evaluate(self, lm, scheme: Scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        base = self.baseline(lm)
+        gens = base if scheme.is_identity else self._generate(lm, scheme)
+        frame = self.frame(gens, base)
+        rows = self.rows(frame)
+        if artifacts is not None:
+            self.write_artifacts(frame, scheme, Path(artifacts))
+        return rows
+
+    def frame(self, gens: list[str], base: list[str]) -> pd.DataFrame:
+        recs = []
+        for s, g, b in zip(self.samples, gens, base):
+            scoring = self.specs[s.task].scoring
+            recs.append(dict(task=s.task, length=s.length, depth=s.depth, index=s.index, answers=list(s.answers),
+                             generated=g, baseline_generated=b, score=score(g, s.answers, scoring),
+                             baseline_score=score(b, s.answers, scoring), realised_depth=s.realised_depth))
+        return pd.DataFrame.from_records(recs)
+
+    def rows(self, frame: pd.DataFrame) -> list[MetricRow]:
+        p = self.params
+        info = dict(seed=p["seed"], haystack=p["haystack"] or "per-task", corpus=p["corpus"],
+                    grid_digest=self.digest[:16])
+        levels = [["task", "length", "depth"], ["task", "length"], ["task"], []]
+        rows: list[MetricRow] = []
+        for level in levels:
+            groups = frame.groupby(level, sort=False) if level else [((), frame)]
+            for key, g in groups:
+                key = key if isinstance(key, tuple) else (key,)
+                labels = {k: (int(v) if k == "length" else float(v)) if k != "task" else v for k, v in zip(level, key)}
+                acc, lo, hi, method = accuracy_ci(g["score"].to_numpy())
+                extra = dict(n=len(g), ci=method)
+                if level:
+                    extra["scoring"] = self.specs[g["task"].iloc[0]].scoring if "task" in level else None
+                if "depth" in level:
+                    extra["realised_depth"] = float(g["realised_depth"].mean())
+                rows.append(MetricRow("accuracy", acc, lo, hi, labels, {**info, **extra}))
+                d, dlo, dhi = difference_ci(g["score"].to_numpy(), g["baseline_score"].to_numpy())
+                rows.append(MetricRow("accuracy_diff", d, dlo, dhi, labels,
+                                      {**info, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())}))
+        return rows
+
+    def write_artifacts(self, frame: pd.DataFrame, scheme: Scheme, folder: Path) -> None:
+        from evalkit.evals.retrieval.plots import heatmap
+
+        folder.mkdir(parents=True, exist_ok=True)
+        cells = frame.groupby(["task", "length", "depth"], sort=False).agg(value=("score", "mean"),
+                                                                           base=("baseline_score", "mean")).reset_index()
+        heatmap(cells, folder / "retrieval_accuracy.png", f"retrieval accuracy, {scheme}")
+        diff = cells.assign(value=cells["value"] - cells["base"])
+        heatmap(diff, folder / "retrieval_diff.png", f"accuracy difference vs baseline, {scheme}", diff=True)
+        with open(folder / "samples.jsonl", "w") as fh:
+            for rec in frame.to_dict(orient="records"):
+                fh.write(json.dumps(rec, sort_keys=True) + "\n")

@@ -1,0 +1,166 @@
+"""What a sweep's dry run needs to know about a model without loading its weights.
+
+Sizing a sweep (:mod:`evalkit.sweep.estimate`) needs the parameter count and attention shape of
+each model (FLOPs per token, bytes per decode step), its tokenizer when it is on this machine
+(exact token counts), and whether its weights must still be downloaded. :func:`model_facts` reads
+them, in order, from the embedded model's dense copy, a local folder, the local Hugging Face
+cache (config only, never the network), or evalkit's capacity presets (:mod:`evalkit.models.presets`,
+matched by hub id, ``-Instruct`` / ``-chat`` / ``-it`` suffixes ignored). The parameter count
+comes from instantiating the config on PyTorch's ``meta`` device (no memory, exact), or from the
+preset's published count. A model known nowhere gets facts with ``params = 0`` and a note.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# bytes per weight of the dtypes checkpoints ship in (download sizes)
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass
+class ModelFacts:
+    name: str
+    params: float = 0.0  # parameters (output head included)
+    layers: int = 0
+    attn_width: int = 0  # query heads x head dim: attention FLOPs per token and context token
+    kv_width: int = 0  # KV heads x head dim: cache bytes per token and layer, for K (and as much for V)
+    vocab: int | None = None
+    max_length: int | None = None
+    model_type: str = "unknown"
+    dtype_bytes: float = 4.0  # bytes per weight as the sweep loads it (its dtype on its device)
+    download_bytes: int = 0  # weights still to download into the Hugging Face cache (0: local or cached)
+    weights_local: bool = False  # the weights are on this machine (the probe can load them)
+    tokenizer: object | None = None
+    source: str = "unknown"  # where the facts come from (printed)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+    @property
+    def known(self) -> bool:
+        return self.params > 0 and self.layers > 0
+
+
+def _load_dtype_bytes(dtype: str, device: str) -> float:
+    """Bytes per weight as :func:`evalkit.models.loading.load_model` will load them (its dtype rule)."""
+    from evalkit.models.loading import resolve_dtype
+
+    return float(resolve_dtype(dtype, device).itemsize)
+
+
+def _from_config(facts: ModelFacts, config: dict) -> None:
+    """Shape from a config dict; the exact parameter count from the config built on the meta device."""
+    from evalkit.models.info import kv_layout
+    from evalkit.models.presets import config_namespace
+
+    layout = kv_layout(config_namespace(config))
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    heads = text.get("num_attention_heads") or text.get("n_head") or layout.num_kv_heads
+    facts.layers = layout.num_layers
+    facts.attn_width = int(heads) * layout.head_dim
+    facts.kv_width = layout.num_kv_heads * layout.head_dim if not layout.is_mla else layout.mla_latent_dim + layout.mla_rope_dim
+    facts.vocab = text.get("vocab_size")
+    facts.max_length = layout.max_positions
+    facts.model_type = layout.model_type
+    if not facts.params:
+        facts.params = float(_meta_param_count(config))
+
+
+def _meta_param_count(config: dict) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config) if "model_type" in config else None
+    if cfg is None:
+        return 0
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    seen, total = set(), 0
+    for p in model.parameters():  # tied weights counted once
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def _tokenizer(folder: str, local_only: bool = True):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder, local_files_only=local_only)
+    except Exception:  # noqa: BLE001  (no tokenizer here: counts fall back to approximations)
+        return None
+
+
+def _preset_for(name: str) -> tuple[str, dict] | None:
+    from evalkit.models.presets import PRESETS
+
+    def norm(text: str) -> str:
+        return re.sub(r"-(instruct|chat|it|base)$", "", text.strip().lower().split("/")[-1])
+
+    for key, preset in PRESETS.items():
+        if norm(name) in (key, norm(preset["hub_id"])):
+            return key, preset
+    return None
+
+
+def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFacts:
+    """Facts about a grid's model, from this machine's files or evalkit's presets (never the network)."""
+    from evalkit.models.loading import embedded_dense_dir, embedded_name, is_path_like
+
+    facts = ModelFacts(name=name, dtype_bytes=_load_dtype_bytes(dtype, device))
+    folder: Path | None = None
+    embedded = embedded_name(name)
+    if embedded:
+        folder = embedded_dense_dir(embedded)
+        facts.weights_local = True  # converted from the installed package on first load
+        facts.source = "embedded model"
+        if not (folder / "config.json").is_file():
+            from evalkit.models.loading import ensure_embedded
+
+            folder = ensure_embedded(embedded)
+    elif is_path_like(name):
+        folder = Path(name).expanduser()
+        facts.weights_local = folder.is_dir()
+        facts.source = "local folder"
+    if folder is not None:
+        if (folder / "config.json").is_file():
+            _from_config(facts, json.loads((folder / "config.json").read_text()))
+            facts.tokenizer = _tokenizer(str(folder))
+        return facts
+    # a hub id: the local Hugging Face cache only
+    config_path = None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+        config_path = found if isinstance(found, str) else None
+        weights = [try_to_load_from_cache(name, f) for f in ("model.safetensors", "model.safetensors.index.json")]
+        facts.weights_local = any(isinstance(w, str) for w in weights)
+    except Exception:  # noqa: BLE001  (not a valid hub id: nothing cached)
+        pass
+    if config_path is not None:
+        config = json.loads(Path(config_path).read_text())
+        facts.source = "config in the local Hugging Face cache"
+        _from_config(facts, config)
+        facts.tokenizer = _tokenizer(name)
+        shipped = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        if not facts.weights_local:
+            facts.download_bytes = int(facts.params * DTYPE_BYTES.get(shipped, 2))
+        return facts
+    preset = _preset_for(name)
+    if preset is not None:
+        key, p = preset
+        facts.params = float(p["params"])
+        facts.source = f"evalkit preset {key} (weights not cached here)"
+        _from_config(facts, p["config"])
+        facts.download_bytes = int(p["params"] * DTYPE_BYTES[p["weights_dtype"]])
+        return facts
+    facts.notes.append(f"model {name!r}: no local files and no evalkit preset: its size is unknown, so its runs are not timed")
+    return facts

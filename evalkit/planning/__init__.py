@@ -1,0 +1,2 @@
+"""Planning a deployment: serving capacity from bytes per token, and per-layer sensitivity (which
+layers to keep in BF16)."""

@@ -1,0 +1,59 @@
+"""The README's "Does it match the engine?" section is the stored conformance run, re-printed by the
+command (no vLLM needed), and `report` shows the same section for a folder that holds one."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from evalkit.cli import main
+from evalkit.cli.conformance import load_report
+from evalkit.engines.conformance_e2e import GAP_PP, MIN_R
+
+ROOT = Path(__file__).resolve().parents[2]
+STORED = ROOT / "published" / "conformance"
+BEGIN, END = "<!-- conformance:begin -->", "<!-- conformance:end -->"
+
+
+def readme_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n") + "\n"
+
+
+def test_readme_section_is_the_stored_run(capsys):
+    assert main(["conformance", "--from", str(STORED), "--format", "md"]) == 0
+    assert capsys.readouterr().out == readme_block()
+
+
+def test_stored_run_covers_the_three_schemes_end_to_end_with_a_noise_floor():
+    report = load_report(STORED)
+    rows = {row["kv_cache_dtype"] + ("/static" if "static" in row["scheme"] else ""): row for row in report["end_to_end"]}
+    assert set(rows) == {"fp8_e4m3", "fp8_e5m2", "fp8_e4m3/static"}
+    for row in rows.values():
+        assert "rounding=rtz" in row["scheme"] and row["noise_r"] is not None and row["noise_pp"] is not None
+        assert row["verdict"] == "conforms" or row["verdict"].startswith("differs by")
+        assert (row["verdict"] == "conforms") == (abs(row["gap_pp"]) <= GAP_PP and row["r"] >= MIN_R)
+    # the kernel level: toward zero equals the engine's store on every random code
+    for k in report["kernel"]:
+        for cell in k["cells"]:
+            if cell["rounding"] == "rtz":
+                assert cell["random_equal"] == cell["random_total"] > 0
+
+
+def test_report_prints_the_section_for_a_folder_that_holds_one(tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(ROOT / "published" / "default", store)
+    shutil.copy(STORED / "conformance.json", store / "conformance.json")
+    assert main(["report", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "## Does it match the engine?" in out and readme_block().splitlines()[0] in out
+
+
+def test_from_a_folder_without_a_report_is_one_line(tmp_path, capsys):
+    assert main(["conformance", "--from", str(tmp_path), "--format", "md"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "conformance.json does not exist" in err[0]
+    (tmp_path / "conformance.json").write_text("{not json")
+    assert main(["conformance", "--from", str(tmp_path)]) == 2
+    assert "is not a conformance report" in capsys.readouterr().err
+

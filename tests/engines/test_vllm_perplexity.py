@@ -1,0 +1,299 @@
+"""Perplexity through vLLM (``evalkit run --engine vllm``) and the end-to-end conformance numbers.
+
+Without vLLM (the main environment) the scheme mapping, the top-k KL bound, the reading of vLLM's
+prompt log-probs and the command line's refusals are tested; the engine tests skip, printing why.
+With vLLM (``/opt/vllm/bin/python -m pytest -q tests/engines/test_vllm_perplexity.py``, a CPU with
+AVX-512): the unquantized engine equals the emulation, FP8 E4M3 and E5M2 through the engine,
+static scales used (and a checkpoint the engine runs at 1.0 refused), and the rows carry the
+engine fields. Prompts are short (2 windows x 128 tokens): each engine start takes 10-40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from evalkit.cli import main
+from evalkit.errors import EngineUnavailableError, EvalkitError
+
+STATIC = "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
+PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstrap_samples=200)
+
+
+def _vllm_missing() -> str | None:
+    try:
+        from evalkit.engines.vllm_kernel import check_vllm_available
+
+        check_vllm_available()
+    except EngineUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+MISSING = _vllm_missing()
+if MISSING:
+    print(f"\ntests/test_vllm_perplexity.py: engine tests skipped: {MISSING}")
+needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"needs vLLM: {MISSING}")
+
+
+def one_line_exit_2(argv, capsys, *needles):
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evalkit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+# -- without the engine ------------------------------------------------------------------------------
+def test_schemes_map_through_the_vllm_cpu_profile():
+    from evalkit.engines.vllm_runner import engine_config
+
+    assert engine_config("bf16").kv_cache_dtype == "auto"
+    unit = engine_config("fp8_e4m3/tensor/unit")
+    assert (unit.kv_cache_dtype, unit.scales, unit.emulation) == ("fp8_e4m3", None, "fp8_e4m3/tensor/unit+rounding=rtz")
+    assert engine_config("fp8_e4m3/tensor/unit+rounding=rtz") == unit
+    e5 = engine_config("fp8_e5m2/tensor/unit")
+    assert (e5.kv_cache_dtype, e5.emulation) == ("fp8_e5m2", "fp8_e5m2/tensor/unit+rounding=rtz")
+    static = engine_config(STATIC)
+    assert static.kv_cache_dtype == "fp8_e4m3" and static.scales.endswith("smollm2-135m-tensor-amax.safetensors")
+    assert static.emulation == STATIC + "+rounding=rtz"
+    assert engine_config("fp8_e4m3/tensor/unit+skip=0,5").skip_layers == ("0", "5")
+
+
+@pytest.mark.parametrize("scheme, needle", [
+    ("fp8_e4m3/head/dynamic", "per-tensor"),
+    ("fp8_e4m3/tensor/dynamic", "never computes scales"),
+    ("fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors", "per-tensor"),
+    ("fp8_e5m2/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors", "scale 1.0 only"),
+    ("nvfp4", "not one of its KV cache dtypes"),
+    ("int8/tensor/unit", "not int8"),
+    ("fp8_e4m3/tensor/unit+rounding=rna", "toward zero"),
+    ("fp8_e4m3/tensor/unit+attn=fa3", "fa3"),
+])
+def test_schemes_the_engine_cannot_run_are_one_line(scheme, needle):
+    from evalkit.engines.vllm_runner import engine_config
+
+    with pytest.raises(EvalkitError) as info:
+        engine_config(scheme)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
+    import evalkit.models.loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(evalkit.models.loading, "load_model", refuse)
+    monkeypatch.setattr(evalkit.models.loading, "ensure_embedded", refuse)
+    out = tmp_path / "out"
+    base = ["run", "--engine", "vllm", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic"], capsys, "vllm-cpu cannot run", "per-tensor")
+    one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--eval", "decode"], capsys, "--eval perplexity only")
+    one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--engine-profile", "sglang"], capsys, "vllm-cpu")
+    one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--device", "cuda"], capsys)
+    if MISSING:
+        one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit"], capsys, MISSING)
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_without_vllm_the_runner_is_one_line(monkeypatch):
+    import evalkit.engines.vllm_kernel as kernel
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm_runner import VllmRunner
+
+    monkeypatch.setattr(kernel, "vllm_installed", lambda: False)
+    for make in (lambda: VllmBackend(), lambda: VllmRunner("unused")):
+        with pytest.raises(EngineUnavailableError, match="vLLM is not installed"):
+            make()
+
+
+class _Flat(SimpleNamespace):
+    """A stand-in for vllm.logprobs.FlatLogprobs."""
+
+    def __len__(self):
+        return len(self.start_indices)
+
+
+def _flat(prompt, rows):
+    """Per position after the first: the actual token, then the top-k (as vLLM 0.32 lays them out)."""
+    flat = _Flat(start_indices=[0], end_indices=[0], token_ids=[], logprobs=[])
+    for tok, (top_ids, top_lps, lp) in zip(prompt[1:], rows):
+        flat.start_indices.append(len(flat.logprobs))
+        flat.token_ids += [tok, *top_ids]
+        flat.logprobs += [lp, *top_lps]
+        flat.end_indices.append(len(flat.logprobs))
+    return flat
+
+
+def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
+    from evalkit.engines.vllm_runner import _read_prompt_logprobs
+
+    prompt = [5, 7, 9]
+    rows = [([7, 1], [-0.5, -1.5], -0.5), ([2, 3], [-0.1, -2.0], -4.0)]  # position 2: actual token 9 not in the top 2
+    flat = _flat(prompt, rows)
+    got = _read_prompt_logprobs(flat, prompt, 2)
+    assert got.target.tolist() == [-0.5, -4.0]
+    assert got.ids.tolist() == [[7, 1], [2, 3]] and got.lps.tolist() == [[-0.5, -1.5], [-0.1, -2.0]]
+
+    lp = lambda v, r: SimpleNamespace(logprob=v, rank=r)  # noqa: E731
+    dicts = [None, {7: lp(-0.5, 1), 1: lp(-1.5, 2)}, {9: lp(-4.0, 30), 2: lp(-0.1, 1), 3: lp(-2.0, 2)}]
+    again = _read_prompt_logprobs(dicts, prompt, 2)
+    assert again.target.tolist() == got.target.tolist() and again.ids.tolist() == got.ids.tolist()
+    with pytest.raises(EvalkitError, match="prompt positions"):
+        _read_prompt_logprobs(dicts[:2], prompt, 2)
+    flat.token_ids[0 + 3] = 8  # the actual token at position 2 is not the prompt's
+    with pytest.raises(EvalkitError, match="actual token plus the top-k"):
+        _read_prompt_logprobs(flat, prompt, 2)
+
+
+def _run(logits, targets, k):
+    from evalkit.engines.vllm_backend import _EngineRun
+
+    lp = torch.log_softmax(logits.double(), -1).float().double()
+    top = lp.topk(k, -1)
+    return _EngineRun(nll=-lp.gather(1, targets[:, None])[:, 0], ids=top.indices, lps=top.values, target=targets), lp
+
+
+def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
+    from evalkit.engines.vllm_backend import kl_lower_bound
+
+    g = torch.Generator().manual_seed(0)
+    rows, vocab, k = 64, 500, 8
+    p_logits = torch.randn(rows, vocab, generator=g) * 3
+    q_logits = p_logits + 0.3 * torch.randn(rows, vocab, generator=g)
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    base, lp = _run(p_logits, targets, k)
+    run, lq = _run(q_logits, targets, k)
+    _, lower, tail = kl_lower_bound(base, run)
+    exact = (lp.exp() * (lp - lq)).sum(-1)
+    assert (lower <= exact + 1e-6).all() and (lower > 0).mean(dtype=torch.float64) > 0.9
+    # the log-sum inequality over S = tokens both lists hold (the target always), the rest as one
+    for i in range(rows):
+        s = sorted(set(base.ids[i].tolist() + [int(targets[i])]) & set(run.ids[i].tolist() + [int(targets[i])]))
+        p_s, q_s = lp[i, s].exp(), lq[i, s].exp()
+        p_t, q_t = 1 - p_s.sum(), 1 - q_s.sum()
+        want = float((p_s * (lp[i, s] - lq[i, s])).sum() + p_t * math.log(p_t / q_t))
+        assert abs(float(lower[i]) - want) < 2e-4 * max(1.0, abs(want)), (i, float(lower[i]), want)
+        assert abs(float(tail[i]) - float(p_t)) < 1e-6
+    _, same, _ = kl_lower_bound(base, base)
+    assert (same == 0).all()  # an identity run: exactly 0, as the emulation's identity KL
+
+
+# -- through the engine ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prepared(embedded, tmp_path_factory):
+    """The emulation and the engine prepared on the same 2 windows of 128 tokens (engine baseline: kv auto)."""
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
+
+    work = tmp_path_factory.mktemp("work")
+    emu = PerplexityEval(PARAMS)
+    emu.prepare(embedded, work)
+    eng = PerplexityEval(PARAMS, backend=VllmBackend())
+    eng.prepare(embedded, work)
+    return emu, eng
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_unquantized_engine_equals_the_emulation(prepared, embedded):
+    emu, eng = prepared
+    base = eng.backend.base
+    assert base.nll.shape == emu.base_nll.shape
+    diff = (base.nll - emu.base_nll.double()).abs()
+    assert float(diff.mean()) < 2e-5 and float(diff.max()) < 5e-4, (float(diff.mean()), float(diff.max()))
+    assert float((base.ids[:, 0] == emu.base_argmax).double().mean()) > 0.99
+    rows = {r.metric: r for r in eng.evaluate(embedded, "bf16") if not r.labels}
+    assert rows["ppl_delta"].value == 0 and rows["kl_lower_bound"].value == 0 and rows["top1_agreement"].value == 1
+    assert "kl_mean" not in rows and rows["kl_lower_bound"].info["kl_bound"] is True
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit"])
+def test_fp8_through_the_engine_follows_the_rtz_emulation(prepared, embedded, scheme):
+    from evalkit.engines.conformance_e2e import delta_pct, pearson
+    from evalkit.engines.vllm_runner import engine_config
+
+    emu, eng = prepared
+    config = engine_config(scheme)
+    e = eng.backend.score(eng, embedded, scheme)
+    s = emu.backend.score(emu, embedded, config.emulation)
+    assert e.info["kv_cache_dtype"] == config.kv_cache_dtype and e.info["engine_k_scale"] == [1.0, 1.0]
+    d_engine, d_emu = delta_pct(e.nll, e.base_nll), delta_pct(s.nll, s.base_nll)
+    r = pearson((e.nll - e.base_nll).numpy(), (s.nll - s.base_nll).numpy())
+    assert d_engine > 0.5 and abs(d_engine - d_emu) < 0.6 and r > 0.9, (d_engine, d_emu, r)
+    assert 0 < float(e.kl_lower.mean()) and 0.5 < float(e.agree.double().mean()) < 1
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_static_scales_are_used_and_a_checkpoint_at_one_is_refused(tmp_path, embedded):
+    from evalkit.engines.vllm_runner import VllmRunner, static_checkpoint
+    from evalkit.kv.scale_table import load_scale_table
+    from evalkit.data.resources import resolve_calibration_file
+
+    table = load_scale_table(resolve_calibration_file("calibration/smollm2-135m-tensor-amax.safetensors"))
+    with VllmRunner(embedded.path, kv_cache_dtype="fp8_e4m3", scales=table, max_model_len=64, top_k=2) as runner:
+        assert [r[1] for r in runner.layers] == table.k_scale.tolist()
+        assert [r[2] for r in runner.layers] == table.v_scale.tolist()
+        out = runner.prompt_logprobs([list(range(100, 132))])[0]
+        assert out.target.shape == (31,) and out.ids.shape == (31, 2) and np.isfinite(out.target).all()
+        folder = runner.folder
+    assert not folder.exists()  # the temporary checkpoint went with the engine
+    # the same checkpoint without its scale tensors: vLLM runs it at 1.0 (with a warning), which is refused
+    ckpt = static_checkpoint(embedded.path, table, tmp_path / "ckpt")
+    (ckpt / "kv_cache_scales.safetensors").unlink()
+    with pytest.raises(EvalkitError, match="at scale 1.0, not the static scales"):
+        VllmRunner(embedded.path, kv_cache_dtype="fp8_e4m3", scales=table, checkpoint=ckpt, max_model_len=64, top_k=2)
+    # with the tensors but no kv_cache_scheme in config.json vLLM refuses the checkpoint: one line
+    ckpt = static_checkpoint(embedded.path, table, tmp_path / "ckpt2")
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["quantization_config"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EvalkitError, match="vLLM could not start on") as info:
+        VllmRunner(embedded.path, kv_cache_dtype="fp8_e4m3", scales=table, checkpoint=ckpt, max_model_len=64, top_k=2)
+    assert "\n" not in str(info.value)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_skipped_layers_stay_unquantized(embedded):
+    from evalkit.engines.vllm_runner import VllmRunner, engine_config
+
+    config = engine_config("fp8_e4m3/tensor/unit+skip=0,5")
+    with VllmRunner(embedded.path, kv_cache_dtype=config.kv_cache_dtype, skip_layers=config.skip_layers,
+                    max_model_len=64, top_k=2) as runner:
+        assert [i for i, r in enumerate(runner.layers) if r[3] == "auto"] == [0, 5]
+        assert runner.info()["engine_unquantized_layers"] == [0, 5]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["run", "--engine", "vllm", "--eval", "perplexity", "--schemes", STATIC, "--window", "128",
+            "--max-windows", "2", "--bootstrap-samples", "200", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "kl_lower_bound" in table and STATIC + "+rounding=rtz" in table
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    static = [r for r in rows if r["scheme"] != "bf16"]
+    assert {r["metric"] for r in static if not r["labels"]} == {"ppl", "ppl_delta", "ppl_delta_rel", "kl_lower_bound",
+                                                                 "top1_agreement", "p_value", "n_tokens"}
+    info = static[0]["info"]
+    for key in ("engine", "engine_version", "attention_backend", "engine_platform", "engine_profile", "kv_cache_dtype"):
+        assert info.get(key) not in (None, ""), key
+    assert info["engine"] == "vllm" and info["engine_profile"] == "vllm-cpu" and info["kv_cache_dtype"] == "fp8_e4m3"
+    assert info["engine_scheme"] == STATIC + "+rounding=rtz" and info["engine_k_scale"][0] != 1.0
+    kl = next(r for r in static if r["metric"] == "kl_lower_bound" and not r["labels"])
+    assert kl["info"]["kl_bound"] is True and kl["value"] > 0
+    assert (out / [p.name for p in out.iterdir() if p.is_dir() and "static" in p.name][0] / "perplexity_windows.csv").is_file()

@@ -1,0 +1,104 @@
+"""The notebooks execute headless (nbclient) on a results store, reading only the store.
+
+Three stores: the SYNTHETIC one of test_report (every view has data: positions, retrieval,
+sensitivity, lm-eval), a real one written by `evalkit sweep` on the tiny random llama, and the
+published default sweep (``published/default``). The notebooks are committed executed against
+the published store, so a reader sees the analysis without running anything; re-executing them
+must reproduce the committed text outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+pytestmark = pytest.mark.slow
+
+
+def execute(name: str, **params) -> nbformat.NotebookNode:
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    cell.source += "\n# injected by the test\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    return nb
+
+
+def text_of(nb) -> str:
+    parts = []
+    for c in nb.cells:
+        for out in c.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts.extend(str(v) for k, v in out.get("data", {}).items() if k.startswith("text/"))
+    return "\n".join(parts)
+
+
+def images(nb) -> int:
+    return sum("image/png" in out.get("data", {}) for c in nb.cells for out in c.get("outputs", []))
+
+
+def text_outputs(nb) -> list[str]:
+    """Each code cell's text outputs (tables, printed lines), without images or execution counts."""
+    out = []
+    for c in nb.cells:
+        if c.cell_type == "code":
+            parts = []
+            for o in c.get("outputs", []):
+                data = o.get("data", {})
+                parts.append(o.get("text", "") + "".join(data[k] for k in sorted(data) if k in ("text/plain", "text/markdown")))
+            out.append("\n".join(parts))
+    return out
+
+
+@pytest.mark.parametrize("name", ["analysis.ipynb", "capacity.ipynb"])
+def test_committed_notebooks_reproduce_on_the_published_store(name):
+    committed = nbformat.read(NOTEBOOKS / name, as_version=4)
+    assert all(c.get("execution_count") for c in committed.cells if c.cell_type == "code"), "commit the notebook executed"
+    assert any("parameters" in c.metadata.get("tags", []) for c in committed.cells)
+    fresh = execute(name)
+    assert text_outputs(fresh) == text_outputs(committed)
+
+
+def test_analysis_on_synthetic_store(tmp_path):
+    from tests.report.test_report import write_store
+
+    store = write_store(tmp_path / "store")
+    nb = execute("analysis.ipynb", STORE=str(store), PLOTS=str(tmp_path / "plots"))
+    text = text_of(nb)
+    assert "tiny: use fp8_e4m3/tensor/dynamic" in text and "+0.40% [+0.20, +0.60]" in text
+    assert images(nb) == 4  # pareto, positions, retrieval heatmap, sensitivity
+    assert (tmp_path / "plots" / "pareto.svg").is_file()
+
+
+@pytest.fixture(scope="module")
+def swept_store(tmp_path_factory, tiny_llama_dir):
+    """A real store: `evalkit sweep` on the tiny random llama, perplexity, three schemes."""
+    from evalkit.cli import main
+
+    root = tmp_path_factory.mktemp("sweep")
+    grid = root / "grid.yaml"
+    grid.write_text(f"name: nbtest\nmodels:\n  - {tiny_llama_dir}\nschemes:\n  - bf16\n  - fp8_e4m3/tensor/dynamic\n"
+                    "  - fp8_e4m3/head/dynamic\nevals:\n  perplexity: {window: 32, stride: 32, max_windows: 2, bootstrap_samples: 200}\n")
+    assert main(["sweep", str(grid), "--out", str(root / "store"), "--no-progress", "--cache-dir", str(root / "cache")]) == 0
+    return root / "store"
+
+
+def test_notebooks_on_a_swept_store(swept_store):
+    from evalkit.report import load_store, summary_frame
+
+    frame = summary_frame(load_store(swept_store)).set_index("scheme")
+    assert list(frame.index) == ["bf16", "fp8_e4m3/head/dynamic", "fp8_e4m3/tensor/dynamic"]
+    assert frame.loc["fp8_e4m3/tensor/dynamic", "capacity_x"] == 2.0
+    nb = execute("analysis.ipynb", STORE=str(swept_store))
+    assert "fp8_e4m3/head/dynamic" in text_of(nb) and images(nb) >= 2  # pareto and positions
+    nb = execute("capacity.ipynb", STORE=str(swept_store), PRESET="kimi-k2", GPU_MEMORY="80GB", GPUS=16, WEIGHTS="1.03TB")
+    text = text_of(nb)
+    assert "35,136" in text and "70,272" in text  # Kimi K2: FP8 and BF16 bytes per token
+    assert "left out: fp8_e4m3/head/dynamic" in text  # per-head scales mean nothing for an MLA latent
+    assert images(nb) == 1

@@ -79,8 +79,8 @@ def _model_folder(name: str) -> Path:
 
 
 def _weights(args, preset, config_fields) -> tuple[int, str]:
-    from evalkit.planning.capacity import format_bytes, parse_bytes
     from evalkit.models.presets import weights_bytes
+    from evalkit.units import format_bytes, parse_bytes
 
     if args.weights_bytes:
         n = parse_bytes(args.weights_bytes)
@@ -100,7 +100,8 @@ def _weights(args, preset, config_fields) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.planning.capacity import format_bytes, format_plan, kv_budget, layout_notes, parse_bytes, parse_count, plan
+    from evalkit.planning.capacity import format_plan, kv_budget, layout_notes, parse_count, plan
+    from evalkit.units import format_bytes, parse_bytes
     from evalkit.models.info import kv_layout
     from evalkit.models.presets import PRESETS, config_namespace
     from evalkit.kv.scheme import parse_schemes

@@ -2,8 +2,9 @@
 
 The cache (``$EVALKIT_CACHE``, default ``~/.cache/evalkit``) holds the dense copy of each embedded
 model (``models/``) and the tokenized data and baselines that evaluations reuse (``work/``). It is
-shown with its size because it grows silently (about a gigabyte after the default sweep); every
-file in it is rebuilt when missing, so deleting it is always safe.
+shown with its size (binary units, :mod:`evalkit.units`) because it grows silently with every new
+model, corpus and grid (the README's cache section says how much); every file in it is rebuilt
+when missing, so deleting it is always safe.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
+from evalkit.units import format_bytes
 from evalkit.models.loading import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
 
 
@@ -33,14 +35,6 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
 def run(args) -> int:
     aliases = {}
     for alias, target in EMBEDDED_ALIASES.items():
@@ -54,12 +48,12 @@ def run(args) -> int:
         except EvalkitError as exc:
             print(f"  gguf:     missing ({exc})")
         dense = embedded_dense_dir(name)
-        state = "ready" if (dense / _MARKER).is_file() else "not converted yet (first load converts it, ~20 s)"
+        state = "ready" if (dense / _MARKER).is_file() else "not converted yet (the first load converts it)"
         print(f"  dense:    {dense} [{state}]")
     print("\nAny Hugging Face id or local model folder works too: --model ORG/NAME or --model ./folder")
     root = cache_root()
-    parts = [f"{p.name} {human_bytes(folder_bytes(p))}" for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+    parts = [f"{p.name} {format_bytes(folder_bytes(p))}" for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
     detail = f" ({', '.join(parts)})" if parts else ""
-    print(f"\ncache: {root}  {human_bytes(folder_bytes(root))}{detail}")
+    print(f"\ncache: {root}  {format_bytes(folder_bytes(root))}{detail}")
     print("  move it: set EVALKIT_CACHE=/other/folder; clear it: delete the folder (rebuilt when needed)")
     return 0

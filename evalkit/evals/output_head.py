@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.units import format_bytes
 
 P_SCALE = 2.0**15  # stored weights are fp16(P * P_SCALE): normal range down to P = 2e-9
 CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MB of float32
@@ -98,7 +99,7 @@ def weights_fingerprint(model) -> str:
 
 
 def fits(need: float, free: int) -> bool:
-    """``need`` bytes fit in ``free`` with headroom: 5 % and 256 MB (caches, the store, the OS)."""
+    """``need`` bytes fit in ``free`` with headroom: 5 % and 256 MiB (caches, the store, the OS)."""
     return need * 1.05 + 2**28 <= free
 
 
@@ -107,7 +108,7 @@ def check_free_space(folder: Path, need: int, what: str, fix: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
     if not fits(need, free):
-        raise EvalkitError(f"{what} need {need / 1e9:.1f} GB but {free / 1e9:.1f} GB are free: {fix}")
+        raise EvalkitError(f"{what} need {format_bytes(need)} but {format_bytes(free)} are free: {fix}")
 
 
 def temp_dir(final: Path) -> Path:

@@ -9,8 +9,9 @@ the weights::
     multiplier = BF16 bytes per token / bytes per token   (the tokens ratio, before rounding down)
 
 Activations, CUDA graphs and fragmentation are what ``utilization`` leaves room for; like the
-engines' own ``gpu_memory_utilization``, it is a fraction of the whole memory. Sizes parse as
-``80GiB`` (2**30), ``80GB`` (10**9), ``1.03TB``; token counts as ``32k`` (32 x 1024) or ``128K``.
+engines' own ``gpu_memory_utilization``, it is a fraction of the whole memory. Sizes parse and
+print as :mod:`evalkit.units` says (``80GiB`` or ``80GB`` in, binary units out); token counts
+parse as ``32k`` (32 x 1024) or ``128K``.
 
 Bytes are evalkit's plain count (data plus each scale at its storage size, :mod:`evalkit.kv.memory`).
 :func:`layout_notes` says where an engine's own layout differs from it, for the schemes shown.
@@ -19,7 +20,6 @@ Bytes are evalkit's plain count (data plus each scale at its storage size, :mod:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from evalkit.errors import EvalkitError
@@ -27,37 +27,17 @@ from evalkit.kv.memory import bytes_per_token, model_cache_bytes
 from evalkit.models.info import KVLayout
 from evalkit.kv.formats import ScaleDType
 from evalkit.kv.scheme import Scheme
+from evalkit.units import format_bytes, parse_number
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _COUNT_UNITS = {"": 1, "k": 2**10, "m": 2**20}
-
-
-def _parse(text, units: dict, what: str, example: str) -> float:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in units:
-        raise EvalkitError(f"cannot read {what} {text!r}: write e.g. {example}")
-    return float(m.group(1)) * units[m.group(2).lower()]
-
-
-def parse_bytes(text) -> int:
-    """``80GiB`` -> 85899345920, ``80GB`` -> 80e9, ``1.03TB``, ``512MiB``; a bare number is bytes."""
-    return int(_parse(text, _BYTE_UNITS, "a memory size", "80GiB, 80GB or 1.03TB"))
 
 
 def parse_count(text) -> int:
     """``32k`` -> 32768, ``128K`` -> 131072, ``1m`` -> 1048576, ``4096`` -> 4096."""
-    value = _parse(text, _COUNT_UNITS, "a token count", "32k, 128k or 4096")
+    value = parse_number(text, _COUNT_UNITS, "a token count", "32k, 128k or 4096")
     if value < 1 or value != int(value):
         raise EvalkitError(f"a token count must be a positive whole number, got {text!r}")
     return int(value)
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 @dataclass(frozen=True)

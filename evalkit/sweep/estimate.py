@@ -10,7 +10,7 @@ bf16 retrieval run reuses that pass. Nothing is written and nothing is evaluated
 Disk (:meth:`SweepEstimate.disk_by_filesystem`): the baseline caches and tokenized corpora under the cache folder, the
 results store under the output folder, and the weights of models not yet in the local Hugging Face
 cache; summed per file system and compared with its free space with the same headroom as the
-evaluations' own check (5 % and 256 MB). :func:`check_disk` refuses a grid that does not fit, in
+evaluations' own check (5 % and 256 MiB). :func:`check_disk` refuses a grid that does not fit, in
 one line, before any work starts; a real sweep calls it too (without the probe).
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.output_head import fits
+from evalkit.units import format_bytes, format_seconds
 
 
 class DiskSpaceError(EvalkitError):
@@ -112,23 +113,6 @@ class SweepEstimate:
         for note in self.unsized:
             lines.append(f"not sized: {note}")
         return "\n".join(lines)
-
-
-def format_seconds(s: float | None) -> str:
-    if s is None:
-        return "?"
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{int(s // 60)} min {int(s % 60):02d} s"
-    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _hub_cache() -> Path:

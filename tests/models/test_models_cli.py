@@ -149,7 +149,7 @@ def test_models_command(capsys, tmp_path, monkeypatch):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "smollm2-135m" in out
-    assert f"cache: {cache}  2.5 KB (work 2.5 KB)" in out and "EVALKIT_CACHE" in out
+    assert f"cache: {cache}  2.4 KiB (work 2.4 KiB)" in out and "EVALKIT_CACHE" in out  # 2500 B, binary units
 
 
 # ---- start-up: the light commands never import transformers or lm-eval -------------------------

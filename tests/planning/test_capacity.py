@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from evalkit.planning.capacity import kv_budget, parse_bytes, parse_count, plan
+from evalkit.planning.capacity import kv_budget, parse_count, plan
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.models.info import kv_layout
@@ -14,21 +14,9 @@ from evalkit.models.presets import PRESETS, config_namespace, get_preset
 from evalkit.kv.scheme import parse_schemes
 
 
-@pytest.mark.parametrize("text,want", [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9), ("1.03TB", 1_030_000_000_000),
-                                       ("512MiB", 512 * 2**20), ("1024", 1024), ("141 GB", 141 * 10**9)])
-def test_parse_bytes(text, want):
-    assert parse_bytes(text) == want
-
-
 @pytest.mark.parametrize("text,want", [("32k", 32768), ("128K", 131072), ("4096", 4096), ("1m", 2**20)])
 def test_parse_count(text, want):
     assert parse_count(text) == want
-
-
-@pytest.mark.parametrize("bad", ["80 parsecs", "GiB", "", "-3GB"])
-def test_parse_bytes_rejects(bad):
-    with pytest.raises(EvalkitError):
-        parse_bytes(bad)
 
 
 def test_weights_larger_than_memory_is_one_clear_error():

@@ -71,7 +71,7 @@ SMALL = "name: small\nmodels: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/dynami
 
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_grid_that_does_not_fit_on_the_disk_is_refused_before_any_work(tmp_path, dry):
-    """The free-space query is injected: 1 MB free refuses even this tiny grid (256 MB headroom)."""
+    """The free-space query is injected: 1 MB (10**6 bytes) free refuses even this tiny grid (256 MiB headroom)."""
     from evalkit.cli.sweep import run
 
     grid = tmp_path / "small.yaml"
@@ -82,7 +82,7 @@ def test_a_grid_that_does_not_fit_on_the_disk_is_refused_before_any_work(tmp_pat
     with pytest.raises(DiskSpaceError) as exc:
         run(args, free_space=lambda folder: 10**6)
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("sweep small needs") and "1.0 MB are free" in msg and exc.value.exit_code == 2
+    assert "\n" not in msg and msg.startswith("sweep small needs") and "976.6 KiB are free" in msg and exc.value.exit_code == 2
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 

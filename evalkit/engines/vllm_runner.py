@@ -171,6 +171,7 @@ class VllmRunner:
     top_k: int = DEFAULT_TOP_K
     kv_cache_bytes: int = KV_CACHE_BYTES
     seed: int = 0
+    engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -190,6 +191,7 @@ class VllmRunner:
             folder = static_checkpoint(self.model_dir, self.scales, self._tmp / "checkpoint")
         self.folder = folder
         extra = {"kv_cache_dtype_skip_layers": list(self.skip_layers)} if self.skip_layers else {}
+        extra.update(self.engine_args)
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:

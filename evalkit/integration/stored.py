@@ -34,10 +34,10 @@ from evalkit.errors import SchemeError
 from evalkit.kv.formats import KVFormat
 from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import Granularity, GranularityKind
-from evalkit.kv.memory import BASELINE_BYTES
+from evalkit.kv.memory import BASELINE_BYTES, SCALE_BYTES
 
-SCALE_BYTES = 4  # zero points, static/unit scales and NVFP4's per-tensor scale are float32; dynamic scales
-# are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes: e4m3/e8m0 = 1 byte)
+# Dynamic scales are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes:
+# e4m3/e8m0 = 1 byte); zero points, static/unit scales and NVFP4's per-tensor scale count SCALE_BYTES.
 
 
 class Padding:

@@ -38,7 +38,7 @@ from evalkit.errors import SchemeError
 from evalkit.models.info import KVLayout
 from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
 
-SCALE_BYTES = 4  # a float32 scale or zero point
+SCALE_BYTES = 4  # a float32 scale or zero point (static/unit scales, zero points, NVFP4's per-tensor scale)
 BASELINE_BYTES = 2  # BF16
 
 
@@ -226,17 +226,3 @@ def bytes_per_token_at(layout: KVLayout, scheme: Scheme, context: int) -> float:
         raise SchemeError(f"context must be a positive number of tokens, got {context}")
     return model_cache_bytes(layout, scheme, context) / context
 
-
-def memory_summary(layout: KVLayout, scheme: Scheme, context: int | None = None) -> dict[str, float]:
-    """The numbers a results store or a table wants for one (model, scheme)."""
-    base = Scheme()
-    out = {
-        "kv_bytes_per_token": float(bytes_per_token(layout, scheme)),
-        "kv_bytes_ratio": float(bytes_per_token(layout, scheme) / bytes_per_token(layout, base)),
-    }
-    if context:
-        out["kv_bytes_per_sequence"] = float(model_cache_bytes(layout, scheme, context))
-        out["capacity_multiplier"] = model_cache_bytes(layout, base, context) / model_cache_bytes(layout, scheme, context)
-    else:
-        out["capacity_multiplier"] = 1 / out["kv_bytes_ratio"]
-    return out

@@ -4,21 +4,19 @@ Sizing a sweep (:mod:`evalkit.sweep.estimate`) needs the parameter count and att
 each model (FLOPs per token, bytes per decode step), its tokenizer when it is on this machine
 (exact token counts), and whether its weights must still be downloaded. :func:`model_facts` reads
 them, in order, from the embedded model's dense copy, a local folder, the local Hugging Face
-cache (config only, never the network), or evalkit's capacity presets (:mod:`evalkit.models.presets`,
-matched by hub id, ``-Instruct`` / ``-chat`` / ``-it`` suffixes ignored). The parameter count
-comes from instantiating the config on PyTorch's ``meta`` device (no memory, exact), or from the
-preset's published count. A model known nowhere gets facts with ``params = 0`` and a note.
+cache (config only, never the network), or evalkit's capacity presets (found by
+:func:`evalkit.models.presets.find_preset`, the look-up ``evalkit capacity --preset`` uses). The
+parameter count comes from instantiating the config on PyTorch's ``meta`` device (no memory,
+exact), or from the preset's published count. A model known nowhere gets facts with ``params = 0`` and a note.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# bytes per weight of the dtypes checkpoints ship in (download sizes)
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+from evalkit.models.presets import DTYPE_BYTES, config_namespace, find_preset
 
 
 @dataclass
@@ -57,7 +55,6 @@ def _load_dtype_bytes(dtype: str, device: str) -> float:
 def _from_config(facts: ModelFacts, config: dict) -> None:
     """Shape from a config dict; the exact parameter count from the config built on the meta device."""
     from evalkit.models.info import kv_layout
-    from evalkit.models.presets import config_namespace
 
     layout = kv_layout(config_namespace(config))
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -96,18 +93,6 @@ def _tokenizer(folder: str, local_only: bool = True):
         return AutoTokenizer.from_pretrained(folder, local_files_only=local_only)
     except Exception:  # noqa: BLE001  (no tokenizer here: counts fall back to approximations)
         return None
-
-
-def _preset_for(name: str) -> tuple[str, dict] | None:
-    from evalkit.models.presets import PRESETS
-
-    def norm(text: str) -> str:
-        return re.sub(r"-(instruct|chat|it|base)$", "", text.strip().lower().split("/")[-1])
-
-    for key, preset in PRESETS.items():
-        if norm(name) in (key, norm(preset["hub_id"])):
-            return key, preset
-    return None
 
 
 def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFacts:
@@ -154,7 +139,7 @@ def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFac
         if not facts.weights_local:
             facts.download_bytes = int(facts.params * DTYPE_BYTES.get(shipped, 2))
         return facts
-    preset = _preset_for(name)
+    preset = find_preset(name)
     if preset is not None:
         key, p = preset
         facts.params = float(p["params"])

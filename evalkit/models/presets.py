@@ -2,7 +2,10 @@
 
 Each preset holds only fields copied from the model's published ``config.json`` (the fields that
 size the KV cache) plus the published total parameter count and the dtype the weights ship in, so
-``evalkit capacity --preset NAME`` can estimate the weight footprint. ``source`` says where the
+``evalkit capacity --preset NAME`` can estimate the weight footprint. :func:`find_preset` is the one
+look-up by name (a preset key or the model's hub id, suffixes such as ``-Instruct`` ignored), for
+``--preset`` and for the sweep's dry run (:mod:`evalkit.models.facts`) alike; :data:`DTYPE_BYTES`
+is the one table of bytes per weight. ``source`` says where the
 numbers were checked (copies of the config files, found through public code and docs search,
 since this machine has no Hugging Face access). Any other model: ``--config config.json`` or
 ``--model ID`` (reads the config only, never the weights).
@@ -10,6 +13,7 @@ since this machine has no Hugging Face access). Any other model: ``--config conf
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 from evalkit.errors import EvalkitError
@@ -57,18 +61,32 @@ PRESETS: dict[str, dict] = {
     },
 }
 
-WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# Bytes per weight of the dtypes checkpoints ship in (the preset's ``weights_dtype``, a config's
+# ``torch_dtype``, ``--weights-dtype``): the one table for weight footprints and download sizes.
+DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0,
+               "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
+def _norm(name: str) -> str:
+    """The model part of a name or hub id, lower case, without an ``-Instruct`` / ``-chat`` / ``-it`` / ``-base`` suffix."""
+    return re.sub(r"-(instruct|chat|it|base)$", "", name.strip().lower().split("/")[-1])
+
+
+def find_preset(name: str) -> tuple[str, dict] | None:
+    """``(key, preset)`` for a preset key or a hub id (``Kimi-K2``, ``moonshotai/Kimi-K2-Instruct``,
+    ``meta-llama/Llama-3.1-8B-Instruct``), or None: the one look-up ``--preset`` and the dry run share."""
+    want = _norm(name)
+    for key, preset in PRESETS.items():
+        if want in (key, _norm(preset["hub_id"])):
+            return key, preset
+    return None
 
 
 def get_preset(name: str) -> dict:
-    key = name.strip().lower()
-    if key not in PRESETS:
+    found = find_preset(name)
+    if found is None:
         raise EvalkitError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)} (or --config FILE / --model ID)")
-    return PRESETS[key]
+    return found[1]
 
 
 def config_namespace(fields: dict) -> SimpleNamespace:
@@ -81,6 +99,7 @@ def config_namespace(fields: dict) -> SimpleNamespace:
 
 
 def weights_bytes(params: float, dtype: str) -> int:
-    if dtype not in WEIGHT_BYTES:
-        raise EvalkitError(f"unknown weights dtype {dtype!r}: use one of {', '.join(WEIGHT_BYTES)}")
-    return int(params * WEIGHT_BYTES[dtype])
+    """Bytes of ``params`` weights in ``dtype`` (a :data:`DTYPE_BYTES` name)."""
+    if dtype not in DTYPE_BYTES:
+        raise EvalkitError(f"unknown weights dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
+    return int(params * DTYPE_BYTES[dtype])

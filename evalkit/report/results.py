@@ -16,11 +16,10 @@ the report prints it under the table. Runs written before evalkit recorded a cod
 as "unrecorded".
 
 Bytes per token need the model's KV layout, which is not a quality metric. It is taken, in this
-order, from ``kv_bytes_per_token`` metric rows if the sweep wrote them, from ``info.kv_layout`` of
-the completion records, or from the ``config.json`` of the run's ``info.model_path`` (a folder, or
-a hub id already in the local Hugging Face cache; the config only: no weights are read, nothing is
-evaluated, no network). Models whose layout cannot be found get no
-bytes column rather than a guess.
+order, from ``info.kv_layout`` of the completion records or from the ``config.json`` of the run's
+``info.model_path`` (a folder, or a hub id already in the local Hugging Face cache; the config
+only: no weights are read, nothing is evaluated, no network). Models whose layout cannot be found
+get no bytes column rather than a guess.
 """
 
 from __future__ import annotations

@@ -29,10 +29,14 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.kv.memory import bytes_per_token
+from evalkit.report import evals as report_evals
 from evalkit.report.results import Results, code_of, provenance_notes
+from evalkit.report.style import SchemeStyle
 from evalkit.kv.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
+KL_QUANTILES = {"kl_p50": "KL p50", "kl_p99": "KL p99", "kl_p999": "KL p99.9", "kl_max": "KL max"}  # per-token KL (perplexity eval)
+COLUMN_GROUPS = {"kl": tuple(KL_QUANTILES)}  # optional columns: `report --columns kl`; shown where the store has them
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
 DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
 
@@ -51,29 +55,15 @@ def summary_frame(results: Results) -> pd.DataFrame:
         return rows.setdefault((model, scheme), {"model": model, "scheme": scheme})
 
     df = results.rows
-    for _, r in df[df["metric"] == "kv_bytes_per_token"].iterrows():
-        slot(r["model"], r["scheme"])["bytes_per_token"] = r["value"]
-    for _, r in df[(df["eval"] == "perplexity") & ~df["labels"].map(bool) & df["metric"].isin(PPL_METRICS)].iterrows():
-        _with_ci(slot(r["model"], r["scheme"]), r["metric"], r)
-    for name, col in (("accuracy", "retrieval_acc"), ("accuracy_diff", "retrieval_diff")):
-        for _, r in df[(df["eval"] == "retrieval") & (df["metric"] == name) & ~df["labels"].map(bool)].iterrows():
-            _with_ci(slot(r["model"], r["scheme"]), col, r)
-    _decode_last_bucket(df, slot)
-    lm = df[df["eval"] == "lmeval"]
-    for _, r in lm.iterrows():
-        task, _, stat = str(r["metric"]).rpartition("/")
-        if not task or (r["labels"] or {}).get("filter", "none") not in ("none", None):
-            continue
-        if stat in LMEVAL_SCORES or stat in ("flip_rate", "flip_right_to_wrong", "flip_wrong_to_right"):
-            _with_ci(slot(r["model"], r["scheme"]), f"{task}/{stat}", r)
+    report_evals.fill_frame(df, slot)  # each evaluation's declared columns, from its own rows
     if not rows:
-        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows (perplexity, retrieval, lmeval, decode)")
+        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows "
+                           f"({', '.join(report_evals.names())})")
     frame = pd.DataFrame(list(rows.values()))
-    if "bytes_per_token" not in frame:
-        frame["bytes_per_token"] = math.nan
+    frame["bytes_per_token"] = math.nan
     for i, r in frame.iterrows():
         layout = results.layouts.get(r["model"])
-        if pd.isna(r["bytes_per_token"]) and layout is not None:
+        if layout is not None:
             frame.loc[i, "bytes_per_token"] = float(bytes_per_token(layout, parse_scheme(r["scheme"])))
     base = frame[frame["scheme"] == str(Scheme())].set_index("model")["bytes_per_token"]
     frame["capacity_x"] = frame["model"].map(base) / frame["bytes_per_token"]
@@ -87,22 +77,8 @@ def summary_frame(results: Results) -> pd.DataFrame:
     runs = df.groupby(["model", "scheme"])["run_id"].agg(lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""})))
     frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
     frame.attrs["store_notes"] = provenance_notes(results)
+    frame.attrs["store_schemes"] = sorted(set(df["scheme"]))  # the labels' numbering covers the whole store
     return frame
-
-
-def _bucket_start(label) -> float:
-    m = re.match(r"\s*(\d+)", str(label))
-    return float(m.group(1)) if m else math.nan
-
-
-def _decode_last_bucket(df: pd.DataFrame, slot) -> None:
-    """The decode eval's ``kl_mean`` of its last position bucket (the latest positions) per model x scheme."""
-    rows = df[(df["eval"] == "decode") & (df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]
-    for (model, scheme), g in rows.groupby(["model", "scheme"], sort=False):
-        last = g.loc[g["labels"].map(lambda d: _bucket_start(d["bucket"])).idxmax()]
-        out = slot(model, scheme)
-        _with_ci(out, DECODE_LAST, last)
-        out[f"{DECODE_LAST}_bucket"] = last["labels"]["bucket"]
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -128,29 +104,19 @@ def _bytes(v):
 
 
 def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(a short label per row, the notes the labels refer to).
+    """(a short label per row, the notes the labels refer to), from :class:`evalkit.report.style.SchemeStyle`:
+    the figures and notebooks label the same schemes the same way.
 
     The baseline is ``baseline (<dtype>)``; a static scheme drops its ``+scales=PATH`` for a
-    numbered note naming the file (one number per distinct file)."""
-    labels, files = [], {}
-    for _, r in frame.iterrows():
-        scheme = parse_scheme(r["scheme"])
-        if scheme.is_identity:
-            dtype = r.get("dtype")
-            labels.append(f"baseline ({dtype})" if isinstance(dtype, str) and dtype else "baseline")
-        elif scheme.static_path:
-            n = files.setdefault(scheme.static_path, len(files) + 1)
-            short = str(scheme).replace(f"+scales={scheme.static_path}", "")
-            head, _, options = short.partition("+")
-            labels.append(f"{head}[{n}]" + (f"+{options}" if options else ""))
-        else:
-            labels.append(str(scheme))
-    return labels, [f"[{n}] static scales from {path}" for path, n in files.items()]
+    numbered note naming the file (one number per distinct file of the store)."""
+    style = SchemeStyle.of_frame(frame)
+    labels = [style.label(r["scheme"], r.get("model"), r.get("dtype")) for _, r in frame.iterrows()]
+    return labels, style.notes(frame["scheme"])
 
 
-def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Strings for people, with the columns the store has data for."""
-    lm_tasks = list(dict.fromkeys(c.rsplit("/", 1)[0] for c in frame.columns if "/" in c and not c.endswith(("_lo", "_hi"))))
+def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Strings for people, with the columns the store has data for (optional groups of
+    :data:`COLUMN_GROUPS` only when asked for in ``columns``)."""
     labels, _ = scheme_labels(frame)
     out = []
     for (_, r), label in zip(frame.iterrows(), labels):
@@ -158,21 +124,7 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
         base = r["scheme"] == str(Scheme())
         d = {"model": r["model"], "scheme": label, "bytes/token": _bytes(r.get("bytes_per_token")),
              "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x"}
-        if "ppl" in r:
-            d["ppl"] = _num(r.get("ppl"), ".2f")
-            d["Δppl [95% CI]"] = "baseline" if base else _ci(r, "ppl_delta_rel", 100, unit="%")
-            d["KL (nats)"] = "" if base else _num(r.get("kl_mean"), ".3g")
-            d["top-1 %"] = "" if base else _num(100 * r["top1_agreement"] if not pd.isna(r.get("top1_agreement", math.nan)) else math.nan, ".1f")
-        if DECODE_LAST in r:
-            d["decode KL (last bucket)"] = "" if base else _ci(r, DECODE_LAST, 1, ".3g")
-        if "retrieval_acc" in r:
-            d["retrieval % [95% CI]"] = _ci(r, "retrieval_acc", 100, ".1f")
-        for task in lm_tasks:
-            score = next((s for s in LMEVAL_SCORES if f"{task}/{s}" in r and not pd.isna(r[f"{task}/{s}"])), None)
-            if score:
-                d[f"{task} {score}"] = _ci(r, f"{task}/{score}", 1, ".2f" if score.endswith("perplexity") else ".3f")
-            if f"{task}/flip_rate" in r:
-                d[f"{task} flips %"] = "" if base else _num(100 * r[f"{task}/flip_rate"] if not pd.isna(r[f"{task}/flip_rate"]) else math.nan, ".1f")
+        d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
         out.append(d)
     table = pd.DataFrame(out).fillna("")
     if table["model"].nunique() == 1:
@@ -205,12 +157,13 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
     if dtypes:
         notes.append(f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
                      "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it")
-    if f"{DECODE_LAST}_bucket" in frame:
-        buckets = sorted(set(frame[f"{DECODE_LAST}_bucket"].dropna()), key=_bucket_start)
-        if buckets:
-            notes.append(f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
-                         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
-                         "95 % bootstrap interval over sequences")
+    notes += report_evals.notes(frame)  # each evaluation's own notes
+    if any(str(c).endswith(" flips %") for c in table.columns):
+        notes.append("flips %: lm-eval items whose answer changed against the baseline's, in any direction: right to wrong, "
+                     "wrong to right, or one wrong answer to another (so it can exceed the first two together)")
+    if any(title in table.columns for title in KL_QUANTILES.values()):
+        notes.append("KL p50 / p99 / p99.9 / max: median, 99th and 99.9th percentiles and maximum of the per-token "
+                     "KL(baseline || scheme) over all scored perplexity tokens (nats)")
     constant = constant_columns(table)
     if constant:
         notes.append("the same on every row, so they do not separate the schemes: "
@@ -251,13 +204,13 @@ def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality agai
     return "\n".join(lines) + "\n"
 
 
-def format_table(frame: pd.DataFrame, fmt: str = "md") -> str:
+def format_table(frame: pd.DataFrame, fmt: str = "md", columns: tuple[str, ...] = ()) -> str:
     """The table as Markdown or LaTeX with its notes under it, or CSV (raw numbers, no notes)."""
     if fmt == "csv":
         return frame.to_csv(index=False)
     if fmt not in ("md", "latex"):
         raise EvalkitError(f"unknown table format {fmt!r}: use md, latex or csv")
-    table = display_frame(frame)
+    table = display_frame(frame, columns)
     notes = table_notes(frame, table)
     if fmt == "latex":
         return to_latex(table, notes=notes)

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 
 from evalkit.errors import SchemeError
-from evalkit.kv.memory import bytes_per_token, bytes_per_token_at, memory_summary, model_cache_bytes
+from evalkit.kv.memory import bytes_per_token, bytes_per_token_at, model_cache_bytes
 from evalkit.models.info import kv_layout
 from evalkit.models.presets import PRESETS, config_namespace
 from evalkit.kv.scheme import parse_scheme as P
@@ -145,10 +145,11 @@ def test_skipped_layers_are_bf16_without_scales():
     assert got == 10 * (2 * per_tok_bf16 + 2 * per_tok_fp8)
 
 
-def test_memory_summary_ratio():
-    s = memory_summary(preset_layout("kimi-k2"), P("fp8_e4m3/tensor/dynamic"), context=4096)
-    assert s["kv_bytes_per_token"] == 35_136 and s["kv_bytes_ratio"] == 0.5
-    assert s["capacity_multiplier"] == pytest.approx(70_272 * 4096 / (35_136 * 4096 + 61 * 2 * 4))
+def test_per_tensor_scales_are_a_per_sequence_constant():
+    """Kimi K2 FP8 with per-tensor scales: 35,136 B per token plus one float32 scale per cached tensor and layer."""
+    layout, scheme = preset_layout("kimi-k2"), P("fp8_e4m3/tensor/dynamic")
+    assert model_cache_bytes(layout, scheme, 4096) == 35_136 * 4096 + 61 * 2 * 4
+    assert model_cache_bytes(layout, P("bf16"), 4096) == 70_272 * 4096
 
 
 def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():

@@ -117,6 +117,27 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", ["kimi-k2", "Kimi-K2", "moonshotai/Kimi-K2-Instruct", "Kimi-K2-Instruct"])
+def test_one_preset_lookup_for_capacity_and_the_dry_run(name):
+    """--preset and the sweep's dry run find presets by one rule (key or hub id, suffix ignored)."""
+    from evalkit.models.facts import model_facts
+    from evalkit.models.presets import find_preset
+
+    assert find_preset(name)[0] == "kimi-k2" and get_preset(name) is PRESETS["kimi-k2"]
+    if "/" in name:
+        facts = model_facts(name)
+        assert facts.source.startswith("evalkit preset kimi-k2") and facts.download_bytes == int(1.04e12 * 1.0)
+
+
+def test_one_dtype_table_for_weights_and_downloads():
+    from evalkit.models.presets import DTYPE_BYTES, weights_bytes
+
+    assert weights_bytes(8e9, "bf16") == weights_bytes(8e9, "bfloat16") == 16 * 10**9
+    assert DTYPE_BYTES["fp8"] == 1 and DTYPE_BYTES["int4"] == 0.5
+    with pytest.raises(EvalkitError, match="unknown weights dtype 'fp6'"):
+        weights_bytes(1e9, "fp6")
+
+
 def test_list_presets(capsys):
     code, out, _ = run_cli(capsys, "capacity", "--list-presets")
     assert code == 0 and all(name in out for name in PRESETS)

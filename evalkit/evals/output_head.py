@@ -1,36 +1,27 @@
-"""Next-token distributions shared by the evaluations that score them (perplexity, decode).
+"""What the evaluations that score next-token distributions (perplexity, decode) share: the output
+head, the stored-weight scale, and the baseline cache folders.
 
 Output head. :class:`OutputHead` applies the model's output layer (plus gemma-style final-logit
 soft-capping) to final hidden states, so an evaluation runs the backbone once and computes logits
-only for the rows it scores, a chunk at a time: no (positions x vocabulary) float tensor exists
-for long inputs. It is checked once against the model's own logits, so a head evalkit does not
-reproduce is refused rather than mis-scored.
+only for the rows it scores, a chunk at a time (``CHUNK_ELEMENTS`` logits): no (positions x
+vocabulary) float tensor exists for long inputs. It is checked once against the model's own
+logits, so a head evalkit does not reproduce is refused rather than mis-scored.
 
-Stored baseline (as llama.cpp's ``--kl-divergence-base``: the full baseline distribution in 16
-bits). KL(P || Q) needs the baseline's whole distribution P at every scored position; recomputing
-it per scheme costs a second forward and top-k storage is not exact. The baseline pass stores per
-position the float16 weights ``w = fp16(P * 2^15)`` (relative precision 2^-11, normal range down
-to P = 2e-9) and two float32 numbers, ``t = sum_v w_v log P_v`` and ``z = sum_v w_v``
-(:func:`baseline_summary`). A scheme's KL is then
+Stored probabilities. A baseline keeps probabilities as float16 weights ``w = fp16(P * P_SCALE)``
+(relative precision 2^-11, normal range down to P = 2e-9) and scores a scheme with one fused dot
+product per row (:func:`rowdot`) against its log-probs; what is stored per position (the 2 KB
+summary: top tokens, tail mass, tail samples) and the KL estimate and bound built from it are
+:mod:`evalkit.evals.kl_topk`'s.
 
-    KL = (t - sum_v w_v log Q_v) / z                                  (:func:`kl_stored`)
-
-one fused dot product with the scheme's log-softmax, which the NLL needs anyway. This equals
-KL(P'||Q) - KL(P'||P) for the renormalized stored distribution P' = w / z (KL(P'||P) ~ 1e-8): the
-exact KL up to zero-mean rounding noise of ~1e-3 of each token's KL, exactly 0 for an identity
-scheme (the same dot product on the same numbers), clamped at 0 per token against float32
-summation noise (~1e-6 nats: the floor below which a scheme's KL is not resolved). Disk: 2 bytes
-x vocabulary per scored position, checked against free space (:func:`check_free_space`) before
-anything is written.
-
-Baseline folders are written to a temporary sibling and renamed into place (:func:`publish`), with
-their completion marker (``meta.json``) written last, so an interrupted run never leaves a folder
-that looks complete; :func:`weights_fingerprint` goes into their cache keys.
+Baseline folders. Their size is checked against free space before anything is written
+(:func:`check_free_space`, with the headroom of :func:`fits`); they are built in a temporary
+sibling (:func:`temp_dir`) and renamed into place (:func:`publish`) with their completion marker
+(``meta.json``) written last, so an interrupted run never leaves a folder that looks complete.
+Their cache keys hold the model's :func:`evalkit.models.info.weights_fingerprint`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -41,7 +32,7 @@ from evalkit.errors import EvalkitError
 from evalkit.units import format_bytes
 
 P_SCALE = 2.0**15  # stored weights are fp16(P * P_SCALE): normal range down to P = 2e-9
-CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MB of float32
+CHUNK_ELEMENTS = 8 * 2**20  # logits per chunk: 32 MiB of float32
 
 
 class OutputHead:
@@ -73,29 +64,6 @@ class OutputHead:
 def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-row dot product of two (rows, vocab) tensors, fused (no (rows, vocab) temporary)."""
     return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
-
-
-def baseline_summary(lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the baseline stores per position: fp16 weights w, t = w . log P and z = sum w."""
-    w = (lp.exp() * P_SCALE).half()
-    wf = w.float()
-    return w, rowdot(wf, lp), wf.sum(-1)
-
-
-def kl_stored(w: torch.Tensor, t: torch.Tensor, z: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
-    """Per-row KL(P || Q) from the stored baseline (w, t, z) and the scheme's log-probs ``lq``."""
-    return ((t - rowdot(w.float(), lq)) / z).clamp_min_(0)
-
-
-def weights_fingerprint(model) -> str:
-    """Cheap hash of every parameter's name, shape, dtype and first/last 64 values."""
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            flat = t.detach().reshape(-1)
-            h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 def fits(need: float, free: int) -> bool:

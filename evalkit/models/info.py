@@ -2,7 +2,8 @@
 which layers use a sliding window, and whether attention is multi-head latent attention (MLA).
 
 Everything is read from the config, so the same code answers for a loaded model, a local
-config.json and a capacity-planning preset.
+config.json and a capacity-planning preset. Two fingerprints key the evaluations' baseline caches:
+:func:`config_hash` (the config) and :func:`weights_fingerprint` (the weights themselves).
 """
 
 from __future__ import annotations
@@ -95,3 +96,22 @@ def config_hash(config) -> str:
         cfg.pop(volatile, None)
     blob = json.dumps(cfg, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def hash_weights(h, model) -> None:
+    """Feed ``h`` (a hashlib object) every parameter's name, shape, dtype and first/last 64 values:
+    a cheap fingerprint of the weights themselves, for baseline-cache keys."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            flat = t.detach().reshape(-1)
+            h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
+
+
+def weights_fingerprint(model) -> str:
+    """SHA-256 hex of :func:`hash_weights`: the one weight fingerprint of every evaluation's baseline cache."""
+    h = hashlib.sha256()
+    hash_weights(h, model)
+    return h.hexdigest()

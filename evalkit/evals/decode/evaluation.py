@@ -72,7 +72,8 @@ import torch
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
-from evalkit.evals.output_head import OutputHead, check_free_space, publish, temp_dir, weights_fingerprint
+from evalkit.evals.output_head import OutputHead, check_free_space, publish, temp_dir
+from evalkit.models.info import weights_fingerprint
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
 from evalkit.evals.stats import paired_bootstrap_ci

@@ -167,12 +167,10 @@ class LmEvalEval(Evaluation):
         import transformers
 
         from evalkit.evals.lmeval.adapter import include_paths, lm_eval_version
+        from evalkit.models.info import hash_weights
 
         h = hashlib.sha256()
-        for name, prm in lm.model.named_parameters():  # a cheap fingerprint of the weights themselves
-            flat = prm.detach().reshape(-1)
-            h.update(f"{name}{tuple(prm.shape)}{prm.dtype}".encode())
-            h.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
+        hash_weights(h, lm.model)  # the weights themselves: the same bytes as every evaluation's fingerprint
         for folder in include_paths(tuple(self.params["include"])):
             for f in sorted(Path(folder).rglob("*")):
                 if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():

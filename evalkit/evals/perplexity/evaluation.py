@@ -62,7 +62,7 @@ from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, publish, temp_dir
-from evalkit.evals.output_head import weights_fingerprint as _weights_fingerprint
+from evalkit.models.info import weights_fingerprint
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
@@ -211,7 +211,7 @@ class PerplexityEval(Evaluation):
         """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
         model, tok = lm.model, lm.tokenizer
         self.head = OutputHead(model, "perplexity")
-        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=_weights_fingerprint(model),
+        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=weights_fingerprint(model),
                    dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=self.corpus.sha256,
                    tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
         self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]

@@ -142,9 +142,10 @@ class RetrievalEval(Evaluation):
         import torch
         import transformers
 
+        from evalkit.models.info import weights_fingerprint
+
         first = next(lm.model.parameters())
-        fp = float(sum(prm.detach().double().sum() for prm in list(lm.model.parameters())[:4]))
-        key = json.dumps([FORMAT_VERSION, lm.config_hash, fp, str(first.dtype), str(first.device),
+        key = json.dumps([FORMAT_VERSION, lm.config_hash, weights_fingerprint(lm.model), str(first.dtype), str(first.device),
                           torch.__version__, transformers.__version__])
         return self.workdir / "retrieval" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
 

@@ -1,4 +1,5 @@
-"""Where evalkit's data folders are: ``tasks/``, ``sweeps/`` and ``calibration/``.
+"""Where evalkit's data folders are: ``tasks/``, ``sweeps/`` and ``calibration/`` (and, for the
+notebooks, the committed results store: :func:`results_folder`).
 
 They sit at the top of the repository, where users look for them, and ship inside the wheel as
 ``evalkit/_data/<kind>`` (``setup.py`` maps the folders into the package). Running from a source
@@ -36,6 +37,28 @@ def resource_dir(kind: str) -> Path:
         raise EvalkitError(f"evalkit's {kind}/ folder is missing from {packaged}: reinstall evalkit "
                            "(pip install --force-reinstall --no-deps evalkit, or pip install . from a checkout)")
     return packaged
+
+
+def results_folder(path: str | Path) -> Path:
+    """A results folder by the path a notebook names (``published/default``), wherever it runs.
+
+    A notebook's kernel starts in the notebook's own folder, a script in the caller's: a relative
+    path is looked up in the current folder first, then at the top of the source checkout this
+    package runs from, then among the packaged data (``evalkit/_data/...``), so the committed store
+    opens from the repository root, from ``notebooks/`` or from anywhere else. Absolute (or ``~``)
+    paths are taken as they are.
+    """
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.is_dir():
+        return p.resolve() if p.is_dir() else p
+    root = source_root()
+    candidates = ([root / p] if root is not None else []) + [_PACKAGE / "_data" / p]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    where = " nor ".join(str(c.parent) for c in [Path.cwd() / p, *candidates[:1]])
+    raise EvalkitError(f"results folder {path} is in neither {where}: give its absolute path, "
+                       "or write one with `python -m evalkit sweep --out DIR`")
 
 
 def resolve_calibration_file(path: str) -> Path:

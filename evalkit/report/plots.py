@@ -24,11 +24,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.lines  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from evalkit.report.results import Results  # noqa: E402
+from evalkit.report.style import SchemeStyle, add_footnote, metric_label, metric_scale, wrap  # noqa: E402
 from evalkit.kv.scheme import Scheme  # noqa: E402
 
 
@@ -42,9 +44,46 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     if fig.get_layout_engine() is None:
         fig.tight_layout()
     for p in paths:
-        fig.savefig(p, dpi=150)
+        fig.savefig(p, dpi=150, bbox_inches="tight", pad_inches=0.08)  # nothing outside the canvas is cut
     plt.close(fig)
     return paths
+
+
+MAX_BANDS = 6  # more interval bands than this blur into one another: drawn only when asked
+
+
+def _write(figs: dict, out_dir: str | Path) -> list[Path]:
+    paths = []
+    for name, fig in figs.items():
+        paths += _save(fig, Path(out_dir), name)
+    return paths
+
+
+def _style(results: Results, style: SchemeStyle | None) -> SchemeStyle:
+    return style if style is not None else SchemeStyle.of_store(results)
+
+
+def _ordered(style: SchemeStyle, schemes) -> list[str]:
+    """``schemes`` in the style's order (baseline, then format, granularity, scale source), so every
+    figure lists them alike."""
+    have = set(schemes)
+    return [s for s in style.schemes if s in have] + sorted(have - set(style.schemes))
+
+
+def _bands(bands: bool | None, n_series: int) -> bool:
+    return n_series <= MAX_BANDS if bands is None else bool(bands)
+
+
+def _band_note(drawn: bool, n_series: int, where: str) -> list[str]:
+    if drawn:
+        return ["bands: 95 % bootstrap intervals"]
+    return [f"95 % intervals not drawn ({n_series} series would blur together; {where} draws them with bands=True)"]
+
+
+def _legend_outside(fig, handles, labels, title: str, ncols: int = 1):
+    """The figure's one legend, right of the panels (constrained layout makes room for it)."""
+    return fig.legend(handles, labels, loc="outside right center", fontsize=7, ncols=ncols, title=title,
+                      title_fontsize=6.5, frameon=False, alignment="left")
 
 
 def frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -76,46 +115,49 @@ def spread_labels(ys: list[float], gap: float, low: float = 0.0, high: float = 1
     return out
 
 
-def pareto(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+def pareto(frame: pd.DataFrame, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
     """``frame``: :func:`evalkit.report.tables.summary_frame` output; see :func:`pareto_figure`."""
-    fig = pareto_figure(frame)
+    fig = pareto_figure(frame, style)
     return [] if fig is None else _save(fig, Path(out_dir), "pareto")
 
 
-def pareto_figure(frame: pd.DataFrame):
+def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
     """The Pareto figure of a summary frame (None when it has nothing to draw).
 
     One panel per model: the quantized schemes (the baseline is the origin: nothing saved, nothing
-    lost) coloured by format, the frontier joined by a line. Labels sit in a column right of the
-    panel, each level with its point where there is room, joined to it by a thin line, so they
+    lost), each in its own shade of its format's hue and with its granularity's marker
+    (:mod:`evalkit.report.style`), the frontier joined by a line. Labels sit in a column right of
+    the panel, each level with its point where there is room, joined to it by a thin line, so they
     never overlap; the x range is the schemes' own (they often differ by a fraction of a percent).
-    Static schemes carry their short name (``.../static[1]``) and the scale files are named below."""
-    from evalkit.report.tables import scheme_labels
-
+    The legend (formats, frontier) sits under the panels, off the data. Static schemes carry their
+    short name (``.../static[1]``) and the scale files are named below."""
+    style = style if style is not None else SchemeStyle.of_frame(frame)
     df = frame.copy()
     use_ppl = "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any()
     metric = "ppl_delta_rel" if use_ppl else "kl_mean"
     if metric not in df or "capacity_x" not in df:
         return None
-    df["label"], notes = scheme_labels(df)
+    df["label"] = [style.label(s, m) for s, m in zip(df["scheme"], df["model"])]
     df = df[df[metric].notna() & df["capacity_x"].notna() & (df["scheme"] != str(Scheme()))]
     if df.empty:
         return None
+    notes = style.notes(df["scheme"])
     df["saved"] = 100 * (1 - 1 / df["capacity_x"])
     df["loss"] = df[metric].abs() * (100 if use_ppl else 1)
-    df["format"] = df["scheme"].str.split("/").str[0]
+    df["family"] = [style.scheme(s).format for s in df["scheme"]]
     models = list(dict.fromkeys(df["model"]))
     rows = max(df.groupby("model").size())
     height = max(4.8, 1.6 + 0.22 * rows)  # room for one label line per scheme
     fig, axes = plt.subplots(1, len(models), figsize=(9.5 * len(models), height), squeeze=False, layout="constrained")
     fig.get_layout_engine().set(h_pad=0.1, w_pad=0.1)  # inches around the panels: the title keeps a margin
-    colors = dict(zip(dict.fromkeys(df["format"]), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
     for ax, model in zip(axes[0], models):
         g = df[df["model"] == model]
-        for fmt, f in g.groupby("format", sort=False):
-            ax.scatter(f["saved"], f["loss"], color=colors[fmt], zorder=3, s=28, label=fmt)
+        for _, r in g.iterrows():
+            line = style.line(r["scheme"])
+            ax.scatter(r["saved"], r["loss"], color=line.color, marker=line.marker, zorder=3, s=30,
+                       edgecolors="0.2", linewidths=0.4)
         front = frontier(g, "saved", "loss")
-        ax.plot(front["saved"], front["loss"], color="0.25", lw=1.2, ls="--", zorder=2, label="Pareto frontier")
+        ax.plot(front["saved"], front["loss"], color="0.25", lw=1.2, ls="--", zorder=2)
         lo, hi = g["saved"].min(), g["saved"].max()
         pad = max(0.5, 0.08 * (hi - lo))
         ax.set_xlim(lo - pad, hi + pad)
@@ -128,11 +170,15 @@ def pareto_figure(frame: pd.DataFrame):
         ax.set_ylabel("|Δ perplexity| vs baseline (%)" if use_ppl else "mean KL to baseline (nats)")
         ax.set_title(f"{model}: quality loss vs KV memory saved", fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-        _label_column(fig, ax, g)
-    if notes:
-        fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))
-        fig.text(0.01, 0.01, "   ".join(notes), fontsize=7, color="0.3")
+    families = list(dict.fromkeys(f for f in style.families if f in set(df["family"])))
+    handles = [matplotlib.lines.Line2D([], [], ls="", marker="o", color=style.family_color(f)) for f in families]
+    handles.append(matplotlib.lines.Line2D([], [], color="0.25", lw=1.2, ls="--"))
+    title = "colour: element format (one shade per scheme); " + style.legend_title(df["scheme"], lines=False)
+    legend = (handles, [*(style.family_label(f) for f in families), "Pareto frontier"],
+              dict(fontsize=8, title_fontsize=7, title=title))
+    add_footnote(fig, notes, legend=legend)
+    for ax, model in zip(axes[0], models):
+        _label_column(fig, ax, df[df["model"] == model])
     return fig
 
 
@@ -150,135 +196,188 @@ def _label_column(fig, ax, g: pd.DataFrame, fontsize: float = 7.5) -> None:
                     arrowprops=dict(arrowstyle="-", color="0.6", lw=0.6, shrinkA=0, shrinkB=3))
 
 
+def _declaring(results: Results, function: str) -> Results:
+    """The store's rows of the evaluations that declare this module's ``function`` among their plots
+    (what the report's dispatch hands it), for a direct call on a whole store."""
+    from evalkit.report.evals import declaring
+
+    return declaring(results, f"{__name__}:{function}")
+
+
 def _bucket_start(text: str) -> float:
     m = re.match(r"\s*(\d+)", str(text))
     return float(m.group(1)) if m else math.nan
 
 
-def positions(results: Results, out_dir: str | Path) -> list[Path]:
+def positions(results: Results, out_dir: str | Path, style: SchemeStyle | None = None,
+              bands: bool | None = None) -> list[Path]:
+    """Δppl % and mean KL per token-position bucket, one line per quantized scheme, two panels per
+    model. ``bands``: draw the 95 % intervals (default: only when at most :data:`MAX_BANDS` series)."""
+    return _write(positions_figures(_declaring(results, "positions_figures"), style, bands), out_dir)
+
+
+def positions_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
+    """name -> figure of :func:`positions`."""
     df = results.rows
-    df = df[(df["eval"] == "perplexity") & df["labels"].map(lambda d: "bucket" in d) & df["metric"].isin(["ppl_delta_rel", "kl_mean"])]
+    df = df[df["labels"].map(lambda d: "bucket" in d) & df["metric"].isin(["ppl_delta_rel", "kl_mean"])]  # perplexity's rows
     df = df[df["scheme"] != str(Scheme())]
     if df.empty:
-        return []
+        return {}
+    style = _style(results, style)
     df = df.assign(bucket=df["labels"].map(lambda d: d["bucket"]))
     df = df.assign(start=df["bucket"].map(_bucket_start))
-    paths = []
+    figures = {}
     for model, g in df.groupby("model", sort=False):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        for ax, metric, scale, label in ((axes[0], "ppl_delta_rel", 100, "Δ perplexity (%)"), (axes[1], "kl_mean", 1, "mean KL (nats)")):
-            for scheme, s in g[g["metric"] == metric].groupby("scheme", sort=False):
-                s = s.sort_values("start")
-                x = np.arange(len(s))
-                ax.plot(x, s["value"] * scale, marker="o", label=scheme)
-                if s["ci_low"].notna().all():
-                    ax.fill_between(x, s["ci_low"] * scale, s["ci_high"] * scale, alpha=0.15)
-                ax.set_xticks(x, s["bucket"], rotation=30, fontsize=8)
-            ax.set_xlabel("token position in the window")
-            ax.set_ylabel(label)
+        schemes = _ordered(style, g["scheme"])
+        drawn = _bands(bands, len(schemes))
+        buckets = sorted(set(g["bucket"]), key=_bucket_start)
+        where = {b: i for i, b in enumerate(buckets)}
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+        for ax, metric in zip(axes, ("ppl_delta_rel", "kl_mean")):
+            scale = metric_scale(metric)
+            for scheme in schemes:
+                s = g[(g["metric"] == metric) & (g["scheme"] == scheme)].sort_values("start")
+                if s.empty:
+                    continue
+                x = s["bucket"].map(where).to_numpy()
+                line = style.line(scheme, model)
+                ax.plot(x, s["value"] * scale, ms=4, lw=1.4, **line.kw())
+                if drawn and s["ci_low"].notna().all():
+                    ax.fill_between(x, s["ci_low"] * scale, s["ci_high"] * scale, color=line.color, alpha=0.12, lw=0)
+            ax.set_xticks(range(len(buckets)), buckets, fontsize=8)
+            ax.margins(x=0.06)
+            ax.set_xlabel("token position in the window (bucket)")
+            ax.set_ylabel(metric_label(metric))
             ax.grid(alpha=0.3)
         axes[0].axhline(0, color="k", lw=0.8)
-        axes[1].legend(fontsize=7)
-        fig.suptitle(f"{model}: degradation by position")
-        paths += _save(fig, Path(out_dir), f"positions_{_slug(model)}")
-    return paths
+        handles, labels = axes[0].get_legend_handles_labels()
+        _legend_outside(fig, handles, labels, style.legend_title(schemes))
+        fig.suptitle(f"{model}: degradation by token position", fontsize=11)
+        add_footnote(fig, style.notes(schemes) + _band_note(drawn, len(schemes), "plots.positions"))
+        figures[f"positions_{_slug(model)}"] = fig
+    return figures
 
 
-def decode(results: Results, out_dir: str | Path) -> list[Path]:
+def decode(results: Results, out_dir: str | Path, style: SchemeStyle | None = None, bands: bool | None = None) -> list[Path]:
     """Decode KL per position bucket, one line per quantized scheme (x: the bucket's middle position,
-    y: mean KL on a log axis, band: the 95 % interval); one figure per model. Buckets whose KL is not
-    above zero cannot sit on a log axis and are left out."""
-    from evalkit.report.tables import scheme_labels
+    y: mean KL on a log axis); one figure per model. ``bands``: the 95 % intervals (default: only when
+    at most :data:`MAX_BANDS` series). Buckets whose KL is not above zero cannot sit on a log axis
+    and are left out."""
+    return _write(decode_figures(_declaring(results, "decode_figures"), style, bands), out_dir)
 
+
+def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
+    """name -> figure of :func:`decode`."""
     df = results.rows
-    df = df[(df["eval"] == "decode") & (df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]
+    df = df[(df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]  # decode's rows
     df = df[(df["scheme"] != str(Scheme())) & (df["value"] > 0)]
     if df.empty:
-        return []
+        return {}
+    style = _style(results, style)
     bounds = df["labels"].map(lambda d: [float(v) for v in re.findall(r"\d+", d["bucket"])[:2]])
     df = df.assign(mid=bounds.map(lambda b: (b[0] + b[-1]) / 2))
-    paths = []
+    figures = {}
     for model, g in df.groupby("model", sort=False):
-        schemes = list(dict.fromkeys(g["scheme"]))
-        labels = dict(zip(schemes, scheme_labels(pd.DataFrame({"scheme": schemes}))[0]))
-        colors = plt.get_cmap("tab20" if len(schemes) > 10 else "tab10").colors
+        schemes = _ordered(style, g["scheme"])
+        drawn = _bands(bands, len(schemes))
         fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
-        for i, scheme in enumerate(schemes):
+        for scheme in schemes:
             s = g[g["scheme"] == scheme].sort_values("mid")
-            style = ":" if "/static" in scheme else "--" if "/unit" in scheme else "-"
-            color = colors[i % len(colors)]
-            ax.plot(s["mid"], s["value"], marker="o", ms=3, ls=style, color=color, label=labels[scheme])
+            line = style.line(scheme, model)
+            ax.plot(s["mid"], s["value"], ms=4, lw=1.4, **line.kw())
             band = s[s["ci_low"].notna() & (s["ci_low"] > 0)]
-            if len(band) > 1:
-                ax.fill_between(band["mid"], band["ci_low"], band["ci_high"], color=color, alpha=0.12, lw=0)
+            if drawn and len(band) > 1:
+                ax.fill_between(band["mid"], band["ci_low"], band["ci_high"], color=line.color, alpha=0.12, lw=0)
         ax.set_yscale("log")
         ax.set_xlabel("position of the generated token (middle of its bucket)")
-        ax.set_ylabel("mean KL(baseline || scheme), nats")
+        ax.set_ylabel("mean KL(baseline || scheme), nats/token")
         ax.set_title(f"{model}: decode-time KL by position (teacher-forced through the stored KV cache)", fontsize=11)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="scheme (-- unit, : static)",
-                  title_fontsize=7)
-        paths += _save(fig, Path(out_dir), f"decode_kl_{_slug(model)}")
-    return paths
+        handles, labels = ax.get_legend_handles_labels()
+        _legend_outside(fig, handles, labels, style.legend_title(schemes))
+        add_footnote(fig, style.notes(schemes) + _band_note(drawn, len(schemes), "plots.decode"))
+        figures[f"decode_kl_{_slug(model)}"] = fig
+    return figures
 
 
-def retrieval(results: Results, out_dir: str | Path) -> list[Path]:
+def retrieval(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
+    """Accuracy heatmaps (needle depth x context length), one figure per model and task, one panel
+    per scheme on a grid of at most four columns; the title says how many samples each cell holds."""
+    return _write(retrieval_figures(_declaring(results, "retrieval_figures"), style), out_dir)
+
+
+def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dict:
+    """name -> figure of :func:`retrieval`."""
+    from evalkit.evals.retrieval.plots import heatmap_grid, samples_text
+
     df = results.rows
-    df = df[(df["eval"] == "retrieval") & (df["metric"] == "accuracy")
+    df = df[(df["metric"] == "accuracy")  # retrieval's rows
             & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))]
     if df.empty:
-        return []
+        return {}
+    style = _style(results, style)
     df = df.assign(task=df["labels"].map(lambda d: d["task"]), length=df["labels"].map(lambda d: int(d["length"])),
-                   depth=df["labels"].map(lambda d: float(d["depth"])))
-    paths = []
+                   depth=df["labels"].map(lambda d: float(d["depth"])),
+                   n=df["info"].map(lambda d: (d or {}).get("n", math.nan)))
+    figures = {}
     for (model, task), g in df.groupby(["model", "task"], sort=False):
-        schemes = list(dict.fromkeys(g["scheme"]))
-        fig, axes = plt.subplots(1, len(schemes), figsize=(3.0 * len(schemes) + 1.5, 3.6), squeeze=False, sharey=True,
-                                 layout="constrained")
-        for ax, scheme in zip(axes[0], schemes):
-            grid = g[g["scheme"] == scheme].pivot_table(index="depth", columns="length", values="value", aggfunc="mean")
-            im = ax.imshow(grid.values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
-            ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize=7)
-            ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
-            for (i, j), v in np.ndenumerate(grid.values):
-                if not np.isnan(v):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
-            ax.set_title(scheme, fontsize=8)
-            ax.set_xlabel("context length")
-            ax.label_outer()
-        axes[0][0].set_ylabel("needle depth")
-        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-        fig.suptitle(f"{model}: {task}")
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        name = f"retrieval_{_slug(model)}_{_slug(task)}"
-        for p in (out_dir / f"{name}.png", out_dir / f"{name}.svg"):
-            fig.savefig(p, dpi=150)
-            paths.append(p)
-        plt.close(fig)
-    return paths
+        schemes = _ordered(style, g["scheme"])
+        panels = {wrap(style.label(s, model), 26): g[g["scheme"] == s] for s in schemes}
+        fig = heatmap_grid(panels, f"{model}: {task} retrieval accuracy by needle depth and context length",
+                           subtitle=samples_text(g["n"]))
+        add_footnote(fig, style.notes(schemes))
+        figures[f"retrieval_{_slug(model)}_{_slug(task)}"] = fig
+    return figures
 
 
-def sensitivity(results: Results, out_dir: str | Path) -> list[Path]:
+def sensitivity(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
+    """Per-layer sensitivity: any metric with a ``labels.layer``, one line per scheme, one figure per
+    model and metric (y: the metric's readable name, % for relative perplexity changes)."""
+    return _write(sensitivity_figures(results, style), out_dir)
+
+
+def sensitivity_figures(results: Results, style: SchemeStyle | None = None) -> dict:
+    """name -> figure of :func:`sensitivity`."""
     df = results.rows[results.rows["labels"].map(lambda d: "layer" in d)]
     if df.empty:
-        return []
+        return {}
+    style = _style(results, style)
     df = df.assign(layer=df["labels"].map(lambda d: int(d["layer"])))
-    paths = []
+    figures = {}
     for (model, metric), g in df.groupby(["model", "metric"], sort=False):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for scheme, s in g.groupby("scheme", sort=False):
-            s = s.sort_values("layer")
-            ax.plot(s["layer"], s["value"], marker="o", ms=3, label=scheme)
+        schemes = _ordered(style, g["scheme"])
+        scale = metric_scale(metric)
+        fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+        for scheme in schemes:
+            s = g[g["scheme"] == scheme].sort_values("layer")
+            ax.plot(s["layer"], s["value"] * scale, ms=3.5, lw=1.3, **style.line(scheme, model).kw())
         ax.set_xlabel("layer")
-        ax.set_ylabel(metric)
-        ax.set_title(f"{model}: per-layer sensitivity ({metric}, one layer quantized at a time)")
+        ax.set_ylabel(metric_label(metric), fontsize=9)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_title(f"{model}: per-layer sensitivity", fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths += _save(fig, Path(out_dir), f"sensitivity_{_slug(model)}_{_slug(metric)}")
-    return paths
+        handles, labels = ax.get_legend_handles_labels()
+        _legend_outside(fig, handles, labels, style.legend_title(schemes))
+        add_footnote(fig, style.notes(schemes))
+        figures[f"sensitivity_{_slug(model)}_{_slug(metric)}"] = fig
+    return figures
 
 
-def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    return (pareto(frame, out_dir) + positions(results, out_dir) + decode(results, out_dir) + retrieval(results, out_dir)
-            + sensitivity(results, out_dir))
+def figures(results: Results, frame: pd.DataFrame, bands: bool | None = None) -> dict:
+    """name -> figure, every figure of a store, all with one :class:`SchemeStyle`: a scheme has the
+    same label, colour and line in each of them and in the table. The caller closes them
+    (:func:`all_plots` saves and closes)."""
+    style = SchemeStyle.of_store(results)
+    out = {}
+    fig = pareto_figure(frame, style)
+    if fig is not None:
+        out["pareto"] = fig
+    from evalkit.report.evals import figures as eval_figures  # each evaluation's declared plots, on its own rows
+
+    return {**out, **eval_figures(results, style=style, bands=bands), **sensitivity_figures(results, style)}
+
+
+def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path, bands: bool | None = None) -> list[Path]:
+    """Every figure of :func:`figures`, saved as PNG and SVG under ``out_dir``."""
+    return _write(figures(results, frame, bands), out_dir)
+

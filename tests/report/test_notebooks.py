@@ -1,6 +1,8 @@
 """The notebooks execute headless (nbclient) on a results store, reading only the store.
 
-Three stores: the SYNTHETIC one of test_report (every view has data: positions, retrieval,
+Every notebook runs from the repository root and from ``notebooks/`` (a relative STORE resolves
+through :func:`evalkit.data.resources.results_folder`, not the kernel's folder). Three stores: the
+SYNTHETIC one of test_report (every view has data: positions, retrieval,
 sensitivity, lm-eval), a real one written by `evalkit sweep` on the tiny random llama, and the
 published default sweep (``published/default``). The notebooks are committed executed against
 the published store, so a reader sees the analysis without running anything; re-executing them
@@ -20,13 +22,15 @@ NOTEBOOKS = ROOT / "notebooks"
 pytestmark = pytest.mark.slow
 
 
-def execute(name: str, **params) -> nbformat.NotebookNode:
+def execute(name: str, cwd: Path = ROOT, **params) -> nbformat.NotebookNode:
+    """Run a notebook headless with its kernel started in ``cwd``: the repository root, or
+    ``notebooks/`` (where `jupyter nbconvert --execute` and Jupyter itself start it)."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     cell.source += "\n# injected by the test\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 
 
@@ -56,13 +60,48 @@ def text_outputs(nb) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["analysis.ipynb", "capacity.ipynb"])
-def test_committed_notebooks_reproduce_on_the_published_store(name):
+NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+
+
+def test_every_notebook_is_tested():
+    assert NAMES == ["analysis.ipynb", "capacity.ipynb"]
+
+
+@pytest.mark.parametrize("where", ["root", "notebooks"])
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_notebooks_reproduce_on_the_published_store(name, where):
+    """From the repository root and from notebooks/ (the kernel's folder under `jupyter nbconvert
+    --execute notebooks/X.ipynb`, which used to fail: 'results folder published/default does not
+    exist'), the default STORE opens and the text outputs are the committed ones."""
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(c.get("execution_count") for c in committed.cells if c.cell_type == "code"), "commit the notebook executed"
     assert any("parameters" in c.metadata.get("tags", []) for c in committed.cells)
-    fresh = execute(name)
+    fresh = execute(name, cwd=ROOT if where == "root" else NOTEBOOKS)
+    assert not [o for c in fresh.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert text_outputs(fresh) == text_outputs(committed)
+
+
+def test_analysis_shows_every_figure_with_the_tables_labels():
+    """The committed analysis notebook shows the table, then the Pareto, positions, decode and two
+    retrieval figures of the published store, drawn with the table's labels (the static schemes'
+    numbers and their notes are the table's)."""
+    committed = nbformat.read(NOTEBOOKS / "analysis.ipynb", as_version=4)
+    assert images(committed) == 5
+    text = text_of(committed)
+    assert "fp8_e4m3/head/static[1]" in text and "[1] static scales from calibration/smollm2-135m-head-amax" in text
+
+
+def test_results_folder_resolves_from_any_folder(tmp_path, monkeypatch):
+    from evalkit.data.resources import results_folder
+    from evalkit.errors import EvalkitError
+
+    for cwd in (ROOT, NOTEBOOKS, tmp_path):
+        monkeypatch.chdir(cwd)
+        assert results_folder("published/default") == ROOT / "published" / "default"
+    (tmp_path / "published" / "default").mkdir(parents=True)  # a folder of the user's own comes first
+    assert results_folder("published/default") == (tmp_path / "published" / "default").resolve()
+    with pytest.raises(EvalkitError, match="results folder published/missing is in neither"):
+        results_folder("published/missing")
 
 
 def test_analysis_on_synthetic_store(tmp_path):

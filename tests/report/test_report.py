@@ -428,7 +428,7 @@ def test_pareto_plot_is_legible(tmp_path):
     renderer = fig.canvas.get_renderer()
     box = fig.bbox
     ax = fig.axes[0]
-    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *fig.texts, *ax.get_legend().get_texts()]
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *fig.texts, *(t for lg in fig.legends for t in lg.get_texts())]
     for t in texts:
         ext = Text.get_window_extent(t, renderer)
         assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, t.get_text()

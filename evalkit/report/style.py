@@ -1,0 +1,240 @@
+"""How a scheme is shown, in one place: its label, the footnote its label points to, its colour and line.
+
+The table (:mod:`.tables`), every figure (:mod:`.plots`) and the notebooks take these from a
+:class:`SchemeStyle` built for the whole store, so a label means the same thing everywhere and a
+figure can never contradict its table:
+
+* **Labels.** The baseline (``bf16``: nothing quantized) reads ``baseline (<dtype>)``, the dtype the
+  model really ran in. A static scheme drops its ``+scales=PATH`` (hundreds of characters) for a
+  number, ``fp8_e4m3/head/static[1]``, and footnote ``[1]`` names the file. Numbers go to the
+  store's scale files in sorted path order, so they do not depend on which rows a view shows.
+* **Colours.** One hue per element format (a colour map: FP8 E4M3 blue, E5M2 orange, FP4 green,
+  ...); each scheme of a format gets its own shade of that hue, so no two schemes share a colour.
+  The line says where the scales come from (solid: dynamic, dashed: unit 1.0, dotted: static) and
+  the marker the granularity (o tensor, s head, D block, v token, ^ group), as :meth:`SchemeStyle.legend_title`
+  tells the reader. The baseline is black.
+
+A style is built from scheme strings only (:meth:`SchemeStyle.of_store`, :meth:`SchemeStyle.of_frame`):
+nothing here reads numbers, so styling never changes what a table or figure reports.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme, parse_scheme
+
+FAMILY_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "PuRd", "Greys")
+FAMILY_ORDER = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "int8", "int4", "fp8_e4m3fnuz", "int8_asym", "int4_asym")
+LINESTYLES = {ScaleSource.DYNAMIC: "-", ScaleSource.UNIT: "--", ScaleSource.STATIC: ":"}
+MARKERS = {GranularityKind.TENSOR: "o", GranularityKind.HEAD: "s", GranularityKind.BLOCK: "D",
+           GranularityKind.TOKEN: "v", GranularityKind.GROUP: "^"}
+BASELINE_COLOR = "black"
+LINE_NAMES = {ScaleSource.DYNAMIC: "— dynamic", ScaleSource.UNIT: "-- unit 1.0", ScaleSource.STATIC: "··· static"}
+MARKER_NAMES = {GranularityKind.TENSOR: "o tensor", GranularityKind.HEAD: "□ head", GranularityKind.BLOCK: "◇ block",
+                GranularityKind.TOKEN: "▽ token", GranularityKind.GROUP: "△ group"}
+SHADES = (0.42, 0.92)  # the part of each sequential map used: light enough to tell apart, dark enough to see
+
+# readable axis labels for the metrics the figures draw (others fall back to the metric name)
+METRIC_LABELS = {
+    "kl_mean": "mean KL to baseline (nats/token)",
+    "ppl_delta_rel": "Δ perplexity vs baseline (%)",
+    "kl_mean_one_layer": "mean KL (nats/token),\nonly this layer quantized",
+    "kl_mean_all_but_one": "mean KL (nats/token),\nall layers but this one quantized",
+    "ppl_delta_rel_one_layer": "Δ perplexity (%),\nonly this layer quantized",
+    "ppl_delta_rel_all_but_one": "Δ perplexity (%),\nall layers but this one quantized",
+}
+PERCENT_METRICS = ("ppl_delta_rel", "ppl_delta_rel_one_layer", "ppl_delta_rel_all_but_one")
+
+
+def metric_label(metric: str) -> str:
+    """The axis label of a metric, e.g. ``kl_mean_one_layer`` -> ``mean KL (nats/token), only this layer quantized``."""
+    return METRIC_LABELS.get(metric, metric.replace("_", " "))
+
+
+def metric_scale(metric: str) -> float:
+    """What a metric's stored value is multiplied by on an axis labelled by :func:`metric_label` (100 for %)."""
+    return 100.0 if metric in PERCENT_METRICS else 1.0
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series' look: what ``ax.plot(..., **line.kw())`` takes."""
+
+    label: str
+    color: tuple | str
+    linestyle: str
+    marker: str
+
+    def kw(self) -> dict:
+        return {"label": self.label, "color": self.color, "linestyle": self.linestyle, "marker": self.marker}
+
+
+def family(scheme: Scheme) -> str:
+    """The colour family of a scheme: its element format (nvfp4 and mxfp4 are both ``fp4_e2m1``)."""
+    return "baseline" if scheme.is_identity else scheme.format
+
+
+def _member_key(scheme: Scheme) -> tuple:
+    kinds = list(GranularityKind)
+    sources = list(ScaleSource)
+    return (kinds.index(scheme.granularity.kind), scheme.granularity.size, sources.index(scheme.scales), str(scheme))
+
+
+class SchemeStyle:
+    """Labels, footnotes, colours and lines for a set of schemes (a store's)."""
+
+    def __init__(self, schemes: Iterable[str], dtypes: Mapping[str, str] | None = None):
+        self.schemes = list(dict.fromkeys(str(s) for s in schemes))
+        self.dtypes = dict(dtypes or {})
+        parsed = {s: parse_scheme(s) for s in self.schemes}
+        self._parsed = parsed
+        paths = sorted({p.static_path for p in parsed.values() if p.static_path})
+        self.files = {path: n for n, path in enumerate(paths, 1)}
+        members: dict[str, list[Scheme]] = {}
+        for p in parsed.values():
+            if not p.is_identity:
+                members.setdefault(family(p), []).append(p)
+        self.families = [f for f in FAMILY_ORDER if f in members] + sorted(set(members) - set(FAMILY_ORDER))
+        self._members = members
+        self._colors: dict[str, tuple] | None = None  # filled on first use: tables need no matplotlib
+
+    def _palette(self) -> dict[str, tuple]:
+        if self._colors is None:
+            import matplotlib
+
+            self._colors = {}
+            lo, hi = SHADES
+            for i, fam in enumerate(self.families):
+                cmap = matplotlib.colormaps[FAMILY_MAPS[i % len(FAMILY_MAPS)]]
+                group = sorted(dict.fromkeys(self._members[fam]), key=_member_key)
+                for k, p in enumerate(group):
+                    shade = (lo + hi) / 2 if len(group) == 1 else hi - (hi - lo) * k / (len(group) - 1)
+                    self._colors[str(p)] = tuple(float(c) for c in cmap(shade))
+                self._colors[f"family:{fam}"] = tuple(float(c) for c in cmap(0.7))
+        return self._colors
+
+    # -- building ---------------------------------------------------------------------------------
+    @classmethod
+    def of_store(cls, results) -> SchemeStyle:
+        """The style of every scheme a loaded store (:class:`evalkit.report.results.Results`) holds."""
+        schemes = sorted(set(results.rows["scheme"]), key=_order_key)
+        dtypes = dict(results.dtypes)
+        return cls(schemes, dtypes)
+
+    @classmethod
+    def of_frame(cls, frame) -> SchemeStyle:
+        """The style of a summary frame: the store's schemes when the frame records them
+        (:func:`evalkit.report.tables.summary_frame` does), else the frame's own."""
+        schemes = list(frame.attrs.get("store_schemes", ())) + list(frame["scheme"])
+        dtypes = {}
+        if "dtype" in frame:
+            dtypes = {m: d for m, d in zip(frame["model"], frame["dtype"]) if isinstance(d, str) and d}
+        return cls(sorted(set(schemes), key=_order_key), dtypes)
+
+    # -- text -------------------------------------------------------------------------------------
+    def scheme(self, text: str) -> Scheme:
+        return self._parsed.get(text) or parse_scheme(text)
+
+    def label(self, text: str, model: str | None = None, dtype: str | None = None) -> str:
+        """The short label of a scheme string (see the module docstring)."""
+        scheme = self.scheme(text)
+        if scheme.is_identity:
+            dtype = dtype or self.dtypes.get(model or "")
+            return f"baseline ({dtype})" if isinstance(dtype, str) and dtype else "baseline"
+        if scheme.static_path:
+            n = self.files.get(scheme.static_path)
+            if n is None:  # a scheme outside the set the style was built for: numbered after it
+                n = self.files[scheme.static_path] = len(self.files) + 1
+            short = str(scheme).replace(f"+scales={scheme.static_path}", "")
+            head, _, options = short.partition("+")
+            return f"{head}[{n}]" + (f"+{options}" if options else "")
+        return str(scheme)
+
+    def notes(self, schemes: Iterable[str] | None = None) -> list[str]:
+        """The footnotes for the numbered labels among ``schemes`` (all the style's by default)."""
+        used = {self.scheme(s).static_path for s in (self.schemes if schemes is None else schemes)}
+        return [f"[{n}] static scales from {path}" for path, n in sorted(self.files.items(), key=lambda kv: kv[1])
+                if path in used]
+
+    # -- colour and line --------------------------------------------------------------------------
+    def color(self, text: str):
+        scheme = self.scheme(text)
+        if scheme.is_identity:
+            return BASELINE_COLOR
+        palette = self._palette()
+        if str(scheme) not in palette:
+            raise KeyError(f"{text} is not one of the schemes this style was built for")
+        return palette[str(scheme)]
+
+    def family_color(self, fam: str):
+        return BASELINE_COLOR if fam == "baseline" else self._palette()[f"family:{fam}"]
+
+    def family_label(self, fam: str) -> str:
+        """A format family as a legend names it: ``fp4_e2m1 (nvfp4, mxfp4)`` when its schemes are named ones."""
+        named = list(dict.fromkeys(p.name for p in self._members.get(fam, []) if p.name))
+        return f"{fam} ({', '.join(named)})" if named else fam
+
+    def legend_title(self, schemes: Iterable[str], lines: bool = True) -> str:
+        """What the line styles and markers of ``schemes`` mean (only those drawn), for a legend's title."""
+        parsed = [self.scheme(s) for s in schemes if not self.scheme(s).is_identity]
+        kinds = [k for k in GranularityKind if any(p.granularity.kind is k for p in parsed)]
+        out = []
+        if lines:
+            sources = [k for k in ScaleSource if any(p.scales is k for p in parsed)]
+            out.append("line: scales (" + ", ".join(LINE_NAMES[k] for k in sources) + ")")
+        out.append("marker: granularity (" + ", ".join(MARKER_NAMES[k] for k in kinds) + ")")
+        return "\n".join(out)
+
+    def line(self, text: str, model: str | None = None) -> Line:
+        scheme = self.scheme(text)
+        return Line(self.label(text, model), self.color(text), LINESTYLES[scheme.scales],
+                    MARKERS.get(scheme.granularity.kind, "o"))
+
+
+def _order_key(text: str) -> tuple:
+    """Baseline first, then by format family, granularity and scale source."""
+    scheme = parse_scheme(text)
+    fam = family(scheme)
+    rank = FAMILY_ORDER.index(fam) if fam in FAMILY_ORDER else len(FAMILY_ORDER)
+    return (not scheme.is_identity, rank, fam, _member_key(scheme))
+
+
+def add_footnote(fig, notes: list[str], fontsize: float = 7.0, width: int = 160, legend=None) -> None:
+    """Notes under a constrained-layout figure, inside it: the panels shrink to leave them room.
+
+    ``legend``: (handles, labels, kwargs) of a figure legend to set in one row above the notes,
+    under the panels (off the data)."""
+    lines = [w for note in notes for w in textwrap.wrap(note, width)]
+    if not lines and legend is None:
+        return
+    height = fig.get_size_inches()[1]
+    note_frac = (len(lines) * fontsize * 1.35 + 6) / 72 / height if lines else 0.0
+    legend_frac = 0.0
+    if legend is not None:
+        handles, labels, kw = legend
+        title_lines = len(str(kw.get("title") or "").splitlines())
+        legend_frac = (title_lines * kw.get("title_fontsize", 7) * 1.4 + kw.get("fontsize", 8) * 2.0 + 8) / 72 / height
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, note_frac), frameon=False,
+                   ncols=len(handles), **kw)
+    frac = min(0.45, note_frac + legend_frac)
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.set(rect=(0, frac, 1, 1 - frac))
+    if lines:
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=fontsize, color="0.3", va="bottom", ha="left")
+
+
+def wrap(text: str, width: int = 28) -> str:
+    """A panel title on lines of at most ``width`` characters (split after ``/`` or ``+`` where it can)."""
+    if len(text) <= width:
+        return text
+    parts, line = [], ""
+    for piece in text.replace("/", "/\u0000").replace("+", "\u0000+").split("\u0000"):
+        if line and len(line) + len(piece) > width:
+            parts.append(line)
+            line = ""
+        line += piece
+    return "\n".join(parts + [line])

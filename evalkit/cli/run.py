@@ -40,10 +40,7 @@ def add_parser(sub):
                    help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
                         "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)")
     for name in eval_names():
-        try:
-            get_eval(name).add_arguments(p)
-        except ImportError:
-            pass  # an eval whose optional dependency is missing cannot add options; `--eval` reports it
+        get_eval(name).add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -102,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = cls.summary_metrics
         if any(r["metric"] == "kl_lower_bound" for r in all_rows):  # an engine's top-k gives the bound only
             metrics = tuple("kl_lower_bound" if m == "kl_mean" else m for m in metrics)
-        print(format_table(all_rows, metrics))
+        print(rows_table(all_rows, metrics))
         if args.out:
             print(f"\nrows written to {args.out / 'rows.jsonl'}")
     return 0
@@ -127,7 +124,7 @@ def _cell(row: dict) -> str:
     return text
 
 
-def format_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
+def rows_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
     """One line per scheme with the unlabeled metrics (or ``metrics``) as columns."""
     import pandas as pd
 

@@ -34,12 +34,9 @@ def add_parser(sub):
     p.add_argument("--context", type=int, default=8192, help="sequence length for the memory cost (default 8192)")
     p.add_argument("--out", type=Path, default=None, help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and the baseline are cached")
-    try:
-        from evalkit.evals.perplexity.evaluation import PerplexityEval
-    except ImportError:  # the perplexity eval is not in this checkout: `run` says so
-        pass
-    else:
-        PerplexityEval.add_arguments(p)
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
+
+    PerplexityEval.add_arguments(p)
     p.set_defaults(handler=run)
 
 

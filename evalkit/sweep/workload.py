@@ -149,7 +149,7 @@ def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
 
 
 def perplexity_work(params: dict, facts) -> Work:
-    from evalkit.evals.perplexity.evaluation import bucket_edges, plan_windows
+    from evalkit.evals.perplexity.evaluation import plan_windows, position_bucket_edges
 
     n, bos, approx = _corpus_tokens(params["corpus"], facts)
     if bos is None:
@@ -164,7 +164,7 @@ def perplexity_work(params: dict, facts) -> Work:
     plan = plan_windows(n, window, params["stride"], bos, params["max_windows"])
     scored = sum(window - t0 for _, t0 in plan)
     fw = tuple(Forwards(c, r, window) for c, r in _batches(len(plan), params["batch_size"]))
-    rows = 7 * len(bucket_edges(window))  # 7 metrics, overall and per bucket
+    rows = 7 * len(position_bucket_edges(window))  # 7 metrics, overall and per bucket
     return Work("perplexity", len(plan) * window, fw, baseline=fw, baseline_bytes=scored * BYTES_PER_POSITION + 8 * len(plan),
                 cache_bytes=4 * n, store_bytes=rows * ROW_BYTES + 90 * len(plan), approximate=approx)
 
@@ -206,7 +206,7 @@ def retrieval_work(params: dict, facts) -> Work:
 
 # ---- decode ------------------------------------------------------------------------------------
 def decode_work(params: dict, facts) -> Work:
-    from evalkit.evals.decode.evaluation import DecodeParams, bucket_edges
+    from evalkit.evals.decode.evaluation import DecodeParams, step_bucket_edges
 
     p = DecodeParams(**params)
     rows = 2 * p.sequences
@@ -215,7 +215,7 @@ def decode_work(params: dict, facts) -> Work:
         fw.append(Forwards(calls, r, p.prefill))
         if p.decode > 1:
             fw.append(Forwards(calls * (p.decode - 1), r, 1, p.prefill + p.decode / 2))
-    n_rows = 5 * len(bucket_edges(p.decode, p.buckets)) + 2
+    n_rows = 5 * len(step_bucket_edges(p.decode, p.buckets)) + 2
     fw_t = tuple(fw)
     return Work("decode", rows * p.length, fw_t, baseline=fw_t,
                 baseline_bytes=rows * p.decode * BYTES_PER_POSITION + 8 * rows * p.length,

@@ -36,7 +36,7 @@ import torch
 from evalkit import quantized_kv
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
-from evalkit.evals.decode.evaluation import DecodeEval, DecodeParams, bucket_edges, sequence_starts
+from evalkit.evals.decode.evaluation import DecodeEval, DecodeParams, sequence_starts, step_bucket_edges
 from evalkit.evals.decode.loop import decode_logits
 from evalkit.evals.output_head import OutputHead
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share, median_interval
@@ -115,9 +115,9 @@ def test_params_defaults_flags_and_validation():
 
 
 def test_bucket_edges_and_sequence_starts():
-    assert bucket_edges(256, 8) == [0, 32, 64, 96, 128, 160, 192, 224, 256]
-    assert bucket_edges(10, 4) == [0, 2, 5, 7, 10]
-    assert bucket_edges(3, 8) == [0, 1, 2, 3]  # never an empty bucket
+    assert step_bucket_edges(256, 8) == [0, 32, 64, 96, 128, 160, 192, 224, 256]
+    assert step_bucket_edges(10, 4) == [0, 2, 5, 7, 10]
+    assert step_bucket_edges(3, 8) == [0, 1, 2, 3]  # never an empty bucket
     starts = sequence_starts(1000, 100, 4)
     assert starts[0] == 0 and starts[-1] == 900 and all(b - a >= 100 for a, b in zip(starts, starts[1:]))
     assert sequence_starts(400, 100, 4) == [0, 100, 200, 300]
@@ -201,7 +201,7 @@ def test_per_position_kl_top1_nll_match_a_plain_float64_computation(sharp, prepa
     assert top["free_kl_mean"].value == pytest.approx(pos["kl"][N:].mean(), rel=1e-12)
     assert top["nll_delta"].value == pytest.approx((pos["nll"][:N] - pos["base_nll"][:N]).mean(), rel=1e-9, abs=1e-12)
     assert top["kl_mean"].ci_low <= top["kl_mean"].value <= top["kl_mean"].ci_high
-    edges = bucket_edges(T, 3)
+    edges = step_bucket_edges(T, 3)
     last = by_metric(rows, {"bucket": f"{P + edges[-2]}-{P + T - 1}"})
     assert last["kl_mean"].value == pytest.approx(pos["kl"][:N, edges[-2]:].mean(), rel=1e-12)
     assert sum(r.value for r in rows if r.metric == "n_tokens" and r.labels) == N * T

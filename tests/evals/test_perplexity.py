@@ -19,7 +19,7 @@ import torch
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
-from evalkit.evals.perplexity.evaluation import PerplexityEval, bucket_edges, plan_windows
+from evalkit.evals.perplexity.evaluation import PerplexityEval, plan_windows, position_bucket_edges
 from evalkit.integration.install import quantized_kv
 from evalkit.kv.scheme import Scheme, parse_scheme
 
@@ -96,10 +96,10 @@ def test_each_token_scored_exactly_once(n, window, stride, bos):
 
 
 def test_bucket_edges_are_powers_of_four():
-    assert bucket_edges(64) == [0, 64]
-    assert bucket_edges(1024) == [0, 128, 512, 1024]
-    assert bucket_edges(8192) == [0, 128, 512, 2048, 8192]
-    assert bucket_edges(8193) == [0, 128, 512, 2048, 8192, 8193]
+    assert position_bucket_edges(64) == [0, 64]
+    assert position_bucket_edges(1024) == [0, 128, 512, 1024]
+    assert position_bucket_edges(8192) == [0, 128, 512, 2048, 8192]
+    assert position_bucket_edges(8193) == [0, 128, 512, 2048, 8192, 8193]
 
 
 def full_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -129,7 +129,7 @@ def _flag(f) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
-def bucket_edges(decode: int, buckets: int) -> list[int]:
+def step_bucket_edges(decode: int, buckets: int) -> list[int]:
     """Edges of ``min(buckets, decode)`` equal-width groups of decode steps 0..decode (widths differ by at most 1)."""
     k = min(buckets, decode)
     return [i * decode // k for i in range(k + 1)]
@@ -360,7 +360,7 @@ class DecodeEval(Evaluation):
                     starts=self.starts, bootstrap_samples=p.bootstrap_samples, seed=p.seed,
                     ci="95% paired percentile bootstrap over sequences", baseline_cache=self.dir.name, kl_method=METHOD,
                     positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction")
-        edges = bucket_edges(p.decode, p.buckets)
+        edges = step_bucket_edges(p.decode, p.buckets)
         groups = [({}, slice(0, p.decode))] + [({"bucket": f"{p.prefill + a}-{p.prefill + b - 1}"}, slice(a, b))
                                                 for a, b in zip(edges, edges[1:])]
         tf, fr = slice(0, n), slice(n, 2 * n)

@@ -74,7 +74,7 @@ DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max
                 bos=None, bootstrap_samples=2000, seed=0)
 
 
-def bucket_edges(window: int) -> list[int]:
+def position_bucket_edges(window: int) -> list[int]:
     """Edges 0, 128, 512, 2048, ... (powers of 4 from 128) up to the window's last target index."""
     edges, e = [0], 128
     while e < window:
@@ -339,7 +339,7 @@ class PerplexityEval(Evaluation):
         lower = scores.kl_lower.numpy()
         # only a bound: the row is named for it; with an estimate, kl_mean and the bound in its info
         kl_metric, kl = ("kl_mean", scores.kl.numpy()) if scores.kl is not None else ("kl_lower_bound", lower)
-        edges = bucket_edges(p["window"])
+        edges = position_bucket_edges(p["window"])
         groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
         rows = []
         for labels, sel in groups:

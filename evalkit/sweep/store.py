@@ -184,9 +184,6 @@ class ResultStore:
     def read(self) -> StoreView:
         return read_records(self.results)
 
-    def done_ids(self) -> set[str]:
-        return set(self.read().complete)
-
 
 def read_records(path: Path) -> StoreView:
     records, torn = [], 0

@@ -4,9 +4,19 @@
     python -m evalkit capacity --config path/config.json --gpu-memory 80GiB --weights-bytes 16GB
     python -m evalkit capacity --model Qwen/Qwen3-32B --gpu-memory 80GiB   (reads the config only)
 
+    python -m evalkit capacity --engine vllm --model embedded [--kv-cache-dtypes auto,fp8_e4m3]
+        [--budget-gib 2] [--context 2048] [--load] [--format table|md|csv|json] [--out DIR]
+
 Weights: ``--weights-bytes SIZE``, else the preset's (or ``--params``) parameter count times
 ``--weights-dtype`` (default: the dtype the preset's weights ship in), else for a local model
 folder the size of its ``*.safetensors`` files.
+
+``--engine vllm`` measures instead of counting (:mod:`evalkit.engines.vllm_serving`): one in-process
+vLLM engine per ``kv_cache_dtype`` on the ``--model`` folder with ``--budget-gib`` of KV cache and
+``max_model_len`` = ``--context``; the tokens its allocator fits and its maximum concurrency, next to
+evalkit's bytes per token and their ratio (over 1 % flagged with the term that explains it); with
+``--load`` also the requests it admits at once and its prefill and decode tokens/s. ``--out DIR``
+writes the rows (``serving.jsonl``, results-store metric records) and the table (``serving.csv``).
 """
 
 from __future__ import annotations
@@ -31,12 +41,23 @@ def add_parser(sub):
     src.add_argument("--config", type=Path, help="a config.json file")
     src.add_argument("--model", help="a Hugging Face id or local folder: only its config is read")
     src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    eng = p.add_argument_group("measured by the engine (--engine vllm)")
+    eng.add_argument("--engine", choices=("vllm",), default=None,
+                     help="measure capacity, admission and speed from vLLM itself (needs vLLM; --model is the folder)")
+    eng.add_argument("--kv-cache-dtypes", default=None, help="comma-separated kv_cache_dtype values "
+                     "(default: auto,fp8_e4m3,fp8_e5m2, those the engine's profile lists)")
+    eng.add_argument("--budget-gib", type=float, default=2.0, help="KV cache budget per engine in GiB (default 2)")
+    eng.add_argument("--dtype", default=None, help="the model dtype the engine runs (default bfloat16: auto then stores BF16)")
+    eng.add_argument("--load", action="store_true", help="also measure admission under load and prefill/decode speed")
+    eng.add_argument("--decode-tokens", type=int, default=None, help="tokens generated per request under --load (default 16)")
+    eng.add_argument("--format", choices=("table", "md", "csv", "json"), default=None, help="output format (default table)")
+    eng.add_argument("--out", type=Path, default=None, help="folder for serving.jsonl (rows) and serving.csv (table)")
     p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 80GB, 141GB (default 80GiB)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--weights-bytes", default=None, help="weight footprint over all GPUs, e.g. 1.03TB")
     p.add_argument("--weights-dtype", default=None, help="bf16 | fp8 | int8 | int4: weights = parameters x bytes per weight")
     p.add_argument("--params", default=None, help="parameter count for --weights-dtype, e.g. 32.8e9 (presets know theirs)")
-    p.add_argument("--context", default="32k", help="tokens per sequence, e.g. 32k (default), 128k, 4096")
+    p.add_argument("--context", default=None, help="tokens per sequence, e.g. 32k (default; 2048 with --engine), 128k, 4096")
     p.add_argument("--utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use (default 0.9)")
     p.add_argument("--schemes", default=None, help=f"comma-separated schemes (default: {DEFAULT_SCHEMES}; MLA: {MLA_SCHEMES})")
     p.add_argument("--trust-remote-code", action="store_true", help="for --model configs that need code from the hub")
@@ -110,6 +131,14 @@ def run(args: argparse.Namespace) -> int:
         for name, p in PRESETS.items():
             print(f"{name:15} {p['hub_id']:32} source: {p['source']}")
         return 0
+    engine_only = {"--kv-cache-dtypes": args.kv_cache_dtypes, "--dtype": args.dtype, "--load": args.load or None,
+                   "--decode-tokens": args.decode_tokens, "--format": args.format, "--out": args.out}
+    if args.engine:
+        return run_engine(args)
+    given = [flag for flag, value in engine_only.items() if value is not None]
+    if given:
+        raise EvalkitError(f"{given[0]} is for measuring with an engine: add --engine vllm, or drop {given[0]}")
+    args.context = args.context or "32k"
     fields, label, preset = _load_config(args)
     layout = kv_layout(config_namespace(fields))
     if args.schemes:
@@ -156,3 +185,60 @@ def _fitting(layout, schemes) -> tuple[list, list[str]]:
         except SchemeError as exc:
             notes.append(f"{scheme} left out of the default list: {exc}")
     return keep, notes
+
+
+# -- measured by the engine ------------------------------------------------------------------------------
+def run_engine(args: argparse.Namespace) -> int:
+    """``capacity --engine vllm``: measure (see the module docstring), print the table, write --out."""
+    import sys
+
+    from evalkit.engines.vllm_serving import (DEFAULT_CONTEXT, DEFAULT_DECODE_TOKENS, DEFAULT_DTYPE, check_budget,
+                                              format_serving_table, measure, serving_rows, serving_table)
+    from evalkit.models.info import kv_layout
+    from evalkit.models.presets import config_namespace
+    from evalkit.planning.capacity import parse_count
+
+    if not args.model:
+        raise EvalkitError("--engine vllm measures a model folder: use --model NAME (a folder, a cached hub id or embedded)")
+    if args.json and args.format not in (None, "json"):
+        raise EvalkitError(f"--json and --format {args.format} disagree: keep one")
+    fmt = "json" if args.json else (args.format or "table")
+    context = parse_count(args.context or str(DEFAULT_CONTEXT))
+    budget = check_budget(args.budget_gib)
+    dtypes = args.kv_cache_dtypes.split(",") if args.kv_cache_dtypes else None
+    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.models.loading import model_source
+
+    check_vllm_available()  # vLLM missing: one line before the model is converted or read
+    folder, _ = model_source(args.model)
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise EvalkitError(f"{args.model!r} has no config.json at {folder}: --engine vllm needs a local model folder")
+    layout = kv_layout(config_namespace(json.loads(config.read_text())))
+    measurements = measure(folder, layout, dtypes, budget, context, dtype=args.dtype or DEFAULT_DTYPE, load=args.load,
+                           decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = serving_rows(measurements)
+    table = serving_table(rows)
+    if args.out is not None:
+        _write_out(args.out, args.model, rows, table)
+    if fmt == "json":
+        print(json.dumps({"model": args.model, "budget_bytes": budget, "context": context,
+                          "rows": [r.to_dict() for r in rows]}, indent=1, default=str))
+    else:
+        print(format_serving_table(table, fmt))
+    return 0
+
+
+def _write_out(out: Path, model: str, rows, table) -> None:
+    """serving.jsonl: one results-store metric record per row (model, scheme, eval "serving"); serving.csv: the table."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "serving.jsonl", "w") as fh:
+            for r in rows:
+                record = {"type": "metric", "model": model, "scheme": r.info.get("computed_scheme"), "eval": "serving",
+                          **r.to_dict()}
+                fh.write(json.dumps(record, default=str) + "\n")
+        table.to_csv(out / "serving.csv", index=False)
+    except OSError as exc:
+        raise EvalkitError(f"cannot write the results to {out}: {exc.strerror or exc}: choose another --out folder") from None

@@ -7,11 +7,17 @@
   where in the context the damage happens.
 * :func:`decode` -- the decode evaluation's KL(baseline || scheme) against the position of the
   generated token (position buckets, log y), one line per scheme: how the error grows over a generation.
-* :func:`retrieval` -- accuracy heatmaps (context length x needle depth) per model, task and scheme.
+* :func:`retrieval` -- accuracy heatmaps (needle depth x context length) per model and task, one
+  panel per scheme on a grid of at most four columns, with the samples each cell holds.
 * :func:`sensitivity` -- per-layer sensitivity: any metric with a ``labels.layer`` (e.g. the KL of
   quantizing one layer at a time), one line per scheme.
 
-Each function returns the paths written ([] when the store has nothing to draw).
+Each function returns the paths written ([] when the store has nothing to draw); its
+``*_figures`` twin returns name -> figure (the test reads those back), and :func:`figures` draws
+them all with one :class:`~evalkit.report.style.SchemeStyle`, so every figure labels, footnotes,
+colours and draws a scheme as the table and the other figures do. Legends sit outside the panels;
+interval bands are drawn for at most :data:`MAX_BANDS` series unless ``bands=True``; figures use
+constrained layout and are saved with a tight bounding box, so no title is cut.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class SchemeStyle:
 
     def family_label(self, fam: str) -> str:
         """A format family as a legend names it: ``fp4_e2m1 (nvfp4, mxfp4)`` when its schemes are named ones."""
-        named = list(dict.fromkeys(p.name for p in self._members.get(fam, []) if p.name))
+        named = list(dict.fromkeys(p.name for p in sorted(self._members.get(fam, []), key=_member_key) if p.name))
         return f"{fam} ({', '.join(named)})" if named else fam
 
     def legend_title(self, schemes: Iterable[str], lines: bool = True) -> str:

@@ -34,6 +34,8 @@ STORE = ROOT / "published" / "default"
 STATIC_HEAD = "fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors"
 SENSITIVITY_SCHEMES = ("fp8_e4m3/tensor/unit", STATIC_HEAD)
 
+pytestmark = pytest.mark.slow  # draws and reads back every figure of the store (tens of seconds)
+
 
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
@@ -216,3 +218,19 @@ def test_saved_pngs_fit_a_slide(tmp_path):
     for p in paths:
         width, height = Image.open(p).size
         assert width <= 2400 and width / height <= 3, f"{p.name}: {width} x {height} px"
+
+
+def test_style_numbers_files_alike_whatever_the_order():
+    """The numbering that used to follow each view's own row order: now the store's files in path
+    order, so a view in any order (or one showing fewer rows) numbers a file as the table does."""
+    a = "fp8_e4m3/tensor/static+scales=calibration/b-tensor.safetensors"
+    b = "fp8_e4m3/head/static+scales=calibration/a-head.safetensors"
+    forward, backward = SchemeStyle(["bf16", a, b, "nvfp4", "mxfp4"]), SchemeStyle(["mxfp4", b, "nvfp4", a, "bf16"])
+    for style in (forward, backward):
+        assert style.label(a) == "fp8_e4m3/tensor/static[2]" and style.label(b) == "fp8_e4m3/head/static[1]"
+        assert style.notes([a]) == ["[2] static scales from calibration/b-tensor.safetensors"]
+        assert style.label("bf16", dtype="float32") == "baseline (float32)" and style.color("bf16") == "black"
+        assert style.family_label("fp4_e2m1") == "fp4_e2m1 (nvfp4, mxfp4)"
+        assert style.line(a).linestyle == ":" and style.line("nvfp4").linestyle == "-"
+    assert [forward.color(s) for s in (a, b, "nvfp4", "mxfp4")] == [backward.color(s) for s in (a, b, "nvfp4", "mxfp4")]
+    assert len({forward.color(s) for s in (a, b, "nvfp4", "mxfp4")}) == 4

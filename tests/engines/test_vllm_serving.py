@@ -147,6 +147,8 @@ def test_cli_refuses_engine_input_in_one_line(capsys, tmp_path):
                     "--budget-gib must be a positive number")
     one_line_exit_2(["capacity", "--model", "embedded", "--engine", "vllm", "--json", "--format", "md"], capsys,
                     "--json and --format md disagree")
+    one_line_exit_2(["capacity", "--preset", "kimi-k2", "--load"], capsys, "--load is for measuring with an engine: add --engine vllm")
+    one_line_exit_2(["capacity", "--preset", "kimi-k2", "--format", "csv"], capsys, "--format is for measuring with an engine")
 
 
 @pytest.mark.skipif(MISSING is None, reason="vLLM is installed here")

@@ -36,6 +36,12 @@ COMMANDS = {
 }
 MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalkit.cli.common)
 
+# What Ctrl-C leaves behind, said in the one line it prints. A sweep writes a run's completion record
+# last and skips completed runs, so the same command resumes; the other commands start over, reusing
+# what they cache once it is complete (tokenized corpora, baselines: published into place whole).
+RESUME = {"sweep": "run the same command again to resume (completed runs are kept and skipped; the interrupted run starts over)"}
+RESUME_OTHER = "run the same command again to start over (cached tokenization and baselines are reused)"
+
 
 # Packages only some evaluations use (the core, the storage path and gpu_check never import them):
 # a command that reaches one that is missing says which and how to install it.
@@ -112,5 +118,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evalkit: error: this command needs {needed[0]}, which is not installed: {needed[1]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("evalkit: interrupted", file=sys.stderr)
+        print(f"evalkit: interrupted: {RESUME.get(command, RESUME_OTHER)}", file=sys.stderr)
         return 130

@@ -104,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
         lm = load_from_args(args)
         table = load_scale_table(args.scales, lm.layout, config_hash=lm.config_hash)
     else:
+        from evalkit.data.corpus_check import check_corpus_params
         from evalkit.scales.calibrate import calibrate
 
+        check_corpus_params(cfg, "calibrate")  # --corpus / --eval-corpus: one line, before the model loads
         args.model = cfg["model"]
         lm = load_from_args(args)
         with warnings.catch_warnings(record=True) as caught:

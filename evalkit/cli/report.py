@@ -7,7 +7,12 @@ Reads the store only (runs with a completion record); nothing is re-evaluated. N
 table say what a reader needs: the scale file of each static scheme, the baseline's dtype, columns
 that do not separate the schemes, and a MIXED CODE warning when the counted runs were computed by
 more than one version of evalkit's code (the report still prints the table; resuming the sweep
-recomputes the older runs). CSV keeps raw values and prints its notes to stderr. A folder that
+recomputes the older runs). Under the table a ``Platform:`` line says what computed the numbers
+besides evalkit's code (CPU, BLAS mode, torch and transformers, the engine where one was used), with
+a WARNING when that differs from the published store's (:mod:`evalkit.report.platform`).
+``--columns kl`` adds the per-token KL percentiles (median, 99th, 99.9th, maximum) of perplexity
+runs that recorded them; a store made before they existed says so instead. CSV keeps raw values
+(the percentiles included, where present) and prints its notes to stderr. A folder that
 also holds a ``conformance.json`` (``evalkit conformance --out DIR``) gets its "Does it match the
 engine?" section after the recommendation.
 """
@@ -19,6 +24,7 @@ import sys
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
+from evalkit.errors import EvalkitError
 
 
 def add_parser(sub):
@@ -27,6 +33,9 @@ def add_parser(sub):
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
     p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG and SVG plots")
+    p.add_argument("--columns", default="", metavar="GROUPS",
+                   help="optional column groups, comma-separated: kl (per-token KL median, p99, p99.9, max; "
+                        "perplexity runs that recorded them)")
     p.add_argument("--sensitivity", type=Path, default=None,
                    help="rows.jsonl (or its folder) of `evalkit sensitivity --out DIR`, for the per-layer plot")
     p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
@@ -44,13 +53,22 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
     from evalkit.report.plots import all_plots
 
+    from evalkit.report.tables import COLUMN_GROUPS
+
+    columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
+    unknown = [c for c in columns if c not in COLUMN_GROUPS]
+    if unknown:
+        raise EvalkitError(f"--columns {','.join(unknown)}: unknown column group; use {', '.join(COLUMN_GROUPS)}")
     results = load_store(args.folder)
     if args.sensitivity:
         from evalkit.report.results import add_rows_file
 
         add_rows_file(results, args.sensitivity)
     frame = summary_frame(results)
-    text = format_table(frame, args.format)
+    text = format_table(frame, args.format, columns)
+    from evalkit.report.platform import report_lines
+
+    about = report_lines(results) + _absent_columns(frame, columns, args.folder)
     if args.format == "csv":  # CSV holds raw values only: its notes (mixed code, constant columns...) go to stderr
         from evalkit.report.tables import table_notes
 
@@ -64,10 +82,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"table written to {args.out}")
     else:
         print(text, end="")
+    prefix = "% " if args.format == "latex" and not args.out else ""
+    if args.format == "csv" and not args.out:  # stdout holds the CSV alone
+        for line in about:
+            print(f"note: {line}", file=sys.stderr)
+    else:
+        print()
+        for line in about:
+            print(prefix + line)
     if args.format != "csv" or args.out:
         print()
         for line in lines:
-            print(("% " if args.format == "latex" and not args.out else "") + "Recommendation: " + line)
+            print(prefix + "Recommendation: " + line)
     if (args.folder / "conformance.json").is_file() and args.format == "md" and not args.out:
         from evalkit.cli.conformance import load_report, render_markdown
 
@@ -75,5 +101,19 @@ def run(args: argparse.Namespace) -> int:
         print(render_markdown(load_report(args.folder)), end="")
     if args.plots:
         paths = all_plots(results, frame, args.plots)
+        from evalkit.report.plots import pareto_data
+
+        if any(p.stem == "pareto" for p in paths):  # the points of the Pareto plot, with what each stands for
+            pareto_data(frame).to_csv(args.plots / "pareto.csv", index=False)
+            paths.append(args.plots / "pareto.csv")
         print(f"{len(paths)} plot files written to {args.plots}")
     return 0
+
+
+def _absent_columns(frame, columns: tuple[str, ...], folder) -> list[str]:
+    """A line for each asked-for column group the store has no numbers for (older runs did not record them)."""
+    from evalkit.report.tables import COLUMN_GROUPS
+
+    return [f"--columns {group}: no run of this store recorded {', '.join(COLUMN_GROUPS[group])} (runs of an older evalkit); "
+            f"resume the sweep with the current code (`python -m evalkit sweep GRID --out {folder}`) to compute them"
+            for group in columns if not any(c in frame for c in COLUMN_GROUPS[group])]

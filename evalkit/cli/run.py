@@ -20,6 +20,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
 from evalkit.kv.scheme import Scheme, parse_schemes
 
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
     check_model_device(args)
     schemes = parse_schemes(args.schemes)
+    if not schemes:  # an empty list would run the baseline alone and look like a result
+        raise EvalkitError(f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
+                           "(the bf16 baseline is always added; `python -m evalkit schemes` lists them)")
     profile = None
     if getattr(args, "engine_profile", None):
         from evalkit.engines.profiles import get_profile
@@ -68,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     schemes.sort(key=lambda s: not s.is_identity)
     cls = get_eval(args.eval_name)
     ev = cls(cls.params_from_args(args)) if backend is None else cls(cls.params_from_args(args), backend=backend)
+    from evalkit.data.corpus_check import check_corpus_params
+
+    check_corpus_params(getattr(ev, "params", None), args.eval_name)  # a bad corpus spec: one line, before the model loads
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
     from evalkit.integration.binding import BoundScheme
@@ -79,14 +86,19 @@ def run(args: argparse.Namespace) -> int:
     if backend is not None:
         backend.check(schemes, lm.layout)
     workdir = args.cache_dir or cache_root() / "work"
-    ev.prepare(lm, workdir)
+    from evalkit.runtime.runlog import log_sizes, logs_written, run_folder
+
+    logs = args.out or Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes to a log here
+    before = log_sizes(logs)
     all_rows = []
-    for scheme in schemes:
-        artifacts = args.out / _slug(scheme) if args.out else None
-        for row in ev.evaluate(lm, scheme, artifacts):
-            d = row.to_dict()
-            d.update(model=lm.name, scheme=str(scheme), eval=args.eval_name)
-            all_rows.append(d)
+    with run_folder(logs):
+        ev.prepare(lm, workdir)
+        for scheme in schemes:
+            artifacts = args.out / _slug(scheme) if args.out else None
+            for row in ev.evaluate(lm, scheme, artifacts):
+                d = row.to_dict()
+                d.update(model=lm.name, scheme=str(scheme), eval=args.eval_name)
+                all_rows.append(d)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         with open(args.out / "rows.jsonl", "w") as fh:
@@ -102,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print(rows_table(all_rows, metrics))
         if args.out:
             print(f"\nrows written to {args.out / 'rows.jsonl'}")
+    for log in logs_written(logs, before):
+        print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
     return 0
 
 

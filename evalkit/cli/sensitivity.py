@@ -6,7 +6,11 @@
 The quality measure is the perplexity eval (same options: --corpus --window --stride
 --max-windows --max-tokens --batch-size --bos --bootstrap-samples --seed). Prints the ranking and
 the recommendation; with ``--out DIR`` writes sensitivity.csv, rows.jsonl (``labels.layer``),
-recommendation.json and sensitivity.png.
+recommendation.json and sensitivity.png. Before the layer sweep it prints what the sweep will
+take (estimated from the first, all-layers evaluation), progress bars follow it, and the
+recommendation carries a WARNING when its sample is too small to support the set it keeps
+(:func:`evalkit.planning.sensitivity.sample_warnings`). A bad corpus spec is refused before the
+model loads.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         raise EvalkitError(f"{args.out} already holds a sensitivity result: choose another --out")
     params = PerplexityEval.params_from_args(args)
     PerplexityEval(params)  # validate before loading the model
+    from evalkit.data.corpus_check import check_corpus_params
+
+    check_corpus_params(params, "sensitivity")  # a bad corpus: one line, not after the model load
     from evalkit.cli.preflight import check_model_device, check_writable
     from evalkit.models.loading import cache_root
 
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         target_kl = args.target_kl_fraction * full["kl_mean"][0]
     if target_kl is not None or args.target_ppl_rel is not None:
         rec = recommend(lm, scheme, measure, table, full, target_kl=target_kl, target_ppl_rel=args.target_ppl_rel,
-                        context=args.context, max_keep=args.max_keep)
+                        context=args.context, max_keep=args.max_keep, progress=True)
         print()
         print(rec.summary())
     if args.out:

@@ -8,7 +8,8 @@
 
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
 then these flags. Everything is validated before the output folder is touched: every problem of
-the grid file is listed (one line each, exit 2), a folder that belongs to another grid is refused,
+the grid file is listed (one line each, exit 2; a model folder or corpus file that does not exist
+is one of them), a folder that belongs to another grid is refused,
 so are a results or cache folder this machine cannot write and a grid ``device:`` it does not have
 (local executor; :mod:`evalkit.cli.preflight`), and so is a grid whose baselines, results and model
 downloads do not fit on the disk
@@ -108,6 +109,10 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     if args.model:
         import yaml
 
+        from evalkit.models.loading import embedded_name, is_path_like, local_folder
+
+        if not embedded_name(args.model) and is_path_like(args.model):
+            local_folder(args.model)  # a missing folder: one line now, not when the first run loads it
         grid = with_model(grid, args.model)
         text = f"# {path} with --model {args.model}\n" + yaml.safe_dump(grid.data, sort_keys=False)
     if args.engine_profile:

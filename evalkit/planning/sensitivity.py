@@ -14,13 +14,24 @@ bytes (:func:`evalkit.kv.memory.model_cache_bytes`) at a stated context against 
 
 The quality numbers come from a *measure*: ``measure(scheme) -> {metric: (value, ci_low, ci_high)}``.
 :func:`perplexity_measure` builds it from :class:`evalkit.evals.perplexity.evaluation.PerplexityEval` (mean
-KL per token, perplexity change, top-1 agreement, bootstrap intervals over windows; the baseline is
-computed once); tests pass other measures through the same boundary.
+KL per token, perplexity change, top-1 agreement, bootstrap intervals over windows, the number of
+windows and tokens; the baseline is computed once); tests pass other measures through the same boundary.
+
+Cost and trust. Every evaluation of the sweeps costs about the same (one forward per window), so
+the first one, with every layer quantized, is timed and the others are estimated from it before
+they run (:func:`estimate_line`); progress bars follow both sweeps. A small sample can rank layers
+by noise, and the greedy set then keeps layers whose benefit was never measured, so
+:func:`sample_warnings` says when the sample cannot support the set it recommends: when a paired
+test over so few windows could never reach 5 % (the smallest exact two-sided signed-rank p-value
+with W windows is 2 / 2^W, above 0.05 up to W = 5), and when kept layers' savings lie inside the
+noise, i.e. their all-but-one KL interval contains the all-layers KL, or overlaps the interval of
+the best layer left quantized (the order between them is not resolved).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +44,8 @@ from evalkit.kv.scheme import Scheme, parse_scheme
 
 Measure = Callable[[Scheme], dict[str, tuple[float, float | None, float | None]]]
 KL, PPL_REL, PPL = "kl_mean", "ppl_delta_rel", "ppl_delta"
+N_WINDOWS, N_TOKENS = "n_windows", "n_tokens"  # the sample behind a measure (where it says)
+ALPHA = 0.05  # the intervals are 95 %: a difference a paired test cannot call at this level is noise
 
 
 def perplexity_measure(lm, params: dict | None = None, workdir: Path | None = None) -> Measure:
@@ -44,7 +57,12 @@ def perplexity_measure(lm, params: dict | None = None, workdir: Path | None = No
     ev.prepare(lm, Path(workdir) if workdir else cache_root() / "work")
 
     def measure(scheme: Scheme) -> dict:
-        return {r.metric: (r.value, r.ci_low, r.ci_high) for r in ev.evaluate(lm, scheme) if not r.labels}
+        rows = [r for r in ev.evaluate(lm, scheme) if not r.labels]
+        out = {r.metric: (r.value, r.ci_low, r.ci_high) for r in rows}
+        windows = next((r.info.get("n_windows") for r in rows if r.metric == KL and r.info.get("n_windows")), None)
+        if windows is not None:
+            out[N_WINDOWS] = (float(windows), None, None)
+        return out
 
     return measure
 
@@ -71,12 +89,14 @@ def layer_table(lm, scheme: Scheme | str, measure: Measure, layers: list[int] | 
     bad = [i for i in layers if i not in every]
     if bad:
         raise EvalkitError(f"layers {bad} are not attention layers of this model (0..{lm.layout.num_layers - 1})")
+    start = time.perf_counter()
     full = measure(scheme)
     rows = []
     it = layers
     if progress:
         from tqdm import tqdm
 
+        tqdm.write(estimate_line(len(layers), time.perf_counter() - start, len(every)))
         it = tqdm(layers, desc="layers", unit="layer")
     for i in it:
         one = measure(with_skip(scheme, [j for j in every if j != i]))
@@ -108,6 +128,7 @@ class Recommendation:
     bytes_recommended: int
     bytes_bf16: int
     steps: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # where the sample cannot support the set (sample_warnings)
 
     @property
     def extra_bytes(self) -> int:
@@ -123,7 +144,8 @@ class Recommendation:
         return (f"{head}\n  {status} {met} (KL {kl:.4g} nats/token, perplexity change {rel:+.3%})\n"
                 f"  KV cache for one {self.context}-token sequence: {self.bytes_recommended / gib:.4f} GiB "
                 f"(all quantized {self.bytes_all_quantized / gib:.4f}, BF16 {self.bytes_bf16 / gib:.4f}; "
-                f"+{self.extra_bytes / 2**20:.2f} MiB for the kept layers)")
+                f"+{self.extra_bytes / 2**20:.2f} MiB for the kept layers)"
+                + "".join(f"\n  WARNING: {w}" for w in self.warnings))
 
 
 def _meets(metrics: dict, target: dict) -> bool:
@@ -132,7 +154,7 @@ def _meets(metrics: dict, target: dict) -> bool:
 
 def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, full: dict, *,
               target_kl: float | None = None, target_ppl_rel: float | None = None, context: int = 8192,
-              max_keep: int | None = None) -> Recommendation:
+              max_keep: int | None = None, progress: bool = False) -> Recommendation:
     """Keep the top-ranked layers in BF16, one more at a time, until the target is reached."""
     scheme = check_scheme(scheme)
     target = {}
@@ -150,7 +172,12 @@ def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, f
     every = list(attention_layers(lm.layout))
     limit = len(every) if max_keep is None else min(max_keep, len(every))
     steps, keep, metrics = [], (), full
-    for k in range(limit + 1):
+    sizes = range(limit + 1)
+    if progress:
+        from tqdm import tqdm
+
+        sizes = tqdm(sizes, desc="kept sets", unit="set")
+    for k in sizes:
         keep = tuple(sorted(order[:k]))
         if k == len(every):
             metrics = {KL: (0.0, 0.0, 0.0), PPL_REL: (0.0, 0.0, 0.0), PPL: (0.0, 0.0, 0.0)}  # nothing quantized
@@ -159,11 +186,64 @@ def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, f
         steps.append({"keep": list(keep), **{m: v[0] for m, v in metrics.items() if m in (KL, PPL_REL, PPL)}})
         if _meets(metrics, target):
             break
+    if progress:
+        sizes.close()
     final = with_skip(scheme, keep) if len(keep) < len(every) else Scheme()
     return Recommendation(
         keep=keep, scheme=str(final), reached=_meets(metrics, target), target=target, metrics=metrics, context=context,
         bytes_all_quantized=model_cache_bytes(lm.layout, scheme, context), bytes_recommended=model_cache_bytes(lm.layout, final, context),
-        bytes_bf16=model_cache_bytes(lm.layout, Scheme(), context), steps=steps)
+        bytes_bf16=model_cache_bytes(lm.layout, Scheme(), context), steps=steps, warnings=sample_warnings(table, full, keep))
+
+
+def estimate_line(n_layers: int, seconds: float, n_every: int) -> str:
+    """What the layer sweep will take, from one timed evaluation (each costs about the same)."""
+    n = 2 * n_layers
+    return (f"sensitivity: {n} more evaluations (one layer / all but one, {n_layers} layers) at about {seconds:.1f} s each "
+            f"(the all-layers one just took that): about {_duration(n * seconds)}; a recommendation adds up to "
+            f"{n_every} more ({_duration(n_every * seconds)})")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def sample_warnings(table: pd.DataFrame, full: dict, keep: tuple[int, ...]) -> list[str]:
+    """Why the sample behind ``table`` cannot support keeping ``keep`` in BF16 (empty when it can, or
+    when nothing is kept). See the module docstring: too few windows for any paired difference to
+    reach 5 %, and kept layers whose saving is inside the intervals."""
+    if not keep:
+        return []
+    out = []
+    windows = full.get(N_WINDOWS, (None,))[0]
+    tokens = full.get(N_TOKENS, (None,))[0]
+    sample = ", ".join(x for x in (f"{windows:.0f} windows" if windows else "", f"{tokens:.0f} tokens" if tokens else "") if x)
+    if windows and 2.0 / 2 ** windows > ALPHA:
+        out.append(f"the sample ({sample}) is too small for this choice: with {windows:.0f} windows no paired difference can "
+                   f"reach {ALPHA:.0%} (smallest signed-rank p-value 2/2^{windows:.0f} = {2.0 / 2 ** windows:.3g}); "
+                   "measure more windows (--perplexity-max-windows, a longer corpus) before relying on it")
+    lo, hi = f"{KL}_all_but_lo", f"{KL}_all_but_hi"
+    if lo not in table or hi not in table or table[[lo, hi]].isna().any().any():
+        return out
+    all_kl = full[KL][0]
+    t = table.set_index("layer")
+    kept = [i for i in keep if i in t.index]
+    rest = t.drop(index=kept, errors="ignore")
+    noise = [i for i in kept if t.loc[i, lo] <= all_kl <= t.loc[i, hi]]
+    unresolved = []
+    if not rest.empty:
+        best = rest.sort_values("rank").iloc[0]  # the layer that would have been kept next
+        unresolved = [i for i in kept if t.loc[i, lo] <= best[hi] and best[lo] <= t.loc[i, hi]]
+    if noise or unresolved:
+        parts = []
+        if noise:
+            parts.append(f"{len(noise)} of the {len(kept)} kept layers save no more KL than the noise (their all-but-one "
+                         f"95 % interval contains the all-layers KL {all_kl:.3g}): {sorted(noise)}")
+        if unresolved:
+            parts.append(f"{len(unresolved)} are not separated from layer {int(best.name)}, the best one left quantized "
+                         f"(overlapping intervals): {sorted(unresolved)}")
+        out.append(f"the sample ({sample or 'as measured'}) does not support this set: " + "; ".join(parts)
+                   + "; measure more tokens before keeping these layers")
+    return out
 
 
 def plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:

@@ -387,3 +387,17 @@ def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path, bands:
     """Every figure of :func:`figures`, saved as PNG and SVG under ``out_dir``."""
     return _write(figures(results, frame, bands), out_dir)
 
+
+PARETO_COLUMNS = ("model", "scheme", "bytes_per_token", "capacity_x", "ppl_delta_rel", "ppl_delta_rel_lo", "ppl_delta_rel_hi",
+                  "kl_mean", "kl_p50", "kl_p99", "kl_p999", "kl_max", "top1_agreement")
+
+
+def pareto_data(frame: pd.DataFrame) -> pd.DataFrame:
+    """The Pareto plot's points as a table (``pareto.csv`` beside the figure): per quantized scheme the
+    memory saved against a bf16 cache (%), its quality numbers, and the per-token KL percentiles
+    where the store has them, so a reader can look up what a point stands for."""
+    df = frame[frame["scheme"] != str(Scheme())]
+    out = df[[c for c in PARETO_COLUMNS if c in df]].copy()
+    if "capacity_x" in out:
+        out.insert(out.columns.get_loc("capacity_x") + 1, "memory_saved_pct", 100 * (1 - 1 / out["capacity_x"]))
+    return out.reset_index(drop=True)

@@ -5,8 +5,11 @@ that is hundreds of lines on the terminal. The sweep runner marks the run's arti
 (``runs/<id16>/`` of the store) with :func:`run_folder` while the run executes (its evaluation's
 preparation included); :func:`to_log` then sends, for the duration of one library call, that
 library's log records and everything written to ``sys.stderr`` (progress bars, Python warnings)
-to a file in that folder. Both are context managers that restore what they changed; with no run
-folder marked (``evalkit run``, notebooks) nothing is redirected.
+or to the process's standard error itself (file descriptor 2: what a subprocess prints, such as
+lm-eval's ``git describe`` outside a git checkout, ``fatal: not a git repository``) to a file in
+that folder. ``evalkit run`` marks its ``--out`` folder, or a ``logs`` folder in its cache, the
+same way. Both are context managers that restore what they changed; with no run folder marked
+(notebooks, library use) nothing is redirected.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
+import sys
 from contextvars import ContextVar
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +41,17 @@ def current_log(name: str) -> Path | None:
     """``<run folder>/<name>`` when a run folder is marked, else None."""
     folder = _FOLDER.get()
     return folder / name if folder is not None else None
+
+
+def log_sizes(folder: str | Path) -> dict[Path, int]:
+    """The size of every log in ``folder`` (to tell, after a command, which logs it wrote to)."""
+    folder = Path(folder)
+    return {p: p.stat().st_size for p in sorted(folder.glob("*.log"))} if folder.is_dir() else {}
+
+
+def logs_written(folder: str | Path, before: dict[Path, int]) -> list[Path]:
+    """The logs of ``folder`` that grew (or appeared) since ``before`` (:func:`log_sizes`)."""
+    return [p for p, size in log_sizes(folder).items() if before.get(p) != size]
 
 
 class _FinalLines(io.TextIOBase):
@@ -102,7 +118,7 @@ def to_log(path: Path | None, loggers: tuple[str, ...], title: str = ""):
             logger.setLevel(logging.INFO)
             logger.propagate = False
         try:
-            with contextlib.redirect_stderr(stream):
+            with contextlib.redirect_stderr(stream), _fd_to(fh, 2):
                 yield
         finally:
             for logger, handlers, level, propagate in saved:
@@ -110,3 +126,24 @@ def to_log(path: Path | None, loggers: tuple[str, ...], title: str = ""):
                 logger.setLevel(level)
                 logger.propagate = propagate
             stream.finish()
+
+
+@contextlib.contextmanager
+def _fd_to(fh, fd: int):
+    """Inside the block, file descriptor ``fd`` writes to ``fh`` (opened for appending), so what
+    subprocesses and C code print there lands in the log too; restored after, exception or not.
+    Where the descriptor cannot be duplicated (no real file behind it) nothing changes."""
+    try:
+        sys.__stderr__ and sys.__stderr__.flush()
+        fh.flush()
+        saved = os.dup(fd)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        os.dup2(fh.fileno(), fd)
+        yield
+    finally:
+        fh.flush()
+        os.dup2(saved, fd)
+        os.close(saved)

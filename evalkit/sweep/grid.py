@@ -272,7 +272,20 @@ def _model(doc: _Located, m, path: tuple) -> ModelSpec:
         raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
     if spec.gpus and "device" not in m and "device_map" not in m:  # GPUs asked for: the model goes on them
         spec = dataclasses.replace(spec, **({"device": "cuda"} if spec.gpus == 1 else {"device_map": "auto"}))
+    _check_folder(doc, spec.name, path + ("name",) if "name" in m else path)
     return spec
+
+
+def _check_folder(doc: _Located, name: str, path: tuple) -> None:
+    """A model named as a local folder (starting with '.', '/' or '~') must exist now, not when its
+    first run starts mid-sweep; hub ids and embedded names are the loader's to check."""
+    from evalkit.models.loading import embedded_name, is_path_like, local_folder
+
+    if not embedded_name(name) and is_path_like(name):
+        try:
+            local_folder(name)
+        except EvalkitError as exc:
+            raise doc.error(path, str(exc)) from None
 
 
 def _parse_one_scheme(doc: _Located, text, path: tuple) -> Scheme:
@@ -367,8 +380,22 @@ def _eval_entry(doc: _Located, name, params, seeds: list[int] | None) -> list[tu
             ev = cls(p)
         except EvalkitError as exc:
             raise doc.error(path + _blamed_key(params, str(exc)), str(exc)) from None
+        _check_corpora(doc, params, path)
         out.append((name, canonical_json(ev.canonical_params()), canonical_json(ev.params)))
     return out
+
+
+def _check_corpora(doc: _Located, params: dict, path: tuple) -> None:
+    """Corpus specs of an eval's parameters must load now (a missing file is a problem of the grid),
+    not after the model of its first run has loaded (:mod:`evalkit.data.corpus_check`)."""
+    from evalkit.data.corpus_check import CORPUS_KEYS, check_corpus_spec
+
+    for key in CORPUS_KEYS:
+        if isinstance(params.get(key), str):
+            try:
+                check_corpus_spec(params[key], key)
+            except EvalkitError as exc:
+                raise doc.error(path + (key,), str(exc).removeprefix(f"{key}: ")) from None
 
 
 def parse_grid(path: str | Path, text: str | None = None) -> Grid:

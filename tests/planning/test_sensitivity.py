@@ -141,3 +141,70 @@ def test_perplexity_measure_and_cli_outputs(tiny, tiny_llama_dir, tmp_path, caps
     assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", "bf16"]) == 2
     assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--target-kl-fraction", "2"]) == 2
     assert "--target-kl-fraction must be in [0, 1]" in capsys.readouterr().err
+
+
+class Noisy(Additive):
+    """Additive, with intervals as wide as ``spread`` (absolute) and a stated sample size."""
+
+    def __init__(self, weights, spread, windows):
+        super().__init__(weights)
+        self.spread, self.windows = spread, windows
+
+    def __call__(self, scheme):
+        kl = super().__call__(scheme)[KL][0]
+        return {KL: (kl, kl - self.spread, kl + self.spread), "n_windows": (float(self.windows), None, None),
+                "n_tokens": (128.0 * self.windows, None, None)}
+
+
+def test_no_warning_when_the_sample_resolves_the_kept_layers():
+    weights = [0.1, 2.0, 0.3, 1.0, 0.05]
+    lm = fake_lm(len(weights))
+    measure = Noisy(weights, spread=0.05, windows=20)
+    table, full = layer_table(lm, "fp8_e4m3/tensor/dynamic", measure)
+    rec = recommend(lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.5, context=1000)
+    assert rec.keep == (1, 3) and rec.warnings == [] and "WARNING" not in rec.summary()
+
+
+def test_too_few_windows_for_any_paired_difference_is_a_warning():
+    """The smallest exact signed-rank p-value with W windows is 2 / 2^W: above 0.05 up to W = 5."""
+    from evalkit.planning.sensitivity import sample_warnings
+
+    weights = [0.1, 2.0, 0.3, 1.0, 0.05]
+    lm = fake_lm(len(weights))
+    for windows, warned in ((5, True), (6, False)):
+        measure = Noisy(weights, spread=0.05, windows=windows)
+        table, full = layer_table(lm, "fp8_e4m3/tensor/dynamic", measure)
+        got = sample_warnings(table, full, (1, 3))
+        assert bool(got) == warned, (windows, got)
+        if warned:
+            assert f"{windows} windows" in got[0] and f"2/2^{windows} = {2 / 2 ** windows:.3g}" in got[0]
+    assert sample_warnings(table, full, ()) == []  # nothing kept: nothing to support
+
+
+def test_kept_layers_inside_the_noise_are_named():
+    """Intervals wider than the layers' savings: layer 3's all-but-one interval contains the
+    all-layers KL, and it overlaps layer 2's (the best one left quantized)."""
+    weights = [0.1, 2.0, 0.3, 1.0, 0.05]
+    lm = fake_lm(len(weights))
+    measure = Noisy(weights, spread=1.2, windows=20)
+    table, full = layer_table(lm, "fp8_e4m3/tensor/dynamic", measure)
+    rec = recommend(lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.5, context=1000)
+    assert rec.keep == (1, 3) and len(rec.warnings) == 1
+    w = rec.warnings[0]
+    assert "20 windows, 2560 tokens" in w
+    assert "1 of the 2 kept layers save no more KL than the noise" in w and "[3]" in w  # 3.45 - 1.0 +- 1.2 holds 3.45
+    assert "not separated from layer 2" in w  # 2.45 +- 1.2 overlaps 3.15 +- 1.2
+    assert "WARNING: the sample" in rec.summary()
+
+
+def test_estimate_and_progress_before_the_layer_sweep(capsys):
+    from evalkit.planning.sensitivity import estimate_line
+
+    assert estimate_line(30, 4.0, 30) == ("sensitivity: 60 more evaluations (one layer / all but one, 30 layers) at about "
+                                          "4.0 s each (the all-layers one just took that): about 4.0 min; a recommendation "
+                                          "adds up to 30 more (2.0 min)")
+    lm = fake_lm(3)
+    layer_table(lm, "fp8_e4m3/tensor/dynamic", Additive([1.0, 2.0, 3.0]), progress=True)
+    captured = capsys.readouterr()
+    assert "sensitivity: 6 more evaluations (one layer / all but one, 3 layers)" in captured.out
+    assert "layers: 100%" in captured.err  # the bar

@@ -152,7 +152,10 @@ def make_hflm(model, tokenizer, batch_size: int | str | None = None):
     if batch_size is None:
         batch_size = default_batch_size(next(model.parameters()).device)
     cls = hflm_class(quiet=os.environ.get("EVALKIT_PROGRESS") == "0")
-    return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    from evalkit.runtime.runlog import current_log, to_log
+
+    with to_log(current_log(LOG_NAME), LOGGERS, "lm-eval model"):  # its warnings about an in-memory `pretrained`
+        return cls(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
 
 
 @contextlib.contextmanager

@@ -14,8 +14,10 @@ samples lm-eval logs (``log_samples=True``) we keep, per item and filter:
 Against the baseline's items (matched by doc id, filter and document hash):
 
 * ``flip_rate``: fraction of items whose prediction changed; ``flip_right_to_wrong`` and
-  ``flip_wrong_to_right``: fractions of all items that went from correct to wrong and back (a
-  change from one wrong answer to another counts in ``flip_rate`` only). 95 % Wilson intervals.
+  ``flip_wrong_to_right``: fractions of all items that went from correct to wrong and back;
+  ``flip_wrong_to_wrong``: fraction whose wrong answer changed into another wrong one. The three
+  add up to ``flip_rate`` (save for a right answer changed into another right one, possible only
+  where several answers count as right). 95 % Wilson intervals.
 * ``gold_loglik_abs_delta``: mean |gold_loglik - baseline gold_loglik| (nats), 95 % t interval.
 """
 
@@ -109,6 +111,9 @@ def compare_items(base: list[dict], other: list[dict]) -> dict[str, dict[str, An
             w2r = sum(b["correct"] == 0.0 and o["correct"] == 1.0 for b, o in pairs)
             out["flip_right_to_wrong"] = (r2w / n, *binomial_ci(r2w, n), {"n_items": n, "n_flipped": r2w})
             out["flip_wrong_to_right"] = (w2r / n, *binomial_ci(w2r, n), {"n_items": n, "n_flipped": w2r})
+            if "flip_rate" in out:  # the rest of flip_rate: a wrong answer changed into another wrong one
+                w2w = sum(b["correct"] == 0.0 and o["correct"] == 0.0 and b["prediction"] != o["prediction"] for b, o in pairs)
+                out["flip_wrong_to_wrong"] = (w2w / n, *binomial_ci(w2w, n), {"n_items": n, "n_flipped": w2w})
         if all(b["gold_loglik"] is not None and o["gold_loglik"] is not None for b, o in pairs):
             delta = np.array([o["gold_loglik"] - b["gold_loglik"] for b, o in pairs], dtype=np.float64)
             mean, low, high = mean_ci(np.abs(delta))

@@ -97,6 +97,19 @@ def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows
     return plan
 
 
+KL_QUANTILES = {"kl_p50": 50.0, "kl_p99": 99.0, "kl_p999": 99.9, "kl_max": 100.0}  # llama.cpp's KL summary
+
+
+def kl_quantile_rows(kl: np.ndarray, info: dict) -> list[MetricRow]:
+    """Median, 99th and 99.9th percentiles and maximum of the per-token KL over all scored tokens
+    (numpy's linear interpolation between order statistics), as llama.cpp's KL tool reports them:
+    the mean hides whether a scheme's error is spread thin or concentrated in a few tokens. No
+    interval: the bootstrap over windows is for means, and a maximum has none worth giving."""
+    values = np.percentile(kl, list(KL_QUANTILES.values()))
+    q_info = {**info, "kl_quantile": "per-token KL estimate over all scored tokens, numpy linear percentile"}
+    return [MetricRow(name, float(v), labels={}, info=q_info) for name, v in zip(KL_QUANTILES, values)]
+
+
 @dataclass
 class TokenScores:
     """One scheme's numbers per scored token, in the eval's order, from a backend."""
@@ -350,6 +363,8 @@ class PerplexityEval(Evaluation):
                                "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum())}
                 rows += self._group_rows(labels, win[sel], w, scores.nll.numpy()[sel], scores.base_nll.double().numpy()[sel],
                                          kl[sel], scores.agree.numpy()[sel], info, kl_info, kl_metric)
+        if scores.kl is not None:
+            rows += kl_quantile_rows(kl, info)
         return rows
 
     def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean") -> list[MetricRow]:

@@ -203,8 +203,7 @@ class RetrievalEval(Evaluation):
 
     def rows(self, frame: pd.DataFrame) -> list[MetricRow]:
         p = self.params
-        info = dict(seed=p["seed"], haystack=p["haystack"] or "per-task", corpus=p["corpus"],
-                    grid_digest=self.digest[:16])
+        info = dict(seed=p["seed"], grid_digest=self.digest[:16])
         levels = [["task", "length", "depth"], ["task", "length"], ["task"], []]
         rows: list[MetricRow] = []
         for level in levels:
@@ -212,16 +211,19 @@ class RetrievalEval(Evaluation):
             for key, g in groups:
                 key = key if isinstance(key, tuple) else (key,)
                 labels = {k: (int(v) if k == "length" else float(v)) if k != "task" else v for k, v in zip(level, key)}
+                used = sorted({G.haystack_source(self.specs[t], p["haystack"], p["corpus"]) for t in g["task"].unique()})
+                where = {**info, "haystack": ", ".join(used),  # what the prompts were cut from, not the parameter
+                         "corpus": ", ".join(u for u in used if u != "filler") or None}
                 acc, lo, hi, method = accuracy_ci(g["score"].to_numpy())
                 extra = dict(n=len(g), ci=method)
                 if level:
                     extra["scoring"] = self.specs[g["task"].iloc[0]].scoring if "task" in level else None
                 if "depth" in level:
                     extra["realised_depth"] = float(g["realised_depth"].mean())
-                rows.append(MetricRow("accuracy", acc, lo, hi, labels, {**info, **extra}))
+                rows.append(MetricRow("accuracy", acc, lo, hi, labels, {**where, **extra}))
                 d, dlo, dhi = difference_ci(g["score"].to_numpy(), g["baseline_score"].to_numpy())
                 rows.append(MetricRow("accuracy_diff", d, dlo, dhi, labels,
-                                      {**info, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())}))
+                                      {**where, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())}))
         return rows
 
     def write_artifacts(self, frame: pd.DataFrame, scheme: Scheme, folder: Path) -> None:

@@ -89,6 +89,12 @@ def load_haystack(kind: str, tokenizer, max_length: int, cache_dir) -> Haystack:
     return Haystack.from_ids(ids, tokenizer, corpus.name)
 
 
+def haystack_source(task: TaskSpec, haystack: str | None, corpus: str) -> str:
+    """The haystack a task's prompts are cut from: ``haystack`` for every task when given, else the
+    task's own kind (``corpus`` where the task asks for prose, the filler sentences otherwise)."""
+    return haystack or (corpus if task.haystack == "corpus" else "filler")
+
+
 def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: list[float], samples: int,
                   seed: int, haystack: str | None, corpus: str, cache_dir, chat: bool | None = None,
                   max_length: int | None = None) -> list[Sample]:
@@ -97,7 +103,7 @@ def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: 
     sources: dict[str, Haystack] = {}
     out: list[Sample] = []
     for task in tasks:
-        kind = haystack or (corpus if task.haystack == "corpus" else "filler")
+        kind = haystack_source(task, haystack, corpus)
         if kind not in sources:
             sources[kind] = load_haystack(kind, tokenizer, max(lengths), cache_dir)
         for length in lengths:

@@ -1,0 +1,51 @@
+"""Check corpus specs before a model loads, so a typo costs a second, not a model load.
+
+Loading a model takes seconds (the embedded one from its GGUF file tens of seconds); an
+evaluation reads its corpus only after that. :func:`check_corpus_spec` finds what
+:func:`evalkit.data.corpus.load_corpus` would refuse, early: ``embedded`` and ``file:PATH`` specs
+are read as the evaluation will read them (a local file, milliseconds), so a missing file, a
+``.jsonl`` line without its field or a foreign suffix is the same one line as later; an
+``hf:...`` spec is checked for its form only (whether the dataset exists may need the network and
+minutes, which is the evaluation's to spend). :func:`check_corpus_params` applies it to the
+parameters of an evaluation (or a calibration) that name a corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from evalkit.data.corpus import SHORT_NAMES, load_corpus
+from evalkit.errors import EvalkitError
+
+CORPUS_KEYS = ("corpus", "haystack", "eval_corpus")  # parameters that hold a corpus spec
+NOT_CORPORA = ("filler", "none", "stdlib-docs", "per-task")  # values of those keys that name no corpus file
+
+
+def check_corpus_spec(spec: str, where: str = "corpus") -> None:
+    """Raise EvalkitError (one line, prefixed by ``where``) for a spec that cannot load."""
+    text = (spec or "").strip()
+    if text.lower() in NOT_CORPORA:
+        return
+    text = SHORT_NAMES.get(text.lower(), text)
+    try:
+        if text.startswith("hf:"):
+            parts = text[len("hf:"):].split(":")
+            if len(parts) not in (2, 3) or not all(parts):
+                raise EvalkitError(f"bad dataset corpus {text!r}: write hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+            return
+        load_corpus(text)
+    except EvalkitError as exc:
+        raise EvalkitError(f"{where}: {exc}") from None
+
+
+def check_corpus_params(params: Any, where: str = "") -> None:
+    """Check every corpus spec among an evaluation's parameters (a dict or a params dataclass)."""
+    values = asdict(params) if is_dataclass(params) and not isinstance(params, type) else params
+    if not isinstance(values, Mapping):
+        return
+    for key in CORPUS_KEYS:
+        value = values.get(key)
+        if isinstance(value, str) and value.strip():
+            check_corpus_spec(value, f"{where} {key}".strip())

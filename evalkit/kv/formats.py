@@ -1,7 +1,7 @@
 """Storage formats for cached K/V, as data.
 
-A format is described once, here, from `torch.finfo` / `torch.iinfo` where torch has the dtype,
-so adding a format touches this table and its test row only. Fields:
+A format is described once, here, from `torch.finfo` where torch has the dtype; the rest of evalkit
+reads only the fields below, never a format's name. Fields:
 
 - ``kind``: a :class:`FormatKind`: ``FLOAT`` (a minifloat: FP8 via a torch float8 dtype, or FP4
   E2M1 kept as 4-bit codes), ``INT`` (integer codes with a scale and, for asymmetric formats, a
@@ -11,7 +11,22 @@ so adding a format touches this table and its test row only. Fields:
 - ``mantissa_bits`` / ``min_normal_exp``: what the exact float rounding emulation needs.
 - ``scale_dtypes``: the :class:`ScaleDType` s a scale of this format may be stored in (the first
   is the default); ``group_scaled``: the format is only meaningful with one scale per small
-  group of elements (FP4: 8 magnitudes cannot span a layer's range).
+  group of elements (FP4: 8 magnitudes cannot span a layer's range); ``recipes``: the
+  :class:`Recipe` s its scales may follow (the first is the default).
+- ``torch_dtype``: what stored codes are. A float format with a torch float dtype (FP8) is stored
+  and rounded by that dtype; a float format without one (``torch.uint8``: a minifloat narrower
+  than a byte, such as E2M1) is stored as its own codes, sign bit on top and the magnitudes of
+  :attr:`KVFormat.code_magnitudes` (derived from ``bits``, ``mantissa_bits``, ``min_normal_exp``
+  and ``max``) below it; 4-bit codes pack two per byte (:attr:`KVFormat.packed`).
+
+Adding a format, the whole checklist: (1) its row in :data:`FORMATS` (a helper below builds FP8
+rows from ``torch.finfo``, integer rows from the bit count; a sub-byte minifloat is written out
+like :func:`_fp4_e2m1`); (2) its row in the tests' format tables (``tests/kv/test_rounding_modes.py``
+``FLOATS`` or ``INTS``; a float row names the ``ml_dtypes`` reference type it is checked against, bit for bit); (3) for a
+named scheme on top of it (``nvfp4``, ``mxfp4``), a :data:`evalkit.kv.scheme.NAMED_SCHEMES` row.
+Rounding, encoding, byte counts, scheme checks and error messages read the fields; engine
+profiles (:mod:`evalkit.engines.profiles`) list the formats each engine serves, by name, as facts
+about that engine.
 
 A scale has a storage dtype of its own (:class:`ScaleDType`): ``fp32`` (what evalkit always kept),
 ``e4m3`` (FP8 E4M3, NVFP4's group scales) or ``e8m0`` (a biased power-of-two exponent byte, the
@@ -91,6 +106,7 @@ class KVFormat:
     tensor_scale: bool = False
     recipe: Recipe = Recipe.STANDARD
     rounding: Rounding = Rounding.RNE
+    recipes: tuple[Recipe, ...] = (Recipe.STANDARD,)  # the recipes this format's scales may follow
 
     @property
     def is_identity(self) -> bool:
@@ -109,6 +125,25 @@ class KVFormat:
     def packed(self) -> bool:
         """Two 4-bit codes per stored byte (INT4, FP4)."""
         return self.bits == 4
+
+    @property
+    def own_codes(self) -> bool:
+        """A float format stored as its own codes (no torch float dtype of its own: E2M1)."""
+        return self.kind is FormatKind.FLOAT and self.torch_dtype is not None and not self.torch_dtype.is_floating_point
+
+    @property
+    def code_magnitudes(self) -> tuple[float, ...]:
+        """The magnitude of each code below the sign bit, in code order (a float format): subnormals
+        ``f * 2**(min_normal_exp - m)``, then ``(1 + f / 2**m) * 2**(min_normal_exp + e - 1)``,
+        up to ``max``. E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6."""
+        m, out = self.mantissa_bits, []
+        for code in range(2 ** (self.bits - 1)):
+            e, f = code >> m, code & ((1 << m) - 1)
+            value = f * 2.0 ** (self.min_normal_exp - m) if e == 0 else (1 + f / 2**m) * 2.0 ** (self.min_normal_exp + e - 1)
+            if value > self.max:
+                break
+            out.append(value)
+        return tuple(out)
 
     @property
     def emax(self) -> int:
@@ -173,6 +208,7 @@ def _fp4_e2m1(description: str) -> KVFormat:
         min_normal_exp=0,
         scale_dtypes=(ScaleDType.FP32, ScaleDType.E4M3, ScaleDType.E8M0),
         group_scaled=True,
+        recipes=(Recipe.STANDARD, Recipe.SGLANG),
     )
 
 

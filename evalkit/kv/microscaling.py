@@ -147,9 +147,6 @@ has one, divides the values first. The same file also has an NVFP4 KV recipe
 not what ``fp4_e2m1`` selects in ``MHATokenToKVPoolFP4``.
 """
 
-_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_E2M1_BY_CODE = _E2M1_MAGNITUDES + tuple(-m for m in _E2M1_MAGNITUDES)  # code 8 is -0.0
-
 _E2M1 = FORMATS["fp4_e2m1"]  # 1 mantissa bit, smallest normal 2**0, max 6: what the rounding reads
 
 
@@ -162,28 +159,44 @@ def round_to_e2m1(y: torch.Tensor, rounding: Rounding = Rounding.RNE) -> torch.T
     return round_to_grid(y.to(torch.float32), _E2M1, rounding)  # saturates at ±6 (fmt.max)
 
 
-def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:
-    """4-bit codes (uint8, 0..15: sign bit 3, magnitude index bits 2..0) of exact E2M1 values.
+def float_to_code(values: torch.Tensor, fmt, check: bool = True) -> torch.Tensor:
+    """Codes (uint8: sign bit ``fmt.bits - 1``, magnitude index below it) of exact values of a float
+    format stored as its own codes (``fmt.own_codes``: E2M1), from its :attr:`code_magnitudes`.
 
-    The values must already lie on the E2M1 grid (the output of ``round_to_e2m1``); anything else,
-    NaN included, raises ValueError. -0 gives code 8. ``check=False`` skips that check (and its
-    read back to the host): NaN then gives code 0, as SGLang's quantizer writes it.
-    """
+    The values must already lie on the format's grid; anything else, NaN included, raises
+    ValueError. -0 gives the sign bit alone. ``check=False`` skips that check (and its read back to
+    the host): NaN then gives code 0, as SGLang's quantizer writes it."""
     values = values.to(torch.float32)
-    table = values.new_tensor(_E2M1_MAGNITUDES)
+    magnitudes = fmt.code_magnitudes
+    table = values.new_tensor(magnitudes)
     magnitude = values.abs().contiguous()
-    index = torch.searchsorted(table, magnitude).clamp_(max=len(_E2M1_MAGNITUDES) - 1)
+    index = torch.searchsorted(table, magnitude).clamp_(max=len(magnitudes) - 1)
     if check and not bool((table[index] == magnitude).all()):
-        raise ValueError("e2m1_to_code needs values on the E2M1 grid; round them with round_to_e2m1 first")
-    codes = index.to(torch.uint8).bitwise_or_(torch.signbit(values).to(torch.uint8) << 3)
+        raise ValueError(f"{fmt.name} codes need values on its grid; round them with round_to_grid first")
+    codes = index.to(torch.uint8).bitwise_or_(torch.signbit(values).to(torch.uint8) << (fmt.bits - 1))
     return codes if check else codes.masked_fill_(torch.isnan(values), 0)
+
+
+def code_to_float(codes: torch.Tensor, fmt) -> torch.Tensor:
+    """The float32 value of each code of a float format stored as its own codes (inverse of :func:`float_to_code`)."""
+    _check_codes(codes)
+    magnitudes = fmt.code_magnitudes
+    by_code = [0.0] * 2**fmt.bits
+    for i, m in enumerate(magnitudes):
+        by_code[i], by_code[i + 2 ** (fmt.bits - 1)] = m, -m
+    table = torch.tensor(by_code, dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """4-bit codes (uint8, 0..15: sign bit 3, magnitude index bits 2..0) of exact E2M1 values
+    (:func:`float_to_code` for E2M1; values from ``round_to_e2m1``). -0 gives code 8."""
+    return float_to_code(values, _E2M1, check)
 
 
 def code_to_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """The float32 value of each 4-bit E2M1 code (0..15); code 8 is -0.0."""
-    _check_codes(codes)
-    table = torch.tensor(_E2M1_BY_CODE, dtype=torch.float32, device=codes.device)
-    return table[codes.long()]
+    return code_to_float(codes, _E2M1)
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
-from evalkit.kv.rounding import round_integer, round_to_fp8_stored
+from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
@@ -108,8 +108,8 @@ def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torc
     tensor rounded to nearest even, e.g. a decode token, is rounded by torch's cast), so storing it
     costs no second cast (:func:`encode_quantized`; the same bytes as ``encode``, tested)."""
     if fmt.kind is FormatKind.FLOAT:
-        if fmt.packed:  # E2M1
-            codes = mx.round_to_e2m1(y, fmt.rounding)
+        if fmt.own_codes:  # a minifloat without a torch dtype (E2M1): rounded on its grid by its fields
+            codes = round_to_grid(y.to(torch.float32), fmt)
             return (mx.sglang_zero_sign(y, codes) if fmt.recipe is Recipe.SGLANG else codes), None
         return round_to_fp8_stored(y.clamp(-fmt.max, fmt.max), fmt)
     return round_integer(y, fmt.rounding).clamp_(fmt.qmin, fmt.qmax), None
@@ -262,11 +262,12 @@ def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Float32 codes (already on the format's grid) -> the stored tensor: float8, int8, uint8 or
     4-bit codes packed two per byte along head_dim (low nibble first; FP4 in the OCP bit layout
     S E E M). Exact."""
-    if fmt.kind is FormatKind.FLOAT and fmt.packed:
-        return _pack_nibbles(mx.e2m1_to_code(codes, check=False))  # no host read-back: runs in every layer
+    if fmt.own_codes:
+        stored = mx.float_to_code(codes, fmt, check=False)  # no host read-back: runs in every layer
+        return _pack_nibbles(stored) if fmt.packed else stored
     if fmt.kind is FormatKind.FLOAT:
         return codes.to(fmt.storage_dtype)
-    if fmt.bits == 4:
+    if fmt.packed:
         return _pack_nibbles(codes if fmt.asymmetric else codes + 8)
     return codes.to(fmt.storage_dtype)
 
@@ -279,11 +280,11 @@ def encode_quantized(q: Quantized, fmt: KVFormat) -> torch.Tensor:
 
 def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """The stored tensor -> float32 codes (inverse of :func:`encode`)."""
-    if fmt.kind is FormatKind.FLOAT and fmt.packed:
-        return mx.code_to_e2m1(mx.unpack_fp4(stored))
+    if fmt.own_codes:
+        return mx.code_to_float(mx.unpack_fp4(stored) if fmt.packed else stored, fmt)
     if fmt.kind is FormatKind.FLOAT:
         return stored.to(torch.float32)
-    if fmt.bits == 4:
+    if fmt.packed:
         c = _unpack_nibbles(stored).to(torch.float32)
         return c if fmt.asymmetric else c - 8
     return stored.to(torch.float32)

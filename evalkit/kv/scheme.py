@@ -199,9 +199,12 @@ class Scheme:
         if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
             raise SchemeError("tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
                               "add +scale_dtype=e4m3 or write nvfp4")
-        if self.recipe is Recipe.SGLANG and (fmt.name != "fp4_e2m1" or self.scale_dtype is not ScaleDType.E8M0):
-            raise SchemeError("recipe=sglang is SGLang's fp4_e2m1 KV recipe (E2M1 values, E8M0 scales): "
-                              "use fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang, i.e. sglang_fp4")
+        if self.recipe not in fmt.recipes or (self.recipe is Recipe.SGLANG and self.scale_dtype is not ScaleDType.E8M0):
+            takers = [f.name for f in FORMATS.values() if self.recipe in f.recipes]
+            named = [n for n, d in NAMED_SCHEMES.items() if d.recipe is self.recipe]
+            raise SchemeError(f"recipe={self.recipe.value} goes with {' or '.join(takers)} values and e8m0 scales "
+                              f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
+                              f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}")
         if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
             return
         needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"

@@ -342,3 +342,16 @@ def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tm
     ev.prepare(lm, tmp_path)
     ppl = plain_reference(ev, lm, parse_scheme("nvfp4"))[0]
     assert top[("nvfp4", "ppl")] == pytest.approx(ppl, rel=1e-5)
+
+
+def test_code_magnitudes_are_derived_from_the_fields_and_match_ml_dtypes():
+    """E2M1's code table comes from bits / mantissa_bits / min_normal_exp / max, not from its name."""
+    import ml_dtypes
+    import numpy as np
+
+    from evalkit.kv.formats import FORMATS
+
+    fmt = FORMATS["fp4_e2m1"]
+    assert fmt.own_codes and not FORMATS["fp8_e4m3"].own_codes and not FORMATS["int4"].own_codes
+    reference = np.arange(8, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    assert fmt.code_magnitudes == tuple(reference) == (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -172,7 +172,7 @@ def perplexity_work(params: dict, facts) -> Work:
 # ---- retrieval ---------------------------------------------------------------------------------
 def retrieval_work(params: dict, facts) -> Work:
     from evalkit.evals.retrieval import grid as G
-    from evalkit.evals.retrieval.tasks import draw_needles, load_task
+    from evalkit.evals.retrieval.tasks import load_task
 
     lengths = G.resolve_lengths(params["lengths"], facts.max_length)
     specs = [load_task(t) for t in params["tasks"]]
@@ -184,9 +184,8 @@ def retrieval_work(params: dict, facts) -> Work:
             budgets = []
             for depth in params["depths"]:
                 for i in range(params["samples"]):
-                    nd = draw_needles(task, f"{params['seed']}/{task.name}/{length}/{depth:g}/{i}")
-                    answer = _count_tokens(facts.tokenizer, " " + ", ".join(nd.answers))
-                    budgets.append(answer + 4 * len(nd.answers) + 4)  # the evaluation's max_new_tokens rule
+                    budgets.append(G.sample_needles(task, params["seed"], length, depth, i,
+                                                    lambda text: _count_tokens(facts.tokenizer, text))[2])
             prompts += len(budgets)
             tokens += len(budgets) * length + sum(budgets)
             bs = params["batch_size"]

@@ -95,11 +95,21 @@ def haystack_source(task: TaskSpec, haystack: str | None, corpus: str) -> str:
     return haystack or (corpus if task.haystack == "corpus" else "filler")
 
 
+def sample_needles(task: TaskSpec, seed: int, length: int, depth: float, index: int, count_tokens):
+    """``(key, needles, max_new_tokens)`` of one sample: the needles drawn from the seed string
+    ``"{seed}/{task}/{length}/{depth}/{index}"`` and the answer budget, the answers' tokens
+    (``count_tokens(text)``) plus list markup ("1. ", newlines) around each and a few tokens. The one
+    rule the run (:func:`build_samples`) and the dry run's sizing share."""
+    from evalkit.evals.retrieval.tasks import draw_needles
+
+    key = f"{seed}/{task.name}/{length}/{depth:g}/{index}"
+    nd = draw_needles(task, key)
+    return key, nd, count_tokens(" " + ", ".join(nd.answers)) + 4 * len(nd.answers) + 4
+
+
 def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: list[float], samples: int,
                   seed: int, haystack: str | None, corpus: str, cache_dir, chat: bool | None = None,
                   max_length: int | None = None) -> list[Sample]:
-    from evalkit.evals.retrieval.tasks import draw_needles
-
     sources: dict[str, Haystack] = {}
     out: list[Sample] = []
     for task in tasks:
@@ -109,13 +119,10 @@ def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: 
         for length in lengths:
             for depth in depths:
                 for i in range(samples):
-                    key = f"{seed}/{task.name}/{length}/{depth:g}/{i}"
-                    nd = draw_needles(task, key)
+                    key, nd, max_new = sample_needles(task, seed, length, depth, i, lambda text: len(encode(tokenizer, text)))
                     template = build_template(tokenizer, task.intro, nd.question, nd.answer_prefix, chat)
                     ids, realised = build_prompt(tokenizer, template, sources[kind], nd.needles, length, depth,
                                                  random.Random(key + "/place"), label=f"task {task.name}")
-                    # room for the answers plus list markup ("1. ", newlines) around each, and a few tokens
-                    max_new = len(encode(tokenizer, " " + ", ".join(nd.answers))) + 4 * len(nd.answers) + 4
                     if max_length is not None and length + max_new > max_length:
                         raise EvalkitError(f"task {task.name}: a {length}-token prompt plus its {max_new}-token answer "
                                            f"exceeds the model's maximum of {max_length} tokens: use --lengths up to "

@@ -79,6 +79,20 @@ def check_free_space(folder: Path, need: int, what: str, fix: str) -> None:
         raise EvalkitError(f"{what} need {format_bytes(need)} but {format_bytes(free)} are free: {fix}")
 
 
+def load_or_build(folder: Path, load, build) -> dict:
+    """The baseline in ``folder``: ``load()`` when its completion marker (``meta.json``) is there, else
+    (not there, or left by an older evalkit or a damaged disk: a cache miss) ``build()`` into a clean
+    folder and ``load()`` it back; ``load`` returns None for a folder it cannot read."""
+    base = load() if (folder / "meta.json").is_file() else None
+    if base is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        build()
+        base = load()
+        if base is None:
+            raise EvalkitError(f"the baseline just written to {folder} cannot be read back: check the disk, or use --cache-dir elsewhere")
+    return base
+
+
 def temp_dir(final: Path) -> Path:
     """A fresh temporary sibling of ``final`` (this process's own) to build a cache folder in."""
     tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")

@@ -50,7 +50,6 @@ import contextlib
 import hashlib
 import json
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ import torch
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
-from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, publish, temp_dir
+from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.models.info import weights_fingerprint
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
@@ -228,14 +227,7 @@ class PerplexityEval(Evaluation):
                    dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=self.corpus.sha256,
                    tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
         self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        base = self._load_baseline() if (self.dir / "meta.json").is_file() else None
-        if base is None:  # not there, or left by an older evalkit or a damaged disk: a cache miss
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self._compute_baseline(lm, key)
-            base = self._load_baseline()
-            if base is None:
-                raise EvalkitError(f"the baseline just written to {self.dir} cannot be read back: check the disk, or use --cache-dir elsewhere")
-        self.base = base
+        self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
         self.base_nll, self.base_argmax = base["nll"], base["argmax"]
 
     def _load_baseline(self) -> dict | None:

@@ -214,3 +214,34 @@ def test_cli_end_to_end_json_and_out(capsys, tmp_path):
     assert (tmp_path / "serving.csv").read_text().startswith("kv_cache_dtype,")
     one_line_exit_2(["capacity", "--engine", "vllm", "--model", "embedded", "--budget-gib", "0.01", "--context", "4096"],
                     capsys, "holds no request of 4,096 tokens", "raise --budget-gib")
+
+
+# -- the serving evaluation ------------------------------------------------------------------------------
+def test_serving_eval_registers_and_checks_its_params():
+    from evalkit.engines.serving_eval import ServingEval
+    from evalkit.evals.base import get_eval
+
+    assert get_eval("serving") is ServingEval and ServingEval.name == "serving"
+    assert ServingEval({"budget_gib": 0.5, "context": 256}).params == {"budget_gib": 0.5, "context": 256, "load": False,
+                                                                       "decode_tokens": 16}
+    with pytest.raises(EvalkitError, match="--serving-budget-gib must be a positive number"):
+        ServingEval({"budget_gib": 0})
+    with pytest.raises(EvalkitError, match="unknown serving parameter"):
+        ServingEval({"budget": 1})
+
+
+@needs_vllm
+def test_serving_eval_measures_the_scheme_through_its_engine_config(embedded):
+    from types import SimpleNamespace
+
+    import torch
+
+    from evalkit.engines.serving_eval import ServingEval
+
+    folder, layout = embedded
+    lm = SimpleNamespace(path=folder, layout=layout, model=torch.nn.Linear(1, 1).to(torch.bfloat16))
+    ev = ServingEval({"budget_gib": 1 / 64, "context": 256})
+    ev.prepare(lm, None)
+    rows = {r.metric: r for r in ev.evaluate(lm, "fp8_e4m3/tensor/unit")}
+    assert rows["kv_tokens"].value == 1408 and rows["kv_tokens"].labels["kv_cache_dtype"] == "fp8_e4m3"
+    assert rows["computed_bytes_per_token"].value == BF16_BPT // 2 and rows["kv_tokens"].info["engine_dtype"] == "bfloat16"

@@ -1,0 +1,65 @@
+"""The ``serving`` evaluation: vLLM's measured capacity, admission and speed for a scheme, as sweep rows.
+
+Per scheme, the engine configuration that runs it (:func:`evalkit.engines.vllm_runner.engine_config`:
+``bf16`` -> ``auto``, ``fp8_e4m3/tensor/unit`` -> ``fp8_e4m3``, ...) is measured by
+:func:`evalkit.engines.vllm_serving.measure` on the loaded model's folder, in the model's dtype, with
+``budget_gib`` of KV cache and ``max_model_len = context``; with ``load``, admission and prefill/decode
+speed too. The rows are :func:`~evalkit.engines.vllm_serving.serving_rows`' (``kv_tokens``,
+``max_concurrency``, ``computed_bytes_per_token``, ``capacity_ratio_vs_computed``, ``admitted_requests``,
+``prefill_tok_s``, ``decode_tok_s``, ...), with the engine's profile, version and platform in ``info``.
+
+It lives with the engines (a floor above the evaluations), so the registry finds it as a plugin:
+``EVALKIT_EVALS=evalkit.engines.serving_eval`` (see :mod:`evalkit.evals.base`). It needs vLLM; without
+it ``prepare`` says so in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalkit.evals.base import Evaluation, MetricRow, Params, param, register_eval
+
+
+def _budget(value, flag: str) -> float:
+    from evalkit.engines.vllm_serving import check_budget
+    from evalkit.errors import EvalkitError
+
+    try:
+        check_budget(value)
+    except EvalkitError as exc:
+        raise EvalkitError(str(exc).replace("--budget-gib", flag)) from None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ServingParams(Params):
+    budget_gib: float = param(2.0, "KV cache budget of each engine in GiB", parse=_budget)
+    context: int = param(2048, "max_model_len and the tokens of one request", low=2)
+    load: bool = param(False, "also measure admission under load and prefill/decode tokens/s")
+    decode_tokens: int = param(16, "tokens generated per request under load", low=1)
+
+
+@register_eval("serving")
+class ServingEval(Evaluation):
+    Params = ServingParams
+    summary_metrics = ("kv_tokens", "capacity_ratio_vs_computed", "admitted_requests", "decode_tok_s")
+
+    def prepare(self, lm, workdir: Path) -> None:
+        from evalkit.engines.vllm_kernel import check_vllm_available
+
+        check_vllm_available()
+        self.folder, self.layout = lm.path, lm.layout
+        self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.engines.vllm_runner import engine_config
+        from evalkit.engines.vllm_serving import measure, serving_rows
+
+        self.require_prepared(getattr(self, "folder", None) == lm.path)
+        p: dict[str, Any] = self.params
+        kvd = engine_config(scheme).kv_cache_dtype
+        ms = measure(self.folder, self.layout, [kvd], int(p["budget_gib"] * 2**30), p["context"], dtype=self.dtype,
+                     load=p["load"], decode_tokens=p["decode_tokens"])
+        return serving_rows(ms)

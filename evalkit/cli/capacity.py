@@ -192,9 +192,11 @@ def run_engine(args: argparse.Namespace) -> int:
     """``capacity --engine vllm``: measure (see the module docstring), print the table, write --out."""
     import sys
 
+    from evalkit.engines.vllm_kernel import check_vllm_available
     from evalkit.engines.vllm_serving import (DEFAULT_CONTEXT, DEFAULT_DECODE_TOKENS, DEFAULT_DTYPE, check_budget,
                                               format_serving_table, measure, serving_rows, serving_table)
     from evalkit.models.info import kv_layout
+    from evalkit.models.loading import model_source
     from evalkit.models.presets import config_namespace
     from evalkit.planning.capacity import parse_count
 
@@ -206,9 +208,6 @@ def run_engine(args: argparse.Namespace) -> int:
     context = parse_count(args.context or str(DEFAULT_CONTEXT))
     budget = check_budget(args.budget_gib)
     dtypes = args.kv_cache_dtypes.split(",") if args.kv_cache_dtypes else None
-    from evalkit.engines.vllm_kernel import check_vllm_available
-    from evalkit.models.loading import model_source
-
     check_vllm_available()  # vLLM missing: one line before the model is converted or read
     folder, _ = model_source(args.model)
     config = Path(folder) / "config.json"

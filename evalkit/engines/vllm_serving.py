@@ -47,9 +47,12 @@ import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalkit.errors import EvalkitError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 DEFAULT_DTYPE = "bfloat16"  # the model dtype the engine runs: ``auto`` then stores BF16, what evalkit's unquantized count is
@@ -391,7 +394,7 @@ def serving_rows(measurements: list[Measurement]) -> list:
         labels = {"kv_cache_dtype": a.kv_cache_dtype, "budget_bytes": a.budget_bytes, "context": a.context}
         info = {**m.info, "computed_scheme": m.scheme}
 
-        def add(metric, value, extra=None, more=None):
+        def add(metric, value, extra=None, more=None, labels=labels, info=info):
             if value is not None:
                 rows.append(MetricRow(metric, float(value), labels={**labels, **(extra or {})}, info={**info, **(more or {})}))
 
@@ -450,7 +453,7 @@ def _cell(v, digits: int) -> str:
     return f"{v:,.{digits}f}" if isinstance(v, (int, float)) else str(v)
 
 
-def serving_table(rows) -> "pd.DataFrame":  # noqa: F821
+def serving_table(rows) -> pd.DataFrame:
     """One line per kv_cache_dtype (the table ``capacity --engine vllm`` prints)."""
     import pandas as pd
 

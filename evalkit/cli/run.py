@@ -6,9 +6,11 @@ The baseline (bf16) is always evaluated first, whether listed or not. With ``--o
 rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--json`` prints the
 rows as JSON instead of the table. ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
-before anything loads, the schemes it cannot run. ``--engine vllm`` (``--eval perplexity``) has
+before anything loads, the schemes it cannot run. ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
+Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
+each row's ``info["backend"]`` names who produced it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
     p.add_argument("--engine", default="emulation", choices=("emulation", "vllm"),
-                   help="who computes the log-probs: evalkit's emulation (default) or vLLM itself (--eval perplexity; "
+                   help="who computes the numbers: evalkit's emulation (default) or vLLM itself (every eval; "
                         "schemes map through the vllm-cpu profile; evalkit.engines.vllm_backend)")
     p.add_argument("--engine-profile", dest="engine_profile", default=None, metavar="NAME",
                    help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
@@ -71,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         schemes.insert(0, Scheme())
     schemes.sort(key=lambda s: not s.is_identity)
     cls = get_eval(args.eval_name)
-    ev = cls(cls.params_from_args(args)) if backend is None else cls(cls.params_from_args(args), backend=backend)
+    from evalkit.evals.backend import use_backend
+
+    ev = use_backend(cls(cls.params_from_args(args)), backend)  # one line for an option the engine cannot honour
     from evalkit.data.corpus_check import check_corpus_params
 
     check_corpus_params(getattr(ev, "params", None), args.eval_name)  # a bad corpus spec: one line, before the model loads
@@ -85,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             profile.check(scheme, lm.layout)
     if backend is not None:
         backend.check(schemes, lm.layout)
+        backend.check_model(lm)
     workdir = args.cache_dir or cache_root() / "work"
     from evalkit.runtime.runlog import log_sizes, logs_written, run_folder
 
@@ -109,14 +114,17 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         metrics = cls.summary_metrics
-        if any(r["metric"] == "kl_lower_bound" for r in all_rows):  # an engine's top-k gives the bound only
-            metrics = tuple("kl_lower_bound" if m == "kl_mean" else m for m in metrics)
+        if any(r["metric"] in BOUND_METRICS.values() for r in all_rows):  # an engine's top-k gives the bound only
+            metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
         print(rows_table(all_rows, metrics))
         if args.out:
             print(f"\nrows written to {args.out / 'rows.jsonl'}")
     for log in logs_written(logs, before):
         print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
     return 0
+
+
+BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
 
 
 def _slug(scheme: Scheme) -> str:

@@ -1,16 +1,30 @@
-"""The perplexity eval's log-prob backend through vLLM (:class:`VllmBackend`), and ``evalkit run
---engine vllm``'s set-up of it (:func:`engine_backend`).
+"""vLLM as an evaluation backend (:class:`VllmBackend`, :mod:`evalkit.evals.backend`'s interface), and
+``evalkit run --engine vllm``'s set-up of it (:func:`engine_backend`).
 
-The backend runs prompts through :class:`~evalkit.engines.vllm_runner.VllmRunner` (see
-:mod:`evalkit.evals.perplexity.evaluation` for the seam): the engine's own unquantized run (``kv_cache_dtype="auto"``, same
-dtype) is the baseline; NLL and perplexity are exact from the engine's log-probs, top-1 agreement is
-taken from its top-k, and KL(baseline || scheme) is the proven lower bound of
-:mod:`evalkit.evals.kl_topk` over the tokens both runs returned (the top-k gives no estimate of the
-rest), reported as ``kl_lower_bound`` with ``kl_bound: true``.
+Every request runs through an in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`, or
+lm-eval's own ``vllm`` model for lm-eval) started once per scheme with the scheme's
+``kv_cache_dtype`` (the vllm-cpu profile's mapping, :func:`~evalkit.engines.vllm_runner.engine_config`);
+the baseline of every evaluation is the engine's own unquantized run (``kv_cache_dtype="auto"``, the
+model's dtype), never the emulation's:
+
+* perplexity: NLL and perplexity exact from the engine's prompt log-probs, top-1 agreement from its
+  top-k, and KL(baseline || scheme) the proven lower bound of :mod:`evalkit.evals.kl_topk` over the
+  tokens both runs returned (the top-k gives no estimate of the rest), reported as ``kl_lower_bound``
+  with ``kl_bound: true``;
+* decode: vLLM's greedy generation (first divergence, share identical) and the teacher-forced
+  positions' top-k bound (:mod:`evalkit.engines.vllm_decode`);
+* retrieval: vLLM's greedy answers to the same prompts, scored as the emulation's;
+* lm-eval: lm-eval's ``VLLM`` model (:mod:`evalkit.engines.vllm_lmeval`), flip rates against the
+  engine's baseline run.
+
+Refused in one line before anything loads: a scheme the engine cannot run (:meth:`VllmBackend.check`),
+a model architecture vLLM does not implement (:meth:`VllmBackend.check_model`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +32,33 @@ import numpy as np
 import torch
 
 from evalkit.engines.vllm_kernel import check_vllm_available
-from evalkit.engines.vllm_runner import (DEFAULT_TOP_K, ENGINE, KV_CACHE_BYTES, PROFILE, EngineConfig, VllmRunner,
-                                         engine_config)
+from evalkit.engines.vllm_runner import (
+    DEFAULT_TOP_K,
+    ENGINE,
+    KV_CACHE_BYTES,
+    PROFILE,
+    EngineConfig,
+    VllmRunner,
+    engine_config,
+)
 from evalkit.errors import EvalkitError
+from evalkit.evals.backend import Backend, Capabilities
 
 KL_METHOD = ("proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
              "top-k returned, the rest of the vocabulary as one aggregate; no estimate of the gap")
+SCHEMES = "FP8 E4M3 or E5M2, one scale per layer (1.0, or static for E4M3), rounded toward zero: the vllm-cpu profile"
+
+
+def engine_name() -> str:
+    """The engine as rows record it: its distribution and version, e.g. ``vllm-cpu 0.32.0``."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return ENGINE
 
 
 # -- the perplexity eval's backend ---------------------------------------------------------------------------
@@ -35,15 +70,15 @@ class _EngineRun:
     target: torch.Tensor  # (n,) int64 the actual next tokens
 
 
-class VllmBackend:
-    """The perplexity eval's log-prob backend through vLLM (see the module docstring)."""
-
-    name = ENGINE
+class VllmBackend(Backend):
+    """Every evaluation's requests through vLLM (see the module docstring). One instance serves one
+    prepared evaluation: it holds that evaluation's engine baseline."""
 
     def __init__(self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0):
         check_vllm_available()
         self.top_k, self.kv_cache_bytes, self.seed = top_k, kv_cache_bytes, seed
         self.seconds: dict[str, float] = {}
+        self.capabilities = Capabilities(engine_name(), kl="bound", step_distributions=True, schemes=SCHEMES)
 
     def check(self, schemes, layout=None) -> list[EngineConfig]:
         """The engine configuration of each scheme: EvalkitError (one line) for one it cannot run
@@ -57,10 +92,26 @@ class VllmBackend:
                 get_profile(PROFILE).check(parse_scheme(c.emulation), layout)
         return configs
 
-    def prepare(self, ev, lm, workdir: Path) -> None:
-        """The engine's own unquantized run (kv_cache_dtype auto, the model's dtype): the baseline."""
+    def check_model(self, lm) -> None:
+        """EvalkitError (one line) when vLLM implements none of the model's architectures."""
+        from evalkit.engines.vllm_runner import _import_vllm
+
+        _import_vllm()
+        from vllm.model_executor.models import ModelRegistry
+
+        archs = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
+        supported = set(ModelRegistry.get_supported_archs())
+        if not any(a in supported for a in archs):
+            raise EvalkitError(f"vLLM {self.name} does not implement the architecture {', '.join(archs)} of {lm.name}: "
+                               "use --engine emulation for this model")
+
+    def _model(self, lm) -> None:
         self.model_dir = lm.path
         self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+
+    def prepare(self, ev, lm, workdir: Path) -> None:
+        """Perplexity: the engine's own unquantized run (kv_cache_dtype auto, the model's dtype), the baseline."""
+        self._model(lm)
         self.prompts, self.first_targets = [], []
         for ids, t0 in ev.window_inputs():
             self.prompts.append(ids.tolist())
@@ -68,20 +119,19 @@ class VllmBackend:
         self.max_model_len = max(len(p) for p in self.prompts) + 1
         self.base, self.base_info = self.run(EngineConfig("auto"))
 
-    def start(self, config: EngineConfig) -> VllmRunner:
+    def start(self, config: EngineConfig, max_model_len: int | None = None) -> VllmRunner:
         """An engine for ``config`` on the prepared model (close it, or use it as a context manager)."""
         return VllmRunner(self.model_dir, dtype=self.dtype, kv_cache_dtype=config.kv_cache_dtype, scales=config.scales,
-                          skip_layers=config.skip_layers, max_model_len=self.max_model_len, top_k=self.top_k,
+                          skip_layers=config.skip_layers, max_model_len=max_model_len or self.max_model_len, top_k=self.top_k,
                           kv_cache_bytes=self.kv_cache_bytes, seed=self.seed)
 
-    def run(self, config: EngineConfig) -> tuple[_EngineRun, dict]:
-        """The scored tokens' log-probs of every window through one engine started for ``config``."""
-        import time
-
+    def run(self, config: EngineConfig, work=None, max_model_len: int | None = None) -> tuple[object, dict]:
+        """``work(runner)`` (default: the perplexity windows' log-probs) through one engine started for
+        ``config``, and the engine's provenance for the rows."""
         start = time.perf_counter()
-        with self.start(config) as runner:
+        with self.start(config, max_model_len) as runner:
             loaded = time.perf_counter()
-            run = self.collect(runner)
+            run = (work or self.collect)(runner)
             info = runner.info()
         info.update(config.to_dict(), engine_profile=PROFILE, engine_load_seconds=round(loaded - start, 3),
                     engine_score_seconds=round(time.perf_counter() - loaded, 3))
@@ -104,21 +154,71 @@ class VllmBackend:
 
     def scores(self, run: _EngineRun, info: dict):
         """The eval's per-token scores of an engine run against the engine's baseline."""
-        from evalkit.evals.perplexity.evaluation import TokenScores
+        from evalkit.evals.backend import TokenScores
 
         _, lower, tail = kl_lower_bound(self.base, run)
         return TokenScores(nll=run.nll, base_nll=self.base.nll, agree=run.ids[:, 0] == self.base.ids[:, 0], kl=None,
                            kl_lower=lower, kl_var=None, kl_tail_mass=tail,
                            info={**info, "kl_method": KL_METHOD, "kl_bound": True})
 
+    # -- decode: greedy generation and teacher-forced top-k (evalkit.engines.vllm_decode) --------------------
+    def prepare_decode(self, ev, lm, workdir: Path) -> None:
+        """The engine baseline's greedy continuation of the eval's prompts and its log-probs over P + T tokens."""
+        from evalkit.engines.vllm_decode import decode_run
+
+        self._model(lm)
+        p = ev.p
+        self.decode_len = p.length + 1
+        self.decode_base, self.decode_info = self.run(
+            EngineConfig("auto"), lambda r: decode_run(r, ev.inputs, p.prefill, p.decode), self.decode_len)
+        n = p.sequences
+        ev.inputs = ev.inputs.clone()
+        ev.inputs[n:, p.prefill:] = torch.from_numpy(self.decode_base.generated)  # the greedy rows, as the emulation's
+
+    def decode_positions(self, ev, lm, scheme) -> dict:
+        from evalkit.engines.vllm_decode import decode_positions, decode_run
+
+        p, config = ev.p, engine_config(scheme)
+        if config.kv_cache_dtype == "auto":
+            run, info = self.decode_base, self.decode_info
+        else:
+            run, info = self.run(config, lambda r: decode_run(r, ev.inputs, p.prefill, p.decode, self.decode_base.generated),
+                                 self.decode_len)
+        info = {**info, "kl_method": KL_METHOD, "kl_bound": True,
+                "free_running": "the engine's own greedy generation under the scheme against under kv_cache_dtype auto",
+                "teacher_forced": "the engine's prompt log-probs over the P + T tokens (one prefill)"}
+        return decode_positions(self.decode_base, run, (2 * p.sequences, p.decode), info)
+
+    # -- retrieval: greedy answers ---------------------------------------------------------------------------
+    def generate(self, lm, scheme, batches, progress=None, on_batch=None) -> list[list[str]]:
+        from evalkit.engines.vllm_decode import generate_texts
+
+        self._model(lm)
+        batches = list(batches)
+        longest = max((len(p) + max_new for prompts, max_new in batches for p in prompts), default=1)
+        texts, self.generate_info = self.run(engine_config(scheme), lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch),
+                                             longest + 1)
+        return texts
+
+    # -- lm-eval: lm-eval's own vllm model (evalkit.engines.vllm_lmeval) ---------------------------------------
+    def prepare_lmeval(self, ev, lm) -> None:
+        self._model(lm)
+
+    @contextlib.contextmanager
+    def lmeval_model(self, ev, lm, scheme):
+        from evalkit.engines.vllm_lmeval import lmeval_vllm
+
+        config = EngineConfig("auto") if scheme is None else engine_config(scheme)
+        with lmeval_vllm(self.model_dir, config, dtype=self.dtype, batch_size=ev.params.get("batch_size"),
+                         kv_cache_bytes=self.kv_cache_bytes, seed=self.seed) as model:
+            yield model
+
 
 def engine_backend(args, schemes: list) -> tuple[VllmBackend, list]:
-    """``evalkit run --engine vllm``: the backend and the schemes as the engine runs them (the
+    """``evalkit run --engine vllm`` (any eval): the backend and the schemes as the engine runs them (the
     vllm-cpu profile applied), or EvalkitError (one line) before anything loads or is written."""
     from evalkit.kv.scheme import parse_scheme
 
-    if args.eval_name != "perplexity":
-        raise EvalkitError(f"--engine vllm runs --eval perplexity only, not {args.eval_name}: drop --engine or use --eval perplexity")
     if getattr(args, "engine_profile", None) not in (None, PROFILE):
         raise EvalkitError(f"--engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {args.engine_profile}")
     if str(args.device) != "cpu" or args.device_map is not None:
@@ -135,8 +235,8 @@ def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tupl
     :func:`evalkit.evals.kl_topk.kl_from_summary` on a summary over a local vocabulary (S's columns
     plus one for the tail), whose tail sample is that one column: its estimate then equals the bound.
     Returns (None, bound, P_T)."""
-    from evalkit.evals.output_head import P_SCALE, rowdot
     from evalkit.evals.kl_topk import kl_from_summary
+    from evalkit.evals.output_head import P_SCALE, rowdot
 
     n = base.nll.numel()
     lower, tail_mass = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)

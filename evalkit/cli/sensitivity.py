@@ -1,15 +1,15 @@
 """`evalkit sensitivity`: rank layers by what quantizing them costs, and say which to keep in BF16.
 
     python -m evalkit sensitivity --model embedded --scheme fp8_e4m3/tensor/dynamic \\
-        --window 256 --max-windows 8 --target-kl 0.002 --context 8192 --out results/sens
+        --perplexity-window 256 --perplexity-max-windows 8 --target-kl 0.002 --context 8192 --out results/sens
 
-The quality measure is the perplexity eval (same options: --corpus --window --stride
---max-windows --max-tokens --batch-size --bos --bootstrap-samples --seed). Prints the ranking and
+The quality measure is the perplexity eval (same options: --perplexity-corpus, --perplexity-window,
+... every ``--perplexity-<parameter>`` of ``evalkit run``). Prints the ranking and
 the recommendation; with ``--out DIR`` writes sensitivity.csv, rows.jsonl (``labels.layer``),
 recommendation.json and sensitivity.png. Before the layer sweep it prints what the sweep will
 take (estimated from the first, all-layers evaluation), progress bars follow it, and the
 recommendation carries a WARNING when its sample is too small to support the set it keeps
-(:func:`evalkit.planning.sensitivity.sample_warnings`). A bad corpus spec is refused before the
+(:func:`evalkit.planning.sensitivity.sample_warnings`). A bad ``--perplexity-corpus`` is refused before the
 model loads.
 """
 

@@ -9,8 +9,9 @@ estimates (the table shows their 95 % intervals next to them):
 * lm-eval flip rate ``<= max_flip_rate`` for every task (default 0.05), if measured
 
 Among the schemes inside, "cheapest" is the fewest KV bytes per token (ties: the scheme string).
-A criterion the store has no numbers for is reported as unchecked, never silently passed, and a
-scheme with no perplexity numbers at all is not recommended. When no scheme is inside, the line
+The criteria are the evaluations' own (their ReportSpec's ``criteria``; the Budget field each one
+reads is named there). A criterion the store has no numbers for is reported as unchecked, never
+silently passed, and a scheme with no perplexity numbers at all is not recommended. When no scheme is inside, the line
 names the closest one (smallest |Δppl|) and each criterion it fails, with its value and the gap:
 ``fails top-1 ≥ 99%: 95.40%, short by 3.60 pts``.
 """
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from evalkit.evals.base import Criterion
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.report import evals as report_evals
 
 
 @dataclass(frozen=True)
@@ -41,50 +44,45 @@ def _pct(v: float) -> str:
     return f"{100 * v:.2f}".rstrip("0").rstrip(".")
 
 
-def _criteria(row: dict, budget: Budget) -> list[tuple[str, float | None, bool | None, str]]:
-    """(name, measured value, holds, how it failed) for every criterion that applies to ``row``."""
+def _instances(row: dict, c: Criterion) -> list[tuple[str, str, str]]:
+    """(name, text, column) of each criterion ``c`` stands for in ``row`` (one per ``*/suffix`` column)."""
+    if not c.column.startswith("*/"):
+        return [(c.name, c.text, c.column)] if c.required or c.column in row else []
+    suffix = c.column[1:]
+    tasks = [k[: -len(suffix)] for k in row if isinstance(k, str) and k.endswith(suffix) and len(k) > len(suffix)]
+    return [(c.name.format(task=t), c.text.format(task=t), f"{t}{suffix}") for t in tasks]
+
+
+def _criteria(row: dict, budget: Budget) -> list[tuple[str, float | None, bool | None, str, bool]]:
+    """(name, measured value, holds, how it failed, required) for every declared criterion (the
+    evaluations' :class:`~evalkit.evals.base.Criterion`) that applies to ``row``."""
     out = []
-
-    def add(name, key, limit, lower_is_better, text):
-        v = row.get(key)
-        if v is None or pd.isna(v):
-            out.append((name, None, None, ""))
-            return
-        v = float(v)
-        holds = v <= limit if lower_is_better else v >= limit
-        gap = abs(v - limit) * 100
-        out.append((name, v, holds, "" if holds else text(v, gap)))
-
-    d = row.get("ppl_delta_rel")
-    add("Δppl", "_abs_ppl", budget.max_ppl_rel, True,
-        lambda v, gap: f"fails |Δppl| ≤ {_pct(budget.max_ppl_rel)}%: {100 * d:+.2f}%, over by {gap:.2f} pts")
-    add("top-1", "top1_agreement", budget.min_top1, False,
-        lambda v, gap: f"fails top-1 ≥ {_pct(budget.min_top1)}%: {100 * v:.2f}%, short by {gap:.2f} pts")
-    if "retrieval_diff" in row:
-        add("retrieval", "_retrieval_drop", budget.max_retrieval_drop, True,
-            lambda v, gap: f"fails retrieval drop ≤ {_pct(budget.max_retrieval_drop)} pts: "
-                           f"{100 * v:.1f} pts, over by {gap:.1f} pts")
-    for key in [k for k in row if k.endswith("/flip_rate")]:
-        task = key.rsplit("/", 1)[0]
-        add(f"{task} flips", key, budget.max_flip_rate, True,
-            lambda v, gap, task=task: f"fails {task} flips ≤ {_pct(budget.max_flip_rate)}%: {100 * v:.1f}%, "
-                                      f"over by {gap:.1f} pts")
+    for c in report_evals.criteria():
+        limit = getattr(budget, c.budget)
+        for name, text, column in _instances(row, c):
+            raw = row.get(column)
+            if raw is None or pd.isna(raw):
+                out.append((name, None, None, "", c.required))
+                continue
+            raw = float(raw)
+            v = abs(raw) if c.transform == "abs" else -raw if c.transform == "neg" else raw
+            holds = v <= limit if c.lower_is_better else v >= limit
+            gap = abs(v - limit) * 100
+            shown = f"{100 * raw:+.{c.digits}f}" if c.signed else f"{100 * v:.{c.digits}f}"
+            op, miss = ("≤", "over") if c.lower_is_better else ("≥", "short")
+            text_ = "" if holds else (f"fails {text} {op} {_pct(limit)}{c.unit}: {shown}{c.unit}, "
+                                      f"{miss} by {gap:.{c.digits}f} pts")
+            out.append((name, v, holds, text_, c.required))
     return out
 
 
 def check(row: dict, budget: Budget) -> tuple[bool, list[str]]:
     """(inside the budget, one line per criterion that failed, with its value and the gap to its limit,
-    or could not be checked)."""
-    row = dict(row)
-    if row.get("ppl_delta_rel") is not None and not pd.isna(row["ppl_delta_rel"]):
-        row["_abs_ppl"] = abs(row["ppl_delta_rel"])
-    if row.get("retrieval_diff") is not None and not pd.isna(row["retrieval_diff"]):
-        row["_retrieval_drop"] = -row["retrieval_diff"]
-    crit = _criteria(row, budget)
-    failed = [text for _, _, holds, text in crit if holds is False]
-    unchecked = [f"{name} unmeasured" for name, _, holds, _ in crit if holds is None]
-    measured = {name for name, _, holds, _ in crit if holds is not None}
-    inside = not failed and {"Δppl", "top-1"} <= measured
+    or could not be checked). Inside needs every required criterion measured and none failed."""
+    crit = _criteria(dict(row), budget)
+    failed = [text for _, _, holds, text, _ in crit if holds is False]
+    unchecked = [f"{name} unmeasured" for name, _, holds, _, _ in crit if holds is None]
+    inside = not failed and all(holds is not None for _, _, holds, _, required in crit if required)
     return inside, failed + unchecked
 
 

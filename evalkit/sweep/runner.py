@@ -40,6 +40,20 @@ def _cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
+def run_info(lm) -> dict:
+    """What a completion record says about the loaded model a run used: its path, config hash,
+    device, dtype, library versions, evalkit's code identity, the platform, and the KV layout (so the
+    report sizes bytes per token without the model's files)."""
+    from dataclasses import asdict
+
+    from evalkit.models.info import kv_layout
+    from evalkit.runtime.numerics import platform_record
+
+    return dict(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), dtype=_dtype(lm.model),
+                versions=versions(), code=code_identity.code_record(), platform=platform_record(),
+                kv_layout=asdict(kv_layout(lm.model.config)))
+
+
 def _use_engine(ev, engine: str, lm) -> None:
     """Have ``ev`` ask ``engine``'s backend (``engine: vllm`` in a grid), refusing what it cannot honour."""
     from evalkit.engines.vllm_backend import VllmBackend
@@ -112,16 +126,8 @@ class ModelSession:
     def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
         from evalkit.kv.scheme import parse_scheme
 
-        from dataclasses import asdict
-
-        from evalkit.models.info import kv_layout
-        from evalkit.runtime.numerics import platform_record
-
         lm = self._model()
-        # the KV layout goes with the run so the report sizes bytes per token without the model's files
-        info.update(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), dtype=_dtype(lm.model),
-                    versions=versions(), code=code_identity.code_record(), platform=platform_record(),
-                    kv_layout=asdict(kv_layout(lm.model.config)))
+        info.update(run_info(lm))
         ev = self._prepared(run, lm)
         devices = _cuda_devices(lm.model)
         if devices:
@@ -233,7 +239,7 @@ def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, 
     if registry is None:
         from evalkit.evals import base
 
-        registry = dict(base._REGISTRY)  # evals registered at run time resolve the same way in workers
+        registry = base.registry()  # evals registered at run time or by plugins resolve the same way in workers
     runs = select(grid.runs, shard)
     store.check(grid)
     executor.start(runs)  # Ray: connect and check the cluster's GPUs; a refusal leaves nothing written

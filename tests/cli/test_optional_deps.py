@@ -32,7 +32,7 @@ def test_storage_path_runs_without_lm_eval_datasets_gguf():
 
 
 @pytest.mark.parametrize("argv, package", [
-    (["run", "--eval", "lmeval", "--schemes", "bf16", "--tasks", "evalkit_mmlu4", "--limit", "1"], "lm-eval"),
+    (["run", "--eval", "lmeval", "--schemes", "bf16", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "1"], "lm-eval"),
 ])
 def test_a_command_needing_a_missing_package_says_so_in_one_line(tmp_path, argv, package):
     out = run_python(f"from evalkit.cli import main\nsys.exit(main({argv + ['--out', str(tmp_path / 'out')]!r}))\n")

@@ -280,12 +280,13 @@ def test_skipped_layers_stay_unquantized(embedded):
 @pytest.mark.slow
 def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["run", "--engine", "vllm", "--eval", "perplexity", "--schemes", STATIC, "--window", "128",
-            "--max-windows", "2", "--bootstrap-samples", "200", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    argv = ["run", "--engine", "vllm", "--eval", "perplexity", "--schemes", STATIC, "--perplexity-window", "128",
+            "--perplexity-max-windows", "2", "--perplexity-bootstrap-samples", "200", "--out", str(out),
+            "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "kl_lower_bound" in table and STATIC + "+rounding=rtz" in table
-    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    rows = [r for r in (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]
     static = [r for r in rows if r["scheme"] != "bf16"]
     assert {r["metric"] for r in static if not r["labels"]} == {"ppl", "ppl_delta", "ppl_delta_rel", "kl_lower_bound",
                                                                  "top1_agreement", "p_value", "n_tokens"}
@@ -296,4 +297,8 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     assert info["engine_scheme"] == STATIC + "+rounding=rtz" and info["engine_k_scale"][0] != 1.0
     kl = next(r for r in static if r["metric"] == "kl_lower_bound" and not r["labels"])
     assert kl["info"]["kl_bound"] is True and kl["value"] > 0
-    assert (out / [p.name for p in out.iterdir() if p.is_dir() and "static" in p.name][0] / "perplexity_windows.csv").is_file()
+    from evalkit.sweep.store import ResultStore
+
+    store = ResultStore(out)  # the results store a sweep writes, artifacts under runs/<id16>/
+    run_id = next(i for i, rec in store.read().complete.items() if rec["scheme"] != "bf16")
+    assert (store.artifact_dir(run_id) / "perplexity_windows.csv").is_file()

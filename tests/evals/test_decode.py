@@ -96,7 +96,7 @@ def test_params_defaults_flags_and_validation():
     assert DecodeEval.validate({}) == dict(corpus="embedded", prefill=512, decode=1536, sequences=4, batch_size=8,
                                            buckets=8, bos=None, bootstrap_samples=2000, seed=0)
     assert DecodeParams(prefill=3, decode=5).length == 8
-    for params, message in [(dict(decode=0), "decode = 0 is too small: generate at least 1 token"),
+    for params, message in [(dict(decode=0), "decode = 0 is too small: use --decode-tokens 1 or more"),
                             (dict(prefill=0), "prefill = 0 is too small"), (dict(sequences="2"), "must be an integer"),
                             (dict(buckets=True), "must be an integer"), (dict(bos="yes"), "bos must be"),
                             (dict(corpus=""), "needs a corpus"), (dict(window=3), "unknown decode parameter")]:
@@ -107,7 +107,7 @@ def test_params_defaults_flags_and_validation():
 
     parser = argparse.ArgumentParser()
     DecodeEval.add_arguments(parser)
-    args = parser.parse_args(["--prefill", "64", "--decode", "32", "--sequences", "3", "--no-decode-bos",
+    args = parser.parse_args(["--decode-prefill", "64", "--decode-tokens", "32", "--decode-sequences", "3", "--no-decode-bos",
                               "--decode-corpus", "wikitext2"])
     params = DecodeEval.params_from_args(args)
     assert DecodeEval.validate(params) == {**DecodeEval.validate({}), "prefill": 64, "decode": 32, "sequences": 3,
@@ -331,7 +331,7 @@ def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
     from evalkit.cli import main
 
     argv = ["run", "--model", str(sharp_dir), "--schemes", f"bf16,{QUANT}", "--eval", "decode", "--decode-corpus", prose,
-            "--prefill", "16", "--decode", "8", "--sequences", "2", "--decode-bootstrap-samples", "200", "--json",
+            "--decode-prefill", "16", "--decode-tokens", "8", "--decode-sequences", "2", "--decode-bootstrap-samples", "200", "--json",
             "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -341,7 +341,11 @@ def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
     assert set(DecodeEval.summary_metrics) <= {m for _, m in plain}
     import pandas as pd
 
-    table = pd.read_csv(next((tmp_path / "out").glob("int4_tensor_dynamic*/decode_positions.csv")))
+    from evalkit.sweep.store import ResultStore
+
+    store = ResultStore(tmp_path / "out")  # the results store a sweep writes, artifacts under runs/<id16>/
+    run_id = next(i for i, rec in store.read().complete.items() if rec["scheme"] == QUANT)
+    table = pd.read_csv(store.artifact_dir(run_id) / "decode_positions.csv")
     assert len(table) == 2 * 2 * 8 and set(table["kind"]) == {"corpus", "greedy"}
     assert table["position"].min() == 16 and table["position"].max() == 23
 
@@ -358,9 +362,10 @@ def test_grid_accepts_decode(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--prefill", "500", "--decode", "13"], "513 tokens is longer than the model's maximum 512"),
-    (["--sequences", "40", "--prefill", "200", "--decode", "200", "--decode-corpus", "SMALL"], "fewer than 40 sequences"),
-    (["--decode", "0"], "generate at least 1 token"),
+    (["--decode-prefill", "500", "--decode-tokens", "13"], "513 tokens is longer than the model's maximum 512"),
+    (["--decode-sequences", "40", "--decode-prefill", "200", "--decode-tokens", "200", "--decode-corpus", "SMALL"],
+     "fewer than 40 sequences"),
+    (["--decode-tokens", "0"], "decode = 0 is too small"),
     (["--schemes", "bf16,fp8_e4m3/group48/dynamic"], "group48 does not divide head_dim 16"),
     (["--schemes", "fp8_e4m3/head/dynamic+rope=bf16"], "multi-head latent attention"),
 ])
@@ -370,8 +375,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(sharp_dir, tmp_path,
     small = tmp_path / "small.txt"
     small.write_text(load_corpus("embedded").text[:3000])
     extra = [f"file:{small}" if e == "SMALL" else e for e in extra]
-    argv = ["run", "--model", str(sharp_dir), "--eval", "decode", "--decode-corpus", prose, "--prefill", "16",
-            "--decode", "8", "--sequences", "2", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    argv = ["run", "--model", str(sharp_dir), "--eval", "decode", "--decode-corpus", prose, "--decode-prefill", "16",
+            "--decode-tokens", "8", "--decode-sequences", "2", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
     if "--schemes" not in extra:
         argv += ["--schemes", QUANT]
     assert main(argv + extra) == 2

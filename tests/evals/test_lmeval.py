@@ -167,7 +167,7 @@ def test_local_tasks_validate_without_the_builtin_index():
 def test_cli_limit_zero_exits_2(capsys):
     from evalkit.cli import main
 
-    assert main(["run", "--eval", "lmeval", "--tasks", "evalkit_mmlu4", "--limit", "0"]) == 2
+    assert main(["run", "--eval", "lmeval", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "limit" in err[0] and ">= 1" in err[0]
 
@@ -304,11 +304,11 @@ def test_rows_carry_provenance_and_proportion_intervals(tiny_run):
 def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
     from evalkit.cli import main
 
-    code = main(["run", "--eval", "lmeval", "--model", str(tiny_llama_dir), "--tasks", "evalkit_mmlu4,evalkit_passkey",
-                 "--num-fewshot", "1", "--limit", "3", "--schemes", "int4/tensor/dynamic", "--json",
+    code = main(["run", "--eval", "lmeval", "--model", str(tiny_llama_dir), "--lmeval-tasks", "evalkit_mmlu4,evalkit_passkey",
+                 "--lmeval-num-fewshot", "1", "--lmeval-limit", "3", "--schemes", "int4/tensor/dynamic", "--json",
                  "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "work")])
     assert code == 0
-    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    rows = [r for r in (json.loads(x) for x in ((tmp_path / "out") / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]  # the results store
     assert [r["scheme"] for r in rows][0] == "bf16" and {r["scheme"] for r in rows} == {"bf16", "int4/tensor/dynamic"}
     acc = {r["scheme"]: r for r in rows if r["metric"] == "evalkit_mmlu4/acc"}
     assert acc["bf16"]["info"]["n_shot"] == 1 and acc["bf16"]["info"]["n_items"] == 3

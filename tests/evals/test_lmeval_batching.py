@@ -71,7 +71,7 @@ def test_cli_bad_batch_size_is_one_line_and_exit_2(flag, tmp_path, capsys):
     from evalkit.cli import main
 
     out = tmp_path / "out"
-    assert main(["run", "--eval", "lmeval", "--tasks", "evalkit_mmlu4", "--lmeval-batch-size", flag,
+    assert main(["run", "--eval", "lmeval", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-batch-size", flag,
                  "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lmeval-batch-size" in err[0] and repr(flag) in err[0]

@@ -245,17 +245,21 @@ def test_cli_run_json_and_exit_code(tiny_llama_dir, tmp_path, capsys, prose):
     from evalkit.cli import main
 
     argv = ["run", "--model", str(tiny_llama_dir), "--schemes", "bf16,fp8_e4m3/head/dynamic", "--eval", "perplexity",
-            "--corpus", prose, "--window", "64", "--stride", "32", "--max-windows", "3", "--json",
-            "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path), "--bootstrap-samples", "200"]
+            "--perplexity-corpus", prose, "--perplexity-window", "64", "--perplexity-stride", "32", "--perplexity-max-windows", "3",
+            "--json", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path), "--perplexity-bootstrap-samples", "200"]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
     assert plain[("bf16", "kl_mean")]["value"] == 0.0
     assert plain[("fp8_e4m3/head/dynamic", "n_tokens")]["value"] == 63 + 2 * 32
     assert set(PerplexityEval.summary_metrics) <= {m for _, m in plain}
-    windows = pd.read_csv(next((tmp_path / "out").glob("fp8_e4m3_head_dynamic*/perplexity_windows.csv")))
+    from evalkit.sweep.store import ResultStore
+
+    store = ResultStore(tmp_path / "out")  # the results store a sweep writes, artifacts under runs/<id16>/
+    run_id = next(i for i, rec in store.read().complete.items() if rec["scheme"] == "fp8_e4m3/head/dynamic")
+    windows = pd.read_csv(store.artifact_dir(run_id) / "perplexity_windows.csv")
     assert windows["n_tokens"].sum() == 63 + 2 * 32 and (windows["kl_sum"] > 0).all()
-    assert main(argv[:-4] + ["--stride", "0"]) == 2
+    assert main(argv[:-4] + ["--perplexity-stride", "0"]) == 2
     assert "stride 0" in capsys.readouterr().err
 
 

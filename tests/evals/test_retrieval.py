@@ -288,7 +288,8 @@ def _cli(*args):
                           capture_output=True, text=True, env={**__import__("os").environ, "EVALKIT_PROGRESS": "0"})
 
 
-@pytest.mark.parametrize("args,match", [(["--depths", "0,101"], "outside 0-100"), (["--lengths", "4k"], "above the model's maximum")])
+@pytest.mark.parametrize("args,match", [(["--retrieval-depths", "0,101"], "outside 0-100"),
+                                        (["--retrieval-lengths", "4k"], "above the model's maximum")])
 def test_cli_bad_input_exits_2_with_one_line(tiny_llama_dir, capsys, args, match):
     from evalkit.cli import main
 
@@ -303,13 +304,14 @@ def test_cli_bad_input_exits_2_with_one_line(tiny_llama_dir, capsys, args, match
 def test_cli_runs_and_writes_rows(tiny_llama_dir, tmp_path):
     pytest.importorskip("tabulate", reason="run prints its rows with tabulate (not in the GPU-image environment)")
     res = _cli("--model", str(tiny_llama_dir), "--schemes", "fp8_e4m3/tensor/dynamic", "--retrieval-tasks", "passkey",
-               "--lengths", "300", "--depths", "0,100", "--samples", "1", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "c"))
+               "--retrieval-lengths", "300", "--retrieval-depths", "0,100", "--retrieval-samples", "1", "--out", str(tmp_path),
+               "--cache-dir", str(tmp_path / "c"))
     assert res.returncode == 0, res.stderr
-    rows = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    rows = [r for r in (json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]  # the results store
     cells = [r for r in rows if r["metric"] == "accuracy" and set(r["labels"]) == {"task", "length", "depth"}]
     assert {r["scheme"] for r in cells} == {"bf16", "fp8_e4m3/tensor/dynamic"} and len(cells) == 4
     assert all(0.0 <= r["value"] <= 1.0 and not math.isnan(r["value"]) for r in cells)
-    assert len(list(tmp_path.glob("*/retrieval_accuracy.png"))) == 2
+    assert len(list(tmp_path.glob("runs/*/retrieval_accuracy.png"))) == 2
 
 
 def test_baseline_answers_are_cached_per_prompt_and_reused_by_other_grids(tiny_lm, tmp_path, monkeypatch):

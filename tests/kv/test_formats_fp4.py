@@ -328,8 +328,9 @@ def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tm
     corpus = tmp_path / "prose.txt"
     corpus.write_text(load_corpus("embedded").text[:20_000], encoding="utf-8")
     schemes = "bf16,fp8_e4m3/tensor/dynamic,nvfp4,mxfp4,mxfp8_e4m3,sglang_fp4"
-    argv = ["run", "--model", str(head32_dir), "--schemes", schemes, "--eval", "perplexity", "--corpus", f"file:{corpus}",
-            "--window", "64", "--max-windows", "3", "--bootstrap-samples", "200", "--json", "--cache-dir", str(tmp_path)]
+    argv = ["run", "--model", str(head32_dir), "--schemes", schemes, "--eval", "perplexity", "--perplexity-corpus", f"file:{corpus}",
+            "--perplexity-window", "64", "--perplexity-max-windows", "3", "--perplexity-bootstrap-samples", "200", "--json",
+            "--cache-dir", str(tmp_path)]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     top = {(r["scheme"], r["metric"]): r["value"] for r in rows if not r["labels"]}

@@ -126,8 +126,8 @@ def test_perplexity_measure_and_cli_outputs(tiny, tiny_llama_dir, tmp_path, caps
     from evalkit.cli import main
 
     out = tmp_path / "cli"
-    args = ["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--window", "32", "--max-windows", "3",
-            "--bootstrap-samples", "200", "--target-kl", "0", "--context", "512", "--out", str(out),
+    args = ["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--perplexity-window", "32",
+            "--perplexity-max-windows", "3", "--perplexity-bootstrap-samples", "200", "--target-kl", "0", "--context", "512", "--out", str(out),
             "--cache-dir", str(tmp_path / "work")]
     assert main(args) == 0
     text = capsys.readouterr().out

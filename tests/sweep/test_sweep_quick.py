@@ -26,10 +26,12 @@ def test_quick_grid_on_tiny_model_matches_run(tmp_path, tiny_llama_dir, capsys):
     assert f"results: {out / 'results.jsonl'}" in capsys.readouterr().out
     view = ResultStore(out).read()
     assert len(view.complete) == 3 and not view.failed
-    params = grid["evals"]["perplexity"]
+    from evalkit.evals.perplexity.evaluation import PerplexityParams
+
+    params = grid["evals"]["perplexity"]  # the same parameters through run's --perplexity-<key> flags
     scheme = grid["schemes"][1]
     argv = ["run", "--model", str(tiny_llama_dir), "--eval", "perplexity", "--schemes", scheme, "--json",
-            "--cache-dir", str(tmp_path / "c")] + [x for k, v in params.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+            "--cache-dir", str(tmp_path / "c")] + [x for k, v in params.items() for x in (PerplexityParams.flag(k), str(v))]
     assert main(argv) == 0
     ran = [r for r in json.loads(capsys.readouterr().out) if r["scheme"] == scheme]
     swept = [r for r in view.rows if r["scheme"] == scheme]

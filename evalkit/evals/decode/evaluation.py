@@ -56,12 +56,11 @@ written.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ import torch
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import backend_of, stamp
-from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.base import Column, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.output_head import OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.models.info import weights_fingerprint
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
@@ -84,49 +83,24 @@ ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, 
 SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
 
 
-def _param(default, help: str, low: int | None = None, flag: str | None = None):
-    return field(default=default, metadata={"help": help, "low": low, "flag": flag})
-
-
 @dataclass(frozen=True)
-class DecodeParams:
-    """The decode evaluation's parameters: grid keys are the field names, CLI flags come from them."""
+class DecodeParams(Params):
+    """The decode evaluation's parameters: grid keys are the field names, CLI flags ``--decode-<field>``."""
 
-    corpus: str = _param("embedded", "corpus: embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]",
-                         flag="--decode-corpus")
-    prefill: int = _param(512, "prompt tokens P per sequence, BOS included (default 512)", 1)
-    decode: int = _param(1536, "generated tokens T per sequence (default 1536)", 1)
-    sequences: int = _param(4, "sequences N cut from the corpus (default 4)", 1)
-    batch_size: int = _param(8, "rows per forward; each sequence is two rows, teacher-forced and free-running (default 8)", 1,
-                             flag="--decode-batch-size")
-    buckets: int = _param(8, "equal-width position buckets over the decoded tokens (default 8)", 1, flag="--decode-buckets")
-    bos: bool | None = _param(None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)",
-                              flag="--decode-bos")
-    bootstrap_samples: int = _param(2000, "bootstrap resamples (default 2000)", 100, flag="--decode-bootstrap-samples")
-    seed: int = _param(0, "bootstrap seed (default 0)", 0, flag="--decode-seed")
-
-    def __post_init__(self):
-        if not isinstance(self.corpus, str) or not self.corpus.strip():
-            raise EvalkitError("decode needs a corpus: pass --decode-corpus embedded, wikitext2, file:PATH or hf:NAME:SPLIT")
-        for f in fields(self):
-            value, low = getattr(self, f.name), f.metadata["low"]
-            if low is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise EvalkitError(f"decode {f.name} must be an integer, got {value!r}")
-            if value < low:
-                what = "generate at least 1 token" if f.name == "decode" else f"use {low} or more"
-                raise EvalkitError(f"decode parameter {f.name} = {value} is too small: {what} ({_flag(f)} {low} or more)")
-        if self.bos is not None and not isinstance(self.bos, bool):
-            raise EvalkitError(f"decode bos must be true, false or unset (auto), got {self.bos!r}")
+    corpus: str = param("embedded", "corpus: embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+    prefill: int = param(512, "prompt tokens P per sequence, BOS included (default 512)", low=1, baseline=True)
+    decode: int = param(1536, "generated tokens T per sequence (default 1536)", low=1, baseline=True, flag="--decode-tokens")
+    sequences: int = param(4, "sequences N cut from the corpus (default 4)", low=1, baseline=True)
+    batch_size: int = param(8, "rows per forward; each sequence is two rows, teacher-forced and free-running (default 8)",
+                            low=1, baseline=True)
+    buckets: int = param(8, "equal-width position buckets over the decoded tokens (default 8)", low=1)
+    bos: bool | None = param(None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)", baseline=True)
+    bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
+    seed: int = param(0, "bootstrap seed (default 0)", low=0)
 
     @property
     def length(self) -> int:
         return self.prefill + self.decode
-
-
-def _flag(f) -> str:
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 def step_bucket_edges(decode: int, buckets: int) -> list[int]:
@@ -140,38 +114,26 @@ def sequence_starts(n_tokens: int, span: int, sequences: int) -> list[int]:
     need = sequences * span
     if n_tokens < need:
         raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than {sequences} sequences x {span} tokens = {need}: "
-                           "use a longer corpus or fewer --sequences / a shorter --prefill or --decode")
+                           "use a longer corpus or fewer --decode-sequences / a shorter --decode-prefill or --decode-tokens")
     if sequences == 1:
         return [0]
     return [i * (n_tokens - span) // (sequences - 1) for i in range(sequences)]
 
 
+@register_eval("decode")
 class DecodeEval(Evaluation):
-    name = "decode"
+    Params = DecodeParams
     summary_metrics = ("kl_mean", "top1_agreement", "nll_delta", "free_kl_mean", "first_divergence", "identical_share")
+    report = ReportSpec(
+        columns=(Column("kl_mean", key="decode_kl_last", heading="decode KL (last bucket)", fmt=".3g", interval=True,
+                        baseline="", labels="last:bucket"),),
+        notes=("evalkit.evals.decode.report:notes",), plots=("evalkit.report.plots:decode_figures",), order=20)
 
     @classmethod
-    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
-        names = [f.name for f in fields(DecodeParams)]
-        unknown = set(params) - set(names)
-        if unknown:
-            raise EvalkitError(f"unknown decode parameter(s) {', '.join(sorted(unknown))}: use {', '.join(names)}")
-        return asdict(DecodeParams(**{k: v for k, v in params.items() if v is not None}))
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.decode.workload import decode_work
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("decode (--eval decode)")
-        for f in fields(DecodeParams):
-            kwargs = dict(dest=f"decode_{f.name}", help=f.metadata["help"], default=None)
-            if f.name == "bos":
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = int if f.metadata["low"] is not None else str
-            g.add_argument(_flag(f), **kwargs)
-
-    @classmethod
-    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
-        return {f.name: getattr(args, f"decode_{f.name}", None) for f in fields(DecodeParams)}
+        return decode_work(params, facts)
 
     # ---- data and baseline -----------------------------------------------------------------
     def prepare(self, lm, workdir: Path) -> None:
@@ -179,12 +141,12 @@ class DecodeEval(Evaluation):
         tok = lm.tokenizer
         if lm.max_length is not None and p.length > lm.max_length:
             raise EvalkitError(f"prefill + decode = {p.prefill} + {p.decode} = {p.length} tokens is longer than the model's "
-                               f"maximum {lm.max_length}: lower --prefill or --decode")
+                               f"maximum {lm.max_length}: lower --decode-prefill or --decode-tokens")
         bos = tokenizer_adds_bos(tok) if p.bos is None else p.bos
         if bos and tok.bos_token_id is None:
             raise EvalkitError("--decode-bos was asked for but the tokenizer has no BOS token: use --no-decode-bos")
         if bos and p.prefill < 2:
-            raise EvalkitError("with BOS the prefill needs at least 2 tokens (BOS and one of text): use --prefill 2 or more")
+            raise EvalkitError("with BOS the prefill needs at least 2 tokens (BOS and one of text): use --decode-prefill 2 or more")
         corpus = load_corpus(p.corpus)
         ids = tokenize_corpus(corpus, tok, Path(workdir))
         span = p.length - int(bos)
@@ -194,7 +156,7 @@ class DecodeEval(Evaluation):
             seqs = torch.cat([torch.full((p.sequences, 1), tok.bos_token_id, dtype=seqs.dtype), seqs], dim=1)
         self.p, self.bos, self.corpus = p, bos, corpus
         self.inputs = torch.cat([seqs, seqs]).long()  # rows N..2N-1: the same prompts, continued greedily
-        self.protocol = dict(prefill=p.prefill, decode=p.decode, sequences=p.sequences, bos=bos, batch_size=p.batch_size)
+        self.protocol = {**p.protocol(), "bos": bos}  # the baseline-deciding fields, BOS resolved
         backend_of(self).prepare_decode(self, lm, Path(workdir))
 
     def _prepare_emulation(self, lm, workdir: Path) -> None:
@@ -327,8 +289,7 @@ class DecodeEval(Evaluation):
         """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll``, ``base_nll``, and the
         KL estimate's ``kl_lower`` bound, sampling variance ``kl_var`` and baseline ``tail_mass``
         (``kl`` and ``kl_var`` None from a backend that gives only the bound), from the eval's backend."""
-        if not hasattr(self, "protocol"):
-            raise RuntimeError("DecodeEval needs prepare() first")
+        self.require_prepared(hasattr(self, "protocol"))
         return backend_of(self).decode_positions(self, lm, scheme)
 
     def _positions_emulation(self, lm, scheme) -> dict[str, np.ndarray]:

@@ -28,17 +28,17 @@ bit on CPU): padding is kept out of the KV scales and attention (:mod:`evalkit.e
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, backend_of, stamp
-from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.base import Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 
 DEFAULT_TASKS = ("evalkit_mmlu4",)
 
@@ -64,70 +64,77 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, default=handle_non_serializable))
 
 
-class LmEvalEval(Evaluation):
-    name = "lmeval"
-    summary_metrics: ClassVar[tuple[str, ...]] = ()
+def _tasks(value, flag: str) -> list:
+    tasks = value.split(",") if isinstance(value, str) else list(value)
+    tasks = [t.strip() for t in tasks if t and t.strip()]
+    if not tasks:
+        raise EvalkitError(f"lmeval needs at least one task: {flag} evalkit_mmlu4,...")
+    return list(dict.fromkeys(tasks))
 
-    @classmethod
-    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
+
+def _include(value, flag: str) -> list:
+    include = [value] if isinstance(value, str) else list(value or [])
+    return [str(Path(p).resolve()) for p in include]
+
+
+def _metadata(value, flag: str) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise EvalkitError(f"lmeval metadata ({flag}) is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise EvalkitError(f"lmeval metadata ({flag}) must be a JSON object, e.g. '{{\"max_seq_lengths\": [4096]}}'")
+    return value
+
+
+def _batch_size(value, flag: str):
+    from evalkit.evals.lmeval.batching import parse_batch_size
+
+    return parse_batch_size(value)
+
+
+def _count(name: str, minimum: int):
+    return lambda value, flag: _positive_int(f"{name} ({flag})", value, minimum)
+
+
+@dataclass(frozen=True)
+class LmEvalParams(Params):
+    """The lmeval evaluation's parameters: grid keys are the field names, CLI flags ``--lmeval-<field>``."""
+
+    tasks: list = param(help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})",
+                        parse=_tasks, factory=lambda: list(DEFAULT_TASKS))
+    num_fewshot: int | None = param(None, "few-shot examples (default: the task's own)", parse=_count("num_fewshot", 0))
+    limit: int | None = param(None, "evaluate only the first N items of each task", parse=_count("limit", 1))
+    batch_size: int | str | None = param(None, "HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
+                                               "every batch size gives batch size 1's log-likelihoods (padding is masked)",
+                                         parse=_batch_size, metavar="N|auto")
+    include: list = param(help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list)
+    bootstrap_iters: int = param(100000, "lm-eval's bootstrap iterations for its standard errors (default 100000)",
+                                 parse=_count("bootstrap_iters", 0))
+    metadata: dict = param(help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' "
+                                "for ruler", parse=_metadata, factory=dict)
+
+    def check(self) -> None:
         from evalkit.evals.lmeval.adapter import resolve_tasks
-        from evalkit.evals.lmeval.batching import parse_batch_size
 
-        known = {"tasks", "num_fewshot", "limit", "batch_size", "include", "bootstrap_iters", "metadata"}
-        extra = set(params) - known
-        if extra:
-            raise EvalkitError(f"unknown lmeval parameter(s) {', '.join(sorted(extra))}: use {', '.join(sorted(known))}")
-        tasks = params.get("tasks", DEFAULT_TASKS)
-        if isinstance(tasks, str):
-            tasks = tasks.split(",")
-        tasks = [t.strip() for t in tasks if t and t.strip()]
-        if not tasks:
-            raise EvalkitError("lmeval needs at least one task: --tasks evalkit_mmlu4,...")
-        include = params.get("include") or []
-        if isinstance(include, str):
-            include = [include]
-        metadata = params.get("metadata") or {}
-        if isinstance(metadata, str):
-            try:
-                metadata = json.loads(metadata)
-            except json.JSONDecodeError as exc:
-                raise EvalkitError(f"lmeval metadata (--lmeval-metadata) is not valid JSON: {exc}") from None
-        if not isinstance(metadata, dict):
-            raise EvalkitError("lmeval metadata (--lmeval-metadata) must be a JSON object, e.g. '{\"max_seq_lengths\": [4096]}'")
-        out = {
-            "tasks": list(dict.fromkeys(tasks)),
-            "num_fewshot": _positive_int("num_fewshot (--num-fewshot)", params.get("num_fewshot"), 0),
-            "limit": _positive_int("limit (--limit)", params.get("limit"), 1),
-            "batch_size": parse_batch_size(params.get("batch_size")),
-            "include": [str(Path(p).resolve()) for p in include],
-            "bootstrap_iters": _positive_int("bootstrap_iters", params.get("bootstrap_iters", 100000), 0),
-            "metadata": metadata,
-        }
-        resolve_tasks(out["tasks"], tuple(out["include"]))  # unknown names fail here, before any model work
-        return out
+        resolve_tasks(self.tasks, tuple(self.include))  # unknown names fail here, before any model work
+
+
+@register_eval("lmeval")
+class LmEvalEval(Evaluation):
+    Params = LmEvalParams
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
+    report = ReportSpec(
+        frames=("evalkit.evals.lmeval.report:frame",), displays=("evalkit.evals.lmeval.report:display",),
+        criteria=(Criterion("{task} flips", "*/flip_rate", "max_flip_rate", True, "{task} flips", digits=1),),
+        order=40)
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("lmeval (--eval lmeval)")
-        g.add_argument("--tasks", dest="lmeval_tasks", default=None,
-                       help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})")
-        g.add_argument("--num-fewshot", dest="lmeval_num_fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
-        g.add_argument("--limit", dest="lmeval_limit", type=int, default=None, help="evaluate only the first N items of each task")
-        g.add_argument("--lmeval-batch-size", default=None, metavar="N|auto",
-                       help="HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
-                            "every batch size gives batch size 1's log-likelihoods (padding is masked)")
-        g.add_argument("--lmeval-include", action="append", default=None, help="extra folder of lm-eval task YAMLs")
-        g.add_argument("--lmeval-metadata", default=None,
-                       help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler")
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.lmeval.workload import lmeval_work
 
-    @classmethod
-    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
-        params = {"num_fewshot": args.lmeval_num_fewshot, "limit": args.lmeval_limit,
-                  "batch_size": args.lmeval_batch_size, "include": args.lmeval_include or [],
-                  "metadata": args.lmeval_metadata or {}}
-        if args.lmeval_tasks is not None:
-            params["tasks"] = args.lmeval_tasks
-        return params
+        return lmeval_work(params, facts, device)
 
     # ---- per model --------------------------------------------------------------------------
 
@@ -196,8 +203,7 @@ class LmEvalEval(Evaluation):
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.evals.lmeval.items import items_from_results
 
-        if getattr(self, "_model", None) is not lm.model:
-            raise EvalkitError("lmeval.evaluate needs prepare() on this loaded model first")
+        self.require_prepared(getattr(self, "_model", None) is lm.model)
         results = self._run(lm, scheme)
         items = items_from_results(results)
         if artifacts is not None:

@@ -45,11 +45,11 @@ signed-rank p-value over per-window mean NLL. Rows repeat for position buckets w
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ import torch
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
-from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.models.info import weights_fingerprint
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
@@ -69,8 +69,6 @@ FORMAT_VERSION = 4  # bump when the cached baseline's contents change (3: the 2 
 BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
 SAMPLE_SEED = 0  # the tail samples' stratified offsets
-DEFAULTS = dict(corpus="embedded", window=1024, stride=None, max_windows=20, max_tokens=None, batch_size=1,
-                bos=None, bootstrap_samples=2000, seed=0)
 
 
 def position_bucket_edges(window: int) -> list[int]:
@@ -87,7 +85,7 @@ def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows
     input index of its first scored target (targets run from there to the window's end)."""
     c = window - int(bos)
     if n_tokens < c:
-        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --window")
+        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --perplexity-window")
     step, plan, scored_to, start = min(stride, c), [], (0 if bos else 1), 0
     while scored_to < n_tokens and (max_windows is None or len(plan) < max_windows):
         start = min(start, n_tokens - c)
@@ -109,63 +107,65 @@ def kl_quantile_rows(kl: np.ndarray, info: dict) -> list[MetricRow]:
     return [MetricRow(name, float(v), labels={}, info=q_info) for name, v in zip(KL_QUANTILES, values)]
 
 
+@dataclass(frozen=True)
+class PerplexityParams(Params):
+    """The perplexity evaluation's parameters: grid keys are the field names, CLI flags ``--perplexity-<field>``."""
+
+    corpus: str = param("embedded", "embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+    window: int = param(1024, "tokens per window incl. BOS (default 1024)", baseline=True)
+    stride: int | None = param(None, "tokens between window starts (default: window, disjoint)", baseline=True)
+    max_windows: int | None = param(20, "evaluate at most N windows (default 20)", low=1, baseline=True)
+    max_tokens: int | None = param(None, "use only the first N corpus tokens", low=2, baseline=True)
+    batch_size: int = param(1, "windows per forward (default 1)", low=1, baseline=True)
+    bos: bool | None = param(None, "start each window with BOS (default: when the tokenizer adds BOS itself)", baseline=True)
+    bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
+    seed: int = param(0, "bootstrap seed (default 0)")
+
+    def check(self) -> None:
+        if self.window < 2:
+            raise EvalkitError(f"window {self.window} is too short: use {self.flag('window')} 2 or more")
+        if self.stride is None:
+            self._set("stride", self.window)
+        if not 0 < self.stride <= self.window:
+            raise EvalkitError(f"stride {self.stride} must be in 1..window ({self.window}): fix {self.flag('stride')}")
+
+
+@register_eval("perplexity")
 class PerplexityEval(Evaluation):
-    name = "perplexity"
+    Params = PerplexityParams
     summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
+    report = ReportSpec(
+        columns=(Column("ppl", heading="ppl", fmt=".2f", when="ppl"), Column("ppl_delta"),
+                 Column("ppl_delta_rel", heading="Δppl [95% CI]", fmt="+.2f", scale=100, unit="%", interval=True,
+                        baseline="baseline", when="ppl"),
+                 Column("kl_mean", heading="KL (nats)", fmt=".3g", baseline="", when="ppl"),
+                 Column("top1_agreement", heading="top-1 %", fmt=".1f", scale=100, baseline="", when="ppl"),
+                 Column("p_value"),
+                 *(Column(key, heading=title, fmt=".3g", baseline="", group="kl")  # per-token KL percentiles
+                   for key, title in (("kl_p50", "KL p50"), ("kl_p99", "KL p99"), ("kl_p999", "KL p99.9"), ("kl_max", "KL max")))),
+        plots=("evalkit.report.plots:positions_figures",),
+        criteria=(Criterion("Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True),
+                  Criterion("top-1", "top1_agreement", "min_top1", False, "top-1", required=True)),
+        order=10)
 
     def __init__(self, params: dict[str, Any] | None = None, backend=None):
         super().__init__(params)
         self.backend = EMULATION if backend is None else backend
 
     @classmethod
-    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise EvalkitError(f"unknown perplexity parameter(s) {', '.join(sorted(unknown))}: use {', '.join(DEFAULTS)}")
-        p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-        if not isinstance(p["corpus"], str) or not p["corpus"].strip():
-            raise EvalkitError("perplexity needs a corpus: pass --corpus embedded, wikitext2, file:PATH or hf:NAME:SPLIT")
-        for key in ("window", "stride", "max_windows", "max_tokens", "batch_size", "bootstrap_samples", "seed"):
-            if p[key] is not None and (isinstance(p[key], bool) or not isinstance(p[key], int)):
-                raise EvalkitError(f"perplexity {key} must be an integer, got {p[key]!r}")
-        if p["window"] < 2:
-            raise EvalkitError(f"window {p['window']} is too short: use --window 2 or more")
-        p["stride"] = p["window"] if p["stride"] is None else p["stride"]
-        if not 0 < p["stride"] <= p["window"]:
-            raise EvalkitError(f"stride {p['stride']} must be in 1..window ({p['window']}): fix --stride")
-        for key, low in (("max_windows", 1), ("max_tokens", 2), ("batch_size", 1), ("bootstrap_samples", 100)):
-            if p[key] is not None and p[key] < low:
-                raise EvalkitError(f"perplexity {key} must be at least {low}, got {p[key]}: fix --{key.replace('_', '-')}")
-        if p["bos"] is not None and not isinstance(p["bos"], bool):
-            raise EvalkitError(f"perplexity bos must be true, false or unset (auto), got {p['bos']!r}")
-        return p
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.perplexity.workload import perplexity_work
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("perplexity (--eval perplexity)")
-        g.add_argument("--corpus", dest="ppl_corpus", help="embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
-        g.add_argument("--window", dest="ppl_window", type=int, help="tokens per window incl. BOS (default 1024)")
-        g.add_argument("--stride", dest="ppl_stride", type=int, help="tokens between window starts (default: window, disjoint)")
-        g.add_argument("--max-windows", dest="ppl_max_windows", type=int, help="evaluate at most N windows (default 20)")
-        g.add_argument("--max-tokens", dest="ppl_max_tokens", type=int, help="use only the first N corpus tokens")
-        g.add_argument("--batch-size", dest="ppl_batch_size", type=int, help="windows per forward (default 1)")
-        g.add_argument("--bos", dest="ppl_bos", action=argparse.BooleanOptionalAction, default=None,
-                       help="start each window with BOS (default: when the tokenizer adds BOS itself)")
-        g.add_argument("--bootstrap-samples", dest="ppl_bootstrap_samples", type=int, help="bootstrap resamples (default 2000)")
-        g.add_argument("--seed", dest="ppl_seed", type=int, help="bootstrap seed (default 0)")
-
-    @classmethod
-    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
-        return {k: getattr(args, "ppl_" + k, None) for k in DEFAULTS}
+        return perplexity_work(params, facts)
 
     # ---- baseline --------------------------------------------------------------------------
     def prepare(self, lm, workdir: Path) -> None:
         p, tok = self.params, lm.tokenizer
         if lm.max_length is not None and p["window"] > lm.max_length:
-            raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --window {lm.max_length} or less")
+            raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --perplexity-window {lm.max_length} or less")
         bos = tokenizer_adds_bos(tok) if p["bos"] is None else p["bos"]
         if bos and tok.bos_token_id is None:
-            raise EvalkitError("--bos was asked for but the tokenizer has no BOS token: use --no-bos")
+            raise EvalkitError("--perplexity-bos was asked for but the tokenizer has no BOS token: use --no-perplexity-bos")
         corpus = load_corpus(p["corpus"])
         ids = tokenize_corpus(corpus, tok, Path(workdir))
         if p["max_tokens"] is not None:
@@ -174,8 +174,8 @@ class PerplexityEval(Evaluation):
         self.plan = plan_windows(len(ids), p["window"], p["stride"], bos, p["max_windows"])
         self.targets = [(p["window"] - t0) for _, t0 in self.plan]
         self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
-        self.protocol = dict(window=p["window"], stride=p["stride"], effective_stride=min(p["stride"], p["window"] - bos),
-                             bos=bos, max_windows=p["max_windows"], max_tokens=p["max_tokens"], batch_size=p["batch_size"])
+        # the baseline-deciding fields, BOS resolved, and the stride the windows really advance by
+        self.protocol = {**PerplexityParams(**p).protocol(), "effective_stride": min(p["stride"], p["window"] - bos), "bos": bos}
         backend_of(self).prepare(self, lm, Path(workdir))
 
     def window_inputs(self):
@@ -224,7 +224,7 @@ class PerplexityEval(Evaluation):
 
         n, vocab = int(self.offsets[-1]), self.head.vocab
         check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
-                         "lower --max-windows/--max-tokens or use --cache-dir on a bigger disk")
+                         "lower --perplexity-max-windows/--perplexity-max-tokens or use --cache-dir on a bigger disk")
         tmp = temp_dir(self.dir)
         out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
         width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
@@ -266,8 +266,7 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        if not hasattr(self, "protocol"):
-            raise RuntimeError("PerplexityEval.evaluate() needs prepare() first")
+        self.require_prepared(hasattr(self, "protocol"))
         scores = backend_of(self).score(self, lm, scheme)
         if artifacts is not None:
             self._write_windows(Path(artifacts), scores)

@@ -18,10 +18,10 @@ With ``artifacts`` it writes ``retrieval_accuracy.png`` (heatmap per task), ``re
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, backend_of, stamp
-from evalkit.evals.base import Evaluation, MetricRow
+from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.output_head import append_lines
 from evalkit.evals.retrieval import grid as G
 from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, score
@@ -37,8 +37,6 @@ from evalkit.evals.retrieval.tasks import DEFAULT_TASKS, load_task
 from evalkit.kv.scheme import Scheme
 
 FORMAT_VERSION = 2  # 2: one storage path (no `via`)
-DEFAULTS = dict(tasks=list(DEFAULT_TASKS), lengths=None, depths=list(G.DEFAULT_DEPTHS), samples=10, haystack=None,
-                corpus="embedded", seed=0, batch_size=4, chat=None)
 
 
 def _as_list(value) -> list:
@@ -47,53 +45,68 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def _tasks(value, flag: str) -> list:
+    tasks = _as_list(value)
+    if not tasks:
+        raise EvalkitError(f"no retrieval task given: pass {flag} passkey,niah_single_number,...")
+    names = [load_task(t).name for t in tasks]  # task names or paths of task files; EvalkitError if bad
+    if len(set(names)) != len(names):
+        raise EvalkitError(f"retrieval task given twice in {', '.join(tasks)}: list each task once")
+    return tasks
+
+
+def _lengths(value, flag: str) -> list | None:
+    if value is None:
+        return None
+    lengths = sorted({G.parse_length(v) for v in _as_list(value)})
+    if not lengths:
+        raise EvalkitError(f"retrieval needs at least one context length: fix {flag}")
+    return lengths
+
+
+def _depths(value, flag: str) -> list:
+    depths = sorted({G.parse_depth(v) for v in _as_list(value)})
+    if not depths:
+        raise EvalkitError(f"retrieval needs at least one needle depth: fix {flag}")
+    return depths
+
+
+@dataclass(frozen=True)
+class RetrievalParams(Params):
+    """The retrieval evaluation's parameters: grid keys are the field names, CLI flags ``--retrieval-<field>``."""
+
+    tasks: list = param(help=f"comma-separated tasks (default all: {','.join(DEFAULT_TASKS)}) or task .yaml paths",
+                        parse=_tasks, factory=lambda: list(DEFAULT_TASKS))
+    lengths: list | None = param(None, "context lengths in tokens incl. template, e.g. 1k,2k (default 1k,2k,4k,8k capped at "
+                                       "the model's maximum)", parse=_lengths)
+    depths: list = param(help="needle depths in percent (default 0,25,50,75,100)", parse=_depths,
+                         factory=lambda: list(G.DEFAULT_DEPTHS))
+    samples: int = param(10, "samples per (task, length, depth) cell (default 10)", low=1)
+    haystack: str | None = param(None, "haystack for every task: 'filler' or a corpus spec (default: each task's own: filler "
+                                       "for passkey, the embedded corpus for the others)")
+    corpus: str = param("embedded", "corpus the tasks' haystacks are cut from where a task asks for one (default embedded)")
+    seed: int = param(0, "seed of needles, values and haystack windows (default 0)", low=0)
+    batch_size: int = param(4, "prompts per generate() call (default 4)", low=1)
+    chat: bool | None = param(None, "wrap prompts in the model's chat template (default: when the tokenizer has one)")
+
+
+@register_eval("retrieval")
 class RetrievalEval(Evaluation):
-    name = "retrieval"
+    Params = RetrievalParams
     summary_metrics = ("accuracy", "accuracy_diff")
+    report = ReportSpec(
+        columns=(Column("accuracy", key="retrieval_acc", heading="retrieval % [95% CI]", fmt=".1f", scale=100, interval=True),
+                 Column("accuracy_diff", key="retrieval_diff")),
+        plots=("evalkit.report.plots:retrieval_figures",),
+        criteria=(Criterion("retrieval", "retrieval_diff", "max_retrieval_drop", True, "retrieval drop", unit=" pts",
+                            digits=1, transform="neg"),),
+        order=30)
 
     @classmethod
-    def validate(cls, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise EvalkitError(f"unknown retrieval parameter(s) {', '.join(sorted(unknown))}: use {', '.join(DEFAULTS)}")
-        p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-        p["tasks"] = _as_list(p["tasks"])
-        if not p["tasks"]:
-            raise EvalkitError("no retrieval task given: pass --retrieval-tasks passkey,niah_single_number,...")
-        names = [load_task(t).name for t in p["tasks"]]  # task names or paths of task files; EvalkitError if bad
-        if len(set(names)) != len(names):
-            raise EvalkitError(f"retrieval task given twice in {', '.join(p['tasks'])}: list each task once")
-        if p["lengths"] is not None:
-            p["lengths"] = sorted({G.parse_length(v) for v in _as_list(p["lengths"])})
-        p["depths"] = sorted({G.parse_depth(v) for v in _as_list(p["depths"])})
-        if not p["depths"] or (p["lengths"] is not None and not p["lengths"]):
-            raise EvalkitError("retrieval needs at least one length and one depth: fix --lengths / --depths")
-        for key, low in (("samples", 1), ("batch_size", 1), ("seed", 0)):
-            if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < low:
-                raise EvalkitError(f"retrieval {key} must be an integer >= {low}, got {p[key]!r}")
-        for key in ("haystack", "corpus"):
-            if p[key] is not None and (not isinstance(p[key], str) or not p[key].strip()):
-                raise EvalkitError(f"retrieval {key} must be 'filler' or a corpus spec, got {p[key]!r}")
-        if p["chat"] is not None and not isinstance(p["chat"], bool):
-            raise EvalkitError(f"retrieval chat must be true, false or unset (auto), got {p['chat']!r}")
-        return p
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.retrieval.workload import retrieval_work
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        g = parser.add_argument_group("retrieval (--eval retrieval)")
-        g.add_argument("--retrieval-tasks", dest="ret_tasks", help=f"comma-separated tasks (default all: {','.join(DEFAULT_TASKS)}) or task .yaml paths")
-        g.add_argument("--lengths", dest="ret_lengths", help="context lengths in tokens incl. template, e.g. 1k,2k (default 1k,2k,4k,8k capped at the model's maximum)")
-        g.add_argument("--depths", dest="ret_depths", help="needle depths in percent (default 0,25,50,75,100)")
-        g.add_argument("--samples", dest="ret_samples", type=int, help="samples per (task, length, depth) cell (default 10)")
-        g.add_argument("--haystack", dest="ret_haystack", help="haystack for every task: 'filler' or a corpus spec (default: each task's own: filler for passkey, the embedded corpus for the others)")
-        g.add_argument("--retrieval-seed", dest="ret_seed", type=int, help="seed of needles, values and haystack windows (default 0)")
-        g.add_argument("--retrieval-batch-size", dest="ret_batch_size", type=int, help="prompts per generate() call (default 4)")
-
-    @classmethod
-    def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
-        names = {"tasks": "ret_tasks", "lengths": "ret_lengths", "depths": "ret_depths", "samples": "ret_samples",
-                 "haystack": "ret_haystack", "seed": "ret_seed", "batch_size": "ret_batch_size"}
-        return {k: getattr(args, v, None) for k, v in names.items()}
+        return retrieval_work(params, facts)
 
     def canonical_params(self) -> dict[str, Any]:
         """The parameters plus a hash of each task file, so an edited task gets a new run id."""
@@ -184,6 +197,7 @@ class RetrievalEval(Evaluation):
 
     # ---- scoring -----------------------------------------------------------------------------
     def evaluate(self, lm, scheme: Scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        self.require_prepared(hasattr(self, "samples"))
         base = self.baseline(lm)
         gens = base if scheme.is_identity else self._generate(lm, scheme)
         frame = self.frame(gens, base)

@@ -1,0 +1,66 @@
+"""What one run of an evaluation processes, in the terms ``evalkit sweep --dry-run`` prices.
+
+Each evaluation sizes itself (:meth:`evalkit.evals.base.Evaluation.workload`) from its parameters
+and the model's facts (:mod:`evalkit.models.facts`), without running: a :class:`Work` holds the
+forward calls one scheme's pass makes (batched prefills and one-token decode steps, with the
+context they attend to), the tokens they process, the baseline pass (once per model x
+evaluation, as the evaluations cache it), and the disk its baseline cache and its results take.
+The sweep turns Works into time and disk (:mod:`evalkit.sweep.estimate`).
+
+Result rows and per-run artifacts are sized from the published default sweep (:data:`ROW_BYTES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHARS_PER_TOKEN = 4.0  # English prose, when no tokenizer is here (GPT-2/Llama-3 tokenizers: 4-4.5)
+ROW_BYTES = 1100  # one results.jsonl row with its info (published/default: 1.09 MB / 1040 rows)
+
+
+@dataclass(frozen=True)
+class Forwards:
+    """``calls`` forward calls of ``rows`` sequences x ``length`` new tokens, each row attending to
+    ``context`` tokens already cached (a mean over the calls)."""
+
+    calls: int
+    rows: int
+    length: int
+    context: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.calls * self.rows * self.length
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one run of an evaluation processes, and what it stores."""
+
+    eval: str
+    tokens: int  # tokens one scheme's pass processes
+    forwards: tuple[Forwards, ...]  # one scheme's pass
+    baseline: tuple[Forwards, ...] = ()  # once per model x evaluation (cached afterwards)
+    identity_is_baseline: bool = False  # the bf16 run reuses the baseline pass (retrieval)
+    baseline_bytes: int = 0  # baseline cache, once per model x evaluation (under the cache folder)
+    cache_bytes: int = 0  # other caches (tokenized corpus), once per model x evaluation
+    store_bytes: int = 0  # results rows and artifacts of one run (under the output folder)
+    approximate: str = ""  # why the counts are approximate ("" when exact)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def baseline_tokens(self) -> int:
+        return self.tokens if self.baseline else 0  # the baseline pass runs the same inputs
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    """Tokens of ``text`` (no special tokens); ~:data:`CHARS_PER_TOKEN` characters each without a tokenizer."""
+    if tokenizer is None:
+        return max(1, round(len(text) / CHARS_PER_TOKEN))
+    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def batches(n: int, batch: int) -> list[tuple[int, int]]:
+    """(calls, rows) groups covering n rows in batches of ``batch`` (the last one may be smaller)."""
+    full, rest = divmod(n, batch)
+    return [(c, r) for c, r in ((full, batch), (1 if rest else 0, rest)) if c]

@@ -195,6 +195,8 @@ class VllmBackend(Backend):
 
         self._model(lm)
         batches = list(batches)
+        if not batches:  # nothing to answer: no engine to start
+            return []
         longest = max((len(p) + max_new for prompts, max_new in batches for p in prompts), default=1)
         texts, self.generate_info = self.run(engine_config(scheme), lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch),
                                              longest + 1)

@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random models built from configs (session-scoped), a tiny tokenizer,
-and the embedded model (loaded once per session, converted once per machine)."""
+"""Shared fixtures: a tiny tokenizer and a tiny random llama folder built from configs
+(session-scoped), that llama loaded (``tiny``, per module), and the embedded model (loaded once
+per session, converted once per machine)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
     from tests.tiny_models import make_model_dir
 
     return make_model_dir(tmp_path_factory.mktemp("tiny_llama"), "llama", tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    """The tiny llama loaded as evalkit loads any model folder (a LoadedModel), once per test module:
+    the one tiny-model fixture (``tiny.model`` is the transformers model itself)."""
+    from evalkit.models.loading import load_model
+
+    return load_model(str(tiny_llama_dir))
 
 
 @pytest.fixture(scope="session")

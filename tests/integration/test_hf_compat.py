@@ -11,14 +11,8 @@ import transformers
 from transformers import DynamicCache
 
 from evalkit.integration import hf_compat
-from tests.tiny_models import tiny_model
 from evalkit.integration.hf_compat import (SUPPORTED, UnsupportedTransformersError, cache_inputs, cache_keyword,
                                            cache_layer_specs, check_transformers, output_cache, take_cache)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    return tiny_model("llama").eval()
 
 
 @pytest.mark.parametrize("version", ["5.17.0", "5.19.0", "5.24.0", "5.30.0.dev0", "5.17.0rc1"])
@@ -48,16 +42,16 @@ def test_import_of_the_storage_path_refuses_an_unsupported_release():
     assert line.startswith("REFUSED transformers 5.10.0 is installed") and SUPPORTED in line
 
 
-def test_cache_keyword_follows_the_model_signature(tiny_llama):
-    model = tiny_llama
+def test_cache_keyword_follows_the_model_signature(tiny):
+    model = tiny.model
     names = set(__import__("inspect").signature(type(model.model).forward).parameters)
     expected = "cache" if "cache" in names else "past_key_values"
     assert cache_keyword(model.model) == expected == cache_keyword(model)
     assert cache_inputs(model, "C") == {expected: "C", "use_cache": True}
 
 
-def test_cache_handed_over_and_read_back_on_the_installed_release(tiny_llama):
-    model = tiny_llama
+def test_cache_handed_over_and_read_back_on_the_installed_release(tiny):
+    model = tiny.model
     ids = torch.randint(0, model.config.vocab_size, (2, 6))
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
@@ -84,6 +78,6 @@ def test_layer_specs_per_layer_from_either_return_shape(monkeypatch, shape):
     assert [kind for kind, _ in specs] == types and all(kw == kwargs for _, kw in specs)
 
 
-def test_layer_specs_count_every_layer_on_the_installed_release(tiny_llama):
-    specs = cache_layer_specs(tiny_llama.config)
-    assert len(specs) == tiny_llama.config.num_hidden_layers, transformers.__version__
+def test_layer_specs_count_every_layer_on_the_installed_release(tiny):
+    specs = cache_layer_specs(tiny.model.config)
+    assert len(specs) == tiny.model.config.num_hidden_layers, transformers.__version__

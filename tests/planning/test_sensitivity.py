@@ -10,16 +10,10 @@ import torch
 
 from evalkit import quantized_kv
 from evalkit.errors import EvalkitError
-from evalkit.models.loading import load_model
 from evalkit.kv.scheme import parse_scheme
 from evalkit.planning.sensitivity import KL, PPL_REL, layer_table, perplexity_measure, plot, recommend
 
 SCHEME = "int4/head/dynamic"  # coarse enough that a random tiny model shows a clear KL
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir))
 
 
 def plain_kl(lm, scheme, ids) -> float:

@@ -23,11 +23,6 @@ E4M3_MAX = 448.0
 TEXT = load_text(DEFAULT_CORPUS)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir))
-
-
 def cached_kv(lm, ids):
     """Post-RoPE K/V per layer as the model's own cache stores them (independent of the hook)."""
     with torch.no_grad():

@@ -14,13 +14,7 @@ from evalkit import parse_scheme, quantized_kv
 from evalkit.scales.calibrate import calibrate
 from evalkit.scales.vllm_io import SCALES_FILE, export_vllm, import_vllm
 from evalkit.errors import EvalkitError
-from evalkit.models.loading import load_model
 from evalkit.kv.scale_table import load_scale_table, save_scale_table
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir))
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,6 @@ from evalkit.kv.quantize import quantize_dequantize
 from evalkit.kv.scheme import Granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
 from evalkit.integration.hf_compat import output_cache
-from tests.tiny_models import tiny_model
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
 
 
 def write(path, k, v, meta=None):
@@ -27,11 +21,11 @@ def write(path, k, v, meta=None):
     return path
 
 
-def test_head_table_round_trips_and_validates(tmp_path, llama):
-    layout = kv_layout(llama.config)
+def test_head_table_round_trips_and_validates(tmp_path, tiny):
+    layout = kv_layout(tiny.model.config)
     path = write(tmp_path / "h.safetensors", torch.full((2, 2), 0.01), torch.full((2, 2), 0.02),
-                 {"config_hash": config_hash(llama.config), "model": "tiny"})
-    table = load_scale_table(path, layout, granularity="head", config_hash=config_hash(llama.config))
+                 {"config_hash": config_hash(tiny.model.config), "model": "tiny"})
+    table = load_scale_table(path, layout, granularity="head", config_hash=config_hash(tiny.model.config))
     assert table.granularity == "head" and table.layer_scale("k", 1).shape == (1, 2, 1, 1)
 
 
@@ -44,8 +38,8 @@ def test_head_table_round_trips_and_validates(tmp_path, llama):
     ("wrong granularity", "holds tensor scales but the scheme asks for head"),
     ("not safetensors", "not a readable safetensors file"),
 ])
-def test_bad_tables_are_clear_errors(tmp_path, llama, case, fragment):
-    layout, chash = kv_layout(llama.config), config_hash(llama.config)
+def test_bad_tables_are_clear_errors(tmp_path, tiny, case, fragment):
+    layout, chash = kv_layout(tiny.model.config), config_hash(tiny.model.config)
     path = tmp_path / "s.safetensors"
     granularity = "tensor"
     if case == "wrong shape":
@@ -66,16 +60,16 @@ def test_bad_tables_are_clear_errors(tmp_path, llama, case, fragment):
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
-def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
+def test_static_scheme_uses_exactly_the_table(tmp_path, tiny):
     """Per-layer static scales: the stored K/V are quantized with the file's scale, per layer."""
     path = write(tmp_path / "t.safetensors", torch.tensor([0.002, 0.004]), torch.tensor([0.003, 0.005]),
-                 {"config_hash": config_hash(llama.config)})
+                 {"config_hash": config_hash(tiny.model.config)})
     ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        with quantized_kv(llama, f"fp8_e4m3/tensor/static+scales={path}"):
-            stored = output_cache(llama(ids))
-        with quantized_kv(llama, "bf16"):
-            raw = output_cache(llama(ids))
+        with quantized_kv(tiny.model, f"fp8_e4m3/tensor/static+scales={path}"):
+            stored = output_cache(tiny.model(ids))
+        with quantized_kv(tiny.model, "bf16"):
+            raw = output_cache(tiny.model(ids))
     fmt, tensor = FORMATS["fp8_e4m3"], Granularity.parse("tensor")
     # layer 0 sees the same input in both passes: its K/V are exactly the table-scaled quantization
     k0, v0 = stored.layers[0].k.values, stored.layers[0].v.values
@@ -91,11 +85,11 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, llama):
             assert torch.equal(st.values, codes * st.fixed)
 
 
-def test_table_made_for_another_format_is_refused(tmp_path, llama):
+def test_table_made_for_another_format_is_refused(tmp_path, tiny):
     from evalkit.integration.binding import BoundScheme
     from evalkit.kv.scheme import parse_scheme
 
     path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), {"format": "fp8_e4m3"})
-    BoundScheme(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(llama.config))
+    BoundScheme(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(tiny.model.config))
     with pytest.raises(ScaleError, match="calibrated for fp8_e4m3"):
-        BoundScheme(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(llama.config))
+        BoundScheme(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(tiny.model.config))

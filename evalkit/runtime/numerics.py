@@ -17,8 +17,7 @@ Two things decide those orders on CPU beyond evalkit's code:
   37-row 1536 -> 576 product from the same rows in a 74-row call (2 threads). Batched lm-eval
   (:mod:`evalkit.evals.lmeval.batching`) is exact only when products are batch-invariant. MKL's
   Conditional Numerical Reproducibility in strict mode (``MKL_CBWR=AUTO,STRICT``) makes them so,
-  and independent of the thread count, at no measured cost on that machine (a 2048 x 576 x 1536
-  product: 14.1 against 14.3 ms; an 8-row decode product: 0.14 against 0.15 ms). MKL reads the
+  and independent of the thread count, at no measurable cost (README, "Performance"). MKL reads the
   variable at its first call, so :func:`configure` must run before the process's first matrix
   product: the command line calls it first thing, the tests' ``conftest.py`` and the Ray workers
   too. A library user who multiplies matrices before importing evalkit sets it in the environment.

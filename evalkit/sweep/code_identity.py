@@ -23,7 +23,7 @@ The git commit (and whether the tree differs from it) is recorded next to the id
 run's info as provenance, for people: it does not enter the run id, since a commit changes with
 every edit anywhere in the repository, including the commit that adds a results store.
 
-Both are computed once per process (a few milliseconds: ~100 small files, one ``git`` call).
+Both are computed once per process (the package's source files and one ``git`` call).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ around each call by :func:`evalkit.quantized_kv` (loglikelihood and ``generate_u
   hand every scheme the baseline's answers.
 * Offline: when the Hugging Face hub cannot be reached, datasets run in offline mode during task
   loading (so cached datasets still work) and a task whose data is not cached fails at once with
-  one line, instead of ~25 s of retries.
+  one line, instead of the hub client's retries.
 * Batching is exact (:mod:`evalkit.evals.lmeval.batching`): any ``--lmeval-batch-size`` gives each item
   its batch-size-1 log-likelihoods under every scheme; the default comes from the device.
 """
@@ -161,7 +161,7 @@ def make_hflm(model, tokenizer, batch_size: int | str | None = None):
 @contextlib.contextmanager
 def _without_env_report():
     """Skip lm-eval's environment report (``add_env_info``: torch's collect_env, which shells out
-    to pip and takes ~10 s per call; it is not a metric). Scoped to one call and restored after.
+    to pip, slowly; it is not a metric). Scoped to one call and restored after.
     evalkit records the library versions that decide the numbers in every row instead."""
     import lm_eval.evaluator as evaluator
 

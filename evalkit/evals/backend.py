@@ -97,8 +97,11 @@ class Backend:
     def check_eval(self, eval_name: str, params: dict) -> None:
         """EvalkitError (one line) for an evaluation, or an option of it, this backend cannot honour."""
         need = EVAL_REQUESTS.get(eval_name)
+        if need is None:  # an eval that computes on the emulation itself: never a row labelled with another backend
+            raise EvalkitError(f"--eval {eval_name} does not ask a backend for its numbers, so backend {self.name} cannot "
+                               "compute them: use --engine emulation for it")
         lacks_steps = need == "decode" and not self.capabilities.step_distributions
-        if need is not None and (need not in self.capabilities.requests or lacks_steps):
+        if need not in self.capabilities.requests or lacks_steps:
             what = {"logprobs": "log-probs of given tokens", "decode": "per-step next-token distributions while decoding",
                     "generate": "greedy generation", "lmeval": "lm-eval's loglikelihood and generate requests"}[need]
             raise EvalkitError(f"--eval {eval_name} needs {what}, which backend {self.name} does not return: "
@@ -138,6 +141,9 @@ class EmulationBackend(Backend):
     """The transformers model, K/V through evalkit's storage cache; each eval's cached baseline."""
 
     capabilities = Capabilities("emulation")
+
+    def check_eval(self, eval_name: str, params: dict) -> None:
+        """Every evaluation runs on the emulation."""
 
     # (a): perplexity's 2 KB-summary baseline and its scored chunks
     def prepare(self, ev, lm, workdir: Path) -> None:

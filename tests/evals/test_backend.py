@@ -117,6 +117,9 @@ def test_a_request_the_backend_does_not_serve_is_one_line():
             use_backend(ev, KnownBackend())
         text = str(info.value)
         assert needle in text and "test-backend" in text and "--engine emulation" in text and "\n" not in text
+    with pytest.raises(EvalkitError, match="does not ask a backend"):  # an eval that computes on the emulation itself
+        KnownBackend().check_eval("sensitivity", {})
+    EMULATION.check_eval("sensitivity", {})  # the emulation runs every eval
 
 
 def test_per_step_distributions_the_backend_cannot_return_are_refused():

@@ -80,5 +80,6 @@ def figures(results, style=None) -> dict:
         ax.bar(range(len(g)), g["value"])
         ax.set_xticks(range(len(g)), list(g["scheme"]), rotation=30, fontsize=6)
         ax.set_ylabel("Δ NLL (nats)")
+        ax.set_title(f"{model}: echo Δ NLL by scheme", fontsize=8)
         out[f"echo_{len(out)}"] = fig
     return out

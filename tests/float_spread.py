@@ -118,6 +118,7 @@ def lmeval_logliks(lm, workdir: Path) -> dict[str, dict[str, float]]:
     """{scheme: {doc_id: gold log-likelihood}}; "bf16" is the eval's own unquantized baseline."""
     from evalkit.evals.lmeval.evaluation import LmEvalEval
     from evalkit.evals.lmeval.items import items_from_results
+    from evalkit.kv.scheme import parse_scheme
 
     ev = LmEvalEval(dict(LMEVAL_PARAMS))
     ev.prepare(lm, Path(workdir))
@@ -125,8 +126,7 @@ def lmeval_logliks(lm, workdir: Path) -> dict[str, dict[str, float]]:
     for scheme in GOLDEN["lmeval"]:
         if scheme == "bf16":
             continue
-        with quantized_kv(lm.model, scheme):
-            items = items_from_results(ev._run())[LMEVAL_TASK]
+        items = items_from_results(ev._run(lm, parse_scheme(scheme)))[LMEVAL_TASK]
         out[scheme] = {str(i["doc_id"]): i["gold_loglik"] for i in items}
     return out
 

@@ -104,12 +104,16 @@ def test_failures_recorded_sweep_continues(tmp_path, tiny_llama_dir, toy_eval, c
 
 
 def test_model_load_failure_fails_its_runs_only(tmp_path, tiny_llama_dir, toy_eval, capsys):
-    text = (f"models:\n  - '{tmp_path / 'no-such-model'}'\n  - '{tiny_llama_dir}'\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+    # a folder that exists (the grid's validation checks that) but holds no model: it fails at load
+    broken = tmp_path / "not-a-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    text = (f"models:\n  - '{broken}'\n  - '{tiny_llama_dir}'\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
             "evals: {toy: {max_tokens: 8}}\n")
     (tmp_path / "g.yaml").write_text(text)
     assert main(["sweep", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
     printed = capsys.readouterr().out
-    assert "2 completed now, 2 failed" in printed and "no such folder" in printed
+    assert "2 completed now, 2 failed" in printed and "not-a-model" in printed
 
 
 def test_shards_merged_equal_unsharded(tmp_path, tiny_llama_dir, toy_eval, capsys):

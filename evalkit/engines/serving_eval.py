@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from evalkit.evals.base import Evaluation, MetricRow, Params, param, register_eval
+from evalkit.evals.backend import backend_of, stamp
+from evalkit.evals.base import Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 
 
 def _budget(value, flag: str) -> float:
@@ -44,7 +45,10 @@ class ServingParams(Params):
 @register_eval("serving")
 class ServingEval(Evaluation):
     Params = ServingParams
+    engines: ClassVar[tuple[str, ...]] = ("vllm",)  # it measures the engine itself: never the emulation (grids skip it there)
     summary_metrics = ("kv_tokens", "capacity_ratio_vs_computed", "admitted_requests", "decode_tok_s")
+    report = ReportSpec(frames=("evalkit.engines.serving_eval:serving_frame",),
+                        displays=("evalkit.engines.serving_eval:serving_display",), order=200)
 
     def prepare(self, lm, workdir: Path) -> None:
         from evalkit.engines.vllm_kernel import check_vllm_available
@@ -62,4 +66,46 @@ class ServingEval(Evaluation):
         kvd = engine_config(scheme).kv_cache_dtype
         ms = measure(self.folder, self.layout, [kvd], int(p["budget_gib"] * 2**30), p["context"], dtype=self.dtype,
                      load=p["load"], decode_tokens=p["decode_tokens"])
-        return serving_rows(ms)
+        return stamp(serving_rows(ms), backend_of(self))
+
+
+# -- what the report shows (declared in ServingEval.report) ----------------------------------------------
+ENGINE_COLUMNS = {  # summary-frame key -> (metric, batch label or None)
+    "engine_kv_tokens": ("kv_tokens", None), "engine_vs_evalkit": ("capacity_ratio_vs_computed", None),
+    "engine_admitted": ("admitted_requests", None), "engine_prefill_tok_s": ("prefill_tok_s", 1),
+    "engine_decode_tok_s": ("decode_tok_s", 1),
+}
+
+
+def serving_frame(rows, slot) -> None:
+    """The serving rows of one backend into the summary frame: the engine's KV tokens, their ratio to
+    evalkit's count, admission, batch-1 speeds, and the engine's capacity against the baseline scheme's
+    KV tokens on the same budget (``engine_capacity_x``, beside the report's computed ``capacity``)."""
+    from evalkit.kv.scheme import Scheme
+
+    found: dict[tuple[str, str], dict] = {}
+    for (model, scheme), g in rows.groupby(["model", "scheme"], sort=False):
+        out = found[(model, scheme)] = slot(model, scheme)
+        for key, (metric, batch) in ENGINE_COLUMNS.items():
+            sel = g[(g["metric"] == metric) & g["labels"].map(lambda d, b=batch: (d or {}).get("batch") == b)]
+            if not sel.empty:
+                out[key] = float(sel["value"].iloc[0])
+    for (model, _), out in found.items():
+        base = found.get((model, str(Scheme())), {}).get("engine_kv_tokens")
+        if base and "engine_kv_tokens" in out:
+            out["engine_capacity_x"] = out["engine_kv_tokens"] / base
+
+
+def serving_display(r: dict, base: bool) -> dict[str, str]:
+    """The engine's columns of one summary row (blank on rows the engine did not measure)."""
+    import math
+
+    def cell(key, fmt, unit=""):
+        v = r.get(key)
+        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt) + unit
+
+    if all(cell(k, "") == "" for k in (*ENGINE_COLUMNS, "engine_capacity_x")):
+        return {}
+    return {"engine KV tokens": cell("engine_kv_tokens", ",.0f"), "engine capacity": cell("engine_capacity_x", ".2f", "x"),
+            "engine/evalkit tokens": cell("engine_vs_evalkit", ".4f"), "admitted": cell("engine_admitted", ".0f"),
+            "prefill tok/s": cell("engine_prefill_tok_s", ".1f"), "decode tok/s": cell("engine_decode_tok_s", ".1f")}

@@ -74,6 +74,8 @@ class VllmBackend(Backend):
     """Every evaluation's requests through vLLM (see the module docstring). One instance serves one
     prepared evaluation: it holds that evaluation's engine baseline."""
 
+    engine = "vllm"  # the grid's and --engine's name for it
+
     def __init__(self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0):
         check_vllm_available()
         self.top_k, self.kv_cache_bytes, self.seed = top_k, kv_cache_bytes, seed

@@ -193,7 +193,13 @@ def backend_of(ev) -> Backend:
 def use_backend(ev, backend: Backend | None):
     """Have ``ev`` ask ``backend`` (None: the emulation), refusing in one line an evaluation or option
     the backend cannot honour. Returns ``ev``."""
-    if backend is not None:
+    engines = getattr(ev, "engines", None)  # an eval that measures an engine itself (serving) names the engines it runs on
+    if engines is not None:
+        engine = getattr(backend, "engine", "emulation")
+        if engine not in engines:
+            raise EvalkitError(f"--eval {ev.name} measures the {' or '.join(engines)} engine itself, not the {engine}: "
+                               f"run it with --engine {engines[0]} (in a grid: engine: {engines[0]})")
+    elif backend is not None:
         backend.check_eval(ev.name, ev.params)
     ev.backend = backend
     return ev

@@ -18,7 +18,8 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
     seeds: [0, 1]                       # optional: one run per seed (passed as the eval's `seed`)
     engine_profile: vllm-cpu            # optional: every scheme as that engine's KV kernels run it
     engine: vllm                        # optional: the engine computes the numbers (default: emulation);
-                                        #   [emulation, vllm]: every run through both, in one store
+                                        #   [emulation, vllm]: every run through both, in one store;
+                                        #   an eval that measures an engine itself (serving) runs on it only
 
 Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML node marks, before
 anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
@@ -448,9 +449,10 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if "evals" in data:
         with doc.collecting():
             evals = _evals(doc, data["evals"], seeds)
+    on = _eval_engines(doc, [e for e, _, _ in evals], engines)
     doc.raise_problems()
     runs = tuple(RunSpec(m, s, e, p, rp, engine) for engine, schemes in by_engine.items() for m in models
-                 for (e, p, rp) in evals for s in schemes)
+                 for (e, p, rp) in evals if engine in on[e] for s in schemes)
     return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
                 executor=data.get("executor"), data=data)
 
@@ -485,6 +487,21 @@ def _engines(doc: _Located, value) -> list[str]:
         doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)}, not {bad[0]!r}")))
         return [n for n in dict.fromkeys(names) if n in ENGINES] or ["emulation"]
     return list(dict.fromkeys(names))
+
+
+def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[str, list[str]]:
+    """eval name -> the grid's engines it runs on: all of them, or for an evaluation that measures an
+    engine itself (its class's ``engines``, e.g. serving: vllm) those it names; none is a problem."""
+    from evalkit.evals.base import get_eval
+
+    out = {}
+    for name in dict.fromkeys(names):
+        only = getattr(get_eval(name), "engines", None)
+        out[name] = [e for e in engines if only is None or e in only]
+        if not out[name]:
+            doc.problems.append(str(doc.error(("evals", name), f"eval {name} runs on engine {' or '.join(only)} only: "
+                                                               f"add engine: {only[0]} (or a list holding it)")))
+    return out
 
 
 def _engine_run(doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec]) -> list[str]:

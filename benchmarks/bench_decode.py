@@ -43,7 +43,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evalkit.integration.hf_compat import cache_inputs
 
-SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "fp8_e4m3/block16/dynamic"]
+SCHEMES = [
+    "bf16",
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e5m2/tensor/unit",
+    "fp8_e4m3/block16/dynamic",
+]
 
 
 def plain_arm(lm, ids, prefill, steps, sync):
@@ -57,13 +63,22 @@ def plain_arm(lm, ids, prefill, steps, sync):
     times = []
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill],
-              **cache_inputs(model, cache), logits_to_keep=1)
+        model(
+            ids[:, :prefill],
+            attention_mask=mask[:, :prefill],
+            position_ids=pos[:, :prefill],
+            **cache_inputs(model, cache),
+            logits_to_keep=1,
+        )
         sync()
         times.append(time.perf_counter())
         for t in range(prefill, prefill + steps):
-            out = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1],
-                        **cache_inputs(model, cache))
+            out = model(
+                ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                **cache_inputs(model, cache),
+            )
             out.logits[:, -1].argmax(-1)
             sync()
             times.append(time.perf_counter())
@@ -115,7 +130,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--lengths", default="256,512,1024,2048", help="P + T for the memory part ('' skips it)")
-    ap.add_argument("--profile", default=None, metavar="SCHEME", help="profile the loop arm's decode steps under SCHEME")
+    ap.add_argument(
+        "--profile", default=None, metavar="SCHEME", help="profile the loop arm's decode steps under SCHEME"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
@@ -130,11 +147,21 @@ def main() -> None:
     lm = load_model("embedded", device=args.device, dtype=args.dtype)
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     schemes = [s for s in args.schemes.split(",") if s]
-    print(f"model {lm.name} {next(lm.model.parameters()).dtype} on {lm.device}, threads {args.threads}, "
-          f"load average {os.getloadavg()[0]:.1f}; batch {args.batch} rows, context {args.context}, {args.steps} steps", flush=True)
+    print(
+        f"model {lm.name} {next(lm.model.parameters()).dtype} on {lm.device}, threads {args.threads}, "
+        f"load average {os.getloadavg()[0]:.1f}; batch {args.batch} rows, context {args.context}, {args.steps} steps",
+        flush=True,
+    )
     work = tempfile.mkdtemp(prefix="bench-decode-")
-    ev = DecodeEval(dict(prefill=args.context, decode=args.steps + 1, sequences=args.batch // 2, batch_size=args.batch,
-                         bootstrap_samples=100))
+    ev = DecodeEval(
+        dict(
+            prefill=args.context,
+            decode=args.steps + 1,
+            sequences=args.batch // 2,
+            batch_size=args.batch,
+            bootstrap_samples=100,
+        )
+    )
     start = time.perf_counter()
     ev.prepare(lm, work)  # the baseline pass (bf16), cached under a temporary folder
     print(f"baseline pass {time.perf_counter() - start:.1f} s", flush=True)
@@ -147,19 +174,25 @@ def main() -> None:
     rounds: list[dict] = []
     keys = list(arms)
     for r in range(args.rounds):
-        order = keys[r % len(keys):] + keys[: r % len(keys)]
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
         rounds.append({k: statistics.median(arms[k]()) for k in order})
         print(f"  round {r + 1}: plain {rounds[-1][('plain', None)] * 1e3:.1f} ms/step", flush=True)
 
     best = {k: min(rd[k] for rd in rounds) for k in keys}
     plain = best[("plain", None)]
-    print(f"\n1. decode step, {args.batch} rows at {args.context}-{args.context + args.steps} context: plain transformers "
-          f"{plain * 1e3:.1f} ms (min over {args.rounds} rounds of the per-round median)")
-    print(f"{'scheme':28s} {'loop ms':>8s} {'eval ms':>8s} {'loop/plain':>11s} {'eval/plain':>11s} {'(median of round ratios)':>26s}")
+    print(
+        f"\n1. decode step, {args.batch} rows at {args.context}-{args.context + args.steps} context: plain transformers "
+        f"{plain * 1e3:.1f} ms (min over {args.rounds} rounds of the per-round median)"
+    )
+    print(
+        f"{'scheme':28s} {'loop ms':>8s} {'eval ms':>8s} {'loop/plain':>11s} {'eval/plain':>11s} {'(median of round ratios)':>26s}"
+    )
     for s in schemes:
         med = [statistics.median(rd[(arm, s)] / rd[("plain", None)] for rd in rounds) for arm in ("loop", "eval")]
-        print(f"{s:28s} {best[('loop', s)] * 1e3:8.1f} {best[('eval', s)] * 1e3:8.1f} {best[('loop', s)] / plain:11.3f} "
-              f"{best[('eval', s)] / plain:11.3f} {med[0]:12.3f} {med[1]:12.3f}")
+        print(
+            f"{s:28s} {best[('loop', s)] * 1e3:8.1f} {best[('eval', s)] * 1e3:8.1f} {best[('loop', s)] / plain:11.3f} "
+            f"{best[('eval', s)] / plain:11.3f} {med[0]:12.3f} {med[1]:12.3f}"
+        )
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -167,7 +200,9 @@ def main() -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             loop_arm(lm, ev.head, args.profile, ids, args.context, sync)
-        print(f"\nprofile of the loop arm under {args.profile} (prefill + {args.steps} steps), top operators by self CPU time:")
+        print(
+            f"\nprofile of the loop arm under {args.profile} (prefill + {args.steps} steps), top operators by self CPU time:"
+        )
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
     lengths = [int(v) for v in args.lengths.split(",") if v]

@@ -24,15 +24,19 @@ import torch
 
 def items_per_second(hflm, tasks, scheme: str, limit: int, model) -> tuple[float, float, dict]:
     """(items per wall second, items per CPU second, per-item log-likelihoods) of one run."""
-    from evalkit.integration.install import quantized_kv
     from evalkit.evals.lmeval.adapter import run_lm_eval
+    from evalkit.integration.install import quantized_kv
 
     t, c = time.perf_counter(), time.process_time()
     with quantized_kv(model, scheme):
         results = run_lm_eval(hflm, tasks, num_fewshot=None, limit=limit, bootstrap_iters=0)
     t, c = time.perf_counter() - t, time.process_time() - c
-    logliks = {(task, s["doc_id"], i): r[0][0] for task, samples in results["samples"].items()
-               for s in samples for i, r in enumerate(s["resps"])}
+    logliks = {
+        (task, s["doc_id"], i): r[0][0]
+        for task, samples in results["samples"].items()
+        for s in samples
+        for i, r in enumerate(s["resps"])
+    }
     n = sum(len(samples) for samples in results["samples"].values())
     return n / t, n / c, logliks
 
@@ -68,15 +72,19 @@ def main() -> None:
             rates["cpu"][bs].append(cpu)
             print(f"round {r + 1}: batch {bs:>2}: {wall:.3f} items/s wall, {cpu:.3f} items per CPU s", flush=True)
     diff = max(abs(logliks[1][k] - logliks[args.batch][k]) for k in logliks[1])
-    print(f"\n{args.task}, {args.limit} items per run, {args.scheme}, embedded model ({lm.model.dtype}), "
-          f"{args.threads} threads, {2 * args.rounds} runs per batch size")
+    print(
+        f"\n{args.task}, {args.limit} items per run, {args.scheme}, embedded model ({lm.model.dtype}), "
+        f"{args.threads} threads, {2 * args.rounds} runs per batch size"
+    )
     for clock, by_bs in rates.items():
         med = {bs: statistics.median(v) for bs, v in by_bs.items()}
         best = {bs: max(v) for bs, v in by_bs.items()}
         for bs in by_bs:
             print(f"{clock:4s} batch {bs:>2}: median {med[bs]:.3f}, best {best[bs]:.3f} items/s")
-        print(f"{clock:4s} ratio batch {args.batch} / batch 1: median {med[args.batch] / med[1]:.2f}x, "
-              f"best {best[args.batch] / best[1]:.2f}x")
+        print(
+            f"{clock:4s} ratio batch {args.batch} / batch 1: median {med[args.batch] / med[1]:.2f}x, "
+            f"best {best[args.batch] / best[1]:.2f}x"
+        )
     print(f"largest per-item log-likelihood difference, batch {args.batch} vs 1: {diff:.2e}")
 
 

@@ -51,7 +51,7 @@ def _load():
 
 def _windows(ev):
     c = ev.params["window"] - int(ev.bos)
-    return [ev.ids[s: s + c][None] for s, _ in ev.plan]
+    return [ev.ids[s : s + c][None] for s, _ in ev.plan]
 
 
 def plain_loop(lm, windows) -> tuple[float, int]:
@@ -90,13 +90,19 @@ def throughput(args) -> None:
                 t, c = time.perf_counter() - t, time.thread_time() - c
                 wall[name], cpu[name] = min(wall[name], t), min(cpu[name], c)
                 print(f"round {r} {name:24s} wall {t:8.2f} s   cpu {c:8.2f} s", flush=True)
-    print(f"\nembedded model, {len(windows)} windows x {args.window} tokens, {n} scored tokens, "
-          f"torch threads {torch.get_num_threads()}, best of {args.rounds} interleaved rounds")
+    print(
+        f"\nembedded model, {len(windows)} windows x {args.window} tokens, {n} scored tokens, "
+        f"torch threads {torch.get_num_threads()}, best of {args.rounds} interleaved rounds"
+    )
     print("tokens/s by wall time and by CPU time of the (only) compute thread, which a shared machine disturbs less")
     print(f"{'method':28s} {'wall tok/s':>10s} {'ratio':>6s} {'cpu tok/s':>10s} {'ratio':>6s}")
     for k in names:
-        print(f"{k:28s} {n / wall[k]:10.1f} {wall['plain'] / wall[k]:6.3f} {n / cpu[k]:10.1f} {cpu['plain'] / cpu[k]:6.3f}")
-    print(f"{'prepare (baseline, once)':28s} {n / prep:10.1f} {wall['plain'] / prep:6.3f}   (includes tokenizing the corpus)")
+        print(
+            f"{k:28s} {n / wall[k]:10.1f} {wall['plain'] / wall[k]:6.3f} {n / cpu[k]:10.1f} {cpu['plain'] / cpu[k]:6.3f}"
+        )
+    print(
+        f"{'prepare (baseline, once)':28s} {n / prep:10.1f} {wall['plain'] / prep:6.3f}   (includes tokenizing the corpus)"
+    )
 
 
 class _PeakRSS:
@@ -167,15 +173,24 @@ def memory(args) -> None:
         out = []
         with tempfile.TemporaryDirectory() as work:
             for step in steps:
-                res = subprocess.run([sys.executable, __file__, "memory-one", str(length), "--step", step, "--work", work],
-                                     capture_output=True, text=True, check=True,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                res = subprocess.run(
+                    [sys.executable, __file__, "memory-one", str(length), "--step", step, "--work", work],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+                )
                 out.append(float(res.stdout.strip().splitlines()[-1]))
         print(f"{length:7d} " + " ".join(f"{v:9.0f}" for v in out), flush=True)
 
 
-KL_SCHEMES = ("fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic",
-              "int4_asym/group8/dynamic", "int4/tensor/dynamic")
+KL_SCHEMES = (
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "int4_asym/group8/dynamic",
+    "int4/tensor/dynamic",
+)
 
 
 def _llama128k(folder: Path):
@@ -186,8 +201,15 @@ def _llama128k(folder: Path):
 
     tok = _load().tokenizer
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=131072, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    cfg = tf.LlamaConfig(
+        vocab_size=131072,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return load_model(str(folder))
@@ -214,25 +236,33 @@ def kl(args) -> None:
 
     with tempfile.TemporaryDirectory() as work:
         lm = _load() if args.model == "embedded" else _llama128k(Path(work) / "llama128k")
-        ev = PerplexityEval(dict(window=args.window, max_windows=args.windows, corpus="embedded", bos=False,
-                                 bootstrap_samples=200))
+        ev = PerplexityEval(
+            dict(window=args.window, max_windows=args.windows, corpus="embedded", bos=False, bootstrap_samples=200)
+        )
         t = time.perf_counter()
         ev.prepare(lm, Path(work))
         prep = time.perf_counter() - t
         n = int(ev.offsets[-1])
         disk = sum(f.stat().st_size for f in ev.dir.iterdir())
         vocab = ev.head.vocab
-        print(f"{args.model}: vocabulary {vocab}, {len(ev.plan)} windows x {args.window} tokens, {n} scored tokens; "
-              f"baseline {prep:.1f} s, {disk} bytes on disk = {disk / n:.0f} B per scored token "
-              f"(full float16 distributions: {2 * vocab} B)")
-        print(f"{'scheme':28s} {'full KL':>10s} {'estimate':>10s} {'error':>8s} {'lower bd':>9s} {'se':>7s} {'tail mass':>9s}")
+        print(
+            f"{args.model}: vocabulary {vocab}, {len(ev.plan)} windows x {args.window} tokens, {n} scored tokens; "
+            f"baseline {prep:.1f} s, {disk} bytes on disk = {disk / n:.0f} B per scored token "
+            f"(full float16 distributions: {2 * vocab} B)"
+        )
+        print(
+            f"{'scheme':28s} {'full KL':>10s} {'estimate':>10s} {'error':>8s} {'lower bd':>9s} {'se':>7s} {'tail mass':>9s}"
+        )
         for name in args.schemes.split(","):
             row = next(r for r in ev.evaluate(lm, name) if r.metric == "kl_mean" and not r.labels)
             ref = full_vocabulary_kl(lm, ev, name)
             info = row.info
-            print(f"{name:28s} {ref:10.6f} {row.value:10.6f} {100 * (row.value / ref - 1):+7.3f}% "
-                  f"{100 * (info['kl_lower_bound'] / ref - 1):+8.2f}% {100 * info['kl_sampling_se'] / ref:6.3f}% "
-                  f"{info['kl_tail_mass']:9.3f}", flush=True)
+            print(
+                f"{name:28s} {ref:10.6f} {row.value:10.6f} {100 * (row.value / ref - 1):+7.3f}% "
+                f"{100 * (info['kl_lower_bound'] / ref - 1):+8.2f}% {100 * info['kl_sampling_se'] / ref:6.3f}% "
+                f"{info['kl_tail_mass']:9.3f}",
+                flush=True,
+            )
         print("error, lower bd and se relative to the full-vocabulary KL")
 
 

@@ -42,11 +42,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("EVALKIT_PROGRESS", "0")
 
-    from evalkit.evals.retrieval.evaluation import RetrievalEval
-    from evalkit.models.loading import cache_root, load_model
     from evalkit.evals.retrieval import grid as G
+    from evalkit.evals.retrieval.evaluation import RetrievalEval
     from evalkit.evals.retrieval.generate import generate_batches
     from evalkit.kv.scheme import parse_schemes
+    from evalkit.models.loading import cache_root, load_model
 
     lm = load_model(args.model)
     schemes = parse_schemes(args.schemes)
@@ -64,11 +64,13 @@ def main() -> None:
     for n in measured:
         pool = by_len.get(n)
         if not pool:  # a length outside the default grid
-            extra = RetrievalEval({"tasks": "niah_single_number", "lengths": [n], "samples": args.prompts, "depths": [50]})
+            extra = RetrievalEval(
+                {"tasks": "niah_single_number", "lengths": [n], "samples": args.prompts, "depths": [50]}
+            )
             extra.prepare(lm, None)
             pool = extra.samples
-        prompts = [list(s.ids) for s in pool[:args.prompts]]
-        max_new = max(s.max_new_tokens for s in pool[:args.prompts])
+        prompts = [list(s.ids) for s in pool[: args.prompts]]
+        max_new = max(s.max_new_tokens for s in pool[: args.prompts])
         for _ in range(args.rounds):
             for scheme in schemes:
                 t0 = time.perf_counter()
@@ -85,7 +87,7 @@ def main() -> None:
     print("\n| scheme | grid time (h), from " + ",".join(map(str, measured)) + " | per length (s) |\n|---|---|---|")
     for name, row in times.items():
         L = np.array(list(row), dtype=float)
-        A = np.stack([L, L ** 2], axis=1)
+        A = np.stack([L, L**2], axis=1)
         coef = nnls(A, np.array(list(row.values())))[0]
         parts, total = [], 0.0
         for n in full.lengths:

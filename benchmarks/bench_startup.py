@@ -28,8 +28,14 @@ HEAVY = ("torch", "transformers", "lm_eval", "pandas", "scipy")
 
 def seconds(argv: list[str], env: dict) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "evalkit", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalkit", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"exit {proc.returncode}: {last}")
@@ -37,10 +43,12 @@ def seconds(argv: list[str], env: dict) -> float:
 
 
 def heavy_imports(argv: list[str], env: dict) -> list[str]:
-    code = ("import contextlib, io, sys\nfrom evalkit.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass\n"
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import contextlib, io, sys\nfrom evalkit.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, capture_output=True, text=True)
     return [m for m in out.stdout.strip().split(",") if m]
 
@@ -50,8 +58,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs per command (default 5)")
     args = ap.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    print(f"python {sys.version.split()[0]}, {args.runs} runs each, load average before: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"python {sys.version.split()[0]}, {args.runs} runs each, load average before: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(f"{'command':<52}{'min s':>8}{'median s':>10}  imports")
     for argv in COMMANDS:
         label = "python -m evalkit " + " ".join(argv)

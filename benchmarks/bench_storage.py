@@ -86,8 +86,11 @@ def main() -> None:
     window = ids[: args.forward_length][None].to(lm.device)
     schemes = args.schemes.split(",")
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
-    print(f"model {lm.name} {next(model.parameters()).dtype} on {lm.device}, threads {args.threads}, "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"model {lm.name} {next(model.parameters()).dtype} on {lm.device}, threads {args.threads}, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
     # 1. forwards ----------------------------------------------------------------------------------
     def forward(ctx_factory):
@@ -95,6 +98,7 @@ def main() -> None:
             with torch.inference_mode(), ctx_factory():
                 model(window, use_cache=False)
             sync()
+
         return run
 
     arms = {}
@@ -104,7 +108,7 @@ def main() -> None:
     best: dict = {}
     keys = list(arms)
     for r in range(args.rounds):
-        order = keys[r % len(keys):] + keys[: r % len(keys)]
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
         for k in order:
             t = timed(arms[k])
             best[k] = min(best.get(k, float("inf")), t)
@@ -137,30 +141,37 @@ def main() -> None:
                 finally:
                     if ctx is not None:
                         ctx.__exit__(None, None, None)
+
         return run, out
 
     dec_arms = {s: decode(s) for s in [None] + schemes}
     steps: dict = {}
     for r in range(args.rounds):
         order = list(dec_arms)
-        order = order[r % len(order):] + order[: r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for s in order:
             run, out = dec_arms[s]
             run()
             steps[s] = min(steps.get(s, float("inf")), out["step"])
     plain = steps[None]
-    print(f"\n2. decode step at {args.length} context ({args.decode} steps, min of {args.rounds} rounds): plain transformers {plain * 1e3:.1f} ms")
+    print(
+        f"\n2. decode step at {args.length} context ({args.decode} steps, min of {args.rounds} rounds): plain transformers {plain * 1e3:.1f} ms"
+    )
     print(f"{'scheme':30s} {'ms/step':>10s} {'vs plain':>10s}")
     for s in schemes:
         print(f"{s:30s} {steps[s] * 1e3:10.1f} {steps[s] / plain:10.3f}")
 
     # 3. memory -----------------------------------------------------------------------------------
     dyn = dec_arms[None][1]["cache"]
-    dyn_bytes = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-                    for layer in dyn.layers)
+    dyn_bytes = sum(
+        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        for layer in dyn.layers
+    )
     bf16_bytes = sum(layer.keys.numel() * 2 + layer.values.numel() * 2 for layer in dyn.layers)
-    print(f"\n3. cache memory after {args.length} + {args.decode} tokens: transformers DynamicCache {dyn_bytes / 2**20:.1f} MiB "
-          f"({next(model.parameters()).dtype}), BF16 {bf16_bytes / 2**20:.1f} MiB")
+    print(
+        f"\n3. cache memory after {args.length} + {args.decode} tokens: transformers DynamicCache {dyn_bytes / 2**20:.1f} MiB "
+        f"({next(model.parameters()).dtype}), BF16 {bf16_bytes / 2**20:.1f} MiB"
+    )
     print(f"{'scheme':30s} {'held MiB':>10s} {'held/dynamic':>13s} {'engine bytes/BF16':>18s}")
     for s in schemes:
         cache = dec_arms[s][1]["cache"]

@@ -26,8 +26,16 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/tensor/unit",
-           "fp8_e5m2/tensor/dynamic", "fp8_e5m2/head/dynamic", "fp8_e5m2/tensor/unit"]
+SCHEMES = [
+    "bf16",
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "fp8_e4m3/tensor/unit",
+    "fp8_e5m2/tensor/dynamic",
+    "fp8_e5m2/head/dynamic",
+    "fp8_e5m2/tensor/unit",
+]
 
 
 def run_flags(eval_name: str, params: dict) -> list[str]:
@@ -70,21 +78,69 @@ def main() -> int:
         if not args.skip_ratio:
             grid = {"name": "bench8", "models": quick["models"], "schemes": SCHEMES, "evals": quick["evals"]}
             (tmp / "bench8.yaml").write_text(yaml.safe_dump(grid))
-            sweep = [[py, "-m", "evalkit", "sweep", str(tmp / "bench8.yaml"), "--out", str(tmp / "sweep"), "--no-progress",
-                      "--cache-dir", str(tmp / "cache_a")]]
+            sweep = [
+                [
+                    py,
+                    "-m",
+                    "evalkit",
+                    "sweep",
+                    str(tmp / "bench8.yaml"),
+                    "--out",
+                    str(tmp / "sweep"),
+                    "--no-progress",
+                    "--cache-dir",
+                    str(tmp / "cache_a"),
+                ]
+            ]
             models = [m if isinstance(m, str) else m["name"] for m in quick["models"]]
-            separate = [[py, "-m", "evalkit", "run", "--model", model, "--eval", name, "--schemes", scheme,
-                         "--cache-dir", str(tmp / "cache_b")] + run_flags(name, params or {})
-                        for model in models for name, params in quick["evals"].items() for scheme in SCHEMES]
+            separate = [
+                [
+                    py,
+                    "-m",
+                    "evalkit",
+                    "run",
+                    "--model",
+                    model,
+                    "--eval",
+                    name,
+                    "--schemes",
+                    scheme,
+                    "--cache-dir",
+                    str(tmp / "cache_b"),
+                ]
+                + run_flags(name, params or {})
+                for model in models
+                for name, params in quick["evals"].items()
+                for scheme in SCHEMES
+            ]
             wall_a, cpu_a = timed(sweep, env)
             print(f"load average between A and B: {os.getloadavg()[0]:.1f}")
             wall_b, cpu_b = timed(separate, env)
-            print(f"A  one sweep, {len(SCHEMES)} schemes x {len(quick['evals'])} eval(s):  wall {wall_a:7.1f} s   cpu {cpu_a:7.1f} s")
-            print(f"B  {len(separate)} separate `evalkit run` processes:        wall {wall_b:7.1f} s   cpu {cpu_b:7.1f} s")
+            print(
+                f"A  one sweep, {len(SCHEMES)} schemes x {len(quick['evals'])} eval(s):  wall {wall_a:7.1f} s   cpu {cpu_a:7.1f} s"
+            )
+            print(
+                f"B  {len(separate)} separate `evalkit run` processes:        wall {wall_b:7.1f} s   cpu {cpu_b:7.1f} s"
+            )
             print(f"ratio A/B: wall {wall_a / wall_b:.2f} (target <= 0.5), cpu {cpu_a / cpu_b:.2f}")
         if args.default or args.skip_ratio:
-            wall, cpu = timed([[py, "-m", "evalkit", "sweep", "default", "--out", str(tmp / "default"), "--no-progress",
-                                "--cache-dir", str(tmp / "cache_d")]], env)
+            wall, cpu = timed(
+                [
+                    [
+                        py,
+                        "-m",
+                        "evalkit",
+                        "sweep",
+                        "default",
+                        "--out",
+                        str(tmp / "default"),
+                        "--no-progress",
+                        "--cache-dir",
+                        str(tmp / "cache_d"),
+                    ]
+                ],
+                env,
+            )
             print(f"default sweep: wall {wall:.0f} s ({wall / 60:.1f} min, target < 15 min), cpu {cpu:.0f} s")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     return 0

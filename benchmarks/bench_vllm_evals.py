@@ -46,8 +46,11 @@ def report(name: str, tp: list[float], te: list[float]) -> None:
     import statistics
 
     med = statistics.median(te) / statistics.median(tp)  # on a loaded machine the best round can be an outlier
-    print(f"{name}: evalkit {min(te):.2f} s vs plain {min(tp):.2f} s: ratio {min(te) / min(tp):.3f} (medians: {med:.3f}) "
-          f"(rounds: evalkit {', '.join(f'{x:.2f}' for x in te)}; plain {', '.join(f'{x:.2f}' for x in tp)})", flush=True)
+    print(
+        f"{name}: evalkit {min(te):.2f} s vs plain {min(tp):.2f} s: ratio {min(te) / min(tp):.3f} (medians: {med:.3f}) "
+        f"(rounds: evalkit {', '.join(f'{x:.2f}' for x in te)}; plain {', '.join(f'{x:.2f}' for x in tp)})",
+        flush=True,
+    )
 
 
 def bench_decode(lm, work, scheme, rounds):
@@ -59,21 +62,27 @@ def bench_decode(lm, work, scheme, rounds):
     from evalkit.evals.backend import use_backend
     from evalkit.evals.decode.evaluation import DecodeEval
 
-    ev = use_backend(DecodeEval(dict(corpus="embedded", prefill=128, decode=64, sequences=4, bootstrap_samples=2000)), VllmBackend())
+    ev = use_backend(
+        DecodeEval(dict(corpus="embedded", prefill=128, decode=64, sequences=4, bootstrap_samples=2000)), VllmBackend()
+    )
     ev.prepare(lm, work)
     b, p = ev.backend, ev.p
     n = p.sequences
-    prompts = ev.inputs[:n, :p.prefill].tolist()
+    prompts = ev.inputs[:n, : p.prefill].tolist()
     greedy = SamplingParams(max_tokens=p.decode, temperature=0.0, ignore_eos=True)
     scored = SamplingParams(max_tokens=1, prompt_logprobs=DEFAULT_TOP_K)
     with b.start(engine_config(scheme), b.decode_len) as runner:
+
         def plain():
             outs = runner.llm.generate([{"prompt_token_ids": q} for q in prompts], greedy, use_tqdm=False)
             rows = ev.inputs.tolist()
             for i, o in enumerate(outs):
-                rows[n + i][p.prefill:] = list(o.outputs[0].token_ids)
+                rows[n + i][p.prefill :] = list(o.outputs[0].token_ids)
             outs = runner.llm.generate([{"prompt_token_ids": r} for r in rows], scored, use_tqdm=False)
-            return [[-d[t].logprob for d, t in zip(o.prompt_logprobs[p.prefill:], r[p.prefill:])] for o, r in zip(outs, rows)]
+            return [
+                [-d[t].logprob for d, t in zip(o.prompt_logprobs[p.prefill :], r[p.prefill :])]
+                for o, r in zip(outs, rows)
+            ]
 
         def evalkit():
             run = decode_run(runner, ev.inputs, p.prefill, p.decode, b.decode_base.generated)
@@ -92,7 +101,9 @@ def bench_retrieval(lm, work, scheme, rounds):
     from evalkit.evals.retrieval import grid as G
     from evalkit.evals.retrieval.evaluation import RetrievalEval
 
-    ev = use_backend(RetrievalEval(dict(tasks="passkey", lengths="512", depths="0,50,100", samples=2, batch_size=6)), VllmBackend())
+    ev = use_backend(
+        RetrievalEval(dict(tasks="passkey", lengths="512", depths="0,50,100", samples=2, batch_size=6)), VllmBackend()
+    )
     ev.prepare(lm, work)
     base = ev.baseline(lm)
     order = G.batches(ev.samples, ev.params["batch_size"])
@@ -100,6 +111,7 @@ def bench_retrieval(lm, work, scheme, rounds):
     tok = lm.tokenizer
     longest = max(len(q) + m for qs, m in work_items for q in qs) + 1
     with ev.backend.start(engine_config(scheme), longest) as runner:
+
         def plain():
             texts = []
             for qs, m in work_items:
@@ -133,14 +145,31 @@ def bench_lmeval(lm, work, scheme, rounds):
     ev = use_backend(LmEvalEval(dict(tasks="evalkit_mmlu4", limit=16, batch_size=16)), VllmBackend())
     ev.prepare(lm, work)
     b, p = ev.backend, ev.params
-    with lmeval_vllm(b.model_dir, engine_config(scheme), dtype=b.dtype, batch_size=p["batch_size"],
-                     kv_cache_bytes=b.kv_cache_bytes, seed=b.seed) as model:
+    with lmeval_vllm(
+        b.model_dir,
+        engine_config(scheme),
+        dtype=b.dtype,
+        batch_size=p["batch_size"],
+        kv_cache_bytes=b.kv_cache_bytes,
+        seed=b.seed,
+    ) as model:
+
         def plain():
-            return lm_eval.simple_evaluate(model=model, tasks=list(ev._tasks.names), limit=p["limit"], task_manager=ev._tasks.manager,
-                                           log_samples=True, use_cache=None, cache_requests=False, verbosity="ERROR")
+            return lm_eval.simple_evaluate(
+                model=model,
+                tasks=list(ev._tasks.names),
+                limit=p["limit"],
+                task_manager=ev._tasks.manager,
+                log_samples=True,
+                use_cache=None,
+                cache_requests=False,
+                verbosity="ERROR",
+            )
 
         def evalkit():
-            results = run_lm_eval(model, ev._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"])
+            results = run_lm_eval(
+                model, ev._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"]
+            )
             items = items_from_results(results)
             params = {**p, "batch_size": model.batch_size}
             return metric_rows(results, params) + flip_rows(results, items, ev.baseline_items, params)
@@ -159,9 +188,14 @@ def main() -> None:
 
     lm = load_model("embedded")
     work = cache_root() / "work"
-    print(f"embedded model, {args.scheme}, best of {args.rounds}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"embedded model, {args.scheme}, best of {args.rounds}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     for name in args.evals.split(","):
-        {"decode": bench_decode, "retrieval": bench_retrieval, "lmeval": bench_lmeval}[name](lm, work, args.scheme, args.rounds)
+        {"decode": bench_decode, "retrieval": bench_retrieval, "lmeval": bench_lmeval}[name](
+            lm, work, args.scheme, args.rounds
+        )
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

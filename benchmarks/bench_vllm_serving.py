@@ -51,22 +51,35 @@ def main() -> None:
     auto, fp8 = ms[0], ms[1]
     engine = fp8.allocation.kv_tokens / auto.allocation.kv_tokens
     counted = float(auto.comparison.computed_bytes_per_token / fp8.comparison.computed_bytes_per_token)
-    print(f"\nfp8_e4m3 vs auto (BF16): allocator {engine:.4f}, evalkit {counted:.4f}, "
-          f"difference {abs(engine / counted - 1):.3%}")
+    print(
+        f"\nfp8_e4m3 vs auto (BF16): allocator {engine:.4f}, evalkit {counted:.4f}, "
+        f"difference {abs(engine / counted - 1):.3%}"
+    )
     if not args.no_float32:
         f32 = vs.measure(folder, layout, ["auto"], budget, args.context, dtype="float32")
         print(f"\nauto in float32: {vs.format_serving_table(vs.serving_table(vs.serving_rows(f32)), 'md')}")
 
     load_budget = vs.check_budget(args.load_budget_gib)
-    loads = vs.measure(folder, layout, ["auto", "fp8_e4m3"], load_budget, args.load_context, load=True,
-                       decode_tokens=args.decode_tokens)
-    print(f"\n## 2. admission and speed: {args.load_budget_gib:g} GiB KV budget, requests of {args.load_context:,} tokens "
-          f"({args.load_context - args.decode_tokens} prompt + {args.decode_tokens} generated)")
+    loads = vs.measure(
+        folder,
+        layout,
+        ["auto", "fp8_e4m3"],
+        load_budget,
+        args.load_context,
+        load=True,
+        decode_tokens=args.decode_tokens,
+    )
+    print(
+        f"\n## 2. admission and speed: {args.load_budget_gib:g} GiB KV budget, requests of {args.load_context:,} tokens "
+        f"({args.load_context - args.decode_tokens} prompt + {args.decode_tokens} generated)"
+    )
     print(vs.format_serving_table(vs.serving_table(vs.serving_rows(loads)), "md"))
     for m in loads:
-        print(f"- {m.allocation.kv_cache_dtype}: {m.allocation.num_blocks} blocks of {m.allocation.block_size} "
-              f"({m.allocation.usable_blocks} usable), {m.load.requests} requests submitted, peak running "
-              f"{m.load.peak_running}, preemptions {m.load.preemptions}, host load average {m.info['host_load_average']}")
+        print(
+            f"- {m.allocation.kv_cache_dtype}: {m.allocation.num_blocks} blocks of {m.allocation.block_size} "
+            f"({m.allocation.usable_blocks} usable), {m.load.requests} requests submitted, peak running "
+            f"{m.load.peak_running}, preemptions {m.load.preemptions}, host load average {m.info['host_load_average']}"
+        )
     print(f"\nwall {time.perf_counter() - start:.0f} s")
 
 

@@ -90,22 +90,62 @@ GiB = 2**30
 # config.json; tests/benchmarks/test_gpu_check.py compares them where that copy exists). evalkit defines it
 # nowhere else in full: evalkit.models.loading describes the embedded model only in words.
 EMBEDDED_CONFIG = dict(
-    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-    num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_act="silu", max_position_embeddings=8192,
-    rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
-    attention_bias=False, mlp_bias=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02)
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    hidden_act="silu",
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    tie_word_embeddings=True,
+    attention_bias=False,
+    mlp_bias=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+    initializer_range=0.02,
+)
 
 REAL_PRESET = "llama-3.1-8b"
 # What Llama-3.1-8B's config.json has beyond the KV fields of evalkit.models.presets' "llama-3.1-8b".
 REAL_EXTRA = dict(
-    vocab_size=128256, intermediate_size=14336, head_dim=128, hidden_act="silu", rms_norm_eps=1e-5,
-    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
-    initializer_range=0.02)
+    vocab_size=128256,
+    intermediate_size=14336,
+    head_dim=128,
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
+    initializer_range=0.02,
+)
 # --device cpu: the real-size model scaled down (same family and RoPE, 4 layers, GQA 4:1).
-REAL_STANDIN = dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=256, head_dim=32,
-                    intermediate_size=768, vocab_size=4096, bos_token_id=1, eos_token_id=2)
+REAL_STANDIN = dict(
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    hidden_size=256,
+    head_dim=32,
+    intermediate_size=768,
+    vocab_size=4096,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 CALIBRATION = {"tensor": "smollm2-135m-tensor-amax.safetensors", "head": "smollm2-135m-head-amax.safetensors"}
 KL_LIMIT = 0.5  # nats: mean KL(baseline || scheme) over the real positions of the storage section
@@ -151,10 +191,40 @@ def sizes_for(device: str) -> Sizes:
     CPU's bf16 matrix-vector products are ~20x slower than float32's: 12 against 0.6 ms for a
     1 x 256 x 4096 product, which would time the CPU's bf16 kernel instead of the storage path)."""
     if not device.startswith("cuda"):
-        return Sizes(2, 4, 24, 3, 6, 2**16, real_config(True), torch.float32, (256, 1024), (1, 16), 4, 1, 256,
-                     dict(identity=1.5, casts=1.0, storage=3.0, speed=3.0, memory=0.1, estimator=2.0), SHARES)
-    return Sizes(30, 4, 96, 8, 16, 4 * 2**20, real_config(False), torch.bfloat16, (8192, 32768), (1, 16), 16, 3, 8192,
-                 dict(identity=10, casts=5, storage=15, speed=60, memory=0.5, estimator=15), SHARES)
+        return Sizes(
+            2,
+            4,
+            24,
+            3,
+            6,
+            2**16,
+            real_config(True),
+            torch.float32,
+            (256, 1024),
+            (1, 16),
+            4,
+            1,
+            256,
+            dict(identity=1.5, casts=1.0, storage=3.0, speed=3.0, memory=0.1, estimator=2.0),
+            SHARES,
+        )
+    return Sizes(
+        30,
+        4,
+        96,
+        8,
+        16,
+        4 * 2**20,
+        real_config(False),
+        torch.bfloat16,
+        (8192, 32768),
+        (1, 16),
+        16,
+        3,
+        8192,
+        dict(identity=10, casts=5, storage=15, speed=60, memory=0.5, estimator=15),
+        SHARES,
+    )
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -163,8 +233,15 @@ class Report:
         self.checks: list[dict] = []
         self.sections: list[dict] = []
 
-    def add(self, section: str, name: str, status: str, figures: dict | None = None, reason: str = "",
-            seconds: float | None = None) -> None:
+    def add(
+        self,
+        section: str,
+        name: str,
+        status: str,
+        figures: dict | None = None,
+        reason: str = "",
+        seconds: float | None = None,
+    ) -> None:
         entry = {"section": section, "name": name, "status": status, "figures": figures or {}}
         if reason:
             entry["reason"] = reason
@@ -213,8 +290,9 @@ class Plan:
     needs: object = None  # callable() -> reason to skip (str) or None
 
 
-def run_sections(plans: list[Plan], report: Report, end: float, budget_s: float, clock=time.perf_counter,
-                 after=None) -> None:
+def run_sections(
+    plans: list[Plan], report: Report, end: float, budget_s: float, clock=time.perf_counter, after=None
+) -> None:
     """Run ``plans`` in order within the budget ending at ``end`` (a ``clock`` time).
 
     A section starts only when at least its ``min_s`` is left; it may run until its share is used or
@@ -224,14 +302,16 @@ def run_sections(plans: list[Plan], report: Report, end: float, budget_s: float,
         now = clock()
         left = end - now
         reserve = 0.0
-        for later in plans[i + 1:]:  # the later sections that would still start after this one's minimum
+        for later in plans[i + 1 :]:  # the later sections that would still start after this one's minimum
             if later.min_s <= left - plan.min_s - reserve:
                 reserve += later.min_s
         entry = {"key": plan.key, "name": plan.title, "share_s": plan.share_s, "min_s": plan.min_s}
         print(f"\n== {plan.title}", flush=True)
         reason = plan.needs() if plan.needs else None
         if reason is None and left < plan.min_s:
-            reason = f"budget: {max(left, 0):.1f} s left of {budget_s:g} s, this section needs at least {plan.min_s:g} s"
+            reason = (
+                f"budget: {max(left, 0):.1f} s left of {budget_s:g} s, this section needs at least {plan.min_s:g} s"
+            )
         if reason is not None:
             report.add(plan.key, plan.title, "skipped", reason=reason)
             report.sections.append({**entry, "status": "skipped", "reason": reason, "seconds": 0.0})
@@ -245,13 +325,24 @@ def run_sections(plans: list[Plan], report: Report, end: float, budget_s: float,
             plan.run(section)
         except Exception as exc:  # noqa: BLE001 - one failing section must not hide the others
             traceback.print_exc()
-            section.check(f"{plan.title}: runs", False, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            section.check(
+                f"{plan.title}: runs",
+                False,
+                reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            )
         mine = report.checks[first:]
-        status = ("fail" if any(c["status"] == "fail" for c in mine) else
-                  "pass" if any(c["status"] == "pass" for c in mine) else "skipped")
+        status = (
+            "fail"
+            if any(c["status"] == "fail" for c in mine)
+            else "pass"
+            if any(c["status"] == "pass" for c in mine)
+            else "skipped"
+        )
         seconds = clock() - now
         over = " (over its share)" if seconds > plan.share_s else ""
-        entry.update(status=status, seconds=round(seconds, 3), cut=any(c["status"] == "skipped" for c in mine), checks=len(mine))
+        entry.update(
+            status=status, seconds=round(seconds, 3), cut=any(c["status"] == "skipped" for c in mine), checks=len(mine)
+        )
         if status == "skipped":
             entry["reason"] = "; ".join(dict.fromkeys(c.get("reason", "") for c in mine)) or "nothing to check"
         report.sections.append(entry)
@@ -331,13 +422,25 @@ def identity(sec: Section, ctx: Context) -> None:
             gen2 = model.generate(ids, **kwargs)
         ctx.sync()
         t = time.perf_counter() - t
-    shape = {"batch": ids.shape[0], "tokens": ids.shape[1], "padded_rows": int((mask == 0).any(-1).sum()),
-             "layers": model.config.num_hidden_layers, "dtype": "bfloat16"}
+    shape = {
+        "batch": ids.shape[0],
+        "tokens": ids.shape[1],
+        "padded_rows": int((mask == 0).any(-1).sum()),
+        "layers": model.config.num_hidden_layers,
+        "dtype": "bfloat16",
+    }
     diff = float((ref.float() - out.float()).abs().max())
-    sec.check("identity: logits of a padded batch bit-exact under bf16", torch.equal(ref, out),
-              {**shape, "max_abs_diff": diff}, seconds=t)
-    sec.check(f"identity: greedy generate() of {n} tokens bit-exact under bf16", torch.equal(gen, gen2),
-              {**shape, "new_tokens": n, "tokens_differing": int((gen != gen2).sum())})
+    sec.check(
+        "identity: logits of a padded batch bit-exact under bf16",
+        torch.equal(ref, out),
+        {**shape, "max_abs_diff": diff},
+        seconds=t,
+    )
+    sec.check(
+        f"identity: greedy generate() of {n} tokens bit-exact under bf16",
+        torch.equal(gen, gen2),
+        {**shape, "new_tokens": n, "tokens_differing": int((gen != gen2).sum())},
+    )
 
 
 # -- 2. float8 rounding -------------------------------------------------------------------------
@@ -397,8 +500,14 @@ def cast_inputs(fmt, n: int, device: torch.device, seed: int) -> torch.Tensor:
     mid = ((values[1:] + values[:-1]) / 2).to(torch.float32)
     pts = torch.cat([v, mid])
     inf = torch.tensor(float("inf"))
-    edges = torch.cat([pts, torch.nextafter(pts, inf), torch.nextafter(pts, -inf),
-                       torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-30, fmt.max, -fmt.max])])
+    edges = torch.cat(
+        [
+            pts,
+            torch.nextafter(pts, inf),
+            torch.nextafter(pts, -inf),
+            torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-30, fmt.max, -fmt.max]),
+        ]
+    )
     g = torch.Generator(device=device).manual_seed(seed)
     smallest = math.log2(float(values[values > 0].min()))
     e = torch.rand(n, device=device, generator=g) * (math.log2(fmt.max) + 1 - smallest + 3) + smallest - 3
@@ -450,24 +559,46 @@ def casts(sec: Section, ctx: Context) -> None:
                 results["device_cast_vs_reference"] = same_bits(R.round_to_fp8_by_cast(x, fmt), ref)
         ctx.sync()
         ok = all(r[0] for r in results.values())
-        figures = {"values": x.numel(), "device": ctx.device.type,
-                   **{k: {"mismatches": r[1], **({"first": r[2]} if r[2] else {})} for k, r in results.items()}}
+        figures = {
+            "values": x.numel(),
+            "device": ctx.device.type,
+            **{k: {"mismatches": r[1], **({"first": r[2]} if r[2] else {})} for k, r in results.items()},
+        }
         last = time.perf_counter() - t
-        sec.check(label(fmt, mode), ok, figures,
-                  "" if ok else "; ".join(f"{k}: {r[1]} differ ({r[2]})" for k, r in results.items() if not r[0]), seconds=last)
+        sec.check(
+            label(fmt, mode),
+            ok,
+            figures,
+            "" if ok else "; ".join(f"{k}: {r[1]} differ ({r[2]})" for k, r in results.items() if not r[0]),
+            seconds=last,
+        )
 
 
 # -- 3. every scale source through storage ------------------------------------------------------
 def storage_schemes() -> list[str]:
     from evalkit.kv.scheme import NAMED_SCHEMES, parse_scheme
 
-    schemes = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/token/dynamic",
-               "fp8_e5m2/group32/dynamic", "fp8_e4m3/tensor/unit", "fp8_e4m3/head/unit", "fp8_e4m3/block16/unit",
-               f"fp8_e4m3/tensor/static+scales=calibration/{CALIBRATION['tensor']}",
-               f"fp8_e4m3/head/static+scales=calibration/{CALIBRATION['head']}",
-               "int8/token/dynamic", "int4_asym/group32/dynamic", "fp8_e4m3fnuz/head/dynamic", "fp8_e4m3/head/dynamic+attn=fa3",
-               "fp4_e2m1/group16/dynamic", *NAMED_SCHEMES,
-               "fp8_e4m3/tensor/dynamic+rounding=rtz", "fp8_e5m2/head/dynamic+rounding=rna", "int8/token/dynamic+rounding=rtz"]
+    schemes = [
+        "fp8_e4m3/tensor/dynamic",
+        "fp8_e4m3/head/dynamic",
+        "fp8_e4m3/block16/dynamic",
+        "fp8_e4m3/token/dynamic",
+        "fp8_e5m2/group32/dynamic",
+        "fp8_e4m3/tensor/unit",
+        "fp8_e4m3/head/unit",
+        "fp8_e4m3/block16/unit",
+        f"fp8_e4m3/tensor/static+scales=calibration/{CALIBRATION['tensor']}",
+        f"fp8_e4m3/head/static+scales=calibration/{CALIBRATION['head']}",
+        "int8/token/dynamic",
+        "int4_asym/group32/dynamic",
+        "fp8_e4m3fnuz/head/dynamic",
+        "fp8_e4m3/head/dynamic+attn=fa3",
+        "fp4_e2m1/group16/dynamic",
+        *NAMED_SCHEMES,
+        "fp8_e4m3/tensor/dynamic+rounding=rtz",
+        "fp8_e5m2/head/dynamic+rounding=rna",
+        "int8/token/dynamic+rounding=rtz",
+    ]
     usable = []
     for s in schemes:
         try:
@@ -480,8 +611,8 @@ def storage_schemes() -> list[str]:
 
 def shipped_table(scheme, layout):
     """The shipped static table a scheme names, cut to the model's layers (the 2-layer CPU model)."""
-    from evalkit.kv.scale_table import ScaleTable, load_scale_table
     from evalkit.data.resources import resolve_calibration_file
+    from evalkit.kv.scale_table import ScaleTable, load_scale_table
 
     path = resolve_calibration_file(scheme.static_path)
     table = load_scale_table(path, granularity=scheme.granularity.kind.value)
@@ -521,19 +652,31 @@ def schemes_through_storage(sec: Section, ctx: Context) -> None:
                 table, path = shipped_table(scheme, layout)
                 extra = {"table": path.name, "table_layers_used": layout.num_layers}
             with torch.inference_mode(), quantized_kv(model, scheme, scale_table=table):
-                out = model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill], use_cache=True)
+                out = model(
+                    ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill], use_cache=True
+                )
                 cache, logits = output_cache(out), [out.logits.float()]
                 for step in range(prefill, ids.shape[1]):
-                    out = model(ids[:, step:step + 1], attention_mask=mask[:, :step + 1], position_ids=pos[:, step:step + 1],
-                                **cache_inputs(model, cache))
+                    out = model(
+                        ids[:, step : step + 1],
+                        attention_mask=mask[:, : step + 1],
+                        position_ids=pos[:, step : step + 1],
+                        **cache_inputs(model, cache),
+                    )
                     logits.append(out.logits.float())
             logits = torch.cat(logits, dim=1)
             stores = [st for layer in cache.storage_layers() for st in (layer.k, layer.v)]
-            devices = sorted({tt.device.type for st in stores
-                              for tt in (st.codes, st.values, st.scale, st.zero, st.fixed, st.tensor_scale) if tt is not None})
+            devices = sorted(
+                {
+                    tt.device.type
+                    for st in stores
+                    for tt in (st.codes, st.values, st.scale, st.zero, st.fixed, st.tensor_scale)
+                    if tt is not None
+                }
+            )
             exact = True
             for st in stores:
-                sel = real[:, None, -st.values.shape[2]:, None].expand_as(st.values)
+                sel = real[:, None, -st.values.shape[2] :, None].expand_as(st.values)
                 exact &= torch.equal(st.decoded().to(st.values.dtype)[sel], st.values[sel])
             lp, lq = torch.log_softmax(ref[real].double(), -1), torch.log_softmax(logits[real].double(), -1)
             kl = float((lp.exp() * (lp - lq)).sum(-1).mean())
@@ -542,12 +685,24 @@ def schemes_through_storage(sec: Section, ctx: Context) -> None:
             ctx.sync()
             ok = devices == [ctx.device.type] and exact and finite and kl < KL_LIMIT
             last = time.perf_counter() - t
-            sec.check(scheme_label(text), ok,
-                      {"devices": devices, "decoded_equals_values": bool(exact), "finite": finite, "mean_kl_nats": kl,
-                       "kl_limit": KL_LIMIT, "top1_agreement": top1, "engine_bytes": cache.nbytes(),
-                       "prefill": prefill, "decode_steps": ctx.sizes.decode, **extra},
-                      "" if ok else f"devices {devices}, decoded == values: {bool(exact)}, finite: {finite}, KL {kl:.4f}",
-                      seconds=last)
+            sec.check(
+                scheme_label(text),
+                ok,
+                {
+                    "devices": devices,
+                    "decoded_equals_values": bool(exact),
+                    "finite": finite,
+                    "mean_kl_nats": kl,
+                    "kl_limit": KL_LIMIT,
+                    "top1_agreement": top1,
+                    "engine_bytes": cache.nbytes(),
+                    "prefill": prefill,
+                    "decode_steps": ctx.sizes.decode,
+                    **extra,
+                },
+                "" if ok else f"devices {devices}, decoded == values: {bool(exact)}, finite: {finite}, KL {kl:.4f}",
+                seconds=last,
+            )
         except Exception as exc:  # noqa: BLE001 - report and go on
             traceback.print_exc()
             last = time.perf_counter() - t
@@ -566,8 +721,10 @@ def real_model_needs(ctx: Context) -> str | None:
     need = unique_params(meta) * 2 + 4 * GiB
     free, total = torch.cuda.mem_get_info(ctx.device)
     if free < need:
-        return (f"too little GPU memory for the real-size model: {free / GiB:.1f} GiB free of {total / GiB:.1f}, "
-                f"it needs {need / GiB:.1f} GiB (bf16 weights + 4 GiB)")
+        return (
+            f"too little GPU memory for the real-size model: {free / GiB:.1f} GiB free of {total / GiB:.1f}, "
+            f"it needs {need / GiB:.1f} GiB (bf16 weights + 4 GiB)"
+        )
     return None
 
 
@@ -589,8 +746,8 @@ def ensure_real(ctx: Context):
 def copy_bytes(layout, seq: int, batch: int, dtype: torch.dtype) -> int:
     """Bytes of the K/V copy in the model's dtype (transformers' DynamicCache, and the values the
     storage path's attention reads): evalkit.kv.memory's BF16 count, scaled to the dtype."""
-    from evalkit.kv.scheme import Scheme
     from evalkit.kv.memory import model_cache_bytes
+    from evalkit.kv.scheme import Scheme
 
     return model_cache_bytes(layout, Scheme(), seq, batch) * dtype.itemsize // 2
 
@@ -643,25 +800,40 @@ def decode_run(ctx: Context, model, scheme: str | None, context: int, batch: int
             held, engine = sum(st.held_bytes() for st in stores), cache.nbytes()
             on_device = all(tt.device == ctx.device for st in stores for tt in (st.codes, st.values) if tt is not None)
         else:
-            held = sum(lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
-                       for lay in cache.layers)
+            held = sum(
+                lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+                for lay in cache.layers
+            )
             engine, on_device = None, all(lay.keys.device == ctx.device for lay in cache.layers)
         length = cache.get_seq_length()
         del cache, tok
     if ctx.cuda:
         torch.cuda.empty_cache()
-    return {"scheme": scheme or "plain (DynamicCache)", "context": context, "batch": batch,
-            "seq_at_end": context + s.warmup + s.steps, "cache_length": length, "dtype": str(model.dtype).removeprefix("torch."),
-            "fill_s": round(fill_s, 4), "decode_s": round(decode_s, 5), "steps": s.steps, "step_ms": decode_s / s.steps * 1e3,
-            "tokens_per_s": batch * s.steps / decode_s, "held_bytes": held, "engine_bytes": engine, "on_device": on_device,
-            "peak_decode_bytes_over_weights": peak, "peak_fill_bytes_over_weights": peak_fill,
-            "wall_s": round(time.perf_counter() - t_all, 3)}
+    return {
+        "scheme": scheme or "plain (DynamicCache)",
+        "context": context,
+        "batch": batch,
+        "seq_at_end": context + s.warmup + s.steps,
+        "cache_length": length,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "fill_s": round(fill_s, 4),
+        "decode_s": round(decode_s, 5),
+        "steps": s.steps,
+        "step_ms": decode_s / s.steps * 1e3,
+        "tokens_per_s": batch * s.steps / decode_s,
+        "held_bytes": held,
+        "engine_bytes": engine,
+        "on_device": on_device,
+        "peak_decode_bytes_over_weights": peak,
+        "peak_fill_bytes_over_weights": peak_fill,
+        "wall_s": round(time.perf_counter() - t_all, 3),
+    }
 
 
 def analytic_bytes(ctx: Context, model, scheme: str | None, seq: int, batch: int) -> tuple[int, int]:
     """(the model-dtype copy, the codes and scales as an engine holds them) for ``seq`` tokens."""
-    from evalkit.kv.scheme import parse_scheme
     from evalkit.kv.memory import model_cache_bytes
+    from evalkit.kv.scheme import parse_scheme
     from evalkit.models.info import kv_layout
 
     layout = kv_layout(model.config)
@@ -676,7 +848,11 @@ def run_fits_memory(ctx: Context, model, scheme: str | None, context: int, batch
     copy, codes = analytic_bytes(ctx, model, scheme, context + ctx.sizes.warmup + ctx.sizes.steps, batch)
     layer = copy // model.config.num_hidden_layers
     need = (copy + codes) * 9 // 8 + 4 * layer + GiB  # growth room (an eighth), a few layers in flight, activations
-    free = torch.cuda.mem_get_info(ctx.device)[0] + torch.cuda.memory_reserved(ctx.device) - torch.cuda.memory_allocated(ctx.device)
+    free = (
+        torch.cuda.mem_get_info(ctx.device)[0]
+        + torch.cuda.memory_reserved(ctx.device)
+        - torch.cuda.memory_allocated(ctx.device)
+    )
     if need > free:
         return f"too little GPU memory: needs ~{need / GiB:.1f} GiB, {free / GiB:.1f} GiB free"
     return None
@@ -690,12 +866,28 @@ def speed(sec: Section, ctx: Context) -> None:
         sec.skip("real-size model: decode speed", ctx.real_error)
         return
     fields = ctx.sizes.real
-    sec.check("real-size model built from its config with random weights, on the device",
-              all(p.device == ctx.device for p in model.parameters()),
-              {"config": {k: fields[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                 "head_dim", "intermediate_size", "vocab_size")},
-               "dtype": str(model.dtype).removeprefix("torch."), "parameters": unique_params(model),
-               "build_s": round(ctx.real_build_s, 3)}, seconds=ctx.real_build_s)
+    sec.check(
+        "real-size model built from its config with random weights, on the device",
+        all(p.device == ctx.device for p in model.parameters()),
+        {
+            "config": {
+                k: fields[k]
+                for k in (
+                    "num_hidden_layers",
+                    "hidden_size",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "intermediate_size",
+                    "vocab_size",
+                )
+            },
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "parameters": unique_params(model),
+            "build_s": round(ctx.real_build_s, 3),
+        },
+        seconds=ctx.real_build_s,
+    )
     arms = [None, PROBE_SCHEME]
     configs = [(c, b) for c in ctx.sizes.contexts for b in ctx.sizes.batches]
 
@@ -705,8 +897,10 @@ def speed(sec: Section, ctx: Context) -> None:
     estimate = 0.0
     for i, (context, batch) in enumerate(configs):
         if not sec.fits(estimate):
-            sec.cut([label(c, b) for c, b in configs[i:]],
-                    f"cut: {max(sec.left(), 0):.1f} s left of the section's share, the next run needs ~{estimate:.1f} s")
+            sec.cut(
+                [label(c, b) for c, b in configs[i:]],
+                f"cut: {max(sec.left(), 0):.1f} s left of the section's share, the next run needs ~{estimate:.1f} s",
+            )
             return
         reason = next((r for r in (run_fits_memory(ctx, model, a, context, batch) for a in arms) if r), None)
         if reason:
@@ -717,7 +911,11 @@ def speed(sec: Section, ctx: Context) -> None:
         try:
             runs = [decode_run(ctx, model, arm, context, batch) for arm in arms]
         except torch.cuda.OutOfMemoryError as exc:
-            sec.check(label(context, batch), False, reason=f"out of memory although the estimate fit: {str(exc).splitlines()[0]}")
+            sec.check(
+                label(context, batch),
+                False,
+                reason=f"out of memory although the estimate fit: {str(exc).splitlines()[0]}",
+            )
             continue
         plain, stored = runs
         ctx.speed_runs += runs
@@ -727,13 +925,25 @@ def speed(sec: Section, ctx: Context) -> None:
         if ctx.cuda:
             ok &= ratio >= SPEED_FLOOR
         elapsed = time.perf_counter() - t
-        sec.check(label(context, batch), ok,
-                  {"plain_tokens_per_s": plain["tokens_per_s"], "storage_tokens_per_s": stored["tokens_per_s"],
-                   "storage_vs_plain": ratio, "plain_step_ms": plain["step_ms"], "storage_step_ms": stored["step_ms"],
-                   "floor": SPEED_FLOOR, "judged": ctx.cuda, "steps": ctx.sizes.steps, "warmup": ctx.sizes.warmup,
-                   "dtype": plain["dtype"], "fill_s": {"plain": plain["fill_s"], "storage": stored["fill_s"]}},
-                  "" if ctx.cuda else f"storage/plain {ratio:.2f}: speed not judged on the CPU's tiny stand-in",
-                  seconds=elapsed)
+        sec.check(
+            label(context, batch),
+            ok,
+            {
+                "plain_tokens_per_s": plain["tokens_per_s"],
+                "storage_tokens_per_s": stored["tokens_per_s"],
+                "storage_vs_plain": ratio,
+                "plain_step_ms": plain["step_ms"],
+                "storage_step_ms": stored["step_ms"],
+                "floor": SPEED_FLOOR,
+                "judged": ctx.cuda,
+                "steps": ctx.sizes.steps,
+                "warmup": ctx.sizes.warmup,
+                "dtype": plain["dtype"],
+                "fill_s": {"plain": plain["fill_s"], "storage": stored["fill_s"]},
+            },
+            "" if ctx.cuda else f"storage/plain {ratio:.2f}: speed not judged on the CPU's tiny stand-in",
+            seconds=elapsed,
+        )
         if i + 1 < len(configs):  # the next run, scaled by its cache size (at most 8x this one)
             c2, b2 = configs[i + 1]
             estimate = elapsed * min(8.0, max(1.0, (c2 * b2) / (context * batch)))
@@ -741,8 +951,8 @@ def speed(sec: Section, ctx: Context) -> None:
 
 # -- 5. memory ----------------------------------------------------------------------------------
 def memory(sec: Section, ctx: Context) -> None:
-    from evalkit.kv.scheme import parse_scheme
     from evalkit.kv.memory import model_cache_bytes
+    from evalkit.kv.scheme import parse_scheme
     from evalkit.models.info import kv_layout
 
     if not ctx.speed_runs:
@@ -756,8 +966,14 @@ def memory(sec: Section, ctx: Context) -> None:
         copy, codes = analytic_bytes(ctx, model, scheme, seq, batch)
         analytic = copy + codes
         per_layer = copy // layout.num_layers
-        figures = {"analytic_copy_bytes": copy, "analytic_codes_bytes": codes, "analytic_total_bytes": analytic,
-                   "copy_dtype": run["dtype"], "held_bytes": run["held_bytes"], "held_vs_analytic": run["held_bytes"] / analytic}
+        figures = {
+            "analytic_copy_bytes": copy,
+            "analytic_codes_bytes": codes,
+            "analytic_total_bytes": analytic,
+            "copy_dtype": run["dtype"],
+            "held_bytes": run["held_bytes"],
+            "held_vs_analytic": run["held_bytes"] / analytic,
+        }
         if plain:
             room = 0
             ok = run["held_bytes"] == copy
@@ -765,18 +981,32 @@ def memory(sec: Section, ctx: Context) -> None:
             engine_exact = model_cache_bytes(layout, parse_scheme(scheme), seq, batch, keep="transformers")
             room = math.ceil(analytic / seq * max(256, seq // 8))  # growth room: at most 256 tokens or an eighth
             ok = analytic <= run["held_bytes"] <= analytic + room + 64 * 1024 and run["engine_bytes"] == engine_exact
-            figures.update(growth_room_allowed_bytes=room, engine_bytes=run["engine_bytes"],
-                           engine_bytes_expected=engine_exact, engine_vs_bf16=run["engine_bytes"] / (copy * 2 // model.dtype.itemsize))
+            figures.update(
+                growth_room_allowed_bytes=room,
+                engine_bytes=run["engine_bytes"],
+                engine_bytes_expected=engine_exact,
+                engine_vs_bf16=run["engine_bytes"] / (copy * 2 // model.dtype.itemsize),
+            )
         peak = run["peak_decode_bytes_over_weights"]
         if peak is not None:
-            transient = 2 * per_layer + GiB // 2  # one layer's K/V (and codes) while it grows or is concatenated, activations
-            figures.update(peak_decode_bytes_over_weights=peak, peak_vs_analytic=peak / analytic,
-                           peak_allowed_bytes=analytic + room + transient, peak_fill_bytes_over_weights=run["peak_fill_bytes_over_weights"])
+            transient = (
+                2 * per_layer + GiB // 2
+            )  # one layer's K/V (and codes) while it grows or is concatenated, activations
+            figures.update(
+                peak_decode_bytes_over_weights=peak,
+                peak_vs_analytic=peak / analytic,
+                peak_allowed_bytes=analytic + room + transient,
+                peak_fill_bytes_over_weights=run["peak_fill_bytes_over_weights"],
+            )
             ok &= peak <= analytic + room + transient
         else:
             figures["peak_decode_bytes_over_weights"] = "not measured: no CUDA allocator statistics on the CPU"
-        sec.check(f"memory at {run['context']} context, batch {batch}: {run['scheme']}", ok, figures,
-                  "" if ok else "held, engine or peak bytes outside the analytic bounds")
+        sec.check(
+            f"memory at {run['context']} context, batch {batch}: {run['scheme']}",
+            ok,
+            figures,
+            "" if ok else "held, engine or peak bytes outside the analytic bounds",
+        )
 
 
 # -- 6. the dry run's estimator -----------------------------------------------------------------
@@ -785,8 +1015,12 @@ def real_facts(ctx: Context, model):
     device) for the real-size config, loaded as here."""
     from evalkit.models.facts import ModelFacts, _from_config
 
-    facts = ModelFacts(name=f"{REAL_PRESET} (random weights{'' if ctx.cuda else ', CPU stand-in'})",
-                       dtype_bytes=float(model.dtype.itemsize), weights_local=True, source="gpu_check's model in memory")
+    facts = ModelFacts(
+        name=f"{REAL_PRESET} (random weights{'' if ctx.cuda else ', CPU stand-in'})",
+        dtype_bytes=float(model.dtype.itemsize),
+        weights_local=True,
+        source="gpu_check's model in memory",
+    )
     _from_config(facts, dict(ctx.sizes.real))
     return facts
 
@@ -805,8 +1039,13 @@ def estimator(sec: Section, ctx: Context) -> None:
         return
     facts = real_facts(ctx, model)
     built = unique_params(model)
-    figures = {"params": facts.params, "layers": facts.layers, "attn_width": facts.attn_width, "kv_width": facts.kv_width,
-               "params_of_built_model": built}
+    figures = {
+        "params": facts.params,
+        "layers": facts.layers,
+        "attn_width": facts.attn_width,
+        "kv_width": facts.kv_width,
+        "params_of_built_model": built,
+    }
     ok = facts.params == built and facts.layers == model.config.num_hidden_layers
     if ctx.cuda:  # the preset's published count, which the dry run uses for a model that is not cached
         published = get_preset(REAL_PRESET)["params"]
@@ -817,7 +1056,9 @@ def estimator(sec: Section, ctx: Context) -> None:
         sec.cut(["dry-run estimate (probe and --assume-device h200) vs measured"])
         return
     # the dry run's real probe, on the model in memory
-    loaded = models.LoadedModel(model, None, facts.name, "in memory", config_hash(model.config), kv_layout(model.config))
+    loaded = models.LoadedModel(
+        model, None, facts.name, "in memory", config_hash(model.config), kv_layout(model.config)
+    )
     t = time.perf_counter()
     probe = T.probe_model(loaded, facts)
     probe_s = time.perf_counter() - t
@@ -832,37 +1073,72 @@ def estimator(sec: Section, ctx: Context) -> None:
         t = time.perf_counter()
         hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
         for chunk in hidden.split(1024, dim=1):  # the head over every position (the estimator counts its FLOPs), in
-            head(chunk).float()                  # pieces so that no (tokens x vocabulary) tensor is held at once
+            head(chunk).float()  # pieces so that no (tokens x vocabulary) tensor is held at once
         ctx.sync()
         t_prefill = time.perf_counter() - t
         del hidden
     measured = [("prefill", Forwards(1, 1, ctx.sizes.prefill, 0.0), t_prefill)]
     for run in ctx.speed_runs:
         if run["engine_bytes"] is not None:  # the storage arm: the probe's scheme
-            measured.append((f"decode step at {run['context']} context, batch {run['batch']}",
-                             Forwards(1, run["batch"], 1, run["context"] + ctx.sizes.warmup + ctx.sizes.steps / 2),
-                             run["step_ms"] / 1e3))
+            measured.append(
+                (
+                    f"decode step at {run['context']} context, batch {run['batch']}",
+                    Forwards(1, run["batch"], 1, run["context"] + ctx.sizes.warmup + ctx.sizes.steps / 2),
+                    run["step_ms"] / 1e3,
+                )
+            )
     device_name = torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu"
     judged = ctx.cuda and "H200" in device_name
     rows = []
     for what, fw, secs in measured:
         p_sheet, p_probe = sheet.seconds(fw, facts), probe.seconds(fw, facts)
-        rows.append({"what": what, "measured_s": secs, "datasheet_h200_s": p_sheet, "probe_s": p_probe,
-                     "datasheet_vs_measured": p_sheet / secs, "probe_vs_measured": p_probe / secs})
-    finite = all(math.isfinite(r["datasheet_h200_s"]) and math.isfinite(r["probe_s"]) and r["probe_s"] > 0 for r in rows)
+        rows.append(
+            {
+                "what": what,
+                "measured_s": secs,
+                "datasheet_h200_s": p_sheet,
+                "probe_s": p_probe,
+                "datasheet_vs_measured": p_sheet / secs,
+                "probe_vs_measured": p_probe / secs,
+            }
+        )
+    finite = all(
+        math.isfinite(r["datasheet_h200_s"]) and math.isfinite(r["probe_s"]) and r["probe_s"] > 0 for r in rows
+    )
     within = all(1 / ESTIMATE_FACTOR <= r["datasheet_vs_measured"] <= ESTIMATE_FACTOR for r in rows)
     ok = finite and (within or not judged)
     reason = "" if judged else f"not judged: the datasheet estimate is for an H200, this is {device_name}"
     if judged and not within:
         reason = f"the datasheet estimate is off by more than {ESTIMATE_FACTOR:g}x somewhere"
     for r in rows:
-        print(f"      {r['what']:38s} measured {r['measured_s'] * 1e3:10.2f} ms, h200 datasheet {r['datasheet_h200_s'] * 1e3:10.2f} ms, "
-              f"probe {r['probe_s'] * 1e3:10.2f} ms", flush=True)
-    sec.check("dry-run estimate (probe and --assume-device h200) vs measured", ok,
-              {"rows": rows, "judged": judged, "factor": ESTIMATE_FACTOR, "device": device_name,
-               "probe": {"description": probe.description, "flops": probe.flops, "bandwidth": probe.bandwidth, "seconds": probe_s},
-               "datasheet": {"description": sheet.description, "flops": sheet.flops, "bandwidth": sheet.bandwidth,
-                             "overhead_s": sheet.overhead}}, reason)
+        print(
+            f"      {r['what']:38s} measured {r['measured_s'] * 1e3:10.2f} ms, h200 datasheet {r['datasheet_h200_s'] * 1e3:10.2f} ms, "
+            f"probe {r['probe_s'] * 1e3:10.2f} ms",
+            flush=True,
+        )
+    sec.check(
+        "dry-run estimate (probe and --assume-device h200) vs measured",
+        ok,
+        {
+            "rows": rows,
+            "judged": judged,
+            "factor": ESTIMATE_FACTOR,
+            "device": device_name,
+            "probe": {
+                "description": probe.description,
+                "flops": probe.flops,
+                "bandwidth": probe.bandwidth,
+                "seconds": probe_s,
+            },
+            "datasheet": {
+                "description": sheet.description,
+                "flops": sheet.flops,
+                "bandwidth": sheet.bandwidth,
+                "overhead_s": sheet.overhead,
+            },
+        },
+        reason,
+    )
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -871,10 +1147,16 @@ def versions(ctx: Context) -> dict:
 
     import evalkit
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "evalkit": evalkit.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-            "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else (platform.processor() or platform.machine()),
-            "platform": platform.platform()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "evalkit": evalkit.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else (platform.processor() or platform.machine()),
+        "platform": platform.platform(),
+    }
 
 
 def default_out() -> Path:
@@ -884,8 +1166,12 @@ def default_out() -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu: the same checks at tiny sizes")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget in seconds, imports included (default 480)")
-    ap.add_argument("--out", type=Path, default=None, help="the JSON file (default $OUT/gpu_check.json, else ./gpu_check.json)")
+    ap.add_argument(
+        "--budget-s", type=float, default=480.0, help="wall-time budget in seconds, imports included (default 480)"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="the JSON file (default $OUT/gpu_check.json, else ./gpu_check.json)"
+    )
     args = ap.parse_args(argv)
     start = T0 if argv is None else time.perf_counter()
     end = start + args.budget_s
@@ -899,14 +1185,19 @@ def main(argv: list[str] | None = None) -> int:
     if want_cuda and not no_cuda:
         torch.cuda.set_device(ctx.device)
     info = versions(ctx)
-    print(f"gpu_check on {info['device']}: python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}), "
-          f"transformers {info['transformers']}; budget {args.budget_s:g} s", flush=True)
+    print(
+        f"gpu_check on {info['device']}: python {info['python']}, torch {info['torch']} (CUDA {info['cuda']}), "
+        f"transformers {info['transformers']}; budget {args.budget_s:g} s",
+        flush=True,
+    )
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # random configs make transformers talk (generation flags, token ids)
     if no_cuda:
-        print("no CUDA device: the GPU checks cannot run here (python benchmarks/gpu_check.py --device cpu tests the script)")
+        print(
+            "no CUDA device: the GPU checks cannot run here (python benchmarks/gpu_check.py --device cpu tests the script)"
+        )
         report.add("setup", "a CUDA device is present", "fail", reason="torch.cuda.is_available() is False")
 
     def needs_device():
@@ -920,23 +1211,72 @@ def main(argv: list[str] | None = None) -> int:
 
     m, sh = sizes.min_s, sizes.share_s
     plans = [
-        Plan("identity", "1. identity bit-exact in bf16", lambda s: identity(s, ctx), m["identity"], sh["identity"], needs_device),
-        Plan("casts", "2. float8 rounding: device cast and emulation vs reference", lambda s: casts(s, ctx), m["casts"], sh["casts"],
-             needs_device),
-        Plan("storage", "3. every scale source through storage", lambda s: schemes_through_storage(s, ctx), m["storage"],
-             sh["storage"], needs_device),
-        Plan("speed", "4. decode tokens/s: storage path vs plain transformers (real-size model)", lambda s: speed(s, ctx), m["speed"],
-             sh["speed"], needs_real),
-        Plan("memory", "5. peak memory vs analytic BF16 + codes", lambda s: memory(s, ctx), m["memory"], sh["memory"], needs_runs),
-        Plan("estimator", "6. dry-run probe and --assume-device h200 estimate vs measured", lambda s: estimator(s, ctx),
-             m["estimator"], sh["estimator"], needs_real),
+        Plan(
+            "identity",
+            "1. identity bit-exact in bf16",
+            lambda s: identity(s, ctx),
+            m["identity"],
+            sh["identity"],
+            needs_device,
+        ),
+        Plan(
+            "casts",
+            "2. float8 rounding: device cast and emulation vs reference",
+            lambda s: casts(s, ctx),
+            m["casts"],
+            sh["casts"],
+            needs_device,
+        ),
+        Plan(
+            "storage",
+            "3. every scale source through storage",
+            lambda s: schemes_through_storage(s, ctx),
+            m["storage"],
+            sh["storage"],
+            needs_device,
+        ),
+        Plan(
+            "speed",
+            "4. decode tokens/s: storage path vs plain transformers (real-size model)",
+            lambda s: speed(s, ctx),
+            m["speed"],
+            sh["speed"],
+            needs_real,
+        ),
+        Plan(
+            "memory",
+            "5. peak memory vs analytic BF16 + codes",
+            lambda s: memory(s, ctx),
+            m["memory"],
+            sh["memory"],
+            needs_runs,
+        ),
+        Plan(
+            "estimator",
+            "6. dry-run probe and --assume-device h200 estimate vs measured",
+            lambda s: estimator(s, ctx),
+            m["estimator"],
+            sh["estimator"],
+            needs_real,
+        ),
     ]
+
     def write(complete: bool) -> dict:
         """The JSON, rewritten after every section, so that a run cut short still leaves what it measured."""
-        result = {"script": "benchmarks/gpu_check.py", "device": args.device, "mode": "gpu" if want_cuda else "cpu self-test",
-                  "complete": complete, "budget_s": args.budget_s, "wall_s": round(time.perf_counter() - start, 3),
-                  "versions": info, "passed": report.count("pass"), "failed": report.count("fail"),
-                  "skipped": report.count("skipped"), "sections": report.sections, "checks": report.checks}
+        result = {
+            "script": "benchmarks/gpu_check.py",
+            "device": args.device,
+            "mode": "gpu" if want_cuda else "cpu self-test",
+            "complete": complete,
+            "budget_s": args.budget_s,
+            "wall_s": round(time.perf_counter() - start, 3),
+            "versions": info,
+            "passed": report.count("pass"),
+            "failed": report.count("fail"),
+            "skipped": report.count("skipped"),
+            "sections": report.sections,
+            "checks": report.checks,
+        }
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -950,9 +1290,12 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.set_verbosity(verbosity)
     result = write(True)
     wall, failed = result["wall_s"], result["failed"]
-    print(f"\n{result['passed']} passed, {failed} failed, {result['skipped']} skipped in {wall:.1f} s "
-          f"(budget {args.budget_s:g} s); sections: "
-          + ", ".join(f"{s['key']} {s['status']}" for s in report.sections) + f"; JSON: {out}")
+    print(
+        f"\n{result['passed']} passed, {failed} failed, {result['skipped']} skipped in {wall:.1f} s "
+        f"(budget {args.budget_s:g} s); sections: "
+        + ", ".join(f"{s['key']} {s['status']}" for s in report.sections)
+        + f"; JSON: {out}"
+    )
     for c in report.checks:
         if c["status"] == "fail":
             print(f"  FAILED: {c['name']}" + (f" ({c['reason']})" if c.get("reason") else ""))

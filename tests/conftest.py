@@ -49,3 +49,15 @@ def embedded():
     from evalkit.models.loading import load_model
 
     return load_model("embedded")
+
+
+@pytest.fixture
+def toy_eval(monkeypatch):
+    """The test-only ``toy`` evaluation (tests/toy_eval.py), registered for one test."""
+    from evalkit.evals import base
+
+    from tests.toy_eval import TOY_PATH, ToyEval
+
+    monkeypatch.setitem(base._REGISTRY, "toy", TOY_PATH)
+    ToyEval.prepare_calls.clear()
+    return ToyEval

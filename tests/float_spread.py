@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from evalkit import quantized_kv
+
 from tests.tiny_models import tiny_model
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "golden_hook_v1.json").read_text())
@@ -42,6 +43,7 @@ N_SCORED = 381  # tokens the perplexity protocol scores: 3 windows x 127 (top-1 
 
 
 # ---- the golden computations ------------------------------------------------------------------
+
 
 def digest(t: torch.Tensor) -> str:
     """What the golden file holds for logits: SHA-256 of their float32 bytes."""
@@ -133,6 +135,7 @@ def lmeval_logliks(lm, workdir: Path) -> dict[str, dict[str, float]]:
 
 # ---- deviations -------------------------------------------------------------------------------
 
+
 def logits_deviation(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """Largest absolute logit difference over the unpadded and the left-padded forward."""
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in ("plain", "padded"))
@@ -140,11 +143,16 @@ def logits_deviation(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 def perplexity_deviation(got: dict[str, float], ref: dict[str, float]) -> dict[str, float]:
     """Per metric: relative for ppl and KL, absolute for ppl_delta and top-1 agreement."""
+
     def rel(k):
         return abs(got[k] - ref[k]) / abs(ref[k]) if ref[k] else abs(got[k])
 
-    return {"ppl": rel("ppl"), "kl_mean": rel("kl_mean"), "ppl_delta": abs(got["ppl_delta"] - ref["ppl_delta"]),
-            "top1_agreement": abs(got["top1_agreement"] - ref["top1_agreement"])}
+    return {
+        "ppl": rel("ppl"),
+        "kl_mean": rel("kl_mean"),
+        "ppl_delta": abs(got["ppl_delta"] - ref["ppl_delta"]),
+        "top1_agreement": abs(got["top1_agreement"] - ref["top1_agreement"]),
+    }
 
 
 def loglik_deviation(got: dict[str, float], ref: dict[str, float], relative: bool = False) -> float:
@@ -154,6 +162,7 @@ def loglik_deviation(got: dict[str, float], ref: dict[str, float], relative: boo
 
 
 # ---- the measurement --------------------------------------------------------------------------
+
 
 def _fold(table: dict, key: str, values: dict[str, float]) -> None:
     slot = table.setdefault(key, {})
@@ -190,8 +199,11 @@ def measure(eps: float = 1e-6, seeds=(0, 1, 2), parts=("tiny", "perplexity", "lm
             ppl = table["perplexity"] = {}
             ref = perplexity_values(lm, Path(tmp) / "ref")
             golden["perplexity"] = {s: perplexity_deviation(ref[s], want) for s, want in GOLDEN["perplexity"].items()}
-            golden["kl_lower_bound_over_golden_kl"] = {s: ref[s]["kl_lower_bound"] / want["kl_mean"]
-                                                       for s, want in GOLDEN["perplexity"].items() if want["kl_mean"]}
+            golden["kl_lower_bound_over_golden_kl"] = {
+                s: ref[s]["kl_lower_bound"] / want["kl_mean"]
+                for s, want in GOLDEN["perplexity"].items()
+                if want["kl_mean"]
+            }
             for seed in seeds:
                 t = time.time()
                 with perturbed(lm.model, eps, seed):
@@ -206,7 +218,9 @@ def measure(eps: float = 1e-6, seeds=(0, 1, 2), parts=("tiny", "perplexity", "lm
         if "lmeval" in parts:
             lmev = table["lmeval"] = {}
             ref = lmeval_logliks(lm, Path(tmp) / "ref")
-            golden["lmeval"] = {s: loglik_deviation(ref[s], want, relative=s == "bf16") for s, want in GOLDEN["lmeval"].items()}
+            golden["lmeval"] = {
+                s: loglik_deviation(ref[s], want, relative=s == "bf16") for s, want in GOLDEN["lmeval"].items()
+            }
             for seed in seeds:
                 t = time.time()
                 with perturbed(lm.model, eps, seed):
@@ -233,11 +247,13 @@ def print_tables(table: dict) -> None:
     from tests import test_storage_golden as t
 
     ppl = {s: v for s, v in table.get("perplexity", {}).items() if s != "bf16"}
-    out = {"PPL_SPREAD": {s: _up2(v["ppl"]) for s, v in ppl.items()},
-           "PPL_DELTA_SPREAD": {s: _up2(v["ppl_delta"]) for s, v in ppl.items()},
-           "KL_SPREAD": {s: _up2(v["kl_mean"]) for s, v in ppl.items()},
-           "TOP1_SPREAD": {s: f"{round(v['top1_agreement'] * N_SCORED)} / N_SCORED" for s, v in ppl.items()},
-           "LOGLIK_SPREAD": {s: _up2(v) for s, v in table.get("lmeval", {}).items() if s != "bf16"}}
+    out = {
+        "PPL_SPREAD": {s: _up2(v["ppl"]) for s, v in ppl.items()},
+        "PPL_DELTA_SPREAD": {s: _up2(v["ppl_delta"]) for s, v in ppl.items()},
+        "KL_SPREAD": {s: _up2(v["kl_mean"]) for s, v in ppl.items()},
+        "TOP1_SPREAD": {s: f"{round(v['top1_agreement'] * N_SCORED)} / N_SCORED" for s, v in ppl.items()},
+        "LOGLIK_SPREAD": {s: _up2(v) for s, v in table.get("lmeval", {}).items() if s != "bf16"},
+    }
     for name, d in out.items():
         if d:
             print(f"{name} = {{")
@@ -247,13 +263,24 @@ def print_tables(table: dict) -> None:
         if s == "bf16":
             print(f"unquantized ppl: max relative deviation {v['ppl']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})")
     if "bf16" in table.get("lmeval", {}):
-        print(f"unquantized log-likelihoods: max relative deviation {table['lmeval']['bf16']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})")
+        print(
+            f"unquantized log-likelihoods: max relative deviation {table['lmeval']['bf16']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})"
+        )
     gold = table.get("golden_deviation", {})
-    committed = {"ppl": t.PPL_SPREAD, "ppl_delta": t.PPL_DELTA_SPREAD, "kl_mean": t.KL_SPREAD, "top1_agreement": t.TOP1_SPREAD}
+    committed = {
+        "ppl": t.PPL_SPREAD,
+        "ppl_delta": t.PPL_DELTA_SPREAD,
+        "kl_mean": t.KL_SPREAD,
+        "top1_agreement": t.TOP1_SPREAD,
+    }
     for s, dev in gold.get("perplexity", {}).items():
         if s in t.PPL_SPREAD:
-            print(f"here vs golden, {s}: " + ", ".join(f"{k} {dev[k]:.2e} ({dev[k] / committed[k][s]:.2f} x spread, "
-                                                       f"limit {t.SAFETY})" for k in committed))
+            print(
+                f"here vs golden, {s}: "
+                + ", ".join(
+                    f"{k} {dev[k]:.2e} ({dev[k] / committed[k][s]:.2f} x spread, limit {t.SAFETY})" for k in committed
+                )
+            )
     for s, dev in gold.get("lmeval", {}).items():
         if s in t.LOGLIK_SPREAD:
             print(f"here vs golden, lmeval {s}: {dev:.2e} ({dev / t.LOGLIK_SPREAD[s]:.2f} x spread, limit {t.SAFETY})")

@@ -16,8 +16,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "evalkit"
-FLOORS = (("errors", "units", "runtime"), ("models", "data"), ("kv",), ("integration",), ("evals",),
-          ("scales", "planning"), ("engines",), ("sweep",), ("report",), ("cli",))
+FLOORS = (
+    ("errors", "units", "runtime"),
+    ("models", "data"),
+    ("kv",),
+    ("integration",),
+    ("evals",),
+    ("scales", "planning"),
+    ("engines",),
+    ("sweep",),
+    ("report",),
+    ("cli",),
+)
 ENTRY_POINTS = ("__init__", "__main__")  # the package's lazy public names and `python -m evalkit`
 
 
@@ -58,9 +68,11 @@ def test_no_module_imports_from_a_floor_above_its_own(path: Path):
     if top in ENTRY_POINTS:
         return
     mine = floor_of(top)
-    above = [f"line {line}: {name}" for line, name in evalkit_imports(path)
-             if len(name.split(".")) > 1 and name.split(".")[1] not in ENTRY_POINTS
-             and floor_of(name.split(".")[1]) > mine]
+    above = [
+        f"line {line}: {name}"
+        for line, name in evalkit_imports(path)
+        if len(name.split(".")) > 1 and name.split(".")[1] not in ENTRY_POINTS and floor_of(name.split(".")[1]) > mine
+    ]
     assert not above, f"{path.relative_to(ROOT)} (floor {top}) imports from above: {above}"
 
 

@@ -19,8 +19,15 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gpt
 
 
 def tiny_config(arch: str, vocab: int = VOCAB):
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**common)
     if arch == "mistral":
@@ -32,27 +39,61 @@ def tiny_config(arch: str, vocab: int = VOCAB):
     if arch == "gemma":
         return tf.GemmaConfig(**common, head_dim=16)
     if arch == "gemma2":
-        return tf.Gemma2Config(**common, head_dim=16, sliding_window=8, final_logit_softcapping=30.0,
-                               attn_logit_softcapping=50.0)
+        return tf.Gemma2Config(
+            **common, head_dim=16, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0
+        )
     if arch == "gemma3":
-        return tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 4}, head_dim=16, sliding_window=8,
-                                   layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"])
+        return tf.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        )
     if arch == "phi3":
         return tf.Phi3Config(**common, pad_token_id=0)
     if arch == "gpt2":
         return tf.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=512)
     if arch == "gpt_neox":
-        return tf.GPTNeoXConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, max_position_embeddings=512)
+        return tf.GPTNeoXConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+        )
     if arch == "opt":
-        return tf.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                            word_embed_proj_dim=64, max_position_embeddings=512)
+        return tf.OPTConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=64,
+            max_position_embeddings=512,
+        )
     if arch == "deepseek_v3":  # MLA; layer 0 dense, layers 1-2 MoE
-        return tf.DeepseekV3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-                                   num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
-                                   q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
-                                   topk_group=1, max_position_embeddings=512)
+        return tf.DeepseekV3Config(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_group=1,
+            topk_group=1,
+            max_position_embeddings=512,
+        )
     raise KeyError(arch)
 
 
@@ -67,16 +108,19 @@ def tiny_model(arch: str, attn_implementation: str = "sdpa", seed: int = 0, voca
 def make_tokenizer_dir(folder: Path) -> Path:
     """Train a byte-level BPE tokenizer (vocab 512) on documentation prose and save it."""
     from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<|endoftext|>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(list(topics.values())[:200], trainer)
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                      pad_token="<pad>")
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>"
+    )
     fast.save_pretrained(folder)
     return Path(folder)
 

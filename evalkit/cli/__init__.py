@@ -39,7 +39,9 @@ MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalk
 # What Ctrl-C leaves behind, said in the one line it prints. A sweep writes a run's completion record
 # last and skips completed runs, so the same command resumes; the other commands start over, reusing
 # what they cache once it is complete (tokenized corpora, baselines: published into place whole).
-RESUME = {"sweep": "run the same command again to resume (completed runs are kept and skipped; the interrupted run starts over)"}
+RESUME = {
+    "sweep": "run the same command again to resume (completed runs are kept and skipped; the interrupted run starts over)"
+}
 RESUME_OTHER = "run the same command again to start over (cached tokenization and baselines are reused)"
 
 
@@ -72,7 +74,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command's options, or (``command`` given) with only that command's:
     the others are listed by name and help without importing their modules."""
-    parser = _Parser(prog="python -m evalkit", description="Quality cost of FP8/INT KV caches, against the memory saved.")
+    parser = _Parser(
+        prog="python -m evalkit", description="Quality cost of FP8/INT KV caches, against the memory saved."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, text in COMMANDS.items():
         if command is None or name == command:

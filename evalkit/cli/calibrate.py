@@ -22,29 +22,81 @@ from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.errors import EvalkitError
 
-DEFAULTS = {"corpus": "stdlib-docs", "samples": 32, "seq_len": 512, "granularity": "tensor", "method": "amax",
-            "format": "fp8_e4m3", "batch_size": 4, "eval_corpus": "embedded", "out": None, "model": None}
+DEFAULTS = {
+    "corpus": "stdlib-docs",
+    "samples": 32,
+    "seq_len": 512,
+    "granularity": "tensor",
+    "method": "amax",
+    "format": "fp8_e4m3",
+    "batch_size": 4,
+    "eval_corpus": "embedded",
+    "out": None,
+    "model": None,
+}
 
 
 def add_parser(sub):
     p = sub.add_parser("calibrate", help=COMMANDS["calibrate"])
     add_model_arguments(p)
     p.set_defaults(model=None)
-    p.add_argument("--recipe", type=Path, default=None, help="YAML recipe with any of: model, corpus, samples, seq_len, granularity, method, format, out")
-    p.add_argument("--corpus", default=None, help="calibration text: stdlib-docs (default; disjoint from the embedded eval text), embedded, file:PATH, hf:...")
+    p.add_argument(
+        "--recipe",
+        type=Path,
+        default=None,
+        help="YAML recipe with any of: model, corpus, samples, seq_len, granularity, method, format, out",
+    )
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="calibration text: stdlib-docs (default; disjoint from the embedded eval text), embedded, file:PATH, hf:...",
+    )
     p.add_argument("--samples", type=int, default=None, help="number of sequences (default 32)")
     p.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="tokens per sequence (default 512)")
-    p.add_argument("--granularity", choices=["tensor", "head"], default=None, help="one scale per layer (tensor) or per layer and KV head")
+    p.add_argument(
+        "--granularity",
+        choices=["tensor", "head"],
+        default=None,
+        help="one scale per layer (tensor) or per layer and KV head",
+    )
     p.add_argument("--method", default=None, help="amax | percentile:P (e.g. percentile:99.99) | mse")
     p.add_argument("--format", default=None, help="storage format the scales are for (default fp8_e4m3)")
-    p.add_argument("--calib-batch-size", dest="batch_size", type=int, default=None, help="sequences per forward pass (default 4)")
-    p.add_argument("--eval-corpus", dest="eval_corpus", default=None, help="evaluation text to check for overlap (default embedded; 'none' to skip)")
+    p.add_argument(
+        "--calib-batch-size", dest="batch_size", type=int, default=None, help="sequences per forward pass (default 4)"
+    )
+    p.add_argument(
+        "--eval-corpus",
+        dest="eval_corpus",
+        default=None,
+        help="evaluation text to check for overlap (default embedded; 'none' to skip)",
+    )
     p.add_argument("--out", type=Path, default=None, help="scale table to write (calibration/NAME.safetensors)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out / --export-vllm folder")
-    p.add_argument("--import-vllm", dest="import_vllm", type=Path, default=None, help="read the scales from this vLLM / llm-compressor checkpoint folder instead of calibrating")
-    p.add_argument("--scales", type=Path, default=None, help="start from this existing scale table (e.g. to --export-vllm it) instead of calibrating")
-    p.add_argument("--export-vllm", dest="export_vllm", type=Path, default=None, help="also write the scales as a vLLM checkpoint folder (config.json + k_scale/v_scale tensors)")
-    p.add_argument("--with-weights", action="store_true", help="with --export-vllm: save the model weights too (a complete checkpoint)")
+    p.add_argument(
+        "--import-vllm",
+        dest="import_vllm",
+        type=Path,
+        default=None,
+        help="read the scales from this vLLM / llm-compressor checkpoint folder instead of calibrating",
+    )
+    p.add_argument(
+        "--scales",
+        type=Path,
+        default=None,
+        help="start from this existing scale table (e.g. to --export-vllm it) instead of calibrating",
+    )
+    p.add_argument(
+        "--export-vllm",
+        dest="export_vllm",
+        type=Path,
+        default=None,
+        help="also write the scales as a vLLM checkpoint folder (config.json + k_scale/v_scale tensors)",
+    )
+    p.add_argument(
+        "--with-weights",
+        action="store_true",
+        help="with --export-vllm: save the model weights too (a complete checkpoint)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -112,9 +164,17 @@ def run(args: argparse.Namespace) -> int:
         lm = load_from_args(args)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            table = calibrate(lm, corpus=cfg["corpus"], samples=int(cfg["samples"]), seq_len=int(cfg["seq_len"]),
-                              granularity=cfg["granularity"], method=str(cfg["method"]), fmt=cfg["format"],
-                              batch_size=int(cfg["batch_size"]), eval_corpus=cfg["eval_corpus"])
+            table = calibrate(
+                lm,
+                corpus=cfg["corpus"],
+                samples=int(cfg["samples"]),
+                seq_len=int(cfg["seq_len"]),
+                granularity=cfg["granularity"],
+                method=str(cfg["method"]),
+                fmt=cfg["format"],
+                batch_size=int(cfg["batch_size"]),
+                eval_corpus=cfg["eval_corpus"],
+            )
         for w in caught:
             print(f"evalkit: warning: {w.message}")
     from evalkit.scales.calibrate import table_stats
@@ -129,8 +189,14 @@ def run(args: argparse.Namespace) -> int:
             args.model = cfg["model"] if args.model is None else args.model
             lm = load_from_args(args)
         config = json.loads(lm.model.config.to_json_string())
-        export_vllm(table, args.export_vllm, config, model=lm.model if args.with_weights else None,
-                    tokenizer=lm.tokenizer if args.with_weights else None, force=args.force)
+        export_vllm(
+            table,
+            args.export_vllm,
+            config,
+            model=lm.model if args.with_weights else None,
+            tokenizer=lm.tokenizer if args.with_weights else None,
+            force=args.force,
+        )
         print(f"exported vLLM scales to {args.export_vllm}")
     if out is not None:
         print(f"scheme: {table.meta.get('format', 'fp8_e4m3')}/{table.granularity}/static+scales={out}")

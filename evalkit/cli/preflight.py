@@ -21,7 +21,12 @@ from pathlib import Path
 from evalkit.errors import PreflightError
 
 PROBE_PREFIX = ".evalkit-write-check-"
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's; they pick devices themselves
+DEVICE_MAP_STRATEGIES = (
+    "auto",
+    "balanced",
+    "balanced_low_0",
+    "sequential",
+)  # accelerate's; they pick devices themselves
 
 
 def check_writable(path: str | Path | None, flag: str, *, kind: str = "folder", fix: str | None = None) -> None:
@@ -124,25 +129,34 @@ def check_device(device: str | None, flag: str = "--device", *, where: str = "",
         return
     if dev.type == "cuda":
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-            raise PreflightError(f"{name} but this torch has no CUDA ({version}): {use} or install a CUDA build of torch")
+            raise PreflightError(
+                f"{name} but this torch has no CUDA ({version}): {use} or install a CUDA build of torch"
+            )
         if not torch.cuda.is_available():
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             seen = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-            raise PreflightError(f"{name} but no CUDA GPU is visible ({version}{seen}): {use}, or check the driver "
-                                 "(nvidia-smi) and CUDA_VISIBLE_DEVICES")
+            raise PreflightError(
+                f"{name} but no CUDA GPU is visible ({version}{seen}): {use}, or check the driver "
+                "(nvidia-smi) and CUDA_VISIBLE_DEVICES"
+            )
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            have, pick = ("cuda:0", "cuda:0") if count == 1 else (f"cuda:0 ... cuda:{count - 1}", f"cuda:N with N < {count}")
-            raise PreflightError(f"{name} but this machine has {count} CUDA GPU{'' if count == 1 else 's'} ({have}): "
-                                 f"use {flag} {pick}")
+            have, pick = (
+                ("cuda:0", "cuda:0") if count == 1 else (f"cuda:0 ... cuda:{count - 1}", f"cuda:N with N < {count}")
+            )
+            raise PreflightError(
+                f"{name} but this machine has {count} CUDA GPU{'' if count == 1 else 's'} ({have}): use {flag} {pick}"
+            )
         return
     if dev.type == "mps":
         mps = torch.backends.mps
         if not mps.is_built():
             raise PreflightError(f"{name} but this torch has no MPS ({version}; MPS is Apple silicon on macOS): {use}")
         if not mps.is_available():
-            raise PreflightError(f"{name} but MPS is not available on this machine ({version}; it needs macOS 12.3+ "
-                                 f"on Apple silicon): {use}")
+            raise PreflightError(
+                f"{name} but MPS is not available on this machine ({version}; it needs macOS 12.3+ "
+                f"on Apple silicon): {use}"
+            )
         if dev.index not in (None, 0):
             raise PreflightError(f"{name} but MPS has one device (mps:0): use {flag} mps")
         return
@@ -173,7 +187,5 @@ def check_grid_devices(models, grid_path) -> None:
     """Each model's ``device:`` / ``device_map:`` of a sweep grid (:class:`evalkit.sweep.grid.ModelSpec`)."""
     for spec in dict.fromkeys(models):
         where = f"grid {grid_path}, model {spec.name}: "
-        check_device(spec.device, "device:", where=where,
-                     use="use device: cpu in the grid")
-        check_device_map(spec.device_map, "device_map:", where=where,
-                         use="use device_map: auto in the grid")
+        check_device(spec.device, "device:", where=where, use="use device: cpu in the grid")
+        check_device_map(spec.device_map, "device_map:", where=where, use="use device_map: auto in the grid")

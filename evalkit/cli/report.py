@@ -33,14 +33,24 @@ def add_parser(sub):
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
     p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG and SVG plots")
-    p.add_argument("--columns", default="", metavar="GROUPS",
-                   help="optional column groups, comma-separated: kl (per-token KL median, p99, p99.9, max; "
-                        "perplexity runs that recorded them)")
-    p.add_argument("--sensitivity", type=Path, default=None,
-                   help="rows.jsonl (or its folder) of `evalkit sensitivity --out DIR`, for the per-layer plot")
+    p.add_argument(
+        "--columns",
+        default="",
+        metavar="GROUPS",
+        help="optional column groups, comma-separated: kl (per-token KL median, p99, p99.9, max; "
+        "perplexity runs that recorded them)",
+    )
+    p.add_argument(
+        "--sensitivity",
+        type=Path,
+        default=None,
+        help="rows.jsonl (or its folder) of `evalkit sensitivity --out DIR`, for the per-layer plot",
+    )
     p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
     p.add_argument("--min-top1", type=float, default=0.99, help="quality budget: top-1 agreement (default 0.99)")
-    p.add_argument("--max-retrieval-drop", type=float, default=0.02, help="quality budget: retrieval accuracy drop (default 0.02)")
+    p.add_argument(
+        "--max-retrieval-drop", type=float, default=0.02, help="quality budget: retrieval accuracy drop (default 0.02)"
+    )
     p.add_argument("--max-flip-rate", type=float, default=0.05, help="quality budget: lm-eval flip rate (default 0.05)")
     p.set_defaults(handler=run)
 
@@ -52,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.plots, "--plots")
     from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
     from evalkit.report.plots import all_plots
-
     from evalkit.report.tables import COLUMN_GROUPS
 
     columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
@@ -114,6 +123,9 @@ def _absent_columns(frame, columns: tuple[str, ...], folder) -> list[str]:
     """A line for each asked-for column group the store has no numbers for (older runs did not record them)."""
     from evalkit.report.tables import COLUMN_GROUPS
 
-    return [f"--columns {group}: no run of this store recorded {', '.join(COLUMN_GROUPS[group])} (runs of an older evalkit); "
-            f"resume the sweep with the current code (`python -m evalkit sweep GRID --out {folder}`) to compute them"
-            for group in columns if not any(c in frame for c in COLUMN_GROUPS[group])]
+    return [
+        f"--columns {group}: no run of this store recorded {', '.join(COLUMN_GROUPS[group])} (runs of an older evalkit); "
+        f"resume the sweep with the current code (`python -m evalkit sweep GRID --out {folder}`) to compute them"
+        for group in columns
+        if not any(c in frame for c in COLUMN_GROUPS[group])
+    ]

@@ -35,20 +35,36 @@ from evalkit.kv.scheme import Scheme, parse_schemes
 def add_parser(sub):
     p = sub.add_parser("run", help=COMMANDS["run"])
     add_model_arguments(p)
-    p.add_argument("--schemes", default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
-                   help="comma-separated scheme strings (see `evalkit schemes`)")
+    p.add_argument(
+        "--schemes",
+        default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
+        help="comma-separated scheme strings (see `evalkit schemes`)",
+    )
     p.add_argument("--eval", dest="eval_name", default="perplexity", choices=eval_names())
-    p.add_argument("--out", type=Path, default=None,
-                   help="results store folder (results.jsonl, as `evalkit sweep --out` writes; `evalkit report DIR` reads it) "
-                        "with each run's artifacts under DIR/runs/")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results store folder (results.jsonl, as `evalkit sweep --out` writes; `evalkit report DIR` reads it) "
+        "with each run's artifacts under DIR/runs/",
+    )
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and baselines are cached")
-    p.add_argument("--engine", default="emulation", choices=("emulation", "vllm"),
-                   help="who computes the numbers: evalkit's emulation (default) or vLLM itself (every eval; "
-                        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_backend)")
-    p.add_argument("--engine-profile", dest="engine_profile", default=None, metavar="NAME",
-                   help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
-                        "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)")
+    p.add_argument(
+        "--engine",
+        default="emulation",
+        choices=("emulation", "vllm"),
+        help="who computes the numbers: evalkit's emulation (default) or vLLM itself (every eval; "
+        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_backend)",
+    )
+    p.add_argument(
+        "--engine-profile",
+        dest="engine_profile",
+        default=None,
+        metavar="NAME",
+        help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
+        "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)",
+    )
     for name in eval_names():
         get_eval(name).add_arguments(p)
     p.set_defaults(handler=run)
@@ -63,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     check_model_device(args)
     schemes = parse_schemes(args.schemes)
     if not schemes:  # an empty list would run the baseline alone and look like a result
-        raise EvalkitError(f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
-                           "(the bf16 baseline is always added; `python -m evalkit schemes` lists them)")
+        raise EvalkitError(
+            f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
+            "(the bf16 baseline is always added; `python -m evalkit schemes` lists them)"
+        )
     profile = None
     if getattr(args, "engine_profile", None):
         from evalkit.engines.profiles import get_profile
@@ -85,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     ev = use_backend(cls(cls.params_from_args(args)), backend)  # one line for an option the engine cannot honour
     from evalkit.data.corpus_check import check_corpus_params
 
-    check_corpus_params(getattr(ev, "params", None), args.eval_name)  # a bad corpus spec: one line, before the model loads
+    check_corpus_params(
+        getattr(ev, "params", None), args.eval_name
+    )  # a bad corpus spec: one line, before the model loads
     store, grid, runs = _store(args, ev, schemes)  # --out: refused here, before the model loads, if it holds other runs
     lm = load_from_args(args)
     # validate every scheme against the model before spending time on the baseline
@@ -144,13 +164,28 @@ def _store(args: argparse.Namespace, ev, schemes: list[Scheme]):
     from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json
     from evalkit.sweep.store import ResultStore
 
-    model = ModelSpec(name=args.model, dtype=args.dtype, device=args.device, device_map=args.device_map,
-                      attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
+    model = ModelSpec(
+        name=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        device_map=args.device_map,
+        attn_implementation=args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
+    )
     canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
     runs = {str(s): RunSpec(model, str(s), args.eval_name, canonical, params, args.engine) for s in schemes}
-    data = {"name": f"run-{args.eval_name}", "models": [args.model], "schemes": list(runs),
-            "evals": {args.eval_name: ev.params}, "command": "evalkit run", "engine": args.engine}
-    store, grid = ResultStore(args.out), Grid(name=data["name"], path="evalkit run", runs=tuple(runs.values()), data=data)
+    data = {
+        "name": f"run-{args.eval_name}",
+        "models": [args.model],
+        "schemes": list(runs),
+        "evals": {args.eval_name: ev.params},
+        "command": "evalkit run",
+        "engine": args.engine,
+    }
+    store, grid = (
+        ResultStore(args.out),
+        Grid(name=data["name"], path="evalkit run", runs=tuple(runs.values()), data=data),
+    )
     store.check(grid)
     return store, grid, runs
 

@@ -28,15 +28,39 @@ from evalkit.errors import EvalkitError
 def add_parser(sub):
     p = sub.add_parser("sensitivity", help=COMMANDS["sensitivity"])
     add_model_arguments(p)
-    p.add_argument("--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic")
+    p.add_argument(
+        "--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic"
+    )
     p.add_argument("--layers", default=None, help="only these layers, e.g. 0,1,29 (default: all)")
-    p.add_argument("--target-kl", dest="target_kl", type=float, default=None, help="mean KL (nats/token) the kept-BF16 set must reach")
-    p.add_argument("--target-kl-fraction", dest="target_kl_fraction", type=float, default=None,
-                   help="target KL as a fraction of the all-layers KL, e.g. 0.5 to halve it")
+    p.add_argument(
+        "--target-kl",
+        dest="target_kl",
+        type=float,
+        default=None,
+        help="mean KL (nats/token) the kept-BF16 set must reach",
+    )
+    p.add_argument(
+        "--target-kl-fraction",
+        dest="target_kl_fraction",
+        type=float,
+        default=None,
+        help="target KL as a fraction of the all-layers KL, e.g. 0.5 to halve it",
+    )
     p.add_argument("--max-keep", dest="max_keep", type=int, default=None, help="keep at most this many layers in BF16")
-    p.add_argument("--target-ppl-rel", dest="target_ppl_rel", type=float, default=None, help="relative perplexity change to reach, e.g. 0.001")
+    p.add_argument(
+        "--target-ppl-rel",
+        dest="target_ppl_rel",
+        type=float,
+        default=None,
+        help="relative perplexity change to reach, e.g. 0.001",
+    )
     p.add_argument("--context", type=int, default=8192, help="sequence length for the memory cost (default 8192)")
-    p.add_argument("--out", type=Path, default=None, help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for sensitivity.csv, rows.jsonl, recommendation.json, sensitivity.png",
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="where tokenized data and the baseline are cached")
     from evalkit.evals.perplexity.evaluation import PerplexityEval
 
@@ -82,15 +106,27 @@ def run(args: argparse.Namespace) -> int:
     measure = perplexity_measure(lm, params, args.cache_dir)
     table, full = layer_table(lm, scheme, measure, layers, progress=True)
     shown = table[[c for c in table.columns if not c.endswith(("_lo", "_hi"))]]
-    print(f"all layers quantized: KL {full['kl_mean'][0]:.4g} nats/token, perplexity change {full['ppl_delta_rel'][0]:+.3%}")
+    print(
+        f"all layers quantized: KL {full['kl_mean'][0]:.4g} nats/token, perplexity change {full['ppl_delta_rel'][0]:+.3%}"
+    )
     print(shown.to_markdown(index=False, floatfmt=".4g"))
     rec = None
     target_kl = args.target_kl
     if args.target_kl_fraction is not None:
         target_kl = args.target_kl_fraction * full["kl_mean"][0]
     if target_kl is not None or args.target_ppl_rel is not None:
-        rec = recommend(lm, scheme, measure, table, full, target_kl=target_kl, target_ppl_rel=args.target_ppl_rel,
-                        context=args.context, max_keep=args.max_keep, progress=True)
+        rec = recommend(
+            lm,
+            scheme,
+            measure,
+            table,
+            full,
+            target_kl=target_kl,
+            target_ppl_rel=args.target_ppl_rel,
+            context=args.context,
+            max_keep=args.max_keep,
+            progress=True,
+        )
         print()
         print(rec.summary())
     if args.out:
@@ -98,9 +134,14 @@ def run(args: argparse.Namespace) -> int:
         table.to_csv(args.out / "sensitivity.csv", index=False)
         with open(args.out / "rows.jsonl", "w") as fh:
             for row in metric_rows(table):
-                fh.write(json.dumps({**row, "model": lm.name, "scheme": str(scheme), "eval": "sensitivity"}, sort_keys=True) + "\n")
+                fh.write(
+                    json.dumps({**row, "model": lm.name, "scheme": str(scheme), "eval": "sensitivity"}, sort_keys=True)
+                    + "\n"
+                )
         if rec is not None:
-            (args.out / "recommendation.json").write_text(json.dumps(dataclasses.asdict(rec), indent=1, default=str) + "\n")
+            (args.out / "recommendation.json").write_text(
+                json.dumps(dataclasses.asdict(rec), indent=1, default=str) + "\n"
+            )
         plot(table, args.out / "sensitivity.png", title=f"{lm.name}: {scheme}")
         print(f"\nwritten to {args.out}")
     return 0

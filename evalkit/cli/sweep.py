@@ -57,18 +57,37 @@ def add_parser(sub):
     p.add_argument("--rerun", action="store_true", help="run finished runs again (default: skip them)")
     p.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N (0-based), e.g. for a job array")
     p.add_argument("--executor", default=None, choices=("local", "ray"), help="where runs execute (default local)")
-    p.add_argument("--ray-address", default=None, help="an existing Ray cluster (e.g. auto or ray://host:10001); default: start a local one")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="an existing Ray cluster (e.g. auto or ray://host:10001); default: start a local one",
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="where evaluations cache tokenized data and baselines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--engine-profile", default=None, metavar="NAME",
-                   help="run every scheme as that engine's kernels do (vllm-cpu, vllm-cuda, vllm-rocm, sglang, "
-                        "tensorrt-llm): its rounding and scale rules; a scheme it cannot run is refused")
-    p.add_argument("--model", default=None, metavar="ID_OR_FOLDER",
-                   help="replace the grid's models by this one (hub id, folder or 'embedded'; the grid's dtype and device kept)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="list the runs with their tokens, estimated wall time and the disk needed; run and write nothing")
-    p.add_argument("--assume-device", default=None, choices=("h100", "h200", "a100"),
-                   help="with --dry-run: time from this GPU's datasheet peaks instead of a probe on this machine")
+    p.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="NAME",
+        help="run every scheme as that engine's kernels do (vllm-cpu, vllm-cuda, vllm-rocm, sglang, "
+        "tensorrt-llm): its rounding and scale rules; a scheme it cannot run is refused",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="ID_OR_FOLDER",
+        help="replace the grid's models by this one (hub id, folder or 'embedded'; the grid's dtype and device kept)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the runs with their tokens, estimated wall time and the disk needed; run and write nothing",
+    )
+    p.add_argument(
+        "--assume-device",
+        default=None,
+        choices=("h100", "h200", "a100"),
+        help="with --dry-run: time from this GPU's datasheet peaks instead of a probe on this machine",
+    )
     p.set_defaults(handler=run)
 
 
@@ -123,8 +142,9 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     free_space = free_space or disk_free
     store = ResultStore(out)
     if args.dry_run:
-        estimate = estimate_sweep(grid, select(grid.runs, shard), out, workdir, assume_device=args.assume_device,
-                                  free_space=free_space)
+        estimate = estimate_sweep(
+            grid, select(grid.runs, shard), out, workdir, assume_device=args.assume_device, free_space=free_space
+        )
         print(estimate.text())
         check_disk(estimate)
         return 0
@@ -137,8 +157,16 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     executor = make_executor(cfg.executor, cfg.ray_address)
     if args.no_progress:
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' own bars (retrieval, lm-eval requests) too
-    summary = run_sweep(grid, store, executor, rerun=cfg.rerun, shard=shard, workdir=workdir,
-                        progress=not args.no_progress, grid_text=text)
+    summary = run_sweep(
+        grid,
+        store,
+        executor,
+        rerun=cfg.rerun,
+        shard=shard,
+        workdir=workdir,
+        progress=not args.no_progress,
+        grid_text=text,
+    )
     print(summary.text(store))
     return 1 if summary.failures else 0
 
@@ -177,5 +205,8 @@ def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path
     except Exception as exc:  # noqa: BLE001  (the evaluations report their own problems when they run)
         import sys
 
-        print(f"evalkit: note: disk needs not checked, the sweep could not be sized ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+        print(
+            f"evalkit: note: disk needs not checked, the sweep could not be sized ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
+            file=sys.stderr,
+        )

@@ -42,7 +42,7 @@ class Corpus:
     name: str
 
     @classmethod
-    def from_text(cls, text: str, name: str) -> "Corpus":
+    def from_text(cls, text: str, name: str) -> Corpus:
         if not text.strip():
             raise EvalkitError(f"corpus {name!r} is empty: give a corpus with text in it")
         return cls(text, hashlib.sha256(text.encode("utf-8")).hexdigest(), name)
@@ -57,9 +57,9 @@ def load_corpus(spec: str) -> Corpus:
 
         return Corpus.from_text("\n\n".join(topics.values()), "embedded")
     if spec.startswith("file:"):
-        return _load_file(spec[len("file:"):], spec)
+        return _load_file(spec[len("file:") :], spec)
     if spec.startswith("hf:"):
-        return _load_hf(spec[len("hf:"):], spec)
+        return _load_hf(spec[len("hf:") :], spec)
     raise EvalkitError(f"unknown corpus {spec!r}: {SPEC_HELP}")
 
 
@@ -80,7 +80,9 @@ def _load_file(rest: str, spec: str) -> Corpus:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise EvalkitError(f"{path}:{n} is not valid JSON ({exc.msg}): fix the line or use a .txt file") from None
+                    raise EvalkitError(
+                        f"{path}:{n} is not valid JSON ({exc.msg}): fix the line or use a .txt file"
+                    ) from None
                 if not isinstance(record, dict) or not isinstance(record.get(field), str):
                     keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
                     raise EvalkitError(f"{path}:{n} has no string field {field!r} (has: {keys}): use file:{path}:FIELD")
@@ -102,7 +104,9 @@ def _load_hf(rest: str, spec: str) -> Corpus:
     column = parts[2] if len(parts) == 3 else "text"
     ds = _open_dataset(name, split, spec)
     if column not in ds.column_names:
-        raise EvalkitError(f"dataset {name!r} split {split!r} has no column {column!r} (has: {', '.join(ds.column_names)}): add :COLUMN to the spec")
+        raise EvalkitError(
+            f"dataset {name!r} split {split!r} has no column {column!r} (has: {', '.join(ds.column_names)}): add :COLUMN to the spec"
+        )
     rows = [r for r in ds[column] if isinstance(r, str)]
     if rows and sum(r.endswith("\n") for r in rows) > len(rows) // 2:
         text = "".join(rows)  # line-per-row datasets (wikitext) carry their own newlines
@@ -122,7 +126,9 @@ def _open_dataset(name: str, split: str, spec: str):
             ds = datasets.load_dataset(str(local))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
-                raise EvalkitError(f"dataset folder {name!r} has no split {split!r} (has: {', '.join(ds)}): fix the SPLIT in {spec!r}")
+                raise EvalkitError(
+                    f"dataset folder {name!r} has no split {split!r} (has: {', '.join(ds)}): fix the SPLIT in {spec!r}"
+                )
             ds = ds[split]
         return ds
     segments = name.split("/")
@@ -136,8 +142,14 @@ def _open_dataset(name: str, split: str, spec: str):
         try:
             return datasets.load_dataset(path, config, split=split)
         except Exception as exc:  # datasets raises many types for a missing dataset, config or network
-            errors.append(f"{path}" + (f" config {config}" if config else "") + f": {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-    raise EvalkitError(f"could not load dataset corpus {spec!r} ({'; '.join(errors)}): check the name, split and network (HF_DATASETS_OFFLINE)")
+            errors.append(
+                f"{path}"
+                + (f" config {config}" if config else "")
+                + f": {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            )
+    raise EvalkitError(
+        f"could not load dataset corpus {spec!r} ({'; '.join(errors)}): check the name, split and network (HF_DATASETS_OFFLINE)"
+    )
 
 
 def tokenizer_adds_bos(tokenizer) -> bool:
@@ -180,7 +192,14 @@ def tokenize_corpus(corpus: Corpus, tokenizer, cache_dir: Path | str | None) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         store = tensor.to(torch.int32) if len(tokenizer) < 2**31 else tensor
-        save_file({"ids": store}, tmp, metadata={"corpus": corpus.name, "sha256": corpus.sha256,
-                                                  "tokenizer": getattr(tokenizer, "name_or_path", "")})
+        save_file(
+            {"ids": store},
+            tmp,
+            metadata={
+                "corpus": corpus.name,
+                "sha256": corpus.sha256,
+                "tokenizer": getattr(tokenizer, "name_or_path", ""),
+            },
+        )
         os.replace(tmp, path)
     return tensor

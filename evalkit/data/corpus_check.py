@@ -31,7 +31,7 @@ def check_corpus_spec(spec: str, where: str = "corpus") -> None:
     text = SHORT_NAMES.get(text.lower(), text)
     try:
         if text.startswith("hf:"):
-            parts = text[len("hf:"):].split(":")
+            parts = text[len("hf:") :].split(":")
             if len(parts) not in (2, 3) or not all(parts):
                 raise EvalkitError(f"bad dataset corpus {text!r}: write hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
             return

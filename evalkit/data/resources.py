@@ -34,8 +34,10 @@ def resource_dir(kind: str) -> Path:
         return root / kind
     packaged = _PACKAGE / "_data" / kind
     if not packaged.is_dir():
-        raise EvalkitError(f"evalkit's {kind}/ folder is missing from {packaged}: reinstall evalkit "
-                           "(pip install --force-reinstall --no-deps evalkit, or pip install . from a checkout)")
+        raise EvalkitError(
+            f"evalkit's {kind}/ folder is missing from {packaged}: reinstall evalkit "
+            "(pip install --force-reinstall --no-deps evalkit, or pip install . from a checkout)"
+        )
     return packaged
 
 
@@ -57,8 +59,10 @@ def results_folder(path: str | Path) -> Path:
         if candidate.is_dir():
             return candidate
     where = " nor ".join(str(c.parent) for c in [Path.cwd() / p, *candidates[:1]])
-    raise EvalkitError(f"results folder {path} is in neither {where}: give its absolute path, "
-                       "or write one with `python -m evalkit sweep --out DIR`")
+    raise EvalkitError(
+        f"results folder {path} is in neither {where}: give its absolute path, "
+        "or write one with `python -m evalkit sweep --out DIR`"
+    )
 
 
 def resolve_calibration_file(path: str) -> Path:
@@ -78,5 +82,7 @@ def resolve_calibration_file(path: str) -> Path:
     for candidate in (calibration / rest, calibration / p):
         if candidate.is_file():
             return candidate
-    raise ScaleError(f"static scale file {path} is in neither the current folder nor {calibration}: "
-                     "give its path, or make one with `python -m evalkit calibrate`")
+    raise ScaleError(
+        f"static scale file {path} is in neither the current folder nor {calibration}: "
+        "give its path, or make one with `python -m evalkit calibrate`"
+    )

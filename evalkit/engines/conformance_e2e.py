@@ -41,8 +41,11 @@ from evalkit.errors import EvalkitError
 GAP_PP = 0.25  # |Δppl emulation - Δppl engine| allowed, in percentage points
 MIN_R = 0.95  # per-token correlation of the NLL changes required
 NOISE_STD = 1e-7  # relative weight perturbation of the noise-floor runs
-DEFAULT_SCHEMES = ("fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit",
-                   "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors")
+DEFAULT_SCHEMES = (
+    "fp8_e4m3/tensor/unit",
+    "fp8_e5m2/tensor/unit",
+    "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors",
+)
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -74,9 +77,19 @@ def verdict(gap_pp: float, r: float) -> str:
     return f"differs by {abs(gap_pp):.2f} pp (r={r:.3f})"
 
 
-def end_to_end(model: str = "embedded", schemes=DEFAULT_SCHEMES, corpus: str = "embedded", windows: int = 4,
-               length: int = 512, *, model_dir: str | None = None, noise_seeds=(0,), workdir: str | Path | None = None,
-               top_k: int | None = None, progress=None) -> list[dict[str, Any]]:
+def end_to_end(
+    model: str = "embedded",
+    schemes=DEFAULT_SCHEMES,
+    corpus: str = "embedded",
+    windows: int = 4,
+    length: int = 512,
+    *,
+    model_dir: str | None = None,
+    noise_seeds=(0,),
+    workdir: str | Path | None = None,
+    top_k: int | None = None,
+    progress=None,
+) -> list[dict[str, Any]]:
     """One row per scheme (see the module docstring): the engine's and the emulation's Δppl (percent),
     their gap (percentage points), r, the noise floor and the verdict. ``model`` (or ``model_dir``) is
     anything ``evalkit.models.loading.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
@@ -126,7 +139,11 @@ def end_to_end(model: str = "embedded", schemes=DEFAULT_SCHEMES, corpus: str = "
         s_rtz = emu.backend.score(emu, lm, rtz)
         s_rne = emu.backend.score(emu, lm, rne)
         rtz_change = (s_rtz.nll - s_rtz.base_nll).numpy()
-        d_engine, d_rtz, d_rne = delta_pct(e.nll, e.base_nll), delta_pct(s_rtz.nll, s_rtz.base_nll), delta_pct(s_rne.nll, s_rne.base_nll)
+        d_engine, d_rtz, d_rne = (
+            delta_pct(e.nll, e.base_nll),
+            delta_pct(s_rtz.nll, s_rtz.base_nll),
+            delta_pct(s_rne.nll, s_rne.base_nll),
+        )
         noise_pp, noise_r = 0.0, 1.0
         for ev, loaded in noisy:
             say(f"{rtz}: noise floor")
@@ -135,19 +152,27 @@ def end_to_end(model: str = "embedded", schemes=DEFAULT_SCHEMES, corpus: str = "
             noise_r = min(noise_r, pearson((n.nll - n.base_nll).numpy(), rtz_change))
         gap = d_rtz - d_engine
         r = pearson(e_change, rtz_change)
-        rows.append({
-            "scheme": str(rtz), "kv_cache_dtype": config.kv_cache_dtype,
-            "engine_dppl_pct": round(d_engine, 4), "emulation_dppl_pct": round(d_rtz, 4),
-            "emulation_rne_dppl_pct": round(d_rne, 4), "gap_pp": round(gap, 4), "rne_gap_pp": round(d_rne - d_engine, 4),
-            "r": round(r, 4), "r_rne": round(pearson(e_change, (s_rne.nll - s_rne.base_nll).numpy()), 4),
-            "noise_pp": round(noise_pp, 4), "noise_r": round(noise_r, 4) if noisy else None,
-            "verdict": verdict(gap, r),
-            "within_noise": bool(abs(gap) <= max(GAP_PP, noise_pp) and r >= noise_r) if noisy else None,
-            "n_tokens": int(e.nll.numel()),
-            "baseline_nll_gap": float(f"{base_gap:.3g}"),
-            "engine": f"vllm {e.info.get('engine_version')} {e.info.get('attention_backend')}",
-            "kl_lower_bound_engine": round(float(e.kl_lower.mean()), 6),
-        })
+        rows.append(
+            {
+                "scheme": str(rtz),
+                "kv_cache_dtype": config.kv_cache_dtype,
+                "engine_dppl_pct": round(d_engine, 4),
+                "emulation_dppl_pct": round(d_rtz, 4),
+                "emulation_rne_dppl_pct": round(d_rne, 4),
+                "gap_pp": round(gap, 4),
+                "rne_gap_pp": round(d_rne - d_engine, 4),
+                "r": round(r, 4),
+                "r_rne": round(pearson(e_change, (s_rne.nll - s_rne.base_nll).numpy()), 4),
+                "noise_pp": round(noise_pp, 4),
+                "noise_r": round(noise_r, 4) if noisy else None,
+                "verdict": verdict(gap, r),
+                "within_noise": bool(abs(gap) <= max(GAP_PP, noise_pp) and r >= noise_r) if noisy else None,
+                "n_tokens": int(e.nll.numel()),
+                "baseline_nll_gap": float(f"{base_gap:.3g}"),
+                "engine": f"vllm {e.info.get('engine_version')} {e.info.get('attention_backend')}",
+                "kl_lower_bound_engine": round(float(e.kl_lower.mean()), 6),
+            }
+        )
     return rows
 
 

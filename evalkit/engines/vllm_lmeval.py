@@ -61,8 +61,16 @@ def vllm_distribution():
 
 
 @contextlib.contextmanager
-def lmeval_vllm(model_dir: str | Path, config, *, dtype: str, batch_size, kv_cache_bytes: int, seed: int,
-                max_model_len: int | None = None):
+def lmeval_vllm(
+    model_dir: str | Path,
+    config,
+    *,
+    dtype: str,
+    batch_size,
+    kv_cache_bytes: int,
+    seed: int,
+    max_model_len: int | None = None,
+):
     """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`)."""
     from evalkit.engines.vllm_runner import VllmRunner, _attention_layers, _import_vllm, static_checkpoint
     from evalkit.kv.scale_table import load_scale_table
@@ -83,16 +91,28 @@ def lmeval_vllm(model_dir: str | Path, config, *, dtype: str, batch_size, kv_cac
             from lm_eval.models.vllm_causallms import VLLM
 
             try:
-                model = VLLM(pretrained=str(folder), dtype=dtype, kv_cache_dtype=config.kv_cache_dtype, enforce_eager=True,
-                             batch_size="auto" if batch_size in (None, "auto") else int(batch_size), seed=seed,
-                             max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_bytes,
-                             enable_prefix_caching=False, **extra)
+                model = VLLM(
+                    pretrained=str(folder),
+                    dtype=dtype,
+                    kv_cache_dtype=config.kv_cache_dtype,
+                    enforce_eager=True,
+                    batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    kv_cache_memory_bytes=kv_cache_bytes,
+                    enable_prefix_caching=False,
+                    **extra,
+                )
             except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses
                 first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                raise EvalkitError(f"vLLM could not start on {folder} for lm-eval (kv_cache_dtype {config.kv_cache_dtype}): {first}") from exc
+                raise EvalkitError(
+                    f"vLLM could not start on {folder} for lm-eval (kv_cache_dtype {config.kv_cache_dtype}): {first}"
+                ) from exc
         layers = model.model.apply_model(_attention_layers)[0]
         # the runner's check of the scales the engine took (1.0 without a table), on this engine's layers
-        VllmRunner._check_scales(SimpleNamespace(layers=layers, kv_cache_dtype=config.kv_cache_dtype, scales=table, folder=folder))
+        VllmRunner._check_scales(
+            SimpleNamespace(layers=layers, kv_cache_dtype=config.kv_cache_dtype, scales=table, folder=folder)
+        )
         model.evalkit_layers = layers
         yield model
     finally:

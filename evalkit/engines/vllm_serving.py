@@ -55,7 +55,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DEFAULT_KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
-DEFAULT_DTYPE = "bfloat16"  # the model dtype the engine runs: ``auto`` then stores BF16, what evalkit's unquantized count is
+DEFAULT_DTYPE = (
+    "bfloat16"  # the model dtype the engine runs: ``auto`` then stores BF16, what evalkit's unquantized count is
+)
 DEFAULT_CONTEXT = 2048
 DEFAULT_DECODE_TOKENS = 16
 EXTRA_REQUESTS = 2  # submitted beyond the engine's max concurrency, so a queue forms
@@ -98,24 +100,32 @@ def read_allocation(runner, budget_bytes: int, context: int) -> Allocation:
     kcc = scheduler.kv_cache_config
     sizes = {g.kv_cache_spec.block_size for g in kcc.kv_cache_groups}
     if len(sizes) != 1:
-        raise EvalkitError(f"the engine's KV cache has groups of different block sizes {sorted(sizes)}: "
-                           "this measurement reads one uniform full-attention cache")
+        raise EvalkitError(
+            f"the engine's KV cache has groups of different block sizes {sorted(sizes)}: "
+            "this measurement reads one uniform full-attention cache"
+        )
     cache = engine.vllm_config.cache_config
     return Allocation(
-        kv_cache_dtype=runner.kv_cache_dtype, budget_bytes=int(budget_bytes), context=int(context),
-        num_blocks=int(kcc.num_blocks), block_size=sizes.pop(),
+        kv_cache_dtype=runner.kv_cache_dtype,
+        budget_bytes=int(budget_bytes),
+        context=int(context),
+        num_blocks=int(kcc.num_blocks),
+        block_size=sizes.pop(),
         allocated_bytes=int(sum(t.size for t in kcc.kv_cache_tensors)),
         max_concurrency=float(cache.kv_cache_max_concurrency),
         usable_blocks=int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
-        layers=sum(len(g.layer_names) for g in kcc.kv_cache_groups))
+        layers=sum(len(g.layer_names) for g in kcc.kv_cache_groups),
+    )
 
 
 def _scheduler(runner):
     core = runner.llm.llm_engine.engine_core
     inner = getattr(core, "engine_core", None)  # the in-process client holds the EngineCore
     if inner is None:
-        raise EvalkitError("vLLM runs its engine core in another process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                           "so evalkit can read the scheduler")
+        raise EvalkitError(
+            "vLLM runs its engine core in another process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+            "so evalkit can read the scheduler"
+        )
     return inner.scheduler
 
 
@@ -142,9 +152,11 @@ def too_small(message: str, budget_bytes: int, context: int, kv_cache_dtype: str
         need = "not one cache block fits"
     else:
         return None
-    return (f"a KV budget of {budget_bytes / 2**30:.4g} GiB holds no request of {context:,} tokens with kv_cache_dtype "
-            f"{kv_cache_dtype} ({need}; evalkit counts {one_request_bytes / 2**20:,.1f} MiB): "
-            "raise --budget-gib or lower --context")
+    return (
+        f"a KV budget of {budget_bytes / 2**30:.4g} GiB holds no request of {context:,} tokens with kv_cache_dtype "
+        f"{kv_cache_dtype} ({need}; evalkit counts {one_request_bytes / 2**20:,.1f} MiB): "
+        "raise --budget-gib or lower --context"
+    )
 
 
 # -- evalkit's count next to it ---------------------------------------------------------------------------
@@ -194,15 +206,21 @@ def compare(alloc: Allocation, computed_bpt: Fraction, engine_dtype: str = DEFAU
     terms = []
     engine_bpt = alloc.bytes_per_token
     if engine_bpt != computed_bpt:
-        why = (f"the unquantized cache is the model dtype {engine_dtype}, evalkit's unquantized count is BF16"
-               if alloc.kv_cache_dtype == "auto" and engine_dtype not in ("bfloat16", "float16", "half")
-               else "padding or scales inside the engine's pages")
-        terms.append(f"per-token storage: the engine stores {float(engine_bpt):,.2f} B/token, evalkit counts "
-                     f"{float(computed_bpt):,.2f} (x{float(computed_bpt / engine_bpt):.4f} tokens; {why})")
+        why = (
+            f"the unquantized cache is the model dtype {engine_dtype}, evalkit's unquantized count is BF16"
+            if alloc.kv_cache_dtype == "auto" and engine_dtype not in ("bfloat16", "float16", "half")
+            else "padding or scales inside the engine's pages"
+        )
+        terms.append(
+            f"per-token storage: the engine stores {float(engine_bpt):,.2f} B/token, evalkit counts "
+            f"{float(computed_bpt):,.2f} (x{float(computed_bpt / engine_bpt):.4f} tokens; {why})"
+        )
     unrounded = math.floor(alloc.budget_bytes / engine_bpt)
     if unrounded != alloc.kv_tokens:
-        terms.append(f"block rounding: whole blocks of {alloc.block_size} tokens, {unrounded - alloc.kv_tokens:,} of "
-                     f"{unrounded:,} tokens ({(unrounded - alloc.kv_tokens) / unrounded:.2%}) left unallocated")
+        terms.append(
+            f"block rounding: whole blocks of {alloc.block_size} tokens, {unrounded - alloc.kv_tokens:,} of "
+            f"{unrounded:,} tokens ({(unrounded - alloc.kv_tokens) / unrounded:.2%}) left unallocated"
+        )
     blocks_left = alloc.kv_tokens - math.floor(alloc.budget_bytes / engine_bpt / alloc.block_size) * alloc.block_size
     if blocks_left:
         terms.append(f"unexplained: {blocks_left:,} tokens beyond whole blocks of the engine's own bytes per token")
@@ -264,8 +282,10 @@ def speeds(steps: list[Step], running: int | None = None) -> tuple[float | None,
     pre = [s for s in steps if s.prefill_tokens]
     dec = [s for s in steps if not s.prefill_tokens and s.decode_tokens and (running is None or s.active == running)]
     pre_t, dec_t = sum(s.seconds for s in pre), sum(s.seconds for s in dec)
-    return (sum(s.prefill_tokens for s in pre) / pre_t if pre_t else None,
-            sum(s.decode_tokens for s in dec) / dec_t if dec_t else None)
+    return (
+        sum(s.prefill_tokens for s in pre) / pre_t if pre_t else None,
+        sum(s.decode_tokens for s in dec) / dec_t if dec_t else None,
+    )
 
 
 def run_load(runner, n_requests: int, prompt_tokens: int, decode_tokens: int, seed: int = 0) -> LoadRun:
@@ -275,8 +295,9 @@ def run_load(runner, n_requests: int, prompt_tokens: int, decode_tokens: int, se
 
     engine = runner.llm.llm_engine
     scheduler = _scheduler(runner)
-    params = SamplingParams(max_tokens=decode_tokens, min_tokens=decode_tokens, ignore_eos=True, temperature=0.0,
-                            detokenize=False)
+    params = SamplingParams(
+        max_tokens=decode_tokens, min_tokens=decode_tokens, ignore_eos=True, temperature=0.0, detokenize=False
+    )
     vocab = runner.llm.llm_engine.model_config.get_vocab_size()
     run = LoadRun(n_requests, prompt_tokens, decode_tokens)
     tag = f"evalkit-load-{time.monotonic_ns()}"
@@ -285,8 +306,9 @@ def run_load(runner, n_requests: int, prompt_tokens: int, decode_tokens: int, se
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
     held = {rid: r for rid, r in scheduler.requests.items() if rid.startswith(tag)}
     if len(held) != n_requests:
-        raise EvalkitError(f"vLLM's scheduler holds {len(held)} of the {n_requests} requests added: "
-                           "cannot follow their admission")
+        raise EvalkitError(
+            f"vLLM's scheduler holds {len(held)} of the {n_requests} requests added: cannot follow their admission"
+        )
     while engine.has_unfinished_requests():
         before = {rid: r.num_computed_tokens for rid, r in held.items()}
         start = time.perf_counter()
@@ -297,7 +319,9 @@ def run_load(runner, n_requests: int, prompt_tokens: int, decode_tokens: int, se
             p, d = split_tokens(before[rid], r.num_computed_tokens, prompt_tokens)
             pre, dec, active = pre + p, dec + d, active + bool(p or d)
         running, waiting = scheduler.get_request_counts()
-        run.steps.append(Step(seconds, running, waiting, pre, dec, sum(r.num_preemptions for r in held.values()), active))
+        run.steps.append(
+            Step(seconds, running, waiting, pre, dec, sum(r.num_preemptions for r in held.values()), active)
+        )
     return run
 
 
@@ -312,9 +336,18 @@ class Measurement:
     load: LoadRun | None = None
 
 
-def measure(model_dir: str | Path, layout, kv_cache_dtypes=None, budget_bytes: int = 2 << 30,
-            context: int = DEFAULT_CONTEXT, dtype: str = DEFAULT_DTYPE, load: bool = False,
-            decode_tokens: int = DEFAULT_DECODE_TOKENS, profile: str | None = None, progress=None) -> list[Measurement]:
+def measure(
+    model_dir: str | Path,
+    layout,
+    kv_cache_dtypes=None,
+    budget_bytes: int = 2 << 30,
+    context: int = DEFAULT_CONTEXT,
+    dtype: str = DEFAULT_DTYPE,
+    load: bool = False,
+    decode_tokens: int = DEFAULT_DECODE_TOKENS,
+    profile: str | None = None,
+    progress=None,
+) -> list[Measurement]:
     """Start one engine per kv_cache_dtype on ``model_dir`` with ``budget_bytes`` of KV cache and
     ``max_model_len = context``; read its allocation, and with ``load`` run batch 1 and the load run."""
     from evalkit.engines.vllm_runner import VllmRunner, _import_vllm
@@ -324,13 +357,20 @@ def measure(model_dir: str | Path, layout, kv_cache_dtypes=None, budget_bytes: i
     profile = profile or engine_profile()
     kv_cache_dtypes = check_kv_cache_dtypes(kv_cache_dtypes, profile)
     if load and not 1 <= decode_tokens < context:
-        raise EvalkitError(f"--decode-tokens must be between 1 and the context - 1 ({context - 1}), got {decode_tokens}")
+        raise EvalkitError(
+            f"--decode-tokens must be between 1 and the context - 1 ({context - 1}), got {decode_tokens}"
+        )
     counted = {kvd: bytes_per_token(layout, computed_scheme(kvd, profile)) for kvd in kv_cache_dtypes}
-    for kvd, bpt in counted.items():  # evalkit's count first: no engine starts for a budget that cannot hold one request
+    for (
+        kvd,
+        bpt,
+    ) in counted.items():  # evalkit's count first: no engine starts for a budget that cannot hold one request
         if budget_bytes < bpt * context:
-            raise EvalkitError(f"a KV budget of {budget_bytes / 2**30:.4g} GiB holds no request of {context:,} tokens with "
-                               f"kv_cache_dtype {kvd} (one takes {float(bpt * context) / 2**20:,.1f} MiB by evalkit's count): "
-                               "raise --budget-gib or lower --context")
+            raise EvalkitError(
+                f"a KV budget of {budget_bytes / 2**30:.4g} GiB holds no request of {context:,} tokens with "
+                f"kv_cache_dtype {kvd} (one takes {float(bpt * context) / 2**20:,.1f} MiB by evalkit's count): "
+                "raise --budget-gib or lower --context"
+            )
     out = []
     for kvd in kv_cache_dtypes:
         scheme = computed_scheme(kvd, profile)
@@ -343,8 +383,15 @@ def measure(model_dir: str | Path, layout, kv_cache_dtypes=None, budget_bytes: i
             progress(f"vLLM {kvd}: starting ({budget_bytes / 2**30:.4g} GiB KV budget, context {context:,})")
         started = time.perf_counter()
         try:
-            runner = VllmRunner(model_dir, dtype=dtype, kv_cache_dtype=kvd, max_model_len=context,
-                                kv_cache_bytes=budget_bytes, top_k=1, engine_args=engine_args)
+            runner = VllmRunner(
+                model_dir,
+                dtype=dtype,
+                kv_cache_dtype=kvd,
+                max_model_len=context,
+                kv_cache_bytes=budget_bytes,
+                top_k=1,
+                engine_args=engine_args,
+            )
         except EvalkitError as exc:
             line = too_small(str(exc.__cause__ or exc), budget_bytes, context, kvd, math.ceil(computed_bpt * context))
             if line is None:
@@ -352,16 +399,22 @@ def measure(model_dir: str | Path, layout, kv_cache_dtypes=None, budget_bytes: i
             raise EvalkitError(line) from None
         with runner:
             alloc = read_allocation(runner, budget_bytes, context)
-            info = {**runner.info(), "engine_profile": profile, "engine_block_size": alloc.block_size,
-                    "engine_start_seconds": round(time.perf_counter() - started, 3),
-                    "host_load_average": round(os.getloadavg()[0], 2)}  # speeds are wall time: what else ran counts
+            info = {
+                **runner.info(),
+                "engine_profile": profile,
+                "engine_block_size": alloc.block_size,
+                "engine_start_seconds": round(time.perf_counter() - started, 3),
+                "host_load_average": round(os.getloadavg()[0], 2),
+            }  # speeds are wall time: what else ran counts
             info.pop("engine_top_k", None)
             m = Measurement(alloc, compare(alloc, computed_bpt, dtype), str(scheme), info)
             if load:
                 prompt = context - decode_tokens
                 if progress:
-                    progress(f"vLLM {kvd}: batch 1, then {math.ceil(alloc.max_concurrency) + EXTRA_REQUESTS} "
-                             f"requests of {context:,} tokens")
+                    progress(
+                        f"vLLM {kvd}: batch 1, then {math.ceil(alloc.max_concurrency) + EXTRA_REQUESTS} "
+                        f"requests of {context:,} tokens"
+                    )
                 run_load(runner, 1, WARMUP_TOKENS, 2)  # vLLM's first steps on a new engine pay one-off costs
                 m.single = run_load(runner, 1, prompt, decode_tokens)
                 m.load = run_load(runner, math.ceil(alloc.max_concurrency) + EXTRA_REQUESTS, prompt, decode_tokens)
@@ -396,7 +449,9 @@ def serving_rows(measurements: list[Measurement]) -> list:
 
         def add(metric, value, extra=None, more=None, labels=labels, info=info):
             if value is not None:
-                rows.append(MetricRow(metric, float(value), labels={**labels, **(extra or {})}, info={**info, **(more or {})}))
+                rows.append(
+                    MetricRow(metric, float(value), labels={**labels, **(extra or {})}, info={**info, **(more or {})})
+                )
 
         add("kv_tokens", a.kv_tokens, more={"kv_blocks": a.num_blocks, "allocated_bytes": a.allocated_bytes})
         add("usable_kv_tokens", a.usable_kv_tokens, more={"null_blocks": a.num_blocks - a.usable_blocks})
@@ -409,24 +464,38 @@ def serving_rows(measurements: list[Measurement]) -> list:
             add("capacity_vs_auto", a.kv_tokens / auto.allocation.kv_tokens)
             add("computed_capacity_vs_auto", auto.comparison.computed_bytes_per_token / c.computed_bytes_per_token)
         if m.load is not None:
-            run = {"requests": m.load.requests, "prompt_tokens": m.load.prompt_tokens, "decode_tokens": m.load.decode_tokens}
+            run = {
+                "requests": m.load.requests,
+                "prompt_tokens": m.load.prompt_tokens,
+                "decode_tokens": m.load.decode_tokens,
+            }
             add("admitted_requests", m.load.admitted, more={**run, "peak_running": m.load.peak_running})
             add("preemptions", m.load.preemptions, more=run)
         for run, batch in ((m.single, 1), (m.load, m.load.admitted if m.load else None)):
             if run is None or batch is None:
                 continue
             prefill, decode = speeds(run.steps, None if batch == 1 else batch)
-            more = {"prompt_tokens": run.prompt_tokens, "decode_tokens": run.decode_tokens, "timing": "wall, per engine step"}
+            more = {
+                "prompt_tokens": run.prompt_tokens,
+                "decode_tokens": run.decode_tokens,
+                "timing": "wall, per engine step",
+            }
             add("prefill_tok_s", prefill, {"batch": batch}, more)
             add("decode_tok_s", decode, {"batch": batch}, more)
     return rows
 
 
 TABLE_COLUMNS = {
-    "kv_tokens": "KV tokens", "max_concurrency": "max conc", "engine_bytes_per_token": "engine B/tok",
-    "computed_bytes_per_token": "evalkit B/tok", "computed_kv_tokens": "evalkit tokens",
-    "capacity_ratio_vs_computed": "engine/evalkit", "capacity_vs_auto": "x auto (engine)",
-    "computed_capacity_vs_auto": "x auto (evalkit)", "admitted_requests": "admitted", "preemptions": "preempted",
+    "kv_tokens": "KV tokens",
+    "max_concurrency": "max conc",
+    "engine_bytes_per_token": "engine B/tok",
+    "computed_bytes_per_token": "evalkit B/tok",
+    "computed_kv_tokens": "evalkit tokens",
+    "capacity_ratio_vs_computed": "engine/evalkit",
+    "capacity_vs_auto": "x auto (engine)",
+    "computed_capacity_vs_auto": "x auto (evalkit)",
+    "admitted_requests": "admitted",
+    "preemptions": "preempted",
 }
 
 
@@ -439,9 +508,13 @@ def format_serving_table(table, fmt: str = "table") -> str:
     for col in shown.columns:
         if col in ("kv_cache_dtype", "note"):
             continue
-        digits = 1 if "tok/s" in col else (4 if col.startswith(("engine/", "x auto")) else 2 if col == "max conc" else 0)
-        shown[col] = [_cell(v, 2 if "B/tok" in col and isinstance(v, float) and not v.is_integer() else digits)
-                      for v in shown[col]]
+        digits = (
+            1 if "tok/s" in col else (4 if col.startswith(("engine/", "x auto")) else 2 if col == "max conc" else 0)
+        )
+        shown[col] = [
+            _cell(v, 2 if "B/tok" in col and isinstance(v, float) and not v.is_integer() else digits)
+            for v in shown[col]
+        ]
     if fmt == "md":
         return shown.to_markdown(index=False, disable_numparse=True)
     return shown.to_string(index=False)

@@ -98,14 +98,22 @@ class Backend:
         """EvalkitError (one line) for an evaluation, or an option of it, this backend cannot honour."""
         need = EVAL_REQUESTS.get(eval_name)
         if need is None:  # an eval that computes on the emulation itself: never a row labelled with another backend
-            raise EvalkitError(f"--eval {eval_name} does not ask a backend for its numbers, so backend {self.name} cannot "
-                               "compute them: use --engine emulation for it")
+            raise EvalkitError(
+                f"--eval {eval_name} does not ask a backend for its numbers, so backend {self.name} cannot "
+                "compute them: use --engine emulation for it"
+            )
         lacks_steps = need == "decode" and not self.capabilities.step_distributions
         if need not in self.capabilities.requests or lacks_steps:
-            what = {"logprobs": "log-probs of given tokens", "decode": "per-step next-token distributions while decoding",
-                    "generate": "greedy generation", "lmeval": "lm-eval's loglikelihood and generate requests"}[need]
-            raise EvalkitError(f"--eval {eval_name} needs {what}, which backend {self.name} does not return: "
-                               "use --engine emulation for it")
+            what = {
+                "logprobs": "log-probs of given tokens",
+                "decode": "per-step next-token distributions while decoding",
+                "generate": "greedy generation",
+                "lmeval": "lm-eval's loglikelihood and generate requests",
+            }[need]
+            raise EvalkitError(
+                f"--eval {eval_name} needs {what}, which backend {self.name} does not return: "
+                "use --engine emulation for it"
+            )
 
     def _refuse(self, request: str):
         raise EvalkitError(f"backend {self.name} does not serve {request} requests: use --engine emulation")
@@ -193,12 +201,16 @@ def backend_of(ev) -> Backend:
 def use_backend(ev, backend: Backend | None):
     """Have ``ev`` ask ``backend`` (None: the emulation), refusing in one line an evaluation or option
     the backend cannot honour. Returns ``ev``."""
-    engines = getattr(ev, "engines", None)  # an eval that measures an engine itself (serving) names the engines it runs on
+    engines = getattr(
+        ev, "engines", None
+    )  # an eval that measures an engine itself (serving) names the engines it runs on
     if engines is not None:
         engine = getattr(backend, "engine", "emulation")
         if engine not in engines:
-            raise EvalkitError(f"--eval {ev.name} measures the {' or '.join(engines)} engine itself, not the {engine}: "
-                               f"run it with --engine {engines[0]} (in a grid: engine: {engines[0]})")
+            raise EvalkitError(
+                f"--eval {ev.name} measures the {' or '.join(engines)} engine itself, not the {engine}: "
+                f"run it with --engine {engines[0]} (in a grid: engine: {engines[0]})"
+            )
     elif backend is not None:
         backend.check_eval(ev.name, ev.params)
     ev.backend = backend

@@ -70,11 +70,19 @@ class MetricRow:
         return d
 
 
-
 # ---- parameters --------------------------------------------------------------------------------
-def param(default: Any = MISSING, help: str = "", *, low: int | float | None = None, flag: str | None = None,
-          baseline: bool = False, parse: Callable[[Any, str], Any] | None = None, action: str | None = None,
-          metavar: str | None = None, factory: Callable[[], Any] | None = None):
+def param(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    low: int | float | None = None,
+    flag: str | None = None,
+    baseline: bool = False,
+    parse: Callable[[Any, str], Any] | None = None,
+    action: str | None = None,
+    metavar: str | None = None,
+    factory: Callable[[], Any] | None = None,
+):
     """One evaluation parameter: a dataclass field whose metadata drives its flag and its check.
 
     ``low``: the smallest value an integer may take; ``flag``: the CLI flag when it is not
@@ -130,18 +138,23 @@ class Params:
             return None
         if kind is bool:
             if not isinstance(value, bool):
-                raise EvalkitError(f"{where} must be true, false or unset (auto), got {value!r}: "
-                                   f"pass {flag} or --no-{flag[2:]}")
+                raise EvalkitError(
+                    f"{where} must be true, false or unset (auto), got {value!r}: pass {flag} or --no-{flag[2:]}"
+                )
         elif kind is int:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise EvalkitError(f"{where} must be an integer, got {value!r}: fix {flag}")
             low = f.metadata.get("low")
             if low is not None and value < low:
-                raise EvalkitError(f"{self.eval_name} parameter {f.name} = {value} is too small: use {flag} {low} or more")
+                raise EvalkitError(
+                    f"{self.eval_name} parameter {f.name} = {value} is too small: use {flag} {low} or more"
+                )
         elif kind is str:
             if not isinstance(value, str) or not value.strip():
-                raise EvalkitError(f"{self.eval_name} needs a {f.name.replace('_', ' ')}: pass {flag} "
-                                   f"({f.metadata.get('help') or 'a non-empty string'}), got {value!r}")
+                raise EvalkitError(
+                    f"{self.eval_name} needs a {f.name.replace('_', ' ')}: pass {flag} "
+                    f"({f.metadata.get('help') or 'a non-empty string'}), got {value!r}"
+                )
         return value
 
     # -- dict and CLI ---------------------------------------------------------------------------
@@ -154,8 +167,9 @@ class Params:
         """Validated parameters from a grid or flag dict: None means the default; unknown keys are refused."""
         unknown = set(params) - set(cls.names())
         if unknown:
-            raise EvalkitError(f"unknown {cls.eval_name} parameter(s) {', '.join(sorted(unknown))}: "
-                               f"use {', '.join(cls.names())}")
+            raise EvalkitError(
+                f"unknown {cls.eval_name} parameter(s) {', '.join(sorted(unknown))}: use {', '.join(cls.names())}"
+            )
         return cls(**{k: v for k, v in params.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,7 +178,11 @@ class Params:
 
     def protocol(self) -> dict[str, Any]:
         """The fields marked ``baseline=True``: what decides the cached baseline's numbers (its cache key)."""
-        return {k: v for k, v in self.to_dict().items() if next(f for f in fields(self) if f.name == k).metadata.get("baseline")}
+        return {
+            k: v
+            for k, v in self.to_dict().items()
+            if next(f for f in fields(self) if f.name == k).metadata.get("baseline")
+        }
 
     @classmethod
     def flag(cls, name: str) -> str:
@@ -178,7 +196,9 @@ class Params:
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             kind, _ = _type_of(hints[f.name])
-            kwargs: dict[str, Any] = dict(dest=f"{cls.eval_name}_{f.name}", default=None, help=f.metadata.get("help") or None)
+            kwargs: dict[str, Any] = dict(
+                dest=f"{cls.eval_name}_{f.name}", default=None, help=f.metadata.get("help") or None
+            )
             if f.metadata.get("action"):
                 kwargs["action"] = f.metadata["action"]
             elif kind is bool:
@@ -375,8 +395,11 @@ def register_eval(name: str):
 def _builtin() -> dict[str, str]:
     """name -> module of the built-in evaluations: the subpackages of evalkit.evals with an evaluation module."""
     here = Path(__file__).resolve().parent
-    return {d.name: f"evalkit.evals.{d.name}.evaluation" for d in sorted(here.iterdir())
-            if d.is_dir() and (d / "evaluation.py").is_file() and _NAME.match(d.name)}
+    return {
+        d.name: f"evalkit.evals.{d.name}.evaluation"
+        for d in sorted(here.iterdir())
+        if d.is_dir() and (d / "evaluation.py").is_file() and _NAME.match(d.name)
+    }
 
 
 def _load_plugins() -> None:
@@ -394,8 +417,10 @@ def _load_plugins() -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise EvalkitError(f"evaluation module {module!r} (from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
-                               f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it") from None
+            raise EvalkitError(
+                f"evaluation module {module!r} (from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
+                f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it"
+            ) from None
         _loaded_plugins.add(module)
 
 
@@ -427,5 +452,7 @@ def get_eval(name: str, registry: dict[str, str] | None = None) -> type[Evaluati
         return obj
     importlib.import_module(path)  # registers its evaluation
     if name not in _REGISTRY:
-        raise EvalkitError(f"module {path} registers no eval {name!r}: decorate its class with @register_eval({name!r})")
+        raise EvalkitError(
+            f"module {path} registers no eval {name!r}: decorate its class with @register_eval({name!r})"
+        )
     return get_eval(name, {name: _REGISTRY[name]})

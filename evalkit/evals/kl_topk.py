@@ -71,8 +71,10 @@ TAIL_SAMPLES = 128  # stratified tail samples per position: int32 id + float32 l
 SCALAR_DTYPES = {"nll": torch.float32, "argmax": torch.int64, "t": torch.float32, "log_tail": torch.float64}
 SCALAR_BYTES = sum(torch.empty(0, dtype=d).element_size() for d in SCALAR_DTYPES.values())  # 4 + 8 + 4 + 8
 BYTES_PER_POSITION = TOP_K * (4 + 2) + TAIL_SAMPLES * (4 + 4) + SCALAR_BYTES  # 2008 <= 2048
-METHOD = (f"top-{TOP_K} exact + tail mass (lower bound: log-sum inequality) + {TAIL_SAMPLES} stratified tail "
-          f"samples (unbiased, >= the bound); {BYTES_PER_POSITION} B per token stored")
+METHOD = (
+    f"top-{TOP_K} exact + tail mass (lower bound: log-sum inequality) + {TAIL_SAMPLES} stratified tail "
+    f"samples (unbiased, >= the bound); {BYTES_PER_POSITION} B per token stored"
+)
 SUMMARY_KEYS = ("head", "w", "t", "log_tail", "tail", "tail_lp")
 
 
@@ -82,8 +84,9 @@ def tail_logmass(lp: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     return lp.double().scatter_(1, head, float("-inf")).logsumexp(-1)
 
 
-def summarize(lp: torch.Tensor, generator: torch.Generator, top_k: int = TOP_K,
-              samples: int = TAIL_SAMPLES) -> dict[str, torch.Tensor]:
+def summarize(
+    lp: torch.Tensor, generator: torch.Generator, top_k: int = TOP_K, samples: int = TAIL_SAMPLES
+) -> dict[str, torch.Tensor]:
     """The baseline's summary of each row of log-probs ``lp`` (rows, vocab); see the module docstring.
     ``generator`` (CPU) draws the stratified offsets, in row order."""
     rows, vocab = lp.shape
@@ -99,11 +102,19 @@ def summarize(lp: torch.Tensor, generator: torch.Generator, top_k: int = TOP_K,
         picks = tail.gather(1, torch.searchsorted(cdf, u).clamp_(max=vocab - k - 1))
     else:  # the head is the whole vocabulary: no tail (P_T = 0 weighs the samples out)
         picks = head[:, :1].expand(rows, samples)
-    return {"head": head.int(), "w": w, "t": rowdot(w.float(), lp.gather(1, head)),
-            "log_tail": tail_logmass(lp, head), "tail": picks.int(), "tail_lp": lp.gather(1, picks)}
+    return {
+        "head": head.int(),
+        "w": w,
+        "t": rowdot(w.float(), lp.gather(1, head)),
+        "log_tail": tail_logmass(lp, head),
+        "tail": picks.int(),
+        "tail_lp": lp.gather(1, picks),
+    }
 
 
-def kl_from_summary(summary: dict[str, torch.Tensor], lq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def kl_from_summary(
+    summary: dict[str, torch.Tensor], lq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row, in float64: the KL estimate K^ (clamped at 0), the proven lower bound L, and the
     estimated variance of K^ (tail sampling), from a baseline :func:`summarize` and the scheme's
     log-probs ``lq`` (rows, vocab)."""

@@ -52,7 +52,9 @@ class OutputHead:
             ref = model(input_ids=ids, use_cache=False).logits.float()
             ours = self(model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0])
         if not torch.allclose(ours, ref[0], rtol=1e-4, atol=1e-4):
-            raise EvalkitError(f"{type(model).__name__} post-processes its logits in a way evalkit does not reproduce: {eval_name} cannot score it")
+            raise EvalkitError(
+                f"{type(model).__name__} post-processes its logits in a way evalkit does not reproduce: {eval_name} cannot score it"
+            )
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.linear(hidden).float()
@@ -89,7 +91,9 @@ def load_or_build(folder: Path, load, build) -> dict:
         build()
         base = load()
         if base is None:
-            raise EvalkitError(f"the baseline just written to {folder} cannot be read back: check the disk, or use --cache-dir elsewhere")
+            raise EvalkitError(
+                f"the baseline just written to {folder} cannot be read back: check the disk, or use --cache-dir elsewhere"
+            )
     return base
 
 

@@ -28,9 +28,14 @@ DEFAULT_SEED = 0
 PVALUE_TEST = "wilcoxon signed-rank (two-sided, paired over windows)"
 
 
-def paired_bootstrap_ci(statistic: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], *,
-                        n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
-                        confidence: float = 0.95) -> tuple[float, float]:
+def paired_bootstrap_ci(
+    statistic: Callable[..., np.ndarray],
+    arrays: Sequence[np.ndarray],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
     """Percentile bootstrap interval of ``statistic(*arrays)`` resampling units (paired).
 
     ``arrays`` are per-unit values of equal length n; ``statistic`` must accept arrays with the
@@ -46,11 +51,21 @@ def paired_bootstrap_ci(statistic: Callable[..., np.ndarray], arrays: Sequence[n
     point = float(statistic(*arrays))
     if all(np.all(a == a[0]) for a in arrays):
         return (point, point)  # every resample equals the sample
+
     def vectorized(*data, axis=-1):
         return statistic(*[np.moveaxis(d, axis, -1) for d in data])
 
-    res = stats.bootstrap(tuple(arrays), vectorized, n_resamples=n_resamples, paired=True, vectorized=True,
-                          axis=-1, confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        tuple(arrays),
+        vectorized,
+        n_resamples=n_resamples,
+        paired=True,
+        vectorized=True,
+        axis=-1,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):
         return (math.nan, math.nan)

@@ -30,7 +30,7 @@ from evalkit.models.info import text_config
 
 PREFIX = "evalkit_"
 Handler = Callable[..., tuple]  # handler(module, query, key, value, attention_mask, inner, **kwargs)
-_HANDLERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[Handler, str]]" = weakref.WeakKeyDictionary()
+_HANDLERS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Handler, str]] = weakref.WeakKeyDictionary()
 
 
 def key_validity(attention_mask: torch.Tensor | None, batch: int, kv_len: int) -> torch.Tensor | None:
@@ -47,14 +47,16 @@ def key_validity(attention_mask: torch.Tensor | None, batch: int, kv_len: int) -
 
 def _inner(module, inner_name: str):
     if inner_name == "eager":
-        return getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+        return sys.modules[type(module).__module__].eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS[inner_name]
 
 
 def _evalkit_attention(module, query, key, value, attention_mask, **kwargs):
     entry = _HANDLERS.get(module)
     if entry is None:
-        raise EvalkitError("the evalkit attention function was called outside its block: switch the model back with set_attn_implementation")
+        raise EvalkitError(
+            "the evalkit attention function was called outside its block: switch the model back with set_attn_implementation"
+        )
     handler, inner_name = entry
     return handler(module, query, key, value, attention_mask, _inner(module, inner_name), **kwargs)
 
@@ -68,10 +70,14 @@ def attention_handler(model, handler: Handler) -> Iterator[None]:
     """Within the block, every attention call of ``model`` goes through ``handler``."""
     original = attention_implementation(model)
     if original.startswith(PREFIX):
-        raise EvalkitError("evalkit attention blocks cannot be nested on one model: leave the first block before entering another")
+        raise EvalkitError(
+            "evalkit attention blocks cannot be nested on one model: leave the first block before entering another"
+        )
     if original not in ALL_MASK_ATTENTION_FUNCTIONS and original != "eager":
-        raise EvalkitError(f"attention implementation {original!r} has no mask function evalkit can reuse: "
-                           "load the model with attn_implementation='sdpa' or 'eager'")
+        raise EvalkitError(
+            f"attention implementation {original!r} has no mask function evalkit can reuse: "
+            "load the model with attn_implementation='sdpa' or 'eager'"
+        )
     name = PREFIX + original
     AttentionInterface.register(name, _evalkit_attention)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from evalkit.data.resources import resolve_calibration_file
 from evalkit.errors import ScaleError, SchemeError
+from evalkit.kv.memory import check_mla_scheme
 from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table
 from evalkit.kv.scheme import ScaleSource, Scheme
-from evalkit.kv.memory import check_mla_scheme
 from evalkit.models.info import KVLayout
-from evalkit.data.resources import resolve_calibration_file
 
 
 class BoundScheme:
-    def __init__(self, scheme: Scheme, layout: KVLayout, config_hash: str | None = None,
-                 scale_table: ScaleTable | None = None):
+    def __init__(
+        self, scheme: Scheme, layout: KVLayout, config_hash: str | None = None, scale_table: ScaleTable | None = None
+    ):
         self.scheme = scheme
         self.layout = layout
         self.fmt = scheme.kv_format
@@ -36,12 +37,21 @@ class BoundScheme:
                 raise SchemeError("+rope=bf16 applies to multi-head latent attention models only: drop it")
             check_granularity(scheme.granularity, layout.head_dim)
             check_granularity(scheme.granularity, layout.v_head_dim)
-        if isinstance(scheme.skip_layers, tuple) and scheme.skip_layers and max(scheme.skip_layers) >= layout.num_layers:
-            raise SchemeError(f"skip={max(scheme.skip_layers)} but the model has layers 0..{layout.num_layers - 1}: fix the layer list")
+        if (
+            isinstance(scheme.skip_layers, tuple)
+            and scheme.skip_layers
+            and max(scheme.skip_layers) >= layout.num_layers
+        ):
+            raise SchemeError(
+                f"skip={max(scheme.skip_layers)} but the model has layers 0..{layout.num_layers - 1}: fix the layer list"
+            )
         if scheme.scales is ScaleSource.STATIC:
             self.table = scale_table or load_scale_table(
-                _resolve_static_path(scheme.static_path), layout, granularity=scheme.granularity.kind.value,
-                config_hash=config_hash)
+                _resolve_static_path(scheme.static_path),
+                layout,
+                granularity=scheme.granularity.kind.value,
+                config_hash=config_hash,
+            )
             made_for = self.table.meta.get("format")
             if made_for and made_for != scheme.format:
                 raise ScaleError(

@@ -48,10 +48,11 @@ def check_transformers(version: str | None = None) -> None:
     if not Version(OLDEST) <= release < Version(BEFORE):
         raise UnsupportedTransformersError(
             f"transformers {installed} is installed, but evalkit's KV storage path supports transformers{SUPPORTED}: "
-            f'pip install "transformers{SUPPORTED}"')
+            f'pip install "transformers{SUPPORTED}"'
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _keyword_of(forward) -> str:
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"

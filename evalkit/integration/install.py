@@ -38,7 +38,7 @@ from evalkit.models.info import check_supported, config_hash, kv_layout
 
 check_transformers()
 
-_ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_ACTIVE: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 class KVSession:
@@ -65,16 +65,22 @@ class KVSession:
         cache = take_cache(kwargs)  # given as cache= or past_key_values=, whichever the release names it
         if isinstance(cache, StorageCache):
             if cache.binding is not self.binding:
-                raise SchemeError("this storage cache was made for another quantized_kv block: make a new one with session.new_cache()")
+                raise SchemeError(
+                    "this storage cache was made for another quantized_kv block: make a new one with session.new_cache()"
+                )
             kwargs[self.cache_keyword], kwargs["use_cache"] = cache, True
             return args, kwargs
         if cache is not None and cache.get_seq_length() > 0:
-            raise SchemeError("the model got a cache that already holds tokens evalkit did not store: "
-                              "start from an empty cache (or none) inside quantized_kv")
+            raise SchemeError(
+                "the model got a cache that already holds tokens evalkit did not store: "
+                "start from an empty cache (or none) inside quantized_kv"
+            )
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
             mask = args[1]
-        kwargs[self.cache_keyword] = self.new_cache(mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
+        kwargs[self.cache_keyword] = self.new_cache(
+            mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        )
         kwargs["use_cache"] = True
         return args, kwargs
 
@@ -88,7 +94,8 @@ class KVSession:
             model_type = getattr(self.layout, "model_type", "?")
             raise UnsupportedModelError(
                 f"model type {model_type!r} never wrote its K/V to the cache (its attention does not call cache.update), "
-                "so evalkit cannot store them: use a model such as llama, mistral, qwen2/3, gemma, phi3, gpt2, gpt_neox or opt")
+                "so evalkit cannot store them: use a model such as llama, mistral, qwen2/3, gemma, phi3, gpt2, gpt_neox or opt"
+            )
         return output
 
 
@@ -104,14 +111,18 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     if fa3 and layout.is_mla:
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
     if model in _ACTIVE:
-        raise EvalkitError("quantized_kv blocks cannot be nested on one model: leave the first block before entering another")
+        raise EvalkitError(
+            "quantized_kv blocks cannot be nested on one model: leave the first block before entering another"
+        )
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     session = KVSession(model, binding, cache_keyword(decoder))
     with contextlib.ExitStack() as stack:
         if fa3:
             stack.enter_context(attention_handler(model, _fa3_handler(binding)))
-        handles = [decoder.register_forward_pre_hook(session._pre_forward, with_kwargs=True),
-                   decoder.register_forward_hook(session._post_forward, with_kwargs=True)]
+        handles = [
+            decoder.register_forward_pre_hook(session._pre_forward, with_kwargs=True),
+            decoder.register_forward_hook(session._post_forward, with_kwargs=True),
+        ]
         _ACTIVE.add(model)
         try:
             yield session
@@ -125,7 +136,9 @@ def _fa3_handler(binding: BoundScheme):
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
         layer = getattr(module, "layer_idx", None)
         if layer is None:
-            raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
+            raise EvalkitError(
+                f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
+            )
         if binding.is_active(layer):
             return fa3_attention(module, query, key, value, attention_mask, **kwargs)
         return inner(module, query, key, value, attention_mask, **kwargs)

@@ -31,7 +31,9 @@ def observe_kv(model, observer: Observer) -> Iterator[None]:
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
         layer = getattr(module, "layer_idx", None)
         if layer is None:
-            raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
+            raise EvalkitError(
+                f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
+            )
         valid = key_validity(attention_mask, key.shape[0], key.shape[-2])
         observer("k", layer, key, valid)
         observer("v", layer, value, valid)

@@ -124,11 +124,17 @@ class StorageCache(DynamicCache):
 
     def check_finite(self) -> None:
         """Raise :class:`NonFiniteKVError` naming the first layer whose K or V held NaN or inf (one device read)."""
-        stores = [(layer.layer_idx, which, st) for layer in self.storage_layers() if layer.k is not None
-                  for which, st in (("K", layer.k), ("V", layer.v)) if st.nonfinite is not None]
+        stores = [
+            (layer.layer_idx, which, st)
+            for layer in self.storage_layers()
+            if layer.k is not None
+            for which, st in (("K", layer.k), ("V", layer.v))
+            if st.nonfinite is not None
+        ]
         if not stores or not bool(torch.stack([st.nonfinite for _, _, st in stores]).any()):
             return
         layer_idx, which, _ = next((i, w, st) for i, w, st in stores if bool(st.nonfinite))
         raise NonFiniteKVError(
             f"layer {layer_idx} {which} contains NaN or inf before quantization: the model's activations overflowed "
-            "(load it in float32 or bfloat16 rather than float16)")
+            "(load it in float32 or bfloat16 rather than float16)"
+        )

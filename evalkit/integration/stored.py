@@ -32,9 +32,9 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import KVFormat
+from evalkit.kv.memory import BASELINE_BYTES, SCALE_BYTES
 from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import Granularity, GranularityKind
-from evalkit.kv.memory import BASELINE_BYTES, SCALE_BYTES
 
 # Dynamic scales are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes:
 # e4m3/e8m0 = 1 byte); zero points, static/unit scales and NVFP4's per-tensor scale count SCALE_BYTES.
@@ -76,7 +76,7 @@ class GrowingTensor:
 
     @property
     def data(self) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer[:, :, :self.length]
+        return None if self.buffer is None else self.buffer[:, :, : self.length]
 
     def append(self, new: torch.Tensor) -> None:
         need = self.length + new.shape[2]
@@ -88,9 +88,9 @@ class GrowingTensor:
             grown = max(need, self.length + max(self.CHUNK, self.length // 8))
             buffer = new.new_empty(*new.shape[:2], grown, *new.shape[3:])
             if self.length:
-                buffer[:, :, :self.length] = self.buffer[:, :, :self.length]
+                buffer[:, :, : self.length] = self.buffer[:, :, : self.length]
             self.buffer = buffer
-        self.buffer[:, :, self.length:need] = new
+        self.buffer[:, :, self.length : need] = new
         self.length = need
 
     def truncate(self, n: int) -> None:
@@ -169,12 +169,14 @@ class StoredTensor:
         """Store the new tokens ``x`` (B, H, s, D); ``padding`` is given with a sequence's first write only."""
         valid = None
         if padding is not None and padding.valid is not None:
-            valid = padding.valid[:, -x.shape[2]:].to(x.device)
+            valid = padding.valid[:, -x.shape[2] :].to(x.device)
             self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
         if not self.quantized:
             self._raw = self._cat(self._raw, x)
         elif self.fixed is not None:
-            self._store(quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False)
+            self._store(
+                quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False
+            )
         elif self.kind is GranularityKind.BLOCK:
             self._append_blocks(x, valid)
         elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
@@ -186,7 +188,9 @@ class StoredTensor:
             self.scale, self.zero = q.scale, q.zero
             self._store(q, x.dtype, per_token=False)
         else:
-            self._store(quantize(x, self.fmt, self.granularity, scale=self.scale, zero=self.zero), x.dtype, per_token=False)
+            self._store(
+                quantize(x, self.fmt, self.granularity, scale=self.scale, zero=self.zero), x.dtype, per_token=False
+            )
         self.total += x.shape[2]
 
     def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
@@ -201,8 +205,10 @@ class StoredTensor:
     # -- blocks --------------------------------------------------------------------------------
     def _append_blocks(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
         if self.fmt.asymmetric:
-            raise SchemeError(f"block scales are kept for symmetric formats only: use {self.fmt.name.replace('_asym', '')} "
-                              "or token/group granularity")
+            raise SchemeError(
+                f"block scales are kept for symmetric formats only: use {self.fmt.name.replace('_asym', '')} "
+                "or token/group granularity"
+            )
         b, h, s, d = x.shape
         n, t0 = self.granularity.size, self.total
         starts = self.starts or [0] * b
@@ -221,7 +227,7 @@ class StoredTensor:
             self._encode_region(slice(None), starts[0], x, valid)
         else:  # left padding: each sequence's blocks begin at its own first token
             for i, st in enumerate(starts):
-                self._encode_region(slice(i, i + 1), st, x[i:i + 1], None if valid is None else valid[i:i + 1])
+                self._encode_region(slice(i, i + 1), st, x[i : i + 1], None if valid is None else valid[i : i + 1])
 
     def _extend_blocks(self, x: torch.Tensor, start: int) -> None:
         """The common case in one piece (every sequence's blocks start at ``start``, no padding in
@@ -241,9 +247,11 @@ class StoredTensor:
         self._values.append(dequantize(q, x.dtype))
         k0, m = (lo - start) // n - self.block_base, q.scale.shape[2]
         if self.scale is not None and k0 + m <= self.scale.shape[2]:
-            self.scale[:, :, k0:k0 + m] = q.scale
+            self.scale[:, :, k0 : k0 + m] = q.scale
         else:
-            self.scale = q.scale if self.scale is None or k0 == 0 else torch.cat([self.scale[:, :, :k0], q.scale], dim=2)
+            self.scale = (
+                q.scale if self.scale is None or k0 == 0 else torch.cat([self.scale[:, :, :k0], q.scale], dim=2)
+            )
         self._flag(q.nonfinite)
 
     def _code_width(self, d: int) -> int:
@@ -257,21 +265,26 @@ class StoredTensor:
         lo = start + first_block * n  # absolute position where the first touched block begins
         if lo >= t0 + s:
             return  # only padding so far
-        old = self.values[rows, :, lo - self.offset:t0 - self.offset].float() if lo < t0 else None
-        new = x[:, :, max(lo - t0, 0):].float()
+        old = self.values[rows, :, lo - self.offset : t0 - self.offset].float() if lo < t0 else None
+        new = x[:, :, max(lo - t0, 0) :].float()
         region = new if old is None else torch.cat([old, new], dim=2)
         region_valid = None
         if valid is not None:
-            region_valid = valid[:, max(lo - t0, 0):]
+            region_valid = valid[:, max(lo - t0, 0) :]
             if old is not None:
-                region_valid = torch.cat([torch.ones(region_valid.shape[0], old.shape[2], dtype=torch.bool,
-                                                     device=region_valid.device), region_valid], dim=1)
+                region_valid = torch.cat(
+                    [
+                        torch.ones(region_valid.shape[0], old.shape[2], dtype=torch.bool, device=region_valid.device),
+                        region_valid,
+                    ],
+                    dim=1,
+                )
         q = quantize(region, self.fmt, self.granularity, valid=region_valid)
         sl = slice(lo - self.offset, t0 + s - self.offset)
         self.codes[rows, :, sl] = encode_quantized(q, self.fmt)
         self.values[rows, :, sl] = dequantize(q, x.dtype)
         k0 = first_block - self.block_base
-        self.scale[rows, :, k0:k0 + q.scale.shape[2]] = q.scale
+        self.scale[rows, :, k0 : k0 + q.scale.shape[2]] = q.scale
         self._flag(q.nonfinite)
 
     # -- reading and bookkeeping ----------------------------------------------------------------
@@ -340,6 +353,13 @@ class StoredTensor:
         if self.fixed is not None:
             extra = self.fixed.numel() * SCALE_BYTES
         else:
-            extra = sum(t.numel() * n for t, n in ((self.scale, self.fmt.scale_nbytes), (self.zero, SCALE_BYTES),
-                                                   (self.tensor_scale, SCALE_BYTES)) if t is not None)
+            extra = sum(
+                t.numel() * n
+                for t, n in (
+                    (self.scale, self.fmt.scale_nbytes),
+                    (self.zero, SCALE_BYTES),
+                    (self.tensor_scale, SCALE_BYTES),
+                )
+                if t is not None
+            )
         return self.codes.numel() * self.codes.element_size() + extra

@@ -139,7 +139,11 @@ class KVFormat:
         m, out = self.mantissa_bits, []
         for code in range(2 ** (self.bits - 1)):
             e, f = code >> m, code & ((1 << m) - 1)
-            value = f * 2.0 ** (self.min_normal_exp - m) if e == 0 else (1 + f / 2**m) * 2.0 ** (self.min_normal_exp + e - 1)
+            value = (
+                f * 2.0 ** (self.min_normal_exp - m)
+                if e == 0
+                else (1 + f / 2**m) * 2.0 ** (self.min_normal_exp + e - 1)
+            )
             if value > self.max:
                 break
             out.append(value)
@@ -154,8 +158,9 @@ class KVFormat:
     def scale_nbytes(self) -> int:
         return self.scale_dtype.nbytes
 
-    def with_scales(self, scale_dtype: ScaleDType = ScaleDType.FP32, tensor_scale: bool = False,
-                    recipe: Recipe = Recipe.STANDARD) -> KVFormat:
+    def with_scales(
+        self, scale_dtype: ScaleDType = ScaleDType.FP32, tensor_scale: bool = False, recipe: Recipe = Recipe.STANDARD
+    ) -> KVFormat:
         """This element format with its scales stored as ``scale_dtype`` (checked by the scheme)."""
         return replace(self, scale_dtype=scale_dtype, tensor_scale=tensor_scale, recipe=recipe)
 
@@ -227,12 +232,22 @@ def _int(name: str, bits: int, asymmetric: bool, description: str) -> KVFormat:
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
-        KVFormat("bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"),
-        _float8("fp8_e4m3", torch.float8_e4m3fn, "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
-                (ScaleDType.FP32, ScaleDType.E8M0)),
+        KVFormat(
+            "bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"
+        ),
+        _float8(
+            "fp8_e4m3",
+            torch.float8_e4m3fn,
+            "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
+            (ScaleDType.FP32, ScaleDType.E8M0),
+        ),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
-        _float8("fp8_e5m2", torch.float8_e5m2, "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
-                (ScaleDType.FP32, ScaleDType.E8M0)),
+        _float8(
+            "fp8_e5m2",
+            torch.float8_e5m2,
+            "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
+            (ScaleDType.FP32, ScaleDType.E8M0),
+        ),
         _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
         _int("int8_asym", 8, True, "INT8 asymmetric, codes 0..255 with a zero point (reference point)"),
         _int("int4", 4, False, "INT4 symmetric, codes -7..7, two per byte (KIVI-style reference point)"),
@@ -246,6 +261,4 @@ def get_format(name: str) -> KVFormat:
     try:
         return FORMATS[name]
     except KeyError:
-        raise SchemeError(
-            f"unknown KV format {name!r}: use one of {', '.join(FORMATS)}"
-        ) from None
+        raise SchemeError(f"unknown KV format {name!r}: use one of {', '.join(FORMATS)}") from None

@@ -35,8 +35,8 @@ import math
 from fractions import Fraction
 
 from evalkit.errors import SchemeError
-from evalkit.models.info import KVLayout
 from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
+from evalkit.models.info import KVLayout
 
 SCALE_BYTES = 4  # a float32 scale or zero point (static/unit scales, zero points, NVFP4's per-tensor scale)
 BASELINE_BYTES = 2  # BF16
@@ -127,11 +127,15 @@ def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if scheme.granularity.kind is GranularityKind.GROUP:
         size = scheme.granularity.size
         if layout.mla_latent_dim % size:
-            raise SchemeError(f"group{size} does not divide the latent width {layout.mla_latent_dim}: "
-                              f"use a group width that divides {layout.mla_latent_dim}")
+            raise SchemeError(
+                f"group{size} does not divide the latent width {layout.mla_latent_dim}: "
+                f"use a group width that divides {layout.mla_latent_dim}"
+            )
         if not scheme.rope_bf16 and layout.mla_rope_dim % min(size, layout.mla_rope_dim):
-            raise SchemeError(f"group{size} does not tile the {layout.mla_rope_dim}-value RoPE key: "
-                              "use a width dividing it or +rope=bf16")
+            raise SchemeError(
+                f"group{size} does not tile the {layout.mla_rope_dim}-value RoPE key: "
+                "use a width dividing it or +rope=bf16"
+            )
 
 
 def mla_rope_granularity(scheme: Scheme, layout: KVLayout):
@@ -146,12 +150,17 @@ def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool)
     """One single-head MLA part (latent or RoPE key); a group wider than the part has one scale per token."""
     if quantized and scheme.granularity.kind is GranularityKind.GROUP and dim % scheme.granularity.size:
         data = batch * seq * math.ceil(dim * scheme.kv_format.bits / 8)
-        return (data + batch * seq * math.ceil(dim / scheme.granularity.size) * scale_bytes(scheme)
-                + tensor_scale_bytes(scheme, batch))
+        return (
+            data
+            + batch * seq * math.ceil(dim / scheme.granularity.size) * scale_bytes(scheme)
+            + tensor_scale_bytes(scheme, batch)
+        )
     return layer_cache_bytes(scheme, batch, 1, seq, dim, quantized)
 
 
-def mla_layer_bytes(scheme: Scheme, batch: int, seq: int, latent_dim: int, rope_dim: int, quantized: bool = True) -> int:
+def mla_layer_bytes(
+    scheme: Scheme, batch: int, seq: int, latent_dim: int, rope_dim: int, quantized: bool = True
+) -> int:
     """Exact bytes of one MLA layer: the latent plus the RoPE key (BF16 under ``+rope=bf16``)."""
     latent = _part_bytes(scheme, batch, seq, latent_dim, quantized)
     rope = _part_bytes(scheme, batch, seq, rope_dim, quantized and not scheme.rope_bf16)
@@ -165,8 +174,9 @@ def attention_layers(layout: KVLayout) -> tuple[int, ...]:
     return tuple(range(layout.num_layers))
 
 
-def stored_tokens(layout: KVLayout, layer_idx: int, seq: int, window_caps: bool = True, keep: str = "engine",
-                  block: int = 0) -> int:
+def stored_tokens(
+    layout: KVLayout, layer_idx: int, seq: int, window_caps: bool = True, keep: str = "engine", block: int = 0
+) -> int:
     """Tokens a layer holds for a sequence of ``seq``: a sliding layer keeps at most its window.
 
     ``keep="engine"``: ``window`` tokens (what a serving engine allocates); ``keep="transformers"``:
@@ -187,8 +197,9 @@ def stored_tokens(layout: KVLayout, layer_idx: int, seq: int, window_caps: bool 
     return seq - dropped
 
 
-def model_cache_bytes(layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1, window_caps: bool = True,
-                      keep: str = "engine") -> int:
+def model_cache_bytes(
+    layout: KVLayout, scheme: Scheme, seq: int, batch: int = 1, window_caps: bool = True, keep: str = "engine"
+) -> int:
     """Exact KV bytes of ``batch`` sequences of ``seq`` tokens over every attention layer.
 
     ``keep`` says how many tokens sliding-window layers hold (see :func:`stored_tokens`)."""
@@ -216,7 +227,9 @@ def bytes_per_token(layout: KVLayout, scheme: Scheme) -> Fraction:
     Exact as a fraction: data plus scales amortized (a block's scale over its tokens; per-tensor and
     per-head scales, a per-sequence constant, add nothing)."""
     n = _period(scheme)
-    grow = model_cache_bytes(layout, scheme, n, window_caps=False) - model_cache_bytes(layout, scheme, 0, window_caps=False)
+    grow = model_cache_bytes(layout, scheme, n, window_caps=False) - model_cache_bytes(
+        layout, scheme, 0, window_caps=False
+    )
     return Fraction(grow, n)
 
 
@@ -225,4 +238,3 @@ def bytes_per_token_at(layout: KVLayout, scheme: Scheme, context: int) -> float:
     if context <= 0:
         raise SchemeError(f"context must be a positive number of tokens, got {context}")
     return model_cache_bytes(layout, scheme, context) / context
-

@@ -72,8 +72,13 @@ from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_gri
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
-_REDUCE_DIMS = {GranularityKind.TENSOR: (1, 2, 3), GranularityKind.HEAD: (2, 3), GranularityKind.TOKEN: (3,),
-                GranularityKind.GROUP: (4,), GranularityKind.BLOCK: (3, 4)}
+_REDUCE_DIMS = {
+    GranularityKind.TENSOR: (1, 2, 3),
+    GranularityKind.HEAD: (2, 3),
+    GranularityKind.TOKEN: (3,),
+    GranularityKind.GROUP: (4,),
+    GranularityKind.BLOCK: (3, 4),
+}
 PER_TOKEN = (GranularityKind.TOKEN, GranularityKind.GROUP)
 
 
@@ -87,7 +92,9 @@ class Quantized:
     granularity: Granularity | None  # None: a given scale that broadcasts against x as it is
     nonfinite: torch.Tensor
     tensor_scale: torch.Tensor | None = None  # NVFP4's per-sequence FP32 scale (B, 1, 1, 1), already in ``scale``
-    stored: torch.Tensor | None = None  # the stored tensor of ``codes`` where rounding made it anyway (see encode_quantized)
+    stored: torch.Tensor | None = (
+        None  # the stored tensor of ``codes`` where rounding made it anyway (see encode_quantized)
+    )
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -115,8 +122,9 @@ def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torc
     return round_integer(y, fmt.rounding).clamp_(fmt.qmin, fmt.qmax), None
 
 
-def scale_from_amax(amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def scale_from_amax(
+    amax: torch.Tensor, fmt: KVFormat, global_scale: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Dynamic symmetric scale from each group's amax, rounded to ``fmt.scale_dtype`` (float32 out).
 
     fp32: ``amax / max`` (groups with amax 0 get scale 1); e8m0 and e4m3: see the table above.
@@ -172,9 +180,16 @@ def _broadcast(t: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     return t
 
 
-def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale: torch.Tensor | None = None,
-             zero: torch.Tensor | None = None, valid: torch.Tensor | None = None,
-             tensor_scale: torch.Tensor | None = None) -> Quantized:
+def quantize(
+    x: torch.Tensor,
+    fmt: KVFormat,
+    granularity: Granularity,
+    *,
+    scale: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    tensor_scale: torch.Tensor | None = None,
+) -> Quantized:
     """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``.
 
     ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x."""
@@ -206,8 +221,9 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         z = torch.round(-lo / s)
         codes = (round_integer(g / s, fmt.rounding) + z).clamp_(0, fmt.qmax)
         nonfinite = ~torch.isfinite(hi - lo).all()
-        return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), _stored(z, granularity), granularity,
-                         nonfinite)
+        return Quantized(
+            _ungrouped(codes, x.shape), _stored(s, granularity), _stored(z, granularity), granularity, nonfinite
+        )
     amax = stats.abs().amax(dim=dims, keepdim=True)
     global_scale = None
     if fmt.tensor_scale:
@@ -215,9 +231,15 @@ def quantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale:
         global_scale = global_scale.reshape(-1, *([1] * (g.dim() - 1)))
     s = scale_from_amax(amax, fmt, global_scale, x.dtype)
     codes, stored = _round_and_store(g / s, fmt)
-    return Quantized(_ungrouped(codes, x.shape), _stored(s, granularity), None, granularity, ~torch.isfinite(amax).all(),
-                     None if global_scale is None else global_scale.reshape(-1, 1, 1, 1),
-                     None if stored is None else _ungrouped(stored, x.shape))
+    return Quantized(
+        _ungrouped(codes, x.shape),
+        _stored(s, granularity),
+        None,
+        granularity,
+        ~torch.isfinite(amax).all(),
+        None if global_scale is None else global_scale.reshape(-1, 1, 1, 1),
+        None if stored is None else _ungrouped(stored, x.shape),
+    )
 
 
 def _nvfp4_global(xf: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -239,8 +261,15 @@ def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor
     return _ungrouped(g * _broadcast(q.scale, q.granularity), codes.shape).to(dtype)
 
 
-def quantize_dequantize(x: torch.Tensor, fmt: KVFormat, granularity: Granularity, *, scale: torch.Tensor | None = None,
-                        zero: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+def quantize_dequantize(
+    x: torch.Tensor,
+    fmt: KVFormat,
+    granularity: Granularity,
+    *,
+    scale: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """What a cache returns for ``x`` written in one piece: ``dequantize(quantize(x))`` in x's dtype."""
     if fmt.is_identity:
         return x

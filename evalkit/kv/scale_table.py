@@ -48,12 +48,15 @@ def save_scale_table(path: str | Path, table: ScaleTable) -> None:
     sidecar_path(path).write_text(json.dumps(table.meta, indent=2, sort_keys=True) + "\n")
 
 
-def load_scale_table(path: str | Path, layout=None, granularity: str | None = None,
-                     config_hash: str | None = None) -> ScaleTable:
+def load_scale_table(
+    path: str | Path, layout=None, granularity: str | None = None, config_hash: str | None = None
+) -> ScaleTable:
     """Read and validate a table; ``layout`` is anything with ``num_layers`` and ``num_kv_heads``."""
     path = Path(path)
     if not path.is_file():
-        raise ScaleError(f"static scale file {path} does not exist: make one with `python -m evalkit calibrate` or import one")
+        raise ScaleError(
+            f"static scale file {path} does not exist: make one with `python -m evalkit calibrate` or import one"
+        )
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # safetensors raises several types for a bad header
@@ -66,12 +69,16 @@ def load_scale_table(path: str | Path, layout=None, granularity: str | None = No
         meta = json.loads(sidecar_path(path).read_text())
     table = ScaleTable(tensors["k_scale"].float(), tensors["v_scale"].float(), meta)
     if table.k_scale.shape != table.v_scale.shape:
-        raise ScaleError(f"static scale file {path}: k_scale {tuple(table.k_scale.shape)} and v_scale {tuple(table.v_scale.shape)} differ in shape")
+        raise ScaleError(
+            f"static scale file {path}: k_scale {tuple(table.k_scale.shape)} and v_scale {tuple(table.v_scale.shape)} differ in shape"
+        )
     for name, t in (("k_scale", table.k_scale), ("v_scale", table.v_scale)):
         if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
             raise ScaleError(f"static scale file {path}: {name} holds zero, negative or non-finite scales: recalibrate")
     if granularity is not None and table.granularity != granularity:
-        raise ScaleError(f"static scale file {path} holds {table.granularity} scales but the scheme asks for {granularity}: use a {granularity} calibration")
+        raise ScaleError(
+            f"static scale file {path} holds {table.granularity} scales but the scheme asks for {granularity}: use a {granularity} calibration"
+        )
     if layout is not None:
         expected = (layout.num_layers,) if table.granularity == "tensor" else (layout.num_layers, layout.num_kv_heads)
         if tuple(table.k_scale.shape) != expected:

@@ -112,7 +112,9 @@ class Granularity:
     def __post_init__(self):
         sized = self.kind in (GranularityKind.BLOCK, GranularityKind.GROUP)
         if sized and self.size <= 0:
-            raise SchemeError(f"{self.kind.value} size must be a positive integer, got {self.size}: write e.g. {self.kind.value}16")
+            raise SchemeError(
+                f"{self.kind.value} size must be a positive integer, got {self.size}: write e.g. {self.kind.value}16"
+            )
         if not sized and self.size:
             raise SchemeError(f"granularity {self.kind.value!r} takes no size")
 
@@ -122,7 +124,9 @@ class Granularity:
     @classmethod
     def parse(cls, text: str) -> Granularity:
         m = re.fullmatch(r"([a-z]+)(-?\d+)?", text.strip())
-        kinds = ", ".join(k.value + ("<N>" if k in (GranularityKind.BLOCK, GranularityKind.GROUP) else "") for k in GranularityKind)
+        kinds = ", ".join(
+            k.value + ("<N>" if k in (GranularityKind.BLOCK, GranularityKind.GROUP) else "") for k in GranularityKind
+        )
         if not m:
             raise SchemeError(f"unknown granularity {text!r}: use one of {kinds}")
         name, size = m.group(1), m.group(2)
@@ -162,11 +166,33 @@ class Scheme:
             except ValueError:
                 raise SchemeError(f"rounding={self.rounding!r}: use {_ROUNDING_CHOICES}") from None
         if fmt.is_identity:
-            defaults = (Granularity(GranularityKind.TENSOR), ScaleSource.DYNAMIC, None, (), AttentionPrecision.KV, False,
-                        ScaleDType.FP32, False, Recipe.STANDARD, Rounding.RNE)
-            if (self.granularity, self.scales, self.static_path, self.skip_layers, self.attention, self.rope_bf16,
-                    self.scale_dtype, self.tensor_scale, self.recipe, self.rounding) != defaults:
-                raise SchemeError("bf16 is the unquantized baseline and takes no granularity, scales or options: write just 'bf16'")
+            defaults = (
+                Granularity(GranularityKind.TENSOR),
+                ScaleSource.DYNAMIC,
+                None,
+                (),
+                AttentionPrecision.KV,
+                False,
+                ScaleDType.FP32,
+                False,
+                Recipe.STANDARD,
+                Rounding.RNE,
+            )
+            if (
+                self.granularity,
+                self.scales,
+                self.static_path,
+                self.skip_layers,
+                self.attention,
+                self.rope_bf16,
+                self.scale_dtype,
+                self.tensor_scale,
+                self.recipe,
+                self.rounding,
+            ) != defaults:
+                raise SchemeError(
+                    "bf16 is the unquantized baseline and takes no granularity, scales or options: write just 'bf16'"
+                )
             return
         self._check_scale_encoding(fmt)
         if self.scales is ScaleSource.STATIC:
@@ -176,12 +202,16 @@ class Scheme:
                     "use tensor or head granularity, or dynamic scales"
                 )
             if not self.static_path:
-                raise SchemeError("static scales need a scale file: add +scales=PATH (make one with `python -m evalkit calibrate`)")
+                raise SchemeError(
+                    "static scales need a scale file: add +scales=PATH (make one with `python -m evalkit calibrate`)"
+                )
         elif self.static_path:
             raise SchemeError(f"+scales=PATH only goes with static scales, not {self.scales.value}")
         if self.scales is not ScaleSource.DYNAMIC and fmt.asymmetric:
-            raise SchemeError(f"{fmt.name} needs a zero point, which {self.scales.value} scales do not have: "
-                              f"use {fmt.name.replace('_asym', '')} or dynamic scales")
+            raise SchemeError(
+                f"{fmt.name} needs a zero point, which {self.scales.value} scales do not have: "
+                f"use {fmt.name.replace('_asym', '')} or dynamic scales"
+            )
         if isinstance(self.skip_layers, str):
             if self.skip_layers != SLIDING:
                 raise SchemeError(f"skip must be a list of layer indices or 'sliding', got {self.skip_layers!r}")
@@ -192,40 +222,55 @@ class Scheme:
         """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
         if self.scale_dtype not in fmt.scale_dtypes:
             if len(fmt.scale_dtypes) == 1:
-                raise SchemeError(f"{fmt.name} takes {fmt.scale_dtypes[0].value} scales only, not {self.scale_dtype.value}: "
-                                  f"drop +scale_dtype={self.scale_dtype.value}")
-            raise SchemeError(f"{fmt.name} does not take {self.scale_dtype.value} scales: use scale_dtype "
-                              f"{' or '.join(d.value for d in fmt.scale_dtypes)} (named schemes: `python -m evalkit schemes`)")
+                raise SchemeError(
+                    f"{fmt.name} takes {fmt.scale_dtypes[0].value} scales only, not {self.scale_dtype.value}: "
+                    f"drop +scale_dtype={self.scale_dtype.value}"
+                )
+            raise SchemeError(
+                f"{fmt.name} does not take {self.scale_dtype.value} scales: use scale_dtype "
+                f"{' or '.join(d.value for d in fmt.scale_dtypes)} (named schemes: `python -m evalkit schemes`)"
+            )
         if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
-            raise SchemeError("tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
-                              "add +scale_dtype=e4m3 or write nvfp4")
+            raise SchemeError(
+                "tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
+                "add +scale_dtype=e4m3 or write nvfp4"
+            )
         if self.recipe not in fmt.recipes or (self.recipe is Recipe.SGLANG and self.scale_dtype is not ScaleDType.E8M0):
             takers = [f.name for f in FORMATS.values() if self.recipe in f.recipes]
             named = [n for n, d in NAMED_SCHEMES.items() if d.recipe is self.recipe]
-            raise SchemeError(f"recipe={self.recipe.value} goes with {' or '.join(takers)} values and e8m0 scales "
-                              f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
-                              f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}")
+            raise SchemeError(
+                f"recipe={self.recipe.value} goes with {' or '.join(takers)} values and e8m0 scales "
+                f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
+                f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}"
+            )
         if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
             return
         needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
-        per_group = (f"{fmt.name} values need one scale per group of values along head_dim" if fmt.group_scaled
-                     else f"{self.scale_dtype.value} scales exist per group of values along head_dim")
+        per_group = (
+            f"{fmt.name} values need one scale per group of values along head_dim"
+            if fmt.group_scaled
+            else f"{self.scale_dtype.value} scales exist per group of values along head_dim"
+        )
         example = f"{fmt.name}/group{NVFP4_BLOCK if fmt.group_scaled else MX_BLOCK}/dynamic"
         if self.scale_dtype is not ScaleDType.FP32:
             example += f"+scale_dtype={self.scale_dtype.value}"
         if self.scales is not ScaleSource.DYNAMIC:
-            raise SchemeError(f"{needs} per-group scales computed from the values, not {self.scales.value} scales: "
-                              f"use dynamic, e.g. {example}")
+            raise SchemeError(
+                f"{needs} per-group scales computed from the values, not {self.scales.value} scales: "
+                f"use dynamic, e.g. {example}"
+            )
         if self.granularity.kind is not GranularityKind.GROUP:
-            raise SchemeError(f"{per_group}, not per {self.granularity}: "
-                              f"use group<N>, e.g. {example}")
+            raise SchemeError(f"{per_group}, not per {self.granularity}: use group<N>, e.g. {example}")
 
     # -- derived --------------------------------------------------------------------------------
     @property
     def kv_format(self) -> KVFormat:
         """The element format with this scheme's scale encoding bound to it (what the quantizer reads)."""
-        return get_format(self.format).with_scales(self.scale_dtype, self.tensor_scale, self.recipe).with_rounding(
-            self.rounding)
+        return (
+            get_format(self.format)
+            .with_scales(self.scale_dtype, self.tensor_scale, self.recipe)
+            .with_rounding(self.rounding)
+        )
 
     @property
     def name(self) -> str | None:
@@ -234,8 +279,16 @@ class Scheme:
         return next((name for name, named in NAMED_SCHEMES.items() if named.core() == core), None)
 
     def _core(self) -> tuple:
-        return (self.format, self.granularity, self.scales, self.static_path, self.scale_dtype, self.tensor_scale,
-                self.recipe, self.rounding)
+        return (
+            self.format,
+            self.granularity,
+            self.scales,
+            self.static_path,
+            self.scale_dtype,
+            self.tensor_scale,
+            self.recipe,
+            self.rounding,
+        )
 
     @property
     def is_identity(self) -> bool:
@@ -292,13 +345,28 @@ class NamedScheme:
     rounding: Rounding = Rounding.RNE
 
     def core(self) -> tuple:
-        return (self.format, Granularity(GranularityKind.GROUP, self.group), ScaleSource.DYNAMIC, None, self.scale_dtype,
-                self.tensor_scale, self.recipe, self.rounding)
+        return (
+            self.format,
+            Granularity(GranularityKind.GROUP, self.group),
+            ScaleSource.DYNAMIC,
+            None,
+            self.scale_dtype,
+            self.tensor_scale,
+            self.recipe,
+            self.rounding,
+        )
 
     def scheme(self, **options) -> Scheme:
-        return Scheme(format=self.format, granularity=Granularity(GranularityKind.GROUP, self.group),
-                      scales=ScaleSource.DYNAMIC, scale_dtype=self.scale_dtype, tensor_scale=self.tensor_scale,
-                      recipe=self.recipe, rounding=self.rounding, **options)
+        return Scheme(
+            format=self.format,
+            granularity=Granularity(GranularityKind.GROUP, self.group),
+            scales=ScaleSource.DYNAMIC,
+            scale_dtype=self.scale_dtype,
+            tensor_scale=self.tensor_scale,
+            recipe=self.recipe,
+            rounding=self.rounding,
+            **options,
+        )
 
     def long_form(self) -> str:
         text = f"{self.format}/group{self.group}/dynamic+scale_dtype={self.scale_dtype.value}"
@@ -308,22 +376,43 @@ class NamedScheme:
 
 
 NAMED_SCHEMES: dict[str, NamedScheme] = {
-    "nvfp4": NamedScheme("fp4_e2m1", NVFP4_BLOCK, ScaleDType.E4M3, tensor_scale=True, description=(
-        "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 values along head_dim, one FP32 scale per tensor "
-        "(from each sequence's first write, then frozen)")),
-    "mxfp4": NamedScheme("fp4_e2m1", MX_BLOCK, ScaleDType.E8M0, description=(
-        "OCP MX v1.0 MXFP4: E2M1, one E8M0 (power-of-two) scale per 32 values")),
-    "mxfp8_e4m3": NamedScheme("fp8_e4m3", MX_BLOCK, ScaleDType.E8M0, description=(
-        "OCP MX v1.0 MXFP8: FP8 E4M3, one E8M0 scale per 32 values")),
-    "sglang_fp4": NamedScheme("fp4_e2m1", SGLANG_FP4_BLOCK, ScaleDType(SGLANG_FP4_SCALE_DTYPE), recipe=Recipe.SGLANG,
-                              rounding=Rounding.RNA,
-                              description=("SGLang --kv-cache-dtype fp4_e2m1: E2M1, one E8M0 scale per 16 values, "
-                                           "exponent ceil(log2(amax/6)), elements rounded half away from zero")),
+    "nvfp4": NamedScheme(
+        "fp4_e2m1",
+        NVFP4_BLOCK,
+        ScaleDType.E4M3,
+        tensor_scale=True,
+        description=(
+            "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 values along head_dim, one FP32 scale per tensor "
+            "(from each sequence's first write, then frozen)"
+        ),
+    ),
+    "mxfp4": NamedScheme(
+        "fp4_e2m1",
+        MX_BLOCK,
+        ScaleDType.E8M0,
+        description=("OCP MX v1.0 MXFP4: E2M1, one E8M0 (power-of-two) scale per 32 values"),
+    ),
+    "mxfp8_e4m3": NamedScheme(
+        "fp8_e4m3", MX_BLOCK, ScaleDType.E8M0, description=("OCP MX v1.0 MXFP8: FP8 E4M3, one E8M0 scale per 32 values")
+    ),
+    "sglang_fp4": NamedScheme(
+        "fp4_e2m1",
+        SGLANG_FP4_BLOCK,
+        ScaleDType(SGLANG_FP4_SCALE_DTYPE),
+        recipe=Recipe.SGLANG,
+        rounding=Rounding.RNA,
+        description=(
+            "SGLang --kv-cache-dtype fp4_e2m1: E2M1, one E8M0 scale per 16 values, "
+            "exponent ceil(log2(amax/6)), elements rounded half away from zero"
+        ),
+    ),
 }
 
 _OPTION_KEYS = ("scale_dtype", "tensor_scale", "recipe", "scales", "rounding", "skip", "attn", "rope")
-_ROUNDING_CHOICES = ("rne (to nearest, ties to even; the default), rtz (toward zero) or rna (to nearest, ties away "
-                     "from zero), each saturating at the format's max")
+_ROUNDING_CHOICES = (
+    "rne (to nearest, ties to even; the default), rtz (toward zero) or rna (to nearest, ties away "
+    "from zero), each saturating at the format's max"
+)
 _NAMED_OPTION_KEYS = ("skip", "attn", "rope")
 
 
@@ -332,10 +421,14 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
     for opt in options:
         key, sep, value = opt.partition("=")
         if key in _OPTION_KEYS and key not in allowed and sep and value:
-            raise SchemeError(f"{text.split('+')[0]} fixes its format and scales (and rounding), so +{key}= does not apply: "
-                              f"write the long form (see `python -m evalkit schemes`) to change them")
+            raise SchemeError(
+                f"{text.split('+')[0]} fixes its format and scales (and rounding), so +{key}= does not apply: "
+                f"write the long form (see `python -m evalkit schemes`) to change them"
+            )
         if not sep or key not in allowed or not value:
-            raise SchemeError(f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in allowed)}")
+            raise SchemeError(
+                f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in allowed)}"
+            )
         if key == "scales":
             kwargs["static_path"] = value
         elif key == "skip":
@@ -359,7 +452,9 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
             try:
                 kwargs["scale_dtype"] = ScaleDType(value)
             except ValueError:
-                raise SchemeError(f"scale_dtype={value!r}: use one of {', '.join(d.value for d in ScaleDType)}") from None
+                raise SchemeError(
+                    f"scale_dtype={value!r}: use one of {', '.join(d.value for d in ScaleDType)}"
+                ) from None
         elif key == "tensor_scale":
             if value not in ("fp32", "none"):
                 raise SchemeError(f"tensor_scale={value!r}: use tensor_scale=fp32 (NVFP4's per-tensor FP32 scale)")
@@ -392,8 +487,10 @@ def parse_scheme(text: str) -> Scheme:
         return NAMED_SCHEMES[head].scheme(**_options(text, options, _NAMED_OPTION_KEYS))
     if len(parts) != 3:
         if len(parts) == 1 and head in FORMATS:
-            raise SchemeError(f"{head} needs a granularity and a scale source: write e.g. {head}/group16/dynamic "
-                              f"(or a named scheme: {', '.join(NAMED_SCHEMES)})")
+            raise SchemeError(
+                f"{head} needs a granularity and a scale source: write e.g. {head}/group16/dynamic "
+                f"(or a named scheme: {', '.join(NAMED_SCHEMES)})"
+            )
         raise SchemeError(
             f"malformed KV scheme {text!r}: write FORMAT/GRANULARITY/SCALES, e.g. fp8_e4m3/head/dynamic, "
             f"or a named scheme ({', '.join(NAMED_SCHEMES)}) (see `python -m evalkit schemes`)"
@@ -404,13 +501,17 @@ def parse_scheme(text: str) -> Scheme:
     try:
         source = ScaleSource(scales)
     except ValueError:
-        raise SchemeError(f"unknown scale source {scales!r}: use one of {', '.join(s.value for s in ScaleSource)}") from None
+        raise SchemeError(
+            f"unknown scale source {scales!r}: use one of {', '.join(s.value for s in ScaleSource)}"
+        ) from None
     return Scheme(format=fmt, granularity=granularity, scales=source, **_options(text, options, _OPTION_KEYS))
 
 
 _SCHEME_START = re.compile(
-    r",(?=\s*(?:" + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
-    + r")(?:[/+,\s]|$))")
+    r",(?=\s*(?:"
+    + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
+    + r")(?:[/+,\s]|$))"
+)
 
 
 def parse_schemes(text: str | list[str]) -> list[Scheme]:

@@ -61,7 +61,9 @@ def _from_config(facts: ModelFacts, config: dict) -> None:
     heads = text.get("num_attention_heads") or text.get("n_head") or layout.num_kv_heads
     facts.layers = layout.num_layers
     facts.attn_width = int(heads) * layout.head_dim
-    facts.kv_width = layout.num_kv_heads * layout.head_dim if not layout.is_mla else layout.mla_latent_dim + layout.mla_rope_dim
+    facts.kv_width = (
+        layout.num_kv_heads * layout.head_dim if not layout.is_mla else layout.mla_latent_dim + layout.mla_rope_dim
+    )
     facts.vocab = text.get("vocab_size")
     facts.max_length = layout.max_positions
     facts.model_type = layout.model_type
@@ -147,5 +149,7 @@ def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFac
         _from_config(facts, p["config"])
         facts.download_bytes = int(p["params"] * DTYPE_BYTES[p["weights_dtype"]])
         return facts
-    facts.notes.append(f"model {name!r}: no local files and no evalkit preset: its size is unknown, so its runs are not timed")
+    facts.notes.append(
+        f"model {name!r}: no local files and no evalkit preset: its size is unknown, so its runs are not timed"
+    )
     return facts

@@ -58,7 +58,12 @@ def kv_layout(config) -> KVLayout:
     layer_types = list(getattr(cfg, "layer_types", None) or [])
     sliding = tuple(i for i, t in enumerate(layer_types) if t in ("sliding_attention", "chunked_attention"))
     window = getattr(cfg, "sliding_window", None) if sliding else None
-    if not layer_types and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) and model_type in ("mistral",):
+    if (
+        not layer_types
+        and getattr(cfg, "sliding_window", None)
+        and getattr(cfg, "use_sliding_window", True)
+        and model_type in ("mistral",)
+    ):
         sliding, window = tuple(range(n_layers)), cfg.sliding_window
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     latent = getattr(cfg, "kv_lora_rank", 0) or 0 if model_type in MLA_MODEL_TYPES else 0
@@ -66,8 +71,12 @@ def kv_layout(config) -> KVLayout:
     v_head_dim = getattr(cfg, "v_head_dim", None) or head_dim
     attention_layers = None
     if layer_types and any(t not in ("full_attention", "sliding_attention", "chunked_attention") for t in layer_types):
-        attention_layers = tuple(i for i, t in enumerate(layer_types) if t in ("full_attention", "sliding_attention", "chunked_attention"))
-    return KVLayout(model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers)
+        attention_layers = tuple(
+            i for i, t in enumerate(layer_types) if t in ("full_attention", "sliding_attention", "chunked_attention")
+        )
+    return KVLayout(
+        model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers
+    )
 
 
 def _first(cfg, *names):
@@ -75,7 +84,9 @@ def _first(cfg, *names):
         value = getattr(cfg, name, None)
         if value is not None:
             return value
-    raise UnsupportedModelError(f"config of model type {getattr(cfg, 'model_type', '?')!r} has none of {names}: evalkit cannot size its KV cache")
+    raise UnsupportedModelError(
+        f"config of model type {getattr(cfg, 'model_type', '?')!r} has none of {names}: evalkit cannot size its KV cache"
+    )
 
 
 def check_supported(model) -> None:
@@ -91,8 +102,18 @@ def check_supported(model) -> None:
 def config_hash(config) -> str:
     """A stable hash of the parts of a config that decide the KV cache shape and the weights' meaning."""
     cfg = text_config(config).to_dict()
-    for volatile in ("_name_or_path", "transformers_version", "_attn_implementation", "_attn_implementation_autoset",
-                     "torch_dtype", "dtype", "use_cache", "quantization_config", "architectures", "_commit_hash"):
+    for volatile in (
+        "_name_or_path",
+        "transformers_version",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "torch_dtype",
+        "dtype",
+        "use_cache",
+        "quantization_config",
+        "architectures",
+        "_commit_hash",
+    ):
         cfg.pop(volatile, None)
     blob = json.dumps(cfg, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

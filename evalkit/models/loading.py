@@ -130,8 +130,14 @@ def resolve_dtype(dtype: str | torch.dtype | None, device) -> torch.dtype:
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise EvalkitError(f"unknown dtype {dtype!r}: use one of {', '.join(table)}")
     return table[dtype]
@@ -146,10 +152,14 @@ def local_folder(name: str) -> Path:
     """The model folder a path-like --model names; EvalkitError when there is none."""
     folder = Path(name).expanduser()
     if not folder.exists():
-        raise EvalkitError(f"no such folder: {name} (a --model starting with '.', '/' or '~' is a local model folder; "
-                           "a Hugging Face id is written ORG/NAME)")
+        raise EvalkitError(
+            f"no such folder: {name} (a --model starting with '.', '/' or '~' is a local model folder; "
+            "a Hugging Face id is written ORG/NAME)"
+        )
     if not folder.is_dir():
-        raise EvalkitError(f"{name} is a file, not a model folder: pass the folder that holds config.json and the weights")
+        raise EvalkitError(
+            f"{name} is a file, not a model folder: pass the folder that holds config.json and the weights"
+        )
     return folder
 
 
@@ -166,13 +176,17 @@ def hub_cache_only(repo_id: str) -> bool:
     try:
         cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except ValueError:  # huggingface_hub's HFValidationError: not ORG/NAME
-        raise EvalkitError(f"model {repo_id!r} is neither a local folder nor a Hugging Face id (ORG/NAME): "
-                           "check the spelling, or start a folder path with ./") from None
+        raise EvalkitError(
+            f"model {repo_id!r} is neither a local folder nor a Hugging Face id (ORG/NAME): "
+            "check the spelling, or start a folder path with ./"
+        ) from None
     if hub_reachable(HUB_PROBE_TIMEOUT):
         return False
     if not cached:
-        raise EvalkitError(f"model {repo_id!r} is not in the local Hugging Face cache and the hub is unreachable "
-                           "(offline or HF_HUB_OFFLINE=1): download it once with the network, or pass a local folder")
+        raise EvalkitError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and the hub is unreachable "
+            "(offline or HF_HUB_OFFLINE=1): download it once with the network, or pass a local folder"
+        )
     return True
 
 
@@ -187,15 +201,23 @@ def model_source(name: str) -> tuple[str, bool]:
     return name, hub_cache_only(name)
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", device_map=None,
-               trust_remote_code: bool = False, attn_implementation: str = "sdpa") -> LoadedModel:
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    dtype=None,
+    device: str = "cpu",
+    device_map=None,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
     """Load a causal LM by Hugging Face id, local folder, or embedded name; eval mode, no grad needed."""
     path, local_only = model_source(name)
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import torch
-
-    placed_on = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")  # where the weights go
+    placed_on = (
+        device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
+    )  # where the weights go
     torch_dtype = resolve_dtype(dtype, placed_on)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     if device_map is not None:
@@ -204,17 +226,25 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", de
         kwargs["local_files_only"] = True
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
     except OSError as exc:
         where = "folder" if Path(path).exists() else "Hugging Face id"
-        raise EvalkitError(f"could not load model {name!r} as a {where}: {str(exc).splitlines()[0]} "
-                           "(check the name, or the network / HF_HUB_OFFLINE for hub ids)") from None
+        raise EvalkitError(
+            f"could not load model {name!r} as a {where}: {str(exc).splitlines()[0]} "
+            "(check the name, or the network / HF_HUB_OFFLINE for hub ids)"
+        ) from None
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
-            raise EvalkitError(f"model {name!r} needs its own code from the hub: pass --trust-remote-code if you trust it") from None
+            raise EvalkitError(
+                f"model {name!r} needs its own code from the hub: pass --trust-remote-code if you trust it"
+            ) from None
         if "does not recognize this architecture" in str(exc):
-            raise EvalkitError(f"transformers does not know the architecture of {name!r}: upgrade transformers, "
-                               "or pass --trust-remote-code if the model ships its own code and you trust it") from None
+            raise EvalkitError(
+                f"transformers does not know the architecture of {name!r}: upgrade transformers, "
+                "or pass --trust-remote-code if the model ships its own code and you trust it"
+            ) from None
         raise
     if device_map is None:
         model.to(device)
@@ -222,5 +252,6 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype=None, device: str = "cpu", de
     check_supported(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model, tokenizer, embedded_name(name) or name, path, config_hash(model.config),
-                       kv_layout(model.config))
+    return LoadedModel(
+        model, tokenizer, embedded_name(name) or name, path, config_hash(model.config), kv_layout(model.config)
+    )

@@ -21,50 +21,101 @@ from evalkit.errors import EvalkitError
 PRESETS: dict[str, dict] = {
     "llama-3.1-8b": {
         "hub_id": "meta-llama/Llama-3.1-8B",
-        "config": {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                   "hidden_size": 4096, "max_position_embeddings": 131072},
-        "params": 8.03e9, "weights_dtype": "bf16",
+        "config": {
+            "model_type": "llama",
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "hidden_size": 4096,
+            "max_position_embeddings": 131072,
+        },
+        "params": 8.03e9,
+        "weights_dtype": "bf16",
         "source": "config.json of meta-llama/Llama-3.1-8B (copy in github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md; "
-                  "oumi configs/recipes/llama3_1/README.md)",
+        "oumi configs/recipes/llama3_1/README.md)",
     },
     "llama-3.1-70b": {
         "hub_id": "meta-llama/Llama-3.1-70B",
-        "config": {"model_type": "llama", "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-                   "hidden_size": 8192, "max_position_embeddings": 131072},
-        "params": 70.6e9, "weights_dtype": "bf16",
+        "config": {
+            "model_type": "llama",
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "hidden_size": 8192,
+            "max_position_embeddings": 131072,
+        },
+        "params": 70.6e9,
+        "weights_dtype": "bf16",
         "source": "oumi configs/recipes/llama3_1/README.md (Llama 3.1 70B: 80 layers, 64 heads, 8 KV heads, hidden 8192)",
     },
     "qwen3-32b": {
         "hub_id": "Qwen/Qwen3-32B",
-        "config": {"model_type": "qwen3", "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
-                   "head_dim": 128, "hidden_size": 5120, "max_position_embeddings": 40960},
-        "params": 32.8e9, "weights_dtype": "bf16",
+        "config": {
+            "model_type": "qwen3",
+            "num_hidden_layers": 64,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "hidden_size": 5120,
+            "max_position_embeddings": 40960,
+        },
+        "params": 32.8e9,
+        "weights_dtype": "bf16",
         "source": "Ascend MindSpeed-RL configs/model/qwen3_32b.yaml (64 layers, 64 heads, 8 query groups, kv_channels 128, hidden 5120)",
     },
     "deepseek-v3": {
         "hub_id": "deepseek-ai/DeepSeek-V3",
-        "config": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-                   "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                   "v_head_dim": 128, "max_position_embeddings": 163840},
-        "params": 671e9, "weights_dtype": "fp8",
+        "config": {
+            "model_type": "deepseek_v3",
+            "num_hidden_layers": 61,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "hidden_size": 7168,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "max_position_embeddings": 163840,
+        },
+        "params": 671e9,
+        "weights_dtype": "fp8",
         "source": "config.json of deepseek-ai/DeepSeek-V3 (copy in gitcode cann-recipes-train llm_rl/deepseek/verl_patches/config.json; "
-                  "vLLM DeepseekV3Config defaults)",
+        "vLLM DeepseekV3Config defaults)",
     },
     "kimi-k2": {
         "hub_id": "moonshotai/Kimi-K2-Instruct",
-        "config": {"model_type": "kimi_k2", "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
-                   "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                   "v_head_dim": 128, "max_position_embeddings": 131072},
-        "params": 1.04e12, "weights_dtype": "fp8",
+        "config": {
+            "model_type": "kimi_k2",
+            "num_hidden_layers": 61,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "hidden_size": 7168,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "max_position_embeddings": 131072,
+        },
+        "params": 1.04e12,
+        "weights_dtype": "fp8",
         "source": "config of moonshotai/Kimi-K2-Instruct (DeepseekV3 architecture): NVIDIA Megatron-Bridge KimiK2Provider "
-                  "(61 layers, 64 heads, hidden 7168) and Megatron launch args --kv-lora-rank 512 --qk-pos-emb-head-dim 64",
+        "(61 layers, 64 heads, hidden 7168) and Megatron launch args --kv-lora-rank 512 --qk-pos-emb-head-dim 64",
     },
 }
 
 # Bytes per weight of the dtypes checkpoints ship in (the preset's ``weights_dtype``, a config's
 # ``torch_dtype``, ``--weights-dtype``): the one table for weight footprints and download sizes.
-DTYPE_BYTES = {"float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0,
-               "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "fp32": 4.0,
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
 
 
 def _norm(name: str) -> str:

@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass
 
 from evalkit.errors import EvalkitError
-from evalkit.kv.memory import bytes_per_token, model_cache_bytes
-from evalkit.models.info import KVLayout
 from evalkit.kv.formats import ScaleDType
+from evalkit.kv.memory import bytes_per_token, model_cache_bytes
 from evalkit.kv.scheme import Scheme
+from evalkit.models.info import KVLayout
 from evalkit.units import format_bytes, parse_number
 
 _COUNT_UNITS = {"": 1, "k": 2**10, "m": 2**20}
@@ -74,21 +74,32 @@ def plan(layout: KVLayout, schemes: list[Scheme], budget: int, context: int) -> 
         per_token = bytes_per_token(layout, scheme)
         seq_bytes = model_cache_bytes(layout, scheme, context)
         tokens = math.floor(budget / per_token)
-        out.append(Capacity(str(scheme), float(per_token), seq_bytes, budget, tokens, budget // seq_bytes, float(base / per_token)))
+        out.append(
+            Capacity(
+                str(scheme), float(per_token), seq_bytes, budget, tokens, budget // seq_bytes, float(base / per_token)
+            )
+        )
     return out
 
 
 def format_plan(rows: list[Capacity], context: int) -> str:
     import pandas as pd
 
-    table = pd.DataFrame([{
-        "scheme": r.scheme,
-        "bytes/token": f"{r.bytes_per_token:,.0f}" if r.bytes_per_token == int(r.bytes_per_token) else f"{r.bytes_per_token:,.2f}",
-        f"MiB/seq @{context}": f"{r.sequence_bytes / 2**20:,.1f}",
-        "KV tokens": f"{r.tokens:,}",
-        f"seqs @{context}": f"{r.sequences:,}",
-        "x BF16": f"{r.multiplier:.2f}",
-    } for r in rows])
+    table = pd.DataFrame(
+        [
+            {
+                "scheme": r.scheme,
+                "bytes/token": f"{r.bytes_per_token:,.0f}"
+                if r.bytes_per_token == int(r.bytes_per_token)
+                else f"{r.bytes_per_token:,.2f}",
+                f"MiB/seq @{context}": f"{r.sequence_bytes / 2**20:,.1f}",
+                "KV tokens": f"{r.tokens:,}",
+                f"seqs @{context}": f"{r.sequences:,}",
+                "x BF16": f"{r.multiplier:.2f}",
+            }
+            for r in rows
+        ]
+    )
     return table.to_markdown(index=False, disable_numparse=True)
 
 
@@ -98,24 +109,34 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
     notes = []
     names = {s.name for s in schemes}
     if layout.is_mla:
-        notes.append("MLA: engines keep the 64-value RoPE key in BF16 (DeepSeek's fp8_ds_mla: 512 E4M3 latent values + "
-                     "4 FP32 scales + 64 BF16 RoPE values = 656 B per layer, the fp8_e4m3/group128/dynamic+rope=bf16 row); "
-                     "rows without +rope=bf16 quantize the RoPE key too, which the engines' standard layouts do not.")
+        notes.append(
+            "MLA: engines keep the 64-value RoPE key in BF16 (DeepSeek's fp8_ds_mla: 512 E4M3 latent values + "
+            "4 FP32 scales + 64 BF16 RoPE values = 656 B per layer, the fp8_e4m3/group128/dynamic+rope=bf16 row); "
+            "rows without +rope=bf16 quantize the RoPE key too, which the engines' standard layouts do not."
+        )
         if any(s.kv_format.group_scaled for s in schemes):
-            notes.append("MLA with FP4: no mainstream engine ships an FP4 MLA cache in the sources read; the FP4 rows "
-                         "quantize the 512-value latent in groups along it (and the RoPE key unless +rope=bf16).")
+            notes.append(
+                "MLA with FP4: no mainstream engine ships an FP4 MLA cache in the sources read; the FP4 rows "
+                "quantize the 512-value latent in groups along it (and the RoPE key unless +rope=bf16)."
+            )
     if "nvfp4" in names:
-        notes.append("nvfp4: 0.5 B per value + one E4M3 byte per 16 values; the FP32 per-tensor scale is counted once "
-                     "per sequence for each cached tensor of each layer (K and V; MLA: latent and RoPE key), where engines "
-                     "keep one k_scale/v_scale per layer; either way it adds "
-                     "nothing per token. vLLM packs each page as [K data | K scales | V data | V scales]; TensorRT-LLM "
-                     "keeps the block scales in a separate pool: same bytes, modulo page alignment.")
+        notes.append(
+            "nvfp4: 0.5 B per value + one E4M3 byte per 16 values; the FP32 per-tensor scale is counted once "
+            "per sequence for each cached tensor of each layer (K and V; MLA: latent and RoPE key), where engines "
+            "keep one k_scale/v_scale per layer; either way it adds "
+            "nothing per token. vLLM packs each page as [K data | K scales | V data | V scales]; TensorRT-LLM "
+            "keeps the block scales in a separate pool: same bytes, modulo page alignment."
+        )
     if "sglang_fp4" in names:
-        notes.append("sglang_fp4: SGLang's MHATokenToKVPoolFP4 holds uint8 [slots, heads, head_dim/2] codes plus uint8 "
-                     "[slots, heads*head_dim/16] E8M0 scales: 4.5 bits per value, as counted here.")
+        notes.append(
+            "sglang_fp4: SGLang's MHATokenToKVPoolFP4 holds uint8 [slots, heads, head_dim/2] codes plus uint8 "
+            "[slots, heads*head_dim/16] E8M0 scales: 4.5 bits per value, as counted here."
+        )
     if names & {"mxfp4", "mxfp8_e4m3"}:
-        notes.append("mxfp4 / mxfp8_e4m3: the OCP MX v1.0 layout, blocks of 32 values with one E8M0 byte each "
-                     "(0.25 bit per value); SGLang's fp4_e2m1 KV uses E8M0 blocks of 16 instead (sglang_fp4).")
+        notes.append(
+            "mxfp4 / mxfp8_e4m3: the OCP MX v1.0 layout, blocks of 32 values with one E8M0 byte each "
+            "(0.25 bit per value); SGLang's fp4_e2m1 KV uses E8M0 blocks of 16 instead (sglang_fp4)."
+        )
     if any(s.scale_dtype is ScaleDType.FP32 and s.granularity.size and s.kv_format.group_scaled for s in schemes):
         notes.append("fp4_e2m1 with fp32 scales is a reference point (ideal scales), not an engine layout.")
     return notes

@@ -76,12 +76,15 @@ def check_scheme(scheme: Scheme | str) -> Scheme:
     if scheme.is_identity:
         raise EvalkitError("sensitivity needs a quantized scheme, not bf16: e.g. --scheme fp8_e4m3/tensor/dynamic")
     if scheme.skip_layers:
-        raise EvalkitError(f"scheme {scheme} already skips layers: give it without +skip=, sensitivity chooses the layers")
+        raise EvalkitError(
+            f"scheme {scheme} already skips layers: give it without +skip=, sensitivity chooses the layers"
+        )
     return scheme
 
 
-def layer_table(lm, scheme: Scheme | str, measure: Measure, layers: list[int] | None = None,
-                progress: bool = False) -> tuple[pd.DataFrame, dict]:
+def layer_table(
+    lm, scheme: Scheme | str, measure: Measure, layers: list[int] | None = None, progress: bool = False
+) -> tuple[pd.DataFrame, dict]:
     """One row per layer with one-layer and all-but-one metrics; also returns the all-layers metrics."""
     scheme = check_scheme(scheme)
     every = list(attention_layers(lm.layout))
@@ -141,20 +144,32 @@ class Recommendation:
         status = "reaches" if self.reached else "does NOT reach"
         kl = self.metrics.get(KL, (float("nan"),))[0]
         rel = self.metrics.get(PPL_REL, (float("nan"),))[0]
-        return (f"{head}\n  {status} {met} (KL {kl:.4g} nats/token, perplexity change {rel:+.3%})\n"
-                f"  KV cache for one {self.context}-token sequence: {self.bytes_recommended / gib:.4f} GiB "
-                f"(all quantized {self.bytes_all_quantized / gib:.4f}, BF16 {self.bytes_bf16 / gib:.4f}; "
-                f"+{self.extra_bytes / 2**20:.2f} MiB for the kept layers)"
-                + "".join(f"\n  WARNING: {w}" for w in self.warnings))
+        return (
+            f"{head}\n  {status} {met} (KL {kl:.4g} nats/token, perplexity change {rel:+.3%})\n"
+            f"  KV cache for one {self.context}-token sequence: {self.bytes_recommended / gib:.4f} GiB "
+            f"(all quantized {self.bytes_all_quantized / gib:.4f}, BF16 {self.bytes_bf16 / gib:.4f}; "
+            f"+{self.extra_bytes / 2**20:.2f} MiB for the kept layers)"
+            + "".join(f"\n  WARNING: {w}" for w in self.warnings)
+        )
 
 
 def _meets(metrics: dict, target: dict) -> bool:
     return all(metric in metrics and metrics[metric][0] <= bound for metric, bound in target.items())
 
 
-def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, full: dict, *,
-              target_kl: float | None = None, target_ppl_rel: float | None = None, context: int = 8192,
-              max_keep: int | None = None, progress: bool = False) -> Recommendation:
+def recommend(
+    lm,
+    scheme: Scheme | str,
+    measure: Measure,
+    table: pd.DataFrame,
+    full: dict,
+    *,
+    target_kl: float | None = None,
+    target_ppl_rel: float | None = None,
+    context: int = 8192,
+    max_keep: int | None = None,
+    progress: bool = False,
+) -> Recommendation:
     """Keep the top-ranked layers in BF16, one more at a time, until the target is reached."""
     scheme = check_scheme(scheme)
     target = {}
@@ -163,7 +178,9 @@ def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, f
     if target_ppl_rel is not None:
         target[PPL_REL] = float(target_ppl_rel)
     if not target:
-        raise EvalkitError("give a target: --target-kl (mean KL, nats/token) or --target-ppl-rel (e.g. 0.001 for 0.1 %)")
+        raise EvalkitError(
+            "give a target: --target-kl (mean KL, nats/token) or --target-ppl-rel (e.g. 0.001 for 0.1 %)"
+        )
     if target.get(KL, 0.0) < 0:
         raise EvalkitError(f"--target-kl must be >= 0 (a mean KL in nats per token), got {target[KL]}")
     if context <= 0:
@@ -190,21 +207,38 @@ def recommend(lm, scheme: Scheme | str, measure: Measure, table: pd.DataFrame, f
         sizes.close()
     final = with_skip(scheme, keep) if len(keep) < len(every) else Scheme()
     return Recommendation(
-        keep=keep, scheme=str(final), reached=_meets(metrics, target), target=target, metrics=metrics, context=context,
-        bytes_all_quantized=model_cache_bytes(lm.layout, scheme, context), bytes_recommended=model_cache_bytes(lm.layout, final, context),
-        bytes_bf16=model_cache_bytes(lm.layout, Scheme(), context), steps=steps, warnings=sample_warnings(table, full, keep))
+        keep=keep,
+        scheme=str(final),
+        reached=_meets(metrics, target),
+        target=target,
+        metrics=metrics,
+        context=context,
+        bytes_all_quantized=model_cache_bytes(lm.layout, scheme, context),
+        bytes_recommended=model_cache_bytes(lm.layout, final, context),
+        bytes_bf16=model_cache_bytes(lm.layout, Scheme(), context),
+        steps=steps,
+        warnings=sample_warnings(table, full, keep),
+    )
 
 
 def estimate_line(n_layers: int, seconds: float, n_every: int) -> str:
     """What the layer sweep will take, from one timed evaluation (each costs about the same)."""
     n = 2 * n_layers
-    return (f"sensitivity: {n} more evaluations (one layer / all but one, {n_layers} layers) at about {seconds:.1f} s each "
-            f"(the all-layers one just took that): about {_duration(n * seconds)}; a recommendation adds up to "
-            f"{n_every} more ({_duration(n_every * seconds)})")
+    return (
+        f"sensitivity: {n} more evaluations (one layer / all but one, {n_layers} layers) at about {seconds:.1f} s each "
+        f"(the all-layers one just took that): about {_duration(n * seconds)}; a recommendation adds up to "
+        f"{n_every} more ({_duration(n_every * seconds)})"
+    )
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def sample_warnings(table: pd.DataFrame, full: dict, keep: tuple[int, ...]) -> list[str]:
@@ -216,11 +250,15 @@ def sample_warnings(table: pd.DataFrame, full: dict, keep: tuple[int, ...]) -> l
     out = []
     windows = full.get(N_WINDOWS, (None,))[0]
     tokens = full.get(N_TOKENS, (None,))[0]
-    sample = ", ".join(x for x in (f"{windows:.0f} windows" if windows else "", f"{tokens:.0f} tokens" if tokens else "") if x)
-    if windows and 2.0 / 2 ** windows > ALPHA:
-        out.append(f"the sample ({sample}) is too small for this choice: with {windows:.0f} windows no paired difference can "
-                   f"reach {ALPHA:.0%} (smallest signed-rank p-value 2/2^{windows:.0f} = {2.0 / 2 ** windows:.3g}); "
-                   "measure more windows (--perplexity-max-windows, a longer corpus) before relying on it")
+    sample = ", ".join(
+        x for x in (f"{windows:.0f} windows" if windows else "", f"{tokens:.0f} tokens" if tokens else "") if x
+    )
+    if windows and 2.0 / 2**windows > ALPHA:
+        out.append(
+            f"the sample ({sample}) is too small for this choice: with {windows:.0f} windows no paired difference can "
+            f"reach {ALPHA:.0%} (smallest signed-rank p-value 2/2^{windows:.0f} = {2.0 / 2**windows:.3g}); "
+            "measure more windows (--perplexity-max-windows, a longer corpus) before relying on it"
+        )
     lo, hi = f"{KL}_all_but_lo", f"{KL}_all_but_hi"
     if lo not in table or hi not in table or table[[lo, hi]].isna().any().any():
         return out
@@ -236,13 +274,20 @@ def sample_warnings(table: pd.DataFrame, full: dict, keep: tuple[int, ...]) -> l
     if noise or unresolved:
         parts = []
         if noise:
-            parts.append(f"{len(noise)} of the {len(kept)} kept layers save no more KL than the noise (their all-but-one "
-                         f"95 % interval contains the all-layers KL {all_kl:.3g}): {sorted(noise)}")
+            parts.append(
+                f"{len(noise)} of the {len(kept)} kept layers save no more KL than the noise (their all-but-one "
+                f"95 % interval contains the all-layers KL {all_kl:.3g}): {sorted(noise)}"
+            )
         if unresolved:
-            parts.append(f"{len(unresolved)} are not separated from layer {int(best.name)}, the best one left quantized "
-                         f"(overlapping intervals): {sorted(unresolved)}")
-        out.append(f"the sample ({sample or 'as measured'}) does not support this set: " + "; ".join(parts)
-                   + "; measure more tokens before keeping these layers")
+            parts.append(
+                f"{len(unresolved)} are not separated from layer {int(best.name)}, the best one left quantized "
+                f"(overlapping intervals): {sorted(unresolved)}"
+            )
+        out.append(
+            f"the sample ({sample or 'as measured'}) does not support this set: "
+            + "; ".join(parts)
+            + "; measure more tokens before keeping these layers"
+        )
     return out
 
 
@@ -255,8 +300,10 @@ def plot(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
 
     t = table.sort_values("layer")
     fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.3 * len(t) + 2), 6), sharex=True)
-    for ax, col, label in ((axes[0], f"{KL}_one", "KL, only this layer quantized"),
-                           (axes[1], "gain", "KL saved by keeping this layer in BF16")):
+    for ax, col, label in (
+        (axes[0], f"{KL}_one", "KL, only this layer quantized"),
+        (axes[1], "gain", "KL saved by keeping this layer in BF16"),
+    ):
         err = None
         lo, hi = f"{KL}_one_lo", f"{KL}_one_hi"
         if col == f"{KL}_one" and lo in t and t[lo].notna().all():
@@ -286,7 +333,14 @@ def metric_rows(table: pd.DataFrame) -> list[dict]:
                 key = f"{metric}_{tag}"
                 if key in r and pd.notna(r[key]):
                     lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
-                    rows.append({"metric": f"{metric}_{name}", "value": float(r[key]),
-                                 "ci_low": None if pd.isna(lo) else float(lo), "ci_high": None if pd.isna(hi) else float(hi),
-                                 "labels": {"layer": int(r["layer"])}, "info": {"rank": int(r["rank"])}})
+                    rows.append(
+                        {
+                            "metric": f"{metric}_{name}",
+                            "value": float(r[key]),
+                            "ci_low": None if pd.isna(lo) else float(lo),
+                            "ci_high": None if pd.isna(hi) else float(hi),
+                            "labels": {"layer": int(r["layer"])},
+                            "info": {"rank": int(r["rank"])},
+                        }
+                    )
     return rows

@@ -44,8 +44,13 @@ def _key(info: dict, engine: dict | None = None) -> tuple:
     p = info.get("platform") if isinstance(info.get("platform"), dict) else {}
     v = info.get("versions") if isinstance(info.get("versions"), dict) else {}
     e = engine or {}
-    return (tuple(p.get(k) for k in PLATFORM_KEYS), p.get("blas_batch_invariant"), str(info.get("device") or "cpu"),
-            tuple(v.get(k) for k in VERSION_KEYS), tuple(e.get(k) for k in ENGINE_KEYS) if e else None)
+    return (
+        tuple(p.get(k) for k in PLATFORM_KEYS),
+        p.get("blas_batch_invariant"),
+        str(info.get("device") or "cpu"),
+        tuple(v.get(k) for k in VERSION_KEYS),
+        tuple(e.get(k) for k in ENGINE_KEYS) if e else None,
+    )
 
 
 def _engines(results: Results) -> dict[str, dict]:
@@ -56,8 +61,10 @@ def _engines(results: Results) -> dict[str, dict]:
             continue
         backend = info.get("backend")  # evalkit.evals.backend stamps every row; "emulation" is evalkit's own
         if info.get("engine") or backend not in (None, "emulation"):
-            out[run_id] = {"engine_package": info.get("engine_package") or info.get("engine") or backend,
-                           **{k: info.get(k) for k in ENGINE_KEYS[1:]}}
+            out[run_id] = {
+                "engine_package": info.get("engine_package") or info.get("engine") or backend,
+                **{k: info.get(k) for k in ENGINE_KEYS[1:]},
+            }
     return out
 
 
@@ -78,8 +85,13 @@ def describe(key: tuple) -> str:
     (cpu, cpu_id, machine, capability, mkl, cbwr), invariant, device, (torch, transformers), engine = key
     where = f"CPU {cpu} [{cpu_id or machine}], {capability}"
     blas = (f"MKL, MKL_CBWR={cbwr or 'unset'}" if mkl else "BLAS without MKL") + (
-        ", batch-invariant products" if invariant else ", products NOT batch-invariant" if invariant is False else "")
-    text = f"{where}; {blas}" + ("" if device == "cpu" else f"; device {device}") + f"; torch {torch}, transformers {transformers}"
+        ", batch-invariant products" if invariant else ", products NOT batch-invariant" if invariant is False else ""
+    )
+    text = (
+        f"{where}; {blas}"
+        + ("" if device == "cpu" else f"; device {device}")
+        + f"; torch {torch}, transformers {transformers}"
+    )
     if engine:
         package, version, backend = engine
         text += f"; engine {package}" + (f" {version}" if version else "") + (f" ({backend})" if backend else "")
@@ -92,8 +104,10 @@ def platform_lines(results: Results) -> list[str]:
     if not counts:
         return ["Platform: not recorded (runs written by an evalkit that did not record one)"]
     many = len(counts) > 1
-    return [f"Platform: {describe(key)}" + (f" ({n} runs)" if many else "")
-            for key, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return [
+        f"Platform: {describe(key)}" + (f" ({n} runs)" if many else "")
+        for key, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    ]
 
 
 def _published_keys(store: Path) -> set[tuple]:
@@ -104,7 +118,11 @@ def _published_keys(store: Path) -> set[tuple]:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and rec.get("type") == "complete" and isinstance((rec.get("info") or {}).get("platform"), dict):
+            if (
+                isinstance(rec, dict)
+                and rec.get("type") == "complete"
+                and isinstance((rec.get("info") or {}).get("platform"), dict)
+            ):
                 keys.add(_key(rec["info"]))
     return keys
 
@@ -138,9 +156,11 @@ def published_warnings(results: Results, published: Path | None = None) -> list[
     for key in platforms(results):
         diff = _differences(key, pub)
         if diff:
-            out.append(f"WARNING: these numbers were computed on another platform than the published store "
-                       f"(published/{published.name}: {describe(pub)}): {'; '.join(diff)}. A quantized forward amplifies float "
-                       "rounding, so differences from the published rows are partly numerical noise")
+            out.append(
+                f"WARNING: these numbers were computed on another platform than the published store "
+                f"(published/{published.name}: {describe(pub)}): {'; '.join(diff)}. A quantized forward amplifies float "
+                "rounding, so differences from the published rows are partly numerical noise"
+            )
     return out
 
 

@@ -29,15 +29,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.lines  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from evalkit.kv.scheme import Scheme  # noqa: E402
 from evalkit.report.results import Results  # noqa: E402
 from evalkit.report.style import SchemeStyle, add_footnote, metric_label, metric_scale, wrap  # noqa: E402
-from evalkit.kv.scheme import Scheme  # noqa: E402
 
 
 def _slug(text: str) -> str:
@@ -88,8 +87,17 @@ def _band_note(drawn: bool, n_series: int, where: str) -> list[str]:
 
 def _legend_outside(fig, handles, labels, title: str, ncols: int = 1):
     """The figure's one legend, right of the panels (constrained layout makes room for it)."""
-    return fig.legend(handles, labels, loc="outside right center", fontsize=7, ncols=ncols, title=title,
-                      title_fontsize=6.5, frameon=False, alignment="left")
+    return fig.legend(
+        handles,
+        labels,
+        loc="outside right center",
+        fontsize=7,
+        ncols=ncols,
+        title=title,
+        title_fontsize=6.5,
+        frameon=False,
+        alignment="left",
+    )
 
 
 def frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -160,8 +168,16 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
         g = df[df["model"] == model]
         for _, r in g.iterrows():
             line = style.line(r["scheme"])
-            ax.scatter(r["saved"], r["loss"], color=line.color, marker=line.marker, zorder=3, s=30,
-                       edgecolors="0.2", linewidths=0.4)
+            ax.scatter(
+                r["saved"],
+                r["loss"],
+                color=line.color,
+                marker=line.marker,
+                zorder=3,
+                s=30,
+                edgecolors="0.2",
+                linewidths=0.4,
+            )
         front = frontier(g, "saved", "loss")
         ax.plot(front["saved"], front["loss"], color="0.25", lw=1.2, ls="--", zorder=2)
         lo, hi = g["saved"].min(), g["saved"].max()
@@ -180,8 +196,11 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
     handles = [matplotlib.lines.Line2D([], [], ls="", marker="o", color=style.family_color(f)) for f in families]
     handles.append(matplotlib.lines.Line2D([], [], color="0.25", lw=1.2, ls="--"))
     title = "colour: element format (one shade per scheme); " + style.legend_title(df["scheme"], lines=False)
-    legend = (handles, [*(style.family_label(f) for f in families), "Pareto frontier"],
-              dict(fontsize=8, title_fontsize=7, title=title))
+    legend = (
+        handles,
+        [*(style.family_label(f) for f in families), "Pareto frontier"],
+        dict(fontsize=8, title_fontsize=7, title=title),
+    )
     add_footnote(fig, notes, legend=legend)
     for ax, model in zip(axes[0], models):
         _label_column(fig, ax, df[df["model"] == model])
@@ -197,9 +216,18 @@ def _label_column(fig, ax, g: pd.DataFrame, fontsize: float = 7.5) -> None:
     gap = 1.25 * fontsize * fig.dpi / 72 / height_px
     ys = spread_labels([float(p[1]) for p in points], gap, 0.0, 1.0)
     for (px, py), y, label in zip(points, ys, g["label"]):
-        ax.annotate(label, xy=(px, py), xycoords="axes fraction", xytext=(1.04, y), textcoords="axes fraction",
-                    fontsize=fontsize, va="center", ha="left", annotation_clip=False,
-                    arrowprops=dict(arrowstyle="-", color="0.6", lw=0.6, shrinkA=0, shrinkB=3))
+        ax.annotate(
+            label,
+            xy=(px, py),
+            xycoords="axes fraction",
+            xytext=(1.04, y),
+            textcoords="axes fraction",
+            fontsize=fontsize,
+            va="center",
+            ha="left",
+            annotation_clip=False,
+            arrowprops=dict(arrowstyle="-", color="0.6", lw=0.6, shrinkA=0, shrinkB=3),
+        )
 
 
 def _declaring(results: Results, function: str) -> Results:
@@ -215,8 +243,9 @@ def _bucket_start(text: str) -> float:
     return float(m.group(1)) if m else math.nan
 
 
-def positions(results: Results, out_dir: str | Path, style: SchemeStyle | None = None,
-              bands: bool | None = None) -> list[Path]:
+def positions(
+    results: Results, out_dir: str | Path, style: SchemeStyle | None = None, bands: bool | None = None
+) -> list[Path]:
     """Δppl % and mean KL per token-position bucket, one line per quantized scheme, two panels per
     model. ``bands``: draw the 95 % intervals (default: only when at most :data:`MAX_BANDS` series)."""
     return _write(positions_figures(_declaring(results, "positions_figures"), style, bands), out_dir)
@@ -225,7 +254,9 @@ def positions(results: Results, out_dir: str | Path, style: SchemeStyle | None =
 def positions_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
     """name -> figure of :func:`positions`."""
     df = results.rows
-    df = df[df["labels"].map(lambda d: "bucket" in d) & df["metric"].isin(["ppl_delta_rel", "kl_mean"])]  # perplexity's rows
+    df = df[
+        df["labels"].map(lambda d: "bucket" in d) & df["metric"].isin(["ppl_delta_rel", "kl_mean"])
+    ]  # perplexity's rows
     df = df[df["scheme"] != str(Scheme())]
     if df.empty:
         return {}
@@ -264,7 +295,9 @@ def positions_figures(results: Results, style: SchemeStyle | None = None, bands:
     return figures
 
 
-def decode(results: Results, out_dir: str | Path, style: SchemeStyle | None = None, bands: bool | None = None) -> list[Path]:
+def decode(
+    results: Results, out_dir: str | Path, style: SchemeStyle | None = None, bands: bool | None = None
+) -> list[Path]:
     """Decode KL per position bucket, one line per quantized scheme (x: the bucket's middle position,
     y: mean KL on a log axis); one figure per model. ``bands``: the 95 % intervals (default: only when
     at most :data:`MAX_BANDS` series). Buckets whose KL is not above zero cannot sit on a log axis
@@ -317,20 +350,28 @@ def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dic
     from evalkit.evals.retrieval.plots import heatmap_grid, samples_text
 
     df = results.rows
-    df = df[(df["metric"] == "accuracy")  # retrieval's rows
-            & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))]
+    df = df[
+        (df["metric"] == "accuracy")  # retrieval's rows
+        & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))
+    ]
     if df.empty:
         return {}
     style = _style(results, style)
-    df = df.assign(task=df["labels"].map(lambda d: d["task"]), length=df["labels"].map(lambda d: int(d["length"])),
-                   depth=df["labels"].map(lambda d: float(d["depth"])),
-                   n=df["info"].map(lambda d: (d or {}).get("n", math.nan)))
+    df = df.assign(
+        task=df["labels"].map(lambda d: d["task"]),
+        length=df["labels"].map(lambda d: int(d["length"])),
+        depth=df["labels"].map(lambda d: float(d["depth"])),
+        n=df["info"].map(lambda d: (d or {}).get("n", math.nan)),
+    )
     figures = {}
     for (model, task), g in df.groupby(["model", "task"], sort=False):
         schemes = _ordered(style, g["scheme"])
         panels = {wrap(style.label(s, model), 26): g[g["scheme"] == s] for s in schemes}
-        fig = heatmap_grid(panels, f"{model}: {task} retrieval accuracy by needle depth and context length",
-                           subtitle=samples_text(g["n"]))
+        fig = heatmap_grid(
+            panels,
+            f"{model}: {task} retrieval accuracy by needle depth and context length",
+            subtitle=samples_text(g["n"]),
+        )
         add_footnote(fig, style.notes(schemes))
         figures[f"retrieval_{_slug(model)}_{_slug(task)}"] = fig
     return figures
@@ -388,8 +429,21 @@ def all_plots(results: Results, frame: pd.DataFrame, out_dir: str | Path, bands:
     return _write(figures(results, frame, bands), out_dir)
 
 
-PARETO_COLUMNS = ("model", "scheme", "bytes_per_token", "capacity_x", "ppl_delta_rel", "ppl_delta_rel_lo", "ppl_delta_rel_hi",
-                  "kl_mean", "kl_p50", "kl_p99", "kl_p999", "kl_max", "top1_agreement")
+PARETO_COLUMNS = (
+    "model",
+    "scheme",
+    "bytes_per_token",
+    "capacity_x",
+    "ppl_delta_rel",
+    "ppl_delta_rel_lo",
+    "ppl_delta_rel_hi",
+    "kl_mean",
+    "kl_p50",
+    "kl_p99",
+    "kl_p999",
+    "kl_max",
+    "top1_agreement",
+)
 
 
 def pareto_data(frame: pd.DataFrame) -> pd.DataFrame:

@@ -36,8 +36,10 @@ class Budget:
     max_flip_rate: float = 0.05
 
     def describe(self) -> str:
-        return (f"|Δppl| <= {100 * self.max_ppl_rel:g}%, top-1 >= {100 * self.min_top1:g}%, "
-                f"retrieval drop <= {100 * self.max_retrieval_drop:g} pts, lm-eval flips <= {100 * self.max_flip_rate:g}%")
+        return (
+            f"|Δppl| <= {100 * self.max_ppl_rel:g}%, top-1 >= {100 * self.min_top1:g}%, "
+            f"retrieval drop <= {100 * self.max_retrieval_drop:g} pts, lm-eval flips <= {100 * self.max_flip_rate:g}%"
+        )
 
 
 def _pct(v: float) -> str:
@@ -70,8 +72,11 @@ def _criteria(row: dict, budget: Budget) -> list[tuple[str, float | None, bool |
             gap = abs(v - limit) * 100
             shown = f"{100 * raw:+.{c.digits}f}" if c.signed else f"{100 * v:.{c.digits}f}"
             op, miss = ("≤", "over") if c.lower_is_better else ("≥", "short")
-            text_ = "" if holds else (f"fails {text} {op} {_pct(limit)}{c.unit}: {shown}{c.unit}, "
-                                      f"{miss} by {gap:.{c.digits}f} pts")
+            text_ = (
+                ""
+                if holds
+                else (f"fails {text} {op} {_pct(limit)}{c.unit}: {shown}{c.unit}, {miss} by {gap:.{c.digits}f} pts")
+            )
             out.append((name, v, holds, text_, c.required))
     return out
 
@@ -104,10 +109,16 @@ def recommend(frame: pd.DataFrame, budget: Budget = Budget()) -> dict[str, str]:
             if misses:
                 _, scheme, notes, row = min(misses, key=lambda m: (m[0], m[1]))
                 closest = f"; closest: {scheme} ({'; '.join(notes)})"
-            dtype = base["dtype"].iloc[0] if "dtype" in base and not base.empty and isinstance(base["dtype"].iloc[0], str) else ""
+            dtype = (
+                base["dtype"].iloc[0]
+                if "dtype" in base and not base.empty and isinstance(base["dtype"].iloc[0], str)
+                else ""
+            )
             keep = f"the unquantized baseline ({dtype} KV cache)" if dtype else "the unquantized baseline (bf16 scheme)"
-            out[model] = (f"{model}: keep {keep}: no quantized scheme in the store is within the budget "
-                          f"({budget.describe()}){closest}")
+            out[model] = (
+                f"{model}: keep {keep}: no quantized scheme in the store is within the budget "
+                f"({budget.describe()}){closest}"
+            )
             continue
         # fewest bytes per token; without a known layout, fewest bits per stored value
         bpt, scheme, row = min(cands, key=lambda c: (c[0], parse_scheme(c[1]).kv_format.bits, c[1]))
@@ -115,6 +126,8 @@ def recommend(frame: pd.DataFrame, budget: Budget = Budget()) -> dict[str, str]:
         if not base.empty and not pd.isna(base["bytes_per_token"].iloc[0]) and math.isfinite(bpt):
             saving = f", {base['bytes_per_token'].iloc[0] / bpt:.2f}x the KV capacity of bf16 ({bpt:,.0f} bytes/token)"
         top1 = f"{100 * row['top1_agreement']:.2f}%"
-        out[model] = (f"{model}: use {scheme}{saving}; Δppl {100 * row['ppl_delta_rel']:+.2f}%, top-1 {top1} "
-                      f"(budget: {budget.describe()})")
+        out[model] = (
+            f"{model}: use {scheme}{saving}; Δppl {100 * row['ppl_delta_rel']:+.2f}%, top-1 {top1} "
+            f"(budget: {budget.describe()})"
+        )
     return out

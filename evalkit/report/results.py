@@ -96,16 +96,24 @@ def load_store(folder: str | Path) -> Results:
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise EvalkitError(f"results folder {folder} does not exist: give a folder written by `python -m evalkit sweep`")
+        raise EvalkitError(
+            f"results folder {folder} does not exist: give a folder written by `python -m evalkit sweep`"
+        )
     path = folder / RESULTS_FILE
     if not path.is_file():
-        raise EvalkitError(f"{folder} is not an evalkit results store (no {RESULTS_FILE}): give a folder written by `python -m evalkit sweep`")
+        raise EvalkitError(
+            f"{folder} is not an evalkit results store (no {RESULTS_FILE}): give a folder written by `python -m evalkit sweep`"
+        )
     view = read_records(path)
     if not view.rows:
         if view.failed:
-            raise EvalkitError(f"{folder} has no completed runs ({len(view.failed)} failed): see the failures with `python -m evalkit sweep` and rerun")
+            raise EvalkitError(
+                f"{folder} has no completed runs ({len(view.failed)} failed): see the failures with `python -m evalkit sweep` and rerun"
+            )
         if view.torn_lines and not view.complete:
-            raise EvalkitError(f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?")
+            raise EvalkitError(
+                f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?"
+            )
         raise EvalkitError(f"{folder} has no completed runs yet: run `python -m evalkit sweep --out {folder}` first")
     complete, superseded = supersede(view.complete)
     rows = [r for r in view.rows if r["run_id"] in complete]
@@ -150,25 +158,35 @@ def provenance_notes(results: Results) -> list[str]:
     for code in results.codes.values():
         counts[code] = counts.get(code, 0) + 1
     if len(counts) > 1:
-        parts = ", ".join(f"{code[:15] if code != UNRECORDED else code}: {n} runs"
-                          for code, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-        notes.append(f"MIXED CODE: these runs were computed by {len(counts)} versions of evalkit's code ({parts}), so "
-                     f"rows may not be comparable; resume the sweep (`python -m evalkit sweep GRID --out {results.folder}`) "
-                     "with the current code to recompute the others")
+        parts = ", ".join(
+            f"{code[:15] if code != UNRECORDED else code}: {n} runs"
+            for code, n in sorted(counts.items(), key=lambda kv: -kv[1])
+        )
+        notes.append(
+            f"MIXED CODE: these runs were computed by {len(counts)} versions of evalkit's code ({parts}), so "
+            f"rows may not be comparable; resume the sweep (`python -m evalkit sweep GRID --out {results.folder}`) "
+            "with the current code to recompute the others"
+        )
     elif counts and UNRECORDED in counts:
-        notes.append("these runs carry no code identity (written by an evalkit that did not record one): resume the "
-                     f"sweep (`python -m evalkit sweep GRID --out {results.folder}`) to recompute them with a recorded one")
+        notes.append(
+            "these runs carry no code identity (written by an evalkit that did not record one): resume the "
+            f"sweep (`python -m evalkit sweep GRID --out {results.folder}`) to recompute them with a recorded one"
+        )
     platforms: dict[str, int] = {}
     for where in results.platforms.values():
         platforms[where] = platforms.get(where, 0) + 1
     if len(platforms) > 1:
         parts = "; ".join(f"{where}: {n} runs" for where, n in sorted(platforms.items(), key=lambda kv: -kv[1]))
-        notes.append(f"MIXED PLATFORM: these runs were computed on {len(platforms)} platforms ({parts}); a quantized "
-                     "forward amplifies the float rounding that differs between them, so differences between rows of "
-                     "different platforms are partly numerical noise")
+        notes.append(
+            f"MIXED PLATFORM: these runs were computed on {len(platforms)} platforms ({parts}); a quantized "
+            "forward amplifies the float rounding that differs between them, so differences between rows of "
+            "different platforms are partly numerical noise"
+        )
     if results.superseded:
-        notes.append(f"{len(results.superseded)} older runs of the same specs (other code or libraries) are superseded "
-                     "by newer ones and not shown")
+        notes.append(
+            f"{len(results.superseded)} older runs of the same specs (other code or libraries) are superseded "
+            "by newer ones and not shown"
+        )
     return notes
 
 
@@ -179,7 +197,9 @@ def add_rows_file(results: Results, path: str | Path) -> Results:
     if path.is_dir():
         path = path / "rows.jsonl"
     if not path.is_file():
-        raise EvalkitError(f"{path} does not exist: give the rows.jsonl (or its folder) written by `evalkit sensitivity --out DIR`")
+        raise EvalkitError(
+            f"{path} does not exist: give the rows.jsonl (or its folder) written by `evalkit sensitivity --out DIR`"
+        )
     recs = []
     with open(path) as fh:
         for n, line in enumerate(fh, 1):

@@ -29,12 +29,22 @@ from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme, parse_scheme
 FAMILY_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "PuRd", "Greys")
 FAMILY_ORDER = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "int8", "int4", "fp8_e4m3fnuz", "int8_asym", "int4_asym")
 LINESTYLES = {ScaleSource.DYNAMIC: "-", ScaleSource.UNIT: "--", ScaleSource.STATIC: ":"}
-MARKERS = {GranularityKind.TENSOR: "o", GranularityKind.HEAD: "s", GranularityKind.BLOCK: "D",
-           GranularityKind.TOKEN: "v", GranularityKind.GROUP: "^"}
+MARKERS = {
+    GranularityKind.TENSOR: "o",
+    GranularityKind.HEAD: "s",
+    GranularityKind.BLOCK: "D",
+    GranularityKind.TOKEN: "v",
+    GranularityKind.GROUP: "^",
+}
 BASELINE_COLOR = "black"
 LINE_NAMES = {ScaleSource.DYNAMIC: "— dynamic", ScaleSource.UNIT: "-- unit 1.0", ScaleSource.STATIC: "··· static"}
-MARKER_NAMES = {GranularityKind.TENSOR: "o tensor", GranularityKind.HEAD: "□ head", GranularityKind.BLOCK: "◇ block",
-                GranularityKind.TOKEN: "▽ token", GranularityKind.GROUP: "△ group"}
+MARKER_NAMES = {
+    GranularityKind.TENSOR: "o tensor",
+    GranularityKind.HEAD: "□ head",
+    GranularityKind.BLOCK: "◇ block",
+    GranularityKind.TOKEN: "▽ token",
+    GranularityKind.GROUP: "△ group",
+}
 SHADES = (0.42, 0.92)  # the part of each sequential map used: light enough to tell apart, dark enough to see
 
 # readable axis labels for the metrics the figures draw (others fall back to the metric name)
@@ -156,8 +166,11 @@ class SchemeStyle:
     def notes(self, schemes: Iterable[str] | None = None) -> list[str]:
         """The footnotes for the numbered labels among ``schemes`` (all the style's by default)."""
         used = {self.scheme(s).static_path for s in (self.schemes if schemes is None else schemes)}
-        return [f"[{n}] static scales from {path}" for path, n in sorted(self.files.items(), key=lambda kv: kv[1])
-                if path in used]
+        return [
+            f"[{n}] static scales from {path}"
+            for path, n in sorted(self.files.items(), key=lambda kv: kv[1])
+            if path in used
+        ]
 
     # -- colour and line --------------------------------------------------------------------------
     def color(self, text: str):
@@ -190,8 +203,12 @@ class SchemeStyle:
 
     def line(self, text: str, model: str | None = None) -> Line:
         scheme = self.scheme(text)
-        return Line(self.label(text, model), self.color(text), LINESTYLES[scheme.scales],
-                    MARKERS.get(scheme.granularity.kind, "o"))
+        return Line(
+            self.label(text, model),
+            self.color(text),
+            LINESTYLES[scheme.scales],
+            MARKERS.get(scheme.granularity.kind, "o"),
+        )
 
 
 def _order_key(text: str) -> tuple:
@@ -217,8 +234,15 @@ def add_footnote(fig, notes: list[str], fontsize: float = 7.0, width: int = 160,
         handles, labels, kw = legend
         title_lines = len(str(kw.get("title") or "").splitlines())
         legend_frac = (title_lines * kw.get("title_fontsize", 7) * 1.4 + kw.get("fontsize", 8) * 2.0 + 8) / 72 / height
-        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, note_frac), frameon=False,
-                   ncols=len(handles), **kw)
+        fig.legend(
+            handles,
+            labels,
+            loc="lower center",
+            bbox_to_anchor=(0.5, note_frac),
+            frameon=False,
+            ncols=len(handles),
+            **kw,
+        )
     frac = min(0.45, note_frac + legend_frac)
     engine = fig.get_layout_engine()
     if engine is not None:

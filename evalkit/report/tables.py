@@ -29,13 +29,18 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.kv.memory import bytes_per_token
+from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import evals as report_evals
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.report.style import SchemeStyle
-from evalkit.kv.scheme import Scheme, parse_scheme
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
-KL_QUANTILES = {"kl_p50": "KL p50", "kl_p99": "KL p99", "kl_p999": "KL p99.9", "kl_max": "KL max"}  # per-token KL (perplexity eval)
+KL_QUANTILES = {
+    "kl_p50": "KL p50",
+    "kl_p99": "KL p99",
+    "kl_p999": "KL p99.9",
+    "kl_max": "KL max",
+}  # per-token KL (perplexity eval)
 COLUMN_GROUPS = {"kl": tuple(KL_QUANTILES)}  # optional columns: `report --columns kl`; shown where the store has them
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
 DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
@@ -59,8 +64,10 @@ def summary_frame(results: Results) -> pd.DataFrame:
     for backend, part in df.groupby(df["info"].map(lambda i: (i or {}).get("backend", "emulation")), sort=False):
         report_evals.fill_frame(part, lambda m, s, b=backend: slot(m, s, b))  # each evaluation's declared columns
     if not rows:
-        raise EvalkitError(f"{results.folder} has completed runs but none of the metrics a report shows "
-                           f"({', '.join(report_evals.names())})")
+        raise EvalkitError(
+            f"{results.folder} has completed runs but none of the metrics a report shows "
+            f"({', '.join(report_evals.names())})"
+        )
     frame = pd.DataFrame(list(rows.values()))
     if set(frame["backend"]) == {"emulation"}:  # one backend, the emulation: no column for it
         frame = frame.drop(columns=["backend"])
@@ -73,12 +80,18 @@ def summary_frame(results: Results) -> pd.DataFrame:
     frame["capacity_x"] = frame["model"].map(base) / frame["bytes_per_token"]
     frame["_base"] = frame["scheme"] != str(Scheme())
     frame["_order"] = frame["model"].map({m: i for i, m in enumerate(results.models)})
-    frame = frame.sort_values(["_order", "_base", "bytes_per_token", "scheme"], ascending=[True, True, False, True],
-                              na_position="last", kind="stable")
+    frame = frame.sort_values(
+        ["_order", "_base", "bytes_per_token", "scheme"],
+        ascending=[True, True, False, True],
+        na_position="last",
+        kind="stable",
+    )
     frame = frame.drop(columns=["_base", "_order"]).reset_index(drop=True)
     frame["dtype"] = frame["model"].map(results.dtypes)
     codes = {run_id: code_of(rec) for run_id, rec in results.complete.items()}
-    runs = df.groupby(["model", "scheme"])["run_id"].agg(lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""})))
+    runs = df.groupby(["model", "scheme"])["run_id"].agg(
+        lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""}))
+    )
     frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
     frame.attrs["store_notes"] = provenance_notes(results)
     frame.attrs["store_schemes"] = sorted(set(df["scheme"]))  # the labels' numbering covers the whole store
@@ -126,8 +139,12 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
     for (_, r), label in zip(frame.iterrows(), labels):
         r = r.to_dict()
         base = r["scheme"] == str(Scheme())
-        d = {"model": r["model"], "scheme": label, "bytes/token": _bytes(r.get("bytes_per_token")),
-             "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x"}
+        d = {
+            "model": r["model"],
+            "scheme": label,
+            "bytes/token": _bytes(r.get("bytes_per_token")),
+            "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x",
+        }
         if "backend" in r:  # rows of an engine in the store: who computed each line
             d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
@@ -161,24 +178,43 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
     bases = frame[frame["scheme"] == str(Scheme())]
     dtypes = sorted({d for d in bases.get("dtype", pd.Series(dtype=object)).dropna() if d})
     if dtypes:
-        notes.append(f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
-                     "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it")
+        notes.append(
+            f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
+            "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it"
+        )
     notes += report_evals.notes(frame)  # each evaluation's own notes
     if any(str(c).endswith(" flips %") for c in table.columns):
-        notes.append("flips %: lm-eval items whose answer changed against the baseline's, in any direction: right to wrong, "
-                     "wrong to right, or one wrong answer to another (so it can exceed the first two together)")
+        notes.append(
+            "flips %: lm-eval items whose answer changed against the baseline's, in any direction: right to wrong, "
+            "wrong to right, or one wrong answer to another (so it can exceed the first two together)"
+        )
     if any(title in table.columns for title in KL_QUANTILES.values()):
-        notes.append("KL p50 / p99 / p99.9 / max: median, 99th and 99.9th percentiles and maximum of the per-token "
-                     "KL(baseline || scheme) over all scored perplexity tokens (nats)")
+        notes.append(
+            "KL p50 / p99 / p99.9 / max: median, 99th and 99.9th percentiles and maximum of the per-token "
+            "KL(baseline || scheme) over all scored perplexity tokens (nats)"
+        )
     constant = constant_columns(table)
     if constant:
-        notes.append("the same on every row, so they do not separate the schemes: "
-                     + "; ".join(f"{col} = {value}" for col, value in constant.items()))
+        notes.append(
+            "the same on every row, so they do not separate the schemes: "
+            + "; ".join(f"{col} = {value}" for col, value in constant.items())
+        )
     return list(frame.attrs.get("store_notes", [])) + notes
 
 
-LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-                 "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "Δ": r"$\Delta$"}
+LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "Δ": r"$\Delta$",
+}
 
 
 def latex_escape(text: str) -> str:
@@ -192,10 +228,19 @@ def _latex_cell(column: str, value) -> str:
     return text if column == "model" else re.sub(r"(?<![\w.])-(?=\d)", "$-$", text)  # true minus signs in numbers
 
 
-def to_latex(table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory", notes: list[str] = ()) -> str:
+def to_latex(
+    table: pd.DataFrame, caption: str = "KV cache schemes: quality against memory", notes: list[str] = ()
+) -> str:
     align = "".join("l" if c in ("model", "scheme") else "r" for c in table.columns)
-    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{align}}}", r"\toprule",
-             " & ".join(latex_escape(c) for c in table.columns) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        rf"\begin{{tabular}}{{{align}}}",
+        r"\toprule",
+        " & ".join(latex_escape(c) for c in table.columns) + r" \\",
+        r"\midrule",
+    ]
     prev_model = None
     for _, r in table.iterrows():
         if "model" in table.columns and prev_model is not None and r["model"] != prev_model:

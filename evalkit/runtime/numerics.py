@@ -92,9 +92,15 @@ def platform_record() -> dict:
     import torch
 
     name, ident = _cpu_model()
-    return {"cpu": name, "cpu_id": ident, "machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "mkl": torch.backends.mkl.is_available(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
-            "blas_batch_invariant": blas_is_batch_invariant()}
+    return {
+        "cpu": name,
+        "cpu_id": ident,
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "blas_batch_invariant": blas_is_batch_invariant(),
+    }
 
 
 def same_platform(a: dict | None, b: dict | None) -> bool:

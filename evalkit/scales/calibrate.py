@@ -49,12 +49,60 @@ OVERLAP_NGRAM = 13
 OVERLAP_WARN = 0.01
 
 STDLIB_DOC_MODULES = (
-    "argparse", "logging", "subprocess", "json", "email.message", "http.client", "unittest.case", "collections",
-    "functools", "itertools", "pathlib", "typing", "dataclasses", "enum", "asyncio.tasks", "threading", "socket",
-    "zipfile", "tarfile", "csv", "datetime", "decimal", "fractions", "statistics", "random", "textwrap", "string",
-    "shutil", "tempfile", "contextlib", "abc", "inspect", "pickle", "sqlite3", "xml.etree.ElementTree",
-    "urllib.parse", "configparser", "heapq", "bisect", "difflib", "doctest", "pdb", "pprint", "queue", "sched",
-    "secrets", "shlex", "smtplib", "tokenize", "trace", "uuid", "wave", "weakref", "zipimport",
+    "argparse",
+    "logging",
+    "subprocess",
+    "json",
+    "email.message",
+    "http.client",
+    "unittest.case",
+    "collections",
+    "functools",
+    "itertools",
+    "pathlib",
+    "typing",
+    "dataclasses",
+    "enum",
+    "asyncio.tasks",
+    "threading",
+    "socket",
+    "zipfile",
+    "tarfile",
+    "csv",
+    "datetime",
+    "decimal",
+    "fractions",
+    "statistics",
+    "random",
+    "textwrap",
+    "string",
+    "shutil",
+    "tempfile",
+    "contextlib",
+    "abc",
+    "inspect",
+    "pickle",
+    "sqlite3",
+    "xml.etree.ElementTree",
+    "urllib.parse",
+    "configparser",
+    "heapq",
+    "bisect",
+    "difflib",
+    "doctest",
+    "pdb",
+    "pprint",
+    "queue",
+    "sched",
+    "secrets",
+    "shlex",
+    "smtplib",
+    "tokenize",
+    "trace",
+    "uuid",
+    "wave",
+    "weakref",
+    "zipimport",
 )
 
 
@@ -140,8 +188,14 @@ class KVObserver:
     switches on the exact error measurement of the second mse pass.
     """
 
-    def __init__(self, layout: KVLayout, fmt: str = "fp8_e4m3", histograms: bool = False,
-                 mse_candidates: dict[str, torch.Tensor] | None = None, granularity: str = "tensor"):
+    def __init__(
+        self,
+        layout: KVLayout,
+        fmt: str = "fp8_e4m3",
+        histograms: bool = False,
+        mse_candidates: dict[str, torch.Tensor] | None = None,
+        granularity: str = "tensor",
+    ):
         self.layout, self.fmt = layout, get_format(fmt)
         L, H = layout.num_layers, layout.num_kv_heads
         self.amax = {w: torch.zeros(L, H, dtype=torch.float64) for w in "kv"}
@@ -158,8 +212,10 @@ class KVObserver:
 
     def __call__(self, which: str, layer_idx: int, x: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         if not bool(torch.isfinite(x).all()):
-            raise NonFiniteKVError(f"layer {layer_idx} {which.upper()} contains NaN or inf during calibration: "
-                                   "load the model in float32 or bfloat16 rather than float16")
+            raise NonFiniteKVError(
+                f"layer {layer_idx} {which.upper()} contains NaN or inf during calibration: "
+                "load the model in float32 or bfloat16 rather than float16"
+            )
         xf = x.detach().float()
         if valid is not None:
             xf = xf.masked_fill(~valid[:, None, :, None], 0.0)
@@ -186,7 +242,9 @@ class KVObserver:
             rng = top
         hist = self.hist[which][layer]
         while top > rng:  # double the range: bin pairs merge into the lower half
-            hist = torch.cat([hist.view(hist.shape[0], BINS // 2, 2).sum(-1), torch.zeros_like(hist[:, : BINS // 2])], dim=1)
+            hist = torch.cat(
+                [hist.view(hist.shape[0], BINS // 2, 2).sum(-1), torch.zeros_like(hist[:, : BINS // 2])], dim=1
+            )
             rng *= 2
         for h in range(a.shape[0]):
             hist[h] += torch.histc(a[h].double(), bins=BINS, min=0.0, max=rng)
@@ -256,9 +314,20 @@ def _check_nonzero(stat: torch.Tensor, granularity: str) -> None:
             )
 
 
-def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: int = 512, granularity: str = "tensor",
-              method: str | Method = "amax", fmt: str = "fp8_e4m3", batch_size: int = 4, bos: bool | None = None,
-              eval_corpus: str | None = "embedded", text: str | None = None) -> ScaleTable:
+def calibrate(
+    lm,
+    *,
+    corpus: str = DEFAULT_CORPUS,
+    samples: int = 32,
+    seq_len: int = 512,
+    granularity: str = "tensor",
+    method: str | Method = "amax",
+    fmt: str = "fp8_e4m3",
+    batch_size: int = 4,
+    bos: bool | None = None,
+    eval_corpus: str | None = "embedded",
+    text: str | None = None,
+) -> ScaleTable:
     """Run ``lm`` (a :class:`evalkit.models.loading.LoadedModel`) over calibration text; return the scale table."""
     import evalkit
 
@@ -279,9 +348,13 @@ def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: i
         if overlap > OVERLAP_WARN:
             warnings.warn(
                 f"{overlap:.1%} of the calibration text ({corpus}) also occurs in the evaluation text ({eval_corpus}): "
-                "scales fitted on evaluation data flatter the results; calibrate on another corpus", stacklevel=2)
+                "scales fitted on evaluation data flatter the results; calibrate on another corpus",
+                stacklevel=2,
+            )
     if lm.layout.max_positions and seq_len > lm.layout.max_positions:
-        raise EvalkitError(f"--seq-len {seq_len} exceeds the model's maximum length {lm.layout.max_positions}: use a shorter one")
+        raise EvalkitError(
+            f"--seq-len {seq_len} exceeds the model's maximum length {lm.layout.max_positions}: use a shorter one"
+        )
     use_bos = tokenizer_adds_bos(lm.tokenizer) if bos is None else bos
     batches = calibration_batches(lm.tokenizer, text, samples, seq_len, use_bos)
     observer = KVObserver(lm.layout, fmt, histograms=method.name == "percentile", granularity=granularity)
@@ -295,7 +368,9 @@ def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: i
         for w in "kv":
             h = observer.hist[w] if granularity == "head" else observer.hist[w].sum(dim=1)
             rng = observer.hist_range[w]
-            p = torch.stack([percentile_from_histogram(h[i], float(rng[i]), method.percentile) for i in range(h.shape[0])])
+            p = torch.stack(
+                [percentile_from_histogram(h[i], float(rng[i]), method.percentile) for i in range(h.shape[0])]
+            )
             stat[w] = torch.minimum(p, amax[w])
         _check_nonzero(stat, granularity)
     else:
@@ -320,11 +395,21 @@ def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: i
     else:  # float32 division, as the dynamic path does: amax scales equal dynamic ones on the same data
         scales = {w: stat[w].float() / kv_fmt.max for w in "kv"}
     meta = {
-        "model": lm.name, "config_hash": lm.config_hash, "num_layers": lm.layout.num_layers,
-        "num_kv_heads": lm.layout.num_kv_heads, "granularity": granularity, "method": str(method), "format": fmt,
-        "corpus": corpus, "corpus_hash": hashlib.sha256(text.encode()).hexdigest()[:16],
-        "samples": int(batches.shape[0]), "seq_len": seq_len, "tokens": int(batches.numel()), "bos": use_bos,
-        "evalkit_version": evalkit.__version__, "scale_convention": "value = code * scale (vLLM)",
+        "model": lm.name,
+        "config_hash": lm.config_hash,
+        "num_layers": lm.layout.num_layers,
+        "num_kv_heads": lm.layout.num_kv_heads,
+        "granularity": granularity,
+        "method": str(method),
+        "format": fmt,
+        "corpus": corpus,
+        "corpus_hash": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "samples": int(batches.shape[0]),
+        "seq_len": seq_len,
+        "tokens": int(batches.numel()),
+        "bos": use_bos,
+        "evalkit_version": evalkit.__version__,
+        "scale_convention": "value = code * scale (vLLM)",
         "eval_corpus_overlap": None if overlap is None else round(overlap, 6),
     }
     return ScaleTable(scales["k"], scales["v"], meta)
@@ -332,10 +417,20 @@ def calibrate(lm, *, corpus: str = DEFAULT_CORPUS, samples: int = 32, seq_len: i
 
 def table_stats(table: ScaleTable) -> str:
     """A one-line summary for the command line."""
+
     def rng(t):
         return f"[{float(t.min()):.4g}, {float(t.max()):.4g}]"
+
     return f"k_scale {tuple(table.k_scale.shape)} in {rng(table.k_scale)}, v_scale in {rng(table.v_scale)}"
 
 
-__all__ = ["KVObserver", "calibrate", "load_text", "overlap_fraction", "parse_method", "percentile_from_histogram",
-           "calibration_batches", "DEFAULT_CORPUS"]
+__all__ = [
+    "KVObserver",
+    "calibrate",
+    "load_text",
+    "overlap_fraction",
+    "parse_method",
+    "percentile_from_histogram",
+    "calibration_batches",
+    "DEFAULT_CORPUS",
+]

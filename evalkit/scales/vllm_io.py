@@ -31,8 +31,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from evalkit.errors import EvalkitError, ScaleError
-from evalkit.models.info import config_hash, kv_layout
 from evalkit.kv.scale_table import ScaleTable
+from evalkit.models.info import config_hash, kv_layout
 
 SCALES_FILE = "kv_cache_scales.safetensors"
 PROVENANCE_FILE = "evalkit_kv_scales.json"
@@ -43,15 +43,27 @@ _SCALE_NAME = re.compile(r"^(?P<module>.*)\.(?P<kind>k_scale|v_scale|kv_scale)$"
 def kv_cache_scheme(granularity: str) -> dict:
     """The ``kv_cache_scheme`` entry exactly as llm-compressor writes it (QuantizationArgs dump)."""
     return {
-        "num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "strategy": STRATEGY[granularity],
-        "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {},
+        "num_bits": 8,
+        "type": "float",
+        "symmetric": True,
+        "group_size": None,
+        "strategy": STRATEGY[granularity],
+        "block_structure": None,
+        "dynamic": False,
+        "actorder": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
     }
 
 
 def quantization_config(granularity: str) -> dict:
     return {
-        "quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "ignore": [],
-        "kv_cache_scheme": kv_cache_scheme(granularity), "quantization_status": "frozen",
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": kv_cache_scheme(granularity),
+        "quantization_status": "frozen",
     }
 
 
@@ -70,7 +82,9 @@ def attention_prefixes(model=None, num_layers: int | None = None) -> list[str]:
 
 def scale_tensors(table: ScaleTable, prefixes: list[str]) -> dict[str, torch.Tensor]:
     if len(prefixes) != table.k_scale.shape[0]:
-        raise ScaleError(f"the scale table has {table.k_scale.shape[0]} layers but the model has {len(prefixes)} attention layers")
+        raise ScaleError(
+            f"the scale table has {table.k_scale.shape[0]} layers but the model has {len(prefixes)} attention layers"
+        )
     out = {}
     for i, prefix in enumerate(prefixes):
         for which, t in (("k", table.k_scale), ("v", table.v_scale)):
@@ -79,15 +93,18 @@ def scale_tensors(table: ScaleTable, prefixes: list[str]) -> dict[str, torch.Ten
     return out
 
 
-def export_vllm(table: ScaleTable, out_dir: str | Path, config: dict, *, model=None, tokenizer=None,
-                force: bool = False) -> Path:
+def export_vllm(
+    table: ScaleTable, out_dir: str | Path, config: dict, *, model=None, tokenizer=None, force: bool = False
+) -> Path:
     """Write ``out_dir`` as a vLLM-loadable folder: config.json with the kv_cache_scheme and the scales.
 
     With ``model`` (and ``tokenizer``), the weights are saved too, giving a complete checkpoint.
     """
     fmt = table.meta.get("format", "fp8_e4m3")
     if fmt != "fp8_e4m3":
-        raise EvalkitError(f"vLLM loads static KV scales for fp8_e4m3 only, this table was calibrated for {fmt}: recalibrate with --format fp8_e4m3")
+        raise EvalkitError(
+            f"vLLM loads static KV scales for fp8_e4m3 only, this table was calibrated for {fmt}: recalibrate with --format fp8_e4m3"
+        )
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not force:
         raise EvalkitError(f"{out} exists and is not empty: choose another folder or pass --force")
@@ -140,7 +157,9 @@ def import_vllm(folder: str | Path) -> ScaleTable:
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
-        raise EvalkitError(f"{folder} is not a checkpoint folder (no config.json): give the folder holding config.json and *.safetensors")
+        raise EvalkitError(
+            f"{folder} is not a checkpoint folder (no config.json): give the folder holding config.json and *.safetensors"
+        )
     raw = json.loads((folder / "config.json").read_text())
     qcfg = raw.get("quantization_config") or {}
     scheme = qcfg.get("kv_cache_scheme") or {}
@@ -149,7 +168,9 @@ def import_vllm(folder: str | Path) -> ScaleTable:
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError) as exc:
-        raise EvalkitError(f"{folder}/config.json cannot be read as a transformers config ({str(exc).splitlines()[0]})") from None
+        raise EvalkitError(
+            f"{folder}/config.json cannot be read as a transformers config ({str(exc).splitlines()[0]})"
+        ) from None
     layout = kv_layout(config)
     found = read_checkpoint_scales(folder)
     if not found:
@@ -171,19 +192,31 @@ def import_vllm(folder: str | Path) -> ScaleTable:
     elif sizes == {H}:
         granularity = "head"
     else:
-        raise EvalkitError(f"checkpoint {folder}: scale sizes {sorted(sizes)} are neither 1 (tensor) nor {H} (one per KV head)")
+        raise EvalkitError(
+            f"checkpoint {folder}: scale sizes {sorted(sizes)} are neither 1 (tensor) nor {H} (one per KV head)"
+        )
     strategy = scheme.get("strategy")
     if strategy and strategy != STRATEGY[granularity]:
-        raise EvalkitError(f"checkpoint {folder}: kv_cache_scheme says strategy {strategy!r} but the scales are {granularity}-shaped")
+        raise EvalkitError(
+            f"checkpoint {folder}: kv_cache_scheme says strategy {strategy!r} but the scales are {granularity}-shaped"
+        )
     k = torch.stack([found[i]["k"].reshape(()) if granularity == "tensor" else found[i]["k"] for i in layers])
     v = torch.stack([found[i]["v"].reshape(()) if granularity == "tensor" else found[i]["v"] for i in layers])
     for name, t in (("k_scale", k), ("v_scale", v)):
         if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
-            raise EvalkitError(f"checkpoint {folder}: {name} holds zero, negative or non-finite values: re-export the scales")
+            raise EvalkitError(
+                f"checkpoint {folder}: {name} holds zero, negative or non-finite values: re-export the scales"
+            )
     meta = {
-        "model": raw.get("_name_or_path") or str(folder), "config_hash": config_hash(config),
-        "num_layers": layout.num_layers, "num_kv_heads": H, "granularity": granularity, "method": "imported",
-        "format": "fp8_e4m3", "source": str(folder), "kv_cache_scheme": scheme or None,
+        "model": raw.get("_name_or_path") or str(folder),
+        "config_hash": config_hash(config),
+        "num_layers": layout.num_layers,
+        "num_kv_heads": H,
+        "granularity": granularity,
+        "method": "imported",
+        "format": "fp8_e4m3",
+        "source": str(folder),
+        "kv_cache_scheme": scheme or None,
     }
     provenance = folder / PROVENANCE_FILE
     if provenance.is_file():

@@ -4,5 +4,16 @@ executors that scale out (shards, Ray). See :mod:`evalkit.sweep.grid` for the gr
 from evalkit.sweep.grid import Grid, GridError, ModelSpec, RunSpec, parse_grid, resolve_grid, versions
 from evalkit.sweep.store import ResultStore, RunOutcome, load_results, merge_stores
 
-__all__ = ["Grid", "GridError", "ModelSpec", "RunSpec", "ResultStore", "RunOutcome", "load_results", "merge_stores",
-           "parse_grid", "resolve_grid", "versions"]
+__all__ = [
+    "Grid",
+    "GridError",
+    "ModelSpec",
+    "RunSpec",
+    "ResultStore",
+    "RunOutcome",
+    "load_results",
+    "merge_stores",
+    "parse_grid",
+    "resolve_grid",
+    "versions",
+]

@@ -95,10 +95,16 @@ def git_provenance() -> dict[str, object]:
     if not (root / ".git").exists():
         return {}
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "evalkit", "tasks"],
-                                capture_output=True, text=True, timeout=5, check=True).stdout
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "evalkit", "tasks"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     return {"commit": commit, "dirty": bool(status.strip())} if commit else {}

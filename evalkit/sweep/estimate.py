@@ -88,8 +88,17 @@ class SweepEstimate:
 
     def text(self) -> str:
         header = ("model", "scheme", "eval", "tokens", "est. time", "includes")
-        cells = [(r.model, r.scheme, r.eval, f"{r.tokens:,}" + ("~" if r.approximate else " "), format_seconds(r.seconds),
-                  " + ".join(r.extras)) for r in self.runs]
+        cells = [
+            (
+                r.model,
+                r.scheme,
+                r.eval,
+                f"{r.tokens:,}" + ("~" if r.approximate else " "),
+                format_seconds(r.seconds),
+                " + ".join(r.extras),
+            )
+            for r in self.runs
+        ]
         widths = [max(len(str(c)) for c in col) for col in zip(header, *cells)]
         right = (False, False, False, True, True, False)
 
@@ -99,8 +108,10 @@ class SweepEstimate:
         lines = [f"dry run of sweep {self.name}: nothing evaluated, nothing written", "", line(header)]
         lines += [line(row) for row in cells]
         lines.append("")
-        lines.append(f"total: {len(self.runs)} runs, {self.tokens:,} tokens, estimated wall time {format_seconds(self.seconds)}"
-                     + (" (runs marked ? not timed)" if any(r.seconds is None for r in self.runs) else ""))
+        lines.append(
+            f"total: {len(self.runs)} runs, {self.tokens:,} tokens, estimated wall time {format_seconds(self.seconds)}"
+            + (" (runs marked ? not timed)" if any(r.seconds is None for r in self.runs) else "")
+        )
         for line in self.speeds:
             lines.append(f"speed: {line}")
         for needs, free in self.disk_by_filesystem():
@@ -121,8 +132,16 @@ def _hub_cache() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def estimate_sweep(grid, runs, out: Path, cache_dir: Path, *, assume_device: str | None = None, timing: bool = True,
-                   free_space: Callable[[Path], int] = disk_free) -> SweepEstimate:
+def estimate_sweep(
+    grid,
+    runs,
+    out: Path,
+    cache_dir: Path,
+    *,
+    assume_device: str | None = None,
+    timing: bool = True,
+    free_space: Callable[[Path], int] = disk_free,
+) -> SweepEstimate:
     """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them."""
     from evalkit.models.facts import model_facts
     from evalkit.sweep.runner import plan
@@ -171,13 +190,18 @@ def estimate_sweep(grid, runs, out: Path, cache_dir: Path, *, assume_device: str
             if i == 0:
                 extras.append("model load")
             disk["store"] += work.store_bytes + 2000
-            estimates.append(RunEstimate(spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate)))
-    needs = [DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),
-             DiskNeed(out, "results store", disk["store"])]
+            estimates.append(
+                RunEstimate(spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate))
+            )
+    needs = [
+        DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),
+        DiskNeed(out, "results store", disk["store"]),
+    ]
     if disk["download"]:
         needs.append(DiskNeed(_hub_cache(), "model download", disk["download"]))
-    return SweepEstimate(grid.name, estimates, speeds, list(dict.fromkeys(notes)), needs, list(dict.fromkeys(unsized)),
-                         free_space)
+    return SweepEstimate(
+        grid.name, estimates, speeds, list(dict.fromkeys(notes)), needs, list(dict.fromkeys(unsized)), free_space
+    )
 
 
 def _speed(spec, facts, assume_device: str | None, speeds: list[str]):
@@ -190,7 +214,9 @@ def _speed(spec, facts, assume_device: str | None, speeds: list[str]):
             speed = T.probe(spec, facts)
         except Exception as exc:  # noqa: BLE001  (a probe that fails falls back to the analytic estimate)
             speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
-            speeds.append(f"{spec.name}: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+            speeds.append(
+                f"{spec.name}: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
     else:
         speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
     why = "" if speed.kind == "probe" else f" [{facts.source}, {facts.params / 1e9:.2f}B parameters]"
@@ -204,6 +230,8 @@ def check_disk(estimate: SweepEstimate) -> None:
         total = sum(n.bytes for n in needs)
         if not fits(total, free):
             parts = ", ".join(f"{n.what} {format_bytes(n.bytes)} in {n.folder}" for n in needs)
-            raise DiskSpaceError(f"sweep {estimate.name} needs {format_bytes(total)} on one disk ({parts}) but "
-                                 f"{format_bytes(free)} are free there: free space, point --out / --cache-dir / "
-                                 "HF_HUB_CACHE at a bigger disk, or lower max_windows / samples / limit / sequences")
+            raise DiskSpaceError(
+                f"sweep {estimate.name} needs {format_bytes(total)} on one disk ({parts}) but "
+                f"{format_bytes(free)} are free there: free space, point --out / --cache-dir / "
+                "HF_HUB_CACHE at a bigger disk, or lower max_windows / samples / limit / sequences"
+            )

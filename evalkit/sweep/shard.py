@@ -31,7 +31,9 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ShardError(f"shard {text!r} is not I/N: write e.g. --shard 0/4 (I counts from 0)")
     i, n = int(m.group(1)), int(m.group(2))
     if n < 1 or i >= n:
-        raise ShardError(f"shard {text!r} is out of range: I must be between 0 and N-1 (e.g. 0/{max(n, 2)} .. {max(n, 2) - 1}/{max(n, 2)})")
+        raise ShardError(
+            f"shard {text!r} is out of range: I must be between 0 and N-1 (e.g. 0/{max(n, 2)} .. {max(n, 2) - 1}/{max(n, 2)})"
+        )
     return i, n
 
 

@@ -101,10 +101,14 @@ class ResultStore:
             except (OSError, ValueError, KeyError):
                 raise GridError(f"{self.spec_path} is not an evalkit sweep spec: choose another --out") from None
             if identity != grid.identity:
-                raise GridError(f"output folder {self.folder} belongs to a different grid ({spec.get('grid_name')!r} from "
-                                f"{spec.get('grid_file')}): choose another --out, or delete that folder to start over")
+                raise GridError(
+                    f"output folder {self.folder} belongs to a different grid ({spec.get('grid_name')!r} from "
+                    f"{spec.get('grid_file')}): choose another --out, or delete that folder to start over"
+                )
         elif self.results.is_file():
-            raise GridError(f"{self.folder} has {RESULTS} but no {SPEC}: not a sweep folder of this grid, choose another --out")
+            raise GridError(
+                f"{self.folder} has {RESULTS} but no {SPEC}: not a sweep folder of this grid, choose another --out"
+            )
 
     def claim(self, grid: Grid, grid_text: str | None = None) -> None:
         """Check ownership, then write spec.json and the grid copy if this is a new store."""
@@ -114,8 +118,14 @@ class ResultStore:
             self.check(grid)  # another writer may have claimed it meanwhile
             if self.spec_path.is_file():
                 return
-            spec = {"grid_identity": grid.identity, "grid_name": grid.name, "grid_file": grid.path, "created": _now(),
-                    "runs": len(grid.runs), "grid": grid.data}
+            spec = {
+                "grid_identity": grid.identity,
+                "grid_name": grid.name,
+                "grid_file": grid.path,
+                "created": _now(),
+                "runs": len(grid.runs),
+                "grid": grid.data,
+            }
             if grid_text is not None:
                 _atomic_write(self.folder / GRID_COPY, grid_text.encode())
             _atomic_write(self.spec_path, (json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n").encode())
@@ -128,7 +138,9 @@ class ResultStore:
             if self.spec_path.is_file():
                 mine = json.loads(self.spec_path.read_text())
                 if mine.get("grid_identity") != theirs["grid_identity"]:
-                    raise GridError(f"{self.folder} belongs to a different grid than {other.folder}: choose another output folder")
+                    raise GridError(
+                        f"{self.folder} belongs to a different grid than {other.folder}: choose another output folder"
+                    )
                 return
             if (other.folder / GRID_COPY).is_file():
                 _atomic_write(self.folder / GRID_COPY, (other.folder / GRID_COPY).read_bytes())
@@ -142,19 +154,58 @@ class ResultStore:
         """Write one run's records (metric rows, then its completion or failure record) atomically."""
         attempt = attempt or uuid.uuid4().hex
         spec = outcome.spec
-        base = {"run_id": outcome.run_id, "attempt": attempt, "model": spec["model"]["name"], "scheme": spec["scheme"],
-                "eval": spec["eval"]}
+        base = {
+            "run_id": outcome.run_id,
+            "attempt": attempt,
+            "model": spec["model"]["name"],
+            "scheme": spec["scheme"],
+            "eval": spec["eval"],
+        }
         lines = []
         if outcome.ok:
             for row in outcome.rows:
-                lines.append(_dumps({"type": "metric", **base, "metric": row["metric"], "value": row["value"],
-                                     "ci_low": row.get("ci_low"), "ci_high": row.get("ci_high"),
-                                     "labels": row.get("labels") or {}, "info": row.get("info") or {}}))
-            lines.append(_dumps({"type": "complete", **base, "rows": len(outcome.rows), "seconds": round(outcome.seconds, 3),
-                                 "finished": _now(), "spec": spec, "info": outcome.info}))
+                lines.append(
+                    _dumps(
+                        {
+                            "type": "metric",
+                            **base,
+                            "metric": row["metric"],
+                            "value": row["value"],
+                            "ci_low": row.get("ci_low"),
+                            "ci_high": row.get("ci_high"),
+                            "labels": row.get("labels") or {},
+                            "info": row.get("info") or {},
+                        }
+                    )
+                )
+            lines.append(
+                _dumps(
+                    {
+                        "type": "complete",
+                        **base,
+                        "rows": len(outcome.rows),
+                        "seconds": round(outcome.seconds, 3),
+                        "finished": _now(),
+                        "spec": spec,
+                        "info": outcome.info,
+                    }
+                )
+            )
         else:
-            lines.append(_dumps({"type": "failed", **base, "error": outcome.error, "traceback": outcome.traceback,
-                                 "seconds": round(outcome.seconds, 3), "finished": _now(), "spec": spec, "info": outcome.info}))
+            lines.append(
+                _dumps(
+                    {
+                        "type": "failed",
+                        **base,
+                        "error": outcome.error,
+                        "traceback": outcome.traceback,
+                        "seconds": round(outcome.seconds, 3),
+                        "finished": _now(),
+                        "spec": spec,
+                        "info": outcome.info,
+                    }
+                )
+            )
         if outcome.artifacts:
             root = self.artifact_dir(outcome.run_id)
             for rel, content in outcome.artifacts.items():
@@ -251,8 +302,13 @@ def merge_stores(out: str | Path, shards: list[str | Path]) -> dict[str, int]:
         for run_id, rec in view.complete.items():
             if run_id in have:
                 continue
-            rows = [{k: r[k] for k in ("metric", "value", "ci_low", "ci_high", "labels", "info")} for r in rows_by_run.get(run_id, [])]
-            outcome = RunOutcome(run_id, rec["spec"], True, rows, seconds=rec.get("seconds", 0.0), info=rec.get("info", {}))
+            rows = [
+                {k: r[k] for k in ("metric", "value", "ci_low", "ci_high", "labels", "info")}
+                for r in rows_by_run.get(run_id, [])
+            ]
+            outcome = RunOutcome(
+                run_id, rec["spec"], True, rows, seconds=rec.get("seconds", 0.0), info=rec.get("info", {})
+            )
             src = st.artifact_dir(run_id)
             if src.is_dir() and src.resolve() != target.artifact_dir(run_id).resolve():
                 shutil.copytree(src, target.artifact_dir(run_id), dirs_exist_ok=True)
@@ -261,11 +317,21 @@ def merge_stores(out: str | Path, shards: list[str | Path]) -> dict[str, int]:
             merged += 1
         for run_id, rec in view.failed.items():
             failures.setdefault(run_id, (st, rec))
-    for run_id, (st, rec) in failures.items():
+    for run_id, (_store, rec) in failures.items():
         if run_id in have or run_id in mine.failed:
             continue
-        target.append(RunOutcome(run_id, rec["spec"], False, error=rec.get("error"), traceback=rec.get("traceback"),
-                                 seconds=rec.get("seconds", 0.0), info=rec.get("info", {})), attempt=rec["attempt"])
+        target.append(
+            RunOutcome(
+                run_id,
+                rec["spec"],
+                False,
+                error=rec.get("error"),
+                traceback=rec.get("traceback"),
+                seconds=rec.get("seconds", 0.0),
+                info=rec.get("info", {}),
+            ),
+            attempt=rec["attempt"],
+        )
         failed += 1
     return {"merged": merged, "already_present": len(mine.complete), "failed": failed, "shards": len(stores)}
 

@@ -45,12 +45,24 @@ class Device:
 
 
 DEVICES = {
-    "h100": Device("NVIDIA H100 SXM5 80GB", 989e12, 3.35e12,
-                   "NVIDIA H100 Tensor Core GPU datasheet: 989 TFLOP/s dense BF16 (1,979 with sparsity), 3.35 TB/s HBM3"),
-    "h200": Device("NVIDIA H200 SXM 141GB", 989e12, 4.8e12,
-                   "NVIDIA H200 Tensor Core GPU datasheet: 989 TFLOP/s dense BF16 (1,979 with sparsity), 4.8 TB/s HBM3e"),
-    "a100": Device("NVIDIA A100 SXM4 80GB", 312e12, 2.039e12,
-                   "NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s dense BF16, 2,039 GB/s HBM2e"),
+    "h100": Device(
+        "NVIDIA H100 SXM5 80GB",
+        989e12,
+        3.35e12,
+        "NVIDIA H100 Tensor Core GPU datasheet: 989 TFLOP/s dense BF16 (1,979 with sparsity), 3.35 TB/s HBM3",
+    ),
+    "h200": Device(
+        "NVIDIA H200 SXM 141GB",
+        989e12,
+        4.8e12,
+        "NVIDIA H200 Tensor Core GPU datasheet: 989 TFLOP/s dense BF16 (1,979 with sparsity), 4.8 TB/s HBM3e",
+    ),
+    "a100": Device(
+        "NVIDIA A100 SXM4 80GB",
+        312e12,
+        2.039e12,
+        "NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s dense BF16, 2,039 GB/s HBM2e",
+    ),
 }
 
 
@@ -78,10 +90,15 @@ def _flops(facts, tokens: int, context: float = 0.0) -> float:
 
 def datasheet(facts, device: str) -> Speed:
     d = DEVICES[device]
-    return Speed(d.bf16_flops * FLOPS_UTILISATION, d.bandwidth * BANDWIDTH_UTILISATION, facts.layers * LAYER_OVERHEAD_S,
-                 facts.weight_bytes / DISK_READ_BYTES_S, "datasheet",
-                 f"analytic, {d.name} datasheet ({d.bf16_flops / 1e12:.0f} TFLOP/s BF16 x {FLOPS_UTILISATION:.0%}, "
-                 f"{d.bandwidth / 1e12:.2f} TB/s x {BANDWIDTH_UTILISATION:.0%}, {LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call)")
+    return Speed(
+        d.bf16_flops * FLOPS_UTILISATION,
+        d.bandwidth * BANDWIDTH_UTILISATION,
+        facts.layers * LAYER_OVERHEAD_S,
+        facts.weight_bytes / DISK_READ_BYTES_S,
+        "datasheet",
+        f"analytic, {d.name} datasheet ({d.bf16_flops / 1e12:.0f} TFLOP/s BF16 x {FLOPS_UTILISATION:.0%}, "
+        f"{d.bandwidth / 1e12:.2f} TB/s x {BANDWIDTH_UTILISATION:.0%}, {LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call)",
+    )
 
 
 def measured_device(facts, device: str, dtype_bytes: float) -> Speed:
@@ -108,11 +125,19 @@ def measured_device(facts, device: str, dtype_bytes: float) -> Speed:
 
     flops = 2 * n**3 / timed(lambda: a @ b, 4)
     bandwidth = 2 * big.numel() / timed(lambda: big.clone(), 4)  # read and write
-    where = f"this machine's {dev.type}" + ("" if dev.type == device.split(":")[0] else f" (the grid's {device} is not here)")
-    return Speed(flops, bandwidth, facts.layers * LAYER_OVERHEAD_S, facts.weight_bytes / DISK_READ_BYTES_S,
-                 "measured device", f"analytic, measured on {where}: {flops / 1e9:,.0f} GFLOP/s "
-                 f"({str(dtype).removeprefix('torch.')} {n}x{n} product), {bandwidth / 1e9:,.1f} GB/s copy, "
-                 f"{LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call")
+    where = f"this machine's {dev.type}" + (
+        "" if dev.type == device.split(":")[0] else f" (the grid's {device} is not here)"
+    )
+    return Speed(
+        flops,
+        bandwidth,
+        facts.layers * LAYER_OVERHEAD_S,
+        facts.weight_bytes / DISK_READ_BYTES_S,
+        "measured device",
+        f"analytic, measured on {where}: {flops / 1e9:,.0f} GFLOP/s "
+        f"({str(dtype).removeprefix('torch.')} {n}x{n} product), {bandwidth / 1e9:,.1f} GB/s copy, "
+        f"{LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call",
+    )
 
 
 def device_available(device: str) -> bool:
@@ -125,16 +150,22 @@ def device_available(device: str) -> bool:
 
 def probe(spec, facts) -> Speed:
     """Load the model as the sweep does and time a forward and a few decode steps through evalkit's paths."""
-    from evalkit.models.loading import load_model
-
     from transformers.utils import logging as hf_logging
+
+    from evalkit.models.loading import load_model
 
     start = time.perf_counter()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the dry run's output
     try:
-        lm = load_model(spec.name, dtype=spec.dtype, device=spec.device, device_map=spec.device_map,
-                        trust_remote_code=spec.trust_remote_code, attn_implementation=spec.attn_implementation)
+        lm = load_model(
+            spec.name,
+            dtype=spec.dtype,
+            device=spec.device,
+            device_map=spec.device_map,
+            trust_remote_code=spec.trust_remote_code,
+            attn_implementation=spec.attn_implementation,
+        )
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -169,8 +200,14 @@ def probe_model(lm, facts, load_seconds: float = 0.0) -> Speed:
         sync()
         t_prefill = time.perf_counter() - start
         prefill = 16
-        steps = decode_logits(model, lambda h: head(h).float(), session, ids[:, :prefill + PROBE_STEPS + 1].clone(),
-                              torch.ones(1, prefill + PROBE_STEPS + 1, dtype=torch.long, device=device), prefill)
+        steps = decode_logits(
+            model,
+            lambda h: head(h).float(),
+            session,
+            ids[:, : prefill + PROBE_STEPS + 1].clone(),
+            torch.ones(1, prefill + PROBE_STEPS + 1, dtype=torch.long, device=device),
+            prefill,
+        )
         next(steps)  # the prefill's prediction
         sync()
         start = time.perf_counter()
@@ -181,6 +218,12 @@ def probe_model(lm, facts, load_seconds: float = 0.0) -> Speed:
     compute_step = _flops(facts, 1, prefill + PROBE_STEPS / 2) / flops
     bandwidth = facts.weight_bytes / max(t_step - compute_step, t_step * 0.1)
     del lm, model
-    return Speed(flops, bandwidth, 0.0, load, "probe",
-                 f"probe on {device.type} under {PROBE_SCHEME}: forward of {PROBE_TOKENS} tokens {t_prefill * 1e3:.0f} ms "
-                 f"({PROBE_TOKENS / t_prefill:,.0f} tokens/s), decode step {t_step * 1e3:.0f} ms at batch 1, model load {load:.1f} s")
+    return Speed(
+        flops,
+        bandwidth,
+        0.0,
+        load,
+        "probe",
+        f"probe on {device.type} under {PROBE_SCHEME}: forward of {PROBE_TOKENS} tokens {t_prefill * 1e3:.0f} ms "
+        f"({PROBE_TOKENS / t_prefill:,.0f} tokens/s), decode step {t_step * 1e3:.0f} ms at batch 1, model load {load:.1f} s",
+    )

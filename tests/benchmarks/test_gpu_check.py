@@ -71,8 +71,15 @@ def gc():
 
 def run_blocked(tmp_path, *args, timeout=300):
     imports = tmp_path / "imports.json"
-    proc = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, check=False, env={**os.environ, "GPU_CHECK_IMPORTS": str(imports)})
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKING_RUNNER, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "GPU_CHECK_IMPORTS": str(imports)},
+    )
     return proc, json.loads(imports.read_text()) if imports.is_file() else None
 
 
@@ -83,8 +90,10 @@ def evalkit_modules_gpu_check_imports() -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("evalkit"):
             names.add(node.module)
             for alias in node.names:  # `from evalkit.kv import rounding` names a module too
-                if importlib.util.find_spec(node.module).submodule_search_locations and \
-                        importlib.util.find_spec(f"{node.module}.{alias.name}") is not None:
+                if (
+                    importlib.util.find_spec(node.module).submodule_search_locations
+                    and importlib.util.find_spec(f"{node.module}.{alias.name}") is not None
+                ):
                     names.add(f"{node.module}.{alias.name}")
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.startswith("evalkit"))
@@ -92,8 +101,13 @@ def evalkit_modules_gpu_check_imports() -> list[str]:
 
 
 def test_storage_path_and_everything_gpu_check_imports_pull_in_no_lmeval_datasets_or_gguf(tmp_path):
-    modules = ["evalkit.integration.install", *evalkit_modules_gpu_check_imports(), "evalkit.evals.decode.loop",  # the probe's
-               "transformers", "safetensors.torch"]
+    modules = [
+        "evalkit.integration.install",
+        *evalkit_modules_gpu_check_imports(),
+        "evalkit.evals.decode.loop",  # the probe's
+        "transformers",
+        "safetensors.torch",
+    ]
     assert "evalkit.sweep.throughput" in modules and "evalkit.kv.rounding" in modules
     proc, seen = run_blocked(tmp_path, "-m", *modules, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -116,7 +130,17 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
     by_section = {key: [c for c in result["checks"] if c["section"] == key] for key in SECTIONS}
     assert len(by_section["casts"]) >= 4 * 3  # every float format, every rounding mode
     names = " ".join(c["name"] for c in by_section["storage"])
-    for needed in ("tensor/static", "head/static", "/unit", "block16", "token", "group32", "nvfp4", "mxfp4", "int4_asym"):
+    for needed in (
+        "tensor/static",
+        "head/static",
+        "/unit",
+        "block16",
+        "token",
+        "group32",
+        "nvfp4",
+        "mxfp4",
+        "int4_asym",
+    ):
         assert needed in names
     assert len(by_section["speed"]) == 1 + 4  # the model, then 2 contexts x 2 batch sizes
     assert len(by_section["memory"]) == 8  # plain and storage per run
@@ -132,8 +156,11 @@ def test_tiny_budget_skips_sections_with_a_reason_and_writes_json(gc, tmp_path, 
     assert result["failed"] == 0 and result["passed"] == 0
     for section in result["sections"]:
         assert section["status"] == "skipped", section
-        assert section["reason"] == "section 4 made no decode runs to measure" if section["key"] == "memory" else \
-            section["reason"].startswith("budget:"), section
+        assert (
+            section["reason"] == "section 4 made no decode runs to measure"
+            if section["key"] == "memory"
+            else section["reason"].startswith("budget:")
+        ), section
     assert result["versions"]["torch"] == torch.__version__
 
 
@@ -143,7 +170,9 @@ def test_cuda_without_a_device_is_one_failed_check_and_every_section_skipped(gc,
     out = tmp_path / "c.json"
     assert gc.main(["--device", "cuda", "--budget-s", "30", "--out", str(out)]) == 1
     result = json.loads(out.read_text())
-    assert result["failed"] == 1 and [c["name"] for c in result["checks"] if c["status"] == "fail"] == ["a CUDA device is present"]
+    assert result["failed"] == 1 and [c["name"] for c in result["checks"] if c["status"] == "fail"] == [
+        "a CUDA device is present"
+    ]
     assert all(s["status"] == "skipped" and s["reason"] == "no CUDA device" for s in result["sections"])
 
 
@@ -168,13 +197,16 @@ def test_scheduler_skips_starts_and_cuts_by_the_budget(gc):
                     return
                 clock.now += seconds
                 sec.check(f"{sec.key} item {i}", True)
+
         return run
 
-    plans = [gc.Plan("a", "A", work(2.0), min_s=1, share_s=5),
-             gc.Plan("b", "B", work(3.0, items=4), min_s=1, share_s=7),  # 2 items fit its share, 2 are cut
-             gc.Plan("c", "C", work(1.0), min_s=2, share_s=2, needs=lambda: "no CUDA device"),
-             gc.Plan("d", "D", work(1.0), min_s=1, share_s=5),
-             gc.Plan("e", "E", work(1.0), min_s=50, share_s=60)]  # never enough left
+    plans = [
+        gc.Plan("a", "A", work(2.0), min_s=1, share_s=5),
+        gc.Plan("b", "B", work(3.0, items=4), min_s=1, share_s=7),  # 2 items fit its share, 2 are cut
+        gc.Plan("c", "C", work(1.0), min_s=2, share_s=2, needs=lambda: "no CUDA device"),
+        gc.Plan("d", "D", work(1.0), min_s=1, share_s=5),
+        gc.Plan("e", "E", work(1.0), min_s=50, share_s=60),
+    ]  # never enough left
     gc.run_sections(plans, report, end=12.0, budget_s=12.0, clock=clock)
     status = {s["key"]: s for s in report.sections}
     assert ran == ["a", "b", "d"]
@@ -192,8 +224,13 @@ def test_scheduler_keeps_the_later_sections_minimum(gc):
     def first(sec):
         seen["left"] = sec.left()
 
-    gc.run_sections([gc.Plan("a", "A", first, min_s=1, share_s=100), gc.Plan("b", "B", lambda s: None, min_s=30, share_s=30)],
-                    report, end=100.0, budget_s=100.0, clock=clock)
+    gc.run_sections(
+        [gc.Plan("a", "A", first, min_s=1, share_s=100), gc.Plan("b", "B", lambda s: None, min_s=30, share_s=30)],
+        report,
+        end=100.0,
+        budget_s=100.0,
+        clock=clock,
+    )
     assert seen["left"] == 70.0  # its share is cut to what leaves the next section its minimum
 
 
@@ -203,8 +240,13 @@ def test_a_section_that_raises_is_one_failed_check_and_the_rest_still_run(gc):
     def boom(sec):
         raise RuntimeError("no kernel image")
 
-    gc.run_sections([gc.Plan("a", "A", boom, 0, 10), gc.Plan("b", "B", lambda s: s.check("b ok", True), 0, 10)],
-                    report, end=100.0, budget_s=100.0, clock=clock)
+    gc.run_sections(
+        [gc.Plan("a", "A", boom, 0, 10), gc.Plan("b", "B", lambda s: s.check("b ok", True), 0, 10)],
+        report,
+        end=100.0,
+        budget_s=100.0,
+        clock=clock,
+    )
     assert [(s["key"], s["status"]) for s in report.sections] == [("a", "fail"), ("b", "pass")]
     assert "RuntimeError: no kernel image" in report.checks[0]["reason"]
 
@@ -219,9 +261,11 @@ def test_reference_rounding_is_the_cast_for_nearest_even_and_known_values_for_th
         assert gc.same_bits(gc.reference_round(x, fmt, "rne"), cast)[0], name
     e4m3, e2m1 = FORMATS["fp8_e4m3"], FORMATS["fp4_e2m1"]
     x = torch.tensor([1.0625, -1.0625, 1.07, 1.0624, 2.0**-10, -(2.0**-10), -(2.0**-11), 448.0])
-    expect = {"rne": [1.0, -1.0, 1.125, 1.0, 0.0, -0.0, -0.0, 448.0],
-              "rtz": [1.0, -1.0, 1.0, 1.0, 0.0, -0.0, -0.0, 448.0],
-              "rna": [1.125, -1.125, 1.125, 1.0, 2.0**-9, -(2.0**-9), -0.0, 448.0]}
+    expect = {
+        "rne": [1.0, -1.0, 1.125, 1.0, 0.0, -0.0, -0.0, 448.0],
+        "rtz": [1.0, -1.0, 1.0, 1.0, 0.0, -0.0, -0.0, 448.0],
+        "rna": [1.125, -1.125, 1.125, 1.0, 2.0**-9, -(2.0**-9), -0.0, 448.0],
+    }
     for mode, values in expect.items():
         assert gc.same_bits(gc.reference_round(x, e4m3, mode), torch.tensor(values))[0], mode
     y = torch.tensor([0.25, 0.75, 2.5, -2.5, 5.0, 0.2])
@@ -234,8 +278,15 @@ def test_embedded_config_is_the_embedded_models_architecture(gc):
     from evalkit.models.loading import EMBEDDED_MODELS, embedded_dense_dir
 
     cfg = gc.EMBEDDED_CONFIG
-    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (30, 9, 3, 64)
-    assert "30 layers, 9 query / 3 KV heads, head_dim 64, 8192 context" in EMBEDDED_MODELS["smollm2-135m"]["description"]
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (
+        30,
+        9,
+        3,
+        64,
+    )
+    assert (
+        "30 layers, 9 query / 3 KV heads, head_dim 64, 8192 context" in EMBEDDED_MODELS["smollm2-135m"]["description"]
+    )
     dense = embedded_dense_dir("smollm2-135m") / "config.json"
     if not dense.is_file():
         pytest.skip("the embedded model's dense copy is not on this machine")

@@ -56,6 +56,7 @@ def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
 
 # -- unwritable output locations, per command --------------------------------------------------
 
+
 @pytest.fixture
 def place(tmp_path):
     """An output location under a regular file: creating it fails with ENOTDIR, for root too."""
@@ -74,8 +75,10 @@ def _commands(out: str, cache: str) -> dict[str, tuple[list[str], str]]:
         "report --plots": (["report", str(STORE), "--plots", out], "--plots"),
         "report --out": (["report", str(STORE), "--out", out + "/table.md"], "--out"),
         "calibrate --out": (["calibrate", "--out", out + "/scales.safetensors", "--samples", "1"], "--out"),
-        "calibrate --export-vllm": (["calibrate", "--scales", "calibration/smollm2-135m-head-amax.safetensors",
-                                     "--export-vllm", out], "--export-vllm"),
+        "calibrate --export-vllm": (
+            ["calibrate", "--scales", "calibration/smollm2-135m-head-amax.safetensors", "--export-vllm", out],
+            "--export-vllm",
+        ),
         "sensitivity --out": (["sensitivity", "--scheme", SCHEME, "--out", out, "--cache-dir", cache], "--out"),
         "sensitivity --cache-dir": (["sensitivity", "--scheme", SCHEME, "--cache-dir", out], "--cache-dir"),
         "merge OUT": (["merge", out, str(STORE)], "OUT"),
@@ -91,8 +94,9 @@ def test_location_under_a_file(case, place, capsys, monkeypatch):
     out = str(place / "afile" / "out")
     argv, flag = _commands(out, str(place / "cache"))[case]
     before = tree(place)
-    err = one_line_exit_2(argv, capsys, "cannot write to", str(place / "afile" / "out"), "is a file, not a folder",
-                          f"{flag} a ")
+    err = one_line_exit_2(
+        argv, capsys, "cannot write to", str(place / "afile" / "out"), "is a file, not a folder", f"{flag} a "
+    )
     assert "you can write" in err
     assert tree(place) == before  # nothing created, no probe file left
 
@@ -133,8 +137,11 @@ def test_location_under_proc(case, tmp_path, capsys, monkeypatch):
 def test_existing_file_as_out_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     (tmp_path / "rows").write_text("x\n")
-    one_line_exit_2(["run", "--out", str(tmp_path / "rows"), "--cache-dir", str(tmp_path / "c")], capsys,
-                    "(it is a file, not a folder): pass --out a folder you can write")
+    one_line_exit_2(
+        ["run", "--out", str(tmp_path / "rows"), "--cache-dir", str(tmp_path / "c")],
+        capsys,
+        "(it is a file, not a folder): pass --out a folder you can write",
+    )
     assert tree(tmp_path) == ["rows"]
 
 
@@ -159,6 +166,7 @@ def test_chmod_folder_refused_when_not_root(tmp_path, capsys, monkeypatch):
 
 # -- the check itself ----------------------------------------------------------------------------
 
+
 def test_writable_places_pass_and_nothing_is_created(tmp_path):
     preflight.check_writable(None, "--out")
     preflight.check_writable(tmp_path / "a" / "b" / "c", "--out")
@@ -182,21 +190,31 @@ def test_folder_given_where_a_file_is_wanted(tmp_path):
         preflight.check_writable(tmp_path, "--out", kind="file")
 
 
-@pytest.mark.parametrize("code, reason", [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
-                                          (errno.EPERM, "permission denied"), (errno.ENOSPC, "no space left"),
-                                          (errno.ENOTDIR, "is not a folder")])
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "permission denied"),
+        (errno.EPERM, "permission denied"),
+        (errno.ENOSPC, "no space left"),
+        (errno.ENOTDIR, "is not a folder"),
+    ],
+)
 def test_probe_errors_are_named(code, reason, tmp_path, monkeypatch):
     def mkstemp(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-    with pytest.raises(PreflightError, match=f"cannot write to {tmp_path}/out .*{reason}.*: pass --out a folder") as info:
+    with pytest.raises(
+        PreflightError, match=f"cannot write to {tmp_path}/out .*{reason}.*: pass --out a folder"
+    ) as info:
         preflight.check_writable(tmp_path / "out", "--out")
     assert isinstance(info.value, EvalkitError) and "\n" not in str(info.value)
     assert tree(tmp_path) == []
 
 
 # -- devices ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def no_cuda_build(monkeypatch):
@@ -228,8 +246,17 @@ def _device_commands(device: str, tmp_path: Path, option: str = "--device") -> d
     return {
         "run": ["run", option, device, "--cache-dir", cache, "--out", str(tmp_path / "out")],
         "calibrate": ["calibrate", option, device, "--out", str(tmp_path / "out" / "s.safetensors"), "--samples", "1"],
-        "sensitivity": ["sensitivity", "--scheme", SCHEME, option, device, "--cache-dir", cache,
-                        "--out", str(tmp_path / "out")],
+        "sensitivity": [
+            "sensitivity",
+            "--scheme",
+            SCHEME,
+            option,
+            device,
+            "--cache-dir",
+            cache,
+            "--out",
+            str(tmp_path / "out"),
+        ],
     }
 
 
@@ -256,8 +283,12 @@ def test_device_this_machine_lacks(command, machine, device, needles, tmp_path, 
 @pytest.mark.parametrize("command", ["run", "sensitivity"])
 def test_device_map_naming_a_missing_gpu(command, tmp_path, capsys, monkeypatch, one_gpu):
     monkeypatch.chdir(REPO)
-    one_line_exit_2(_device_commands("cuda:2", tmp_path, "--device-map")[command], capsys,
-                    "--device-map cuda:2 but this machine has 1 CUDA GPU", "use --device-map cuda:0")
+    one_line_exit_2(
+        _device_commands("cuda:2", tmp_path, "--device-map")[command],
+        capsys,
+        "--device-map cuda:2 but this machine has 1 CUDA GPU",
+        "use --device-map cuda:0",
+    )
     assert tree(tmp_path) == []
 
 
@@ -275,40 +306,69 @@ def test_several_gpus_named_in_the_message(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     preflight.check_device("cuda:3")
-    with pytest.raises(PreflightError, match=r"cuda:4 but this machine has 4 CUDA GPUs \(cuda:0 \.\.\. cuda:3\): "
-                                             r"use --device cuda:N with N < 4"):
+    with pytest.raises(
+        PreflightError,
+        match=r"cuda:4 but this machine has 4 CUDA GPUs \(cuda:0 \.\.\. cuda:3\): "
+        r"use --device cuda:N with N < 4",
+    ):
         preflight.check_device("cuda:4")
 
 
 def grid_file(tmp_path: Path, device_line: str) -> Path:
     path = tmp_path / "g.yaml"
-    path.write_text("name: devgrid\nmodels:\n  - {name: embedded, " + device_line + "}\nschemes: [bf16]\n"
-                    "evals:\n  perplexity: {window: 64, stride: 64, max_windows: 1}\n")
+    path.write_text(
+        "name: devgrid\nmodels:\n  - {name: embedded, " + device_line + "}\nschemes: [bf16]\n"
+        "evals:\n  perplexity: {window: 64, stride: 64, max_windows: 1}\n"
+    )
     return path
 
 
-@pytest.mark.parametrize("machine, line, needles", [
-    ("no_cuda_build", "device: cuda", ["model embedded: device: cuda but this torch has no CUDA",
-                                       "use device: cpu in the grid"]),
-    ("one_gpu", "device: 'cuda:3'", ["device: cuda:3 but this machine has 1 CUDA GPU", "use device: cuda:0"]),
-    ("no_mps", "device: mps", ["device: mps but this torch has no MPS", "use device: cpu in the grid"]),
-    ("no_cuda_build", "gpus: 1", ["device: cuda but this torch has no CUDA"]),
-    ("one_gpu", "device_map: 'cuda:1'", ["device_map: cuda:1 but this machine has 1 CUDA GPU"]),
-])
+@pytest.mark.parametrize(
+    "machine, line, needles",
+    [
+        (
+            "no_cuda_build",
+            "device: cuda",
+            ["model embedded: device: cuda but this torch has no CUDA", "use device: cpu in the grid"],
+        ),
+        ("one_gpu", "device: 'cuda:3'", ["device: cuda:3 but this machine has 1 CUDA GPU", "use device: cuda:0"]),
+        ("no_mps", "device: mps", ["device: mps but this torch has no MPS", "use device: cpu in the grid"]),
+        ("no_cuda_build", "gpus: 1", ["device: cuda but this torch has no CUDA"]),
+        ("one_gpu", "device_map: 'cuda:1'", ["device_map: cuda:1 but this machine has 1 CUDA GPU"]),
+    ],
+)
 def test_sweep_grid_device_checked_before_the_first_run(machine, line, needles, tmp_path, capsys, monkeypatch, request):
     request.getfixturevalue(machine)
     grid = grid_file(tmp_path, line)
     out = tmp_path / "store"
-    one_line_exit_2(["sweep", str(grid), "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"],
-                    capsys, f"grid {grid}", *needles)
+    one_line_exit_2(
+        ["sweep", str(grid), "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"],
+        capsys,
+        f"grid {grid}",
+        *needles,
+    )
     assert tree(tmp_path) == ["g.yaml"]  # no store, no cache
 
 
 def test_sweep_dry_run_plans_for_other_machines(tmp_path, capsys, no_cuda_build):
     """A dry run writes nothing and runs nothing: a CUDA grid is sized on a CPU machine."""
     grid = grid_file(tmp_path, "device: cuda")
-    assert main(["sweep", str(grid), "--dry-run", "--assume-device", "h200",
-                 "--out", str(tmp_path / "store"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(grid),
+                "--dry-run",
+                "--assume-device",
+                "h200",
+                "--out",
+                str(tmp_path / "store"),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     assert tree(tmp_path) == ["g.yaml"]
 
 
@@ -322,5 +382,18 @@ def test_sweep_on_ray_leaves_devices_to_the_workers(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(evalkit.sweep.executors, "make_executor", stop)
     grid = grid_file(tmp_path, "device: cuda")
-    one_line_exit_2(["sweep", str(grid), "--executor", "ray", "--out", str(tmp_path / "store"),
-                     "--cache-dir", str(tmp_path / "cache"), "--no-progress"], capsys, "executor reached")
+    one_line_exit_2(
+        [
+            "sweep",
+            str(grid),
+            "--executor",
+            "ray",
+            "--out",
+            str(tmp_path / "store"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+        ],
+        capsys,
+        "executor reached",
+    )

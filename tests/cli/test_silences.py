@@ -42,13 +42,22 @@ def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
 # -- an empty scheme list ---------------------------------------------------------------------
 @pytest.mark.parametrize("schemes", ["", " "])
 def test_empty_schemes_are_refused_before_anything_runs(schemes, tmp_path, capsys, no_model_loads):
-    one_line_exit_2(["run", "--schemes", schemes, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")],
-                    capsys, "--schemes", "names no scheme", "the bf16 baseline is always added")
+    one_line_exit_2(
+        ["run", "--schemes", schemes, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")],
+        capsys,
+        "--schemes",
+        "names no scheme",
+        "the bf16 baseline is always added",
+    )
     assert not (tmp_path / "out").exists()
 
 
-def grid_file(tmp_path: Path, models: str = "[embedded]", schemes: str = f"[{SCHEME}]",
-              evals: str = "{perplexity: {window: 64, max_windows: 1}}") -> Path:
+def grid_file(
+    tmp_path: Path,
+    models: str = "[embedded]",
+    schemes: str = f"[{SCHEME}]",
+    evals: str = "{perplexity: {window: 64, max_windows: 1}}",
+) -> Path:
     path = tmp_path / "grid.yaml"
     path.write_text(f"name: t\nmodels: {models}\nschemes: {schemes}\nevals: {evals}\n")
     return path
@@ -81,7 +90,10 @@ def test_an_existing_model_folder_and_hub_ids_pass(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     grid = parse_grid(grid_file(tmp_path, models=f"[{folder}, some-org/some-model]"))
-    assert {r.model.name for r in grid.runs} == {str(folder), "some-org/some-model"}  # the hub id is the loader's to check
+    assert {r.model.name for r in grid.runs} == {
+        str(folder),
+        "some-org/some-model",
+    }  # the hub id is the loader's to check
 
 
 def test_a_grid_corpus_file_that_does_not_exist_is_a_grid_problem(tmp_path):
@@ -97,11 +109,15 @@ def test_a_grid_corpus_file_that_does_not_exist_is_a_grid_problem(tmp_path):
 
 def test_sweep_refuses_the_grid_before_writing(tmp_path, capsys, no_model_loads):
     path = grid_file(tmp_path, models=f"[{tmp_path / 'gone'}]")
-    one_line_exit_2(["sweep", str(path), "--out", str(tmp_path / "store"), "--no-progress"], capsys,
-                    "models[0]", "no such folder")
+    one_line_exit_2(
+        ["sweep", str(path), "--out", str(tmp_path / "store"), "--no-progress"], capsys, "models[0]", "no such folder"
+    )
     assert not (tmp_path / "store").exists()
-    one_line_exit_2(["sweep", "quick", "--model", str(tmp_path / "gone"), "--out", str(tmp_path / "store"),
-                     "--no-progress"], capsys, "no such folder")
+    one_line_exit_2(
+        ["sweep", "quick", "--model", str(tmp_path / "gone"), "--out", str(tmp_path / "store"), "--no-progress"],
+        capsys,
+        "no such folder",
+    )
     assert not (tmp_path / "store").exists()
 
 
@@ -128,22 +144,29 @@ def test_corpus_spec_check_matches_the_loader(tmp_path):
         check_corpus_params({"corpus": "embedded", "haystack": f"file:{tmp_path / 'gone.txt'}"}, "retrieval")
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "--perplexity-corpus", "file:{gone}"],
-    ["run", "--eval", "retrieval", "--retrieval-haystack", "file:{gone}"],
-    ["sensitivity", "--scheme", SCHEME, "--perplexity-corpus", "file:{gone}"],
-    ["calibrate", "--corpus", "file:{gone}", "--out", "{tmp}/scales.safetensors"],
-    ["calibrate", "--eval-corpus", "file:{gone}", "--out", "{tmp}/scales.safetensors"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--perplexity-corpus", "file:{gone}"],
+        ["run", "--eval", "retrieval", "--retrieval-haystack", "file:{gone}"],
+        ["sensitivity", "--scheme", SCHEME, "--perplexity-corpus", "file:{gone}"],
+        ["calibrate", "--corpus", "file:{gone}", "--out", "{tmp}/scales.safetensors"],
+        ["calibrate", "--eval-corpus", "file:{gone}", "--out", "{tmp}/scales.safetensors"],
+    ],
+)
 def test_bad_corpus_is_refused_before_the_model_loads(argv, tmp_path, capsys, no_model_loads):
     gone = tmp_path / "gone.txt"
-    argv = [a.format(gone=gone, tmp=tmp_path) for a in argv] + (["--cache-dir", str(tmp_path / "c")] if argv[0] != "calibrate" else [])
+    argv = [a.format(gone=gone, tmp=tmp_path) for a in argv] + (
+        ["--cache-dir", str(tmp_path / "c")] if argv[0] != "calibrate" else []
+    )
     one_line_exit_2(argv, capsys, f"corpus file '{gone}' does not exist")
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command, says", [("sweep", "run the same command again to resume"),
-                                           ("report", "run the same command again to start over")])
+@pytest.mark.parametrize(
+    "command, says",
+    [("sweep", "run the same command again to resume"), ("report", "run the same command again to start over")],
+)
 def test_interrupt_says_how_to_go_on(command, says, monkeypatch, capsys):
     import importlib
 

@@ -31,13 +31,16 @@ def test_txt_and_jsonl_files(tmp_path):
     assert load_corpus(f"file:{tmp_path / 'e.jsonl'}:body").text == "x\n\ny"
 
 
-@pytest.mark.parametrize("content, spec_suffix, message", [
-    (None, "missing.txt", "does not exist"),
-    ("", "empty.txt", "is empty"),
-    ('{"body": "x"}\n', "nofield.jsonl", "no string field 'text'"),
-    ("not json\n", "bad.jsonl", "not valid JSON"),
-    ("a,b\n", "table.csv", "use a .txt or .jsonl"),
-])
+@pytest.mark.parametrize(
+    "content, spec_suffix, message",
+    [
+        (None, "missing.txt", "does not exist"),
+        ("", "empty.txt", "is empty"),
+        ('{"body": "x"}\n', "nofield.jsonl", "no string field 'text'"),
+        ("not json\n", "bad.jsonl", "not valid JSON"),
+        ("a,b\n", "table.csv", "use a .txt or .jsonl"),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, content, spec_suffix, message):
     path = tmp_path / spec_suffix
     if content is not None:
@@ -57,10 +60,12 @@ def test_unknown_spec():
 def test_saved_dataset_folder(tmp_path):
     import datasets
 
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["a b c", "d e"], "n": [1, 2]}),
-        "test": datasets.Dataset.from_dict({"text": ["line one\n", "line two\n"], "body": ["x", "y"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["a b c", "d e"], "n": [1, 2]}),
+            "test": datasets.Dataset.from_dict({"text": ["line one\n", "line two\n"], "body": ["x", "y"]}),
+        }
+    )
     dd.save_to_disk(tmp_path / "saved")
     assert load_corpus(f"hf:{tmp_path / 'saved'}:train").text == "a b c\n\nd e"
     assert load_corpus(f"hf:{tmp_path / 'saved'}:test").text == "line one\nline two\n"  # wikitext-style rows

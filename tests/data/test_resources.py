@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.data import resources
-from evalkit.errors import EvalkitError, ScaleError
 from evalkit.data.resources import KINDS, resolve_calibration_file, resource_dir
+from evalkit.errors import EvalkitError, ScaleError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ BEGIN, END = "<!-- conformance:begin -->", "<!-- conformance:end -->"
 
 def readme_block() -> str:
     text = (ROOT / "README.md").read_text()
-    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n") + "\n"
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
 
 
 def test_readme_section_is_the_stored_run(capsys):
@@ -27,7 +27,9 @@ def test_readme_section_is_the_stored_run(capsys):
 
 def test_stored_run_covers_the_three_schemes_end_to_end_with_a_noise_floor():
     report = load_report(STORED)
-    rows = {row["kv_cache_dtype"] + ("/static" if "static" in row["scheme"] else ""): row for row in report["end_to_end"]}
+    rows = {
+        row["kv_cache_dtype"] + ("/static" if "static" in row["scheme"] else ""): row for row in report["end_to_end"]
+    }
     assert set(rows) == {"fp8_e4m3", "fp8_e5m2", "fp8_e4m3/static"}
     for row in rows.values():
         assert "rounding=rtz" in row["scheme"] and row["noise_r"] is not None and row["noise_pp"] is not None
@@ -56,4 +58,3 @@ def test_from_a_folder_without_a_report_is_one_line(tmp_path, capsys):
     (tmp_path / "conformance.json").write_text("{not json")
     assert main(["conformance", "--from", str(tmp_path)]) == 2
     assert "is not a conformance report" in capsys.readouterr().err
-

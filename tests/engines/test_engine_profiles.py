@@ -16,7 +16,6 @@ from evalkit.kv.rounding import Rounding
 from evalkit.kv.scale_table import load_scale_table
 from evalkit.kv.scheme import NAMED_SCHEMES, parse_scheme
 from evalkit.models.info import KVLayout
-from tests.sweep.test_sweep_evals import toy_eval  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 TENSOR_TABLE = "calibration/smollm2-135m-tensor-amax.safetensors"
@@ -56,19 +55,22 @@ def test_profiles_are_frozen_data_with_sourced_facts(name):
 
 
 # -- engine settings -> scheme --------------------------------------------------------------------
-@pytest.mark.parametrize("profile, dtype, expected", [
-    ("vllm-cpu", "auto", "bf16"),
-    ("vllm-cpu", "fp8", "fp8_e4m3/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", "fp8_e4m3", "fp8_e4m3/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", "fp8_e5m2", "fp8_e5m2/tensor/unit+rounding=rtz"),
-    ("vllm-cuda", "fp8", "fp8_e4m3/tensor/unit"),
-    ("vllm-cuda", "fp8_e5m2", "fp8_e5m2/tensor/unit"),
-    ("vllm-rocm", "fp8", "fp8_e4m3fnuz/tensor/unit"),  # the 1.0 without scales is not doubled
-    ("sglang", "fp8_e4m3", "fp8_e4m3/tensor/unit"),
-    ("sglang", "fp4_e2m1", "sglang_fp4"),
-    ("tensorrt-llm", "fp8", "fp8_e4m3/tensor/unit"),
-    ("tensorrt-llm", "nvfp4", "nvfp4"),
-])
+@pytest.mark.parametrize(
+    "profile, dtype, expected",
+    [
+        ("vllm-cpu", "auto", "bf16"),
+        ("vllm-cpu", "fp8", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e5m2", "fp8_e5m2/tensor/unit+rounding=rtz"),
+        ("vllm-cuda", "fp8", "fp8_e4m3/tensor/unit"),
+        ("vllm-cuda", "fp8_e5m2", "fp8_e5m2/tensor/unit"),
+        ("vllm-rocm", "fp8", "fp8_e4m3fnuz/tensor/unit"),  # the 1.0 without scales is not doubled
+        ("sglang", "fp8_e4m3", "fp8_e4m3/tensor/unit"),
+        ("sglang", "fp4_e2m1", "sglang_fp4"),
+        ("tensorrt-llm", "fp8", "fp8_e4m3/tensor/unit"),
+        ("tensorrt-llm", "nvfp4", "nvfp4"),
+    ],
+)
 def test_scheme_for_without_scales(profile, dtype, expected):
     scheme = get_profile(profile).scheme_for(dtype)
     assert str(scheme) == expected
@@ -88,7 +90,9 @@ def test_scheme_for_refusals():
     assert "no kv_cache_dtype 'int8'" in message and "fp8_e4m3" in message and "auto" in message
     assert "per-head" in one_line_error(cpu.scheme_for, "fp8", HEAD_TABLE)
     assert "scales do not apply" in one_line_error(cpu.scheme_for, "auto", TENSOR_TABLE)
-    assert "computes its own per-group scales" in one_line_error(get_profile("sglang").scheme_for, "fp4_e2m1", TENSOR_TABLE)
+    assert "computes its own per-group scales" in one_line_error(
+        get_profile("sglang").scheme_for, "fp4_e2m1", TENSOR_TABLE
+    )
     cuda = get_profile("vllm-cuda")
     assert "+attn=fa3" in one_line_error(cuda.scheme_for, "fp8", HEAD_TABLE)
     s = cuda.scheme_for("fp8", HEAD_TABLE, attention="fa3")
@@ -108,7 +112,10 @@ def test_vllm_rocm_doubles_checkpoint_scales_into_an_fnuz_table(tmp_path):
     from evalkit.integration.binding import BoundScheme
 
     bound = BoundScheme(scheme, SMOLLM)
-    assert bound.fmt.name == "fp8_e4m3fnuz" and bound.fixed_scale("k", 3, torch.device("cpu")).item() == table.k_scale[3].item()
+    assert (
+        bound.fmt.name == "fp8_e4m3fnuz"
+        and bound.fixed_scale("k", 3, torch.device("cpu")).item() == table.k_scale[3].item()
+    )
     # the same call again finds the same table and leaves it alone
     mtime = derived.stat().st_mtime_ns
     assert rocm.scheme_for("fp8", TENSOR_TABLE, out_dir=tmp_path) == scheme and derived.stat().st_mtime_ns == mtime
@@ -124,56 +131,68 @@ def test_tensorrt_llm_floors_modelopt_scales_at_one(tmp_path):
     scheme = trt.scheme_for("fp8", TENSOR_TABLE, out_dir=tmp_path)
     table = load_scale_table(scheme.static_path)
     source = load_scale_table(ROOT / TENSOR_TABLE)
-    assert torch.equal(table.k_scale, source.k_scale.clamp(min=1.0)) and torch.equal(table.v_scale, source.v_scale.clamp(min=1.0))
+    assert torch.equal(table.k_scale, source.k_scale.clamp(min=1.0)) and torch.equal(
+        table.v_scale, source.v_scale.clamp(min=1.0)
+    )
     assert table.meta["format"] == "fp8_e4m3" and "at least 1" in table.meta["engine_transform"]
     assert scheme.format == "fp8_e4m3" and scheme.rounding is Rounding.RNE
 
 
 # -- what each engine can run -----------------------------------------------------------------------
-@pytest.mark.parametrize("profile, text, fragment", [
-    ("vllm-cpu", "fp8_e4m3/head/static+scales=h.safetensors+rounding=rtz", "not per head"),
-    ("vllm-cpu", "fp8_e4m3/block16/dynamic+rounding=rtz", "not per block16"),
-    ("vllm-cpu", "fp8_e4m3/tensor/dynamic+rounding=rtz", "never computes scales from the values"),
-    ("vllm-cpu", "nvfp4", "nvfp4 is not one of its KV cache dtypes"),
-    ("vllm-cpu", "mxfp4", "fp8_e4m3/tensor/unit|static+rounding=rtz"),
-    ("vllm-cpu", "fp4_e2m1/group16/dynamic", "not fp4_e2m1"),
-    ("vllm-cpu", "int8/token/dynamic", "not int8"),
-    ("vllm-cpu", "int4/group32/dynamic", "it stores K/V as fp8_e4m3 or fp8_e5m2"),
-    ("vllm-cpu", "fp8_e4m3/tensor/unit", "it rounds fp8_e4m3 toward zero: add +rounding=rtz"),
-    ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "add +rounding=rtz"),
-    ("vllm-cpu", "fp8_e5m2/tensor/static+scales=x.safetensors+rounding=rtz", "scale 1.0 only"),
-    ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz+attn=fa3", "attention precision fa3"),
-    ("vllm-cpu", "fp8_e4m3/group128/dynamic+rounding=rtz+rope=bf16", "MLA"),
-    ("vllm-cpu", "fp8_e4m3/group32/dynamic+scale_dtype=e8m0+rounding=rtz", "float32 per tensor"),
-    ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "to nearest, ties to even: drop +rounding="),
-    ("vllm-cuda", "fp8_e4m3/head/static+scales=h.safetensors", "FlashAttention-3 path only"),
-    ("vllm-cuda", "fp8_e4m3/head/unit+attn=fa3", "not per head"),
-    ("vllm-cuda", "fp8_e5m2/tensor/unit+attn=fa3", "E4M3 only"),
-    ("vllm-cuda", "nvfp4", "not one of its KV cache dtypes"),
-    ("vllm-rocm", "fp8_e4m3/tensor/unit", "stored as fp8_e4m3fnuz: apply the profile"),
-    ("sglang", "fp8_e4m3/tensor/unit+skip=0", "drop +skip="),
-    ("sglang", "fp8_e4m3/tensor/dynamic", "never computes scales"),
-    ("sglang", "fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang", "not fp4_e2m1; it runs fp8_e4m3/tensor/unit|static, fp8_e5m2/tensor/unit|static, sglang_fp4"),
-    ("tensorrt-llm", "int8/tensor/unit", "not int8"),
-    ("tensorrt-llm", "mxfp8_e4m3", "not one of its KV cache dtypes"),
-])
+@pytest.mark.parametrize(
+    "profile, text, fragment",
+    [
+        ("vllm-cpu", "fp8_e4m3/head/static+scales=h.safetensors+rounding=rtz", "not per head"),
+        ("vllm-cpu", "fp8_e4m3/block16/dynamic+rounding=rtz", "not per block16"),
+        ("vllm-cpu", "fp8_e4m3/tensor/dynamic+rounding=rtz", "never computes scales from the values"),
+        ("vllm-cpu", "nvfp4", "nvfp4 is not one of its KV cache dtypes"),
+        ("vllm-cpu", "mxfp4", "fp8_e4m3/tensor/unit|static+rounding=rtz"),
+        ("vllm-cpu", "fp4_e2m1/group16/dynamic", "not fp4_e2m1"),
+        ("vllm-cpu", "int8/token/dynamic", "not int8"),
+        ("vllm-cpu", "int4/group32/dynamic", "it stores K/V as fp8_e4m3 or fp8_e5m2"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit", "it rounds fp8_e4m3 toward zero: add +rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "add +rounding=rtz"),
+        ("vllm-cpu", "fp8_e5m2/tensor/static+scales=x.safetensors+rounding=rtz", "scale 1.0 only"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz+attn=fa3", "attention precision fa3"),
+        ("vllm-cpu", "fp8_e4m3/group128/dynamic+rounding=rtz+rope=bf16", "MLA"),
+        ("vllm-cpu", "fp8_e4m3/group32/dynamic+scale_dtype=e8m0+rounding=rtz", "float32 per tensor"),
+        ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "to nearest, ties to even: drop +rounding="),
+        ("vllm-cuda", "fp8_e4m3/head/static+scales=h.safetensors", "FlashAttention-3 path only"),
+        ("vllm-cuda", "fp8_e4m3/head/unit+attn=fa3", "not per head"),
+        ("vllm-cuda", "fp8_e5m2/tensor/unit+attn=fa3", "E4M3 only"),
+        ("vllm-cuda", "nvfp4", "not one of its KV cache dtypes"),
+        ("vllm-rocm", "fp8_e4m3/tensor/unit", "stored as fp8_e4m3fnuz: apply the profile"),
+        ("sglang", "fp8_e4m3/tensor/unit+skip=0", "drop +skip="),
+        ("sglang", "fp8_e4m3/tensor/dynamic", "never computes scales"),
+        (
+            "sglang",
+            "fp4_e2m1/group16/dynamic+scale_dtype=e8m0+recipe=sglang",
+            "not fp4_e2m1; it runs fp8_e4m3/tensor/unit|static, fp8_e5m2/tensor/unit|static, sglang_fp4",
+        ),
+        ("tensorrt-llm", "int8/tensor/unit", "not int8"),
+        ("tensorrt-llm", "mxfp8_e4m3", "not one of its KV cache dtypes"),
+    ],
+)
 def test_check_refuses_in_one_line_naming_what_is_supported(profile, text, fragment):
     message = one_line_error(get_profile(profile).check, parse_scheme(text))
     assert fragment in message and message.startswith(f"{profile} cannot run ")
 
 
-@pytest.mark.parametrize("profile, text", [
-    ("vllm-cpu", "bf16"),
-    ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", "fp8_e4m3/tensor/static+scales=s.safetensors+rounding=rtz+skip=0,5"),
-    ("vllm-cpu", "fp8_e5m2/tensor/unit+rounding=rtz+skip=sliding"),
-    ("vllm-cuda", "fp8_e4m3/tensor/static+scales=s.safetensors+attn=fa3"),
-    ("vllm-cuda", "fp8_e4m3/head/static+scales=h.safetensors+attn=fa3"),
-    ("vllm-rocm", "fp8_e4m3fnuz/tensor/static+scales=s.safetensors"),
-    ("sglang", "sglang_fp4"),
-    ("sglang", "fp8_e5m2/tensor/static+scales=s.safetensors"),
-    ("tensorrt-llm", "nvfp4"),
-])
+@pytest.mark.parametrize(
+    "profile, text",
+    [
+        ("vllm-cpu", "bf16"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/static+scales=s.safetensors+rounding=rtz+skip=0,5"),
+        ("vllm-cpu", "fp8_e5m2/tensor/unit+rounding=rtz+skip=sliding"),
+        ("vllm-cuda", "fp8_e4m3/tensor/static+scales=s.safetensors+attn=fa3"),
+        ("vllm-cuda", "fp8_e4m3/head/static+scales=h.safetensors+attn=fa3"),
+        ("vllm-rocm", "fp8_e4m3fnuz/tensor/static+scales=s.safetensors"),
+        ("sglang", "sglang_fp4"),
+        ("sglang", "fp8_e5m2/tensor/static+scales=s.safetensors"),
+        ("tensorrt-llm", "nvfp4"),
+    ],
+)
 def test_check_accepts_what_the_engine_runs(profile, text):
     get_profile(profile).check(parse_scheme(text))
 
@@ -189,20 +208,30 @@ def test_check_with_a_layout_adds_the_head_dim_requirement():
 
 
 # -- emulation scheme -> the engine's kernels --------------------------------------------------------------
-@pytest.mark.parametrize("profile, text, expected", [
-    ("vllm-cpu", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "fp8_e4m3/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+skip=0",
-     f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+rounding=rtz+skip=0"),
-    ("vllm-cpu", "fp8_e5m2/tensor/unit", "fp8_e5m2/tensor/unit+rounding=rtz"),
-    ("vllm-cpu", "bf16", "bf16"),
-    ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit"),
-    ("vllm-cuda", f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3", f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3"),
-    ("vllm-rocm", "fp8_e4m3/tensor/unit", "fp8_e4m3fnuz/tensor/unit"),
-    ("sglang", "sglang_fp4", "sglang_fp4"),
-    ("sglang", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit"),
-    ("tensorrt-llm", "nvfp4+skip=0", None),  # skip is refused there
-])
+@pytest.mark.parametrize(
+    "profile, text, expected",
+    [
+        ("vllm-cpu", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        (
+            "vllm-cpu",
+            f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+skip=0",
+            f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+rounding=rtz+skip=0",
+        ),
+        ("vllm-cpu", "fp8_e5m2/tensor/unit", "fp8_e5m2/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "bf16", "bf16"),
+        ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit"),
+        (
+            "vllm-cuda",
+            f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3",
+            f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3",
+        ),
+        ("vllm-rocm", "fp8_e4m3/tensor/unit", "fp8_e4m3fnuz/tensor/unit"),
+        ("sglang", "sglang_fp4", "sglang_fp4"),
+        ("sglang", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit"),
+        ("tensorrt-llm", "nvfp4+skip=0", None),  # skip is refused there
+    ],
+)
 def test_apply_sets_the_engines_rounding_and_format(profile, text, expected):
     p = get_profile(profile)
     if expected is None:
@@ -214,8 +243,17 @@ def test_apply_sets_the_engines_rounding_and_format(profile, text, expected):
     assert apply_profile(text, profile) == out and apply_profile(text, None) == parse_scheme(text)
 
 
-@pytest.mark.parametrize("text", ["fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/tensor/dynamic", "nvfp4",
-                                  "int8/token/dynamic", "fp8_e4m3/head/static+scales=" + HEAD_TABLE])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "fp8_e4m3/head/dynamic",
+        "fp8_e4m3/block16/dynamic",
+        "fp8_e4m3/tensor/dynamic",
+        "nvfp4",
+        "int8/token/dynamic",
+        "fp8_e4m3/head/static+scales=" + HEAD_TABLE,
+    ],
+)
 def test_apply_refuses_what_vllm_cpu_cannot_run(text):
     message = one_line_error(get_profile("vllm-cpu").apply, parse_scheme(text))
     assert message.startswith("vllm-cpu") or "vllm-cpu" in message
@@ -251,13 +289,19 @@ def test_grid_engine_profile_key(tmp_path, toy_eval):
     path = tmp_path / "g.yaml"
     path.write_text(GRID.format(profile="vllm-cpu"))
     grid = parse_grid(path)
-    assert [r.scheme for r in grid.runs] == ["bf16", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e5m2/tensor/unit+rounding=rtz"]
+    assert [r.scheme for r in grid.runs] == [
+        "bf16",
+        "fp8_e4m3/tensor/unit+rounding=rtz",
+        "fp8_e5m2/tensor/unit+rounding=rtz",
+    ]
     plain = parse_grid(path, GRID.format(profile="vllm-cpu").replace("engine_profile: vllm-cpu\n", ""))
     assert with_engine_profile(plain, "vllm-cpu").runs == grid.runs
     assert {r.run_id for r in plain.runs} != {r.run_id for r in grid.runs}
     with pytest.raises(GridError, match=r"g\.yaml:7: engine_profile: unknown engine profile 'nope'"):
         parse_grid(path, GRID.format(profile="nope"))
-    bad = GRID.format(profile="vllm-cpu").replace("  - fp8_e5m2/tensor/unit\n", "  - fp8_e4m3/head/dynamic\n  - nvfp4\n")
+    bad = GRID.format(profile="vllm-cpu").replace(
+        "  - fp8_e5m2/tensor/unit\n", "  - fp8_e4m3/head/dynamic\n  - nvfp4\n"
+    )
     with pytest.raises(GridError) as err:
         parse_grid(path, bad)
     assert len(err.value.problems) == 2 and all(":3: schemes: vllm-cpu cannot run" in p for p in err.value.problems)

@@ -21,8 +21,24 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
     except EngineUnavailableError as exc:
         pytest.skip(f"needs vLLM: {exc}")
     out = tmp_path / "conf"
-    assert main(["conformance", "--engine", "vllm", "--schemes", "fp8_e4m3/tensor/unit+rounding=rtz",
-                 "--windows", "2", "--length", "128", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "conformance",
+                "--engine",
+                "vllm",
+                "--schemes",
+                "fp8_e4m3/tensor/unit+rounding=rtz",
+                "--windows",
+                "2",
+                "--length",
+                "128",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = load_report(out)
     assert report["end_to_end_status"] == "measured"
     (row,) = report["end_to_end"]

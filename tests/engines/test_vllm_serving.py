@@ -52,8 +52,17 @@ def one_line_exit_2(argv, capsys, *needles):
 
 def alloc(kvd="auto", budget=2 << 30, bpt=BF16_BPT, block=128, context=2048, null=1):
     blocks = budget // (bpt * block)
-    return vs.Allocation(kvd, budget, context, blocks, block, blocks * block * bpt, blocks / math.ceil(context / block),
-                         blocks - null, 30)
+    return vs.Allocation(
+        kvd,
+        budget,
+        context,
+        blocks,
+        block,
+        blocks * block * bpt,
+        blocks / math.ceil(context / block),
+        blocks - null,
+        30,
+    )
 
 
 # -- without the engine ------------------------------------------------------------------------------
@@ -66,9 +75,13 @@ def test_split_tokens_prefill_then_decode_and_recompute():
 
 
 def test_speeds_and_admission_from_steps():
-    steps = [vs.Step(2.0, 4, 3, 4 * 100, 0, 0, 4),  # the prompts of 4 requests, 3 left waiting
-             vs.Step(0.5, 4, 3, 0, 4, 0, 4), vs.Step(0.5, 0, 3, 0, 4, 0, 4),
-             vs.Step(1.0, 3, 0, 300, 0, 0, 3), vs.Step(0.25, 3, 0, 0, 3, 0, 3)]
+    steps = [
+        vs.Step(2.0, 4, 3, 4 * 100, 0, 0, 4),  # the prompts of 4 requests, 3 left waiting
+        vs.Step(0.5, 4, 3, 0, 4, 0, 4),
+        vs.Step(0.5, 0, 3, 0, 4, 0, 4),
+        vs.Step(1.0, 3, 0, 300, 0, 0, 3),
+        vs.Step(0.25, 3, 0, 0, 3, 0, 3),
+    ]
     run = vs.LoadRun(7, 100, 2, steps)
     assert run.admitted == 4 and run.peak_running == 4 and run.preemptions == 0
     prefill, decode = vs.speeds(steps)
@@ -102,11 +115,15 @@ def test_kv_cache_dtypes_budget_and_refusal_lines():
     for bad in (0, -1, "x", float("inf")):
         with pytest.raises(EvalkitError, match="--budget-gib must be a"):
             vs.check_budget(bad)
-    vllm_says = ("To serve at least one request with the model's max seq len (4096), (0.09 GiB KV cache is needed, "
-                 "which is larger than the available KV cache memory (0.01 GiB).")
+    vllm_says = (
+        "To serve at least one request with the model's max seq len (4096), (0.09 GiB KV cache is needed, "
+        "which is larger than the available KV cache memory (0.01 GiB)."
+    )
     line = vs.too_small(vllm_says, 10 << 20, 4096, "auto", 90 << 20)
     assert "holds no request of 4,096 tokens" in line and "vLLM needs 0.09 GiB" in line and "raise --budget-gib" in line
-    assert "not one cache block fits" in vs.too_small("No available memory for the cache blocks. Try", 1, 2048, "auto", 5)
+    assert "not one cache block fits" in vs.too_small(
+        "No available memory for the cache blocks. Try", 1, 2048, "auto", 5
+    )
     assert vs.too_small("some other refusal", 1, 2048, "auto", 5) is None
 
 
@@ -115,13 +132,23 @@ def _measurement(kvd, bpt, scheme, admitted=None):
     m = vs.Measurement(a, vs.compare(a, Fraction(bpt)), scheme, {"engine": "vllm", "engine_block_size": 128})
     if admitted:
         m.single = vs.LoadRun(1, 248, 8, [vs.Step(2.0, 1, 0, 248, 0, 0, 1), vs.Step(0.1, 0, 0, 0, 1, 0, 1)])
-        m.load = vs.LoadRun(admitted + 2, 248, 8, [vs.Step(4.0, admitted, 2, 248 * admitted, 0, 0, admitted),
-                                                    vs.Step(0.2, admitted, 2, 0, admitted, 0, admitted)])
+        m.load = vs.LoadRun(
+            admitted + 2,
+            248,
+            8,
+            [
+                vs.Step(4.0, admitted, 2, 248 * admitted, 0, 0, admitted),
+                vs.Step(0.2, admitted, 2, 0, admitted, 0, admitted),
+            ],
+        )
     return m
 
 
 def test_rows_and_table():
-    ms = [_measurement("auto", BF16_BPT, "bf16", 5), _measurement("fp8_e4m3", BF16_BPT // 2, "fp8_e4m3/tensor/unit", 10)]
+    ms = [
+        _measurement("auto", BF16_BPT, "bf16", 5),
+        _measurement("fp8_e4m3", BF16_BPT // 2, "fp8_e4m3/tensor/unit", 10),
+    ]
     rows = vs.serving_rows(ms)
     by = {(r.metric, r.labels["kv_cache_dtype"], r.labels.get("batch")): r for r in rows}
     assert by[("kv_tokens", "fp8_e4m3", None)].value == 22 * 128
@@ -142,13 +169,27 @@ def test_rows_and_table():
 
 
 def test_cli_refuses_engine_input_in_one_line(capsys, tmp_path):
-    one_line_exit_2(["capacity", "--preset", "kimi-k2", "--engine", "vllm"], capsys, "--engine vllm measures a model folder")
-    one_line_exit_2(["capacity", "--model", "embedded", "--engine", "vllm", "--budget-gib", "0"], capsys,
-                    "--budget-gib must be a positive number")
-    one_line_exit_2(["capacity", "--model", "embedded", "--engine", "vllm", "--json", "--format", "md"], capsys,
-                    "--json and --format md disagree")
-    one_line_exit_2(["capacity", "--preset", "kimi-k2", "--load"], capsys, "--load is for measuring with an engine: add --engine vllm")
-    one_line_exit_2(["capacity", "--preset", "kimi-k2", "--format", "csv"], capsys, "--format is for measuring with an engine")
+    one_line_exit_2(
+        ["capacity", "--preset", "kimi-k2", "--engine", "vllm"], capsys, "--engine vllm measures a model folder"
+    )
+    one_line_exit_2(
+        ["capacity", "--model", "embedded", "--engine", "vllm", "--budget-gib", "0"],
+        capsys,
+        "--budget-gib must be a positive number",
+    )
+    one_line_exit_2(
+        ["capacity", "--model", "embedded", "--engine", "vllm", "--json", "--format", "md"],
+        capsys,
+        "--json and --format md disagree",
+    )
+    one_line_exit_2(
+        ["capacity", "--preset", "kimi-k2", "--load"],
+        capsys,
+        "--load is for measuring with an engine: add --engine vllm",
+    )
+    one_line_exit_2(
+        ["capacity", "--preset", "kimi-k2", "--format", "csv"], capsys, "--format is for measuring with an engine"
+    )
 
 
 @pytest.mark.skipif(MISSING is None, reason="vLLM is installed here")
@@ -180,7 +221,11 @@ def test_allocator_capacity_bf16_against_fp8_matches_evalkits_ratio(embedded):
     assert abs(engine_ratio / computed_ratio - 1) < 0.01  # the done-when figure
     assert not auto.comparison.flagged and not fp8.comparison.flagged
     assert auto.allocation.max_concurrency == pytest.approx(93184 / 2048)
-    assert auto.info["engine"] == "vllm" and auto.info["engine_profile"] == "vllm-cpu" and auto.info["kv_cache_dtype"] == "auto"
+    assert (
+        auto.info["engine"] == "vllm"
+        and auto.info["engine_profile"] == "vllm-cpu"
+        and auto.info["kv_cache_dtype"] == "auto"
+    )
 
 
 @needs_vllm
@@ -198,22 +243,48 @@ def test_admission_and_speed_under_a_tiny_budget(embedded):
     assert fp8.load.admitted >= 2 * auto.load.admitted
     rows = vs.serving_rows(ms)
     speed = [r for r in rows if r.metric in ("prefill_tok_s", "decode_tok_s")]
-    assert {r.labels["batch"] for r in speed} == {1, auto.load.admitted, fp8.load.admitted} and all(r.value > 0 for r in speed)
+    assert {r.labels["batch"] for r in speed} == {1, auto.load.admitted, fp8.load.admitted} and all(
+        r.value > 0 for r in speed
+    )
 
 
 @needs_vllm
 def test_cli_end_to_end_json_and_out(capsys, tmp_path):
     capsys.readouterr()
-    assert main(["capacity", "--engine", "vllm", "--model", "embedded", "--kv-cache-dtypes", "fp8_e4m3",
-                 "--budget-gib", "0.015625", "--context", "256", "--format", "json", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "capacity",
+                "--engine",
+                "vllm",
+                "--model",
+                "embedded",
+                "--kv-cache-dtypes",
+                "fp8_e4m3",
+                "--budget-gib",
+                "0.015625",
+                "--context",
+                "256",
+                "--format",
+                "json",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     kv = next(r for r in doc["rows"] if r["metric"] == "kv_tokens")
     assert kv["value"] == (16 << 20) // (BF16_BPT // 2 * 128) * 128 and kv["labels"]["kv_cache_dtype"] == "fp8_e4m3"
     records = [json.loads(line) for line in (tmp_path / "serving.jsonl").read_text().splitlines()]
     assert len(records) == len(doc["rows"]) and {r["eval"] for r in records} == {"serving"}
     assert (tmp_path / "serving.csv").read_text().startswith("kv_cache_dtype,")
-    one_line_exit_2(["capacity", "--engine", "vllm", "--model", "embedded", "--budget-gib", "0.01", "--context", "4096"],
-                    capsys, "holds no request of 4,096 tokens", "raise --budget-gib")
+    one_line_exit_2(
+        ["capacity", "--engine", "vllm", "--model", "embedded", "--budget-gib", "0.01", "--context", "4096"],
+        capsys,
+        "holds no request of 4,096 tokens",
+        "raise --budget-gib",
+    )
 
 
 # -- the serving evaluation ------------------------------------------------------------------------------
@@ -222,8 +293,12 @@ def test_serving_eval_registers_and_checks_its_params():
     from evalkit.evals.base import get_eval
 
     assert get_eval("serving") is ServingEval and ServingEval.name == "serving"
-    assert ServingEval({"budget_gib": 0.5, "context": 256}).params == {"budget_gib": 0.5, "context": 256, "load": False,
-                                                                       "decode_tokens": 16}
+    assert ServingEval({"budget_gib": 0.5, "context": 256}).params == {
+        "budget_gib": 0.5,
+        "context": 256,
+        "load": False,
+        "decode_tokens": 16,
+    }
     with pytest.raises(EvalkitError, match="--serving-budget-gib must be a positive number"):
         ServingEval({"budget_gib": 0})
     with pytest.raises(EvalkitError, match="unknown serving parameter"):
@@ -244,4 +319,6 @@ def test_serving_eval_measures_the_scheme_through_its_engine_config(embedded):
     ev.prepare(lm, None)
     rows = {r.metric: r for r in ev.evaluate(lm, "fp8_e4m3/tensor/unit")}
     assert rows["kv_tokens"].value == 1408 and rows["kv_tokens"].labels["kv_cache_dtype"] == "fp8_e4m3"
-    assert rows["computed_bytes_per_token"].value == BF16_BPT // 2 and rows["kv_tokens"].info["engine_dtype"] == "bfloat16"
+    assert (
+        rows["computed_bytes_per_token"].value == BF16_BPT // 2 and rows["kv_tokens"].info["engine_dtype"] == "bfloat16"
+    )

@@ -18,8 +18,10 @@ import torch
 from evalkit.evals.base import Column, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 
 MODULE = "tests.evals.plugin_eval"
-TEXT = ("The quick brown fox jumps over the lazy dog. Python's documentation describes the language "
-        "reference, the library, and how a statement is executed.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Python's documentation describes the language "
+    "reference, the library, and how a statement is executed."
+)
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,11 @@ class EchoParams(Params):
 class EchoEval(Evaluation):
     Params = EchoParams
     summary_metrics = ("nll", "nll_delta")
-    report = ReportSpec(columns=(Column("nll_delta", key="echo_nll_delta", heading="echo Δnll", fmt="+.4f",
-                                        baseline="baseline"),),
-                        plots=(f"{MODULE}:figures",), order=90)
+    report = ReportSpec(
+        columns=(Column("nll_delta", key="echo_nll_delta", heading="echo Δnll", fmt="+.4f", baseline="baseline"),),
+        plots=(f"{MODULE}:figures",),
+        order=90,
+    )
 
     @classmethod
     def workload(cls, params, facts, device: str = "cpu"):
@@ -62,8 +66,10 @@ class EchoEval(Evaluation):
         with quantized_kv(lm.model, scheme):
             nll = self._nll(lm)
         info = {"tokens": int(self.ids.shape[1])}
-        return [MetricRow("nll", float(nll.mean()), info=info),
-                MetricRow("nll_delta", float((nll - self.base).mean()), info=info)]
+        return [
+            MetricRow("nll", float(nll.mean()), info=info),
+            MetricRow("nll_delta", float((nll - self.base).mean()), info=info),
+        ]
 
 
 def figures(results, style=None) -> dict:

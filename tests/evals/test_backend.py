@@ -59,9 +59,16 @@ class KnownBackend(Backend):
     def score(self, ev, lm, scheme):
         n = int(ev.offsets[-1])
         base = torch.full((n,), 2.0, dtype=torch.float64)
-        return TokenScores(nll=base + 0.1, base_nll=base, agree=torch.arange(n) % 2 == 0, kl=None,
-                           kl_lower=torch.full((n,), 0.05, dtype=torch.float64), kl_var=None,
-                           kl_tail_mass=torch.full((n,), 0.2, dtype=torch.float64), info={"from": "known"})
+        return TokenScores(
+            nll=base + 0.1,
+            base_nll=base,
+            agree=torch.arange(n) % 2 == 0,
+            kl=None,
+            kl_lower=torch.full((n,), 0.05, dtype=torch.float64),
+            kl_var=None,
+            kl_tail_mass=torch.full((n,), 0.2, dtype=torch.float64),
+            info={"from": "known"},
+        )
 
     def prepare_decode(self, ev, lm, workdir):
         self.decode_prepared = True
@@ -71,8 +78,16 @@ class KnownBackend(Backend):
         agree = np.ones((rows, steps), dtype=bool)
         agree[ev.p.sequences, 3] = False  # the first greedy row leaves the baseline at step 3, the second never
         ones = np.ones((rows, steps))
-        return {"kl": None, "kl_var": None, "kl_lower": 0.01 * ones, "tail_mass": 0.5 * ones, "agree": agree,
-                "nll": 1.5 * ones, "base_nll": ones, "info": {"from": "known"}}
+        return {
+            "kl": None,
+            "kl_var": None,
+            "kl_lower": 0.01 * ones,
+            "tail_mass": 0.5 * ones,
+            "agree": agree,
+            "nll": 1.5 * ones,
+            "base_nll": ones,
+            "info": {"from": "known"},
+        }
 
 
 def test_perplexity_rows_come_from_the_backend(tiny, tmp_path, prose):
@@ -84,7 +99,9 @@ def test_perplexity_rows_come_from_the_backend(tiny, tmp_path, prose):
     ev.prepare(tiny, tmp_path)
     assert backend.prepared and not (tmp_path / "perplexity").exists()  # the emulation's baseline never ran
     rows = {r.metric: r for r in ev.evaluate(tiny, Scheme()) if not r.labels}
-    assert rows["ppl"].value == pytest.approx(math.exp(2.1)) and rows["ppl_delta_rel"].value == pytest.approx(math.exp(0.1) - 1)
+    assert rows["ppl"].value == pytest.approx(math.exp(2.1)) and rows["ppl_delta_rel"].value == pytest.approx(
+        math.exp(0.1) - 1
+    )
     assert rows["top1_agreement"].value == pytest.approx(0.5, abs=1 / rows["n_tokens"].value)
     assert "kl_mean" not in rows and rows["kl_lower_bound"].value == pytest.approx(0.05)
     assert rows["kl_lower_bound"].info["kl_tail_mass"] == pytest.approx(0.2)
@@ -99,7 +116,9 @@ def test_decode_rows_come_from_the_backend(tiny, tmp_path, prose):
     ev.prepare(tiny, tmp_path)
     assert backend.decode_prepared and not (tmp_path / "decode").exists()
     rows = {r.metric: r for r in ev.evaluate(tiny, Scheme()) if not r.labels}
-    assert rows["kl_lower_bound"].value == pytest.approx(0.01) and rows["free_kl_lower_bound"].value == pytest.approx(0.01)
+    assert rows["kl_lower_bound"].value == pytest.approx(0.01) and rows["free_kl_lower_bound"].value == pytest.approx(
+        0.01
+    )
     assert "kl_mean" not in rows and rows["kl_lower_bound"].info["kl_bound"] is True
     assert rows["nll_delta"].value == pytest.approx(0.5) and rows["top1_agreement"].value == 1.0
     assert rows["first_divergence"].info["steps"] == [3, DECODE["decode"]]
@@ -111,8 +130,10 @@ def test_a_request_the_backend_does_not_serve_is_one_line():
     from evalkit.evals.lmeval.evaluation import LmEvalEval
     from evalkit.evals.retrieval.evaluation import RetrievalEval
 
-    for ev, needle in ((RetrievalEval({"tasks": "passkey"}), "greedy generation"),
-                       (LmEvalEval({"tasks": "evalkit_mmlu4"}), "lm-eval's loglikelihood")):
+    for ev, needle in (
+        (RetrievalEval({"tasks": "passkey"}), "greedy generation"),
+        (LmEvalEval({"tasks": "evalkit_mmlu4"}), "lm-eval's loglikelihood"),
+    ):
         with pytest.raises(EvalkitError) as info:
             use_backend(ev, KnownBackend())
         text = str(info.value)
@@ -152,11 +173,16 @@ def test_emulation_identity_is_bit_exact_with_the_model(tiny, tmp_path, prose):
     ev = PerplexityEval({**PPL, "corpus": prose})
     ev.prepare(tiny, tmp_path)
     s = EMULATION.score(ev, tiny, Scheme())
-    assert torch.equal(s.nll, s.base_nll) and bool(s.agree.all()) and bool((s.kl == 0).all()) and bool((s.kl_lower == 0).all())
+    assert (
+        torch.equal(s.nll, s.base_nll)
+        and bool(s.agree.all())
+        and bool((s.kl == 0).all())
+        and bool((s.kl_lower == 0).all())
+    )
     plain = []
     with torch.inference_mode():
         for ids, t0 in ev.window_inputs():
-            logits = tiny.model(ids[None]).logits[0, t0 - 1: -1].float()
+            logits = tiny.model(ids[None]).logits[0, t0 - 1 : -1].float()
             plain.append(-torch.log_softmax(logits, -1).gather(1, ids[t0:, None])[:, 0].double())
     plain = torch.cat(plain)
     assert plain.shape == s.base_nll.shape

@@ -36,12 +36,12 @@ import torch
 from evalkit import quantized_kv
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
+from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share, median_interval
 from evalkit.evals.decode.evaluation import DecodeEval, DecodeParams, sequence_starts, step_bucket_edges
 from evalkit.evals.decode.loop import decode_logits
 from evalkit.evals.output_head import OutputHead
-from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share, median_interval
-from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.integration.hf_compat import cache_inputs, output_cache
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 P, T, N = 24, 24, 2
 QUANT = "int4/tensor/dynamic"
@@ -93,13 +93,27 @@ def by_metric(rows, labels=None):
 
 # ---- parameters and small pieces ---------------------------------------------------------------
 def test_params_defaults_flags_and_validation():
-    assert DecodeEval.validate({}) == dict(corpus="embedded", prefill=512, decode=1536, sequences=4, batch_size=8,
-                                           buckets=8, bos=None, bootstrap_samples=2000, seed=0)
+    assert DecodeEval.validate({}) == dict(
+        corpus="embedded",
+        prefill=512,
+        decode=1536,
+        sequences=4,
+        batch_size=8,
+        buckets=8,
+        bos=None,
+        bootstrap_samples=2000,
+        seed=0,
+    )
     assert DecodeParams(prefill=3, decode=5).length == 8
-    for params, message in [(dict(decode=0), "decode = 0 is too small: use --decode-tokens 1 or more"),
-                            (dict(prefill=0), "prefill = 0 is too small"), (dict(sequences="2"), "must be an integer"),
-                            (dict(buckets=True), "must be an integer"), (dict(bos="yes"), "bos must be"),
-                            (dict(corpus=""), "needs a corpus"), (dict(window=3), "unknown decode parameter")]:
+    for params, message in [
+        (dict(decode=0), "decode = 0 is too small: use --decode-tokens 1 or more"),
+        (dict(prefill=0), "prefill = 0 is too small"),
+        (dict(sequences="2"), "must be an integer"),
+        (dict(buckets=True), "must be an integer"),
+        (dict(bos="yes"), "bos must be"),
+        (dict(corpus=""), "needs a corpus"),
+        (dict(window=3), "unknown decode parameter"),
+    ]:
         with pytest.raises(EvalkitError, match=message) as err:
             DecodeEval(params)
         assert "\n" not in str(err.value)
@@ -107,11 +121,28 @@ def test_params_defaults_flags_and_validation():
 
     parser = argparse.ArgumentParser()
     DecodeEval.add_arguments(parser)
-    args = parser.parse_args(["--decode-prefill", "64", "--decode-tokens", "32", "--decode-sequences", "3", "--no-decode-bos",
-                              "--decode-corpus", "wikitext2"])
+    args = parser.parse_args(
+        [
+            "--decode-prefill",
+            "64",
+            "--decode-tokens",
+            "32",
+            "--decode-sequences",
+            "3",
+            "--no-decode-bos",
+            "--decode-corpus",
+            "wikitext2",
+        ]
+    )
     params = DecodeEval.params_from_args(args)
-    assert DecodeEval.validate(params) == {**DecodeEval.validate({}), "prefill": 64, "decode": 32, "sequences": 3,
-                                           "bos": False, "corpus": "wikitext2"}
+    assert DecodeEval.validate(params) == {
+        **DecodeEval.validate({}),
+        "prefill": 64,
+        "decode": 32,
+        "sequences": 3,
+        "bos": False,
+        "corpus": "wikitext2",
+    }
 
 
 def test_bucket_edges_and_sequence_starts():
@@ -166,13 +197,13 @@ def plain_reference(lm, ids, scheme):
             cache = DynamicCache(config=lm.model.config)
             logits = [lm.model(ids[:, :P], **cache_inputs(lm.model, cache)).logits[:, -1]]
             for t in range(P, P + T - 1):
-                logits.append(lm.model(ids[:, t:t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
+                logits.append(lm.model(ids[:, t : t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
         else:
             with quantized_kv(lm.model, scheme):
                 res = lm.model(ids[:, :P])
                 logits, cache = [res.logits[:, -1]], output_cache(res)
                 for t in range(P, P + T - 1):
-                    logits.append(lm.model(ids[:, t:t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
+                    logits.append(lm.model(ids[:, t : t + 1], **cache_inputs(lm.model, cache)).logits[:, -1])
     for lg in logits:
         out.append(lg.double().log_softmax(-1))
     return torch.stack(out, dim=1)
@@ -203,7 +234,7 @@ def test_per_position_kl_top1_nll_match_a_plain_float64_computation(sharp, prepa
     assert top["kl_mean"].ci_low <= top["kl_mean"].value <= top["kl_mean"].ci_high
     edges = step_bucket_edges(T, 3)
     last = by_metric(rows, {"bucket": f"{P + edges[-2]}-{P + T - 1}"})
-    assert last["kl_mean"].value == pytest.approx(pos["kl"][:N, edges[-2]:].mean(), rel=1e-12)
+    assert last["kl_mean"].value == pytest.approx(pos["kl"][:N, edges[-2] :].mean(), rel=1e-12)
     assert sum(r.value for r in rows if r.metric == "n_tokens" and r.labels) == N * T
 
 
@@ -213,7 +244,9 @@ def test_greedy_rows_and_first_divergence_match_generate(sharp, prepared):
     from transformers import GenerationConfig
 
     prompts = prepared.inputs[N:, :P]
-    greedy = GenerationConfig(do_sample=False, max_new_tokens=T, eos_token_id=None, pad_token_id=sharp.tokenizer.pad_token_id)
+    greedy = GenerationConfig(
+        do_sample=False, max_new_tokens=T, eos_token_id=None, pad_token_id=sharp.tokenizer.pad_token_id
+    )
     with torch.inference_mode():
         plain = sharp.model.generate(prompts, generation_config=greedy)[:, P:]
         with quantized_kv(sharp.model, QUANT):
@@ -236,12 +269,14 @@ def single_forward_kl(lm, ev, scheme, caches: list | None = None):
 
     n, prefill, steps = ev.p.sequences, ev.p.prefill, ev.p.decode
     with torch.inference_mode(), quantized_kv(lm.model, scheme):
-        out = lm.model(ev.inputs[:n, :prefill + steps - 1])
-        lq = out.logits[:, prefill - 1:].float().log_softmax(-1)
+        out = lm.model(ev.inputs[:n, : prefill + steps - 1])
+        lq = out.logits[:, prefill - 1 :].float().log_softmax(-1)
     if caches is not None:
         caches.append(output_cache(out))
-    summary = {k: torch.from_numpy(np.array(ev.base[k][:n])) if k in ARRAYS else ev.base[k][:n]
-               for k in (*ARRAYS, "t", "log_tail")}
+    summary = {
+        k: torch.from_numpy(np.array(ev.base[k][:n])) if k in ARRAYS else ev.base[k][:n]
+        for k in (*ARRAYS, "t", "log_tail")
+    }
     summary = {k: v.reshape(n * steps, *v.shape[2:]) for k, v in summary.items()}
     return kl_from_summary(summary, lq.reshape(n * steps, -1))[0].double().reshape(n, steps).numpy()
 
@@ -252,13 +287,28 @@ def static_table(sharp, tmp_path_factory):
     from evalkit.models.info import config_hash
 
     path = tmp_path_factory.mktemp("scales") / "tensor.safetensors"
-    save_scale_table(path, ScaleTable(torch.tensor([0.01, 0.02]), torch.tensor([0.005, 0.01]),
-                                      {"config_hash": config_hash(sharp.model.config), "format": "fp8_e4m3"}))
+    save_scale_table(
+        path,
+        ScaleTable(
+            torch.tensor([0.01, 0.02]),
+            torch.tensor([0.005, 0.01]),
+            {"config_hash": config_hash(sharp.model.config), "format": "fp8_e4m3"},
+        ),
+    )
     return path
 
 
-@pytest.mark.parametrize("scheme", ["fp8_e4m3/token/dynamic", "int4/group8/dynamic", "int4_asym/token/dynamic",
-                                    "fp8_e4m3/tensor/unit", "fp8_e5m2/head/unit", "STATIC"])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "fp8_e4m3/token/dynamic",
+        "int4/group8/dynamic",
+        "int4_asym/token/dynamic",
+        "fp8_e4m3/tensor/unit",
+        "fp8_e5m2/head/unit",
+        "STATIC",
+    ],
+)
 def test_per_token_and_fixed_scales_decode_equals_one_forward(sharp, prepared, static_table, scheme):
     """A token's codes do not depend on later tokens, so decoding changes nothing but float order."""
     scheme = f"fp8_e4m3/tensor/static+scales={static_table}" if scheme == "STATIC" else scheme
@@ -330,9 +380,30 @@ def test_baseline_cached_and_damaged_cache_recomputed(sharp, prose, tmp_path, mo
 def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
     from evalkit.cli import main
 
-    argv = ["run", "--model", str(sharp_dir), "--schemes", f"bf16,{QUANT}", "--eval", "decode", "--decode-corpus", prose,
-            "--decode-prefill", "16", "--decode-tokens", "8", "--decode-sequences", "2", "--decode-bootstrap-samples", "200", "--json",
-            "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    argv = [
+        "run",
+        "--model",
+        str(sharp_dir),
+        "--schemes",
+        f"bf16,{QUANT}",
+        "--eval",
+        "decode",
+        "--decode-corpus",
+        prose,
+        "--decode-prefill",
+        "16",
+        "--decode-tokens",
+        "8",
+        "--decode-sequences",
+        "2",
+        "--decode-bootstrap-samples",
+        "200",
+        "--json",
+        "--out",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
@@ -361,26 +432,59 @@ def test_grid_accepts_decode(tmp_path):
         parse_grid(tmp_path / "g.yaml", text.replace("decode: 32", "decode: 0"))
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--decode-prefill", "500", "--decode-tokens", "13"], "513 tokens is longer than the model's maximum 512"),
-    (["--decode-sequences", "40", "--decode-prefill", "200", "--decode-tokens", "200", "--decode-corpus", "SMALL"],
-     "fewer than 40 sequences"),
-    (["--decode-tokens", "0"], "decode = 0 is too small"),
-    (["--schemes", "bf16,fp8_e4m3/group48/dynamic"], "group48 does not divide head_dim 16"),
-    (["--schemes", "fp8_e4m3/head/dynamic+rope=bf16"], "multi-head latent attention"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--decode-prefill", "500", "--decode-tokens", "13"], "513 tokens is longer than the model's maximum 512"),
+        (
+            [
+                "--decode-sequences",
+                "40",
+                "--decode-prefill",
+                "200",
+                "--decode-tokens",
+                "200",
+                "--decode-corpus",
+                "SMALL",
+            ],
+            "fewer than 40 sequences",
+        ),
+        (["--decode-tokens", "0"], "decode = 0 is too small"),
+        (["--schemes", "bf16,fp8_e4m3/group48/dynamic"], "group48 does not divide head_dim 16"),
+        (["--schemes", "fp8_e4m3/head/dynamic+rope=bf16"], "multi-head latent attention"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(sharp_dir, tmp_path, capsys, prose, extra, message):
     from evalkit.cli import main
 
     small = tmp_path / "small.txt"
     small.write_text(load_corpus("embedded").text[:3000])
     extra = [f"file:{small}" if e == "SMALL" else e for e in extra]
-    argv = ["run", "--model", str(sharp_dir), "--eval", "decode", "--decode-corpus", prose, "--decode-prefill", "16",
-            "--decode-tokens", "8", "--decode-sequences", "2", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    argv = [
+        "run",
+        "--model",
+        str(sharp_dir),
+        "--eval",
+        "decode",
+        "--decode-corpus",
+        prose,
+        "--decode-prefill",
+        "16",
+        "--decode-tokens",
+        "8",
+        "--decode-sequences",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     if "--schemes" not in extra:
         argv += ["--schemes", QUANT]
     assert main(argv + extra) == 2
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # one line (progress bars aside)
+    (line,) = [
+        line for line in capsys.readouterr().err.splitlines() if "error" in line
+    ]  # one line (progress bars aside)
     assert line.startswith("evalkit: error: ") and message in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "decode").exists()
 
@@ -389,6 +493,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(sharp_dir, tmp_path,
 def decode_store(folder):
     """SYNTHETIC results store (hand-chosen values) with decode runs, written by the store's own writer."""
     from evalkit.sweep.store import ResultStore, RunOutcome
+
     from tests.report.test_report import CODE, LAYOUT, _row
 
     store = ResultStore(folder)
@@ -467,15 +572,20 @@ def consistency_figures(lm, ev, scheme, monkeypatch):
     for i, (a, b) in enumerate(zip(dec_cache.layers, forward[0].layers)):
         for st_dec, st_fwd in ((a.k, b.k), (a.v, b.v)):
             equal = decode_codes(st_dec.codes, st_dec.fmt)[:n] == decode_codes(st_fwd.codes, st_fwd.fmt)
-            for key in (["layer0", "all"] if i == 0 else ["all"]):
+            for key in ["layer0", "all"] if i == 0 else ["all"]:
                 same[key][0] += int(equal.sum())
                 same[key][1] += equal.numel()
     half = p.decode // 2
-    return dict(kl_decode=kl_dec.mean(), kl_forward=kl_fwd.mean(), ratio=kl_dec.mean() / kl_fwd.mean(),
-                ratio_first_half=kl_dec[:, :half].mean() / kl_fwd[:, :half].mean(),
-                ratio_second_half=kl_dec[:, half:].mean() / kl_fwd[:, half:].mean(),
-                spread=np.abs(kl_dec - kl_fwd).mean() / kl_fwd.mean(),
-                same_codes_layer0=same["layer0"][0] / same["layer0"][1], same_codes=same["all"][0] / same["all"][1])
+    return dict(
+        kl_decode=kl_dec.mean(),
+        kl_forward=kl_fwd.mean(),
+        ratio=kl_dec.mean() / kl_fwd.mean(),
+        ratio_first_half=kl_dec[:, :half].mean() / kl_fwd[:, :half].mean(),
+        ratio_second_half=kl_dec[:, half:].mean() / kl_fwd[:, half:].mean(),
+        spread=np.abs(kl_dec - kl_fwd).mean() / kl_fwd.mean(),
+        same_codes_layer0=same["layer0"][0] / same["layer0"][1],
+        same_codes=same["all"][0] / same["all"][1],
+    )
 
 
 @pytest.mark.slow
@@ -495,8 +605,10 @@ def test_embedded_decode_vs_one_forward(embedded, tmp_path, monkeypatch):
         share, worst = beyond_prefill_range(raw, ev.p.prefill, ev.p.sequences, per_head)
         print(f"decode K/V values beyond the prefill's {name} amax: {share:.3%}, up to {worst:.2f} x the amax")
         assert share > 0 and worst > 1
-    figures = {s: consistency_figures(embedded, ev, s, monkeypatch)
-               for s in ("fp8_e4m3/token/dynamic", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic")}
+    figures = {
+        s: consistency_figures(embedded, ev, s, monkeypatch)
+        for s in ("fp8_e4m3/token/dynamic", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic")
+    }
     for scheme, f in figures.items():
         print(scheme, " ".join(f"{k}={v:.4g}" for k, v in f.items()))
     token, tensor, head = figures.values()

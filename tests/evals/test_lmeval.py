@@ -33,6 +33,7 @@ task_utils = _load_task_utils()
 
 # ---- task data -------------------------------------------------------------------------------
 
+
 def test_mmlu4_is_built_from_lm_evals_own_prompts():
     raw = json.loads(importlib.resources.files("lm_eval.tasks").joinpath(task_utils.MMLU_PROMPTS).read_text())
     data = task_utils.load_mmlu4()
@@ -76,17 +77,27 @@ def test_passkey_documents_and_scoring():
 
 # ---- per-item statistics ---------------------------------------------------------------------
 
+
 def _mc_sample(doc_id, lls, target):
     pred = int(np.argmax(lls))
-    return {"doc_id": doc_id, "filter": "none", "doc_hash": f"h{doc_id}", "target": target,
-            "filtered_resps": [(ll, False) for ll in lls], "metrics": ["acc", "acc_norm"],
-            "acc": float(pred == target), "acc_norm": 0.0}
+    return {
+        "doc_id": doc_id,
+        "filter": "none",
+        "doc_hash": f"h{doc_id}",
+        "target": target,
+        "filtered_resps": [(ll, False) for ll in lls],
+        "metrics": ["acc", "acc_norm"],
+        "acc": float(pred == target),
+        "acc_norm": 0.0,
+    }
 
 
 def test_proportion_intervals_stay_inside_zero_one():
     from evalkit.evals.lmeval.evaluation import proportion_ci
 
-    low, high = proportion_ci(0.25, 8, 0.25 - 1.96 * 0.16366, 0.25 + 1.96 * 0.16366)  # lm-eval's normal one: [-0.07, 0.57]
+    low, high = proportion_ci(
+        0.25, 8, 0.25 - 1.96 * 0.16366, 0.25 + 1.96 * 0.16366
+    )  # lm-eval's normal one: [-0.07, 0.57]
     assert 0 < low < 0.25 < high < 1 and (low, high) == pytest.approx((0.0715, 0.5907), abs=1e-4)  # Wilson, 2 of 8
     assert proportion_ci(0.3333, 7, -0.1, 0.8) == (0.0, 0.8)  # not k/7: the normal interval, clipped
     assert proportion_ci(0.5, 0, None, None) == (None, None)
@@ -98,8 +109,12 @@ def test_flip_statistics_against_hand_counts():
     base_lls = [[-1, -2, -3, -4], [-2, -1, -3, -4], [-3, -2, -1, -4], [-4, -3, -2, -1], [-1, -5, -5, -5]]
     new_lls = [[-1, -2, -3, -4], [-1, -1.5, -3, -4], [-3, -2, -2.5, -4], [-1, -3, -2, -1.5], [-2, -5, -1, -5]]
     targets = [0, 0, 2, 3, 2]
-    base = [item_from_sample(_mc_sample(i, lls, t), "multiple_choice") for i, (lls, t) in enumerate(zip(base_lls, targets))]
-    new = [item_from_sample(_mc_sample(i, lls, t), "multiple_choice") for i, (lls, t) in enumerate(zip(new_lls, targets))]
+    base = [
+        item_from_sample(_mc_sample(i, lls, t), "multiple_choice") for i, (lls, t) in enumerate(zip(base_lls, targets))
+    ]
+    new = [
+        item_from_sample(_mc_sample(i, lls, t), "multiple_choice") for i, (lls, t) in enumerate(zip(new_lls, targets))
+    ]
     # by hand: predictions 0,1,2,3,0 -> 0,0,1,0,2; correct 1,0,1,1,0 -> 1,1,0,0,1
     assert [b["prediction"] for b in base] == [0, 1, 2, 3, 0] and [n["prediction"] for n in new] == [0, 0, 1, 0, 2]
     stats = compare_items(base, new)["none"]
@@ -120,12 +135,24 @@ def test_flip_statistics_against_hand_counts():
 def test_items_for_generation_and_rolling():
     from evalkit.evals.lmeval.items import compare_items, item_from_sample
 
-    gen = {"doc_id": 0, "filter": "none", "doc_hash": "a", "filtered_resps": [" 12345"], "metrics": ["exact_match"],
-           "exact_match": 1.0}
+    gen = {
+        "doc_id": 0,
+        "filter": "none",
+        "doc_hash": "a",
+        "filtered_resps": [" 12345"],
+        "metrics": ["exact_match"],
+        "exact_match": 1.0,
+    }
     item = item_from_sample(gen, "generate_until")
     assert item["prediction"] == " 12345" and item["correct"] == 1.0 and item["gold_loglik"] is None
-    roll = {"doc_id": 0, "filter": "none", "doc_hash": "b", "filtered_resps": [-123.5], "metrics": ["word_perplexity"],
-            "word_perplexity": (-123.5, 40)}
+    roll = {
+        "doc_id": 0,
+        "filter": "none",
+        "doc_hash": "b",
+        "filtered_resps": [-123.5],
+        "metrics": ["word_perplexity"],
+        "word_perplexity": (-123.5, 40),
+    }
     item = item_from_sample(roll, "loglikelihood_rolling")
     assert item["prediction"] is None and item["correct"] is None and item["gold_loglik"] == -123.5
     other = dict(item, gold_loglik=-120.0)
@@ -137,13 +164,22 @@ def test_items_for_generation_and_rolling():
 
 # ---- parameters ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params, match", [
-    ({"limit": 0}, "limit"), ({"limit": -3}, "limit"), ({"limit": 2.5}, "limit"),
-    ({"num_fewshot": -1}, "num_fewshot"), ({"batch_size": 0}, "batch_size"),
-    ({"tasks": ""}, "at least one task"), ({"colour": 1}, "unknown lmeval parameter"),
-    ({"include": ["/no/such/folder"]}, "does not exist"),
-    ({"metadata": "{not json"}, "not valid JSON"), ({"metadata": "[4096]"}, "must be a JSON object"),
-])
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": -3}, "limit"),
+        ({"limit": 2.5}, "limit"),
+        ({"num_fewshot": -1}, "num_fewshot"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"tasks": ""}, "at least one task"),
+        ({"colour": 1}, "unknown lmeval parameter"),
+        ({"include": ["/no/such/folder"]}, "does not exist"),
+        ({"metadata": "{not json"}, "not valid JSON"),
+        ({"metadata": "[4096]"}, "must be a JSON object"),
+    ],
+)
 def test_bad_parameters(params, match):
     from evalkit.evals.lmeval.evaluation import LmEvalEval
 
@@ -152,8 +188,8 @@ def test_bad_parameters(params, match):
 
 
 def test_local_tasks_validate_without_the_builtin_index():
-    from evalkit.evals.lmeval.evaluation import LmEvalEval
     from evalkit.evals.lmeval.adapter import resolve_tasks
+    from evalkit.evals.lmeval.evaluation import LmEvalEval
 
     ev = LmEvalEval({"tasks": "evalkit_mmlu4, evalkit_topics_ppl,evalkit_passkey,evalkit_mmlu4", "limit": "5"})
     assert ev.params["tasks"] == ["evalkit_mmlu4", "evalkit_topics_ppl", "evalkit_passkey"] and ev.params["limit"] == 5
@@ -218,16 +254,18 @@ TINY_TASKS = "evalkit_mmlu4,evalkit_topics_ppl,evalkit_passkey"
 def tiny_run(tiny_llama_dir, tmp_path_factory):
     """Baseline plus bf16 / int4 / fp8-unit rows on the tiny llama (limit 6 per task)."""
     from evalkit.evals.lmeval.evaluation import LmEvalEval
-    from evalkit.models.loading import load_model
     from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.loading import load_model
 
     lm = load_model(str(tiny_llama_dir))
     ev = LmEvalEval({"tasks": TINY_TASKS, "limit": 6})
     work = tmp_path_factory.mktemp("lmeval_work")
     ev.prepare(lm, work)
     art = tmp_path_factory.mktemp("lmeval_art")
-    rows = {s: ev.evaluate(lm, parse_scheme(s), art / s.replace("/", "_"))
-            for s in ("bf16", "int4/tensor/dynamic", "fp8_e4m3/tensor/unit")}
+    rows = {
+        s: ev.evaluate(lm, parse_scheme(s), art / s.replace("/", "_"))
+        for s in ("bf16", "int4/tensor/dynamic", "fp8_e4m3/tensor/unit")
+    }
     return lm, ev, work, art, rows
 
 
@@ -262,9 +300,17 @@ def test_quantized_schemes_change_gold_logliks(tiny_run):
             assert delta.value > 0 and delta.info["n_changed"] > 0, (scheme, task)
         # an independent recomputation from the saved per-item files
         items = json.loads((art / scheme.replace("/", "_") / "lmeval_samples.json").read_text())["items"]
-        deltas = [abs(a["gold_loglik"] - b["gold_loglik"]) for a, b in zip(items["evalkit_mmlu4"], ev.baseline_items["evalkit_mmlu4"])]
+        deltas = [
+            abs(a["gold_loglik"] - b["gold_loglik"])
+            for a, b in zip(items["evalkit_mmlu4"], ev.baseline_items["evalkit_mmlu4"])
+        ]
         assert got["evalkit_mmlu4/gold_loglik_abs_delta"].value == pytest.approx(np.mean(deltas), rel=1e-12)
-        flips = np.mean([a["prediction"] != b["prediction"] for a, b in zip(items["evalkit_passkey"], ev.baseline_items["evalkit_passkey"])])
+        flips = np.mean(
+            [
+                a["prediction"] != b["prediction"]
+                for a, b in zip(items["evalkit_passkey"], ev.baseline_items["evalkit_passkey"])
+            ]
+        )
         assert got["evalkit_passkey/flip_rate"].value == flips
 
 
@@ -285,7 +331,10 @@ def test_rows_carry_provenance_and_proportion_intervals(tiny_run):
     z, n, k = 1.959963984540054, 6, round(p * 6)
     centre = (k / n + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(k / n * (1 - k / n) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert (acc.ci_low, acc.ci_high) == (pytest.approx(centre - half, abs=1e-12), pytest.approx(centre + half, abs=1e-12))
+    assert (acc.ci_low, acc.ci_high) == (
+        pytest.approx(centre - half, abs=1e-12),
+        pytest.approx(centre + half, abs=1e-12),
+    )
     assert 0 <= acc.ci_low <= p <= acc.ci_high <= 1
     for row in rows["int4/tensor/dynamic"]:
         assert {"lm_eval_version", "task", "task_version", "n_shot", "limit", "n_items"} <= set(row.info)
@@ -304,11 +353,34 @@ def test_rows_carry_provenance_and_proportion_intervals(tiny_run):
 def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
     from evalkit.cli import main
 
-    code = main(["run", "--eval", "lmeval", "--model", str(tiny_llama_dir), "--lmeval-tasks", "evalkit_mmlu4,evalkit_passkey",
-                 "--lmeval-num-fewshot", "1", "--lmeval-limit", "3", "--schemes", "int4/tensor/dynamic", "--json",
-                 "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "work")])
+    code = main(
+        [
+            "run",
+            "--eval",
+            "lmeval",
+            "--model",
+            str(tiny_llama_dir),
+            "--lmeval-tasks",
+            "evalkit_mmlu4,evalkit_passkey",
+            "--lmeval-num-fewshot",
+            "1",
+            "--lmeval-limit",
+            "3",
+            "--schemes",
+            "int4/tensor/dynamic",
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+            "--cache-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     assert code == 0
-    rows = [r for r in (json.loads(x) for x in ((tmp_path / "out") / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]  # the results store
+    rows = [
+        r
+        for r in (json.loads(x) for x in ((tmp_path / "out") / "results.jsonl").read_text().splitlines())
+        if r["type"] == "metric"
+    ]  # the results store
     assert [r["scheme"] for r in rows][0] == "bf16" and {r["scheme"] for r in rows} == {"bf16", "int4/tensor/dynamic"}
     acc = {r["scheme"]: r for r in rows if r["metric"] == "evalkit_mmlu4/acc"}
     assert acc["bf16"]["info"]["n_shot"] == 1 and acc["bf16"]["info"]["n_items"] == 3
@@ -322,16 +394,18 @@ def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
 def test_group_rows_pool_the_items_of_their_subtasks(tiny_llama_dir, tmp_path):
     """A group (like lm-eval's mmlu) gets lm-eval's aggregate and flip statistics over all its items."""
     from evalkit.evals.lmeval.evaluation import LmEvalEval
-    from evalkit.models.loading import load_model
     from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.loading import load_model
 
     folder = tmp_path / "tasks"
     folder.mkdir()
     (folder / "kvtest_copy.yaml").write_text(
-        f"include: {REPO_TASKS / 'evalkit_mmlu4.yaml'}\ntask: kvtest_copy\nfewshot_split: test\ntest_split: dev\n")
+        f"include: {REPO_TASKS / 'evalkit_mmlu4.yaml'}\ntask: kvtest_copy\nfewshot_split: test\ntest_split: dev\n"
+    )
     (folder / "kvtest_group.yaml").write_text(
         "group: kvtest_group\ntask: [evalkit_mmlu4, kvtest_copy]\n"
-        "aggregate_metric_list:\n  - metric: acc\n    aggregation: mean\n    weight_by_size: true\n")
+        "aggregate_metric_list:\n  - metric: acc\n    aggregation: mean\n    weight_by_size: true\n"
+    )
     lm = load_model(str(tiny_llama_dir))
     ev = LmEvalEval({"tasks": "kvtest_group", "limit": 3, "include": [str(folder)]})
     ev.prepare(lm, tmp_path / "work")

@@ -15,8 +15,13 @@ import torch
 from evalkit import quantized_kv
 from evalkit.errors import EvalkitError
 
-SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic",
-           "int4_asym/group8/dynamic"]
+SCHEMES = [
+    "bf16",
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "int4_asym/group8/dynamic",
+]
 DYNAMIC = "fp8_e4m3/tensor/dynamic"
 
 
@@ -50,7 +55,10 @@ def worst(a: list[float], b: list[float]) -> float:
 
 # ---- the batch size parameter ------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, expected", [(None, None), (1, 1), ("8", 8), (" 16 ", 16), ("auto", "auto"), ("AUTO", "auto")])
+
+@pytest.mark.parametrize(
+    "value, expected", [(None, None), (1, 1), ("8", 8), (" 16 ", 16), ("auto", "auto"), ("AUTO", "auto")]
+)
 def test_batch_size_values(value, expected):
     from evalkit.evals.lmeval.batching import parse_batch_size
 
@@ -71,8 +79,24 @@ def test_cli_bad_batch_size_is_one_line_and_exit_2(flag, tmp_path, capsys):
     from evalkit.cli import main
 
     out = tmp_path / "out"
-    assert main(["run", "--eval", "lmeval", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-batch-size", flag,
-                 "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--eval",
+                "lmeval",
+                "--lmeval-tasks",
+                "evalkit_mmlu4",
+                "--lmeval-batch-size",
+                flag,
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lmeval-batch-size" in err[0] and repr(flag) in err[0]
     assert not out.exists()
@@ -88,8 +112,13 @@ def test_default_batch_size_follows_the_device():
 def test_requests_differing_only_by_trailing_zeros_go_to_separate_calls():
     from evalkit.evals.lmeval.batching import loglikelihood_calls, padded_lengths
 
-    reqs = [(None, [5, 6], [0, 9]), (None, [5, 6], [9]), (None, [7], [8, 9]), (None, [5, 6, 0], [0, 3]),
-            (None, [1, 2, 3, 4, 5], [6, 7])]
+    reqs = [
+        (None, [5, 6], [0, 9]),
+        (None, [5, 6], [9]),
+        (None, [7], [8, 9]),
+        (None, [5, 6, 0], [0, 3]),
+        (None, [1, 2, 3, 4, 5], [6, 7]),
+    ]
     # inputs (context + continuation)[-5:][:-1]: [5, 6, 0], [5, 6], [7, 8], [5, 6, 0, 0], [3, 4, 5, 6]
     calls = loglikelihood_calls(reqs, max_length=4)
     assert calls == [({(5, 6): 3, (7, 8): 2, (3, 4, 5, 6): 4}, [0, 2, 4]), ({(5, 6): 2}, [1]), ({(5, 6): 4}, [3])]
@@ -100,6 +129,7 @@ def test_requests_differing_only_by_trailing_zeros_go_to_separate_calls():
 
 # ---- the tiny model ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
     from evalkit.models.loading import load_model
@@ -109,8 +139,11 @@ def tiny(tiny_llama_dir):
 
 @pytest.fixture(scope="module")
 def tiny_requests():
-    return {"mmlu": requests("evalkit_mmlu4", 8), "rolling": requests("evalkit_topics_ppl", 2),
-            "generate": requests("evalkit_passkey", 4)}
+    return {
+        "mmlu": requests("evalkit_mmlu4", 8),
+        "rolling": requests("evalkit_topics_ppl", 2),
+        "generate": requests("evalkit_passkey", 4),
+    }
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -177,6 +210,7 @@ def test_batch_size_1_is_lm_evals_own_call(tiny, tiny_requests):
 
 # ---- the embedded model ------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_embedded_batch_8_equals_batch_1_and_lm_evals_padding_does_not(embedded):
     """16 MMLU questions (two batches of 8 rows of different lengths) under bf16 and four dynamic
@@ -191,6 +225,10 @@ def test_embedded_batch_8_equals_batch_1_and_lm_evals_padding_does_not(embedded)
         a, b = logliks(one, embedded.model, scheme, reqs), logliks(eight, embedded.model, scheme, reqs)
         assert all(close(x, y) for x, y in zip(a, b)), (scheme, worst(a, b))
         if scheme == DYNAMIC:
-            plain = logliks(HFLM(pretrained=embedded.model, tokenizer=embedded.tokenizer, batch_size=8),
-                            embedded.model, scheme, reqs)
+            plain = logliks(
+                HFLM(pretrained=embedded.model, tokenizer=embedded.tokenizer, batch_size=8),
+                embedded.model,
+                scheme,
+                reqs,
+            )
             assert worst(a, plain) > 1e-3

@@ -18,16 +18,35 @@ TASKS = "evalkit_mmlu4,evalkit_topics_ppl,evalkit_passkey"
 
 def run_lm_eval_cli(model_dir: Path, out: Path, tasks: str, limit: int) -> tuple[dict, dict[str, list[dict]]]:
     """`lm_eval --model hf ... --batch_size 1 --log_samples` as a subprocess: (results, samples per task)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model_dir},dtype=float32",
-           "--include_path", "tasks/lmeval", "--tasks", tasks, "--limit", str(limit), "--batch_size", "1",
-           "--log_samples", "--output_path", str(out)]
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={model_dir},dtype=float32",
+        "--include_path",
+        "tasks/lmeval",
+        "--tasks",
+        tasks,
+        "--limit",
+        str(limit),
+        "--batch_size",
+        "1",
+        "--log_samples",
+        "--output_path",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results_file,) = out.rglob("results_*.json")
     samples = {}
     for f in out.rglob("samples_*.jsonl"):
-        task = f.name[len("samples_"):].rsplit("_", 1)[0]
+        task = f.name[len("samples_") :].rsplit("_", 1)[0]
         samples[task] = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         for sample in samples[task]:  # the CLI writes targets and responses as str(); str(float) round-trips exactly
             if isinstance(sample["target"], str) and sample["target"].isdigit():
@@ -39,8 +58,8 @@ def run_lm_eval_cli(model_dir: Path, out: Path, tasks: str, limit: int) -> tuple
 def test_baseline_equals_lm_eval_cli_to_the_last_digit(tiny_llama_dir, tmp_path):
     from evalkit.evals.lmeval.evaluation import LmEvalEval
     from evalkit.evals.lmeval.items import item_from_sample
-    from evalkit.models.loading import load_model
     from evalkit.kv.scheme import Scheme
+    from evalkit.models.loading import load_model
 
     cli_results, cli_samples = run_lm_eval_cli(tiny_llama_dir, tmp_path / "cli", TASKS, limit=5)
 
@@ -64,7 +83,9 @@ def test_baseline_equals_lm_eval_cli_to_the_last_digit(tiny_llama_dir, tmp_path)
         output_type = cli_results["configs"][task]["output_type"]
         cli_items = sorted((item_from_sample(s, output_type) for s in cli_samples[task]), key=lambda i: i["doc_id"])
         our_items = sorted(ev.baseline_items[task], key=lambda i: i["doc_id"])
-        assert [(i["prediction"], i["gold_loglik"]) for i in cli_items] == [(i["prediction"], i["gold_loglik"]) for i in our_items]
+        assert [(i["prediction"], i["gold_loglik"]) for i in cli_items] == [
+            (i["prediction"], i["gold_loglik"]) for i in our_items
+        ]
     assert compared == 6  # acc, acc_norm, 3 perplexity metrics, exact_match
 
 

@@ -22,9 +22,9 @@ def test_documents_are_seeded_and_the_answer_follows_the_prefix_in_the_passage()
     assert docs == utils.recall_documents(20) and len(docs) == 20
     for d in docs:
         words, prefix, target = utils._words(d["passage"]), utils._words(d["prefix"]), utils._words(d["target"])
-        starts = [i for i in range(len(words)) if words[i:i + len(prefix)] == prefix]
+        starts = [i for i in range(len(words)) if words[i : i + len(prefix)] == prefix]
         assert starts, d["prefix"]
-        assert words[starts[0] + len(prefix): starts[0] + len(prefix) + len(target)] == target
+        assert words[starts[0] + len(prefix) : starts[0] + len(prefix) + len(target)] == target
 
 
 def test_scoring_compares_the_first_words_ignoring_case_and_punctuation():

@@ -51,7 +51,7 @@ def window_inputs(ev, lm):
     c = ev.params["window"] - int(ev.bos)
     out = []
     for start, t0 in ev.plan:
-        x = ([lm.tokenizer.bos_token_id] if ev.bos else []) + ids[start: start + c]
+        x = ([lm.tokenizer.bos_token_id] if ev.bos else []) + ids[start : start + c]
         out.append((torch.tensor([x]), t0))
     return out
 
@@ -65,21 +65,30 @@ def reference(ev, lm, scheme):
             labels = x.clone()
             labels[:, :t0] = -100
             out = lm.model(x, labels=labels)
-            base = out.logits[0, t0 - 1: -1].double().log_softmax(-1)
+            base = out.logits[0, t0 - 1 : -1].double().log_softmax(-1)
             m = x.shape[1] - t0
             base_total += float(out.loss) * m
             with quantized_kv(lm.model, scheme):
                 out = lm.model(x, labels=labels)
             total += float(out.loss) * m
             n += m
-            quant = out.logits[0, t0 - 1: -1].double().log_softmax(-1)
+            quant = out.logits[0, t0 - 1 : -1].double().log_softmax(-1)
             kl += float((base.exp() * (base - quant)).sum())
             agree += int((base.argmax(-1) == quant.argmax(-1)).sum())
     return math.exp(total / n), math.exp(base_total / n), kl / n, agree / n, n
 
 
-@pytest.mark.parametrize("n, window, stride, bos", [(1000, 64, 64, False), (1000, 64, 17, False), (1000, 64, 64, True),
-                                                    (1000, 64, 1, True), (130, 64, 50, False), (64, 64, 10, False)])
+@pytest.mark.parametrize(
+    "n, window, stride, bos",
+    [
+        (1000, 64, 64, False),
+        (1000, 64, 17, False),
+        (1000, 64, 64, True),
+        (1000, 64, 1, True),
+        (130, 64, 50, False),
+        (64, 64, 10, False),
+    ],
+)
 def test_each_token_scored_exactly_once(n, window, stride, bos):
     plan = plan_windows(n, window, stride, bos, None)
     c = window - bos
@@ -171,11 +180,16 @@ def test_quantized_scheme_matches_plain_computation(tiny, tmp_path, prose):
     assert top["ppl_delta_rel"].value == pytest.approx(ppl / base_ppl - 1, rel=1e-3, abs=1e-7)
     info = top["kl_mean"].info
     assert kl > 1e-6 and top["kl_mean"].value == pytest.approx(kl, rel=1e-2, abs=4 * info["kl_sampling_se"])
-    assert info["kl_lower_bound"] <= kl and info["kl_method"].startswith(f"top-{TOP_K}") and 0 < info["kl_tail_mass"] < 1
+    assert (
+        info["kl_lower_bound"] <= kl and info["kl_method"].startswith(f"top-{TOP_K}") and 0 < info["kl_tail_mass"] < 1
+    )
     assert top["top1_agreement"].value == pytest.approx(agree, abs=1.5 / n)
     assert 0 <= top["kl_mean"].ci_low <= top["kl_mean"].value <= top["kl_mean"].ci_high
     assert top["ppl_delta"].ci_low <= top["ppl_delta"].value <= top["ppl_delta"].ci_high
-    assert top["p_value"].info["p_value_min"] <= top["p_value"].value <= 1 and top["p_value"].info["p_value_min"] == 2 / 2**4
+    assert (
+        top["p_value"].info["p_value_min"] <= top["p_value"].value <= 1
+        and top["p_value"].info["p_value_min"] == 2 / 2**4
+    )
     # position buckets: 0-127 and 128-199, counts add up to the total
     buckets = {r.labels["bucket"]: r.value for r in rows if r.metric == "n_tokens" and r.labels}
     assert buckets == {"0-127": 127 + 3 * 28, "128-199": 4 * 72}
@@ -218,15 +232,18 @@ def test_stale_or_damaged_baseline_is_recomputed(tiny, tmp_path, prose):
     assert list((tmp_path / "perplexity").iterdir()) == [folder]
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(corpus="nope", window=64), "unknown corpus"),
-    (dict(window=600), "longer than the model's maximum 512"),
-    (dict(stride=0), "stride 0 must be in 1..window"),
-    (dict(window=64, stride=65), "stride 65 must be in 1..window"),
-    (dict(window=64, max_tokens=30, corpus="PROSE"), "fewer than one window needs"),
-    (dict(window=1), "too short"),
-    (dict(bogus=1), "unknown perplexity parameter"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(corpus="nope", window=64), "unknown corpus"),
+        (dict(window=600), "longer than the model's maximum 512"),
+        (dict(stride=0), "stride 0 must be in 1..window"),
+        (dict(window=64, stride=65), "stride 65 must be in 1..window"),
+        (dict(window=64, max_tokens=30, corpus="PROSE"), "fewer than one window needs"),
+        (dict(window=1), "too short"),
+        (dict(bogus=1), "unknown perplexity parameter"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tiny, tmp_path, params, message, prose):
     params = {k: (prose if v == "PROSE" else v) for k, v in params.items()}
     with pytest.raises(EvalkitError, match=message) as err:
@@ -244,9 +261,30 @@ def test_empty_corpus_file(tiny, tmp_path):
 def test_cli_run_json_and_exit_code(tiny_llama_dir, tmp_path, capsys, prose):
     from evalkit.cli import main
 
-    argv = ["run", "--model", str(tiny_llama_dir), "--schemes", "bf16,fp8_e4m3/head/dynamic", "--eval", "perplexity",
-            "--perplexity-corpus", prose, "--perplexity-window", "64", "--perplexity-stride", "32", "--perplexity-max-windows", "3",
-            "--json", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path), "--perplexity-bootstrap-samples", "200"]
+    argv = [
+        "run",
+        "--model",
+        str(tiny_llama_dir),
+        "--schemes",
+        "bf16,fp8_e4m3/head/dynamic",
+        "--eval",
+        "perplexity",
+        "--perplexity-corpus",
+        prose,
+        "--perplexity-window",
+        "64",
+        "--perplexity-stride",
+        "32",
+        "--perplexity-max-windows",
+        "3",
+        "--json",
+        "--out",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(tmp_path),
+        "--perplexity-bootstrap-samples",
+        "200",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
@@ -291,6 +329,7 @@ def test_llm_vocabulary_baseline_fits_2_kb_per_token(tiny_tokenizer_dir, tmp_pat
     from transformers import AutoTokenizer
 
     from evalkit.models.loading import load_model
+
     from tests.tiny_models import tiny_model
 
     folder = tmp_path / "llama128k"

@@ -60,10 +60,10 @@ def plain_token_kl(ev, lm, scheme) -> np.ndarray:
     out = []
     with torch.inference_mode():
         for start, t0 in ev.plan:
-            x = torch.tensor([([lm.tokenizer.bos_token_id] if ev.bos else []) + ids[start: start + c]])
-            base = lm.model(x).logits[0, t0 - 1: -1].double().numpy()
+            x = torch.tensor([([lm.tokenizer.bos_token_id] if ev.bos else []) + ids[start : start + c]])
+            base = lm.model(x).logits[0, t0 - 1 : -1].double().numpy()
             with quantized_kv(lm.model, scheme):
-                quant = lm.model(x).logits[0, t0 - 1: -1].double().numpy()
+                quant = lm.model(x).logits[0, t0 - 1 : -1].double().numpy()
             lp = base - np.logaddexp.reduce(base, axis=-1, keepdims=True)
             lq = quant - np.logaddexp.reduce(quant, axis=-1, keepdims=True)
             out.append((np.exp(lp) * (lp - lq)).sum(-1))
@@ -103,8 +103,16 @@ def test_the_other_rows_do_not_change(tiny, tmp_path, prose):
     scores = backend.score(ev, tiny, parse_scheme(QUANT))
     rows = ev._rows(scores)
     names = [r.metric for r in rows]
-    assert names[-len(KL_QUANTILES):] == list(KL_QUANTILES)
+    assert names[-len(KL_QUANTILES) :] == list(KL_QUANTILES)
     without = [r for r in rows if r.metric not in KL_QUANTILES]
-    assert [r.metric for r in without[:7]] == ["ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens"]
+    assert [r.metric for r in without[:7]] == [
+        "ppl",
+        "ppl_delta",
+        "ppl_delta_rel",
+        "kl_mean",
+        "top1_agreement",
+        "p_value",
+        "n_tokens",
+    ]
     kl = scores.kl.numpy()
     assert {r.metric: r.value for r in rows[-4:]} == {r.metric: r.value for r in kl_quantile_rows(kl, {})}

@@ -15,8 +15,9 @@ def retrieval_rows(params: dict, tasks: list[str]):
     ev = get_eval("retrieval")({**params, "tasks": tasks, "samples": 1})
     ev.specs = {t: load_task(t) for t in tasks}
     ev.digest = "0" * 64
-    frame = pd.DataFrame([dict(task=t, length=512, depth=50.0, score=1.0, baseline_score=1.0, realised_depth=0.5)
-                          for t in tasks])
+    frame = pd.DataFrame(
+        [dict(task=t, length=512, depth=50.0, score=1.0, baseline_score=1.0, realised_depth=0.5) for t in tasks]
+    )
     return ev.rows(frame)
 
 
@@ -41,8 +42,14 @@ def test_each_task_records_its_own_haystack(tmp_path):
 
 
 def mc_item(doc_id, prediction, correct):
-    return {"doc_id": doc_id, "filter": "none", "doc_hash": f"h{doc_id}", "prediction": prediction,
-            "correct": float(correct), "gold_loglik": -1.0}
+    return {
+        "doc_id": doc_id,
+        "filter": "none",
+        "doc_hash": f"h{doc_id}",
+        "prediction": prediction,
+        "correct": float(correct),
+        "gold_loglik": -1.0,
+    }
 
 
 def test_flip_rate_is_the_sum_of_its_parts():

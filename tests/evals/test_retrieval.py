@@ -16,15 +16,17 @@ import torch
 from scipy import stats
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.retrieval.evaluation import RetrievalEval
 from evalkit.evals.retrieval import grid as G
+from evalkit.evals.retrieval.evaluation import RetrievalEval
 from evalkit.evals.retrieval.prompts import Haystack, build_prompt, build_template, encode, filler_haystack
 from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, score, words
 from evalkit.evals.retrieval.tasks import DEFAULT_TASKS, available_tasks, draw_needles, load_task
 from evalkit.kv.scheme import Scheme, parse_scheme
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,7 @@ def test_bad_task_file(tmp_path):
 
 # ---- exact-length prompts -------------------------------------------------------------------------
 def _find(seq: list[int], sub: list[int]) -> int:
-    return next(i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub)
+    return next(i for i in range(len(seq) - len(sub) + 1) if seq[i : i + len(sub)] == sub)
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -104,7 +106,9 @@ def test_prompt_has_exact_length_and_needle_at_depth(tok, chat, depth):
         for length in (300, 401, 512):
             ids, realised = build_prompt(tok, template, hay, nd.needles, length, depth, random.Random(1))
             assert len(ids) == length
-            assert ids[:len(template.head)] == list(template.head) and ids[-len(template.tail):] == list(template.tail)
+            assert ids[: len(template.head)] == list(template.head) and ids[-len(template.tail) :] == list(
+                template.tail
+            )
             needle = encode(tok, " " + nd.needles[0])
             at = _find(ids, needle) - len(template.head)
             budget = length - len(template.head) - len(template.tail) - len(needle)
@@ -132,13 +136,20 @@ def test_haystack_boundaries_are_sentence_ends(tok):
     hay = filler_haystack(tok, 200)
     for p in hay.boundaries[:30].tolist():
         assert tok.decode(hay.ids[:p].tolist()).endswith(".")
-        assert tok.decode(hay.ids[p:p + 2].tolist()).startswith(" ")
+        assert tok.decode(hay.ids[p : p + 2].tolist()).startswith(" ")
 
 
 def test_samples_are_deterministic(tok):
     tasks = [load_task("passkey"), load_task("niah_single_word")]
-    args = dict(tokenizer=tok, lengths=[400, 512], depths=[0.0, 50.0, 100.0], samples=2, haystack="filler",
-                corpus="embedded", cache_dir=None)
+    args = dict(
+        tokenizer=tok,
+        lengths=[400, 512],
+        depths=[0.0, 50.0, 100.0],
+        samples=2,
+        haystack="filler",
+        corpus="embedded",
+        cache_dir=None,
+    )
     a, b = G.build_samples(tasks, seed=0, **args), G.build_samples(tasks, seed=0, **args)
     c = G.build_samples(tasks, seed=1, **args)
     assert a == b and G.samples_digest(a) == G.samples_digest(b)
@@ -148,13 +159,23 @@ def test_samples_are_deterministic(tok):
 
 
 # ---- scoring and intervals -----------------------------------------------------------------------
-@pytest.mark.parametrize("generated,answer,expected", [
-    (" 12345.", "12345", 1.0), (" 12345 is the pass key", "12345", 1.0), ('"12345".', "12345", 1.0),
-    ("\n 12345", "12345", 1.0), (" is 12345", "12345", 0.0), (" 123456", "12345", 0.0), (" the pass key.", "12345", 0.0),
-    ("", "12345", 0.0), (" Lantern.", "lantern", 1.0), (" lanterns", "lantern", 0.0),
-    (" 0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b is it", "0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b", 1.0),
-    (" 0f8c4a1e-2b3d", "0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b", 0.0),
-])
+@pytest.mark.parametrize(
+    "generated,answer,expected",
+    [
+        (" 12345.", "12345", 1.0),
+        (" 12345 is the pass key", "12345", 1.0),
+        ('"12345".', "12345", 1.0),
+        ("\n 12345", "12345", 1.0),
+        (" is 12345", "12345", 0.0),
+        (" 123456", "12345", 0.0),
+        (" the pass key.", "12345", 0.0),
+        ("", "12345", 0.0),
+        (" Lantern.", "lantern", 1.0),
+        (" lanterns", "lantern", 0.0),
+        (" 0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b is it", "0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b", 1.0),
+        (" 0f8c4a1e-2b3d", "0f8c4a1e-2b3d-4e5f-8a9b-0c1d2e3f4a5b", 0.0),
+    ],
+)
 def test_exact_match(generated, answer, expected):
     assert score(generated, [answer], "exact") == expected
 
@@ -187,19 +208,32 @@ def _canned(ev, correct):
 
 
 def test_rows_aggregate_scores_per_cell(tiny_lm, tmp_path, monkeypatch):
-    ev = RetrievalEval({"tasks": "passkey,niah_multivalue", "lengths": "400,440", "depths": "0,50,100", "samples": 3,
-                        "haystack": "filler"})
+    ev = RetrievalEval(
+        {
+            "tasks": "passkey,niah_multivalue",
+            "lengths": "400,440",
+            "depths": "0,50,100",
+            "samples": 3,
+            "haystack": "filler",
+        }
+    )
     ev.prepare(tiny_lm, tmp_path)
     assert len(ev.samples) == 2 * 2 * 3 * 3
     base_rule = lambda s: s.index < 2  # noqa: E731  baseline: 2 of 3 right in every cell
     scheme_rule = lambda s: s.index < 2 and s.depth == 0  # noqa: E731  scheme: only depth 0 survives
     fake = {True: _canned(ev, base_rule), False: _canned(ev, scheme_rule)}
-    monkeypatch.setattr(ev, "_generate", lambda lm, scheme, which=None, **kw: [fake[scheme.is_identity][i] for i in
-                                                                         (which or range(len(ev.samples)))])
+    monkeypatch.setattr(
+        ev,
+        "_generate",
+        lambda lm, scheme, which=None, **kw: [fake[scheme.is_identity][i] for i in (which or range(len(ev.samples)))],
+    )
     base_rows = ev.evaluate(tiny_lm, Scheme())
     rows = ev.evaluate(tiny_lm, parse_scheme("int4/tensor/unit"), tmp_path / "art")
-    cells = {(r.labels["task"], r.labels["length"], r.labels["depth"]): r for r in rows
-             if r.metric == "accuracy" and len(r.labels) == 3}
+    cells = {
+        (r.labels["task"], r.labels["length"], r.labels["depth"]): r
+        for r in rows
+        if r.metric == "accuracy" and len(r.labels) == 3
+    }
     assert len(cells) == 2 * 2 * 3
     for (task, length, depth), r in cells.items():
         mine = [scheme_rule(s) for s in ev.samples if (s.task, s.length, s.depth) == (task, length, depth)]
@@ -229,7 +263,9 @@ def test_identity_through_the_storage_path_equals_plain_generate(tiny_lm):
     prompts = [list(s.ids) for s in ev.samples]
     x = torch.tensor(prompts)
     with torch.inference_mode():
-        out = tiny_lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=generation_config(tiny_lm.tokenizer, 6))
+        out = tiny_lm.model.generate(
+            x, attention_mask=torch.ones_like(x), generation_config=generation_config(tiny_lm.tokenizer, 6)
+        )
     plain = tiny_lm.tokenizer.batch_decode(out[:, 300:], skip_special_tokens=True)
     assert generate_batches(tiny_lm, Scheme(), [(prompts, 6)]) == [plain]
 
@@ -252,10 +288,17 @@ def test_generation_runs_through_the_storage_cache(tiny_lm, monkeypatch):
 
 
 # ---- bad input -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("params,match", [
-    ({"depths": "0,150"}, "outside 0-100"), ({"depths": "-5"}, "outside 0-100"), ({"lengths": "1x"}, "bad context length"),
-    ({"via": "hook"}, "unknown retrieval parameter"), ({"samples": 0}, "samples"), ({"tasks": "nope"}, "unknown retrieval task"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"depths": "0,150"}, "outside 0-100"),
+        ({"depths": "-5"}, "outside 0-100"),
+        ({"lengths": "1x"}, "bad context length"),
+        ({"via": "hook"}, "unknown retrieval parameter"),
+        ({"samples": 0}, "samples"),
+        ({"tasks": "nope"}, "unknown retrieval task"),
+    ],
+)
 def test_bad_params(params, match):
     with pytest.raises(EvalkitError, match=match):
         RetrievalEval(params)
@@ -284,12 +327,18 @@ def test_default_lengths_are_capped_at_the_model_maximum():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "evalkit", "run", "--eval", "retrieval", *args],
-                          capture_output=True, text=True, env={**__import__("os").environ, "EVALKIT_PROGRESS": "0"})
+    return subprocess.run(
+        [sys.executable, "-m", "evalkit", "run", "--eval", "retrieval", *args],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "EVALKIT_PROGRESS": "0"},
+    )
 
 
-@pytest.mark.parametrize("args,match", [(["--retrieval-depths", "0,101"], "outside 0-100"),
-                                        (["--retrieval-lengths", "4k"], "above the model's maximum")])
+@pytest.mark.parametrize(
+    "args,match",
+    [(["--retrieval-depths", "0,101"], "outside 0-100"), (["--retrieval-lengths", "4k"], "above the model's maximum")],
+)
 def test_cli_bad_input_exits_2_with_one_line(tiny_llama_dir, capsys, args, match):
     from evalkit.cli import main
 
@@ -303,11 +352,30 @@ def test_cli_bad_input_exits_2_with_one_line(tiny_llama_dir, capsys, args, match
 @pytest.mark.slow
 def test_cli_runs_and_writes_rows(tiny_llama_dir, tmp_path):
     pytest.importorskip("tabulate", reason="run prints its rows with tabulate (not in the GPU-image environment)")
-    res = _cli("--model", str(tiny_llama_dir), "--schemes", "fp8_e4m3/tensor/dynamic", "--retrieval-tasks", "passkey",
-               "--retrieval-lengths", "300", "--retrieval-depths", "0,100", "--retrieval-samples", "1", "--out", str(tmp_path),
-               "--cache-dir", str(tmp_path / "c"))
+    res = _cli(
+        "--model",
+        str(tiny_llama_dir),
+        "--schemes",
+        "fp8_e4m3/tensor/dynamic",
+        "--retrieval-tasks",
+        "passkey",
+        "--retrieval-lengths",
+        "300",
+        "--retrieval-depths",
+        "0,100",
+        "--retrieval-samples",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    )
     assert res.returncode == 0, res.stderr
-    rows = [r for r in (json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()) if r["type"] == "metric"]  # the results store
+    rows = [
+        r
+        for r in (json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines())
+        if r["type"] == "metric"
+    ]  # the results store
     cells = [r for r in rows if r["metric"] == "accuracy" and set(r["labels"]) == {"task", "length", "depth"}]
     assert {r["scheme"] for r in cells} == {"bf16", "fp8_e4m3/tensor/dynamic"} and len(cells) == 4
     assert all(0.0 <= r["value"] <= 1.0 and not math.isnan(r["value"]) for r in cells)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from evalkit import quantized_kv
 from evalkit.integration.fa3 import fa3_attention
+
 from tests.tiny_models import tiny_model
 
 
@@ -39,7 +40,9 @@ def test_fa3_attention_matches_float64_reference():
     module = torch.nn.Module()
     ours, _ = fa3_attention(module, q, k, v, mask, scaling=d**-0.5)
     ref = reference_fa3(q, k, v, mask, d**-0.5)
-    plain = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=d**-0.5)
+    plain = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=d**-0.5
+    )
     plain = plain.transpose(1, 2).double()
     fp8_effect = (plain - ref).abs().mean()
     assert (ours.double() - ref).abs().mean() < 1e-3 * fp8_effect  # float32 vs float64 only
@@ -71,10 +74,14 @@ def test_fa3_applies_the_causal_mask_when_sdpa_passes_none():
     module = torch.nn.Module()
     module.is_causal = True
     mask = torch.ones(12, 12, dtype=torch.bool).tril()[None, None]
-    assert torch.equal(fa3_attention(module, q, k, v, None, scaling=0.25)[0], fa3_attention(module, q, k, v, mask, scaling=0.25)[0])
+    assert torch.equal(
+        fa3_attention(module, q, k, v, None, scaling=0.25)[0], fa3_attention(module, q, k, v, mask, scaling=0.25)[0]
+    )
     # a decode step (one query, all keys visible) needs no mask
     one, _ = fa3_attention(module, q[:, :, -1:], k, v, None, scaling=0.25)
-    assert torch.equal(one, fa3_attention(module, q[:, :, -1:], k, v, torch.ones(1, 1, 1, 12, dtype=torch.bool), scaling=0.25)[0])
+    assert torch.equal(
+        one, fa3_attention(module, q[:, :, -1:], k, v, torch.ones(1, 1, 1, 12, dtype=torch.bool), scaling=0.25)[0]
+    )
 
 
 def test_fa3_logits_do_not_see_future_tokens():

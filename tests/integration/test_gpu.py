@@ -9,12 +9,21 @@ import torch
 
 from evalkit import quantized_kv
 from evalkit.integration.hf_compat import cache_inputs, output_cache
+
 from tests.tiny_models import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-SCHEMES = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/token/dynamic",
-           "fp8_e4m3/tensor/unit", "fp8_e4m3/head/unit", "int4_asym/group8/dynamic", "fp8_e4m3/head/dynamic+attn=fa3"]
+SCHEMES = [
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "fp8_e4m3/token/dynamic",
+    "fp8_e4m3/tensor/unit",
+    "fp8_e4m3/head/unit",
+    "int4_asym/group8/dynamic",
+    "fp8_e4m3/head/dynamic+attn=fa3",
+]
 
 
 def batch(device):
@@ -45,7 +54,9 @@ def test_every_scheme_runs_on_cuda_with_tensors_on_the_device(llama_bf16, scheme
     ids, mask = batch("cuda")
     with quantized_kv(llama_bf16, scheme) as session:
         cache = session.new_cache(mask)
-        llama_bf16.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **cache_inputs(llama_bf16, cache))
+        llama_bf16.generate(
+            ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **cache_inputs(llama_bf16, cache)
+        )
     for layer in cache.storage_layers():
         for st in (layer.k, layer.v):
             for t in (st.codes, st.values, st.scale, st.zero, st.fixed, st.nonfinite):
@@ -81,4 +92,6 @@ def test_cuda_float8_cast_equals_the_emulation():
     for name in ("fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"):
         fmt = FORMATS[name]
         x = (torch.randn(2**20, device="cuda", generator=g) * 50).clamp(-fmt.max, fmt.max)
-        assert torch.equal(round_to_fp8_by_cast(x, fmt).view(torch.int32), round_to_fp8_emulated(x, fmt).view(torch.int32))
+        assert torch.equal(
+            round_to_fp8_by_cast(x, fmt).view(torch.int32), round_to_fp8_emulated(x, fmt).view(torch.int32)
+        )

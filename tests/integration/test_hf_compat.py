@@ -11,8 +11,16 @@ import transformers
 from transformers import DynamicCache
 
 from evalkit.integration import hf_compat
-from evalkit.integration.hf_compat import (SUPPORTED, UnsupportedTransformersError, cache_inputs, cache_keyword,
-                                           cache_layer_specs, check_transformers, output_cache, take_cache)
+from evalkit.integration.hf_compat import (
+    SUPPORTED,
+    UnsupportedTransformersError,
+    cache_inputs,
+    cache_keyword,
+    cache_layer_specs,
+    check_transformers,
+    output_cache,
+    take_cache,
+)
 
 
 @pytest.mark.parametrize("version", ["5.17.0", "5.19.0", "5.24.0", "5.30.0.dev0", "5.17.0rc1"])
@@ -33,9 +41,11 @@ def test_installed_release_is_in_the_range():
 
 
 def test_import_of_the_storage_path_refuses_an_unsupported_release():
-    code = ("import transformers; transformers.__version__ = '5.10.0'\n"
-            "from evalkit.errors import EvalkitError\n"
-            "try:\n    import evalkit.integration.install\nexcept EvalkitError as e:\n    print('REFUSED', e)\n")
+    code = (
+        "import transformers; transformers.__version__ = '5.10.0'\n"
+        "from evalkit.errors import EvalkitError\n"
+        "try:\n    import evalkit.integration.install\nexcept EvalkitError as e:\n    print('REFUSED', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
-from evalkit.integration.storage import StorageCache
 from evalkit.errors import SchemeError
 from evalkit.integration.hf_compat import cache_inputs
+from evalkit.integration.storage import StorageCache
+
 from tests.kv.test_quantize import reference
 from tests.tiny_models import tiny_model
 
@@ -47,7 +48,9 @@ def test_identity_is_bit_exact(mla):
         assert torch.equal(mla(ids, attention_mask=mask).logits, ref)
         assert torch.equal(mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False), ref_gen)
     with quantized_kv(mla, "bf16") as session:
-        out = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask)))
+        out = mla.generate(
+            ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask))
+        )
     assert torch.equal(out, ref_gen)
     assert torch.equal(mla(ids, attention_mask=mask).logits, ref)  # no hook left behind
 
@@ -58,11 +61,25 @@ def test_fp8_changes_logits_and_an_explicit_cache_equals_the_installed_one(mla):
     ref = mla(ids, attention_mask=mask).logits
     with quantized_kv(mla, "fp8_e4m3/group16/dynamic"):
         out = mla(ids, attention_mask=mask).logits
-        gen = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
+        gen = mla.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
     assert not torch.equal(out, ref) and (out - ref).abs().max() < 0.5
     with quantized_kv(mla, "fp8_e4m3/group16/dynamic") as session:
-        gen2 = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask)),
-                            output_scores=True, return_dict_in_generate=True)
+        gen2 = mla.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            do_sample=False,
+            **cache_inputs(mla, session.new_cache(mask)),
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
     assert all(torch.equal(a, b) for a, b in zip(gen.scores, gen2.scores))
 
 
@@ -70,7 +87,10 @@ def capture_attention_inputs(model):
     seen = {}
 
     def pre(module, args, kwargs):
-        seen[module.layer_idx] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], kwargs["position_embeddings"])
+        seen[module.layer_idx] = (
+            kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
+            kwargs["position_embeddings"],
+        )
 
     handles = [layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True) for layer in model.model.layers]
     return seen, handles
@@ -91,9 +111,14 @@ def independent_latent(attn, hidden, position_embeddings):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("scheme, gran, rope_bf16", [("fp8_e4m3/token/dynamic", "token", False),
-                                                      ("fp8_e4m3/group16/dynamic+rope=bf16", "group16", True),
-                                                      ("int8/tensor/dynamic", "tensor", False)])
+@pytest.mark.parametrize(
+    "scheme, gran, rope_bf16",
+    [
+        ("fp8_e4m3/token/dynamic", "token", False),
+        ("fp8_e4m3/group16/dynamic+rope=bf16", "group16", True),
+        ("int8/tensor/dynamic", "tensor", False),
+    ],
+)
 def test_cache_holds_exactly_the_quantized_latent(mla, scheme, gran, rope_bf16):
     ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(4))
     seen, handles = capture_attention_inputs(mla)
@@ -133,8 +158,23 @@ def test_head_granularity_exits_2_at_the_cli(tmp_path, tiny_tokenizer_dir):
     from tests.tiny_models import make_model_dir
 
     folder = make_model_dir(tmp_path / "tiny_deepseek", "deepseek_v3", tiny_tokenizer_dir)
-    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--model", str(folder), "--schemes", "fp8_e4m3/head/dynamic",
-                           "--eval", "perplexity"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evalkit",
+            "run",
+            "--model",
+            str(folder),
+            "--schemes",
+            "fp8_e4m3/head/dynamic",
+            "--eval",
+            "perplexity",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "use tensor, token or group<N>" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -142,14 +182,17 @@ def test_head_granularity_exits_2_at_the_cli(tmp_path, tiny_tokenizer_dir):
 @pytest.mark.slow
 def test_perplexity_eval_runs_unchanged_on_mla(tmp_path, tiny_tokenizer_dir):
     from evalkit.evals.perplexity.evaluation import PerplexityEval
-    from evalkit.models.loading import load_model
     from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.loading import load_model
+
     from tests.tiny_models import make_model_dir
 
     lm = load_model(str(make_model_dir(tmp_path / "tiny_deepseek", "deepseek_v3", tiny_tokenizer_dir)))
     ev = PerplexityEval({"corpus": "embedded", "window": 64, "stride": 64, "max_windows": 3, "bootstrap_samples": 200})
     ev.prepare(lm, tmp_path / "work")
     base = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("bf16")) if not r.labels}
-    fp8 = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("fp8_e4m3/group16/dynamic+rope=bf16")) if not r.labels}
+    fp8 = {
+        r.metric: r.value for r in ev.evaluate(lm, parse_scheme("fp8_e4m3/group16/dynamic+rope=bf16")) if not r.labels
+    }
     assert base["kl_mean"] == 0 and base["top1_agreement"] == 1
     assert fp8["kl_mean"] > 0 and fp8["ppl"] != base["ppl"]

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 from evalkit.integration.storage import StorageCache
+from evalkit.kv.memory import layer_cache_bytes
 from evalkit.kv.quantize import dequantize, quantize, quantize_dequantize
 from evalkit.kv.scheme import GranularityKind, parse_scheme
-from evalkit.kv.memory import layer_cache_bytes
 from evalkit.models.info import kv_layout
-from evalkit.integration.hf_compat import cache_inputs, output_cache
+
 from tests.tiny_models import tiny_model
 
 PREFILL, STEPS = 13, 9
@@ -44,7 +45,12 @@ def teacher_forced(model, scheme, ids, mask, prefill=PREFILL) -> StorageCache:
     with quantized_kv(model, scheme):
         cache = output_cache(model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill]))
         for t in range(prefill, ids.shape[1]):
-            model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1], **cache_inputs(model, cache))
+            model(
+                ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                **cache_inputs(model, cache),
+            )
     return cache
 
 
@@ -55,16 +61,18 @@ def reference_layer0(raw: torch.Tensor, scheme_text: str, mask: torch.Tensor, pr
     out = torch.zeros_like(raw)
     for b in range(raw.shape[0]):
         start = int(mask[b].long().argmax())
-        x = raw[b:b + 1, :, start:]
+        x = raw[b : b + 1, :, start:]
         p = prefill - start
         if s.scales.value == "unit":
             y = quantize_dequantize(x, fmt, gran, scale=torch.ones(1, 1, 1, 1))
         elif fmt.tensor_scale:  # NVFP4: per-token group scales under the prefill's per-tensor scale, frozen
             frozen = quantize(x[:, :, :p], fmt, gran).tensor_scale
-            y = torch.cat([dequantize(quantize(x[:, :, t:t + 1], fmt, gran, tensor_scale=frozen)) for t in range(x.shape[2])],
-                          dim=2)
+            y = torch.cat(
+                [dequantize(quantize(x[:, :, t : t + 1], fmt, gran, tensor_scale=frozen)) for t in range(x.shape[2])],
+                dim=2,
+            )
         elif gran.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-            y = torch.cat([quantize_dequantize(x[:, :, t:t + 1], fmt, gran) for t in range(x.shape[2])], dim=2)
+            y = torch.cat([quantize_dequantize(x[:, :, t : t + 1], fmt, gran) for t in range(x.shape[2])], dim=2)
         elif gran.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
             q = quantize(x[:, :, :p], fmt, gran)
             rest = quantize(x[:, :, p:], fmt, gran, scale=q.scale, zero=q.zero)
@@ -75,13 +83,22 @@ def reference_layer0(raw: torch.Tensor, scheme_text: str, mask: torch.Tensor, pr
                 first = lo // n * n
                 region = torch.cat([y[:, :, first:lo], x[:, :, lo:hi]], dim=2)
                 y = torch.cat([y[:, :, :first], quantize_dequantize(region, fmt, gran)], dim=2)
-        out[b:b + 1, :, start:] = y
+        out[b : b + 1, :, start:] = y
     return out
 
 
-SEMANTIC_SCHEMES = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "int8_asym/head/dynamic", "fp8_e5m2/block4/dynamic",
-                    "int4/block8/dynamic", "fp8_e4m3/token/dynamic", "int4_asym/group8/dynamic", "int8_asym/group8/dynamic",
-                    "fp8_e4m3/tensor/unit", "fp8_e5m2/block4/unit"]
+SEMANTIC_SCHEMES = [
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "int8_asym/head/dynamic",
+    "fp8_e5m2/block4/dynamic",
+    "int4/block8/dynamic",
+    "fp8_e4m3/token/dynamic",
+    "int4_asym/group8/dynamic",
+    "int8_asym/group8/dynamic",
+    "fp8_e4m3/tensor/unit",
+    "fp8_e5m2/block4/unit",
+]
 
 
 @pytest.mark.parametrize("scheme", SEMANTIC_SCHEMES)
@@ -95,8 +112,9 @@ def test_layer0_stores_what_an_engine_stores(llama, scheme):
     assert torch.equal(got[real], expected[real])
 
 
-@pytest.mark.parametrize("scheme", ["fp8_e5m2/block4/dynamic", "int4/block8/dynamic", "fp8_e4m3/block16/dynamic",
-                                    "fp8_e5m2/block4/unit"])
+@pytest.mark.parametrize(
+    "scheme", ["fp8_e5m2/block4/dynamic", "int4/block8/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e5m2/block4/unit"]
+)
 def test_layer0_stores_what_an_engine_stores_unpadded_blocks(llama, scheme):
     """Without padding every sequence's blocks start together, and the cache takes its one-piece
     block path (StoredTensor._extend_blocks): still what the step-by-step reference stores."""
@@ -106,8 +124,9 @@ def test_layer0_stores_what_an_engine_stores_unpadded_blocks(llama, scheme):
     assert torch.equal(cache.layers[0].k.values, reference_layer0(raw, scheme, mask, PREFILL))
 
 
-@pytest.mark.parametrize("scheme", ["fp8_e4m3/block4/dynamic", "fp8_e5m2/block16/dynamic", "int8/block8/dynamic",
-                                    "int4/block4/dynamic"])
+@pytest.mark.parametrize(
+    "scheme", ["fp8_e4m3/block4/dynamic", "fp8_e5m2/block16/dynamic", "int8/block8/dynamic", "int4/block4/dynamic"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_piece_block_path_equals_the_per_sequence_path(scheme, dtype):
     """The same token stream stored twice, bit for bit the same codes, values and scales: as row 1 of
@@ -157,14 +176,27 @@ def models(llama):
     import transformers as tf
 
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=512)
+    cfg = tf.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+    )
     return {"llama": llama, "llama32": tf.AutoModelForCausalLM.from_config(cfg).eval()}
 
 
-MICRO_SCHEMES = [("llama", "nvfp4"), ("llama", "sglang_fp4"), ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3"),
-                 ("llama", "fp4_e2m1/group16/dynamic"), ("llama32", "mxfp4"), ("llama32", "mxfp8_e4m3"),
-                 ("llama32", "nvfp4+skip=1")]
+MICRO_SCHEMES = [
+    ("llama", "nvfp4"),
+    ("llama", "sglang_fp4"),
+    ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3"),
+    ("llama", "fp4_e2m1/group16/dynamic"),
+    ("llama32", "mxfp4"),
+    ("llama32", "mxfp8_e4m3"),
+    ("llama32", "nvfp4+skip=1"),
+]
 
 
 @pytest.mark.parametrize("arch,scheme", MICRO_SCHEMES)
@@ -203,8 +235,11 @@ def test_scales_are_counted_at_their_storage_size(llama):
     """Per K (or V) tensor of one layer: codes + one byte per E4M3/E8M0 scale (+ 4 per sequence for NVFP4's global)."""
     ids, mask = inputs(pad=False, length=21)
     seq = ids.shape[1] + NEW_TOKENS - 1
-    for scheme, per_token in (("nvfp4", 2 * 8 + 2 * 1), ("sglang_fp4", 2 * 8 + 2 * 1),
-                              ("fp4_e2m1/group16/dynamic", 2 * 8 + 2 * 4)):  # 2 KV heads x (16 / 2 code bytes + scales)
+    for scheme, per_token in (
+        ("nvfp4", 2 * 8 + 2 * 1),
+        ("sglang_fp4", 2 * 8 + 2 * 1),
+        ("fp4_e2m1/group16/dynamic", 2 * 8 + 2 * 4),
+    ):  # 2 KV heads x (16 / 2 code bytes + scales)
         _, cache = generate(llama, ids, mask, scheme)
         st = cache.layers[0].k
         extra = 2 * 4 if scheme == "nvfp4" else 0
@@ -241,15 +276,35 @@ NEW_TOKENS = 9
 def generate(model, ids, mask, scheme):
     with torch.no_grad(), quantized_kv(model, scheme) as session:
         cache = session.new_cache(mask)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, **cache_inputs(model, cache),
-                             output_scores=True, return_dict_in_generate=True)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            **cache_inputs(model, cache),
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
     return out, cache
 
 
-@pytest.mark.parametrize("scheme", ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic",
-                                    "fp8_e4m3/token/dynamic", "int4/group8/dynamic", "int4_asym/token/dynamic",
-                                    "fp8_e4m3/tensor/unit", "fp8_e4m3/head/unit", "fp8_e4m3/block16/unit",
-                                    "fp8_e4m3/token/unit", "fp8_e5m2/head/dynamic+skip=1"])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "bf16",
+        "fp8_e4m3/tensor/dynamic",
+        "fp8_e4m3/head/dynamic",
+        "fp8_e4m3/block16/dynamic",
+        "fp8_e4m3/token/dynamic",
+        "int4/group8/dynamic",
+        "int4_asym/token/dynamic",
+        "fp8_e4m3/tensor/unit",
+        "fp8_e4m3/head/unit",
+        "fp8_e4m3/block16/unit",
+        "fp8_e4m3/token/unit",
+        "fp8_e5m2/head/dynamic+skip=1",
+    ],
+)
 def test_bytes_equal_the_analytic_count(llama, scheme):
     ids, mask = inputs(pad=False, length=21)
     _, cache = generate(llama, ids, mask, scheme)
@@ -277,15 +332,26 @@ def test_sliding_window_layers_are_capped():
         _, cache = generate(model, ids, mask, scheme)
         stored = lambda layer: min(seq, layout.sliding_window - 1) if layout.is_sliding(layer) else seq  # noqa: E731
         assert cache.nbytes() == expected_bytes(model, scheme, 2, stored)
-    plain = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
-                           return_dict_in_generate=True)
+    plain = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     ours, _ = generate(model, ids, mask, "bf16")
     assert all(torch.equal(a, b) for a, b in zip(plain.scores, ours.scores))
 
 
 def test_every_kept_tensor_lives_on_the_kv_device_in_fp32_scales(llama):
     ids, mask = inputs(length=21)
-    for scheme in ("fp8_e4m3/head/unit", "fp8_e4m3/block4/dynamic", "int4_asym/group8/dynamic", "fp8_e4m3/tensor/dynamic"):
+    for scheme in (
+        "fp8_e4m3/head/unit",
+        "fp8_e4m3/block4/dynamic",
+        "int4_asym/group8/dynamic",
+        "fp8_e4m3/tensor/dynamic",
+    ):
         _, cache = generate(llama, ids, mask, scheme)
         for layer in cache.layers:
             for st in (layer.k, layer.v):
@@ -313,7 +379,9 @@ def test_bfloat16_identity_is_exact_and_fp8_is_close_to_float32():
             real = mask.bool()
             # bf16 weights and activations alone move these logits by up to ~0.05; FP8 K/V must not add to that
             assert (out16[real] - out32[real]).abs().max() < 0.1, scheme
-            assert (out16[real] - out32[real]).abs().max() < 2 * (ref16.float()[real] - model32(ids, attention_mask=mask).logits[real]).abs().max() + 0.02
+            assert (out16[real] - out32[real]).abs().max() < 2 * (
+                ref16.float()[real] - model32(ids, attention_mask=mask).logits[real]
+            ).abs().max() + 0.02
 
 
 def _count_host_reads(fn) -> int:
@@ -325,6 +393,7 @@ def _count_host_reads(fn) -> int:
         def wrapper(self, *a, **k):
             calls["n"] += 1
             return originals[name](self, *a, **k)
+
         return wrapper
 
     for name in originals:
@@ -337,12 +406,14 @@ def _count_host_reads(fn) -> int:
     return calls["n"]
 
 
-@pytest.mark.parametrize("scheme", ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/head/unit",
-                                    "int4_asym/group8/dynamic"])
+@pytest.mark.parametrize(
+    "scheme", ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/block16/dynamic", "fp8_e4m3/head/unit", "int4_asym/group8/dynamic"]
+)
 def test_host_reads_do_not_grow_with_the_number_of_layers(scheme):
     """No host synchronisation per layer: a 6-layer model reads back as often as a 2-layer one."""
-    from tests.tiny_models import tiny_config
     import transformers as tf
+
+    from tests.tiny_models import tiny_config
 
     counts = []
     for layers in (2, 6):
@@ -352,8 +423,12 @@ def test_host_reads_do_not_grow_with_the_number_of_layers(scheme):
         model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
         ids, mask = inputs()
         with torch.no_grad(), quantized_kv(model, scheme):
-            def step():
+
+            def step(model=model, ids=ids, mask=mask):
                 cache = output_cache(model(ids[:, :PREFILL], attention_mask=mask[:, :PREFILL]))
-                model(ids[:, PREFILL:PREFILL + 1], attention_mask=mask[:, :PREFILL + 1], **cache_inputs(model, cache))
+                model(
+                    ids[:, PREFILL : PREFILL + 1], attention_mask=mask[:, : PREFILL + 1], **cache_inputs(model, cache)
+                )
+
             counts.append(_count_host_reads(step))
     assert counts[0] == counts[1], counts

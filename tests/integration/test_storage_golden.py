@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from evalkit.runtime.numerics import platform_record, same_platform
+
 from tests.float_spread import GOLDEN, N_SCORED, digest, lmeval_logliks, perplexity_values, tiny_logits
 
 ON_GOLDEN_PLATFORM = same_platform(GOLDEN.get("platform"), platform_record())
@@ -115,8 +116,10 @@ def _within(got: float, want: float, tol: float, relative: bool) -> bool:
 
 def _platform_note() -> str:
     theirs, here = GOLDEN.get("platform") or {}, platform_record()
-    return (f"golden platform {theirs.get('cpu')} ({theirs.get('cpu_id')}, {theirs.get('cpu_capability')}), "
-            f"this is {here['cpu']} ({here['cpu_id']}, {here['cpu_capability']})")
+    return (
+        f"golden platform {theirs.get('cpu')} ({theirs.get('cpu_id')}, {theirs.get('cpu_capability')}), "
+        f"this is {here['cpu']} ({here['cpu_id']}, {here['cpu_capability']})"
+    )
 
 
 @pytest.mark.parametrize("arch", sorted(GOLDEN["tiny"]))
@@ -127,9 +130,11 @@ def test_single_forward_logits_equal_the_hook_bit_for_bit(arch):
         assert torch.equal(logits[IDENTITY][part], bare[part]), f"{arch} identity ({part}) is not the plain model"
     same_floats = all(digest(bare[part]) == golden[IDENTITY][part] for part in ("plain", "padded"))
     if not (ON_GOLDEN_PLATFORM or same_floats):
-        warnings.warn(f"{arch}: the plain model's logits differ from the golden platform's ({_platform_note()}); "
-                      "the golden file holds only digests of logits, which no tolerance can compare: checked the identity scheme only",
-                      stacklevel=1)
+        warnings.warn(
+            f"{arch}: the plain model's logits differ from the golden platform's ({_platform_note()}); "
+            "the golden file holds only digests of logits, which no tolerance can compare: checked the identity scheme only",
+            stacklevel=1,
+        )
         return
     for scheme, want in golden.items():
         assert digest(logits[scheme]["plain"]) == want["plain"], f"{arch} {scheme} (unpadded)"
@@ -152,8 +157,11 @@ def test_embedded_perplexity_kl_top1_equal_the_hook(embedded, tmp_path):
                 bad[scheme, "ppl"] = (g["ppl"], want["ppl"], f"rel {BASELINE_REL}")
             kl_spread = 0.0
         else:
-            for metric, table, relative in (("ppl", PPL_SPREAD, True), ("ppl_delta", PPL_DELTA_SPREAD, False),
-                                            ("top1_agreement", TOP1_SPREAD, False)):
+            for metric, table, relative in (
+                ("ppl", PPL_SPREAD, True),
+                ("ppl_delta", PPL_DELTA_SPREAD, False),
+                ("top1_agreement", TOP1_SPREAD, False),
+            ):
                 tol = SAFETY * table[scheme]
                 if not _within(g[metric], want[metric], tol, relative):
                     bad[scheme, metric] = (g[metric], want[metric], f"{'rel' if relative else 'abs'} {tol:.3g}")

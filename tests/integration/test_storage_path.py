@@ -12,14 +12,21 @@ import torch
 import torch.nn.functional as F
 
 from evalkit import quantized_kv
-from evalkit.integration.storage import StorageCache
 from evalkit.errors import EvalkitError, NonFiniteKVError, SchemeError, UnsupportedModelError
 from evalkit.integration.hf_compat import cache_inputs, output_cache
+from evalkit.integration.storage import StorageCache
+
 from tests.tiny_models import ARCHS, EAGER_ONLY, tiny_model
 
 IMPLS = ["sdpa", "eager"]
-FP8_SCHEMES = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e4m3/block16/dynamic",
-               "fp8_e5m2/tensor/dynamic", "fp8_e4m3fnuz/head/dynamic", "fp8_e4m3/token/dynamic"]
+FP8_SCHEMES = [
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "fp8_e5m2/tensor/dynamic",
+    "fp8_e4m3fnuz/head/dynamic",
+    "fp8_e4m3/token/dynamic",
+]
 # Mean KL(unhooked || hooked) per token on the tiny random models (logits ~ N(0, 1)). FP8 with
 # dynamic scales moves them by ~1e-6..1e-3; the bound leaves margin. A broken quantizer
 # (int4/tensor/unit) moves them more than ten times as far as fp8_e4m3/head/dynamic.
@@ -40,8 +47,11 @@ def mean_kl(ref, out, mask):
     return float(kl[mask.bool()].mean())
 
 
-@pytest.fixture(scope="module", params=[(a, i) for a in ARCHS for i in IMPLS if not (a in EAGER_ONLY and i == "sdpa")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(a, i) for a in ARCHS for i in IMPLS if not (a in EAGER_ONLY and i == "sdpa")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def model(request):
     arch, impl = request.param
     return tiny_model(arch, attn_implementation=impl)
@@ -150,7 +160,9 @@ def test_skip_sliding_keeps_only_sliding_layers():
 def test_unsupported_architecture_is_refused():
     import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_config(tf.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4))
+    model = tf.AutoModelForCausalLM.from_config(
+        tf.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
+    )
     with pytest.raises(UnsupportedModelError, match="'falcon'"):
         with quantized_kv(model, "fp8_e4m3/tensor/dynamic"):
             pass

@@ -29,8 +29,15 @@ from evalkit.kv.scheme import NAMED_SCHEMES, parse_scheme
 
 F32 = np.float32
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # the format's definition (OCP MX v1.0)
-NEW = ["nvfp4", "mxfp4", "mxfp8_e4m3", "sglang_fp4", "fp4_e2m1/group16/dynamic", "fp4_e2m1/group16/dynamic+scale_dtype=e4m3",
-       "fp8_e5m2/group32/dynamic+scale_dtype=e8m0"]
+NEW = [
+    "nvfp4",
+    "mxfp4",
+    "mxfp8_e4m3",
+    "sglang_fp4",
+    "fp4_e2m1/group16/dynamic",
+    "fp4_e2m1/group16/dynamic+scale_dtype=e4m3",
+    "fp8_e5m2/group32/dynamic+scale_dtype=e8m0",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,8 +161,9 @@ def test_quantize_dequantize_matches_the_reference_bit_for_bit(name):
 def test_e8m0_rule_on_random_data_bit_for_bit(name, emax):
     """Group amaxes over 2**-140 .. 2**120, subnormals included: the scale is 2**(floor(log2 amax) - emax)."""
     g = torch.Generator().manual_seed(11)
-    x = torch.randn(4, 8, 64, 64, generator=g) * torch.exp2(torch.randint(-140, 120, (4, 8, 64, 2, 1), generator=g)
-                                                            .float()).repeat_interleave(32, -1).reshape(4, 8, 64, 64)
+    x = torch.randn(4, 8, 64, 64, generator=g) * torch.exp2(
+        torch.randint(-140, 120, (4, 8, 64, 2, 1), generator=g).float()
+    ).repeat_interleave(32, -1).reshape(4, 8, 64, 64)
     scale = q(name, x).scale.numpy()
     amax = np.abs(x.numpy()).reshape(4, 8, 64, 2, 32).max(-1)
     want = np.vectorize(lambda a: e8m0(float(a), emax), otypes=[F32])(amax)
@@ -223,8 +231,16 @@ def test_saturation():
     assert dequantize(q("nvfp4", group([7.5, 1.0], 16))).flatten()[0].item() == pytest.approx(7.5, rel=0.07)
 
 
-@pytest.mark.parametrize("name,scale", [("mxfp4", 2.0**-127), ("mxfp8_e4m3", 2.0**-127), ("sglang_fp4", 2.0**-33),
-                                        ("fp4_e2m1/group16/dynamic", 1.0), ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3", 1.0)])
+@pytest.mark.parametrize(
+    "name,scale",
+    [
+        ("mxfp4", 2.0**-127),
+        ("mxfp8_e4m3", 2.0**-127),
+        ("sglang_fp4", 2.0**-33),
+        ("fp4_e2m1/group16/dynamic", 1.0),
+        ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3", 1.0),
+    ],
+)
 def test_all_zero_groups_stay_zero(name, scale):
     x = torch.zeros(1, 1, 2, 32)
     out = q(name, x)
@@ -259,7 +275,9 @@ def test_stored_bytes_are_the_engines_codes_and_decode_exactly(name):
         codes = out.codes.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
         if s.name == "sglang_fp4":  # its sign bit is v < 0: no code 8 from a +0 result
             codes = np.where(out.codes.numpy() == 0, np.where(np.signbit(out.codes.numpy()), 8, 0), codes)
-        assert stored.dtype == torch.uint8 and np.array_equal(stored.numpy(), codes[..., 0::2] | (codes[..., 1::2] << 4))
+        assert stored.dtype == torch.uint8 and np.array_equal(
+            stored.numpy(), codes[..., 0::2] | (codes[..., 1::2] << 4)
+        )
     else:
         assert stored.dtype == s.kv_format.storage_dtype
 
@@ -273,16 +291,24 @@ def test_named_schemes_are_their_own_canonical_strings_and_long_forms_parse_to_t
         assert str(parse_scheme(name + "+skip=0,3")) == name + "+skip=0,3"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--preset", "llama-3.1-8b", "--schemes", "fp4_e2m1/tensor/dynamic"], "one scale per group of values"),
-    (["--preset", "llama-3.1-8b", "--schemes", "fp4_e2m1/group16/unit"], "not unit scales"),
-    (["--preset", "llama-3.1-8b", "--schemes", "fp8_e4m3/tensor/static+scales=x.safetensors+scale_dtype=e8m0"],
-     "not static scales"),
-    (["--preset", "llama-3.1-8b", "--schemes", "fp8_e4m3/group32/dynamic+scale_dtype=e4m3"], "does not take e4m3 scales"),
-    (["--preset", "llama-3.1-8b", "--schemes", "int4/group32/dynamic+scale_dtype=e8m0"], "takes fp32 scales only"),
-    (["--preset", "llama-3.1-8b", "--schemes", "nvfp4+scale_dtype=e8m0"], "nvfp4 fixes its format and scales"),
-    (["--preset", "llama-3.1-8b", "--schemes", "int4/group48/dynamic"], "group48 does not divide head_dim 128"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--preset", "llama-3.1-8b", "--schemes", "fp4_e2m1/tensor/dynamic"], "one scale per group of values"),
+        (["--preset", "llama-3.1-8b", "--schemes", "fp4_e2m1/group16/unit"], "not unit scales"),
+        (
+            ["--preset", "llama-3.1-8b", "--schemes", "fp8_e4m3/tensor/static+scales=x.safetensors+scale_dtype=e8m0"],
+            "not static scales",
+        ),
+        (
+            ["--preset", "llama-3.1-8b", "--schemes", "fp8_e4m3/group32/dynamic+scale_dtype=e4m3"],
+            "does not take e4m3 scales",
+        ),
+        (["--preset", "llama-3.1-8b", "--schemes", "int4/group32/dynamic+scale_dtype=e8m0"], "takes fp32 scales only"),
+        (["--preset", "llama-3.1-8b", "--schemes", "nvfp4+scale_dtype=e8m0"], "nvfp4 fixes its format and scales"),
+        (["--preset", "llama-3.1-8b", "--schemes", "int4/group48/dynamic"], "group48 does not divide head_dim 128"),
+    ],
+)
 def test_capacity_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code = main(["capacity", "--gpu-memory", "80GB", *argv])
     err = capsys.readouterr().err
@@ -296,8 +322,13 @@ def test_run_refuses_a_group_that_does_not_divide_head_dim(capsys, tiny_llama_di
 
 
 def test_bad_scheme_values_raise_scheme_error():
-    for text in ("fp4_e2m1/block16/dynamic", "fp4_e2m1", "fp8_e4m3/group32/dynamic+recipe=sglang",
-                 "fp4_e2m1/group16/dynamic+tensor_scale=fp32", "mxfp4+scales=a.safetensors"):
+    for text in (
+        "fp4_e2m1/block16/dynamic",
+        "fp4_e2m1",
+        "fp8_e4m3/group32/dynamic+recipe=sglang",
+        "fp4_e2m1/group16/dynamic+tensor_scale=fp32",
+        "mxfp4+scales=a.safetensors",
+    ):
         with pytest.raises(SchemeError):
             parse_scheme(text)
 
@@ -310,27 +341,53 @@ def head32_dir(tmp_path_factory, tiny_tokenizer_dir):
     folder = tmp_path_factory.mktemp("llama_hd32")
     tok = tf.AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = tf.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
 
 def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tmp_path, capsys):
-    from tests.evals.test_perplexity import reference as plain_reference
-
     from evalkit.data.corpus import load_corpus
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.models.loading import load_model
 
+    from tests.evals.test_perplexity import reference as plain_reference
+
     corpus = tmp_path / "prose.txt"
     corpus.write_text(load_corpus("embedded").text[:20_000], encoding="utf-8")
     schemes = "bf16,fp8_e4m3/tensor/dynamic,nvfp4,mxfp4,mxfp8_e4m3,sglang_fp4"
-    argv = ["run", "--model", str(head32_dir), "--schemes", schemes, "--eval", "perplexity", "--perplexity-corpus", f"file:{corpus}",
-            "--perplexity-window", "64", "--perplexity-max-windows", "3", "--perplexity-bootstrap-samples", "200", "--json",
-            "--cache-dir", str(tmp_path)]
+    argv = [
+        "run",
+        "--model",
+        str(head32_dir),
+        "--schemes",
+        schemes,
+        "--eval",
+        "perplexity",
+        "--perplexity-corpus",
+        f"file:{corpus}",
+        "--perplexity-window",
+        "64",
+        "--perplexity-max-windows",
+        "3",
+        "--perplexity-bootstrap-samples",
+        "200",
+        "--json",
+        "--cache-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     top = {(r["scheme"], r["metric"]): r["value"] for r in rows if not r["labels"]}

@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from evalkit.kv.formats import FORMATS
-from evalkit.kv.rounding import SMALL, round_to_fp8, round_to_fp8_by_cast, round_to_fp8_emulated
 from evalkit.kv.quantize import round_codes
+from evalkit.kv.rounding import SMALL, round_to_fp8, round_to_fp8_by_cast, round_to_fp8_emulated
 
 FP8 = ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"]
-ML_DTYPES = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}
+ML_DTYPES = {
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+    "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "fp8_e5m2": ml_dtypes.float8_e5m2,
+}
 
 
 def reference(values: np.ndarray, name: str) -> np.ndarray:
@@ -26,15 +30,26 @@ def edge_table(name: str) -> dict[str, float]:
     fmt = FORMATS[name]
     sub = 2.0 ** (fmt.min_normal_exp - fmt.mantissa_bits)  # smallest subnormal
     return {
-        "zero": 0.0, "negative zero": -0.0,
-        "smallest subnormal": sub, "-smallest subnormal": -sub,
-        "half smallest subnormal (tie to 0)": sub / 2, "just above half subnormal": sub / 2 * (1 + 2**-20),
-        "between subnormals (1.5 q, tie to even 2q)": 1.5 * sub, "between subnormals (2.5 q, tie to 2q)": 2.5 * sub,
-        "largest subnormal": 2.0**fmt.min_normal_exp - sub, "smallest normal": 2.0**fmt.min_normal_exp,
-        "one": 1.0, "one + half ulp (tie to even 1)": 1 + 2.0 ** -(fmt.mantissa_bits + 1),
+        "zero": 0.0,
+        "negative zero": -0.0,
+        "smallest subnormal": sub,
+        "-smallest subnormal": -sub,
+        "half smallest subnormal (tie to 0)": sub / 2,
+        "just above half subnormal": sub / 2 * (1 + 2**-20),
+        "between subnormals (1.5 q, tie to even 2q)": 1.5 * sub,
+        "between subnormals (2.5 q, tie to 2q)": 2.5 * sub,
+        "largest subnormal": 2.0**fmt.min_normal_exp - sub,
+        "smallest normal": 2.0**fmt.min_normal_exp,
+        "one": 1.0,
+        "one + half ulp (tie to even 1)": 1 + 2.0 ** -(fmt.mantissa_bits + 1),
         "one + 1.5 ulp (tie to even 1 + 2ulp)": 1 + 3 * 2.0 ** -(fmt.mantissa_bits + 1),
-        "max": fmt.max, "-max": -fmt.max, "just beyond max": fmt.max * (1 + 2**-10),
-        "huge": 1e30, "-huge": -1e30, "inf": math.inf, "-inf": -math.inf,
+        "max": fmt.max,
+        "-max": -fmt.max,
+        "just beyond max": fmt.max * (1 + 2**-10),
+        "huge": 1e30,
+        "-huge": -1e30,
+        "inf": math.inf,
+        "-inf": -math.inf,
     }
 
 
@@ -49,8 +64,12 @@ def test_edge_cases_match_cast_and_ml_dtypes(name):
     emulated = round_to_fp8_emulated(clamped, fmt)
     ref = torch.from_numpy(reference(clamped.numpy(), name))
     for i, label in enumerate(table):
-        assert emulated[i].view(torch.int32) == ref[i].view(torch.int32), f"{name} {label}: emulated {emulated[i]} vs ml_dtypes {ref[i]}"
-        assert ours[i].view(torch.int32) == by_cast[i].view(torch.int32), f"{name} {label}: {ours[i]} vs cast {by_cast[i]}"
+        assert emulated[i].view(torch.int32) == ref[i].view(torch.int32), (
+            f"{name} {label}: emulated {emulated[i]} vs ml_dtypes {ref[i]}"
+        )
+        assert ours[i].view(torch.int32) == by_cast[i].view(torch.int32), (
+            f"{name} {label}: {ours[i]} vs cast {by_cast[i]}"
+        )
         assert ours[i].view(torch.int32) == ref[i].view(torch.int32), f"{name} {label}: {ours[i]} vs ml_dtypes {ref[i]}"
     assert torch.isfinite(ours).all(), "overflow must saturate, never inf"
     assert ours[list(table).index("huge")] == fmt.max and ours[list(table).index("-inf")] == -fmt.max
@@ -72,7 +91,9 @@ def test_every_rounding_boundary(name):
     values = np.unique(codes[np.isfinite(codes) & (np.abs(codes) <= fmt.max)])
     mids = (values[:-1].astype(np.float64) + values[1:]) / 2
     mids = mids.astype(np.float32)
-    probes = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))])
+    probes = np.concatenate(
+        [values, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))]
+    )
     x = torch.from_numpy(probes)
     ours = round_to_fp8_emulated(x, fmt)
     assert torch.equal(ours.view(torch.int32), round_to_fp8_by_cast(x, fmt).view(torch.int32))

@@ -8,11 +8,11 @@ import torch
 import transformers as tf
 
 from evalkit.errors import SchemeError
+from evalkit.integration.hf_compat import cache_inputs, output_cache
 from evalkit.kv.memory import bytes_per_token, bytes_per_token_at, model_cache_bytes
+from evalkit.kv.scheme import parse_scheme as P
 from evalkit.models.info import kv_layout
 from evalkit.models.presets import PRESETS, config_namespace
-from evalkit.kv.scheme import parse_scheme as P
-from evalkit.integration.hf_compat import cache_inputs, output_cache
 
 
 def preset_layout(name):
@@ -20,8 +20,15 @@ def preset_layout(name):
 
 
 def llama_layout(layers=3, heads=8, kv_heads=8, head_dim=16):
-    return kv_layout(tf.LlamaConfig(hidden_size=heads * head_dim, num_hidden_layers=layers, num_attention_heads=heads,
-                                    num_key_value_heads=kv_heads, vocab_size=64))
+    return kv_layout(
+        tf.LlamaConfig(
+            hidden_size=heads * head_dim,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            vocab_size=64,
+        )
+    )
 
 
 # -- MLA: the published Kimi K2 / DeepSeek-V3 figures ---------------------------------------
@@ -122,9 +129,17 @@ def test_sequence_bytes_exact_with_partial_blocks_and_per_sequence_scales():
 
 
 def test_sliding_window_layers_are_capped_by_their_window():
-    cfg = tf.Gemma3TextConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                              layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    cfg = tf.Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    )
     layout = kv_layout(cfg)
     per_layer_token = 2 * 2 * 16 * 2  # K,V x heads x head_dim x BF16
     for seq in (5, 8, 100):
@@ -158,8 +173,14 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
 
     model = tiny_model("qwen3")
     ids = torch.randint(0, 100, (2, 7))
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
-                         return_dict_in_generate=True, pad_token_id=0)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=4,
+        do_sample=False,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     cache = output_cache(out)
     elems = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     seq = cache.get_seq_length()
@@ -169,11 +190,26 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
 
 # -- against the real storage cache (evalkit.integration.storage) after generate() ---------------------------
 def tiny_mla_model():
-    cfg = tf.DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
-                              q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
-                              num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
-                              max_position_embeddings=256)
+    cfg = tf.DeepseekV3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -183,23 +219,47 @@ def cache_models():
     from tests.tiny_models import tiny_model
 
     torch.manual_seed(0)
-    head32 = tf.AutoModelForCausalLM.from_config(tf.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512)).eval()  # head_dim 32, for the 32-wide MX groups
+    head32 = tf.AutoModelForCausalLM.from_config(
+        tf.LlamaConfig(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+        )
+    ).eval()  # head_dim 32, for the 32-wide MX groups
     return {"llama": tiny_model("llama"), "gemma3": tiny_model("gemma3"), "mla": tiny_mla_model(), "llama32": head32}
 
 
 CACHE_CASES = [
-    ("llama", "fp8_e4m3/tensor/dynamic"), ("llama", "fp8_e4m3/head/dynamic"), ("llama", "fp8_e4m3/block16/dynamic"),
-    ("llama", "fp8_e4m3/token/dynamic"), ("llama", "int4_asym/group8/dynamic"), ("llama", "fp8_e5m2/tensor/unit+skip=0"),
+    ("llama", "fp8_e4m3/tensor/dynamic"),
+    ("llama", "fp8_e4m3/head/dynamic"),
+    ("llama", "fp8_e4m3/block16/dynamic"),
+    ("llama", "fp8_e4m3/token/dynamic"),
+    ("llama", "int4_asym/group8/dynamic"),
+    ("llama", "fp8_e5m2/tensor/unit+skip=0"),
     ("llama", "bf16"),
-    ("gemma3", "fp8_e4m3/tensor/dynamic"), ("gemma3", "fp8_e4m3/head/dynamic"), ("gemma3", "fp8_e4m3/block16/dynamic"),
+    ("gemma3", "fp8_e4m3/tensor/dynamic"),
+    ("gemma3", "fp8_e4m3/head/dynamic"),
+    ("gemma3", "fp8_e4m3/block16/dynamic"),
     ("gemma3", "fp8_e4m3/token/dynamic+skip=sliding"),
-    ("mla", "fp8_e4m3/tensor/dynamic"), ("mla", "fp8_e4m3/token/dynamic"), ("mla", "fp8_e4m3/group16/dynamic"),
-    ("mla", "fp8_e4m3/group16/dynamic+rope=bf16"), ("mla", "bf16"),
-    ("llama", "nvfp4"), ("llama", "sglang_fp4"), ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+skip=0"),
-    ("llama32", "mxfp4"), ("llama32", "mxfp8_e4m3"), ("gemma3", "nvfp4"), ("gemma3", "sglang_fp4+skip=sliding"),
-    ("mla", "nvfp4"), ("mla", "mxfp4+rope=bf16"), ("mla", "mxfp8_e4m3"),
+    ("mla", "fp8_e4m3/tensor/dynamic"),
+    ("mla", "fp8_e4m3/token/dynamic"),
+    ("mla", "fp8_e4m3/group16/dynamic"),
+    ("mla", "fp8_e4m3/group16/dynamic+rope=bf16"),
+    ("mla", "bf16"),
+    ("llama", "nvfp4"),
+    ("llama", "sglang_fp4"),
+    ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+skip=0"),
+    ("llama32", "mxfp4"),
+    ("llama32", "mxfp8_e4m3"),
+    ("gemma3", "nvfp4"),
+    ("gemma3", "sglang_fp4+skip=sliding"),
+    ("mla", "nvfp4"),
+    ("mla", "mxfp4+rope=bf16"),
+    ("mla", "mxfp8_e4m3"),
 ]
 
 
@@ -216,7 +276,9 @@ def test_bytes_equal_the_real_cache_after_generate(cache_models, arch, scheme):
     s = P(scheme)
     with quantized_kv(model, s) as session:
         cache = session.new_cache(am)
-        model.generate(ids, attention_mask=am, **cache_inputs(model, cache), max_new_tokens=10, do_sample=False, pad_token_id=0)
+        model.generate(
+            ids, attention_mask=am, **cache_inputs(model, cache), max_new_tokens=10, do_sample=False, pad_token_id=0
+        )
     seq = cache.get_seq_length()
     assert seq == 9 + 10 - 1
     want = model_cache_bytes(kv_layout(model.config), s, seq, batch=2, keep="transformers")

@@ -225,7 +225,9 @@ BAD_CODE_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("call,error", [case[1:] for case in BAD_CODE_INPUTS], ids=[case[0] for case in BAD_CODE_INPUTS])
+@pytest.mark.parametrize(
+    "call,error", [case[1:] for case in BAD_CODE_INPUTS], ids=[case[0] for case in BAD_CODE_INPUTS]
+)
 def test_bad_code_inputs_raise(call, error):
     with pytest.raises(error):
         call()

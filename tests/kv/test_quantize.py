@@ -76,7 +76,10 @@ def test_matches_independent_reference(name, granularity):
 def test_error_shrinks_with_finer_granularity(name):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, 4, 64, 32, generator=g) * torch.exp(torch.randn(1, 4, 64, 1, generator=g))
-    errors = [float(((quantize_dequantize(x, FORMATS[name], Granularity.parse(gr)) - x) ** 2).mean()) for gr in ("tensor", "head", "token")]
+    errors = [
+        float(((quantize_dequantize(x, FORMATS[name], Granularity.parse(gr)) - x) ** 2).mean())
+        for gr in ("tensor", "head", "token")
+    ]
     assert errors[0] >= errors[1] >= errors[2] > 0
 
 
@@ -85,7 +88,9 @@ def test_static_scale_saturates_and_unit_scale_rounds():
     x = torch.tensor([1000.0, -1000.0, 0.3, 0.0]).reshape(1, 1, 1, 4)
     out = quantize_dequantize(x, fmt, Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))
     assert out.flatten().tolist() == [448.0, -448.0, 0.3125, 0.0]
-    assert torch.isfinite(quantize_dequantize(x * 1e30, FORMATS["fp8_e5m2"], Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))).all()
+    assert torch.isfinite(
+        quantize_dequantize(x * 1e30, FORMATS["fp8_e5m2"], Granularity.parse("tensor"), scale=torch.ones(1, 1, 1, 1))
+    ).all()
 
 
 def test_padding_is_excluded_from_dynamic_scales():
@@ -147,8 +152,10 @@ def test_the_stored_tensor_rounding_made_holds_the_bytes_encode_writes(name, sha
     g = torch.Generator().manual_seed(7)
     x = torch.randn(*shape, generator=g) * 30
     x[0, 0, 0, :3] = torch.tensor([0.0, -0.0, 1e-9])
-    for q in (quantize(x, fmt, Granularity.parse(granularity)),
-              quantize(x, fmt, Granularity.parse(granularity), scale=torch.tensor(0.05))):
+    for q in (
+        quantize(x, fmt, Granularity.parse(granularity)),
+        quantize(x, fmt, Granularity.parse(granularity), scale=torch.tensor(0.05)),
+    ):
         assert (q.stored is not None) == (x.numel() <= 16384)
         stored = encode_quantized(q, fmt)
         assert stored.dtype == fmt.storage_dtype

@@ -25,8 +25,12 @@ from evalkit.kv.rounding import SMALL, Rounding, round_integer, round_to_fp8, ro
 from evalkit.kv.scheme import Granularity, GranularityKind, parse_scheme
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOATS = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-          "fp8_e5m2": ml_dtypes.float8_e5m2, "fp4_e2m1": ml_dtypes.float4_e2m1fn}
+FLOATS = {
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+    "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "fp8_e5m2": ml_dtypes.float8_e5m2,
+    "fp4_e2m1": ml_dtypes.float4_e2m1fn,
+}
 INTS = ["int8", "int8_asym", "int4", "int4_asym"]
 MODES = list(Rounding)
 F32 = np.float32
@@ -91,8 +95,10 @@ def assert_bits(ours, ref, what: str) -> None:
     bad = np.nonzero(o != r)[0]
     if bad.size:
         i = bad[0]
-        raise AssertionError(f"{what}: {bad.size} of {o.size} differ, first at {i}: "
-                             f"ours {o.view(np.float32)[i]!r} vs reference {r.view(np.float32)[i]!r}")
+        raise AssertionError(
+            f"{what}: {bad.size} of {o.size} differ, first at {i}: "
+            f"ours {o.view(np.float32)[i]!r} vs reference {r.view(np.float32)[i]!r}"
+        )
 
 
 def fmt_of(name: str, mode: Rounding):
@@ -181,7 +187,9 @@ def test_rne_is_torchs_cast_as_before(name):
     small = x[:100]  # a decode-sized tensor: rounded by the cast itself, whose float8 tensor is stored
     q = quantize(small.reshape(1, 1, 1, -1), fmt, Granularity(GranularityKind.TENSOR), scale=torch.ones(1, 1, 1, 1))
     assert torch.equal(q.codes.flatten().view(torch.int32), round_to_fp8_by_cast(small, fmt).view(torch.int32))
-    assert q.stored is not None and torch.equal(q.stored.flatten().view(torch.uint8), small.to(fmt.torch_dtype).view(torch.uint8))
+    assert q.stored is not None and torch.equal(
+        q.stored.flatten().view(torch.uint8), small.to(fmt.torch_dtype).view(torch.uint8)
+    )
 
 
 # -- integer formats --------------------------------------------------------------------------------
@@ -218,9 +226,17 @@ def test_asymmetric_codes_round_x_over_scale_and_keep_a_nearest_even_zero_point(
 
 
 # -- what the cache stores ---------------------------------------------------------------------------
-SCHEMES = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/unit", "fp8_e5m2/tensor/unit", "fp8_e4m3fnuz/token/dynamic",
-           "fp8_e4m3/block16/dynamic", "fp4_e2m1/group16/dynamic", "fp8_e4m3/group32/dynamic+scale_dtype=e8m0",
-           "fp4_e2m1/group32/dynamic+scale_dtype=e8m0", "fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32"]
+SCHEMES = [
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/unit",
+    "fp8_e5m2/tensor/unit",
+    "fp8_e4m3fnuz/token/dynamic",
+    "fp8_e4m3/block16/dynamic",
+    "fp4_e2m1/group16/dynamic",
+    "fp8_e4m3/group32/dynamic+scale_dtype=e8m0",
+    "fp4_e2m1/group32/dynamic+scale_dtype=e8m0",
+    "fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32",
+]
 
 
 def float_name(scheme) -> str:
@@ -306,13 +322,40 @@ def test_sglang_fp4_is_the_sglang_scale_rule_plus_rna():
 def test_sglang_fp4_numbers_are_unchanged():
     """Codes, scales and bytes of sglang_fp4 equal the threshold rule on edge values and random K/V."""
     fmt = parse_scheme("sglang_fp4").kv_format
-    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.5, 6.0, 7.0, math.inf, -0.0, 0.0, -0.1, -0.25,
-                          -2.5, -5.0, math.nan, 1e-40, -1e-40, 0.2499999, 0.2500001, 4.9999995])
+    edges = torch.tensor(
+        [
+            0.25,
+            0.75,
+            1.25,
+            1.75,
+            2.5,
+            3.5,
+            5.0,
+            5.5,
+            6.0,
+            7.0,
+            math.inf,
+            -0.0,
+            0.0,
+            -0.1,
+            -0.25,
+            -2.5,
+            -5.0,
+            math.nan,
+            1e-40,
+            -1e-40,
+            0.2499999,
+            0.2500001,
+            4.9999995,
+        ]
+    )
     assert_bits(mx.round_to_e2m1(edges, Rounding.RNA), sglang_thresholds(edges).abs().copysign(edges), "rna")
     assert_bits(mx.sglang_zero_sign(edges, mx.round_to_e2m1(edges, Rounding.RNA)), sglang_thresholds(edges), "sign")
     g = torch.Generator().manual_seed(8)
     x = torch.randn(2, 3, 33, 64, generator=g) * torch.exp(torch.randn(2, 3, 33, 1, generator=g) * 2)
-    x[0, 0, 0, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0.1, -0.1, 0.0, -0.0, 4.0])
+    x[0, 0, 0, :16] = torch.tensor(
+        [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0.1, -0.1, 0.0, -0.0, 4.0]
+    )
     q = quantize(x, fmt, Granularity(GranularityKind.GROUP, 16))
     amax = x.reshape(2, 3, 33, 4, 16).abs().amax(-1, keepdim=True)
     scale = mx.sglang_e8m0_scale(amax)
@@ -329,11 +372,16 @@ def test_published_store_and_grids_keep_their_scheme_strings():
     """rne is never written, so every stored run's scheme string (part of its run id) parses back to itself."""
     import yaml
 
-    records = [json.loads(line) for line in (ROOT / "published" / "default" / "results.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = [
+        json.loads(line)
+        for line in (ROOT / "published" / "default" / "results.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     texts = {r["spec"]["scheme"] for r in records if r.get("spec")}
     for grid in sorted((ROOT / "sweeps").glob("*.yaml")):  # the grids' scheme strings as written
-        texts |= {str(parse_scheme(t)) for t in yaml.safe_load(grid.read_text()).get("schemes", []) if isinstance(t, str)}
+        texts |= {
+            str(parse_scheme(t)) for t in yaml.safe_load(grid.read_text()).get("schemes", []) if isinstance(t, str)
+        }
     assert len(texts) > 10
     for text in texts:
         scheme = parse_scheme(text)
@@ -346,8 +394,10 @@ def test_a_different_rounding_is_a_different_run():
     def run(scheme: str) -> RunSpec:
         return RunSpec(ModelSpec("embedded"), str(parse_scheme(scheme)), "perplexity", "{}")
 
-    ids = {run(t).run_id for t in ("fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+rounding=rtz",
-                                   "fp8_e4m3/tensor/unit+rounding=rna")}
+    ids = {
+        run(t).run_id
+        for t in ("fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit+rounding=rna")
+    }
     assert len(ids) == 3
     assert run("fp8_e4m3/tensor/unit+rounding=rne").run_id == run("fp8_e4m3/tensor/unit").run_id
 

@@ -7,6 +7,7 @@ import hashlib
 import torch
 
 from evalkit.models.info import config_hash, hash_weights, weights_fingerprint
+
 from tests.tiny_models import tiny_model
 
 

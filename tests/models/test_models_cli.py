@@ -67,7 +67,9 @@ def test_uncached_hub_id_offline_fails_fast_with_one_line(offline_env, unreachab
 
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     start = time.perf_counter()
-    with pytest.raises(EvalkitError, match="'does/not-exist' is not in the local Hugging Face cache and the hub is unreachable") as info:
+    with pytest.raises(
+        EvalkitError, match="'does/not-exist' is not in the local Hugging Face cache and the hub is unreachable"
+    ) as info:
         load_model("does/not-exist")
     assert time.perf_counter() - start < 5
     assert "\n" not in str(info.value)
@@ -93,11 +95,19 @@ def test_bad_model_at_the_cli_is_one_line_and_fast(command, tmp_path):
     """--model is checked before the command imports torch and its evaluations: the whole process,
     interpreter start included, ends in well under 5 s with one line and exit code 2."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    for model, fragment in (("./my-model", "no such folder: ./my-model"),
-                            ("does/not-exist", "not in the local Hugging Face cache")):
+    for model, fragment in (
+        ("./my-model", "no such folder: ./my-model"),
+        ("does/not-exist", "not in the local Hugging Face cache"),
+    ):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "evalkit", command, "--model", model],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "evalkit", command, "--model", model],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=env,
+        )
         elapsed = time.perf_counter() - start
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr
@@ -112,7 +122,10 @@ def test_remote_code_needs_the_flag(tmp_path, tiny_llama_dir):
     folder = tmp_path / "custom"
     shutil.copytree(tiny_llama_dir, folder)
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["auto_map"] = {"AutoConfig": "modeling_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    cfg["auto_map"] = {
+        "AutoConfig": "modeling_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM",
+    }
     cfg["model_type"] = "custom_remote"
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "modeling_custom.py").write_text("raise RuntimeError('remote code ran')\n")
@@ -131,7 +144,7 @@ def test_embedded_model_loads_fast_and_is_sane(embedded):
     ids = embedded.tokenizer("The capital of France is Paris. The capital of Italy is", return_tensors="pt").input_ids
     with torch.no_grad():
         out = embedded.model.generate(ids, max_new_tokens=2, do_sample=False)
-    assert "Rome" in embedded.tokenizer.decode(out[0, ids.shape[1]:])
+    assert "Rome" in embedded.tokenizer.decode(out[0, ids.shape[1] :])
 
 
 def test_schemes_command_lists_bytes(capsys):
@@ -170,9 +183,11 @@ def test_parser_builds_without_transformers_or_lm_eval():
 
 @pytest.mark.parametrize("argv", [["--help"], ["schemes"], ["models"], ["capacity", "--preset", "llama-3.1-8b"]])
 def test_light_commands_do_not_import_transformers_or_lm_eval(argv):
-    code = ("from evalkit.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass")
+    code = (
+        "from evalkit.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass"
+    )
     assert _imported_after(code) == []
 
 
@@ -188,9 +203,13 @@ def test_help_lists_every_command_with_its_own_help():
     assert {a.dest: a.help for a in light._subparsers._group_actions[0]._choices_actions} == COMMANDS
 
 
-@pytest.mark.parametrize("scheme, fragment", [("fp9/tensor/dynamic", "unknown KV format"), ("fp8_e4m3/block0/dynamic", "positive")])
+@pytest.mark.parametrize(
+    "scheme, fragment", [("fp9/tensor/dynamic", "unknown KV format"), ("fp8_e4m3/block0/dynamic", "positive")]
+)
 def test_bad_scheme_at_the_cli_exits_2_with_one_line(scheme, fragment):
-    proc = subprocess.run([sys.executable, "-m", "evalkit", "run", "--schemes", scheme], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evalkit", "run", "--schemes", scheme], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr

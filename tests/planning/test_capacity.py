@@ -6,18 +6,27 @@ import json
 
 import pytest
 
-from evalkit.planning.capacity import kv_budget, parse_count, plan
-from evalkit.units import format_bytes, format_seconds, parse_bytes
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
+from evalkit.kv.scheme import parse_schemes
 from evalkit.models.info import kv_layout
 from evalkit.models.presets import PRESETS, config_namespace, get_preset
-from evalkit.kv.scheme import parse_schemes
+from evalkit.planning.capacity import kv_budget, parse_count, plan
+from evalkit.units import format_bytes, format_seconds, parse_bytes
 
 
 # ---- sizes and durations as text (evalkit.units) ---------------------------------------------
-@pytest.mark.parametrize("text,want", [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9), ("1.03TB", 1_030_000_000_000),
-                                       ("512MiB", 512 * 2**20), ("1024", 1024), ("141 GB", 141 * 10**9)])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("80GiB", 80 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("1.03TB", 1_030_000_000_000),
+        ("512MiB", 512 * 2**20),
+        ("1024", 1024),
+        ("141 GB", 141 * 10**9),
+    ],
+)
 def test_parse_bytes(text, want):
     assert parse_bytes(text) == want
 
@@ -28,9 +37,21 @@ def test_parse_bytes_rejects(bad):
         parse_bytes(bad)
 
 
-@pytest.mark.parametrize("n,want", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (10**6, "976.6 KiB"),
-                                    (2**20, "1.0 MiB"), (80 * 2**30, "80.0 GiB"), (141 * 10**9, "131.3 GiB"),
-                                    (1.03e12, "959.3 GiB"), (3 * 2**40, "3.0 TiB"), (-2**30, "-1.0 GiB")])
+@pytest.mark.parametrize(
+    "n,want",
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (10**6, "976.6 KiB"),
+        (2**20, "1.0 MiB"),
+        (80 * 2**30, "80.0 GiB"),
+        (141 * 10**9, "131.3 GiB"),
+        (1.03e12, "959.3 GiB"),
+        (3 * 2**40, "3.0 TiB"),
+        (-(2**30), "-1.0 GiB"),
+    ],
+)
 def test_format_bytes_is_binary_one_decimal(n, want):
     assert format_bytes(n) == want
 
@@ -40,8 +61,18 @@ def test_format_bytes_reads_back():
         assert parse_bytes(format_bytes(n).replace(" ", "")) == n
 
 
-@pytest.mark.parametrize("s,want", [(None, "?"), (0.04, "0.0 s"), (59.94, "59.9 s"), (60, "1 min 00 s"),
-                                    (245.9, "4 min 05 s"), (3600, "1 h 00 min"), (7625, "2 h 07 min")])
+@pytest.mark.parametrize(
+    "s,want",
+    [
+        (None, "?"),
+        (0.04, "0.0 s"),
+        (59.94, "59.9 s"),
+        (60, "1 min 00 s"),
+        (245.9, "4 min 05 s"),
+        (3600, "1 h 00 min"),
+        (7625, "2 h 07 min"),
+    ],
+)
 def test_format_seconds(s, want):
     assert format_seconds(s) == want
 
@@ -77,8 +108,20 @@ def run_cli(capsys, *argv):
 
 
 def test_cli_preset_prints_the_kimi_figures(capsys):
-    code, out, _ = run_cli(capsys, "capacity", "--preset", "kimi-k2", "--gpu-memory", "80GB", "--gpus", "16",
-                           "--weights-bytes", "1.03TB", "--context", "32k")
+    code, out, _ = run_cli(
+        capsys,
+        "capacity",
+        "--preset",
+        "kimi-k2",
+        "--gpu-memory",
+        "80GB",
+        "--gpus",
+        "16",
+        "--weights-bytes",
+        "1.03TB",
+        "--context",
+        "32k",
+    )
     assert code == 0
     for figure in ("70,272", "35,136", "40,016"):
         assert figure in out
@@ -87,10 +130,34 @@ def test_cli_preset_prints_the_kimi_figures(capsys):
 
 def test_cli_json_and_config_file(capsys, tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 1, "hidden_size": 64}))
-    code, out, _ = run_cli(capsys, "capacity", "--config", str(cfg), "--gpu-memory", "1GiB", "--weights-bytes", "0",
-                           "--utilization", "1", "--context", "1k", "--schemes", "fp8_e4m3/tensor/unit", "--json")
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 1,
+                "hidden_size": 64,
+            }
+        )
+    )
+    code, out, _ = run_cli(
+        capsys,
+        "capacity",
+        "--config",
+        str(cfg),
+        "--gpu-memory",
+        "1GiB",
+        "--weights-bytes",
+        "0",
+        "--utilization",
+        "1",
+        "--context",
+        "1k",
+        "--schemes",
+        "fp8_e4m3/tensor/unit",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     bf16, fp8 = data["rows"]
@@ -100,17 +167,25 @@ def test_cli_json_and_config_file(capsys, tmp_path):
 
 
 def test_cli_model_folder_reads_config_and_weight_files(capsys, tiny_llama_dir):
-    code, out, _ = run_cli(capsys, "capacity", "--model", str(tiny_llama_dir), "--gpu-memory", "1GiB", "--context", "256")
+    code, out, _ = run_cli(
+        capsys, "capacity", "--model", str(tiny_llama_dir), "--gpu-memory", "1GiB", "--context", "256"
+    )
     assert code == 0 and "safetensors" in out and "fp8_e4m3/tensor/dynamic" in out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--preset", "gpt-5"], "unknown preset 'gpt-5': use one of llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3, kimi-k2"),
-    (["--preset", "kimi-k2", "--gpu-memory", "80GB", "--gpus", "8"], "do not fit"),
-    (["--preset", "kimi-k2", "--schemes", "fp8_e4m3/head/dynamic", "--gpus", "16"], "tensor, token or group"),
-    (["--config", "/nonexistent/config.json"], "does not exist"),
-    (["--preset", "llama-3.1-8b", "--gpu-memory", "lots"], "cannot read a memory size"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--preset", "gpt-5"],
+            "unknown preset 'gpt-5': use one of llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3, kimi-k2",
+        ),
+        (["--preset", "kimi-k2", "--gpu-memory", "80GB", "--gpus", "8"], "do not fit"),
+        (["--preset", "kimi-k2", "--schemes", "fp8_e4m3/head/dynamic", "--gpus", "16"], "tensor, token or group"),
+        (["--config", "/nonexistent/config.json"], "does not exist"),
+        (["--preset", "llama-3.1-8b", "--gpu-memory", "lots"], "cannot read a memory size"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "capacity", *argv)
     assert code == 2
@@ -144,18 +219,51 @@ def test_list_presets(capsys):
     assert get_preset("Kimi-K2")["config"]["kv_lora_rank"] == 512
 
 
-@pytest.mark.parametrize("preset,rows", [
-    ("llama-3.1-8b", {"nvfp4": ("36,864", "3.56"), "mxfp4": ("34,816", "3.76"), "sglang_fp4": ("36,864", "3.56"),
-                      "mxfp8_e4m3": ("67,584", "1.94"), "fp8_e4m3/tensor/dynamic": ("65,536", "2.00")}),
-    ("kimi-k2", {"nvfp4+rope=bf16": ("25,376", "2.77"), "nvfp4": ("19,764", "3.56"), "mxfp4+rope=bf16": ("24,400", "2.88"),
-                 "fp8_e4m3/group128/dynamic+rope=bf16": ("40,016", "1.76")}),
-])
+@pytest.mark.parametrize(
+    "preset,rows",
+    [
+        (
+            "llama-3.1-8b",
+            {
+                "nvfp4": ("36,864", "3.56"),
+                "mxfp4": ("34,816", "3.76"),
+                "sglang_fp4": ("36,864", "3.56"),
+                "mxfp8_e4m3": ("67,584", "1.94"),
+                "fp8_e4m3/tensor/dynamic": ("65,536", "2.00"),
+            },
+        ),
+        (
+            "kimi-k2",
+            {
+                "nvfp4+rope=bf16": ("25,376", "2.77"),
+                "nvfp4": ("19,764", "3.56"),
+                "mxfp4+rope=bf16": ("24,400", "2.88"),
+                "fp8_e4m3/group128/dynamic+rope=bf16": ("40,016", "1.76"),
+            },
+        ),
+    ],
+)
 def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, rows):
-    code, out, _ = run_cli(capsys, "capacity", "--preset", preset, "--gpu-memory", "80GB", "--gpus", "16",
-                           "--weights-bytes", "1.03TB", "--context", "32k")
+    code, out, _ = run_cli(
+        capsys,
+        "capacity",
+        "--preset",
+        preset,
+        "--gpu-memory",
+        "80GB",
+        "--gpus",
+        "16",
+        "--weights-bytes",
+        "1.03TB",
+        "--context",
+        "32k",
+    )
     assert code == 0
-    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
-             if line.startswith("| ") and not line.startswith("| scheme")}
+    table = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| scheme")
+    }
     for scheme, (per_token, multiplier) in rows.items():
         assert table[scheme][0] == per_token and table[scheme][-1] == multiplier, scheme
     assert "Notes" in out and "nvfp4:" in out and ("RoPE key in BF16" in out) == (preset == "kimi-k2")
@@ -163,11 +271,23 @@ def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, p
 
 def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tmp_path):
     cfg = tmp_path / "config.json"  # head_dim 48: the 32-wide MX groups and int4/group32 do not fit
-    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "hidden_size": 192}))
-    code, out, _ = run_cli(capsys, "capacity", "--config", str(cfg), "--gpu-memory", "1GiB", "--weights-bytes", "0",
-                           "--json")
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 192,
+            }
+        )
+    )
+    code, out, _ = run_cli(
+        capsys, "capacity", "--config", str(cfg), "--gpu-memory", "1GiB", "--weights-bytes", "0", "--json"
+    )
     data = json.loads(out)
     assert code == 0 and "nvfp4" in {r["scheme"] for r in data["rows"]}
     assert not {"mxfp4", "mxfp8_e4m3", "int4/group32/dynamic"} & {r["scheme"] for r in data["rows"]}
-    assert any(n.startswith("mxfp4 left out of the default list: group32 does not divide head_dim 48") for n in data["notes"])
+    assert any(
+        n.startswith("mxfp4 left out of the default list: group32 does not divide head_dim 48") for n in data["notes"]
+    )

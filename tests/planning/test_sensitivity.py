@@ -87,7 +87,9 @@ def test_recommendation_is_the_smallest_greedy_set_with_exact_memory():
     assert rec.bytes_recommended == 2 * per_layer_bf16 + 3 * per_layer_fp8
     assert rec.extra_bytes == 2 * (per_layer_bf16 - per_layer_fp8)
     assert "keep layers [1, 3] in BF16" in rec.summary()
-    unreachable = recommend(lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.01, context=1000, max_keep=2)
+    unreachable = recommend(
+        lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.01, context=1000, max_keep=2
+    )
     assert not unreachable.reached and unreachable.keep == (1, 3)
     everything = recommend(lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.0, context=1000)
     assert everything.reached and everything.keep == (0, 1, 2, 3, 4) and everything.scheme == "bf16"
@@ -120,9 +122,27 @@ def test_perplexity_measure_and_cli_outputs(tiny, tiny_llama_dir, tmp_path, caps
     from evalkit.cli import main
 
     out = tmp_path / "cli"
-    args = ["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--perplexity-window", "32",
-            "--perplexity-max-windows", "3", "--perplexity-bootstrap-samples", "200", "--target-kl", "0", "--context", "512", "--out", str(out),
-            "--cache-dir", str(tmp_path / "work")]
+    args = [
+        "sensitivity",
+        "--model",
+        str(tiny_llama_dir),
+        "--scheme",
+        SCHEME,
+        "--perplexity-window",
+        "32",
+        "--perplexity-max-windows",
+        "3",
+        "--perplexity-bootstrap-samples",
+        "200",
+        "--target-kl",
+        "0",
+        "--context",
+        "512",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "work"),
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "keep layers [" in text and "all layers quantized" in text
@@ -146,8 +166,11 @@ class Noisy(Additive):
 
     def __call__(self, scheme):
         kl = super().__call__(scheme)[KL][0]
-        return {KL: (kl, kl - self.spread, kl + self.spread), "n_windows": (float(self.windows), None, None),
-                "n_tokens": (128.0 * self.windows, None, None)}
+        return {
+            KL: (kl, kl - self.spread, kl + self.spread),
+            "n_windows": (float(self.windows), None, None),
+            "n_tokens": (128.0 * self.windows, None, None),
+        }
 
 
 def test_no_warning_when_the_sample_resolves_the_kept_layers():
@@ -171,7 +194,7 @@ def test_too_few_windows_for_any_paired_difference_is_a_warning():
         got = sample_warnings(table, full, (1, 3))
         assert bool(got) == warned, (windows, got)
         if warned:
-            assert f"{windows} windows" in got[0] and f"2/2^{windows} = {2 / 2 ** windows:.3g}" in got[0]
+            assert f"{windows} windows" in got[0] and f"2/2^{windows} = {2 / 2**windows:.3g}" in got[0]
     assert sample_warnings(table, full, ()) == []  # nothing kept: nothing to support
 
 
@@ -194,9 +217,11 @@ def test_kept_layers_inside_the_noise_are_named():
 def test_estimate_and_progress_before_the_layer_sweep(capsys):
     from evalkit.planning.sensitivity import estimate_line
 
-    assert estimate_line(30, 4.0, 30) == ("sensitivity: 60 more evaluations (one layer / all but one, 30 layers) at about "
-                                          "4.0 s each (the all-layers one just took that): about 4.0 min; a recommendation "
-                                          "adds up to 30 more (2.0 min)")
+    assert estimate_line(30, 4.0, 30) == (
+        "sensitivity: 60 more evaluations (one layer / all but one, 30 layers) at about "
+        "4.0 s each (the all-layers one just took that): about 4.0 min; a recommendation "
+        "adds up to 30 more (2.0 min)"
+    )
     lm = fake_lm(3)
     layer_table(lm, "fp8_e4m3/tensor/dynamic", Additive([1.0, 2.0, 3.0]), progress=True)
     captured = capsys.readouterr()

@@ -41,11 +41,27 @@ pytestmark = pytest.mark.slow  # draws and reads back every figure of the store 
 def drawn(tmp_path_factory):
     """(the table's labels by scheme, its notes, name -> figure) for the published store."""
     rows = tmp_path_factory.mktemp("sens") / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"model": "embedded", "scheme": s, "eval": "sensitivity", "metric": metric,
-                                        "value": 0.001 * (layer + 1) * (k + 1), "ci_low": None, "ci_high": None,
-                                        "labels": {"layer": layer}, "info": {}}) + "\n"
-                            for k, s in enumerate(SENSITIVITY_SCHEMES) for layer in range(30)
-                            for metric in ("kl_mean_one_layer", "ppl_delta_rel_all_but_one")))
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "model": "embedded",
+                    "scheme": s,
+                    "eval": "sensitivity",
+                    "metric": metric,
+                    "value": 0.001 * (layer + 1) * (k + 1),
+                    "ci_low": None,
+                    "ci_high": None,
+                    "labels": {"layer": layer},
+                    "info": {},
+                }
+            )
+            + "\n"
+            for k, s in enumerate(SENSITIVITY_SCHEMES)
+            for layer in range(30)
+            for metric in ("kl_mean_one_layer", "ppl_delta_rel_all_but_one")
+        )
+    )
     results = load_store(STORE)
     add_rows_file(results, rows)
     frame = summary_frame(results)
@@ -61,9 +77,15 @@ def drawn(tmp_path_factory):
 
 def test_the_default_store_draws_every_view(drawn):
     _, _, figs, _ = drawn
-    assert set(figs) == {"pareto", "positions_embedded", "decode_kl_embedded", "retrieval_embedded_passkey",
-                         "retrieval_embedded_niah_single_number", "sensitivity_embedded_kl_mean_one_layer",
-                         "sensitivity_embedded_ppl_delta_rel_all_but_one"}
+    assert set(figs) == {
+        "pareto",
+        "positions_embedded",
+        "decode_kl_embedded",
+        "retrieval_embedded_passkey",
+        "retrieval_embedded_niah_single_number",
+        "sensitivity_embedded_kl_mean_one_layer",
+        "sensitivity_embedded_ppl_delta_rel_all_but_one",
+    }
 
 
 def series(fig) -> list[Line2D]:
@@ -84,8 +106,16 @@ def shown_scheme_labels(name: str, fig) -> list[str]:
     return legend_texts(fig)
 
 
-@pytest.mark.parametrize("name", ["pareto", "positions_embedded", "decode_kl_embedded", "retrieval_embedded_passkey",
-                                  "sensitivity_embedded_kl_mean_one_layer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pareto",
+        "positions_embedded",
+        "decode_kl_embedded",
+        "retrieval_embedded_passkey",
+        "sensitivity_embedded_kl_mean_one_layer",
+    ],
+)
 def test_figure_labels_are_the_tables(drawn, name):
     """The decode figure used to number the static files in its own order (tensor/static[1] where the
     table said head/static[1]): every figure now shows exactly the table's label of each scheme."""
@@ -143,8 +173,17 @@ def test_same_scheme_same_colour_in_every_figure(drawn):
     assert len(set(seen.values())) == len(seen)
 
 
-@pytest.mark.parametrize("name", ["pareto", "positions_embedded", "decode_kl_embedded", "retrieval_embedded_passkey",
-                                  "retrieval_embedded_niah_single_number", "sensitivity_embedded_kl_mean_one_layer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pareto",
+        "positions_embedded",
+        "decode_kl_embedded",
+        "retrieval_embedded_passkey",
+        "retrieval_embedded_niah_single_number",
+        "sensitivity_embedded_kl_mean_one_layer",
+    ],
+)
 def test_legends_off_the_data_and_nothing_clipped(drawn, name):
     _, _, figs, _ = drawn
     fig = figs[name]
@@ -165,8 +204,9 @@ def test_legends_off_the_data_and_nothing_clipped(drawn, name):
         if not t.get_text():
             continue
         ext = t.get_window_extent(renderer)
-        assert ext.x0 >= canvas.x0 - 1 and ext.x1 <= canvas.x1 + 1 and ext.y0 >= canvas.y0 - 1 and ext.y1 <= canvas.y1 + 1, \
-            f"{name}: {t.get_text()!r} is cut off"
+        assert (
+            ext.x0 >= canvas.x0 - 1 and ext.x1 <= canvas.x1 + 1 and ext.y0 >= canvas.y0 - 1 and ext.y1 <= canvas.y1 + 1
+        ), f"{name}: {t.get_text()!r} is cut off"
 
 
 def test_retrieval_wraps_at_four_columns_and_counts_samples(drawn):

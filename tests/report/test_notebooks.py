@@ -55,7 +55,9 @@ def text_outputs(nb) -> list[str]:
             parts = []
             for o in c.get("outputs", []):
                 data = o.get("data", {})
-                parts.append(o.get("text", "") + "".join(data[k] for k in sorted(data) if k in ("text/plain", "text/markdown")))
+                parts.append(
+                    o.get("text", "") + "".join(data[k] for k in sorted(data) if k in ("text/plain", "text/markdown"))
+                )
             out.append("\n".join(parts))
     return out
 
@@ -74,7 +76,9 @@ def test_committed_notebooks_reproduce_on_the_published_store(name, where):
     --execute notebooks/X.ipynb`, which used to fail: 'results folder published/default does not
     exist'), the default STORE opens and the text outputs are the committed ones."""
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert all(c.get("execution_count") for c in committed.cells if c.cell_type == "code"), "commit the notebook executed"
+    assert all(c.get("execution_count") for c in committed.cells if c.cell_type == "code"), (
+        "commit the notebook executed"
+    )
     assert any("parameters" in c.metadata.get("tags", []) for c in committed.cells)
     fresh = execute(name, cwd=ROOT if where == "root" else NOTEBOOKS)
     assert not [o for c in fresh.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
@@ -122,9 +126,14 @@ def swept_store(tmp_path_factory, tiny_llama_dir):
 
     root = tmp_path_factory.mktemp("sweep")
     grid = root / "grid.yaml"
-    grid.write_text(f"name: nbtest\nmodels:\n  - {tiny_llama_dir}\nschemes:\n  - bf16\n  - fp8_e4m3/tensor/dynamic\n"
-                    "  - fp8_e4m3/head/dynamic\nevals:\n  perplexity: {window: 32, stride: 32, max_windows: 2, bootstrap_samples: 200}\n")
-    assert main(["sweep", str(grid), "--out", str(root / "store"), "--no-progress", "--cache-dir", str(root / "cache")]) == 0
+    grid.write_text(
+        f"name: nbtest\nmodels:\n  - {tiny_llama_dir}\nschemes:\n  - bf16\n  - fp8_e4m3/tensor/dynamic\n"
+        "  - fp8_e4m3/head/dynamic\nevals:\n  perplexity: {window: 32, stride: 32, max_windows: 2, bootstrap_samples: 200}\n"
+    )
+    assert (
+        main(["sweep", str(grid), "--out", str(root / "store"), "--no-progress", "--cache-dir", str(root / "cache")])
+        == 0
+    )
     return root / "store"
 
 
@@ -136,7 +145,9 @@ def test_notebooks_on_a_swept_store(swept_store):
     assert frame.loc["fp8_e4m3/tensor/dynamic", "capacity_x"] == 2.0
     nb = execute("analysis.ipynb", STORE=str(swept_store))
     assert "fp8_e4m3/head/dynamic" in text_of(nb) and images(nb) >= 2  # pareto and positions
-    nb = execute("capacity.ipynb", STORE=str(swept_store), PRESET="kimi-k2", GPU_MEMORY="80GB", GPUS=16, WEIGHTS="1.03TB")
+    nb = execute(
+        "capacity.ipynb", STORE=str(swept_store), PRESET="kimi-k2", GPU_MEMORY="80GB", GPUS=16, WEIGHTS="1.03TB"
+    )
     text = text_of(nb)
     assert "35,136" in text and "70,272" in text  # Kimi K2: FP8 and BF16 bytes per token
     assert "left out: fp8_e4m3/head/dynamic" in text  # per-head scales mean nothing for an MLA latent

@@ -21,8 +21,13 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def report_md() -> str:
-    out = subprocess.run([sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -41,10 +46,16 @@ def test_store_holds_the_default_grid_from_one_code_identity():
     records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
     complete = [r for r in records if r["type"] == "complete"]
     grid = parse_grid(ROOT / "sweeps" / "default.yaml")
-    stored_specs = sorted(canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}) for r in complete)
-    wanted = sorted(canonical_json({k: d[k] for k in ("model", "scheme", "eval", "params")})
-                    for d in (run.to_dict() for run in grid.runs))
-    assert stored_specs == wanted, "the store is not the default grid: rerun `python -m evalkit sweep --out published/default`"
+    stored_specs = sorted(
+        canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}) for r in complete
+    )
+    wanted = sorted(
+        canonical_json({k: d[k] for k in ("model", "scheme", "eval", "params")})
+        for d in (run.to_dict() for run in grid.runs)
+    )
+    assert stored_specs == wanted, (
+        "the store is not the default grid: rerun `python -m evalkit sweep --out published/default`"
+    )
     assert not [r for r in records if r["type"] == "failed"]
     identities = {r["info"]["code"]["identity"] for r in complete}
     assert len(identities) == 1, f"rows from several code versions: {identities}"
@@ -54,7 +65,12 @@ def test_store_holds_the_default_grid_from_one_code_identity():
 # 1e-6 relative weight noise moves FP8 perplexity by up to 0.5 %, its KL by up to 7 %, top-1 by
 # 1 point on the embedded model). Off the store's platform a re-run must agree to within that
 # spread (with room); on it, bit for bit.
-FOREIGN_TOLERANCE = {"ppl": ("rel", 0.01), "kl_mean": ("rel", 0.15), "top1_agreement": ("abs", 0.02), "n_tokens": ("abs", 0.0)}
+FOREIGN_TOLERANCE = {
+    "ppl": ("rel", 0.01),
+    "kl_mean": ("rel", 0.15),
+    "top1_agreement": ("abs", 0.02),
+    "n_tokens": ("abs", 0.0),
+}
 BASELINE_TOLERANCE = 1e-4  # relative, the unquantized model on another processor
 
 
@@ -79,24 +95,36 @@ def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
     grid = parse_grid(ROOT / "sweeps" / "default.yaml")
     runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4")]
     records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
-    complete = {canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r
-                for r in records if r["type"] == "complete"}  # by spec: a run id also hashes the code identity
+    complete = {
+        canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r
+        for r in records
+        if r["type"] == "complete"
+    }  # by spec: a run id also hashes the code identity
     lm = load_model("embedded")
     ev = get_eval("perplexity")(runs[0].params)
     ev.prepare(lm, tmp_path)
     for run in runs:
         spec = run.to_dict()
         done = complete[canonical_json({k: spec[k] for k in ("model", "scheme", "eval", "params")})]
-        stored = {(r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"] for r in records
-                  if r["type"] == "metric" and r["run_id"] == done["run_id"]}
-        fresh = {(r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))}
+        stored = {
+            (r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"]
+            for r in records
+            if r["type"] == "metric" and r["run_id"] == done["run_id"]
+        }
+        fresh = {
+            (r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))
+        }
         assert stored and set(stored) <= set(fresh), run.scheme
         if same_platform(done["info"].get("platform"), platform_record()):
             assert {k: fresh[k] for k in stored} == stored, run.scheme
         else:
             compared = [k for k in stored if k[0] in FOREIGN_TOLERANCE]
             assert compared
-            bad = {k: (fresh[k], stored[k]) for k in compared if not _agrees(k[0], fresh[k], stored[k], run.scheme == "bf16")}
+            bad = {
+                k: (fresh[k], stored[k])
+                for k in compared
+                if not _agrees(k[0], fresh[k], stored[k], run.scheme == "bf16")
+            }
             assert not bad, (run.scheme, bad)
 
 

@@ -18,16 +18,32 @@ from evalkit.report import Budget, format_table, load_store, recommend, summary_
 from evalkit.report.plots import all_plots, frontier
 
 # a tiny layout: 2 layers, 2 KV heads, head_dim 16
-LAYOUT = {"model_type": "llama", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "v_head_dim": 16,
-          "sliding_layers": [], "sliding_window": None, "max_positions": 512}
+LAYOUT = {
+    "model_type": "llama",
+    "num_layers": 2,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "v_head_dim": 16,
+    "sliding_layers": [],
+    "sliding_window": None,
+    "max_positions": 512,
+}
 # bytes per token, by hand: layers x (K,V) x heads x per-head bytes
-BYTES = {"bf16": 2 * 2 * 2 * 16 * 2, "fp8_e4m3/tensor/dynamic": 2 * 2 * 2 * 16,
-         "fp8_e4m3/block16/dynamic": 2 * 2 * 2 * (16 + 4 / 16), "int4/token/dynamic": 2 * 2 * 2 * (8 + 4),
-         "fp8_e5m2/tensor/unit": 2 * 2 * 2 * 16}
+BYTES = {
+    "bf16": 2 * 2 * 2 * 16 * 2,
+    "fp8_e4m3/tensor/dynamic": 2 * 2 * 2 * 16,
+    "fp8_e4m3/block16/dynamic": 2 * 2 * 2 * (16 + 4 / 16),
+    "int4/token/dynamic": 2 * 2 * 2 * (8 + 4),
+    "fp8_e5m2/tensor/unit": 2 * 2 * 2 * 16,
+}
 # scheme -> (ppl_delta_rel, kl, top1)
-PPL = {"bf16": (0.0, 0.0, 1.0), "fp8_e4m3/tensor/dynamic": (0.004, 0.0021, 0.995),
-       "fp8_e4m3/block16/dynamic": (0.001, 0.0008, 0.998), "int4/token/dynamic": (0.05, 0.09, 0.95),
-       "fp8_e5m2/tensor/unit": (-0.02, 0.03, 0.97)}
+PPL = {
+    "bf16": (0.0, 0.0, 1.0),
+    "fp8_e4m3/tensor/dynamic": (0.004, 0.0021, 0.995),
+    "fp8_e4m3/block16/dynamic": (0.001, 0.0008, 0.998),
+    "int4/token/dynamic": (0.05, 0.09, 0.95),
+    "fp8_e5m2/tensor/unit": (-0.02, 0.03, 0.97),
+}
 BASE_PPL = 20.0
 CODE = "sha256:" + "c0de" * 16  # the code identity the synthetic runs carry
 
@@ -39,13 +55,19 @@ def _row(metric, value, lo=None, hi=None, labels=None):
 def perplexity_rows(scheme):
     rel, kl, top1 = PPL[scheme]
     ppl = BASE_PPL * (1 + rel)
-    rows = [_row("ppl", ppl, ppl - 0.5, ppl + 0.5), _row("ppl_delta", ppl - BASE_PPL, None, None),
-            _row("ppl_delta_rel", rel, rel - 0.002 if rel else None, rel + 0.002 if rel else None),
-            _row("kl_mean", kl, kl * 0.9, kl * 1.1), _row("top1_agreement", top1, top1 - 0.001, min(1.0, top1 + 0.001)),
-            _row("p_value", 0.01 if rel else 1.0)]
+    rows = [
+        _row("ppl", ppl, ppl - 0.5, ppl + 0.5),
+        _row("ppl_delta", ppl - BASE_PPL, None, None),
+        _row("ppl_delta_rel", rel, rel - 0.002 if rel else None, rel + 0.002 if rel else None),
+        _row("kl_mean", kl, kl * 0.9, kl * 1.1),
+        _row("top1_agreement", top1, top1 - 0.001, min(1.0, top1 + 0.001)),
+        _row("p_value", 0.01 if rel else 1.0),
+    ]
     for i, bucket in enumerate(["0-31", "32-63", "64-127"]):
-        rows += [_row("ppl_delta_rel", rel * (1 + i), labels={"bucket": bucket}),
-                 _row("kl_mean", kl * (1 + i), labels={"bucket": bucket})]
+        rows += [
+            _row("ppl_delta_rel", rel * (1 + i), labels={"bucket": bucket}),
+            _row("kl_mean", kl * (1 + i), labels={"bucket": bucket}),
+        ]
     return rows
 
 
@@ -66,10 +88,12 @@ def retrieval_rows(scheme):
 
 def lmeval_rows(scheme):
     rel = abs(PPL[scheme][0])
-    return [_row("mini_mmlu/acc", 0.40 - rel, 0.35 - rel, 0.45 - rel, {"task": "mini_mmlu", "filter": "none"}),
-            _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"}),
-            _row("mini_ppl/word_perplexity", 80.0 * (1 + rel), None, None, {"task": "mini_ppl", "filter": "none"}),
-            _row("mini_ppl/bits_per_byte", 0.9, None, None, {"task": "mini_ppl", "filter": "none"})]
+    return [
+        _row("mini_mmlu/acc", 0.40 - rel, 0.35 - rel, 0.45 - rel, {"task": "mini_mmlu", "filter": "none"}),
+        _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"}),
+        _row("mini_ppl/word_perplexity", 80.0 * (1 + rel), None, None, {"task": "mini_ppl", "filter": "none"}),
+        _row("mini_ppl/bits_per_byte", 0.9, None, None, {"task": "mini_ppl", "filter": "none"}),
+    ]
 
 
 def sensitivity_rows(scheme):
@@ -94,8 +118,20 @@ def write_store(folder: Path, model="tiny", info=None) -> Path:
     spec = {"model": {"name": model}, "scheme": "int8/tensor/dynamic", "eval": "perplexity", "params": {}}
     store.append(RunOutcome(f"{model}-fail", spec, False, error="boom"))
     with open(folder / "results.jsonl", "a") as fh:
-        fh.write(json.dumps({"type": "metric", "run_id": f"{model}-crash", "attempt": "x", "model": model,
-                             "scheme": "int8/tensor/dynamic", "eval": "perplexity", **_row("ppl", 99.0)}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "type": "metric",
+                    "run_id": f"{model}-crash",
+                    "attempt": "x",
+                    "model": model,
+                    "scheme": "int8/tensor/dynamic",
+                    "eval": "perplexity",
+                    **_row("ppl", 99.0),
+                }
+            )
+            + "\n"
+        )
     return folder
 
 
@@ -106,8 +142,13 @@ def store(tmp_path):
 
 def test_summary_numbers_and_order(store):
     frame = summary_frame(load_store(store))
-    assert list(frame["scheme"]) == ["bf16", "fp8_e4m3/block16/dynamic", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/unit",
-                                     "int4/token/dynamic"]  # baseline first, then by bytes per token
+    assert list(frame["scheme"]) == [
+        "bf16",
+        "fp8_e4m3/block16/dynamic",
+        "fp8_e4m3/tensor/dynamic",
+        "fp8_e5m2/tensor/unit",
+        "int4/token/dynamic",
+    ]  # baseline first, then by bytes per token
     by = frame.set_index("scheme")
     assert "int8/tensor/dynamic" not in by.index  # failed and crashed runs do not count
     for scheme, want in BYTES.items():
@@ -116,7 +157,8 @@ def test_summary_numbers_and_order(store):
         assert by.loc[scheme, "ppl_delta_rel"] == pytest.approx(PPL[scheme][0])
         assert by.loc[scheme, "top1_agreement"] == pytest.approx(PPL[scheme][2])
     assert by.loc["fp8_e4m3/tensor/dynamic", "retrieval_acc"] == pytest.approx(
-        sum(max(0, 1 - 0.008 * (L / 256) * (1 + d)) for L in (256, 512) for d in (0, 0.5, 1)) / 6)
+        sum(max(0, 1 - 0.008 * (L / 256) * (1 + d)) for L in (256, 512) for d in (0, 0.5, 1)) / 6
+    )
     assert by.loc["int4/token/dynamic", "mini_mmlu/acc"] == pytest.approx(0.35)
     assert by.loc["int4/token/dynamic", "mini_mmlu/flip_rate"] == pytest.approx(0.1)
 
@@ -148,7 +190,13 @@ def test_csv_is_raw_numbers(store):
 
 def test_latex_booktabs_and_escaping(store):
     tex = format_table(summary_frame(load_store(store)), "latex")
-    for needle in (r"\toprule", r"\midrule", r"\bottomrule", r"\texttt{fp8\_e4m3/tensor/dynamic}", r"+0.40\% [+0.20, +0.60]"):
+    for needle in (
+        r"\toprule",
+        r"\midrule",
+        r"\bottomrule",
+        r"\texttt{fp8\_e4m3/tensor/dynamic}",
+        r"+0.40\% [+0.20, +0.60]",
+    ):
         assert needle in tex
     assert tex.count(r"\\") == 1 + len(PPL)  # header + one line per scheme
     body = tex.split(r"\midrule")[1]
@@ -166,8 +214,10 @@ def test_recommendation_is_cheapest_inside_budget(store):
     assert tight.endswith("closest: fp8_e4m3/block16/dynamic (fails |Δppl| ≤ 0.01%: +0.10%, over by 0.09 pts)")
     # a looser one admits int4 (96 bytes) only if its flips and retrieval pass too
     assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9))["tiny"]
-    assert "use int4/token/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1,
-                                                                max_flip_rate=0.2))["tiny"]
+    assert (
+        "use int4/token/dynamic"
+        in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1, max_flip_rate=0.2))["tiny"]
+    )
 
 
 def test_frontier():
@@ -192,8 +242,8 @@ def test_layout_from_model_config(tmp_path, tiny_llama_dir):
     from transformers import AutoConfig
 
     from evalkit.kv.memory import bytes_per_token
-    from evalkit.models.info import kv_layout
     from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.info import kv_layout
 
     folder = write_store(tmp_path / "s2", model="tinyllama", info={"model_path": str(tiny_llama_dir)})
     frame = summary_frame(load_store(folder)).set_index("scheme")
@@ -212,8 +262,17 @@ def cli(capsys, *argv):
 def test_cli_report(store, tmp_path, capsys):
     code, out, _ = cli(capsys, "report", str(store))
     assert code == 0 and "| scheme" in out and "Recommendation: tiny: use fp8_e4m3/tensor/dynamic" in out
-    code, out, _ = cli(capsys, "report", str(store), "--format", "latex", "--out", str(tmp_path / "t.tex"),
-                       "--plots", str(tmp_path / "figs"))
+    code, out, _ = cli(
+        capsys,
+        "report",
+        str(store),
+        "--format",
+        "latex",
+        "--out",
+        str(tmp_path / "t.tex"),
+        "--plots",
+        str(tmp_path / "figs"),
+    )
     assert code == 0 and (tmp_path / "t.tex").read_text().startswith(r"\begin{table}")
     assert (tmp_path / "figs" / "pareto.svg").is_file()
 
@@ -224,11 +283,14 @@ def _foreign(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p: p / "missing", "does not exist"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "no results.jsonl"),
-    (lambda p: _foreign(p / "foreign"), "holds no evalkit records"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no results.jsonl"),
+        (lambda p: _foreign(p / "foreign"), "holds no evalkit records"),
+    ],
+)
 def test_cli_bad_folders_exit_2(tmp_path, capsys, make, message):
     code, out, err = cli(capsys, "report", str(make(tmp_path)))
     assert code == 2 and message in err and err.count("\n") == 1
@@ -237,7 +299,9 @@ def test_cli_bad_folders_exit_2(tmp_path, capsys, make, message):
 def test_only_failed_runs(tmp_path):
     from evalkit.sweep.store import ResultStore, RunOutcome
 
-    ResultStore(tmp_path).append(RunOutcome("r1", {"model": {"name": "m"}, "scheme": "bf16", "eval": "perplexity"}, False, error="x"))
+    ResultStore(tmp_path).append(
+        RunOutcome("r1", {"model": {"name": "m"}, "scheme": "bf16", "eval": "perplexity"}, False, error="x")
+    )
     with pytest.raises(EvalkitError, match="no completed runs"):
         load_store(tmp_path)
 
@@ -246,10 +310,28 @@ def test_sensitivity_rows_file_joins_the_plots(store, tmp_path, capsys):
     """rows.jsonl as `evalkit sensitivity --out` writes it (labels.layer) feeds the per-layer plot."""
     rows = tmp_path / "sens" / "rows.jsonl"
     rows.parent.mkdir()
-    rows.write_text("".join(json.dumps({"metric": "kl_mean_one_layer", "value": 0.01 * i, "ci_low": None, "ci_high": None,
-                                        "labels": {"layer": i}, "info": {}, "model": "tiny", "scheme": "fp8_e4m3/tensor/dynamic",
-                                        "eval": "sensitivity"}) + "\n" for i in range(3)))
-    code, out, _ = cli(capsys, "report", str(store), "--sensitivity", str(rows.parent), "--plots", str(tmp_path / "figs"))
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "metric": "kl_mean_one_layer",
+                    "value": 0.01 * i,
+                    "ci_low": None,
+                    "ci_high": None,
+                    "labels": {"layer": i},
+                    "info": {},
+                    "model": "tiny",
+                    "scheme": "fp8_e4m3/tensor/dynamic",
+                    "eval": "sensitivity",
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
+    code, out, _ = cli(
+        capsys, "report", str(store), "--sensitivity", str(rows.parent), "--plots", str(tmp_path / "figs")
+    )
     assert code == 0 and (tmp_path / "figs" / "sensitivity_tiny_kl_mean_one_layer.png").is_file()
     rows.write_text('{"foo": 1}\n')
     code, _, err = cli(capsys, "report", str(store), "--sensitivity", str(rows))
@@ -269,9 +351,18 @@ def write_ppl_store(folder: Path, schemes: dict, infos: dict | None = None, cons
 
     store = ResultStore(folder)
     for i, (scheme, (rel, top1)) in enumerate(schemes.items()):
-        info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": CODE}, **(infos or {}).get(scheme, {})}
-        rows = [_row("ppl", BASE_PPL * (1 + rel)), _row("ppl_delta_rel", rel), _row("kl_mean", rel / 10),
-                _row("top1_agreement", top1)]
+        info = {
+            "kv_layout": LAYOUT,
+            "dtype": "float32",
+            "versions": {"evalkit_code": CODE},
+            **(infos or {}).get(scheme, {}),
+        }
+        rows = [
+            _row("ppl", BASE_PPL * (1 + rel)),
+            _row("ppl_delta_rel", rel),
+            _row("kl_mean", rel / 10),
+            _row("top1_agreement", top1),
+        ]
         spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {}}
         store.append(RunOutcome(f"p{i}", spec, True, rows, info=info))
         if constant:
@@ -315,18 +406,25 @@ def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
     text = format_table(summary_frame(load_store(folder)), "md")
     _, rows = md_rows(text)
     assert "baseline (float32)" in rows and "bf16" not in rows
-    assert "- baseline (float32): nothing quantized, the KV cache in the dtype the model ran in; bytes/token and " \
-           "capacity count a bf16 cache" in text
+    assert (
+        "- baseline (float32): nothing quantized, the KV cache in the dtype the model ran in; bytes/token and "
+        "capacity count a bf16 cache" in text
+    )
     # a store written before runs recorded their dtype: no guess
-    old = write_ppl_store(tmp_path / "old", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
-                          infos={"bf16": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}})
+    old = write_ppl_store(
+        tmp_path / "old",
+        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
+        infos={"bf16": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}},
+    )
     text = format_table(summary_frame(load_store(old)), "md")
     assert "baseline" in md_rows(text)[1] and "(float32)" not in text
 
 
 def test_constant_columns_are_flagged(tmp_path):
-    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995),
-                                              "fp8_e5m2/tensor/dynamic": (0.04, 0.95)})
+    folder = write_ppl_store(
+        tmp_path / "s",
+        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
+    )
     text = format_table(summary_frame(load_store(folder)), "md")
     header, _ = md_rows(text)
     assert "mcq acc" in header and "mcq flips %" in header  # flagged, not dropped
@@ -336,14 +434,20 @@ def test_constant_columns_are_flagged(tmp_path):
     tex = format_table(summary_frame(load_store(folder)), "latex")
     assert "do not separate the schemes: mcq acc = 0.250" in tex
     # with nothing constant, no note
-    plain = write_ppl_store(tmp_path / "p", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995),
-                                             "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}, constant=False)
+    plain = write_ppl_store(
+        tmp_path / "p",
+        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
+        constant=False,
+    )
     assert "do not separate" not in format_table(summary_frame(load_store(plain)), "md")
 
 
 def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
-    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954),
-                                              "fp8_e5m2/tensor/dynamic": (0.03, 0.95)}, constant=False)
+    folder = write_ppl_store(
+        tmp_path / "s",
+        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954), "fp8_e5m2/tensor/dynamic": (0.03, 0.95)},
+        constant=False,
+    )
     line = recommend(summary_frame(load_store(folder)), Budget())["tiny"]
     assert line.startswith("tiny: keep the unquantized baseline (float32 KV cache): no quantized scheme")
     assert line.endswith("closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40%, short by 3.60 pts)")
@@ -351,7 +455,9 @@ def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
     assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40%, over by 0.30 pts)" in line
     # retrieval and flips say their gap too (the main fixture's int4: drop and 10 % flips)
     frame = summary_frame(load_store(write_store(tmp_path / "full")))
-    line = recommend(frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, min_top1=0.9))["tiny"]
+    line = recommend(
+        frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, min_top1=0.9)
+    )["tiny"]
     assert "fails retrieval drop ≤ 2 pts: 22.5 pts, over by 20.5 pts" in line
     assert "fails mini_mmlu flips ≤ 5%: 10.0%, over by 5.0 pts" in line
 
@@ -368,8 +474,15 @@ def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path
     new = "sha256:" + "1ea" * 21 + "f"
     spec = {"model": {"name": "tiny"}, "scheme": "fp8_e5m2/tensor/dynamic", "eval": "perplexity", "params": {}}
     rows = [_row("ppl", 21.0), _row("ppl_delta_rel", 0.05), _row("kl_mean", 0.005), _row("top1_agreement", 0.94)]
-    ResultStore(folder).append(RunOutcome("p2-new", spec, True, rows, info={"kv_layout": LAYOUT, "dtype": "float32",
-                                                                          "versions": {"evalkit_code": new}}))
+    ResultStore(folder).append(
+        RunOutcome(
+            "p2-new",
+            spec,
+            True,
+            rows,
+            info={"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": new}},
+        )
+    )
     results = load_store(folder)
     assert set(results.complete) == {"p0", "p1", "p2-new"} and set(results.superseded) == {"p2"}
     frame = summary_frame(results)
@@ -379,7 +492,9 @@ def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path
     note = next(line for line in text.splitlines() if "MIXED CODE" in line)
     assert "2 versions of evalkit's code (sha256:c0dec0de: 2 runs, sha256:1ea1ea1e: 1 runs)" in note
     assert f"python -m evalkit sweep GRID --out {folder}" in note
-    assert "- 1 older runs of the same specs (other code or libraries) are superseded by newer ones and not shown" in text
+    assert (
+        "- 1 older runs of the same specs (other code or libraries) are superseded by newer ones and not shown" in text
+    )
     assert "MIXED CODE" in format_table(frame, "latex")
     # the CLI prints the notes under the table (and to stderr for CSV, which has none)
     code, out, err = cli(capsys, "report", str(folder))
@@ -401,8 +516,21 @@ def test_runs_from_two_platforms_are_flagged(tmp_path):
     store = ResultStore(folder)
     for run_id, scheme, where in (("q1", "fp8_e5m2/tensor/dynamic", here), ("q2", "int8/token/dynamic", there)):
         spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {}}
-        store.append(RunOutcome(run_id, spec, True, rows, info={"kv_layout": LAYOUT, "dtype": "float32", "device": "cpu",
-                                                              "platform": where, "versions": {"evalkit_code": CODE}}))
+        store.append(
+            RunOutcome(
+                run_id,
+                spec,
+                True,
+                rows,
+                info={
+                    "kv_layout": LAYOUT,
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "platform": where,
+                    "versions": {"evalkit_code": CODE},
+                },
+            )
+        )
     text = format_table(summary_frame(load_store(folder)), "md")
     note = next(line for line in text.splitlines() if "MIXED PLATFORM" in line)
     assert "2 platforms" in note and "Xeon [GenuineIntel/6/207/2], AVX512, MKL_CBWR=AUTO,STRICT: 1 runs" in note
@@ -419,24 +547,33 @@ def test_pareto_plot_is_legible(tmp_path):
                 schemes[f"{fmt}/{gran}/{src}"] = (base + 0.0002 * (2 * j + k), 0.98)
     schemes[STATIC_T] = (0.0071, 0.98)
     frame = summary_frame(load_store(write_ppl_store(tmp_path / "s", schemes, constant=False)))
-    from evalkit.report.plots import pareto_figure
-
     from matplotlib.text import Text
+
+    from evalkit.report.plots import pareto_figure
 
     fig = pareto_figure(frame)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     box = fig.bbox
     ax = fig.axes[0]
-    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *fig.texts, *(t for lg in fig.legends for t in lg.get_texts())]
+    texts = [
+        ax.title,
+        ax.xaxis.label,
+        ax.yaxis.label,
+        *ax.texts,
+        *fig.texts,
+        *(t for lg in fig.legends for t in lg.get_texts()),
+    ]
     for t in texts:
         ext = Text.get_window_extent(t, renderer)
-        assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, t.get_text()
+        assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, (
+            t.get_text()
+        )
     labels = [t for t in ax.texts if t.get_text() in set(scheme_labels_of(frame))]
     assert len(labels) == len(schemes) - 1 and "fp8_e4m3/tensor/static[1]" in [t.get_text() for t in labels]
     extents = [Text.get_window_extent(t, renderer) for t in labels]  # the text alone, not its leader line
     for i, a in enumerate(extents):
-        for b in extents[i + 1:]:
+        for b in extents[i + 1 :]:
             assert not a.overlaps(b)
     assert ax.get_xlim()[0] > 45  # not squeezed against a baseline at 0 %
     assert any("static scales from calibration/some-model-tensor-amax.safetensors" in t.get_text() for t in fig.texts)

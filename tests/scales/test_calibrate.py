@@ -11,13 +11,23 @@ import pytest
 import torch
 
 from evalkit import quantized_kv
-from evalkit.integration.observe import observe_kv
-from evalkit.scales.calibrate import (BINS, DEFAULT_CORPUS, KVObserver, _run, calibrate, calibration_batches, load_text,
-                               overlap_fraction, parse_method, percentile_from_histogram)
 from evalkit.errors import EvalkitError
-from evalkit.models.loading import load_model
-from evalkit.kv.scale_table import load_scale_table, save_scale_table
 from evalkit.integration.hf_compat import output_cache
+from evalkit.integration.observe import observe_kv
+from evalkit.kv.scale_table import load_scale_table, save_scale_table
+from evalkit.models.loading import load_model
+from evalkit.scales.calibrate import (
+    BINS,
+    DEFAULT_CORPUS,
+    KVObserver,
+    _run,
+    calibrate,
+    calibration_batches,
+    load_text,
+    overlap_fraction,
+    parse_method,
+    percentile_from_histogram,
+)
 
 E4M3_MAX = 448.0
 TEXT = load_text(DEFAULT_CORPUS)
@@ -47,7 +57,9 @@ def test_observer_amax_matches_the_models_cache_and_changes_nothing(tiny):
 
 def test_amax_static_scales_reproduce_dynamic_tensor_scales_on_the_calibration_sequence(tiny):
     """One sequence: its per-tensor amax table must equal the dynamic per-tensor scale bit for bit."""
-    table = calibrate(tiny, text=TEXT, samples=1, seq_len=96, granularity="tensor", method="amax", eval_corpus=None, bos=False)
+    table = calibrate(
+        tiny, text=TEXT, samples=1, seq_len=96, granularity="tensor", method="amax", eval_corpus=None, bos=False
+    )
     ids = calibration_batches(tiny.tokenizer, TEXT, 1, 96, bos=False)
     for i, (k, v) in enumerate(cached_kv(tiny, ids)):
         assert float(table.k_scale[i]) == float(k.abs().max() / E4M3_MAX)
@@ -57,7 +69,9 @@ def test_amax_static_scales_reproduce_dynamic_tensor_scales_on_the_calibration_s
     with torch.no_grad():
         with quantized_kv(tiny.model, f"fp8_e4m3/tensor/dynamic+skip={skip}"):
             dyn = tiny.model(input_ids=ids).logits
-        with quantized_kv(tiny.model, f"fp8_e4m3/tensor/static+scales=unused.safetensors+skip={skip}", scale_table=table):
+        with quantized_kv(
+            tiny.model, f"fp8_e4m3/tensor/static+scales=unused.safetensors+skip={skip}", scale_table=table
+        ):
             stat = tiny.model(input_ids=ids).logits
         base = tiny.model(input_ids=ids).logits
     assert torch.equal(dyn, stat) and not torch.equal(dyn, base)
@@ -66,8 +80,12 @@ def test_amax_static_scales_reproduce_dynamic_tensor_scales_on_the_calibration_s
 def test_head_amax_and_percentile_against_plain_quantiles(tiny):
     ids = calibration_batches(tiny.tokenizer, TEXT, 4, 64, bos=False)
     kv = cached_kv(tiny, ids)
-    head = calibrate(tiny, text=TEXT, samples=4, seq_len=64, granularity="head", method="amax", eval_corpus=None, bos=False)
-    pct = calibrate(tiny, text=TEXT, samples=4, seq_len=64, granularity="head", method="percentile:99", eval_corpus=None, bos=False)
+    head = calibrate(
+        tiny, text=TEXT, samples=4, seq_len=64, granularity="head", method="amax", eval_corpus=None, bos=False
+    )
+    pct = calibrate(
+        tiny, text=TEXT, samples=4, seq_len=64, granularity="head", method="percentile:99", eval_corpus=None, bos=False
+    )
     for i, (k, _) in enumerate(kv):
         per_head = k.abs().transpose(0, 1).reshape(k.shape[1], -1)
         assert torch.equal(head.k_scale[i], per_head.amax(dim=1) / E4M3_MAX)
@@ -101,8 +119,12 @@ def test_histogram_range_doubling_keeps_counts(tiny):
 
 
 def test_mse_picks_the_candidate_with_least_error_under_a_real_fp8_cast(tiny):
-    table = calibrate(tiny, text=TEXT, samples=2, seq_len=64, granularity="tensor", method="mse", eval_corpus=None, bos=False)
-    amax = calibrate(tiny, text=TEXT, samples=2, seq_len=64, granularity="tensor", method="amax", eval_corpus=None, bos=False)
+    table = calibrate(
+        tiny, text=TEXT, samples=2, seq_len=64, granularity="tensor", method="mse", eval_corpus=None, bos=False
+    )
+    amax = calibrate(
+        tiny, text=TEXT, samples=2, seq_len=64, granularity="tensor", method="amax", eval_corpus=None, bos=False
+    )
     ids = calibration_batches(tiny.tokenizer, TEXT, 2, 64, bos=False)
 
     def sse(x, s):  # torch's own float8 cast, not evalkit's emulation
@@ -121,11 +143,24 @@ def test_scale_table_file_and_sidecar_validate_against_the_model(tiny, tmp_path)
     path = tmp_path / "t.safetensors"
     save_scale_table(path, table)
     meta = json.loads((tmp_path / "t.safetensors.json").read_text())
-    for key in ("model", "config_hash", "corpus", "corpus_hash", "method", "granularity", "evalkit_version", "samples", "seq_len"):
+    for key in (
+        "model",
+        "config_hash",
+        "corpus",
+        "corpus_hash",
+        "method",
+        "granularity",
+        "evalkit_version",
+        "samples",
+        "seq_len",
+    ):
         assert key in meta
     assert meta["corpus"] == DEFAULT_CORPUS and meta["samples"] == 2 and meta["eval_corpus_overlap"] == 0.0
     loaded = load_scale_table(path, tiny.layout, granularity="head", config_hash=tiny.config_hash)
-    assert torch.equal(loaded.k_scale, table.k_scale) and loaded.k_scale.shape == (tiny.layout.num_layers, tiny.layout.num_kv_heads)
+    assert torch.equal(loaded.k_scale, table.k_scale) and loaded.k_scale.shape == (
+        tiny.layout.num_layers,
+        tiny.layout.num_kv_heads,
+    )
 
 
 def test_default_calibration_text_is_disjoint_from_the_embedded_eval_text():
@@ -166,7 +201,9 @@ def test_padding_is_left_out_of_the_statistics(tiny):
     mask = torch.cat([torch.zeros(1, 16, dtype=torch.long), torch.ones_like(ids)], dim=1)
     obs = KVObserver(tiny.layout)
     with torch.no_grad(), observe_kv(tiny.model, obs):
-        tiny.model(input_ids=padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+        tiny.model(
+            input_ids=padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False
+        )
     assert torch.equal(obs.count["k"], obs_plain.count["k"])
     assert torch.allclose(obs.amax["k"], obs_plain.amax["k"], rtol=1e-5)
 
@@ -175,24 +212,64 @@ def test_cli_writes_table_refuses_to_overwrite_and_reads_recipes(tiny_llama_dir,
     from evalkit.cli import main
 
     out = tmp_path / "s.safetensors"
-    args = ["calibrate", "--model", str(tiny_llama_dir), "--samples", "2", "--seq-len", "32", "--granularity", "head",
-            "--out", str(out)]
+    args = [
+        "calibrate",
+        "--model",
+        str(tiny_llama_dir),
+        "--samples",
+        "2",
+        "--seq-len",
+        "32",
+        "--granularity",
+        "head",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     assert f"fp8_e4m3/head/static+scales={out}" in capsys.readouterr().out
     assert main(args) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(args + ["--force"]) == 0
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {tiny_llama_dir}\nsamples: 1\nseq_len: 32\nmethod: percentile:99.9\nout: {tmp_path / 'r.safetensors'}\n")
+    recipe.write_text(
+        f"model: {tiny_llama_dir}\nsamples: 1\nseq_len: 32\nmethod: percentile:99.9\nout: {tmp_path / 'r.safetensors'}\n"
+    )
     assert main(["calibrate", "--recipe", str(recipe)]) == 0
     meta = json.loads((tmp_path / "r.safetensors.json").read_text())
     assert meta["method"] == "percentile:99.9" and meta["granularity"] == "tensor" and meta["samples"] == 1
     short = tmp_path / "short.txt"
     short.write_text("A few words only.")
-    assert main(["calibrate", "--model", str(tiny_llama_dir), "--corpus", f"file:{short}", "--seq-len", "64",
-                 "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_llama_dir),
+                "--corpus",
+                f"file:{short}",
+                "--seq-len",
+                "64",
+                "--out",
+                str(tmp_path / "x.safetensors"),
+            ]
+        )
+        == 2
+    )
     assert "fewer than one sequence" in capsys.readouterr().err
-    assert main(["calibrate", "--model", str(tiny_llama_dir), "--seq-len", "100000", "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_llama_dir),
+                "--seq-len",
+                "100000",
+                "--out",
+                str(tmp_path / "x.safetensors"),
+            ]
+        )
+        == 2
+    )
     assert "maximum length" in capsys.readouterr().err
     assert not (tmp_path / "x.safetensors").exists()
 
@@ -200,8 +277,9 @@ def test_cli_writes_table_refuses_to_overwrite_and_reads_recipes(tiny_llama_dir,
 @pytest.mark.slow
 def test_shipped_embedded_scales_match_their_recipes_and_validate(embedded):
     """calibration/ holds the recipes and the scale files they produced for the embedded model."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     root = Path(__file__).resolve().parents[2] / "calibration"
     recipes = sorted(root.glob("*.yaml"))
@@ -212,7 +290,12 @@ def test_shipped_embedded_scales_match_their_recipes_and_validate(embedded):
         table = load_scale_table(out, embedded.layout, granularity=r["granularity"], config_hash=embedded.config_hash)
         meta = table.meta
         assert (meta["method"], meta["granularity"], meta["corpus"], meta["seq_len"], meta["samples"]) == (
-            r["method"], r["granularity"], r["corpus"], r["seq_len"], r["samples"])
+            r["method"],
+            r["granularity"],
+            r["corpus"],
+            r["seq_len"],
+            r["samples"],
+        )
         assert meta["eval_corpus_overlap"] == 0.0
         # amax/448 of real activations: positive and far below 1 (a unit scale would waste the range)
         assert bool((table.k_scale > 0).all()) and float(table.k_scale.max()) < 1.0

@@ -11,15 +11,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from evalkit import parse_scheme, quantized_kv
-from evalkit.scales.calibrate import calibrate
-from evalkit.scales.vllm_io import SCALES_FILE, export_vllm, import_vllm
 from evalkit.errors import EvalkitError
 from evalkit.kv.scale_table import load_scale_table, save_scale_table
+from evalkit.scales.calibrate import calibrate
+from evalkit.scales.vllm_io import SCALES_FILE, export_vllm, import_vllm
 
 
 @pytest.fixture(scope="module")
 def tables(tiny):
-    return {g: calibrate(tiny, samples=2, seq_len=48, granularity=g, method="amax", eval_corpus=None) for g in ("tensor", "head")}
+    return {
+        g: calibrate(tiny, samples=2, seq_len=48, granularity=g, method="amax", eval_corpus=None)
+        for g in ("tensor", "head")
+    }
 
 
 def config_of(lm) -> dict:
@@ -80,11 +83,15 @@ def test_import_llm_compressor_modelopt_and_legacy_names(tiny, tmp_path):
     cfg = config_of(tiny)
     values = torch.tensor([0.03125, 0.0625, 0.5, 0.25])  # exact in bf16
     layouts = {
-        "llmc": lambda i: {f"model.layers.{i}.self_attn.k_scale": values[i:i + 1].bfloat16(),
-                           f"model.layers.{i}.self_attn.v_scale": values[i + 2:i + 3].bfloat16()},
-        "modelopt": lambda i: {f"model.layers.{i}.self_attn.k_proj.k_scale": values[i].reshape(()),
-                               f"model.layers.{i}.self_attn.v_proj.v_scale": values[i + 2].reshape(())},
-        "legacy": lambda i: {f"model.layers.{i}.self_attn.kv_scale": values[i:i + 1]},
+        "llmc": lambda i: {
+            f"model.layers.{i}.self_attn.k_scale": values[i : i + 1].bfloat16(),
+            f"model.layers.{i}.self_attn.v_scale": values[i + 2 : i + 3].bfloat16(),
+        },
+        "modelopt": lambda i: {
+            f"model.layers.{i}.self_attn.k_proj.k_scale": values[i].reshape(()),
+            f"model.layers.{i}.self_attn.v_proj.v_scale": values[i + 2].reshape(()),
+        },
+        "legacy": lambda i: {f"model.layers.{i}.self_attn.kv_scale": values[i : i + 1]},
     }
     for name, make in layouts.items():
         folder = tmp_path / name
@@ -97,7 +104,7 @@ def test_import_llm_compressor_modelopt_and_legacy_names(tiny, tmp_path):
         table = import_vllm(folder)
         assert table.granularity == "tensor" and table.k_scale.dtype == torch.float32
         assert torch.equal(table.k_scale, values[:L])
-        assert torch.equal(table.v_scale, values[:L] if name == "legacy" else values[2:2 + L])
+        assert torch.equal(table.v_scale, values[:L] if name == "legacy" else values[2 : 2 + L])
 
 
 def test_bad_checkpoints_are_one_clear_error(tiny, tables, tmp_path):
@@ -112,8 +119,10 @@ def test_bad_checkpoints_are_one_clear_error(tiny, tables, tmp_path):
         import_vllm(tmp_path / "missing")
     partial = tmp_path / "partial"
     partial.mkdir()
-    save_file({"model.layers.0.self_attn.k_scale": torch.ones(1), "model.layers.0.self_attn.v_scale": torch.ones(1)},
-              str(partial / "model.safetensors"))
+    save_file(
+        {"model.layers.0.self_attn.k_scale": torch.ones(1), "model.layers.0.self_attn.v_scale": torch.ones(1)},
+        str(partial / "model.safetensors"),
+    )
     (partial / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(EvalkitError, match=r"lacks k_scale or v_scale for layers \[1\]"):
         import_vllm(partial)
@@ -133,15 +142,47 @@ def test_cli_import_export(tiny_llama_dir, tmp_path, capsys):
     from evalkit.cli import main
 
     out = tmp_path / "s.safetensors"
-    assert main(["calibrate", "--model", str(tiny_llama_dir), "--samples", "1", "--seq-len", "32", "--granularity", "head",
-                 "--out", str(out), "--export-vllm", str(tmp_path / "ckpt"), "--with-weights"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_llama_dir),
+                "--samples",
+                "1",
+                "--seq-len",
+                "32",
+                "--granularity",
+                "head",
+                "--out",
+                str(out),
+                "--export-vllm",
+                str(tmp_path / "ckpt"),
+                "--with-weights",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "ckpt" / "model.safetensors").is_file() and (tmp_path / "ckpt" / SCALES_FILE).is_file()
     back = tmp_path / "back.safetensors"
     assert main(["calibrate", "--import-vllm", str(tmp_path / "ckpt"), "--out", str(back)]) == 0
     assert f"fp8_e4m3/head/static+scales={back}" in capsys.readouterr().out
     a, b = load_scale_table(out), load_scale_table(back)
     assert torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
-    assert main(["calibrate", "--model", str(tiny_llama_dir), "--scales", str(out), "--export-vllm", str(tmp_path / "ckpt2")]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(tiny_llama_dir),
+                "--scales",
+                str(out),
+                "--export-vllm",
+                str(tmp_path / "ckpt2"),
+            ]
+        )
+        == 0
+    )
     again = import_vllm(tmp_path / "ckpt2")
     assert torch.equal(again.k_scale, a.k_scale) and torch.equal(again.v_scale, a.v_scale)
     capsys.readouterr()

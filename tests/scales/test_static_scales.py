@@ -8,12 +8,12 @@ from safetensors.torch import save_file
 
 from evalkit import quantized_kv
 from evalkit.errors import ScaleError
-from evalkit.kv.formats import FORMATS
-from evalkit.models.info import config_hash, kv_layout
-from evalkit.kv.quantize import quantize_dequantize
-from evalkit.kv.scheme import Granularity
-from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
 from evalkit.integration.hf_compat import output_cache
+from evalkit.kv.formats import FORMATS
+from evalkit.kv.quantize import quantize_dequantize
+from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
+from evalkit.kv.scheme import Granularity
+from evalkit.models.info import config_hash, kv_layout
 
 
 def write(path, k, v, meta=None):
@@ -23,21 +23,28 @@ def write(path, k, v, meta=None):
 
 def test_head_table_round_trips_and_validates(tmp_path, tiny):
     layout = kv_layout(tiny.model.config)
-    path = write(tmp_path / "h.safetensors", torch.full((2, 2), 0.01), torch.full((2, 2), 0.02),
-                 {"config_hash": config_hash(tiny.model.config), "model": "tiny"})
+    path = write(
+        tmp_path / "h.safetensors",
+        torch.full((2, 2), 0.01),
+        torch.full((2, 2), 0.02),
+        {"config_hash": config_hash(tiny.model.config), "model": "tiny"},
+    )
     table = load_scale_table(path, layout, granularity="head", config_hash=config_hash(tiny.model.config))
     assert table.granularity == "head" and table.layer_scale("k", 1).shape == (1, 2, 1, 1)
 
 
-@pytest.mark.parametrize("case, fragment", [
-    ("missing file", "does not exist"),
-    ("wrong shape", "made for another model"),
-    ("other model", "calibrated on model"),
-    ("missing v", "no v_scale entry"),
-    ("zero scale", "zero, negative or non-finite"),
-    ("wrong granularity", "holds tensor scales but the scheme asks for head"),
-    ("not safetensors", "not a readable safetensors file"),
-])
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("missing file", "does not exist"),
+        ("wrong shape", "made for another model"),
+        ("other model", "calibrated on model"),
+        ("missing v", "no v_scale entry"),
+        ("zero scale", "zero, negative or non-finite"),
+        ("wrong granularity", "holds tensor scales but the scheme asks for head"),
+        ("not safetensors", "not a readable safetensors file"),
+    ],
+)
 def test_bad_tables_are_clear_errors(tmp_path, tiny, case, fragment):
     layout, chash = kv_layout(tiny.model.config), config_hash(tiny.model.config)
     path = tmp_path / "s.safetensors"
@@ -62,8 +69,12 @@ def test_bad_tables_are_clear_errors(tmp_path, tiny, case, fragment):
 
 def test_static_scheme_uses_exactly_the_table(tmp_path, tiny):
     """Per-layer static scales: the stored K/V are quantized with the file's scale, per layer."""
-    path = write(tmp_path / "t.safetensors", torch.tensor([0.002, 0.004]), torch.tensor([0.003, 0.005]),
-                 {"config_hash": config_hash(tiny.model.config)})
+    path = write(
+        tmp_path / "t.safetensors",
+        torch.tensor([0.002, 0.004]),
+        torch.tensor([0.003, 0.005]),
+        {"config_hash": config_hash(tiny.model.config)},
+    )
     ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         with quantized_kv(tiny.model, f"fp8_e4m3/tensor/static+scales={path}"):
@@ -78,7 +89,10 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, tiny):
     assert torch.equal(v0, quantize_dequantize(raw_v0, fmt, tensor, scale=torch.tensor(0.003).reshape(1, 1, 1, 1)))
     # every stored code is on the FP8 grid of its layer's own scale, saturated at 448
     for layer in (0, 1):
-        for st, scale in ((stored.layers[layer].k, (0.002, 0.004)[layer]), (stored.layers[layer].v, (0.003, 0.005)[layer])):
+        for st, scale in (
+            (stored.layers[layer].k, (0.002, 0.004)[layer]),
+            (stored.layers[layer].v, (0.003, 0.005)[layer]),
+        ):
             assert float(st.fixed.flatten()[0]) == pytest.approx(scale)
             codes = st.codes.float()
             assert codes.abs().max() <= 448

@@ -24,7 +24,9 @@ def test_serving_is_registered_through_the_entry_point(monkeypatch):
     from evalkit.evals.base import PLUGINS_ENV, eval_names, get_eval
 
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    assert "serving" in {ep.name for ep in entry_points(group="evalkit.evals")}, "pip install --no-deps -e . (entry-point metadata)"
+    assert "serving" in {ep.name for ep in entry_points(group="evalkit.evals")}, (
+        "pip install --no-deps -e . (entry-point metadata)"
+    )
     assert "serving" in eval_names() and get_eval("serving").engines == ("vllm",)
 
 

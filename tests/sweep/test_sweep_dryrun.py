@@ -14,8 +14,9 @@ from evalkit.sweep.grid import parse_grid, resolve_grid
 
 def table_rows(text: str) -> list[list[str]]:
     """The run rows of a dry run's table: model, scheme, eval, tokens, time..., split on 2+ spaces."""
-    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
-            if line.startswith(("embedded ", "meta-llama/"))]
+    return [
+        re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.startswith(("embedded ", "meta-llama/"))
+    ]
 
 
 def tokens(cell: str) -> int:
@@ -30,7 +31,7 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
     rows = table_rows(text)
     assert len(rows) == 52 and not out.exists() and not cache.exists()
     by = {}
-    for model, scheme, ev, tok, *rest in rows:
+    for _model, scheme, ev, tok, *rest in rows:
         by.setdefault(ev, []).append((scheme, tokens(tok), rest))
     # perplexity: 4 windows x 512 tokens per scheme; the first (bf16) run also pays the baseline pass
     assert [t for s, t, _ in by["perplexity"]] == [2 * 4 * 512] + [4 * 512] * 12
@@ -52,8 +53,10 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
 
 def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
     grid = tmp_path / "bad.yaml"
-    grid.write_text("models: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\n"
-                    "evals:\n  perplexity: {window: 1}\n  bogus: {}\n")
+    grid.write_text(
+        "models: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\n"
+        "evals:\n  perplexity: {window: 1}\n  bogus: {}\n"
+    )
     assert main(["sweep", str(grid), "--dry-run", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3, err
@@ -77,12 +80,19 @@ def test_a_grid_that_does_not_fit_on_the_disk_is_refused_before_any_work(tmp_pat
     grid = tmp_path / "small.yaml"
     grid.write_text(SMALL)
     out = tmp_path / "out"
-    argv = ["sweep", str(grid), "--out", str(out), "--cache-dir", str(tmp_path / "cache")] + (["--dry-run"] if dry else [])
+    argv = ["sweep", str(grid), "--out", str(out), "--cache-dir", str(tmp_path / "cache")] + (
+        ["--dry-run"] if dry else []
+    )
     args = build_parser("sweep").parse_args(argv)
     with pytest.raises(DiskSpaceError) as exc:
         run(args, free_space=lambda folder: 10**6)
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("sweep small needs") and "976.6 KiB are free" in msg and exc.value.exit_code == 2
+    assert (
+        "\n" not in msg
+        and msg.startswith("sweep small needs")
+        and "976.6 KiB are free" in msg
+        and exc.value.exit_code == 2
+    )
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
@@ -97,7 +107,9 @@ def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
     assert {r.model.name for r in grid.runs} == {"meta-llama/Llama-3.1-8B-Instruct"}
     assert {r.model.dtype for r in grid.runs} == {"bfloat16"} and {r.model.device for r in grid.runs} == {"cuda"}
     assert {r.eval for r in grid.runs} == {"perplexity", "retrieval", "decode", "lmeval"}
-    assert {"bf16", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {r.scheme for r in grid.runs}
+    assert {"bf16", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {
+        r.scheme for r in grid.runs
+    }
     est = estimate_sweep(grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200")
     assert 0.5 * 3600 < est.seconds < 2 * 3600
     assert len(est.speeds) == 1 and "H200" in est.speeds[0] and "datasheet" in est.speeds[0]
@@ -130,9 +142,22 @@ def test_model_override_keeps_the_grids_settings(tmp_path):
     from evalkit.sweep.grid import with_model
 
     grid = tmp_path / "g.yaml"
-    grid.write_text(SMALL.replace("models: [embedded]", "models:\n  - {name: a, dtype: bfloat16, device: cuda}\n"
-                                  "  - {name: b, dtype: bfloat16, device: cuda}"))
+    grid.write_text(
+        SMALL.replace(
+            "models: [embedded]",
+            "models:\n  - {name: a, dtype: bfloat16, device: cuda}\n  - {name: b, dtype: bfloat16, device: cuda}",
+        )
+    )
     g = with_model(parse_grid(grid), "embedded")
     assert {(r.model.name, r.model.dtype, r.model.device) for r in g.runs} == {("embedded", "bfloat16", "cuda")}
-    assert len(g.runs) == 2 and g.data["models"] == [dict(name="embedded", dtype="bfloat16", device="cuda", device_map=None,
-                                                          attn_implementation="sdpa", trust_remote_code=False, gpus=0)]
+    assert len(g.runs) == 2 and g.data["models"] == [
+        dict(
+            name="embedded",
+            dtype="bfloat16",
+            device="cuda",
+            device_map=None,
+            attn_implementation="sdpa",
+            trust_remote_code=False,
+            gpus=0,
+        )
+    ]

@@ -12,8 +12,22 @@ def test_the_profile_rewrites_the_grids_schemes(tmp_path, capsys):
     grid = tmp_path / "small.yaml"
     grid.write_text(GRID.format(scheme="fp8_e4m3/tensor/unit"))
     out = tmp_path / "out"
-    assert main(["sweep", str(grid), "--engine-profile", "vllm-cpu", "--dry-run", "--out", str(out),
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(grid),
+                "--engine-profile",
+                "vllm-cpu",
+                "--dry-run",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "fp8_e4m3/tensor/unit+rounding=rtz" in text and not out.exists()
 
@@ -22,8 +36,21 @@ def test_a_scheme_the_engine_cannot_run_is_refused_in_one_line(tmp_path, capsys)
     grid = tmp_path / "small.yaml"
     grid.write_text(GRID.format(scheme="fp8_e4m3/head/dynamic"))
     out = tmp_path / "out"
-    assert main(["sweep", str(grid), "--engine-profile", "vllm-cpu", "--out", str(out),
-                 "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(grid),
+                "--engine-profile",
+                "vllm-cpu",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "vllm-cpu" in err[0] and "head" in err[0] and not out.exists()
 

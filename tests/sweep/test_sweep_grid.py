@@ -13,7 +13,6 @@ from evalkit.cli import main
 from evalkit.sweep import grid as grid_mod
 from evalkit.sweep.grid import GridError, parse_grid, resolve_grid
 from evalkit.sweep.shard import ShardError, assign, parse_shard, select
-from tests.sweep.test_sweep_evals import toy_eval  # noqa: F401  (fixture)
 
 GRID = """\
 name: g
@@ -115,22 +114,54 @@ def test_seeds_expand_runs(tmp_path, toy_eval):
     assert {r.params["seed"] for r in g.runs} == {1, 2}
 
 
-@pytest.mark.parametrize("text,line,key,words", [
-    ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {max_tokens: 8\n", 5, "", "malformed YAML"),
-    ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nmodles: [b]\n", 4, "modles", "unknown key"),
-    ("models: [a]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\nevals: {toy: {}}\n", 4, "schemes[1]", "scale source"),
-    ("models: [a]\nschemes:\n  - bf16\n  - fp9/head/dynamic\nevals: {toy: {}}\n", 4, "schemes[1]", "unknown KV format"),
-    ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {}\n  nonsense: {}\n", 5, "evals.nonsense", "unknown eval"),
-    ("models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 8\n    bogus: 1\n", 6, "evals.toy.bogus", "unknown toy parameter"),
-    ("models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 2\n", 5, "evals.toy.max_tokens", ">= 4"),
-    ("models:\n  - {name: a, dtipe: x}\nschemes: [bf16]\nevals: {toy: {}}\n", 2, "models[0].dtipe", "unknown model setting"),
-    ("models: [a]\nschemes: [bf16]\nschemes: [bf16]\nevals: {toy: {}}\n", 3, "schemes", "duplicate key"),
-    ("models: [a]\nschemes:\n  - expand: {formats: [fp8_e4m3], scales: [unit]}\nevals: {toy: {}}\n", 3, "schemes[0].expand", "granularities"),
-    ("models: [a]\nschemes:\n  - expand: {formats: [fp8_e4m3], granularities: [blok], scales: [unit]}\nevals: {toy: {}}\n", 3,
-     "schemes[0].expand", "unknown granularity"),
-    ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nseeds: [x]\n", 4, "seeds", "integers"),
-    ("schemes: [bf16]\nevals: {toy: {}}\n", 1, "(top level)", "missing 'models'"),
-])
+@pytest.mark.parametrize(
+    "text,line,key,words",
+    [
+        ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {max_tokens: 8\n", 5, "", "malformed YAML"),
+        ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nmodles: [b]\n", 4, "modles", "unknown key"),
+        (
+            "models: [a]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\nevals: {toy: {}}\n",
+            4,
+            "schemes[1]",
+            "scale source",
+        ),
+        (
+            "models: [a]\nschemes:\n  - bf16\n  - fp9/head/dynamic\nevals: {toy: {}}\n",
+            4,
+            "schemes[1]",
+            "unknown KV format",
+        ),
+        ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {}\n  nonsense: {}\n", 5, "evals.nonsense", "unknown eval"),
+        (
+            "models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 8\n    bogus: 1\n",
+            6,
+            "evals.toy.bogus",
+            "unknown toy parameter",
+        ),
+        ("models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 2\n", 5, "evals.toy.max_tokens", ">= 4"),
+        (
+            "models:\n  - {name: a, dtipe: x}\nschemes: [bf16]\nevals: {toy: {}}\n",
+            2,
+            "models[0].dtipe",
+            "unknown model setting",
+        ),
+        ("models: [a]\nschemes: [bf16]\nschemes: [bf16]\nevals: {toy: {}}\n", 3, "schemes", "duplicate key"),
+        (
+            "models: [a]\nschemes:\n  - expand: {formats: [fp8_e4m3], scales: [unit]}\nevals: {toy: {}}\n",
+            3,
+            "schemes[0].expand",
+            "granularities",
+        ),
+        (
+            "models: [a]\nschemes:\n  - expand: {formats: [fp8_e4m3], granularities: [blok], scales: [unit]}\nevals: {toy: {}}\n",
+            3,
+            "schemes[0].expand",
+            "unknown granularity",
+        ),
+        ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nseeds: [x]\n", 4, "seeds", "integers"),
+        ("schemes: [bf16]\nevals: {toy: {}}\n", 1, "(top level)", "missing 'models'"),
+    ],
+)
 def test_bad_grids_name_file_line_key(tmp_path, toy_eval, text, line, key, words):
     path = write(tmp_path, text)
     with pytest.raises(GridError) as exc:
@@ -204,7 +235,9 @@ def test_named_grids_parse():
 
 
 def test_sweep_help():
-    out = subprocess.run([sys.executable, "-m", "evalkit", "sweep", "--help"], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "evalkit", "sweep", "--help"], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0 and "--shard" in out.stdout and "--executor" in out.stdout
 
 
@@ -224,5 +257,10 @@ evals:
 """
     g = parse_grid(write(tmp_path, models))
     placed = {r.model.name: (r.model.device, r.model.device_map, r.model.num_gpus) for r in g.runs}
-    assert placed == {"a": ("cuda", None, 1), "b": ("cpu", "auto", 4), "c": ("cpu", None, 2),
-                      "d": ("cpu", "balanced", 2), "e": ("cpu", None, 0)}
+    assert placed == {
+        "a": ("cuda", None, 1),
+        "b": ("cpu", "auto", 4),
+        "c": ("cpu", None, 2),
+        "d": ("cpu", "balanced", 2),
+        "e": ("cpu", None, 0),
+    }

@@ -26,13 +26,22 @@ from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Evaluation, MetricRow
 from evalkit.sweep.store import ResultStore
-from tests.sweep.test_sweep_evals import SUBPROCESS_MAIN
+
+from tests.toy_eval import SUBPROCESS_MAIN
 
 pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
 GATE_PATH = "tests.sweep.test_sweep_ray:GateEval"
-SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "int4/group16/dynamic",
-           "fp8_e5m2/head/dynamic", "fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/dynamic"]
+SCHEMES = [
+    "bf16",
+    "fp8_e4m3/tensor/dynamic",
+    "fp8_e4m3/head/dynamic",
+    "fp8_e5m2/tensor/unit",
+    "int4/group16/dynamic",
+    "fp8_e5m2/head/dynamic",
+    "fp8_e4m3/tensor/unit",
+    "fp8_e5m2/tensor/dynamic",
+]
 FAKE_GPUS = 4
 
 
@@ -79,8 +88,11 @@ def gate_eval(monkeypatch):
 def write_grid(folder: Path, model: str, schemes: list[str], wait_for: int = 1, extra: str = "") -> Path:
     gate = folder / "gate"
     gate.mkdir(parents=True, exist_ok=True)
-    text = (f"name: raygrid\nmodels:\n  - {model}\nschemes:\n" + "".join(f"  - '{s}'\n" for s in schemes)
-            + f"evals:\n  gate: {{gate_dir: '{gate}', wait_for: {wait_for}{extra}}}\n")
+    text = (
+        f"name: raygrid\nmodels:\n  - {model}\nschemes:\n"
+        + "".join(f"  - '{s}'\n" for s in schemes)
+        + f"evals:\n  gate: {{gate_dir: '{gate}', wait_for: {wait_for}{extra}}}\n"
+    )
     path = folder / "grid.yaml"
     path.write_text(text)
     return path
@@ -130,8 +142,14 @@ def test_unreachable_address_fails_fast(tmp_path, tiny_llama_dir):
         out = tmp_path / f"out{i}"
         argv = ["sweep", str(grid), "--out", str(out), "--executor", "ray", "--ray-address", address, "--no-progress"]
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", SUBPROCESS_MAIN, *argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", SUBPROCESS_MAIN, *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         seconds = time.perf_counter() - t0
         stdout, stderr = proc.stdout, proc.stderr
         print(f"{address}: exit {proc.returncode} after {seconds:.1f} s: {stderr.strip()}")
@@ -151,8 +169,13 @@ def cluster():
     from evalkit.sweep.executors import _worker_env
 
     assert not ray.is_initialized()
-    ray.init(num_cpus=4, num_gpus=FAKE_GPUS, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": _worker_env()})
+    ray.init(
+        num_cpus=4,
+        num_gpus=FAKE_GPUS,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": _worker_env()},
+    )
     try:
         yield ray
     finally:
@@ -160,8 +183,19 @@ def cluster():
 
 
 def sweep(tmp_path: Path, grid: Path, out: Path) -> int:
-    return main(["sweep", str(grid), "--out", str(out), "--executor", "ray", "--no-progress",
-                 "--cache-dir", str(tmp_path / "cache")])
+    return main(
+        [
+            "sweep",
+            str(grid),
+            "--out",
+            str(out),
+            "--executor",
+            "ray",
+            "--no-progress",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:
@@ -200,27 +234,33 @@ def check_runs(out: Path, runs: int, gpus_per_run: int) -> tuple[int, list[dict]
 @pytest.mark.slow
 def test_one_run_per_gpu_and_multi_gpu_models(tmp_path, cluster, tiny_llama_dir, gate_eval, capsys):
     # (a) a 1-GPU model, 8 runs on 4 GPUs: 4 workers, 4 runs at once and never more
-    grid = write_grid(tmp_path / "one", f"{{name: '{tiny_llama_dir}', gpus: 1, device: cpu}}", SCHEMES,
-                      wait_for=FAKE_GPUS)
+    grid = write_grid(
+        tmp_path / "one", f"{{name: '{tiny_llama_dir}', gpus: 1, device: cpu}}", SCHEMES, wait_for=FAKE_GPUS
+    )
     t0 = time.perf_counter()
     assert sweep(tmp_path, grid, tmp_path / "one" / "out") == 0, capsys.readouterr().err
     most, info = check_runs(tmp_path / "one" / "out", len(SCHEMES), 1)
     workers = {i["worker"] for i in info}
     with capsys.disabled():
-        print(f"\n1-GPU model: {len(SCHEMES)} runs in {time.perf_counter() - t0:.1f} s, at most {most} at once, "
-              f"{len(workers)} workers, GPU ids {sorted({str(g) for i in info for g in i['gpu_ids']})}")
+        print(
+            f"\n1-GPU model: {len(SCHEMES)} runs in {time.perf_counter() - t0:.1f} s, at most {most} at once, "
+            f"{len(workers)} workers, GPU ids {sorted({str(g) for i in info for g in i['gpu_ids']})}"
+        )
     assert most == FAKE_GPUS and len(workers) == FAKE_GPUS
     assert "8 completed now, 0 failed" in capsys.readouterr().out
 
     # (b) a 2-GPU model spread with device_map auto: 2 distinct GPUs on one node, 2 runs at once
-    grid = write_grid(tmp_path / "two", f"{{name: '{tiny_llama_dir}', gpus: 2, device_map: auto}}", SCHEMES[:4],
-                      wait_for=2)
+    grid = write_grid(
+        tmp_path / "two", f"{{name: '{tiny_llama_dir}', gpus: 2, device_map: auto}}", SCHEMES[:4], wait_for=2
+    )
     t0 = time.perf_counter()
     assert sweep(tmp_path, grid, tmp_path / "two" / "out") == 0, capsys.readouterr().err
     most, info = check_runs(tmp_path / "two" / "out", 4, 2)
     with capsys.disabled():
-        print(f"2-GPU model: 4 runs in {time.perf_counter() - t0:.1f} s, at most {most} at once, "
-              f"GPU ids per run {[i['gpu_ids'] for i in info]}, nodes {len({i['node_id'] for i in info})}")
+        print(
+            f"2-GPU model: 4 runs in {time.perf_counter() - t0:.1f} s, at most {most} at once, "
+            f"GPU ids per run {[i['gpu_ids'] for i in info]}, nodes {len({i['node_id'] for i in info})}"
+        )
     assert most == 2 and len({i["worker"] for i in info}) == 2
     assert len({i["node_id"] for i in info}) == 1  # a one-node cluster; a worker's GPUs are always one node's
 
@@ -245,8 +285,9 @@ def test_more_gpus_per_run_than_a_node_has(tmp_path, cluster, tiny_llama_dir, ga
 def test_dead_worker_fails_its_run_and_is_replaced(tmp_path, cluster, tiny_llama_dir, gate_eval, capsys):
     """A worker process that dies fails the run it held (one failed record, the sweep goes on); its
     model's remaining runs go to a new worker."""
-    grid = write_grid(tmp_path, f"{{name: '{tiny_llama_dir}', gpus: 4, device: cpu}}", SCHEMES[:3],
-                      extra=", crash_scheme: bf16")
+    grid = write_grid(
+        tmp_path, f"{{name: '{tiny_llama_dir}', gpus: 4, device: cpu}}", SCHEMES[:3], extra=", crash_scheme: bf16"
+    )
     assert sweep(tmp_path, grid, tmp_path / "out") == 1
     captured = capsys.readouterr()
     assert "2 completed now, 1 failed" in captured.out and "FAILED" in captured.out

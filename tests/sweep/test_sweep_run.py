@@ -18,16 +18,19 @@ import torch
 
 from evalkit.cli import main
 from evalkit.sweep.store import ResultStore
-from tests.sweep.test_sweep_evals import SUBPROCESS_MAIN, toy_eval, toy_metrics, token_ids  # noqa: F401
+
+from tests.toy_eval import SUBPROCESS_MAIN, token_ids, toy_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "int4/group16/dynamic"]
 
 
 def make_grid(tmp_path: Path, model_dir, extra: str = "", schemes=SCHEMES, name="g.yaml") -> Path:
-    text = (f"name: tinygrid\nmodels:\n  - {{name: '{model_dir}'}}\nschemes:\n"
-            + "".join(f"  - '{s}'\n" for s in schemes)
-            + f"evals:\n  toy: {{max_tokens: 16{extra}}}\n")
+    text = (
+        f"name: tinygrid\nmodels:\n  - {{name: '{model_dir}'}}\nschemes:\n"
+        + "".join(f"  - '{s}'\n" for s in schemes)
+        + f"evals:\n  toy: {{max_tokens: 16{extra}}}\n"
+    )
     path = tmp_path / name
     path.write_text(text)
     return path
@@ -36,8 +39,10 @@ def make_grid(tmp_path: Path, model_dir, extra: str = "", schemes=SCHEMES, name=
 def values(folder: Path) -> dict:
     """{(run_id, metric, labels): (value, ci_low, ci_high)} of the counted rows."""
     view = ResultStore(folder).read()
-    return {(r["run_id"], r["metric"], json.dumps(r["labels"], sort_keys=True)): (r["value"], r["ci_low"], r["ci_high"])
-            for r in view.rows}
+    return {
+        (r["run_id"], r["metric"], json.dumps(r["labels"], sort_keys=True)): (r["value"], r["ci_low"], r["ci_high"])
+        for r in view.rows
+    }
 
 
 def test_local_sweep_numbers_loads_once_resume_rerun(tmp_path, tiny_llama_dir, toy_eval, monkeypatch, capsys):
@@ -67,8 +72,14 @@ def test_local_sweep_numbers_loads_once_resume_rerun(tmp_path, tiny_llama_dir, t
         rows = {(r["metric"], r["labels"].get("half")): r for r in view.rows if r["run_id"] == rec["run_id"]}
         assert rows[("nll", None)]["value"] == pytest.approx(float(m["nll"].mean()), rel=1e-6)
         assert rows[("kl", None)]["value"] == pytest.approx(float(m["kl"].mean()), rel=1e-4, abs=1e-9)
-        assert rows[("nll", "first")]["scheme"] == rec["scheme"] and rows[("nll", "first")]["model"] == str(tiny_llama_dir)
-        assert rec["info"]["cpu_seconds"] >= 0 and rec["info"]["config_hash"] and rec["info"]["versions"]["torch"] == torch.__version__
+        assert rows[("nll", "first")]["scheme"] == rec["scheme"] and rows[("nll", "first")]["model"] == str(
+            tiny_llama_dir
+        )
+        assert (
+            rec["info"]["cpu_seconds"] >= 0
+            and rec["info"]["config_hash"]
+            and rec["info"]["versions"]["torch"] == torch.__version__
+        )
         assert rec["spec"]["scheme"] == rec["scheme"] and rec["rows"] == 4
         art = json.loads((out / "runs" / rec["run_id"][:16] / "toy.json").read_text())
         assert art == {"scheme": rec["scheme"], "nll": rows[("nll", None)]["value"]}
@@ -93,7 +104,10 @@ def test_failures_recorded_sweep_continues(tmp_path, tiny_llama_dir, toy_eval, c
     assert main(argv) == 1
     printed = capsys.readouterr().out
     assert "4 completed now, 1 failed" in printed
-    assert "FAILED" in printed and "fp8_e4m3/head/dynamic toy: RuntimeError: toy failure for fp8_e4m3/head/dynamic" in printed
+    assert (
+        "FAILED" in printed
+        and "fp8_e4m3/head/dynamic toy: RuntimeError: toy failure for fp8_e4m3/head/dynamic" in printed
+    )
     view = ResultStore(out).read()
     assert len(view.complete) == 4 and len(view.failed) == 1
     failed = next(iter(view.failed.values()))
@@ -108,8 +122,10 @@ def test_model_load_failure_fails_its_runs_only(tmp_path, tiny_llama_dir, toy_ev
     broken = tmp_path / "not-a-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    text = (f"models:\n  - '{broken}'\n  - '{tiny_llama_dir}'\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
-            "evals: {toy: {max_tokens: 8}}\n")
+    text = (
+        f"models:\n  - '{broken}'\n  - '{tiny_llama_dir}'\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+        "evals: {toy: {max_tokens: 8}}\n"
+    )
     (tmp_path / "g.yaml").write_text(text)
     assert main(["sweep", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
     printed = capsys.readouterr().out
@@ -182,12 +198,16 @@ def test_ray_executor_equals_local(tmp_path, tiny_llama_dir, toy_eval):
 
     # two model groups (the same folder, dtype given or not) on a 1-CPU cluster: the second actor
     # can only start once the first is released
-    text = (f"models:\n  - '{tiny_llama_dir}'\n  - {{name: '{tiny_llama_dir}', dtype: float32}}\n"
-            "schemes: [bf16, fp8_e4m3/head/dynamic]\nevals: {toy: {max_tokens: 16}}\n")
+    text = (
+        f"models:\n  - '{tiny_llama_dir}'\n  - {{name: '{tiny_llama_dir}', dtype: float32}}\n"
+        "schemes: [bf16, fp8_e4m3/head/dynamic]\nevals: {toy: {max_tokens: 16}}\n"
+    )
     (tmp_path / "g.yaml").write_text(text)
     grid = parse_grid(tmp_path / "g.yaml")
     local = run_sweep(grid, ResultStore(tmp_path / "local"), LocalExecutor(), progress=False, workdir=tmp_path / "c1")
-    remote = run_sweep(grid, ResultStore(tmp_path / "ray"), RayExecutor(num_cpus=1), progress=False, workdir=tmp_path / "c2")
+    remote = run_sweep(
+        grid, ResultStore(tmp_path / "ray"), RayExecutor(num_cpus=1), progress=False, workdir=tmp_path / "c2"
+    )
     assert local.completed == remote.completed == 4 and not remote.failures
     assert values(tmp_path / "local") == values(tmp_path / "ray")
     assert len(values(tmp_path / "ray")) == 16
@@ -207,8 +227,10 @@ def test_resume_recomputes_runs_of_other_code(tmp_path, tiny_llama_dir, toy_eval
     argv = ["sweep", str(grid), "--out", str(out), "--no-progress", "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     printed = capsys.readouterr()
-    assert printed.out.splitlines()[-2:] == [f"results: {out / 'results.jsonl'}",
-                                             f"see the table: python -m evalkit report {out} --format md"]
+    assert printed.out.splitlines()[-2:] == [
+        f"results: {out / 'results.jsonl'}",
+        f"see the table: python -m evalkit report {out} --format md",
+    ]
     assert "other code" not in printed.err
     old = code_identity.code_identity()
     for rec in ResultStore(out).read().complete.values():
@@ -218,8 +240,10 @@ def test_resume_recomputes_runs_of_other_code(tmp_path, tiny_llama_dir, toy_eval
     monkeypatch.setattr(code_identity, "code_identity", lambda: new)
     assert main(argv) == 0
     printed = capsys.readouterr()
-    assert (f"store {out}: 3 runs from other code will be recomputed (evalkit code {old[:15]} -> sha256:eeeeeeee); "
-            "the report shows the new rows") in printed.err
+    assert (
+        f"store {out}: 3 runs from other code will be recomputed (evalkit code {old[:15]} -> sha256:eeeeeeee); "
+        "the report shows the new rows"
+    ) in printed.err
     assert "3 runs, 0 already done, 3 completed now (3 replacing runs of other code), 0 failed" in printed.out
     view = ResultStore(out).read()
     assert len(view.complete) == 6  # the old records stay in the append-only file
@@ -237,8 +261,10 @@ def test_lmeval_warnings_and_bars_go_to_the_runs_log(tmp_path, tiny_llama_dir, c
     import logging
 
     handlers = {n: list(logging.getLogger(n).handlers) for n in ("lm_eval", "lm-eval")}
-    text = (f"models: ['{tiny_llama_dir}']\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
-            "evals: {lmeval: {tasks: [evalkit_topics_ppl], limit: 2, bootstrap_iters: 0}}\n")
+    text = (
+        f"models: ['{tiny_llama_dir}']\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+        "evals: {lmeval: {tasks: [evalkit_topics_ppl], limit: 2, bootstrap_iters: 0}}\n"
+    )
     (tmp_path / "g.yaml").write_text(text)
     out = tmp_path / "out"
     assert main(["sweep", str(tmp_path / "g.yaml"), "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0

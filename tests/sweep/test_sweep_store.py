@@ -11,13 +11,21 @@ import pytest
 
 from evalkit.sweep.grid import GridError, parse_grid
 from evalkit.sweep.store import ResultStore, RunOutcome, merge_stores, read_records
-from tests.sweep.test_sweep_evals import toy_eval  # noqa: F401  (fixture)
 
 
 def outcome(run_id: str, n: int, value: float = 1.0, ok: bool = True, payload: int = 0) -> RunOutcome:
     spec = {"model": {"name": "m"}, "scheme": "bf16", "eval": "toy", "params": {}}
-    rows = [{"metric": f"m{i}", "value": value + i, "ci_low": None, "ci_high": None, "labels": {"i": i},
-             "info": {"pad": "x" * payload}} for i in range(n)]
+    rows = [
+        {
+            "metric": f"m{i}",
+            "value": value + i,
+            "ci_low": None,
+            "ci_high": None,
+            "labels": {"i": i},
+            "info": {"pad": "x" * payload},
+        }
+        for i in range(n)
+    ]
     return RunOutcome(run_id, spec, ok, rows if ok else [], error=None if ok else "RuntimeError: boom")
 
 
@@ -98,7 +106,7 @@ def test_two_writer_processes_no_torn_lines(tmp_path):
     assert len(records) == 2 * 40 * 13
     # each run's 12 rows and its completion record are contiguous: never interleaved
     for start in range(0, len(records), 13):
-        block = records[start:start + 13]
+        block = records[start : start + 13]
         assert len({r["run_id"] for r in block}) == 1 and block[-1]["type"] == "complete"
         assert all(r["info"]["pad"] == block[0]["run_id"][0] * 8000 for r in block[:-1])
     view = read_records(tmp_path / "results.jsonl")

@@ -52,15 +52,21 @@ def median_interval(n: int, confidence: float = 0.95) -> tuple[int, int, float] 
     return best
 
 
-def censored_median(steps: np.ndarray, horizon: int, confidence: float = 0.95) -> tuple[float, float | None, float | None, dict]:
+def censored_median(
+    steps: np.ndarray, horizon: int, confidence: float = 0.95
+) -> tuple[float, float | None, float | None, dict]:
     """(median, low, high, info) of first-divergence steps censored at ``horizon`` (see module doc)."""
     x = np.sort(np.asarray(steps, dtype=np.int64))
     n = len(x)
     if n == 0:
         return math.nan, None, None, {}
     median = float(x[math.ceil(n / 2) - 1])
-    info = {"censored": bool(median >= horizon), "horizon": horizon, "median": "Kaplan-Meier (lower) median",
-            "interval": "exact order-statistic interval for the median (none below 6 sequences)"}
+    info = {
+        "censored": bool(median >= horizon),
+        "horizon": horizon,
+        "median": "Kaplan-Meier (lower) median",
+        "interval": "exact order-statistic interval for the median (none below 6 sequences)",
+    }
     ranks = median_interval(n, confidence)
     if ranks is None:
         return median, None, None, info

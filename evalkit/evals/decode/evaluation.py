@@ -71,13 +71,23 @@ from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import backend_of, stamp
 from evalkit.evals.base import Column, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
-from evalkit.evals.output_head import OutputHead, check_free_space, load_or_build, publish, temp_dir
-from evalkit.models.info import weights_fingerprint
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
-from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
+from evalkit.evals.kl_topk import (
+    BYTES_PER_POSITION,
+    METHOD,
+    SCALAR_DTYPES,
+    TAIL_SAMPLES,
+    TOP_K,
+    kl_from_summary,
+    summarize,
+)
+from evalkit.evals.output_head import OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.evals.stats import paired_bootstrap_ci
+from evalkit.models.info import weights_fingerprint
 
-FORMAT_VERSION = 3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
+FORMAT_VERSION = (
+    3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
+)
 SCALARS = tuple(SCALAR_DTYPES)  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, T, width) each, as .npy memory maps
 SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
@@ -87,14 +97,24 @@ SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
 class DecodeParams(Params):
     """The decode evaluation's parameters: grid keys are the field names, CLI flags ``--decode-<field>``."""
 
-    corpus: str = param("embedded", "corpus: embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+    corpus: str = param(
+        "embedded", "corpus: embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]"
+    )
     prefill: int = param(512, "prompt tokens P per sequence, BOS included (default 512)", low=1, baseline=True)
-    decode: int = param(1536, "generated tokens T per sequence (default 1536)", low=1, baseline=True, flag="--decode-tokens")
+    decode: int = param(
+        1536, "generated tokens T per sequence (default 1536)", low=1, baseline=True, flag="--decode-tokens"
+    )
     sequences: int = param(4, "sequences N cut from the corpus (default 4)", low=1, baseline=True)
-    batch_size: int = param(8, "rows per forward; each sequence is two rows, teacher-forced and free-running (default 8)",
-                            low=1, baseline=True)
+    batch_size: int = param(
+        8,
+        "rows per forward; each sequence is two rows, teacher-forced and free-running (default 8)",
+        low=1,
+        baseline=True,
+    )
     buckets: int = param(8, "equal-width position buckets over the decoded tokens (default 8)", low=1)
-    bos: bool | None = param(None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)", baseline=True)
+    bos: bool | None = param(
+        None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)", baseline=True
+    )
     bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
     seed: int = param(0, "bootstrap seed (default 0)", low=0)
 
@@ -113,8 +133,10 @@ def sequence_starts(n_tokens: int, span: int, sequences: int) -> list[int]:
     """Evenly spaced, non-overlapping starts of ``sequences`` spans of ``span`` corpus tokens."""
     need = sequences * span
     if n_tokens < need:
-        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than {sequences} sequences x {span} tokens = {need}: "
-                           "use a longer corpus or fewer --decode-sequences / a shorter --decode-prefill or --decode-tokens")
+        raise EvalkitError(
+            f"the corpus has {n_tokens} tokens, fewer than {sequences} sequences x {span} tokens = {need}: "
+            "use a longer corpus or fewer --decode-sequences / a shorter --decode-prefill or --decode-tokens"
+        )
     if sequences == 1:
         return [0]
     return [i * (n_tokens - span) // (sequences - 1) for i in range(sequences)]
@@ -125,9 +147,21 @@ class DecodeEval(Evaluation):
     Params = DecodeParams
     summary_metrics = ("kl_mean", "top1_agreement", "nll_delta", "free_kl_mean", "first_divergence", "identical_share")
     report = ReportSpec(
-        columns=(Column("kl_mean", key="decode_kl_last", heading="decode KL (last bucket)", fmt=".3g", interval=True,
-                        baseline="", labels="last:bucket"),),
-        notes=("evalkit.evals.decode.report:notes",), plots=("evalkit.report.plots:decode_figures",), order=20)
+        columns=(
+            Column(
+                "kl_mean",
+                key="decode_kl_last",
+                heading="decode KL (last bucket)",
+                fmt=".3g",
+                interval=True,
+                baseline="",
+                labels="last:bucket",
+            ),
+        ),
+        notes=("evalkit.evals.decode.report:notes",),
+        plots=("evalkit.report.plots:decode_figures",),
+        order=20,
+    )
 
     @classmethod
     def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
@@ -140,18 +174,22 @@ class DecodeEval(Evaluation):
         p = DecodeParams(**self.params)
         tok = lm.tokenizer
         if lm.max_length is not None and p.length > lm.max_length:
-            raise EvalkitError(f"prefill + decode = {p.prefill} + {p.decode} = {p.length} tokens is longer than the model's "
-                               f"maximum {lm.max_length}: lower --decode-prefill or --decode-tokens")
+            raise EvalkitError(
+                f"prefill + decode = {p.prefill} + {p.decode} = {p.length} tokens is longer than the model's "
+                f"maximum {lm.max_length}: lower --decode-prefill or --decode-tokens"
+            )
         bos = tokenizer_adds_bos(tok) if p.bos is None else p.bos
         if bos and tok.bos_token_id is None:
             raise EvalkitError("--decode-bos was asked for but the tokenizer has no BOS token: use --no-decode-bos")
         if bos and p.prefill < 2:
-            raise EvalkitError("with BOS the prefill needs at least 2 tokens (BOS and one of text): use --decode-prefill 2 or more")
+            raise EvalkitError(
+                "with BOS the prefill needs at least 2 tokens (BOS and one of text): use --decode-prefill 2 or more"
+            )
         corpus = load_corpus(p.corpus)
         ids = tokenize_corpus(corpus, tok, Path(workdir))
         span = p.length - int(bos)
         self.starts = sequence_starts(len(ids), span, p.sequences)
-        seqs = torch.stack([ids[s: s + span] for s in self.starts])
+        seqs = torch.stack([ids[s : s + span] for s in self.starts])
         if bos:
             seqs = torch.cat([torch.full((p.sequences, 1), tok.bos_token_id, dtype=seqs.dtype), seqs], dim=1)
         self.p, self.bos, self.corpus = p, bos, corpus
@@ -165,10 +203,19 @@ class DecodeEval(Evaluation):
 
         model, tok, corpus = lm.model, lm.tokenizer, self.corpus
         self.head = OutputHead(model, "decode")
-        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=weights_fingerprint(model),
-                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=corpus.sha256,
-                   tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__,
-                   transformers=transformers.__version__)
+        key = dict(
+            version=FORMAT_VERSION,
+            model=lm.name,
+            config=lm.config_hash,
+            weights=weights_fingerprint(model),
+            dtype=str(next(model.parameters()).dtype),
+            device=lm.device.type,
+            corpus=corpus.sha256,
+            tokenizer=tokenizer_fingerprint(tok),
+            protocol=self.protocol,
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+        )
         self.dir = Path(workdir) / "decode" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
         self.inputs = base["tokens"]
@@ -189,13 +236,21 @@ class DecodeEval(Evaluation):
         except (OSError, ValueError, SafetensorError):
             return None
         rows, steps = self._shape
-        if (any(k not in base or base[k].shape != (rows, steps) or base[k].dtype != SCALAR_DTYPES[k] for k in SCALARS) or "tokens" not in base
-                or base["tokens"].shape != self.inputs.shape
-                or any(a.shape != (rows, steps, self._width(name)) or a.dtype != np.dtype(ARRAYS[name])
-                       for name, a in arrays.items())):
+        if (
+            any(k not in base or base[k].shape != (rows, steps) or base[k].dtype != SCALAR_DTYPES[k] for k in SCALARS)
+            or "tokens" not in base
+            or base["tokens"].shape != self.inputs.shape
+            or any(
+                a.shape != (rows, steps, self._width(name)) or a.dtype != np.dtype(ARRAYS[name])
+                for name, a in arrays.items()
+            )
+        ):
             return None
         n, prefill = self.p.sequences, self.p.prefill  # the same text and prompts (a hash collision aside)
-        if not (torch.equal(base["tokens"][:n], self.inputs[:n]) and torch.equal(base["tokens"][n:, :prefill], self.inputs[n:, :prefill])):
+        if not (
+            torch.equal(base["tokens"][:n], self.inputs[:n])
+            and torch.equal(base["tokens"][n:, :prefill], self.inputs[n:, :prefill])
+        ):
             return None
         return {**base, **arrays}
 
@@ -206,13 +261,19 @@ class DecodeEval(Evaluation):
         from evalkit.kv.scheme import Scheme
 
         (rows, steps), vocab = self._shape, self.head.vocab
-        check_free_space(self.dir.parent, rows * steps * BYTES_PER_POSITION,
-                         f"the baseline summaries ({rows} rows x {steps} tokens x {BYTES_PER_POSITION} B)",
-                         "lower --sequences/--decode or use --cache-dir on a bigger disk")
+        check_free_space(
+            self.dir.parent,
+            rows * steps * BYTES_PER_POSITION,
+            f"the baseline summaries ({rows} rows x {steps} tokens x {BYTES_PER_POSITION} B)",
+            "lower --sequences/--decode or use --cache-dir on a bigger disk",
+        )
         tmp = temp_dir(self.dir)
-        arrays = {name: np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype),
-                                                  shape=(rows, steps, self._width(name)))
-                  for name, dtype in ARRAYS.items()}
+        arrays = {
+            name: np.lib.format.open_memmap(
+                tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype), shape=(rows, steps, self._width(name))
+            )
+            for name, dtype in ARRAYS.items()
+        }
         out = {k: torch.empty(rows, steps, dtype=dtype, device=lm.device) for k, dtype in SCALAR_DTYPES.items()}
         tokens = self.inputs.clone()
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
@@ -231,8 +292,13 @@ class DecodeEval(Evaluation):
         from safetensors.torch import save_file
 
         save_file({**{k: v.cpu() for k, v in out.items()}, "tokens": tokens}, tmp / "baseline.safetensors")
-        (tmp / "meta.json").write_text(json.dumps({**key, "rows": rows, "vocab": vocab, "corpus_name": self.corpus.name,
-                                                   "starts": self.starts}, indent=1, sort_keys=True))
+        (tmp / "meta.json").write_text(
+            json.dumps(
+                {**key, "rows": rows, "vocab": vocab, "corpus_name": self.corpus.name, "starts": self.starts},
+                indent=1,
+                sort_keys=True,
+            )
+        )
         publish(tmp, self.dir)
 
     def run_pass(self, lm, scheme, tokens: torch.Tensor, record, free: torch.Tensor | None = None) -> None:
@@ -244,8 +310,12 @@ class DecodeEval(Evaluation):
         from evalkit.integration.install import quantized_kv
 
         p, device = self.p, lm.device
-        bar = tqdm(total=tokens.shape[0] * p.decode, desc=f"decode {scheme}", leave=False,
-                   disable=os.environ.get("EVALKIT_PROGRESS") == "0")
+        bar = tqdm(
+            total=tokens.shape[0] * p.decode,
+            desc=f"decode {scheme}",
+            leave=False,
+            disable=os.environ.get("EVALKIT_PROGRESS") == "0",
+        )
         with quantized_kv(lm.model, scheme) as session, torch.inference_mode(), bar:
             for b0 in range(0, tokens.shape[0], p.batch_size):
                 sl = slice(b0, b0 + p.batch_size)
@@ -279,9 +349,15 @@ class DecodeEval(Evaluation):
             nll[sl, j], agree[sl, j] = step_nll, top == base["argmax"][sl, j]
 
         def collect() -> dict[str, np.ndarray]:
-            return {"kl": kl.double().cpu().numpy(), "agree": agree.cpu().numpy(), "nll": nll.double().cpu().numpy(),
-                    "base_nll": self.base["nll"].double().numpy(), "kl_lower": lower.double().cpu().numpy(),
-                    "kl_var": var.double().cpu().numpy(), "tail_mass": self.base["log_tail"].double().exp().numpy()}
+            return {
+                "kl": kl.double().cpu().numpy(),
+                "agree": agree.cpu().numpy(),
+                "nll": nll.double().cpu().numpy(),
+                "base_nll": self.base["nll"].double().numpy(),
+                "kl_lower": lower.double().cpu().numpy(),
+                "kl_var": var.double().cpu().numpy(),
+                "tail_mass": self.base["log_tail"].double().exp().numpy(),
+            }
 
         return record, collect
 
@@ -311,42 +387,74 @@ class DecodeEval(Evaluation):
         n = self.p.sequences
         row = np.repeat(np.arange(rows), steps)
         folder.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"kind": np.where(row < n, "corpus", "greedy"), "sequence": row % n,
-                      "start": np.array(self.starts)[row % n], "position": np.tile(np.arange(steps), rows) + self.p.prefill,
-                      "kl": (pos["kl"] if pos["kl"] is not None else pos["kl_lower"]).ravel(), "top1_agree": pos["agree"].ravel(), "nll": pos["nll"].ravel(),
-                      "base_nll": pos["base_nll"].ravel()}).to_csv(folder / "decode_positions.csv", index=False)
+        pd.DataFrame(
+            {
+                "kind": np.where(row < n, "corpus", "greedy"),
+                "sequence": row % n,
+                "start": np.array(self.starts)[row % n],
+                "position": np.tile(np.arange(steps), rows) + self.p.prefill,
+                "kl": (pos["kl"] if pos["kl"] is not None else pos["kl_lower"]).ravel(),
+                "top1_agree": pos["agree"].ravel(),
+                "nll": pos["nll"].ravel(),
+                "base_nll": pos["base_nll"].ravel(),
+            }
+        ).to_csv(folder / "decode_positions.csv", index=False)
 
     # ---- rows ------------------------------------------------------------------------------
     def rows(self, pos: dict[str, np.ndarray]) -> list[MetricRow]:
         p, n = self.p, self.p.sequences
         # the emulation's provenance is its baseline cache; another backend's comes with its positions
         source = pos["info"] if "info" in pos else dict(baseline_cache=self.dir.name, kl_method=METHOD)
-        info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_sequences=n,
-                    starts=self.starts, bootstrap_samples=p.bootstrap_samples, seed=p.seed,
-                    ci="95% paired percentile bootstrap over sequences", **source,
-                    positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction")
+        info = dict(
+            protocol=self.protocol,
+            corpus=self.corpus.name,
+            corpus_sha256=self.corpus.sha256,
+            n_sequences=n,
+            starts=self.starts,
+            bootstrap_samples=p.bootstrap_samples,
+            seed=p.seed,
+            ci="95% paired percentile bootstrap over sequences",
+            **source,
+            positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction",
+        )
         # only a proven lower bound (a top-k backend): the KL rows are named for it, as perplexity's
-        kl, (kl_name, free_name) = (pos["kl"], ("kl_mean", "free_kl_mean")) if pos["kl"] is not None else \
-            (pos["kl_lower"], ("kl_lower_bound", "free_kl_lower_bound"))
+        kl, (kl_name, free_name) = (
+            (pos["kl"], ("kl_mean", "free_kl_mean"))
+            if pos["kl"] is not None
+            else (pos["kl_lower"], ("kl_lower_bound", "free_kl_lower_bound"))
+        )
         edges = step_bucket_edges(p.decode, p.buckets)
-        groups = [({}, slice(0, p.decode))] + [({"bucket": f"{p.prefill + a}-{p.prefill + b - 1}"}, slice(a, b))
-                                                for a, b in zip(edges, edges[1:])]
+        groups = [({}, slice(0, p.decode))] + [
+            ({"bucket": f"{p.prefill + a}-{p.prefill + b - 1}"}, slice(a, b)) for a, b in zip(edges, edges[1:])
+        ]
         tf, fr = slice(0, n), slice(n, 2 * n)
         out = []
         for labels, cols in groups:
-            out += self._mean_rows(labels, info, {
-                kl_name: (kl[tf, cols], None),
-                "top1_agreement": (pos["agree"][tf, cols], None),
-                "nll_delta": (pos["nll"][tf, cols], pos["base_nll"][tf, cols]),
-                free_name: (kl[fr, cols], None)}, {
-                kl_name: _kl_info(pos, tf, cols), free_name: _kl_info(pos, fr, cols)})
+            out += self._mean_rows(
+                labels,
+                info,
+                {
+                    kl_name: (kl[tf, cols], None),
+                    "top1_agreement": (pos["agree"][tf, cols], None),
+                    "nll_delta": (pos["nll"][tf, cols], pos["base_nll"][tf, cols]),
+                    free_name: (kl[fr, cols], None),
+                },
+                {kl_name: _kl_info(pos, tf, cols), free_name: _kl_info(pos, fr, cols)},
+            )
             out.append(MetricRow("n_tokens", float(n * (cols.stop - cols.start)), labels=dict(labels), info=info))
         steps = first_divergence(pos["agree"][fr])
         median, low, high, m_info = censored_median(steps, p.decode)
         out.append(MetricRow("first_divergence", median, low, high, info={**info, **m_info, "steps": steps.tolist()}))
         share, s_low, s_high, k = identical_share(steps, p.decode)
-        out.append(MetricRow("identical_share", share, s_low, s_high,
-                             info={**info, "identical": k, "ci": "95% Wilson interval over sequences"}))
+        out.append(
+            MetricRow(
+                "identical_share",
+                share,
+                s_low,
+                s_high,
+                info={**info, "identical": k, "ci": "95% Wilson interval over sequences"},
+            )
+        )
         return out
 
     def _mean_rows(self, labels: dict, info: dict, metrics: dict, extra: dict) -> list[MetricRow]:
@@ -373,5 +481,8 @@ def _kl_info(pos: dict, rows: slice, cols: slice) -> dict:
     if pos["kl_var"] is None:  # a bound only: what it leaves out
         return {"kl_bound": True, "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean())}
     var = pos["kl_var"][rows, cols]
-    return {"kl_lower_bound": float(pos["kl_lower"][rows, cols].mean()), "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean()),
-            "kl_sampling_se": float(math.sqrt(var.sum()) / var.size)}
+    return {
+        "kl_lower_bound": float(pos["kl_lower"][rows, cols].mean()),
+        "kl_tail_mass": float(pos["tail_mass"][rows, cols].mean()),
+        "kl_sampling_se": float(math.sqrt(var.sum()) / var.size),
+    }

@@ -37,8 +37,9 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def decode_logits(model, head, session, ids: torch.Tensor, mask: torch.Tensor, prefill: int,
-                  free: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+def decode_logits(
+    model, head, session, ids: torch.Tensor, mask: torch.Tensor, prefill: int, free: torch.Tensor | None = None
+) -> Iterator[torch.Tensor]:
     """Yield logits (B, vocab) predicting positions ``prefill, ..., L-1`` of ``ids`` (B, L), in order.
 
     ``session``: the :class:`~evalkit.integration.install.KVSession` of the enclosing
@@ -50,8 +51,12 @@ def decode_logits(model, head, session, ids: torch.Tensor, mask: torch.Tensor, p
     pos = position_ids(mask)
     backbone = model.base_model
     cache = session.new_cache(mask[:, :prefill])
-    out = backbone(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill],
-                   **cache_inputs(backbone, cache))
+    out = backbone(
+        input_ids=ids[:, :prefill],
+        attention_mask=mask[:, :prefill],
+        position_ids=pos[:, :prefill],
+        **cache_inputs(backbone, cache),
+    )
     hidden = out.last_hidden_state[:, -1]
     del out
     for t in range(prefill, length):
@@ -60,7 +65,11 @@ def decode_logits(model, head, session, ids: torch.Tensor, mask: torch.Tensor, p
             ids[:, t] = torch.where(free, logits.argmax(-1), ids[:, t])
         yield logits
         if t + 1 < length:
-            out = backbone(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=pos[:, t:t + 1],
-                           **cache_inputs(backbone, cache))
+            out = backbone(
+                input_ids=ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                **cache_inputs(backbone, cache),
+            )
             hidden = out.last_hidden_state[:, -1]
             del out

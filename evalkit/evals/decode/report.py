@@ -22,6 +22,8 @@ def notes(frame: pd.DataFrame) -> list[str]:
     buckets = sorted(set(frame[f"{LAST}_bucket"].dropna()), key=_bucket_start)
     if not buckets:
         return []
-    return [f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
-            f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
-            "95 % bootstrap interval over sequences"]
+    return [
+        f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
+        f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
+        "95 % bootstrap interval over sequences"
+    ]

@@ -20,6 +20,11 @@ def decode_work(params: dict, facts) -> Work:
             fw.append(Forwards(calls * (p.decode - 1), r, 1, p.prefill + p.decode / 2))
     n_rows = 5 * len(step_bucket_edges(p.decode, p.buckets)) + 2
     fw_t = tuple(fw)
-    return Work("decode", rows * p.length, fw_t, baseline=fw_t,
-                baseline_bytes=rows * p.decode * BYTES_PER_POSITION + 8 * rows * p.length,
-                store_bytes=n_rows * ROW_BYTES + 84 * rows * p.decode)
+    return Work(
+        "decode",
+        rows * p.length,
+        fw_t,
+        baseline=fw_t,
+        baseline_bytes=rows * p.decode * BYTES_PER_POSITION + 8 * rows * p.length,
+        store_bytes=n_rows * ROW_BYTES + 84 * rows * p.decode,
+    )

@@ -28,9 +28,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from evalkit.data.resources import resource_dir
 from evalkit.errors import EvalkitError
 from evalkit.models.hub import hub_reachable
-from evalkit.data.resources import resource_dir
 
 TASKS_DIR = resource_dir("tasks") / "lmeval"
 _NETWORK_ERRORS = ("ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
@@ -58,8 +58,9 @@ def task_manager(paths: tuple[str, ...], include_defaults: bool, metadata_json: 
     ``lm_eval`` command line does with ``--model_args`` (ruler, for one, reads ``pretrained``)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(paths), include_defaults=include_defaults,
-                       metadata=json.loads(metadata_json) or None)
+    return TaskManager(
+        include_path=list(paths), include_defaults=include_defaults, metadata=json.loads(metadata_json) or None
+    )
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ def resolve_tasks(names: list[str], extra_paths: tuple[str, ...] = (), metadata:
         for n in unknown:
             near = difflib.get_close_matches(n, full.all_tasks, n=5, cutoff=0.6)
             parts.append(f"{n!r} (nearest: {', '.join(near)})" if near else repr(n))
-        raise EvalkitError(f"unknown lm-eval task {'; '.join(parts)}: see `lm_eval ls tasks` or the YAMLs in {TASKS_DIR}")
+        raise EvalkitError(
+            f"unknown lm-eval task {'; '.join(parts)}: see `lm_eval ls tasks` or the YAMLs in {TASKS_DIR}"
+        )
     return TaskSet(tuple(names), full, external)
 
 
@@ -135,10 +138,15 @@ def network_guard(tasks: TaskSet):
             yield
     except Exception as exc:
         if _network_error(exc):
-            where = ("the Hugging Face hub is unreachable (offline) and its data is not in the local datasets cache"
-                     if offline else "its data could not be downloaded")
-            raise EvalkitError(f"lm-eval task {', '.join(tasks.external or tasks.names)} needs the network: {where}; "
-                               f"run it online once to fill the cache, or use the offline tasks in {TASKS_DIR}") from None
+            where = (
+                "the Hugging Face hub is unreachable (offline) and its data is not in the local datasets cache"
+                if offline
+                else "its data could not be downloaded"
+            )
+            raise EvalkitError(
+                f"lm-eval task {', '.join(tasks.external or tasks.names)} needs the network: {where}; "
+                f"run it online once to fill the cache, or use the offline tasks in {TASKS_DIR}"
+            ) from None
         raise
 
 
@@ -180,8 +188,9 @@ LOGGERS = ("lm_eval", "lm-eval")  # lm-eval's modules log under lm_eval.*; some 
 LOG_NAME = "lmeval.log"
 
 
-def run_lm_eval(hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None,
-                bootstrap_iters: int = 100000) -> dict[str, Any]:
+def run_lm_eval(
+    hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None, bootstrap_iters: int = 100000
+) -> dict[str, Any]:
     """One call of lm-eval's evaluator with per-item samples logged and no request cache.
 
     Inside a sweep run (:func:`evalkit.runtime.runlog.run_folder`), lm-eval's log records (task-config
@@ -194,9 +203,17 @@ def run_lm_eval(hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | N
     log = current_log(LOG_NAME)
     with network_guard(tasks), _without_env_report(), to_log(log, LOGGERS, f"lm-eval {', '.join(tasks.names)}"):
         results = lm_eval.simple_evaluate(
-            model=hflm, tasks=list(tasks.names), num_fewshot=num_fewshot, limit=limit, task_manager=tasks.manager,
-            log_samples=True, use_cache=None, cache_requests=False, bootstrap_iters=bootstrap_iters,
-            verbosity=None if log else "WARNING")  # None: lm-eval leaves the logging set-up to_log made alone
+            model=hflm,
+            tasks=list(tasks.names),
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=tasks.manager,
+            log_samples=True,
+            use_cache=None,
+            cache_requests=False,
+            bootstrap_iters=bootstrap_iters,
+            verbosity=None if log else "WARNING",
+        )  # None: lm-eval leaves the logging set-up to_log made alone
     if results is None:
         raise EvalkitError("lm-eval returned no results (non-zero rank?): run evalkit in a single process")
     return results

@@ -61,7 +61,9 @@ def parse_batch_size(value) -> int | str | None:
     if text.lower() == "auto":
         return "auto"
     if isinstance(value, bool) or not (isinstance(value, int) or text.isdecimal()) or int(text) < 1:
-        raise EvalkitError(f"lmeval batch_size (--lmeval-batch-size) must be a whole number >= 1 or 'auto', got {value!r}")
+        raise EvalkitError(
+            f"lmeval batch_size (--lmeval-batch-size) must be a whole number >= 1 or 'auto', got {value!r}"
+        )
     return int(text)
 
 
@@ -80,7 +82,7 @@ def loglikelihood_calls(requests, max_length: int) -> list[tuple[dict[tuple[int,
     calls: list[tuple[dict[tuple[int, ...], int], list[int]]] = []
     seen: dict[tuple[int, ...], list[int]] = {}  # stripped input -> its distinct lengths, one call each
     for i, (_, context, continuation) in enumerate(requests):
-        inp = (list(context) + list(continuation))[-(max_length + 1):][:-1]
+        inp = (list(context) + list(continuation))[-(max_length + 1) :][:-1]
         key = _strip_pad(inp)
         lengths = seen.setdefault(key, [])
         if len(inp) not in lengths:
@@ -136,7 +138,7 @@ def _rowwise_handler(lengths: list[int], skip_causal_mask: bool):
             return inner(module, query, key, value, attention_mask, **kwargs)
         out = None
         for i, n in enumerate(lengths):
-            mask = None if attention_mask is None else attention_mask[i:i + 1, ..., :n, :n]
+            mask = None if attention_mask is None else attention_mask[i : i + 1, ..., :n, :n]
             if mask is not None and skip_causal_mask:  # sdpa: a batch of one passes no mask for plain causal attention
                 cache_key = (attention_mask.data_ptr(), i)
                 if cache_key not in causal:
@@ -144,7 +146,9 @@ def _rowwise_handler(lengths: list[int], skip_causal_mask: bool):
                     tril = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril_()
                     causal[cache_key] = bool((allowed == tril).all())
                 mask = None if causal[cache_key] else mask
-            row, _ = inner(module, query[i:i + 1, :, :n], key[i:i + 1, :, :n], value[i:i + 1, :, :n], mask, **kwargs)
+            row, _ = inner(
+                module, query[i : i + 1, :, :n], key[i : i + 1, :, :n], value[i : i + 1, :, :n], mask, **kwargs
+            )
             if out is None:
                 out = row.new_zeros(b, q_len, *row.shape[2:])
             out[i, :n] = row[0]
@@ -170,8 +174,9 @@ def hflm_class(quiet: bool):
             for lengths, idx in loglikelihood_calls(requests, self.max_length):
                 self._lengths = lengths
                 try:
-                    res = super()._loglikelihood_tokens([requests[i] for i in idx], disable_tqdm=disable_tqdm,
-                                                        override_bs=override_bs)
+                    res = super()._loglikelihood_tokens(
+                        [requests[i] for i in idx], disable_tqdm=disable_tqdm, override_bs=override_bs
+                    )
                 finally:
                     self._lengths = None
                 for i, r in zip(idx, res, strict=True):
@@ -195,12 +200,19 @@ def hflm_class(quiet: bool):
                 return super()._model_call(inps)
             n = torch.tensor(lengths, device=inps.device)
             mask = (torch.arange(inps.shape[1], device=inps.device)[None, :] < n[:, None]).long()
-            with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
-                                                 enabled=self.mixed_precision_dtype is not None), \
-                    rowwise_attention(self.model, lengths):
+            with (
+                torch.no_grad(),
+                torch.autocast(
+                    device_type=self.device.type,
+                    dtype=self.mixed_precision_dtype,
+                    enabled=self.mixed_precision_dtype is not None,
+                ),
+                rowwise_attention(self.model, lengths),
+            ):
                 return self.model(inps, attention_mask=mask).logits
 
         if quiet:  # lm-eval's evaluator cannot ask for quiet request loops
+
             def loglikelihood(self, requests, disable_tqdm: bool = False):
                 return super().loglikelihood(requests, disable_tqdm=True)
 

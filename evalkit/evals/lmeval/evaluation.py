@@ -102,18 +102,33 @@ def _count(name: str, minimum: int):
 class LmEvalParams(Params):
     """The lmeval evaluation's parameters: grid keys are the field names, CLI flags ``--lmeval-<field>``."""
 
-    tasks: list = param(help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})",
-                        parse=_tasks, factory=lambda: list(DEFAULT_TASKS))
+    tasks: list = param(
+        help=f"comma-separated lm-eval tasks: built-in names or YAMLs in tasks/lmeval (default {','.join(DEFAULT_TASKS)})",
+        parse=_tasks,
+        factory=lambda: list(DEFAULT_TASKS),
+    )
     num_fewshot: int | None = param(None, "few-shot examples (default: the task's own)", parse=_count("num_fewshot", 0))
     limit: int | None = param(None, "evaluate only the first N items of each task", parse=_count("limit", 1))
-    batch_size: int | str | None = param(None, "HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
-                                               "every batch size gives batch size 1's log-likelihoods (padding is masked)",
-                                         parse=_batch_size, metavar="N|auto")
-    include: list = param(help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list)
-    bootstrap_iters: int = param(100000, "lm-eval's bootstrap iterations for its standard errors (default 100000)",
-                                 parse=_count("bootstrap_iters", 0))
-    metadata: dict = param(help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' "
-                                "for ruler", parse=_metadata, factory=dict)
+    batch_size: int | str | None = param(
+        None,
+        "HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU); "
+        "every batch size gives batch size 1's log-likelihoods (padding is masked)",
+        parse=_batch_size,
+        metavar="N|auto",
+    )
+    include: list = param(
+        help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list
+    )
+    bootstrap_iters: int = param(
+        100000,
+        "lm-eval's bootstrap iterations for its standard errors (default 100000)",
+        parse=_count("bootstrap_iters", 0),
+    )
+    metadata: dict = param(
+        help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler",
+        parse=_metadata,
+        factory=dict,
+    )
 
     def check(self) -> None:
         from evalkit.evals.lmeval.adapter import resolve_tasks
@@ -126,9 +141,11 @@ class LmEvalEval(Evaluation):
     Params = LmEvalParams
     summary_metrics: ClassVar[tuple[str, ...]] = ()
     report = ReportSpec(
-        frames=("evalkit.evals.lmeval.report:frame",), displays=("evalkit.evals.lmeval.report:display",),
+        frames=("evalkit.evals.lmeval.report:frame",),
+        displays=("evalkit.evals.lmeval.report:display",),
         criteria=(Criterion("{task} flips", "*/flip_rate", "max_flip_rate", True, "{task} flips", digits=1),),
-        order=40)
+        order=40,
+    )
 
     @classmethod
     def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
@@ -164,9 +181,19 @@ class LmEvalEval(Evaluation):
         self.baseline_items = items_from_results(results)
         self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
         self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.baseline_path.with_name(f"{self.baseline_path.name}.{os.getpid()}.tmp")  # this process's own: workers of one model may share the cache
-        tmp.write_text(json.dumps({"key": key, "items": self.baseline_items, "summary": self.baseline_summary,
-                                   "samples": _jsonable(results["samples"])}))
+        tmp = self.baseline_path.with_name(
+            f"{self.baseline_path.name}.{os.getpid()}.tmp"
+        )  # this process's own: workers of one model may share the cache
+        tmp.write_text(
+            json.dumps(
+                {
+                    "key": key,
+                    "items": self.baseline_items,
+                    "summary": self.baseline_summary,
+                    "samples": _jsonable(results["samples"]),
+                }
+            )
+        )
         tmp.replace(self.baseline_path)  # complete file appears last
 
     def _run(self, lm, scheme) -> dict:
@@ -176,8 +203,9 @@ class LmEvalEval(Evaluation):
         p = self.params
         with backend_of(self).lmeval_model(self, lm, scheme) as model:
             self._batch_size = model.batch_size
-            return run_lm_eval(model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"],
-                               bootstrap_iters=p["bootstrap_iters"])
+            return run_lm_eval(
+                model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"]
+            )
 
     def _baseline_key(self, lm) -> str:
         import torch
@@ -192,9 +220,17 @@ class LmEvalEval(Evaluation):
             for f in sorted(Path(folder).rglob("*")):
                 if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():
                     h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
-        meta = {"format": BASELINE_FORMAT, "name": lm.name, "path": str(lm.path), "config": lm.config_hash, "device": str(lm.device.type),
-                "params": self.canonical_params(), "lm_eval": lm_eval_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__}
+        meta = {
+            "format": BASELINE_FORMAT,
+            "name": lm.name,
+            "path": str(lm.path),
+            "config": lm.config_hash,
+            "device": str(lm.device.type),
+            "params": self.canonical_params(),
+            "lm_eval": lm_eval_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }
         h.update(json.dumps(meta, sort_keys=True, default=str).encode())
         return h.hexdigest()
 
@@ -209,10 +245,13 @@ class LmEvalEval(Evaluation):
         if artifacts is not None:
             artifacts = Path(artifacts)
             artifacts.mkdir(parents=True, exist_ok=True)
-            (artifacts / "lmeval_samples.json").write_text(json.dumps(
-                {"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])}))
+            (artifacts / "lmeval_samples.json").write_text(
+                json.dumps({"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])})
+            )
         params = {**self.params, "batch_size": self._batch_size}  # the one used: device default resolved
-        return stamp(metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params), backend_of(self))
+        return stamp(
+            metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params), backend_of(self)
+        )
 
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape
@@ -226,13 +265,18 @@ def _read_baseline(path: Path, key: str) -> dict | None:
         stored = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("items"), dict) \
-            or not isinstance(stored.get("summary"), dict):
+    if (
+        not isinstance(stored, dict)
+        or stored.get("key") != key
+        or not isinstance(stored.get("items"), dict)
+        or not isinstance(stored.get("summary"), dict)
+    ):
         return None
     return stored
 
 
 # ---- rows ------------------------------------------------------------------------------------
+
 
 def _metric_name(task: str, metric: str, filt: str) -> str:
     return f"{task}/{metric}" if filt == "none" else f"{task}/{metric}[{filt}]"
@@ -251,9 +295,15 @@ def provenance(results: dict, task: str, params: dict) -> dict[str, Any]:
 
     leaves = leaf_tasks(results, task)
     n_items = sum(int(results.get("n-samples", {}).get(t, {}).get("effective", 0)) for t in leaves)
-    info = {"lm_eval_version": lm_eval_version(), "task": task, "task_version": results.get("versions", {}).get(task),
-            "n_shot": results.get("n-shot", {}).get(task), "limit": params["limit"], "n_items": n_items,
-            "batch_size": params["batch_size"]}
+    info = {
+        "lm_eval_version": lm_eval_version(),
+        "task": task,
+        "task_version": results.get("versions", {}).get(task),
+        "n_shot": results.get("n-shot", {}).get(task),
+        "limit": params["limit"],
+        "n_items": n_items,
+        "batch_size": params["batch_size"],
+    }
     if task in results.get("configs", {}):
         info["config"] = _jsonable(results["configs"][task])
     else:
@@ -289,10 +339,21 @@ def metric_rows(results: dict, params: dict) -> list[MetricRow]:
             low, high = (value - 1.96 * stderr, value + 1.96 * stderr) if stderr is not None else (None, None)
             if metric in PROPORTIONS:
                 low, high = proportion_ci(float(value), info["n_items"], low, high)
-            rows.append(MetricRow(_metric_name(task, metric, filt), float(value), low, high,
-                                  labels={"task": task, "filter": filt},
-                                  info={**info, "stderr": stderr, "lm_eval_metric": key,
-                                        "higher_is_better": results.get("higher_is_better", {}).get(task, {}).get(metric)}))
+            rows.append(
+                MetricRow(
+                    _metric_name(task, metric, filt),
+                    float(value),
+                    low,
+                    high,
+                    labels={"task": task, "filter": filt},
+                    info={
+                        **info,
+                        "stderr": stderr,
+                        "lm_eval_metric": key,
+                        "higher_is_better": results.get("higher_is_better", {}).get(task, {}).get(metric),
+                    },
+                )
+            )
     return rows
 
 
@@ -313,7 +374,14 @@ def flip_rows(results: dict, items: dict, baseline: dict, params: dict) -> list[
         info = provenance(results, task, params)
         for filt, stats in compare_items(base, ours).items():
             for stat, (value, low, high, extra) in stats.items():
-                rows.append(MetricRow(_metric_name(task, stat, filt), value,
-                                      None if math.isnan(low) else low, None if math.isnan(high) else high,
-                                      labels={"task": task, "filter": filt}, info={**info, **extra}))
+                rows.append(
+                    MetricRow(
+                        _metric_name(task, stat, filt),
+                        value,
+                        None if math.isnan(low) else low,
+                        None if math.isnan(high) else high,
+                        labels={"task": task, "filter": filt},
+                        info={**info, **extra},
+                    )
+                )
     return rows

@@ -60,9 +60,14 @@ def item_from_sample(sample: dict, output_type: str) -> dict[str, Any]:
     else:  # generate_until
         prediction = resps[0] if isinstance(resps, list) else resps
         prediction = str(prediction)
-    return {"doc_id": int(sample["doc_id"]), "filter": sample.get("filter", "none"),
-            "doc_hash": sample.get("doc_hash"), "prediction": prediction,
-            "correct": _first_binary_metric(sample), "gold_loglik": gold_loglik}
+    return {
+        "doc_id": int(sample["doc_id"]),
+        "filter": sample.get("filter", "none"),
+        "doc_hash": sample.get("doc_hash"),
+        "prediction": prediction,
+        "correct": _first_binary_metric(sample),
+        "gold_loglik": gold_loglik,
+    }
 
 
 def items_from_results(results: dict) -> dict[str, list[dict]]:
@@ -91,13 +96,17 @@ def compare_items(base: list[dict], other: list[dict]) -> dict[str, dict[str, An
     """Flip statistics per filter: {filter: {stat: (value, ci_low, ci_high, info)}}."""
     index = {(b["doc_id"], b["filter"]): b for b in base}
     if len(index) != len(other) or any((o["doc_id"], o["filter"]) not in index for o in other):
-        raise EvalkitError("lm-eval items differ from the baseline's (another --limit, few-shot or task version?): "
-                           "rerun prepare for these parameters")
+        raise EvalkitError(
+            "lm-eval items differ from the baseline's (another --limit, few-shot or task version?): "
+            "rerun prepare for these parameters"
+        )
     by_filter: dict[str, list[tuple[dict, dict]]] = {}
     for o in other:
         b = index[(o["doc_id"], o["filter"])]
         if b["doc_hash"] != o["doc_hash"]:
-            raise EvalkitError(f"item {o['doc_id']} is a different document than in the baseline: the task data changed")
+            raise EvalkitError(
+                f"item {o['doc_id']} is a different document than in the baseline: the task data changed"
+            )
         by_filter.setdefault(o["filter"], []).append((b, o))
     stats: dict[str, dict[str, Any]] = {}
     for filt, pairs in by_filter.items():
@@ -112,13 +121,23 @@ def compare_items(base: list[dict], other: list[dict]) -> dict[str, dict[str, An
             out["flip_right_to_wrong"] = (r2w / n, *binomial_ci(r2w, n), {"n_items": n, "n_flipped": r2w})
             out["flip_wrong_to_right"] = (w2r / n, *binomial_ci(w2r, n), {"n_items": n, "n_flipped": w2r})
             if "flip_rate" in out:  # the rest of flip_rate: a wrong answer changed into another wrong one
-                w2w = sum(b["correct"] == 0.0 and o["correct"] == 0.0 and b["prediction"] != o["prediction"] for b, o in pairs)
+                w2w = sum(
+                    b["correct"] == 0.0 and o["correct"] == 0.0 and b["prediction"] != o["prediction"] for b, o in pairs
+                )
                 out["flip_wrong_to_wrong"] = (w2w / n, *binomial_ci(w2w, n), {"n_items": n, "n_flipped": w2w})
         if all(b["gold_loglik"] is not None and o["gold_loglik"] is not None for b, o in pairs):
             delta = np.array([o["gold_loglik"] - b["gold_loglik"] for b, o in pairs], dtype=np.float64)
             mean, low, high = mean_ci(np.abs(delta))
-            out["gold_loglik_abs_delta"] = (mean, low, high, {
-                "n_items": n, "mean_signed_delta": float(delta.mean()), "max_abs_delta": float(np.abs(delta).max()),
-                "n_changed": int((delta != 0).sum())})
+            out["gold_loglik_abs_delta"] = (
+                mean,
+                low,
+                high,
+                {
+                    "n_items": n,
+                    "mean_signed_delta": float(delta.mean()),
+                    "max_abs_delta": float(np.abs(delta).max()),
+                    "n_changed": int((delta != 0).sum()),
+                },
+            )
         stats[filt] = out
     return stats

@@ -45,7 +45,9 @@ def display(r: dict, base: bool) -> dict[str, str]:
     for task in tasks:
         score = next((s for s in SCORES if f"{task}/{s}" in r and not _missing(r[f"{task}/{s}"])), None)
         if score:
-            out[f"{task} {score}"] = _with_interval(r, f"{task}/{score}", ".2f" if score.endswith("perplexity") else ".3f")
+            out[f"{task} {score}"] = _with_interval(
+                r, f"{task}/{score}", ".2f" if score.endswith("perplexity") else ".3f"
+            )
         if f"{task}/flip_rate" in r:
             flips = r[f"{task}/flip_rate"]
             out[f"{task} flips %"] = "" if base or _missing(flips) else format(100 * flips, ".1f")

@@ -147,11 +147,11 @@ def lmeval_work(params: dict, facts, device: str) -> Work:
     fw: list[Forwards] = []
     loglik = sorted(reqs.loglik, reverse=True)  # lm-eval batches longest first
     for j in range(0, len(loglik), batch):
-        rows = loglik[j: j + batch]
+        rows = loglik[j : j + batch]
         fw.append(Forwards(1, len(rows), max(rows)))
     gen = sorted(reqs.gen, reverse=True)
     for j in range(0, len(gen), batch):
-        rows = gen[j: j + batch]
+        rows = gen[j : j + batch]
         prompt, steps = max(r[0] for r in rows), max(r[1] for r in rows)
         fw.append(Forwards(1, len(rows), prompt))
         fw.append(Forwards(steps, len(rows), 1, prompt + steps / 2))
@@ -159,5 +159,12 @@ def lmeval_work(params: dict, facts, device: str) -> Work:
     rows_out = reqs.leaves * 8 + 4 * len(params["tasks"])
     store = rows_out * LMEVAL_ROW_BYTES + reqs.chars + 600 * reqs.items  # lmeval_samples.json repeats the prompts
     fw_t = tuple(fw)
-    return Work("lmeval", tokens, fw_t, baseline=fw_t, baseline_bytes=reqs.chars + 900 * reqs.items,
-                store_bytes=store, approximate="; ".join(approx))
+    return Work(
+        "lmeval",
+        tokens,
+        fw_t,
+        baseline=fw_t,
+        baseline_bytes=reqs.chars + 900 * reqs.items,
+        store_bytes=store,
+        approximate="; ".join(approx),
+    )

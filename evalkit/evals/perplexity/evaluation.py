@@ -60,12 +60,14 @@ from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
-from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
-from evalkit.models.info import weights_fingerprint
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
+from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
+from evalkit.models.info import weights_fingerprint
 
-FORMAT_VERSION = 4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
+FORMAT_VERSION = (
+    4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
+)
 BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
 SAMPLE_SEED = 0  # the tail samples' stratified offsets
@@ -85,7 +87,9 @@ def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows
     input index of its first scored target (targets run from there to the window's end)."""
     c = window - int(bos)
     if n_tokens < c:
-        raise EvalkitError(f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --perplexity-window")
+        raise EvalkitError(
+            f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --perplexity-window"
+        )
     step, plan, scored_to, start = min(stride, c), [], (0 if bos else 1), 0
     while scored_to < n_tokens and (max_windows is None or len(plan) < max_windows):
         start = min(start, n_tokens - c)
@@ -111,13 +115,17 @@ def kl_quantile_rows(kl: np.ndarray, info: dict) -> list[MetricRow]:
 class PerplexityParams(Params):
     """The perplexity evaluation's parameters: grid keys are the field names, CLI flags ``--perplexity-<field>``."""
 
-    corpus: str = param("embedded", "embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]")
+    corpus: str = param(
+        "embedded", "embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]"
+    )
     window: int = param(1024, "tokens per window incl. BOS (default 1024)", baseline=True)
     stride: int | None = param(None, "tokens between window starts (default: window, disjoint)", baseline=True)
     max_windows: int | None = param(20, "evaluate at most N windows (default 20)", low=1, baseline=True)
     max_tokens: int | None = param(None, "use only the first N corpus tokens", low=2, baseline=True)
     batch_size: int = param(1, "windows per forward (default 1)", low=1, baseline=True)
-    bos: bool | None = param(None, "start each window with BOS (default: when the tokenizer adds BOS itself)", baseline=True)
+    bos: bool | None = param(
+        None, "start each window with BOS (default: when the tokenizer adds BOS itself)", baseline=True
+    )
     bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
     seed: int = param(0, "bootstrap seed (default 0)")
 
@@ -135,18 +143,41 @@ class PerplexityEval(Evaluation):
     Params = PerplexityParams
     summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")
     report = ReportSpec(
-        columns=(Column("ppl", heading="ppl", fmt=".2f", when="ppl"), Column("ppl_delta"),
-                 Column("ppl_delta_rel", heading="Δppl [95% CI]", fmt="+.2f", scale=100, unit="%", interval=True,
-                        baseline="baseline", when="ppl"),
-                 Column("kl_mean", heading="KL (nats)", fmt=".3g", baseline="", when="ppl"),
-                 Column("top1_agreement", heading="top-1 %", fmt=".1f", scale=100, baseline="", when="ppl"),
-                 Column("p_value"),
-                 *(Column(key, heading=title, fmt=".3g", baseline="", group="kl")  # per-token KL percentiles
-                   for key, title in (("kl_p50", "KL p50"), ("kl_p99", "KL p99"), ("kl_p999", "KL p99.9"), ("kl_max", "KL max")))),
+        columns=(
+            Column("ppl", heading="ppl", fmt=".2f", when="ppl"),
+            Column("ppl_delta"),
+            Column(
+                "ppl_delta_rel",
+                heading="Δppl [95% CI]",
+                fmt="+.2f",
+                scale=100,
+                unit="%",
+                interval=True,
+                baseline="baseline",
+                when="ppl",
+            ),
+            Column("kl_mean", heading="KL (nats)", fmt=".3g", baseline="", when="ppl"),
+            Column("top1_agreement", heading="top-1 %", fmt=".1f", scale=100, baseline="", when="ppl"),
+            Column("p_value"),
+            *(
+                Column(key, heading=title, fmt=".3g", baseline="", group="kl")  # per-token KL percentiles
+                for key, title in (
+                    ("kl_p50", "KL p50"),
+                    ("kl_p99", "KL p99"),
+                    ("kl_p999", "KL p99.9"),
+                    ("kl_max", "KL max"),
+                )
+            ),
+        ),
         plots=("evalkit.report.plots:positions_figures",),
-        criteria=(Criterion("Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True),
-                  Criterion("top-1", "top1_agreement", "min_top1", False, "top-1", required=True)),
-        order=10)
+        criteria=(
+            Criterion(
+                "Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True
+            ),
+            Criterion("top-1", "top1_agreement", "min_top1", False, "top-1", required=True),
+        ),
+        order=10,
+    )
 
     def __init__(self, params: dict[str, Any] | None = None, backend=None):
         super().__init__(params)
@@ -162,10 +193,14 @@ class PerplexityEval(Evaluation):
     def prepare(self, lm, workdir: Path) -> None:
         p, tok = self.params, lm.tokenizer
         if lm.max_length is not None and p["window"] > lm.max_length:
-            raise EvalkitError(f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --perplexity-window {lm.max_length} or less")
+            raise EvalkitError(
+                f"window {p['window']} is longer than the model's maximum {lm.max_length}: use --perplexity-window {lm.max_length} or less"
+            )
         bos = tokenizer_adds_bos(tok) if p["bos"] is None else p["bos"]
         if bos and tok.bos_token_id is None:
-            raise EvalkitError("--perplexity-bos was asked for but the tokenizer has no BOS token: use --no-perplexity-bos")
+            raise EvalkitError(
+                "--perplexity-bos was asked for but the tokenizer has no BOS token: use --no-perplexity-bos"
+            )
         corpus = load_corpus(p["corpus"])
         ids = tokenize_corpus(corpus, tok, Path(workdir))
         if p["max_tokens"] is not None:
@@ -175,17 +210,21 @@ class PerplexityEval(Evaluation):
         self.targets = [(p["window"] - t0) for _, t0 in self.plan]
         self.offsets = np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64)
         # the baseline-deciding fields, BOS resolved, and the stride the windows really advance by
-        self.protocol = {**PerplexityParams(**p).protocol(), "effective_stride": min(p["stride"], p["window"] - bos), "bos": bos}
+        self.protocol = {
+            **PerplexityParams(**p).protocol(),
+            "effective_stride": min(p["stride"], p["window"] - bos),
+            "bos": bos,
+        }
         backend_of(self).prepare(self, lm, Path(workdir))
 
     def window_inputs(self):
         """Each window's input ids (BOS first where used) and the index of its first scored target."""
         for i, (_, t0) in enumerate(self.plan):
-            yield self._input_ids(self.plan[i: i + 1])[0], t0
+            yield self._input_ids(self.plan[i : i + 1])[0], t0
 
     def _input_ids(self, batch) -> torch.Tensor:
         c = self.params["window"] - int(self.bos)
-        ids = torch.stack([self.ids[s: s + c] for s, _ in batch])
+        ids = torch.stack([self.ids[s : s + c] for s, _ in batch])
         if self.bos:
             ids = torch.cat([torch.full((len(batch), 1), self.tokenizer_bos, dtype=ids.dtype), ids], dim=1)
         return ids
@@ -194,10 +233,21 @@ class PerplexityEval(Evaluation):
         """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
         model, tok = lm.model, lm.tokenizer
         self.head = OutputHead(model, "perplexity")
-        key = dict(version=FORMAT_VERSION, model=lm.name, config=lm.config_hash, weights=weights_fingerprint(model),
-                   dtype=str(next(model.parameters()).dtype), device=lm.device.type, corpus=self.corpus.sha256,
-                   tokenizer=tokenizer_fingerprint(tok), protocol=self.protocol, torch=torch.__version__)
-        self.dir = Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        key = dict(
+            version=FORMAT_VERSION,
+            model=lm.name,
+            config=lm.config_hash,
+            weights=weights_fingerprint(model),
+            dtype=str(next(model.parameters()).dtype),
+            device=lm.device.type,
+            corpus=self.corpus.sha256,
+            tokenizer=tokenizer_fingerprint(tok),
+            protocol=self.protocol,
+            torch=torch.__version__,
+        )
+        self.dir = (
+            Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        )
         self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
         self.base_nll, self.base_argmax = base["nll"], base["argmax"]
 
@@ -213,7 +263,9 @@ class PerplexityEval(Evaluation):
         except (OSError, ValueError, SafetensorError):
             return None
         n = int(self.offsets[-1])
-        if not BASELINE_KEYS <= set(base) or any(base[k].shape != (n,) or base[k].dtype != SCALAR_DTYPES[k] for k in BASELINE_KEYS):
+        if not BASELINE_KEYS <= set(base) or any(
+            base[k].shape != (n,) or base[k].dtype != SCALAR_DTYPES[k] for k in BASELINE_KEYS
+        ):
             return None
         if any(a.ndim != 2 or a.shape[0] != n or a.dtype != np.dtype(ARRAYS[name]) for name, a in arrays.items()):
             return None
@@ -223,8 +275,12 @@ class PerplexityEval(Evaluation):
         from evalkit.evals.kl_topk import TAIL_SAMPLES, TOP_K
 
         n, vocab = int(self.offsets[-1]), self.head.vocab
-        check_free_space(self.dir.parent, n * BYTES_PER_POSITION, f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
-                         "lower --perplexity-max-windows/--perplexity-max-tokens or use --cache-dir on a bigger disk")
+        check_free_space(
+            self.dir.parent,
+            n * BYTES_PER_POSITION,
+            f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
+            "lower --perplexity-max-windows/--perplexity-max-tokens or use --cache-dir on a bigger disk",
+        )
         tmp = temp_dir(self.dir)
         out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
         width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
@@ -232,7 +288,9 @@ class PerplexityEval(Evaluation):
         with contextlib.ExitStack() as stack:
             files = {name: stack.enter_context(open(tmp / f"{name}.npy", "wb")) for name in ARRAYS}
             for name, fh in files.items():
-                np.lib.format.write_array_header_2_0(fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])})
+                np.lib.format.write_array_header_2_0(
+                    fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])}
+                )
             for lo, lp, tgt_nll, top in self._scored_chunks(lm):
                 summary = summarize(lp, generator)
                 sl = slice(lo, lo + len(top))
@@ -243,7 +301,11 @@ class PerplexityEval(Evaluation):
         from safetensors.torch import save_file
 
         save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
-        (tmp / "meta.json").write_text(json.dumps({**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True))
+        (tmp / "meta.json").write_text(
+            json.dumps(
+                {**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True
+            )
+        )
         publish(tmp, self.dir)
 
     def _scored_chunks(self, lm):
@@ -252,16 +314,16 @@ class PerplexityEval(Evaluation):
         rows = max(1, CHUNK_ELEMENTS // self.head.vocab)
         with torch.inference_mode():
             for b0 in range(0, len(self.plan), p["batch_size"]):
-                batch = self.plan[b0: b0 + p["batch_size"]]
+                batch = self.plan[b0 : b0 + p["batch_size"]]
                 ids = self._input_ids(batch).to(lm.device)
                 hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
-                h = torch.cat([hidden[i, t0 - 1: -1] for i, (_, t0) in enumerate(batch)])
+                h = torch.cat([hidden[i, t0 - 1 : -1] for i, (_, t0) in enumerate(batch)])
                 tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
                 del hidden
                 base = int(self.offsets[b0])
                 for lo in range(0, len(tgt), rows):
-                    lp = torch.log_softmax(self.head(h[lo: lo + rows]), dim=-1)
-                    nll = -lp.gather(1, tgt[lo: lo + rows, None])[:, 0]
+                    lp = torch.log_softmax(self.head(h[lo : lo + rows]), dim=-1)
+                    nll = -lp.gather(1, tgt[lo : lo + rows, None])[:, 0]
                     yield base + lo, lp, nll, lp.argmax(-1)
 
     # ---- one scheme ------------------------------------------------------------------------
@@ -276,19 +338,33 @@ class PerplexityEval(Evaluation):
         from evalkit.integration.install import quantized_kv
 
         n = int(self.offsets[-1])
-        nll, kl, agree = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.bool)
+        nll, kl, agree = (
+            torch.empty(n, dtype=torch.float64),
+            torch.empty(n, dtype=torch.float64),
+            torch.empty(n, dtype=torch.bool),
+        )
         lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
         with quantized_kv(lm.model, scheme):
             for lo, lp, tgt_nll, top in self._scored_chunks(lm):
                 sl = slice(lo, lo + len(top))
-                summary = {k: (torch.from_numpy(np.array(self.base[k][sl])) if k in ARRAYS else self.base[k][sl]).to(lp.device)
-                           for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")}
+                summary = {
+                    k: (torch.from_numpy(np.array(self.base[k][sl])) if k in ARRAYS else self.base[k][sl]).to(lp.device)
+                    for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")
+                }
                 k, low, v = kl_from_summary(summary, lp)
                 kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
                 nll[sl] = tgt_nll.double().cpu()
                 agree[sl] = top.cpu() == self.base_argmax[sl]
-        return TokenScores(nll, self.base_nll.double(), agree, kl, lower, var, self.base["log_tail"].double().exp(),
-                           info=dict(kl_method=METHOD, baseline_cache=self.dir.name))
+        return TokenScores(
+            nll,
+            self.base_nll.double(),
+            agree,
+            kl,
+            lower,
+            var,
+            self.base["log_tail"].double().exp(),
+            info=dict(kl_method=METHOD, baseline_cache=self.dir.name),
+        )
 
     def _write_windows(self, folder: Path, scores: TokenScores) -> None:
         """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""
@@ -296,42 +372,81 @@ class PerplexityEval(Evaluation):
 
         win = np.repeat(np.arange(len(self.plan)), self.targets)
         kl = scores.kl if scores.kl is not None else scores.kl_lower
-        sums = {name: np.bincount(win, weights=x.astype(np.float64), minlength=len(self.plan))
-                for name, x in (("nll_sum", scores.nll.numpy()), ("base_nll_sum", scores.base_nll.double().numpy()),
-                                ("kl_sum", kl.numpy()), ("top1_agree", scores.agree.numpy()))}
+        sums = {
+            name: np.bincount(win, weights=x.astype(np.float64), minlength=len(self.plan))
+            for name, x in (
+                ("nll_sum", scores.nll.numpy()),
+                ("base_nll_sum", scores.base_nll.double().numpy()),
+                ("kl_sum", kl.numpy()),
+                ("top1_agree", scores.agree.numpy()),
+            )
+        }
         folder.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"start": [s for s, _ in self.plan], "first_target": [t for _, t in self.plan],
-                      "n_tokens": self.targets, **sums}).to_csv(folder / "perplexity_windows.csv", index_label="window")
+        pd.DataFrame(
+            {
+                "start": [s for s, _ in self.plan],
+                "first_target": [t for _, t in self.plan],
+                "n_tokens": self.targets,
+                **sums,
+            }
+        ).to_csv(folder / "perplexity_windows.csv", index_label="window")
 
     def _rows(self, scores: TokenScores) -> list[MetricRow]:
         p, w = self.params, len(self.plan)
         pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
         win = np.repeat(np.arange(w), self.targets)
-        info = dict(protocol=self.protocol, corpus=self.corpus.name, corpus_sha256=self.corpus.sha256, n_windows=w,
-                    bootstrap_samples=p["bootstrap_samples"], seed=p["seed"], ci="95% paired percentile bootstrap over windows",
-                    p_value_test=PVALUE_TEST, **scores.info)
+        info = dict(
+            protocol=self.protocol,
+            corpus=self.corpus.name,
+            corpus_sha256=self.corpus.sha256,
+            n_windows=w,
+            bootstrap_samples=p["bootstrap_samples"],
+            seed=p["seed"],
+            ci="95% paired percentile bootstrap over windows",
+            p_value_test=PVALUE_TEST,
+            **scores.info,
+        )
         tail_mass = scores.kl_tail_mass.numpy()
         lower = scores.kl_lower.numpy()
         # only a bound: the row is named for it; with an estimate, kl_mean and the bound in its info
         kl_metric, kl = ("kl_mean", scores.kl.numpy()) if scores.kl is not None else ("kl_lower_bound", lower)
         edges = position_bucket_edges(p["window"])
-        groups = [({}, np.ones(len(pos), bool))] + [({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])]
+        groups = [({}, np.ones(len(pos), bool))] + [
+            ({"bucket": f"{a}-{b - 1}"}, (pos >= a) & (pos < b)) for a, b in zip(edges, edges[1:])
+        ]
         rows = []
         for labels, sel in groups:
             if sel.any():
                 kl_info = {**info, "kl_tail_mass": float(tail_mass[sel].mean())}
                 if scores.kl is not None:
-                    kl_info = {**info, "kl_lower_bound": float(lower[sel].mean()), **kl_info,
-                               "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum())}
-                rows += self._group_rows(labels, win[sel], w, scores.nll.numpy()[sel], scores.base_nll.double().numpy()[sel],
-                                         kl[sel], scores.agree.numpy()[sel], info, kl_info, kl_metric)
+                    kl_info = {
+                        **info,
+                        "kl_lower_bound": float(lower[sel].mean()),
+                        **kl_info,
+                        "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum()),
+                    }
+                rows += self._group_rows(
+                    labels,
+                    win[sel],
+                    w,
+                    scores.nll.numpy()[sel],
+                    scores.base_nll.double().numpy()[sel],
+                    kl[sel],
+                    scores.agree.numpy()[sel],
+                    info,
+                    kl_info,
+                    kl_metric,
+                )
         if scores.kl is not None:
             rows += kl_quantile_rows(kl, info)
         return rows
 
     def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean") -> list[MetricRow]:
         """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
-        sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in (np.ones(len(win)), nll, base, kl, agree)]
+        sums = [
+            np.bincount(win, weights=x.astype(np.float64), minlength=w)
+            for x in (np.ones(len(win)), nll, base, kl, agree)
+        ]
         keep = sums[0] > 0
         cnt, s_nll, s_base, s_kl, s_agree = (s[keep] for s in sums)
         metric_fns = {
@@ -345,9 +460,13 @@ class PerplexityEval(Evaluation):
         rows = []
         for metric, fn in metric_fns.items():
             value = float(fn(*arrays))
-            low, high = paired_bootstrap_ci(fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"])
+            low, high = paired_bootstrap_ci(
+                fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"]
+            )
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == kl_metric else info))
+            rows.append(
+                MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == kl_metric else info)
+            )
         p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
         rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
         rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))

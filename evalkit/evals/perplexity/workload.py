@@ -22,7 +22,6 @@ WIKITEXT2_TEST_TOKENS = {"gpt2": 287_644, "llama-2": 341_000, "llama-3": 289_000
 WIKITEXT2_TEST_CHARS = 1_288_556  # characters of the raw test split (for other tokenizers, / CHARS_PER_TOKEN)
 
 
-
 def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
     """(tokens in the corpus, whether the tokenizer adds BOS or None if unknown, why approximate)."""
     from evalkit.data.corpus import SHORT_NAMES, load_corpus, tokenizer_adds_bos
@@ -38,17 +37,27 @@ def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
     if corpus is not None and tok is not None:
         return count_tokens(tok, corpus.text), bos, ""
     if corpus is not None:
-        return count_tokens(None, corpus.text), bos, f"corpus {spec} at ~{CHARS_PER_TOKEN:g} characters per token (no tokenizer here)"
+        return (
+            count_tokens(None, corpus.text),
+            bos,
+            f"corpus {spec} at ~{CHARS_PER_TOKEN:g} characters per token (no tokenizer here)",
+        )
     if SHORT_NAMES.get(spec.strip().lower(), spec) == SHORT_NAMES["wikitext2"]:
         name = facts.name.lower()
         family = next((f for f in ("llama-3", "llama-2", "gpt2") if f in name or f.replace("-", "") in name), None)
         if family is None and facts.vocab:
             family = {128256: "llama-3", 32000: "llama-2", 50257: "gpt2"}.get(facts.vocab)
         if family:
-            return WIKITEXT2_TEST_TOKENS[family], bos, f"wikitext-2 test not cached here: ~{WIKITEXT2_TEST_TOKENS[family]:,} tokens ({family} tokenizer)"
+            return (
+                WIKITEXT2_TEST_TOKENS[family],
+                bos,
+                f"wikitext-2 test not cached here: ~{WIKITEXT2_TEST_TOKENS[family]:,} tokens ({family} tokenizer)",
+            )
         n = round(WIKITEXT2_TEST_CHARS / CHARS_PER_TOKEN)
         return n, bos, f"wikitext-2 test not cached here: ~{n:,} tokens at ~{CHARS_PER_TOKEN:g} characters per token"
-    raise EvalkitError(f"corpus {spec!r} is not on this machine and its size is unknown: cannot size the perplexity runs")
+    raise EvalkitError(
+        f"corpus {spec!r} is not on this machine and its size is unknown: cannot size the perplexity runs"
+    )
 
 
 def perplexity_work(params: dict, facts) -> Work:
@@ -66,5 +75,13 @@ def perplexity_work(params: dict, facts) -> Work:
     scored = sum(window - t0 for _, t0 in plan)
     fw = tuple(Forwards(c, r, window) for c, r in batches(len(plan), params["batch_size"]))
     rows = 7 * len(position_bucket_edges(window))  # 7 metrics, overall and per bucket
-    return Work("perplexity", len(plan) * window, fw, baseline=fw, baseline_bytes=scored * BYTES_PER_POSITION + 8 * len(plan),
-                cache_bytes=4 * n, store_bytes=rows * ROW_BYTES + 90 * len(plan), approximate=approx)
+    return Work(
+        "perplexity",
+        len(plan) * window,
+        fw,
+        baseline=fw,
+        baseline_bytes=scored * BYTES_PER_POSITION + 8 * len(plan),
+        cache_bytes=4 * n,
+        store_bytes=rows * ROW_BYTES + 90 * len(plan),
+        approximate=approx,
+    )

@@ -75,16 +75,28 @@ def _depths(value, flag: str) -> list:
 class RetrievalParams(Params):
     """The retrieval evaluation's parameters: grid keys are the field names, CLI flags ``--retrieval-<field>``."""
 
-    tasks: list = param(help=f"comma-separated tasks (default all: {','.join(DEFAULT_TASKS)}) or task .yaml paths",
-                        parse=_tasks, factory=lambda: list(DEFAULT_TASKS))
-    lengths: list | None = param(None, "context lengths in tokens incl. template, e.g. 1k,2k (default 1k,2k,4k,8k capped at "
-                                       "the model's maximum)", parse=_lengths)
-    depths: list = param(help="needle depths in percent (default 0,25,50,75,100)", parse=_depths,
-                         factory=lambda: list(G.DEFAULT_DEPTHS))
+    tasks: list = param(
+        help=f"comma-separated tasks (default all: {','.join(DEFAULT_TASKS)}) or task .yaml paths",
+        parse=_tasks,
+        factory=lambda: list(DEFAULT_TASKS),
+    )
+    lengths: list | None = param(
+        None,
+        "context lengths in tokens incl. template, e.g. 1k,2k (default 1k,2k,4k,8k capped at the model's maximum)",
+        parse=_lengths,
+    )
+    depths: list = param(
+        help="needle depths in percent (default 0,25,50,75,100)", parse=_depths, factory=lambda: list(G.DEFAULT_DEPTHS)
+    )
     samples: int = param(10, "samples per (task, length, depth) cell (default 10)", low=1)
-    haystack: str | None = param(None, "haystack for every task: 'filler' or a corpus spec (default: each task's own: filler "
-                                       "for passkey, the embedded corpus for the others)")
-    corpus: str = param("embedded", "corpus the tasks' haystacks are cut from where a task asks for one (default embedded)")
+    haystack: str | None = param(
+        None,
+        "haystack for every task: 'filler' or a corpus spec (default: each task's own: filler "
+        "for passkey, the embedded corpus for the others)",
+    )
+    corpus: str = param(
+        "embedded", "corpus the tasks' haystacks are cut from where a task asks for one (default embedded)"
+    )
     seed: int = param(0, "seed of needles, values and haystack windows (default 0)", low=0)
     batch_size: int = param(4, "prompts per generate() call (default 4)", low=1)
     chat: bool | None = param(None, "wrap prompts in the model's chat template (default: when the tokenizer has one)")
@@ -95,12 +107,27 @@ class RetrievalEval(Evaluation):
     Params = RetrievalParams
     summary_metrics = ("accuracy", "accuracy_diff")
     report = ReportSpec(
-        columns=(Column("accuracy", key="retrieval_acc", heading="retrieval % [95% CI]", fmt=".1f", scale=100, interval=True),
-                 Column("accuracy_diff", key="retrieval_diff")),
+        columns=(
+            Column(
+                "accuracy", key="retrieval_acc", heading="retrieval % [95% CI]", fmt=".1f", scale=100, interval=True
+            ),
+            Column("accuracy_diff", key="retrieval_diff"),
+        ),
         plots=("evalkit.report.plots:retrieval_figures",),
-        criteria=(Criterion("retrieval", "retrieval_diff", "max_retrieval_drop", True, "retrieval drop", unit=" pts",
-                            digits=1, transform="neg"),),
-        order=30)
+        criteria=(
+            Criterion(
+                "retrieval",
+                "retrieval_diff",
+                "max_retrieval_drop",
+                True,
+                "retrieval drop",
+                unit=" pts",
+                digits=1,
+                transform="neg",
+            ),
+        ),
+        order=30,
+    )
 
     @classmethod
     def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
@@ -120,8 +147,19 @@ class RetrievalEval(Evaluation):
         self.lengths = G.resolve_lengths(p["lengths"], lm.max_length)
         self.specs = {spec.name: spec for spec in (load_task(t) for t in p["tasks"])}
         self.workdir = Path(workdir) if workdir is not None else None
-        self.samples = G.build_samples(list(self.specs.values()), lm.tokenizer, self.lengths, p["depths"], p["samples"],
-                                       p["seed"], p["haystack"], p["corpus"], self.workdir, p["chat"], lm.max_length)
+        self.samples = G.build_samples(
+            list(self.specs.values()),
+            lm.tokenizer,
+            self.lengths,
+            p["depths"],
+            p["samples"],
+            p["seed"],
+            p["haystack"],
+            p["corpus"],
+            self.workdir,
+            p["chat"],
+            lm.max_length,
+        )
         self.digest = G.samples_digest(self.samples)
         self._baseline: list[str] | None = None
 
@@ -142,8 +180,9 @@ class RetrievalEval(Evaluation):
             if on_batch is not None:
                 on_batch(order[k], texts)
 
-        with tqdm(total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0",
-                  leave=False) as bar:
+        with tqdm(
+            total=len(sub), desc=f"retrieval {scheme}", disable=os.environ.get("EVALKIT_PROGRESS") == "0", leave=False
+        ) as bar:
             backend_of(self).generate(lm, scheme, work, bar, on_batch=done)
         return out
 
@@ -158,8 +197,17 @@ class RetrievalEval(Evaluation):
         from evalkit.models.info import weights_fingerprint
 
         first = next(lm.model.parameters())
-        key = json.dumps([FORMAT_VERSION, lm.config_hash, weights_fingerprint(lm.model), str(first.dtype), str(first.device),
-                          torch.__version__, transformers.__version__])
+        key = json.dumps(
+            [
+                FORMAT_VERSION,
+                lm.config_hash,
+                weights_fingerprint(lm.model),
+                str(first.dtype),
+                str(first.device),
+                torch.__version__,
+                transformers.__version__,
+            ]
+        )
         return self.workdir / "retrieval" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
 
     @staticmethod
@@ -210,9 +258,20 @@ class RetrievalEval(Evaluation):
         recs = []
         for s, g, b in zip(self.samples, gens, base):
             scoring = self.specs[s.task].scoring
-            recs.append(dict(task=s.task, length=s.length, depth=s.depth, index=s.index, answers=list(s.answers),
-                             generated=g, baseline_generated=b, score=score(g, s.answers, scoring),
-                             baseline_score=score(b, s.answers, scoring), realised_depth=s.realised_depth))
+            recs.append(
+                dict(
+                    task=s.task,
+                    length=s.length,
+                    depth=s.depth,
+                    index=s.index,
+                    answers=list(s.answers),
+                    generated=g,
+                    baseline_generated=b,
+                    score=score(g, s.answers, scoring),
+                    baseline_score=score(b, s.answers, scoring),
+                    realised_depth=s.realised_depth,
+                )
+            )
         return pd.DataFrame.from_records(recs)
 
     def rows(self, frame: pd.DataFrame) -> list[MetricRow]:
@@ -225,9 +284,14 @@ class RetrievalEval(Evaluation):
             for key, g in groups:
                 key = key if isinstance(key, tuple) else (key,)
                 labels = {k: (int(v) if k == "length" else float(v)) if k != "task" else v for k, v in zip(level, key)}
-                used = sorted({G.haystack_source(self.specs[t], p["haystack"], p["corpus"]) for t in g["task"].unique()})
-                where = {**info, "haystack": ", ".join(used),  # what the prompts were cut from, not the parameter
-                         "corpus": ", ".join(u for u in used if u != "filler") or None}
+                used = sorted(
+                    {G.haystack_source(self.specs[t], p["haystack"], p["corpus"]) for t in g["task"].unique()}
+                )
+                where = {
+                    **info,
+                    "haystack": ", ".join(used),  # what the prompts were cut from, not the parameter
+                    "corpus": ", ".join(u for u in used if u != "filler") or None,
+                }
                 acc, lo, hi, method = accuracy_ci(g["score"].to_numpy())
                 extra = dict(n=len(g), ci=method)
                 if level:
@@ -236,16 +300,27 @@ class RetrievalEval(Evaluation):
                     extra["realised_depth"] = float(g["realised_depth"].mean())
                 rows.append(MetricRow("accuracy", acc, lo, hi, labels, {**where, **extra}))
                 d, dlo, dhi = difference_ci(g["score"].to_numpy(), g["baseline_score"].to_numpy())
-                rows.append(MetricRow("accuracy_diff", d, dlo, dhi, labels,
-                                      {**where, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())}))
+                rows.append(
+                    MetricRow(
+                        "accuracy_diff",
+                        d,
+                        dlo,
+                        dhi,
+                        labels,
+                        {**where, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())},
+                    )
+                )
         return rows
 
     def write_artifacts(self, frame: pd.DataFrame, scheme: Scheme, folder: Path) -> None:
         from evalkit.evals.retrieval.plots import heatmap
 
         folder.mkdir(parents=True, exist_ok=True)
-        cells = frame.groupby(["task", "length", "depth"], sort=False).agg(value=("score", "mean"),
-                                                                           base=("baseline_score", "mean")).reset_index()
+        cells = (
+            frame.groupby(["task", "length", "depth"], sort=False)
+            .agg(value=("score", "mean"), base=("baseline_score", "mean"))
+            .reset_index()
+        )
         heatmap(cells, folder / "retrieval_accuracy.png", f"retrieval accuracy, {scheme}")
         diff = cells.assign(value=cells["value"] - cells["base"])
         heatmap(diff, folder / "retrieval_diff.png", f"accuracy difference vs baseline, {scheme}", diff=True)

@@ -16,16 +16,26 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
+
 def generation_config(tokenizer, max_new_tokens: int) -> GenerationConfig:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
-                            pad_token_id=pad, temperature=None, top_p=None, top_k=None)
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
 
 
 @torch.inference_mode()
-def generate_batches(lm, scheme, batches: Sequence[tuple[list[list[int]], int]], progress=None,
-                     on_batch=None) -> list[list[str]]:
+def generate_batches(
+    lm, scheme, batches: Sequence[tuple[list[list[int]], int]], progress=None, on_batch=None
+) -> list[list[str]]:
     """``batches``: (equal-length prompt ids, max_new_tokens). Returns the decoded continuations;
     ``on_batch(k, texts)`` is called after batch ``k``."""
     model, tok = lm.model, lm.tokenizer
@@ -38,7 +48,7 @@ def generate_batches(lm, scheme, batches: Sequence[tuple[list[list[int]], int]],
             x = torch.tensor(prompts, dtype=torch.long, device=device)
             am = torch.ones_like(x)
             out = model.generate(x, attention_mask=am, generation_config=generation_config(tok, max_new))
-            new = out[:, x.shape[1]:]
+            new = out[:, x.shape[1] :]
             out_text.append(tok.batch_decode(new, skip_special_tokens=True))
             if on_batch is not None:
                 on_batch(len(out_text) - 1, out_text[-1])

@@ -53,7 +53,11 @@ def parse_length(value) -> int:
 
 def parse_depth(value) -> float:
     try:
-        d = float(str(value).strip().rstrip("%")) if not isinstance(value, (int, float)) or isinstance(value, bool) else float(value)
+        d = (
+            float(str(value).strip().rstrip("%"))
+            if not isinstance(value, (int, float)) or isinstance(value, bool)
+            else float(value)
+        )
     except ValueError:
         raise EvalkitError(f"bad needle depth {value!r}: write a percentage between 0 and 100, e.g. 50") from None
     if isinstance(value, bool) or not 0.0 <= d <= 100.0:
@@ -73,8 +77,10 @@ def resolve_lengths(lengths, max_length: int | None) -> list[int]:
         return sorted({min(n, max_length - ANSWER_ROOM) for n in DEFAULT_LENGTHS})
     too_long = [n for n in lengths if max_length is not None and n > max_length]
     if too_long:
-        raise EvalkitError(f"context length {too_long[0]} is above the model's maximum of {max_length} tokens: "
-                           f"use --lengths up to {max_length}")
+        raise EvalkitError(
+            f"context length {too_long[0]} is above the model's maximum of {max_length} tokens: "
+            f"use --lengths up to {max_length}"
+        )
     return list(lengths)
 
 
@@ -107,9 +113,19 @@ def sample_needles(task: TaskSpec, seed: int, length: int, depth: float, index: 
     return key, nd, count_tokens(" " + ", ".join(nd.answers)) + 4 * len(nd.answers) + 4
 
 
-def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: list[float], samples: int,
-                  seed: int, haystack: str | None, corpus: str, cache_dir, chat: bool | None = None,
-                  max_length: int | None = None) -> list[Sample]:
+def build_samples(
+    tasks: list[TaskSpec],
+    tokenizer,
+    lengths: list[int],
+    depths: list[float],
+    samples: int,
+    seed: int,
+    haystack: str | None,
+    corpus: str,
+    cache_dir,
+    chat: bool | None = None,
+    max_length: int | None = None,
+) -> list[Sample]:
     sources: dict[str, Haystack] = {}
     out: list[Sample] = []
     for task in tasks:
@@ -119,14 +135,26 @@ def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: 
         for length in lengths:
             for depth in depths:
                 for i in range(samples):
-                    key, nd, max_new = sample_needles(task, seed, length, depth, i, lambda text: len(encode(tokenizer, text)))
+                    key, nd, max_new = sample_needles(
+                        task, seed, length, depth, i, lambda text: len(encode(tokenizer, text))
+                    )
                     template = build_template(tokenizer, task.intro, nd.question, nd.answer_prefix, chat)
-                    ids, realised = build_prompt(tokenizer, template, sources[kind], nd.needles, length, depth,
-                                                 random.Random(key + "/place"), label=f"task {task.name}")
+                    ids, realised = build_prompt(
+                        tokenizer,
+                        template,
+                        sources[kind],
+                        nd.needles,
+                        length,
+                        depth,
+                        random.Random(key + "/place"),
+                        label=f"task {task.name}",
+                    )
                     if max_length is not None and length + max_new > max_length:
-                        raise EvalkitError(f"task {task.name}: a {length}-token prompt plus its {max_new}-token answer "
-                                           f"exceeds the model's maximum of {max_length} tokens: use --lengths up to "
-                                           f"{max_length - max_new}")
+                        raise EvalkitError(
+                            f"task {task.name}: a {length}-token prompt plus its {max_new}-token answer "
+                            f"exceeds the model's maximum of {max_length} tokens: use --lengths up to "
+                            f"{max_length - max_new}"
+                        )
                     out.append(Sample(task.name, length, depth, i, tuple(ids), nd.answers, realised, max_new))
     return out
 
@@ -134,7 +162,9 @@ def build_samples(tasks: list[TaskSpec], tokenizer, lengths: list[int], depths: 
 def samples_digest(samples: list[Sample]) -> str:
     h = hashlib.sha256()
     for s in samples:
-        h.update(json.dumps([s.task, s.length, s.depth, s.index, list(s.ids), list(s.answers), s.max_new_tokens]).encode())
+        h.update(
+            json.dumps([s.task, s.length, s.depth, s.index, list(s.ids), list(s.answers), s.max_new_tokens]).encode()
+        )
     return h.hexdigest()
 
 
@@ -143,4 +173,4 @@ def batches(samples: list[Sample], batch_size: int) -> list[list[int]]:
     groups: dict[tuple[str, int], list[int]] = {}
     for i, s in enumerate(samples):
         groups.setdefault((s.task, s.length), []).append(i)
-    return [idx[j:j + batch_size] for idx in groups.values() for j in range(0, len(idx), batch_size)]
+    return [idx[j : j + batch_size] for idx in groups.values() for j in range(0, len(idx), batch_size)]

@@ -46,14 +46,22 @@ def heatmap_grid(panels: dict[str, pd.DataFrame], title: str, diff: bool = False
     depths = sorted({float(v) for cells in panels.values() for v in cells["depth"]})
     panel_w = max(2.4, 0.85 * len(lengths) + 1.2)
     panel_h = max(1.6, 0.3 * len(depths) + 1.0)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_w * ncols + 1.3, panel_h * nrows + 0.9), squeeze=False,
-                             sharex=True, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(panel_w * ncols + 1.3, panel_h * nrows + 0.9),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+        layout="constrained",
+    )
     cmap, vmin, vmax = ("RdBu", -1.0, 1.0) if diff else ("viridis", 0.0, 1.0)
     image = None
     for k, (name, cells) in enumerate(panels.items()):
         ax = axes.flat[k]
-        grid = (cells.pivot_table(index="depth", columns="length", values="value", aggfunc="mean")
-                .reindex(index=depths, columns=lengths))
+        grid = cells.pivot_table(index="depth", columns="length", values="value", aggfunc="mean").reindex(
+            index=depths, columns=lengths
+        )
         image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(lengths)), [f"{c // 1024}k" if c % 1024 == 0 else str(c) for c in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths], fontsize=8)
@@ -65,13 +73,25 @@ def heatmap_grid(panels: dict[str, pd.DataFrame], title: str, diff: bool = False
             ax.set_ylabel("needle depth", fontsize=8)
         ax.set_title(name, fontsize=8)
         for (i, j), v in pd.DataFrame(grid.to_numpy()).stack().items():
-            ax.text(j, i, f"{v:+.2f}" if diff else f"{v:.2f}", ha="center", va="center", fontsize=7,
-                    color="black" if diff or v > 0.5 else "white")
+            ax.text(
+                j,
+                i,
+                f"{v:+.2f}" if diff else f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if diff or v > 0.5 else "white",
+            )
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=min(0.8, 0.35 + 0.15 * nrows), aspect=25,
-                     label="accuracy difference vs baseline" if diff else "accuracy")
+        fig.colorbar(
+            image,
+            ax=axes,
+            shrink=min(0.8, 0.35 + 0.15 * nrows),
+            aspect=25,
+            label="accuracy difference vs baseline" if diff else "accuracy",
+        )
     heading = "\n".join(textwrap.wrap(title, 110))
     fig.suptitle(heading + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     return fig

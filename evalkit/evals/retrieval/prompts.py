@@ -43,7 +43,7 @@ class Haystack:
     name: str
 
     @classmethod
-    def from_ids(cls, ids: torch.LongTensor, tokenizer, name: str) -> "Haystack":
+    def from_ids(cls, ids: torch.LongTensor, tokenizer, name: str) -> Haystack:
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
         if ids.numel() < 2:
             raise EvalkitError(f"haystack source {name!r} is empty: give a corpus (or 'filler') with text in it")
@@ -54,7 +54,9 @@ class Haystack:
         seq = ids.tolist()
         bounds = [p for p in range(1, len(seq)) if seq[p - 1] in ends and seq[p] in starts]
         if not bounds:
-            raise EvalkitError(f"haystack source {name!r} has no sentence boundary to hide a needle at: use prose or 'filler'")
+            raise EvalkitError(
+                f"haystack source {name!r} has no sentence boundary to hide a needle at: use prose or 'filler'"
+            )
         return cls(ids, torch.tensor(bounds, dtype=torch.long), name)
 
 
@@ -87,8 +89,9 @@ def build_template(tokenizer, intro: str, question: str, answer_prefix: str, cha
         raise EvalkitError("this tokenizer has no chat template: build plain prompts (chat=False)")
     content = f"{intro}\n\n{_PLACEHOLDER}\n\n{question}"
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
         text = text + answer_prefix
         head, tail = text.split(_PLACEHOLDER)
         return Template(tuple(encode(tokenizer, head)), tuple(encode(tokenizer, tail)), True)
@@ -106,15 +109,25 @@ def _nearest(bounds: list[int], target: float) -> int:
     return min(cands, key=lambda b: (abs(b - target), b))
 
 
-def build_prompt(tokenizer, template: Template, haystack: Haystack, needles: tuple[str, ...], length: int,
-                 depth: float, rng: random.Random, label: str = "") -> tuple[list[int], float]:
+def build_prompt(
+    tokenizer,
+    template: Template,
+    haystack: Haystack,
+    needles: tuple[str, ...],
+    length: int,
+    depth: float,
+    rng: random.Random,
+    label: str = "",
+) -> tuple[list[int], float]:
     """One prompt of exactly ``length`` ids with needles[0] at ``depth`` percent; (ids, realised depth)."""
     needle_ids = [encode(tokenizer, " " + n) for n in needles]
     fixed = len(template.head) + len(template.tail) + sum(len(n) for n in needle_ids)
     budget = length - fixed
     if budget < 1:
-        raise EvalkitError(f"{label or 'retrieval'}: the needle does not fit in {length} tokens (instruction, question "
-                           f"and needles take {fixed} tokens under this tokenizer): use a length above {fixed}")
+        raise EvalkitError(
+            f"{label or 'retrieval'}: the needle does not fit in {length} tokens (instruction, question "
+            f"and needles take {fixed} tokens under this tokenizer): use a length above {fixed}"
+        )
     stream, bounds_all = haystack.ids, haystack.boundaries
     n = stream.numel()
     # the window ends at a sentence boundary, and starts at one too when some boundary allows it
@@ -126,7 +139,7 @@ def build_prompt(tokenizer, template: Template, haystack: Haystack, needles: tup
     idx = (torch.arange(budget) + start) % n
     window = stream[idx]
     # insertion points: boundaries inside the window, its end, and its start when that is a boundary
-    rel = ((bounds_all - start) % n)
+    rel = (bounds_all - start) % n
     inside = sorted({budget, *rel[(rel > 0) & (rel < budget)].tolist(), *([0] if start in bset else [])})
     pos0 = _nearest(inside, depth / 100.0 * budget)
     others = [rng.choice(inside) for _ in needle_ids[1:]]

@@ -24,37 +24,216 @@ from pathlib import Path
 
 import yaml
 
-from evalkit.errors import EvalkitError
 from evalkit.data.resources import resource_dir
+from evalkit.errors import EvalkitError
 
 TASK_DIR = resource_dir("tasks") / "retrieval"
-DEFAULT_TASKS = ("passkey", "niah_single_number", "niah_single_word", "niah_single_uuid",
-                 "niah_multikey", "niah_multivalue", "niah_multiquery")
+DEFAULT_TASKS = (
+    "passkey",
+    "niah_single_number",
+    "niah_single_word",
+    "niah_single_uuid",
+    "niah_multikey",
+    "niah_multivalue",
+    "niah_multiquery",
+)
 HAYSTACK_KINDS = ("filler", "corpus")
 SCORINGS = ("exact", "recall")
 VALUE_KINDS = ("number", "word", "uuid")
 
-ADJECTIVES = ("amber", "ancient", "bitter", "brave", "bright", "calm", "clever", "cold", "crimson", "curious",
-              "dark", "eager", "early", "fancy", "fierce", "gentle", "golden", "green", "happy", "hidden",
-              "honest", "humble", "icy", "jolly", "kind", "lazy", "little", "lively", "loud", "lucky",
-              "mighty", "modern", "narrow", "noble", "odd", "pale", "proud", "purple", "quick", "quiet",
-              "rapid", "rare", "rough", "royal", "rusty", "shiny", "silent", "silver", "sleepy", "smooth",
-              "solid", "sour", "steady", "stormy", "sunny", "swift", "tall", "tiny", "vivid", "wild")
-NOUNS = ("anchor", "apple", "arrow", "badger", "banner", "basket", "beacon", "bridge", "candle", "canyon",
-         "castle", "cedar", "comet", "copper", "coral", "falcon", "feather", "forest", "fountain", "garden",
-         "glacier", "harbor", "helmet", "island", "jacket", "jungle", "kettle", "ladder", "lantern", "lemon",
-         "meadow", "mirror", "monkey", "needle", "ocean", "orchard", "otter", "palace", "pepper", "pillow",
-         "planet", "pocket", "rabbit", "river", "saddle", "shadow", "spider", "summit", "thunder", "tiger",
-         "tower", "tulip", "valley", "violin", "wagon", "walnut", "window", "winter", "wizard", "zebra")
+ADJECTIVES = (
+    "amber",
+    "ancient",
+    "bitter",
+    "brave",
+    "bright",
+    "calm",
+    "clever",
+    "cold",
+    "crimson",
+    "curious",
+    "dark",
+    "eager",
+    "early",
+    "fancy",
+    "fierce",
+    "gentle",
+    "golden",
+    "green",
+    "happy",
+    "hidden",
+    "honest",
+    "humble",
+    "icy",
+    "jolly",
+    "kind",
+    "lazy",
+    "little",
+    "lively",
+    "loud",
+    "lucky",
+    "mighty",
+    "modern",
+    "narrow",
+    "noble",
+    "odd",
+    "pale",
+    "proud",
+    "purple",
+    "quick",
+    "quiet",
+    "rapid",
+    "rare",
+    "rough",
+    "royal",
+    "rusty",
+    "shiny",
+    "silent",
+    "silver",
+    "sleepy",
+    "smooth",
+    "solid",
+    "sour",
+    "steady",
+    "stormy",
+    "sunny",
+    "swift",
+    "tall",
+    "tiny",
+    "vivid",
+    "wild",
+)
+NOUNS = (
+    "anchor",
+    "apple",
+    "arrow",
+    "badger",
+    "banner",
+    "basket",
+    "beacon",
+    "bridge",
+    "candle",
+    "canyon",
+    "castle",
+    "cedar",
+    "comet",
+    "copper",
+    "coral",
+    "falcon",
+    "feather",
+    "forest",
+    "fountain",
+    "garden",
+    "glacier",
+    "harbor",
+    "helmet",
+    "island",
+    "jacket",
+    "jungle",
+    "kettle",
+    "ladder",
+    "lantern",
+    "lemon",
+    "meadow",
+    "mirror",
+    "monkey",
+    "needle",
+    "ocean",
+    "orchard",
+    "otter",
+    "palace",
+    "pepper",
+    "pillow",
+    "planet",
+    "pocket",
+    "rabbit",
+    "river",
+    "saddle",
+    "shadow",
+    "spider",
+    "summit",
+    "thunder",
+    "tiger",
+    "tower",
+    "tulip",
+    "valley",
+    "violin",
+    "wagon",
+    "walnut",
+    "window",
+    "winter",
+    "wizard",
+    "zebra",
+)
 # answer words (niah_single_word) are kept apart from key words so a key never answers itself
-WORDS = ("acrobat", "almanac", "avocado", "ballad", "biscuit", "blizzard", "bonfire", "cactus", "caravan",
-         "carousel", "cathedral", "chimney", "compass", "cricket", "cucumber", "dolphin", "dragonfly",
-         "eclipse", "elephant", "emerald", "fiddle", "flamingo", "galaxy", "giraffe", "gondola", "hammock",
-         "harmonica", "hedgehog", "horizon", "iceberg", "igloo", "jasmine", "kangaroo", "lighthouse",
-         "lobster", "magnet", "mandolin", "marble", "meteor", "mosaic", "nectar", "notebook", "octopus",
-         "origami", "paddle", "parrot", "pelican", "penguin", "pyramid", "quartz", "raccoon", "rainbow",
-         "sapphire", "scarecrow", "seahorse", "snowflake", "squirrel", "telescope", "tornado", "trumpet",
-         "umbrella", "volcano", "waffle", "walrus", "whistle", "yogurt")
+WORDS = (
+    "acrobat",
+    "almanac",
+    "avocado",
+    "ballad",
+    "biscuit",
+    "blizzard",
+    "bonfire",
+    "cactus",
+    "caravan",
+    "carousel",
+    "cathedral",
+    "chimney",
+    "compass",
+    "cricket",
+    "cucumber",
+    "dolphin",
+    "dragonfly",
+    "eclipse",
+    "elephant",
+    "emerald",
+    "fiddle",
+    "flamingo",
+    "galaxy",
+    "giraffe",
+    "gondola",
+    "hammock",
+    "harmonica",
+    "hedgehog",
+    "horizon",
+    "iceberg",
+    "igloo",
+    "jasmine",
+    "kangaroo",
+    "lighthouse",
+    "lobster",
+    "magnet",
+    "mandolin",
+    "marble",
+    "meteor",
+    "mosaic",
+    "nectar",
+    "notebook",
+    "octopus",
+    "origami",
+    "paddle",
+    "parrot",
+    "pelican",
+    "penguin",
+    "pyramid",
+    "quartz",
+    "raccoon",
+    "rainbow",
+    "sapphire",
+    "scarecrow",
+    "seahorse",
+    "snowflake",
+    "squirrel",
+    "telescope",
+    "tornado",
+    "trumpet",
+    "umbrella",
+    "volcano",
+    "waffle",
+    "walrus",
+    "whistle",
+    "yogurt",
+)
 
 
 @dataclass(frozen=True)
@@ -83,9 +262,14 @@ class TaskSpec:
         if not isinstance(self.value, dict) or self.value.get("kind") not in VALUE_KINDS:
             raise EvalkitError(f"{where}: value kind must be one of {', '.join(VALUE_KINDS)}, got {self.value!r}")
         words = self.value.get("words")
-        if words is not None and (not isinstance(words, list) or len(set(words)) < self.values_per_key * self.keys
-                                  or not all(isinstance(w, str) and w.strip() for w in words)):
-            raise EvalkitError(f"{where}: value words must be a list of at least {self.values_per_key * self.keys} distinct words")
+        if words is not None and (
+            not isinstance(words, list)
+            or len(set(words)) < self.values_per_key * self.keys
+            or not all(isinstance(w, str) and w.strip() for w in words)
+        ):
+            raise EvalkitError(
+                f"{where}: value words must be a list of at least {self.values_per_key * self.keys} distinct words"
+            )
         if self.key not in ("none", "words"):
             raise EvalkitError(f"{where}: key must be 'none' or 'words', got {self.key!r}")
         if not 1 <= self.queries <= self.keys or self.values_per_key < 1:
@@ -108,8 +292,10 @@ def load_task(name_or_path: str, task_dir: Path = TASK_DIR) -> TaskSpec:
     if path.suffix not in (".yaml", ".yml"):
         path = Path(task_dir) / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise EvalkitError(f"unknown retrieval task {name_or_path!r}: use one of {', '.join(available_tasks(task_dir))} "
-                           "or a path to a task .yaml file")
+        raise EvalkitError(
+            f"unknown retrieval task {name_or_path!r}: use one of {', '.join(available_tasks(task_dir))} "
+            "or a path to a task .yaml file"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -119,7 +305,9 @@ def load_task(name_or_path: str, task_dir: Path = TASK_DIR) -> TaskSpec:
     known = set(TaskSpec.__dataclass_fields__) - {"source"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise EvalkitError(f"retrieval task file {path} has unknown fields {', '.join(unknown)}: allowed are {', '.join(sorted(known))}")
+        raise EvalkitError(
+            f"retrieval task file {path} has unknown fields {', '.join(unknown)}: allowed are {', '.join(sorted(known))}"
+        )
     try:
         return TaskSpec(**data, source=str(path))
     except TypeError as exc:
@@ -146,7 +334,7 @@ def _value(spec: dict, rng: random.Random, used: set[str]) -> str:
         kind = spec["kind"]
         if kind == "number":
             digits = int(spec.get("digits", 7))
-            v = str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
+            v = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
         elif kind == "word":
             v = rng.choice(spec.get("words") or WORDS)
         else:
@@ -170,7 +358,7 @@ def draw_needles(task: TaskSpec, seed: str) -> Needles:
         keys = [""]
     used: set[str] = set()
     pairs = [(k, _value(task.value, rng, used)) for k in keys for _ in range(task.values_per_key)]
-    queried = keys[:task.queries]
+    queried = keys[: task.queries]
     answers = tuple(v for k, v in pairs if k in queried)
     # needles of queried keys first (needles[0] goes to the depth), the rest shuffled after them
     first = [(k, v) for k, v in pairs if k in queried]
@@ -180,5 +368,6 @@ def draw_needles(task: TaskSpec, seed: str) -> Needles:
     ordered = [first[0]] + tail
     needles = tuple(task.needle.format(key=k, value=v) for k, v in ordered)
     joined = _join(queried) if task.key == "words" else ""
-    return Needles(needles, task.question.format(key=joined), task.answer_prefix.format(key=joined), answers,
-                   tuple(keys))
+    return Needles(
+        needles, task.question.format(key=joined), task.answer_prefix.format(key=joined), answers, tuple(keys)
+    )

@@ -24,13 +24,21 @@ def retrieval_work(params: dict, facts) -> Work:
             budgets = []
             for depth in params["depths"]:
                 for i in range(params["samples"]):
-                    budgets.append(G.sample_needles(task, params["seed"], length, depth, i,  # the run's own rule
-                                                    lambda text: count_tokens(facts.tokenizer, text))[2])
+                    budgets.append(
+                        G.sample_needles(
+                            task,
+                            params["seed"],
+                            length,
+                            depth,
+                            i,  # the run's own rule
+                            lambda text: count_tokens(facts.tokenizer, text),
+                        )[2]
+                    )
             prompts += len(budgets)
             tokens += len(budgets) * length + sum(budgets)
             bs = params["batch_size"]
             for j in range(0, len(budgets), bs):  # batches of one (task, length), as the evaluation groups them
-                batch = budgets[j: j + bs]
+                batch = budgets[j : j + bs]
                 steps = max(batch)
                 fw.append(Forwards(1, len(batch), length))
                 if steps > 1:
@@ -39,5 +47,13 @@ def retrieval_work(params: dict, facts) -> Work:
     rows = 2 * (cells + len(specs) * len(lengths) + len(specs) + 1)
     approx = "" if facts.tokenizer is not None else "answer lengths at ~4 characters per token (no tokenizer here)"
     fw_t = tuple(fw)
-    return Work("retrieval", tokens, fw_t, baseline=fw_t, identity_is_baseline=True, baseline_bytes=200 * prompts,
-                store_bytes=rows * ROW_BYTES + 400 * prompts + 80_000, approximate=approx)
+    return Work(
+        "retrieval",
+        tokens,
+        fw_t,
+        baseline=fw_t,
+        identity_is_baseline=True,
+        baseline_bytes=200 * prompts,
+        store_bytes=rows * ROW_BYTES + 400 * prompts + 80_000,
+        approximate=approx,
+    )

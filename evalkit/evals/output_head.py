@@ -81,6 +81,32 @@ def check_free_space(folder: Path, need: int, what: str, fix: str) -> None:
         raise EvalkitError(f"{what} need {format_bytes(need)} but {format_bytes(free)} are free: {fix}")
 
 
+def baseline_key(lm, **fields) -> dict:
+    """What decides a cached baseline's numbers: the model (name, config, weights, dtype, device),
+    its tokenizer, and the evaluation's own ``fields`` (format version, corpus, protocol, versions)."""
+    from evalkit.data.corpus import tokenizer_fingerprint
+    from evalkit.models.info import weights_fingerprint
+
+    model = lm.model
+    return dict(
+        model=lm.name,
+        config=lm.config_hash,
+        weights=weights_fingerprint(model),
+        dtype=str(next(model.parameters()).dtype),
+        device=lm.device.type,
+        tokenizer=tokenizer_fingerprint(lm.tokenizer),
+        **fields,
+    )
+
+
+def baseline_dir(workdir: Path, eval_name: str, key: dict) -> Path:
+    """The folder of the baseline cached under ``key`` (a hash of its sorted JSON)."""
+    import hashlib
+    import json
+
+    return Path(workdir) / eval_name / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
 def load_or_build(folder: Path, load, build) -> dict:
     """The baseline in ``folder``: ``load()`` when its completion marker (``meta.json``) is there, else
     (not there, or left by an older evalkit or a damaged disk: a cache miss) ``build()`` into a clean

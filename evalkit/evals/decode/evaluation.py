@@ -56,7 +56,6 @@ written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -67,7 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
+from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import backend_of, stamp
 from evalkit.evals.base import Column, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
@@ -81,9 +80,16 @@ from evalkit.evals.kl_topk import (
     kl_from_summary,
     summarize,
 )
-from evalkit.evals.output_head import OutputHead, check_free_space, load_or_build, publish, temp_dir
+from evalkit.evals.output_head import (
+    OutputHead,
+    baseline_dir,
+    baseline_key,
+    check_free_space,
+    load_or_build,
+    publish,
+    temp_dir,
+)
 from evalkit.evals.stats import paired_bootstrap_ci
-from evalkit.models.info import weights_fingerprint
 
 FORMAT_VERSION = (
     3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
@@ -201,22 +207,17 @@ class DecodeEval(Evaluation):
         """The emulation's baseline: the decode loop under bf16, cached (see the module docstring)."""
         import transformers
 
-        model, tok, corpus = lm.model, lm.tokenizer, self.corpus
+        model, corpus = lm.model, self.corpus
         self.head = OutputHead(model, "decode")
-        key = dict(
+        key = baseline_key(
+            lm,
             version=FORMAT_VERSION,
-            model=lm.name,
-            config=lm.config_hash,
-            weights=weights_fingerprint(model),
-            dtype=str(next(model.parameters()).dtype),
-            device=lm.device.type,
             corpus=corpus.sha256,
-            tokenizer=tokenizer_fingerprint(tok),
             protocol=self.protocol,
             torch=torch.__version__,
             transformers=transformers.__version__,
         )
-        self.dir = Path(workdir) / "decode" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        self.dir = baseline_dir(workdir, "decode", key)
         self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
         self.inputs = base["tokens"]
 

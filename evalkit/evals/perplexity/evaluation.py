@@ -46,7 +46,6 @@ signed-rank p-value over per-window mean NLL. Rows repeat for position buckets w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -56,14 +55,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos, tokenizer_fingerprint
+from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
-from evalkit.evals.output_head import CHUNK_ELEMENTS, OutputHead, check_free_space, load_or_build, publish, temp_dir
+from evalkit.evals.output_head import (
+    CHUNK_ELEMENTS,
+    OutputHead,
+    baseline_dir,
+    baseline_key,
+    check_free_space,
+    load_or_build,
+    publish,
+    temp_dir,
+)
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
-from evalkit.models.info import weights_fingerprint
 
 FORMAT_VERSION = (
     4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
@@ -231,23 +238,12 @@ class PerplexityEval(Evaluation):
 
     def _prepare_baseline(self, lm, workdir: Path) -> None:
         """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
-        model, tok = lm.model, lm.tokenizer
+        model = lm.model
         self.head = OutputHead(model, "perplexity")
-        key = dict(
-            version=FORMAT_VERSION,
-            model=lm.name,
-            config=lm.config_hash,
-            weights=weights_fingerprint(model),
-            dtype=str(next(model.parameters()).dtype),
-            device=lm.device.type,
-            corpus=self.corpus.sha256,
-            tokenizer=tokenizer_fingerprint(tok),
-            protocol=self.protocol,
-            torch=torch.__version__,
+        key = baseline_key(
+            lm, version=FORMAT_VERSION, corpus=self.corpus.sha256, protocol=self.protocol, torch=torch.__version__
         )
-        self.dir = (
-            Path(workdir) / "perplexity" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        )
+        self.dir = baseline_dir(workdir, "perplexity", key)
         self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
         self.base_nll, self.base_argmax = base["nll"], base["argmax"]
 

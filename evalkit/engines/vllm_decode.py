@@ -55,15 +55,13 @@ def greedy_tokens(runner, prompts: list[list[int]], max_tokens: int, stop: int |
 
 def generate_texts(runner, tokenizer, batches, progress=None, on_batch=None) -> list[list[str]]:
     """Retrieval's request: per batch of ``(prompt ids, max_new_tokens)``, the decoded greedy texts."""
-    texts = []
-    for prompts, max_new in batches:
+    from evalkit.evals.retrieval.generate import texts_per_batch
+
+    def generate(prompts, max_new):
         gens = greedy_tokens(runner, prompts, max_new, stop=tokenizer.eos_token_id)
-        texts.append(tokenizer.batch_decode(gens, skip_special_tokens=True))
-        if on_batch is not None:
-            on_batch(len(texts) - 1, texts[-1])
-        if progress is not None:
-            progress.update(len(prompts))
-    return texts
+        return tokenizer.batch_decode(gens, skip_special_tokens=True)
+
+    return texts_per_batch(generate, batches, progress, on_batch)
 
 
 @dataclass

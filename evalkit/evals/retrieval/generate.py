@@ -32,26 +32,34 @@ def generation_config(tokenizer, max_new_tokens: int) -> GenerationConfig:
     )
 
 
+def texts_per_batch(generate, batches, progress=None, on_batch=None) -> list[list[str]]:
+    """``generate(prompts, max_new_tokens) -> texts`` over ``batches`` of (equal-length prompt ids,
+    max_new_tokens): the texts per batch, ``on_batch(k, texts)`` after batch ``k`` and ``progress``
+    advanced by its prompts. Every backend's retrieval generation runs through this loop."""
+    texts: list[list[str]] = []
+    for prompts, max_new in batches:
+        texts.append(generate(prompts, max_new))
+        if on_batch is not None:
+            on_batch(len(texts) - 1, texts[-1])
+        if progress is not None:
+            progress.update(len(prompts))
+    return texts
+
+
 @torch.inference_mode()
 def generate_batches(
     lm, scheme, batches: Sequence[tuple[list[list[int]], int]], progress=None, on_batch=None
 ) -> list[list[str]]:
     """``batches``: (equal-length prompt ids, max_new_tokens). Returns the decoded continuations;
     ``on_batch(k, texts)`` is called after batch ``k``."""
-    model, tok = lm.model, lm.tokenizer
-    device = lm.device
-    out_text: list[list[str]] = []
     from evalkit.integration.install import quantized_kv
 
+    model, tok = lm.model, lm.tokenizer
+
+    def generate(prompts, max_new):
+        x = torch.tensor(prompts, dtype=torch.long, device=lm.device)
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=generation_config(tok, max_new))
+        return tok.batch_decode(out[:, x.shape[1] :], skip_special_tokens=True)
+
     with quantized_kv(model, scheme):
-        for prompts, max_new in batches:
-            x = torch.tensor(prompts, dtype=torch.long, device=device)
-            am = torch.ones_like(x)
-            out = model.generate(x, attention_mask=am, generation_config=generation_config(tok, max_new))
-            new = out[:, x.shape[1] :]
-            out_text.append(tok.batch_decode(new, skip_special_tokens=True))
-            if on_batch is not None:
-                on_batch(len(out_text) - 1, out_text[-1])
-            if progress is not None:
-                progress.update(len(prompts))
-    return out_text
+        return texts_per_batch(generate, batches, progress, on_batch)

@@ -53,7 +53,7 @@ def _fill(rows: pd.DataFrame, col: Column, slot) -> None:
     kind, _, label = col.labels.partition(":")
     if kind != "last" or not label:
         raise EvalkitError(f"report column {col.column!r} has labels {col.labels!r}: use 'none' or 'last:<label>'")
-    sel = sel[sel["labels"].map(lambda d: label in (d or {}))]
+    sel = sel[sel["labels"].map(lambda d: label in (d or {})).astype(bool)]  # astype: an empty mask stays a mask
     for (model, scheme), g in sel.groupby(["model", "scheme"], sort=False):
         last = g.loc[g["labels"].map(lambda d: _label_start(d[label])).idxmax()]
         out = slot(model, scheme)

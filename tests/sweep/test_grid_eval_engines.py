@@ -14,7 +14,7 @@ models: [embedded]
 schemes: [bf16, fp8_e4m3/tensor/unit]
 evals:
   perplexity: {{window: 64, max_windows: 1}}
-  serving: {{budget_gib: 0.010986328125, context: 256}}
+  serving: {{budget_gib: 0.0164794921875, context: 256}}
 {engine}"""
 
 

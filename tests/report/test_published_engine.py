@@ -1,0 +1,65 @@
+"""The published engine table reproduces: the README's engine block is `report` of the committed store
+``published/engine``, the store is the engine grid (``sweeps/engine.yaml``: every run through evalkit's
+emulation and through vLLM, the serving eval through vLLM only) from one code identity with nothing
+failed, and the engine's measured capacity agrees with evalkit's count.
+
+Made by ``VLLM_ENABLE_V1_MULTIPROCESSING=0 /opt/vllm/bin/python -m evalkit sweep engine --out published/engine``
+and rendered by ``python -m evalkit report published/engine --format md`` (no vLLM needed to read it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE = ROOT / "published" / "engine"
+BEGIN, END = "<!-- engine:begin -->", "<!-- engine:end -->"
+SPEC_KEYS = ("model", "scheme", "eval", "params", "engine")
+
+
+def records() -> list[dict]:
+    return [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_readme_engine_block_is_the_report_of_the_committed_store():
+    out = subprocess.run([sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    readme = (ROOT / "README.md").read_text()
+    assert BEGIN in readme and END in readme, "the README's engine table must sit between the engine markers"
+    published = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert published == out.stdout.strip(), "regenerate: python -m evalkit report published/engine --format md"
+
+
+def test_store_holds_the_engine_grid_from_one_code_identity():
+    """Every run of the engine grid completed once (emulation and vLLM; serving on vLLM only), nothing
+    failed, all rows from one code identity, and each row says which backend computed it."""
+    from evalkit.sweep.grid import canonical_json, parse_grid
+
+    recs = records()
+    complete = [r for r in recs if r["type"] == "complete"]
+    grid = parse_grid(ROOT / "sweeps" / "engine.yaml")
+    key = lambda d: canonical_json({k: d.get(k, "emulation") for k in SPEC_KEYS})  # noqa: E731
+    assert sorted(key(r["spec"]) for r in complete) == sorted(key(run.to_dict()) for run in grid.runs), \
+        "the store is not the engine grid: rerun the sweep into published/engine"
+    assert {r.engine for r in grid.runs} == {"emulation", "vllm"}
+    assert {r.engine for r in grid.runs if r.eval == "serving"} == {"vllm"}
+    assert not [r for r in recs if r["type"] == "failed"]
+    assert len({r["info"]["code"]["identity"] for r in complete}) == 1
+    engine_runs = {r["run_id"] for r in complete if r["spec"].get("engine") == "vllm"}
+    for r in recs:
+        if r["type"] == "metric":
+            backend = r["info"]["backend"]
+            assert (backend.startswith("vllm") if r["run_id"] in engine_runs else backend == "emulation"), backend
+
+
+def test_engine_capacity_matches_evalkits_count():
+    """vLLM's KV tokens under fp8_e4m3 within 1 % of evalkit's count; the baseline's cache is the
+    model's float32 (the grid loads the embedded model in float32), twice evalkit's bf16 bytes per token."""
+    rows = {(r["scheme"], r["metric"]): r["value"] for r in records() if r["type"] == "metric" and r["eval"] == "serving"}
+    fp8 = next(s for s, m in rows if s.startswith("fp8_e4m3/tensor/unit"))
+    assert abs(rows[(fp8, "capacity_ratio_vs_computed")] - 1) <= 0.01
+    assert rows[(fp8, "engine_bytes_per_token")] == rows[(fp8, "computed_bytes_per_token")]
+    assert rows[("bf16", "engine_bytes_per_token")] == 2 * rows[("bf16", "computed_bytes_per_token")]

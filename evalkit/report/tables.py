@@ -157,8 +157,13 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
             d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
         if "backend" in r:
-            d.update({h: "" if base else _num(r.get(k), ".3g" if k == "kl_bound" else ".0f")
-                      for k, h in ENGINE_SIDE_HEADINGS.items() if k in r})
+            d.update(
+                {
+                    h: "" if base else _num(r.get(k), ".3g" if k == "kl_bound" else ".0f")
+                    for k, h in ENGINE_SIDE_HEADINGS.items()
+                    if k in r
+                }
+            )
         out.append(d)
     table = pd.DataFrame(out).fillna("")
     if table["model"].nunique() == 1:

@@ -1026,8 +1026,8 @@ def real_facts(ctx: Context, model):
 
 
 def estimator(sec: Section, ctx: Context) -> None:
-    from evalkit import models
     from evalkit.integration.install import quantized_kv
+    from evalkit.models import loading as models
     from evalkit.models.info import config_hash, kv_layout
     from evalkit.models.presets import get_preset
     from evalkit.sweep import throughput as T

@@ -16,39 +16,15 @@ from types import SimpleNamespace
 import pytest
 
 from evalkit.cli import main
-from evalkit.errors import EngineUnavailableError, EvalkitError
+from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme
+
+from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
 
 DECODE = dict(corpus="embedded", prefill=24, decode=8, sequences=2, buckets=2, bootstrap_samples=200)
 RETRIEVAL = dict(tasks="passkey", lengths="256", depths="50", samples=2, batch_size=2)
 LMEVAL = dict(tasks="evalkit_mmlu4", limit=4, batch_size=4)
 E4M3 = "fp8_e4m3/tensor/unit"
-
-
-def _vllm_missing() -> str | None:
-    try:
-        from evalkit.engines.vllm_kernel import check_vllm_available
-
-        check_vllm_available()
-    except EngineUnavailableError as exc:
-        return str(exc)
-    return None
-
-
-MISSING = _vllm_missing()
-if MISSING:
-    print(f"\ntests/engines/test_vllm_evals.py: engine tests skipped: {MISSING}")
-needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"needs vLLM: {MISSING}")
-
-
-def one_line_exit_2(argv, capsys, *needles):
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("evalkit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # -- without the engine ------------------------------------------------------------------------------

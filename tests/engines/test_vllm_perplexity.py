@@ -21,34 +21,10 @@ import torch
 from evalkit.cli import main
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
+from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
+
 STATIC = "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
 PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstrap_samples=200)
-
-
-def _vllm_missing() -> str | None:
-    try:
-        from evalkit.engines.vllm_kernel import check_vllm_available
-
-        check_vllm_available()
-    except EngineUnavailableError as exc:
-        return str(exc)
-    return None
-
-
-MISSING = _vllm_missing()
-if MISSING:
-    print(f"\ntests/test_vllm_perplexity.py: engine tests skipped: {MISSING}")
-needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"needs vLLM: {MISSING}")
-
-
-def one_line_exit_2(argv, capsys, *needles):
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("evalkit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # -- without the engine ------------------------------------------------------------------------------

@@ -19,35 +19,11 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.engines import vllm_serving as vs
-from evalkit.errors import EngineUnavailableError, EvalkitError
+from evalkit.errors import EvalkitError
+
+from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
 
 BF16_BPT = 30 * 2 * 3 * 64 * 2  # the embedded model: 30 layers, K and V, 3 KV heads x head_dim 64, 2 bytes
-
-
-def _vllm_missing() -> str | None:
-    try:
-        from evalkit.engines.vllm_kernel import check_vllm_available
-
-        check_vllm_available()
-    except EngineUnavailableError as exc:
-        return str(exc)
-    return None
-
-
-MISSING = _vllm_missing()
-if MISSING:
-    print(f"\ntests/engines/test_vllm_serving.py: engine tests skipped: {MISSING}")
-needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"needs vLLM: {MISSING}")
-
-
-def one_line_exit_2(argv, capsys, *needles):
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("evalkit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 def alloc(kvd="auto", budget=2 << 30, bpt=BF16_BPT, block=128, context=2048, null=1):

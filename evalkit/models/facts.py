@@ -3,7 +3,8 @@
 Sizing a sweep (:mod:`evalkit.sweep.estimate`) needs the parameter count and attention shape of
 each model (FLOPs per token, bytes per decode step), its tokenizer when it is on this machine
 (exact token counts), and whether its weights must still be downloaded. :func:`model_facts` reads
-them, in order, from the embedded model's dense copy, a local folder, the local Hugging Face
+them, in order, from the embedded model's dense copy (or, before its first conversion, its preset:
+a dry run converts nothing), a local folder, the local Hugging Face
 cache (config only, never the network), or evalkit's capacity presets (found by
 :func:`evalkit.models.presets.find_preset`, the look-up ``evalkit capacity --preset`` uses). The
 parameter count comes from instantiating the config on PyTorch's ``meta`` device (no memory,
@@ -108,10 +109,12 @@ def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFac
         folder = embedded_dense_dir(embedded)
         facts.weights_local = True  # converted from the installed package on first load
         facts.source = "embedded model"
-        if not (folder / "config.json").is_file():
-            from evalkit.models.loading import ensure_embedded
-
-            folder = ensure_embedded(embedded)
+        if not (folder / "config.json").is_file():  # not converted yet: a dry run converts nothing
+            key, preset = find_preset(embedded)
+            facts.params = float(preset["params"])
+            facts.source = f"embedded model (evalkit preset {key}; converted on its first load)"
+            _from_config(facts, preset["config"])
+            return facts  # no tokenizer until then: the workloads count characters and mark their rows ~
     elif is_path_like(name):
         folder = Path(name).expanduser()
         facts.weights_local = folder.is_dir()

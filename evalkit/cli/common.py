@@ -27,16 +27,9 @@ def add_model_arguments(p) -> None:
 
 
 def load_from_args(args):
-    from evalkit.models.loading import load_model
+    from evalkit.models.loading import load_model_with
 
-    return load_model(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        device_map=args.device_map,
-        trust_remote_code=args.trust_remote_code,
-        attn_implementation=args.attn_implementation,
-    )
+    return load_model_with(args.model, args)
 
 
 def check_model_first(argv: list[str]) -> None:

@@ -255,3 +255,12 @@ def load_model(
     return LoadedModel(
         model, tokenizer, embedded_name(name) or name, path, config_hash(model.config), kv_layout(model.config)
     )
+
+
+LOAD_OPTIONS = ("dtype", "device", "device_map", "trust_remote_code", "attn_implementation")
+
+
+def load_model_with(name: str, options) -> LoadedModel:
+    """:func:`load_model` with the loading options an object carries as attributes of the same names
+    (:data:`LOAD_OPTIONS`): a sweep's ``ModelSpec`` or the CLI's parsed arguments."""
+    return load_model(name, **{option: getattr(options, option) for option in LOAD_OPTIONS})

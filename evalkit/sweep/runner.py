@@ -84,18 +84,10 @@ class ModelSession:
 
     def _model(self):
         if self._lm is None and self._load_error is None:
-            from evalkit.models.loading import load_model
+            from evalkit.models.loading import load_model_with
 
-            s = self.spec
             try:
-                self._lm = load_model(
-                    s.name,
-                    dtype=s.dtype,
-                    device=s.device,
-                    device_map=s.device_map,
-                    trust_remote_code=s.trust_remote_code,
-                    attn_implementation=s.attn_implementation,
-                )
+                self._lm = load_model_with(self.spec.name, self.spec)
             except Exception as exc:  # recorded for every run of this model
                 self._load_error = exc
         if self._load_error is not None:

@@ -152,20 +152,13 @@ def probe(spec, facts) -> Speed:
     """Load the model as the sweep does and time a forward and a few decode steps through evalkit's paths."""
     from transformers.utils import logging as hf_logging
 
-    from evalkit.models.loading import load_model
+    from evalkit.models.loading import load_model_with
 
     start = time.perf_counter()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the dry run's output
     try:
-        lm = load_model(
-            spec.name,
-            dtype=spec.dtype,
-            device=spec.device,
-            device_map=spec.device_map,
-            trust_remote_code=spec.trust_remote_code,
-            attn_implementation=spec.attn_implementation,
-        )
+        lm = load_model_with(spec.name, spec)
     finally:
         if bars:
             hf_logging.enable_progress_bar()

@@ -85,6 +85,31 @@ def test_committed_notebooks_reproduce_on_the_published_store(name, where):
     assert text_outputs(fresh) == text_outputs(committed)
 
 
+@pytest.mark.parametrize("where", ["root", "notebooks"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_documented_nbconvert_command_runs_from_either_folder(name, where, tmp_path):
+    """`jupyter nbconvert --to notebook --execute notebooks/X.ipynb` from the repository root, and
+    `... --execute X.ipynb` from notebooks/, the command a user types (it once failed from the root
+    with 'results folder published/default does not exist'), executes every cell without an error."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nbconvert", reason="jupyter nbconvert is in the test extras: pip install -e '.[test]'")
+    cwd, path = (ROOT, f"notebooks/{name}") if where == "root" else (NOTEBOOKS, name)
+    out = tmp_path / name
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", path, "--output", str(out)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    executed = nbformat.read(out, as_version=4)
+    assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert text_outputs(executed) == text_outputs(nbformat.read(NOTEBOOKS / name, as_version=4))
+
+
 def test_analysis_shows_every_figure_with_the_tables_labels():
     """The committed analysis notebook shows the table, then the Pareto, positions, decode and two
     retrieval figures of the published store, drawn with the table's labels (the static schemes'

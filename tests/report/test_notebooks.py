@@ -1,7 +1,9 @@
-"""The notebooks execute headless (nbclient) on a results store, reading only the store.
+"""The notebooks execute headless on a results store, reading only the store.
 
-Every notebook runs from the repository root and from ``notebooks/`` (a relative STORE resolves
-through :func:`evalkit.data.resources.results_folder`, not the kernel's folder). Three stores: the
+On the published store every notebook runs through the command a user types, ``jupyter nbconvert
+--to notebook --execute``, from the repository root and from ``notebooks/`` (a relative STORE
+resolves through :func:`evalkit.data.resources.results_folder`, not the kernel's folder); on the
+others through nbclient (nbconvert's engine) with parameters injected. Three stores: the
 SYNTHETIC one of test_report (every view has data: positions, retrieval,
 sensitivity, lm-eval), a real one written by `evalkit sweep` on the tiny random llama, and the
 published default sweep (``published/default``). The notebooks are committed executed against
@@ -71,30 +73,20 @@ def test_every_notebook_is_tested():
 
 @pytest.mark.parametrize("where", ["root", "notebooks"])
 @pytest.mark.parametrize("name", NAMES)
-def test_committed_notebooks_reproduce_on_the_published_store(name, where):
-    """From the repository root and from notebooks/ (the kernel's folder under `jupyter nbconvert
-    --execute notebooks/X.ipynb`, which used to fail: 'results folder published/default does not
-    exist'), the default STORE opens and the text outputs are the committed ones."""
+def test_committed_notebooks_reproduce_on_the_published_store(name, where, tmp_path):
+    """`jupyter nbconvert --to notebook --execute notebooks/X.ipynb` from the repository root, and
+    `... --execute X.ipynb` from notebooks/, the command a user types (it once failed from the root
+    with 'results folder published/default does not exist'), executes every cell without an error,
+    and the text outputs are the committed ones."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nbconvert", reason="jupyter nbconvert is in the test extras: pip install -e '.[test]'")
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(c.get("execution_count") for c in committed.cells if c.cell_type == "code"), (
         "commit the notebook executed"
     )
     assert any("parameters" in c.metadata.get("tags", []) for c in committed.cells)
-    fresh = execute(name, cwd=ROOT if where == "root" else NOTEBOOKS)
-    assert not [o for c in fresh.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert text_outputs(fresh) == text_outputs(committed)
-
-
-@pytest.mark.parametrize("where", ["root", "notebooks"])
-@pytest.mark.parametrize("name", NAMES)
-def test_the_documented_nbconvert_command_runs_from_either_folder(name, where, tmp_path):
-    """`jupyter nbconvert --to notebook --execute notebooks/X.ipynb` from the repository root, and
-    `... --execute X.ipynb` from notebooks/, the command a user types (it once failed from the root
-    with 'results folder published/default does not exist'), executes every cell without an error."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("nbconvert", reason="jupyter nbconvert is in the test extras: pip install -e '.[test]'")
     cwd, path = (ROOT, f"notebooks/{name}") if where == "root" else (NOTEBOOKS, name)
     out = tmp_path / name
     done = subprocess.run(
@@ -107,7 +99,7 @@ def test_the_documented_nbconvert_command_runs_from_either_folder(name, where, t
     assert done.returncode == 0, done.stderr[-2000:]
     executed = nbformat.read(out, as_version=4)
     assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert text_outputs(executed) == text_outputs(nbformat.read(NOTEBOOKS / name, as_version=4))
+    assert text_outputs(executed) == text_outputs(committed)
 
 
 def test_analysis_shows_every_figure_with_the_tables_labels():

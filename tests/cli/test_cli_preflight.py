@@ -21,6 +21,8 @@ import torch
 from evalkit.cli import main, preflight
 from evalkit.errors import EvalkitError, PreflightError
 
+from tests.cli_checks import one_line_exit_2
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "published" / "default"
 SCHEME = "fp8_e4m3/tensor/dynamic"
@@ -40,18 +42,6 @@ def no_model_loads(monkeypatch):
 
 def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-
-
-def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    err = captured.err
-    assert err.startswith("evalkit: error: ") and err.endswith("\n") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # -- unwritable output locations, per command --------------------------------------------------

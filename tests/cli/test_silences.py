@@ -13,6 +13,8 @@ import pytest
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
 
+from tests.cli_checks import one_line_exit_2
+
 REPO = Path(__file__).resolve().parents[2]
 SCHEME = "fp8_e4m3/tensor/dynamic"
 
@@ -27,16 +29,6 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr(evalkit.models.loading, "load_model", refuse)
     monkeypatch.setattr(evalkit.models.loading, "ensure_embedded", refuse)
-
-
-def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("evalkit: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # -- an empty scheme list ---------------------------------------------------------------------

@@ -19,7 +19,8 @@ from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme
 
-from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
+from tests.cli_checks import one_line_exit_2
+from tests.engines.vllm_env import MISSING, needs_vllm
 
 DECODE = dict(corpus="embedded", prefill=24, decode=8, sequences=2, buckets=2, bootstrap_samples=200)
 RETRIEVAL = dict(tasks="passkey", lengths="256", depths="50", samples=2, batch_size=2)

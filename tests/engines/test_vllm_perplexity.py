@@ -21,7 +21,8 @@ import torch
 from evalkit.cli import main
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
-from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
+from tests.cli_checks import one_line_exit_2
+from tests.engines.vllm_env import MISSING, needs_vllm
 
 STATIC = "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
 PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstrap_samples=200)

@@ -21,7 +21,8 @@ from evalkit.cli import main
 from evalkit.engines import vllm_serving as vs
 from evalkit.errors import EvalkitError
 
-from tests.engines.vllm_env import MISSING, needs_vllm, one_line_exit_2
+from tests.cli_checks import one_line_exit_2
+from tests.engines.vllm_env import MISSING, needs_vllm
 
 BF16_BPT = 30 * 2 * 3 * 64 * 2  # the embedded model: 30 layers, K and V, 3 KV heads x head_dim 64, 2 bytes
 

@@ -1,0 +1,18 @@
+"""The check every bad-input test shares: a command line refuses in one line on stderr, naming the
+problem, with exit code 2 and no traceback."""
+
+from __future__ import annotations
+
+from evalkit.cli import main
+
+
+def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
+    """Run ``evalkit argv``; assert exit 2 and one ``evalkit: error: ...`` line holding every needle."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evalkit: error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err

@@ -254,9 +254,11 @@ def nvfp4_scales(group_amax: torch.Tensor, tensor_amax: torch.Tensor) -> tuple[t
 
 
 def nvfp4_global_scale(tensor_amax: torch.Tensor) -> torch.Tensor:
-    """NVFP4's FP32 per-tensor scale ``tensor_amax / 2688``; 0 gives 1.0, NaN or inf gives NaN."""
+    """NVFP4's FP32 per-tensor scale ``tensor_amax / 2688``, at least float32's smallest normal (so
+    that a tiny amax never underflows it to 0); 0 gives 1.0, NaN or inf gives NaN."""
     tensor_amax = tensor_amax.to(torch.float32)
-    global_scale = tensor_amax / NVFP4_GLOBAL_DIVISOR
+    # floored at float32's smallest normal: below a tensor amax of about 4e-42 the quotient underflows to 0
+    global_scale = (tensor_amax / NVFP4_GLOBAL_DIVISOR).clamp_(min=torch.finfo(torch.float32).tiny)
     global_scale = global_scale.masked_fill(tensor_amax == 0, 1.0)
     return global_scale.masked_fill_(~torch.isfinite(tensor_amax), float("nan"))
 

@@ -25,7 +25,11 @@ granularity    scale shape          elements sharing one scale
 Dynamic scales (no ``scale`` given) are ``amax / format max`` in float32 over each group, and a
 group whose amax is 0 gets scale 1 so that it stays exactly 0. Asymmetric formats take
 ``scale = (max - min) / (2**bits - 1)`` and ``zero = round(-min / scale)`` over a range that always
-includes 0. A given ``scale`` (static, unit, or a dynamic one frozen earlier) is used as it is and
+includes 0. A float32 scale is never below :data:`SCALE_FLOOR`, float32's smallest normal (about
+1.2e-38): below an amax of about 6e-43 (E4M3) ``amax / 448`` underflows to 0 and every zero of the
+group would become ``0 / 0 = NaN`` (an amax up to about 5e-36 would give a subnormal, inexact
+scale); with the floor such a group stores its values to within the floor's precision (in practice
+as 0) and never NaN. NVFP4's per-tensor scale has the same floor. A given ``scale`` (static, unit, or a dynamic one frozen earlier) is used as it is and
 must broadcast against x; values beyond the range it covers saturate.
 
 Scales stored in a narrower dtype (``fmt.scale_dtype``, bound by ``Scheme.kv_format``) are rounded
@@ -80,6 +84,7 @@ _REDUCE_DIMS = {
     GranularityKind.BLOCK: (3, 4),
 }
 PER_TOKEN = (GranularityKind.TOKEN, GranularityKind.GROUP)
+SCALE_FLOOR = torch.finfo(torch.float32).tiny  # smallest normal float32: no dynamic scale underflows to 0
 
 
 @dataclass
@@ -127,7 +132,8 @@ def scale_from_amax(
 ) -> torch.Tensor:
     """Dynamic symmetric scale from each group's amax, rounded to ``fmt.scale_dtype`` (float32 out).
 
-    fp32: ``amax / max`` (groups with amax 0 get scale 1); e8m0 and e4m3: see the table above.
+    fp32: ``amax / max``, at least :data:`SCALE_FLOOR` (groups with amax 0 get scale 1); e8m0 and
+    e4m3: see the table above.
     ``global_scale`` is NVFP4's per-tensor scale (broadcast against amax); ``dtype`` is the K/V's
     own dtype, which SGLang's exponent rule computes in."""
     if fmt.scale_dtype is ScaleDType.E8M0:
@@ -138,7 +144,7 @@ def scale_from_amax(
         if global_scale is None:
             return mx.round_scale_to_e4m3(torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax)))
         return mx.nvfp4_group_scales(amax, global_scale) * global_scale
-    return torch.where(amax > 0, amax / fmt.qmax, 1.0)
+    return torch.where(amax > 0, (amax / fmt.qmax).clamp_(min=SCALE_FLOOR), 1.0)
 
 
 def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
@@ -216,8 +222,8 @@ def quantize(
     if fmt.asymmetric:
         lo = stats.amin(dim=dims, keepdim=True).clamp_(max=0)
         hi = stats.amax(dim=dims, keepdim=True).clamp_(min=0)
-        s = (hi - lo) / fmt.qmax
-        s = torch.where(s > 0, s, torch.ones_like(s))
+        span = hi - lo
+        s = torch.where(span > 0, (span / fmt.qmax).clamp_(min=SCALE_FLOOR), torch.ones_like(span))
         z = torch.round(-lo / s)
         codes = (round_integer(g / s, fmt.rounding) + z).clamp_(0, fmt.qmax)
         nonfinite = ~torch.isfinite(hi - lo).all()

@@ -9,9 +9,10 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import FORMATS
-from evalkit.kv.quantize import check_granularity, decode, encode, quantize, quantize_dequantize
-from evalkit.kv.scheme import Granularity
+from evalkit.kv.quantize import check_granularity, decode, dequantize, encode, quantize, quantize_dequantize
+from evalkit.kv.scheme import Granularity, parse_scheme
 
+TINY = np.finfo(np.float32).tiny  # the floor under every dynamic float32 scale
 ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "fp8_e5m2": ml_dtypes.float8_e5m2}
 
 
@@ -21,13 +22,13 @@ def ref_group(x: np.ndarray, name: str) -> np.ndarray:
     x = x.astype(np.float32)
     if fmt.asymmetric:
         lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-        scale = np.float32((np.float32(hi) - np.float32(lo)) / np.float32(fmt.qmax))
-        scale = scale if scale > 0 else np.float32(1)
+        span = np.float32(hi) - np.float32(lo)
+        scale = max(np.float32(span / np.float32(fmt.qmax)), TINY) if span > 0 else np.float32(1)
         zero = np.round(np.float32(-lo) / scale)
         codes = np.clip(np.round(x / scale) + zero, 0, fmt.qmax)
         return ((codes - zero) * scale).astype(np.float32)
     amax = np.float32(np.abs(x).max())
-    scale = np.float32(amax / np.float32(fmt.qmax)) if amax > 0 else np.float32(1)
+    scale = max(np.float32(amax / np.float32(fmt.qmax)), TINY) if amax > 0 else np.float32(1)
     y = np.clip(x / scale, -fmt.max, fmt.max).astype(np.float32)
     codes = y.astype(ML[name]).astype(np.float32) if fmt.kind == "float" else np.round(y)
     return (codes * scale).astype(np.float32)
@@ -70,6 +71,49 @@ def test_matches_independent_reference(name, granularity):
     ours = quantize_dequantize(x, FORMATS[name], Granularity.parse(granularity))
     ref = torch.from_numpy(reference(x.numpy(), name, granularity))
     assert torch.equal(ours, ref), f"max diff {(ours - ref).abs().max()}"
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_tiny_amax_matches_the_reference(name, granularity):
+    """amax 1e-44 (amax / max underflows to 0 in float32) and 1e-40 (a subnormal quotient): the
+    reference with its floor, bit for bit."""
+    x = torch.zeros(2, 3, 10, 16)
+    x[0, 0, 2, 3], x[0, 2, 7, 9], x[1, 1, 5, 0] = 1e-44, -1e-40, 3e-41
+    ours = quantize_dequantize(x, FORMATS[name], Granularity.parse(granularity))
+    assert torch.equal(ours, torch.from_numpy(reference(x.numpy(), name, granularity)))
+
+
+TINY_SCHEMES = [f"{f}/{g}/dynamic" for f in FORMAT_NAMES for g in ["tensor", "head", "block16", "token", "group32"]] + [
+    "fp4_e2m1/group16/dynamic",
+    "nvfp4",
+    "mxfp4",
+    "mxfp8_e4m3",
+    "sglang_fp4",
+    "fp8_e4m3/group32/dynamic+scale_dtype=e8m0",
+]
+
+
+@pytest.mark.parametrize("scheme", TINY_SCHEMES)
+@pytest.mark.parametrize("amax", [1e-44, 1e-45, 6e-43, 1e-40, 0.0])
+def test_underflowing_amax_never_gives_nan(scheme, amax):
+    """A group whose amax / max underflows float32 (below about 6e-43 for E4M3) would get scale 0 and
+    store its zeros as 0 / 0 = NaN, unflagged: every scale is positive and finite instead, every value
+    comes back within amax of itself (in practice 0), all-zero groups and blocks stay exactly 0 with
+    scale 1, and nothing is flagged non-finite. Every granularity, every format, the MX/NVFP4 scales."""
+    sch = parse_scheme(scheme)
+    x = torch.zeros(1, 2, 40, 64)  # head 1, tokens 16..39 and every block but one stay all zero
+    x[0, 0, 3, 5], x[0, 0, 20, 7] = amax, -amax / 2
+    q = quantize(x, sch.kv_format, sch.granularity)
+    back = dequantize(q)
+    assert not bool(q.nonfinite) and bool(torch.isfinite(q.scale).all()) and bool((q.scale > 0).all())
+    assert bool(torch.isfinite(back).all()) and float((back - x).abs().max()) <= float(x.abs().max())
+    assert torch.equal(back[0, 1], torch.zeros(40, 64))  # an all-zero head: every block of it exactly 0
+    if sch.granularity.kind.value in ("block", "token", "group") and sch.kv_format.scale_dtype.value == "fp32":
+        zero_groups = q.scale[0, 1]
+        assert bool((zero_groups == 1.0).all())  # an all-zero group keeps scale 1, as documented
+    if sch.kv_format.scale_dtype.value == "fp32" and amax:
+        assert float(q.scale.min()) >= np.finfo(np.float32).tiny
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "int8", "int4"])

@@ -85,6 +85,9 @@ class Recipe(str, enum.Enum):
 
     STANDARD = "standard"  # amax / max rounded to the scale dtype; E8M0 by OCP MX
     SGLANG = "sglang"  # SGLang's fp4_e2m1 KV: E8M0 exponent ceil(log2(amax / 6)), sign bit v < 0 (-0.0 -> +0)
+    # vLLM's int8/fp8_per_token_head store: max(amax / QMAX, 1e-6) per token and head, x * (1 / scale),
+    # INT8 +-0.5 then truncation to [-128, 127] (evalkit.kv.per_token_head; named vllm:<kv_cache_dtype>)
+    VLLM_PER_TOKEN_HEAD = "vllm_per_token_head"
 
 
 @dataclass(frozen=True)
@@ -235,11 +238,14 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat(
             "bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"
         ),
-        _float8(
-            "fp8_e4m3",
-            torch.float8_e4m3fn,
-            "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
-            (ScaleDType.FP32, ScaleDType.E8M0),
+        replace(
+            _float8(
+                "fp8_e4m3",
+                torch.float8_e4m3fn,
+                "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
+                (ScaleDType.FP32, ScaleDType.E8M0),
+            ),
+            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD),
         ),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
         _float8(
@@ -248,7 +254,10 @@ FORMATS: dict[str, KVFormat] = {
             "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
             (ScaleDType.FP32, ScaleDType.E8M0),
         ),
-        _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
+        replace(
+            _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
+            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD),
+        ),
         _int("int8_asym", 8, True, "INT8 asymmetric, codes 0..255 with a zero point (reference point)"),
         _int("int4", 4, False, "INT4 symmetric, codes -7..7, two per byte (KIVI-style reference point)"),
         _int("int4_asym", 4, True, "INT4 asymmetric, codes 0..15 with a zero point, two per byte (KIVI-style)"),

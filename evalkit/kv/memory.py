@@ -110,7 +110,10 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if layout.is_mla:
         check_mla_scheme(scheme, layout)
         return
+    from evalkit.kv.engine_dtypes import check_layout
     from evalkit.kv.quantize import check_granularity
+
+    check_layout(scheme, False, (layout.head_dim, layout.v_head_dim))
 
     for dim in dict.fromkeys((layout.head_dim, layout.v_head_dim)):
         check_granularity(scheme.granularity, dim)
@@ -119,6 +122,9 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
 def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if scheme.is_identity or not layout.is_mla:
         return
+    from evalkit.kv.engine_dtypes import check_layout
+
+    check_layout(scheme, True, ())
     if scheme.granularity.kind not in MLA_GRANULARITIES:
         raise SchemeError(
             f"{scheme.granularity} has no meaning for the MLA latent of {layout.model_type} (one shared latent per token, no KV heads): "

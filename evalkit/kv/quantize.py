@@ -201,6 +201,10 @@ def quantize(
     ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x."""
     if fmt.is_identity:
         raise AssertionError("the identity format stores values, not codes")
+    if fmt.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's per-token-head store kernel, modelled on its own
+        from evalkit.kv.per_token_head import quantize_per_token_head
+
+        return quantize_per_token_head(x, fmt)
     xf = x.float()
     if scale is not None:
         if fmt.scale_dtype is not ScaleDType.FP32 or fmt.group_scaled:

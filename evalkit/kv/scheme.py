@@ -243,6 +243,13 @@ class Scheme:
                 f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
                 f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}"
             )
+        if self.recipe is Recipe.VLLM_PER_TOKEN_HEAD:
+            fixed = (GranularityKind.TOKEN, ScaleSource.DYNAMIC, ScaleDType.FP32, False, Rounding.RNE)
+            if (self.granularity.kind, self.scales, self.scale_dtype, self.tensor_scale, self.rounding) != fixed:
+                raise SchemeError(
+                    "recipe=vllm_per_token_head is vLLM's per-token-head store, which fixes token/dynamic float32 "
+                    "scales and its own rounding: write vllm:int8_per_token_head or vllm:fp8_per_token_head"
+                )
         if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
             return
         needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
@@ -304,6 +311,10 @@ class Scheme:
         if self.is_identity:
             return "bf16"
         name = self.name
+        if self.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's own dtype name (evalkit.kv.engine_dtypes)
+            from evalkit.kv.engine_dtypes import vllm_name
+
+            name = vllm_name(self)
         if name:
             text = name
         else:
@@ -478,6 +489,10 @@ def parse_scheme(text: str) -> Scheme:
         raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic, nvfp4 or bf16")
     text = text.strip()
     head, *options = text.split("+")
+    if head.startswith(VLLM_PREFIX):  # an engine's own kv_cache_dtype: vllm:int8_per_token_head
+        from evalkit.kv.engine_dtypes import vllm_scheme
+
+        return vllm_scheme(head[len(VLLM_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
     parts = head.split("/")
     if parts == ["bf16"]:
         if options:
@@ -507,10 +522,11 @@ def parse_scheme(text: str) -> Scheme:
     return Scheme(format=fmt, granularity=granularity, scales=source, **_options(text, options, _OPTION_KEYS))
 
 
+VLLM_PREFIX = "vllm:"  # vllm:<kv_cache_dtype> names the scheme that models that vLLM dtype
 _SCHEME_START = re.compile(
-    r",(?=\s*(?:"
+    r",(?=\s*(?:vllm:|(?:"
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
-    + r")(?:[/+,\s]|$))"
+    + r")(?:[/+,\s]|$)))"
 )
 
 

@@ -1,0 +1,258 @@
+"""vLLM's ``kv_cache_dtype`` values as evalkit schemes: ``vllm:<kv_cache_dtype>``, as data.
+
+Every value of vLLM 0.32's ``CacheDType`` (``vllm/config/cache.py``) has one row here: the scheme
+that models its store kernel (read in the kernel source named in the row), or, when there is none
+yet, the one-line reason, so that ``vllm:<dtype>`` parses to a scheme or is refused in one line
+wherever a scheme string is read (run, sweep grids, report labels, capacity). The engine-side
+view, with vLLM's own page size per token and the live ``CacheDType`` list, is
+:mod:`evalkit.engines.vllm_dtypes` (it needs vLLM installed; this table does not).
+
+Resolution:
+
+- ``auto`` / ``bfloat16`` / ``float16``: the unquantized baseline ``bf16``.
+- ``fp8`` / ``fp8_e4m3`` / ``fp8_e5m2``: the per-tensor schemes that the ``vllm-cuda`` engine
+  profile maps them to without checkpoint scales (``fp8_e4m3/tensor/unit``, ``fp8_e5m2/tensor/unit``;
+  a test holds the two equal). On the CPU backend run ``--engine-profile vllm-cpu`` (toward-zero
+  rounding); with checkpoint scales use the profile's ``scheme_for``.
+- ``int8_per_token_head`` / ``fp8_per_token_head``: :mod:`evalkit.kv.per_token_head`, printed back
+  as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
+- the rest: refused with what the kernel does and where it is, until modelled.
+
+Which architecture a dtype applies to (:class:`Arch`) is checked when a scheme meets a model
+(:func:`check_layout`): per-token-head dtypes exist on vLLM's Triton attention backend only (no MLA
+backend lists them) and need head_size >= 32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from evalkit.errors import SchemeError
+from evalkit.kv.formats import Recipe
+from evalkit.kv.scheme import Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
+
+OPS = "vllm/v1/attention/ops/"
+
+
+class Status(str, enum.Enum):
+    MODELLED = "modelled"  # a scheme reproduces its store kernel
+    BASELINE = "baseline"  # unquantized
+    NOT_MODELLED = "not modelled yet"
+    REFUSED = "refused"  # not a KV cache evalkit can model on any platform it serves (Gaudi's INC)
+
+
+class Arch(str, enum.Enum):
+    ANY = "any"
+    GQA = "gqa"  # standard attention K/V per KV head (MHA, GQA, MQA)
+    MLA = "mla"  # multi-head latent attention rows (DeepSeek-V3 family)
+
+
+@dataclass(frozen=True)
+class VllmDtype:
+    name: str
+    status: Status
+    scheme: str | None  # the scheme string it resolves to (None: not modelled / refused)
+    what: str  # what the kernel stores (modelled) or the reason it is not modelled
+    source: str  # the kernel's file in vLLM's repository
+    function: str  # the store function or kernel in that file
+    arch: Arch = Arch.ANY
+
+
+_PTH = "triton_reshape_and_cache_flash.py"
+_PER_TENSOR_FN = "reshape_and_cache_kernel_flash (Triton; FlashAttention's is csrc/cache_kernels.cu, CUDA C++)"
+_PER_TENSOR = "fp8 per-tensor store, as the vllm-cuda profile maps it: one k_scale/v_scale per layer (1.0 without checkpoint scales), round to nearest even"  # noqa: E501
+
+VLLM_DTYPES: dict[str, VllmDtype] = {
+    d.name: d
+    for d in (
+        VllmDtype(
+            "auto", Status.BASELINE, "bf16", "the model's dtype, unquantized", "vllm/config/cache.py", "CacheDType"
+        ),
+        VllmDtype("float16", Status.BASELINE, "bf16", "16-bit, unquantized", "vllm/config/cache.py", "CacheDType"),
+        VllmDtype("bfloat16", Status.BASELINE, "bf16", "16-bit, unquantized", "vllm/config/cache.py", "CacheDType"),
+        VllmDtype("fp8", Status.MODELLED, "fp8_e4m3/tensor/unit", _PER_TENSOR, OPS + _PTH, _PER_TENSOR_FN),
+        VllmDtype("fp8_e4m3", Status.MODELLED, "fp8_e4m3/tensor/unit", _PER_TENSOR, OPS + _PTH, _PER_TENSOR_FN),
+        VllmDtype("fp8_e5m2", Status.MODELLED, "fp8_e5m2/tensor/unit", _PER_TENSOR, OPS + _PTH, _PER_TENSOR_FN),
+        VllmDtype(
+            "fp8_inc",
+            Status.REFUSED,
+            None,
+            "Intel Gaudi (HPU) only: Intel Neural Compressor's FP8 path lives in vllm-gaudi, not in this vLLM",
+            "vllm/config/cache.py",
+            "CacheDType",
+        ),
+        VllmDtype(
+            "int8_per_token_head",
+            Status.MODELLED,
+            None,
+            "INT8, one float32 scale max(amax/127, 1e-6) per token and head, x*(1/scale), +-0.5 then truncation "
+            "to [-128, 127]",
+            OPS + _PTH,
+            "_reshape_cache_per_token_head",
+            Arch.GQA,
+        ),
+        VllmDtype(
+            "fp8_per_token_head",
+            Status.MODELLED,
+            None,
+            "FP8 E4M3, one float32 scale max(amax/448, 1e-6) per token and head, x*(1/scale), clamp +-448, "
+            "the store's cast (RNE satfinite on GPU)",
+            OPS + _PTH,
+            "_reshape_cache_per_token_head",
+            Arch.GQA,
+        ),
+        VllmDtype(
+            "int4_per_token_head",
+            Status.NOT_MODELLED,
+            None,
+            "randomized Hadamard rotation (single_rht, sign vectors from _get_rht_signs), then asymmetric INT4 "
+            "with a zero point per token and head, two codes per byte",
+            OPS + "int4_per_token_head.py",
+            "_reshape_cache_int4_kernel",
+            Arch.GQA,
+        ),
+        *(
+            VllmDtype(
+                name,
+                Status.NOT_MODELLED,
+                None,
+                what,
+                OPS + "triton_turboquant_store.py",
+                function,
+                Arch.GQA,
+            )
+            for name, function, what in (
+                (
+                    "turboquant_k8v4",
+                    "_tq_fused_store_fp8",
+                    "FP8 keys (no rotation) and uniform 4-bit values, K and V packed into one slot per head",
+                ),
+                (
+                    "turboquant_4bit_nc",
+                    "_tq_fused_store_mse",
+                    "Hadamard-rotated keys on a 4-bit Lloyd-Max codebook (centroids.py) with norm correction, "
+                    "uniform 4-bit values, one packed slot per head",
+                ),
+                (
+                    "turboquant_k3v4_nc",
+                    "_tq_fused_store_mse",
+                    "Hadamard-rotated keys on a 3-bit Lloyd-Max codebook with norm correction, uniform 4-bit "
+                    "values, one packed slot per head",
+                ),
+                (
+                    "turboquant_3bit_nc",
+                    "_tq_fused_store_mse",
+                    "Hadamard-rotated keys on a 3-bit Lloyd-Max codebook with norm correction, uniform 3-bit "
+                    "values, one packed slot per head",
+                ),
+            )
+        ),
+        VllmDtype(
+            "ultraquant_4bit",
+            Status.NOT_MODELLED,
+            None,
+            "Hadamard-rotated K, FP4 E2M1 codes with UE8M0 scales 2**round(log2(0.156*amax)) per 32 values, "
+            "K and V in one slot per head",
+            OPS + "ultraquant/triton_store.py",
+            "(store kernel; format in ultraquant/format.py)",
+            Arch.GQA,
+        ),
+        *(
+            VllmDtype(
+                name,
+                Status.NOT_MODELLED,
+                None,
+                what,
+                "csrc/cache_kernels.cu (CUDA C++, not in the wheel; vllm/_custom_ops.py reshape_and_cache_flash)",
+                "reshape_and_cache_flash (kv_cache_dtype=nvfp4)",
+                Arch.GQA,
+            )
+            for name, what in (
+                (
+                    "nvfp4",
+                    "NVFP4: E2M1 data + one E4M3 scale per 16 values in each head's slot, with the layer's "
+                    "k_scale/v_scale as the global scale",
+                ),
+                (
+                    "nvfp4_4over6",
+                    "the NVFP4 layout, choosing per 16 values between max/6 and max/4 scales by squared error",
+                ),
+            )
+        ),
+        VllmDtype(
+            "fp8_ds_mla",
+            Status.NOT_MODELLED,
+            None,
+            "656 B per token: 512 E4M3 NoPE values with one float32 scale per 128, then 64 bf16 RoPE values",
+            "vllm/v1/attention/backends/mla/flashmla_sparse.py (store: csrc/cache_kernels.cu, CUDA C++)",
+            "concat_and_cache_mla (kv_cache_dtype=fp8_ds_mla)",
+            Arch.MLA,
+        ),
+        VllmDtype(
+            "nvfp4_ds_mla",
+            Status.NOT_MODELLED,
+            None,
+            "352 B per token: 512 E2M1 NoPE values, 64 E4M3 RoPE values, 32 E4M3 scales per 16 (permuted 8x4)",
+            "vllm/v1/attention/backends/mla/flashmla_sparse.py (store: csrc/cache_kernels.cu, CUDA C++)",
+            "concat_and_cache_mla (kv_cache_dtype=nvfp4_ds_mla)",
+            Arch.MLA,
+        ),
+    )
+}
+
+_PER_TOKEN_HEAD = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8_e4m3"}
+
+
+def get_dtype(name: str) -> VllmDtype:
+    try:
+        return VLLM_DTYPES[name]
+    except KeyError:
+        raise SchemeError(
+            f"vLLM has no kv_cache_dtype {name!r} (vLLM 0.32): use one of {', '.join(VLLM_DTYPES)} "
+            "(see `python -m evalkit schemes --engine vllm`)"
+        ) from None
+
+
+def vllm_scheme(name: str, options: dict | None = None) -> Scheme:
+    """The scheme that models ``--kv-cache-dtype name``; ``options`` are ``skip``/``attn``/``rope`` fields."""
+    d = get_dtype(name)
+    options = options or {}
+    if d.status in (Status.NOT_MODELLED, Status.REFUSED):
+        label = "is not modelled yet" if d.status is Status.NOT_MODELLED else "is refused"
+        raise SchemeError(f"vllm:{name} {label}: {d.what} ({d.source}, {d.function})")
+    if name in _PER_TOKEN_HEAD:
+        return Scheme(
+            format=_PER_TOKEN_HEAD[name],
+            granularity=Granularity(GranularityKind.TOKEN),
+            scales=ScaleSource.DYNAMIC,
+            recipe=Recipe.VLLM_PER_TOKEN_HEAD,
+            **options,
+        )
+    scheme = parse_scheme(d.scheme)
+    if options and scheme.is_identity:
+        raise SchemeError(f"vllm:{name} keeps K/V unquantized and takes no options: write just 'vllm:{name}'")
+    return dataclasses.replace(scheme, **options)
+
+
+def vllm_name(scheme: Scheme) -> str:
+    """``vllm:<dtype>`` of a per-token-head scheme (its canonical string's head)."""
+    dtype = next(n for n, f in _PER_TOKEN_HEAD.items() if f == scheme.format)
+    return f"vllm:{dtype}"
+
+
+def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> None:
+    """Refuse, in one line, a vLLM per-token-head scheme on a model vLLM would not run it for."""
+    if scheme.recipe is not Recipe.VLLM_PER_TOKEN_HEAD:
+        return
+    name = vllm_name(scheme)
+    if is_mla:
+        raise SchemeError(
+            f"{name} is a per-token-head dtype of vLLM's Triton attention backend; no MLA backend of vLLM 0.32 "
+            "takes it: use vllm:fp8 (a per-tensor latent) for this multi-head latent attention model"
+        )
+    from evalkit.kv.per_token_head import check_head_size
+
+    for d in head_dims:
+        check_head_size(d)

@@ -15,9 +15,26 @@ Scales evolve as engines keep them, per sequence (a result never depends on its 
 * ``tensor`` / ``head``, dynamic: from each sequence's first write (its prefill; padding left
   out), then frozen; later tokens beyond that range saturate. Static and unit scales never change.
 * ``block<N>``: one scale per N tokens per KV head, blocks counted from each sequence's own first
-  real token (a paged cache is per sequence). When tokens join a partly filled block, the block is
-  re-encoded with the scale of all its tokens, from its stored values (in one piece when every
-  sequence's blocks start together, else sequence by sequence: the same numbers, tested).
+  real token (a paged cache is per sequence). A block's stored codes and scale are always a
+  one-shot encode of the tokens it holds: when tokens join a partly filled block, the whole block
+  is re-encoded with the scale of all its tokens from the K/V *as they arrived*, which the store
+  keeps for the open block only (at most N - 1 tokens per sequence and head, in the K/V's dtype;
+  in one piece when every sequence's blocks start together, else sequence by sequence: the same
+  numbers, tested). It never re-encodes from the dequantized values: under ``+rounding=rtz``
+  ``(c * s) / s`` falls just below ``c`` for a few percent of E4M3 codes in float32 (and about
+  half in bfloat16), so each re-encode would truncate one more code step, up to N - 1 times, and
+  under nearest even a grown scale would round the old codes twice.
+
+  What engines do with a block whose tokens arrive one at a time: none of the FP8 KV caches of
+  vLLM (per tensor, or ``*_per_token_head``: one scale per token), SGLang (per tensor) or
+  TensorRT-LLM (per tensor) keeps a dynamic scale per block of tokens, so ``block<N>/dynamic`` is
+  a reference point, not an engine's scheme (no engine profile accepts it). The caches that group
+  tokens keep the newest tokens unquantized until a group fills: KIVI quantizes a full group of
+  its full-precision residual once, and transformers' ``QuantizedCache`` keeps ``residual_length``
+  tokens unquantized and then re-quantizes the whole cache from its dequantized values (the
+  lossy round trip this store avoids). evalkit's block differs from both in one respect, on
+  purpose: attention reads the open block quantized (with the scale of its tokens so far), so
+  that a single forward and a decode read the same kind of K/V.
 * ``token`` / ``group<N>``: per token, so a token's codes never depend on other tokens; NVFP4's
   per-tensor FP32 scale is taken from each sequence's first write and then frozen, like a
   dynamic ``tensor`` scale.
@@ -123,6 +140,7 @@ class StoredTensor:
         self.total = 0  # tokens written so far
         self.nonfinite: torch.Tensor | None = None
         self.tensor_scale: torch.Tensor | None = None  # NVFP4: per-sequence FP32 scale from the first write, frozen
+        self._tail: torch.Tensor | None = None  # dynamic blocks: the last (at most N - 1) tokens as they arrived
 
     @property
     def kind(self) -> GranularityKind:
@@ -209,13 +227,26 @@ class StoredTensor:
                 f"block scales are kept for symmetric formats only: use {self.fmt.name.replace('_asym', '')} "
                 "or token/group granularity"
             )
-        b, h, s, d = x.shape
         n, t0 = self.granularity.size, self.total
-        starts = self.starts or [0] * b
+        starts = self.starts or [0] * x.shape[0]
         self.starts = starts
         if valid is None and len(set(starts)) == 1 and t0 >= starts[0]:
             self._extend_blocks(x, starts[0])
-            return
+        else:
+            self._append_block_regions(x, valid, starts)
+        keep = n - 1  # an open block holds at most N - 1 tokens: keep those as they arrived, nothing more
+        self._tail = None if keep == 0 else self._cat(self._tail, x)[:, :, -keep:].clone()
+
+    def _arrived(self, rows: slice, lo: int) -> torch.Tensor:
+        """Stored tokens from absolute position ``lo`` on, as they arrived (float32; ``lo`` lies in the
+        open block, so within the kept tail)."""
+        first = self.total - self._tail.shape[2]  # absolute position of the tail's first token
+        assert lo >= first, "an open block starts within the last N - 1 tokens"
+        return self._tail[rows, :, lo - first :].float()
+
+    def _append_block_regions(self, x: torch.Tensor, valid: torch.Tensor | None, starts: list[int]) -> None:
+        b, h, s, d = x.shape
+        n, t0 = self.granularity.size, self.total
         # grow codes, values and the block-scale table first; the regions below fill them in
         self._codes.append(torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
         self._values.append(torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
@@ -232,14 +263,14 @@ class StoredTensor:
     def _extend_blocks(self, x: torch.Tensor, start: int) -> None:
         """The common case in one piece (every sequence's blocks start at ``start``, no padding in
         ``x``, e.g. a decode step): the block holding the first new token, whose earlier tokens are
-        re-encoded from their stored values, and the new tokens are quantized together; the codes,
+        re-encoded from their values as they arrived, and the new tokens are quantized together; the codes,
         values and scales before that block stay as they are. The same numbers as
         :meth:`_encode_region` (tested), with a few small operations instead of many per step."""
         n, t0 = self.granularity.size, self.total
         lo = start + (t0 - start) // n * n  # absolute position where the block holding t0 begins
         keep = lo - self.offset  # stored tokens before that block
         xf = x.float()
-        region = xf if lo == t0 else torch.cat([self.values[:, :, keep:].float(), xf], dim=2)
+        region = xf if lo == t0 else torch.cat([self._arrived(slice(None), lo), xf], dim=2)
         q = quantize(region, self.fmt, self.granularity)
         self._codes.truncate(keep)
         self._codes.append(encode_quantized(q, self.fmt))
@@ -259,13 +290,14 @@ class StoredTensor:
 
     def _encode_region(self, rows: slice, start: int, x: torch.Tensor, valid: torch.Tensor | None) -> None:
         """(Re-)encode, for the sequences ``rows`` whose blocks start at ``start``, every block that
-        the new tokens ``x`` touch: a partly filled last block is re-encoded with its new tokens."""
+        the new tokens ``x`` touch: a partly filled last block is re-encoded, from its tokens as they
+        arrived, with its new tokens."""
         n, t0, s = self.granularity.size, self.total, x.shape[2]
         first_block = max(t0 - start, 0) // n
         lo = start + first_block * n  # absolute position where the first touched block begins
         if lo >= t0 + s:
             return  # only padding so far
-        old = self.values[rows, :, lo - self.offset : t0 - self.offset].float() if lo < t0 else None
+        old = self._arrived(rows, lo) if lo < t0 else None
         new = x[:, :, max(lo - t0, 0) :].float()
         region = new if old is None else torch.cat([old, new], dim=2)
         region_valid = None
@@ -342,7 +374,8 @@ class StoredTensor:
         if not self.quantized:
             return self.values.numel() * self.values.element_size()
         held = sum(g.allocated_bytes() for g in (self._values, self._codes, self._token_scale, self._token_zero))
-        return held + sum(t.numel() * t.element_size() for t in (self._scale, self._zero, self.fixed) if t is not None)
+        kept = (self._scale, self._zero, self.fixed, self._tail)
+        return held + sum(t.numel() * t.element_size() for t in kept if t is not None)
 
     def nbytes(self) -> int:
         if self.values is None:

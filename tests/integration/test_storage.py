@@ -4,7 +4,7 @@ The semantics are checked on layer 0, whose K/V depend only on the tokens (not o
 layers' quantization), by teacher-forced decoding (a prefill, then one token per step) against a
 reference written here step by step from the raw K/V: dynamic tensor/head scales from each
 sequence's prefill and then frozen, blocks counted from each sequence's first real token and
-re-encoded when tokens join them, per-token scales independent of everything else.
+re-encoded from their raw K/V when tokens join them, per-token scales independent of everything else.
 """
 
 from __future__ import annotations
@@ -77,12 +77,12 @@ def reference_layer0(raw: torch.Tensor, scheme_text: str, mask: torch.Tensor, pr
             q = quantize(x[:, :, :p], fmt, gran)
             rest = quantize(x[:, :, p:], fmt, gran, scale=q.scale, zero=q.zero)
             y = torch.cat([dequantize(q), dequantize(rest)], dim=2)
-        else:  # blocks of n from the sequence's first token; a partly filled block is re-encoded as tokens join
+        else:  # blocks of n from the sequence's first token; a partly filled block is re-encoded, from
+            # its raw K/V, as tokens join
             n, y = gran.size, x[:, :, :0]
             for lo, hi in [(0, p)] + [(t, t + 1) for t in range(p, x.shape[2])]:
                 first = lo // n * n
-                region = torch.cat([y[:, :, first:lo], x[:, :, lo:hi]], dim=2)
-                y = torch.cat([y[:, :, :first], quantize_dequantize(region, fmt, gran)], dim=2)
+                y = torch.cat([y[:, :, :first], quantize_dequantize(x[:, :, first:hi], fmt, gran)], dim=2)
         out[b : b + 1, :, start:] = y
     return out
 

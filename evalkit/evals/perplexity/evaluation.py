@@ -59,6 +59,7 @@ from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
+from evalkit.evals.float_noise import DEFAULT_ULPS
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
 from evalkit.evals.output_head import (
     CHUNK_ELEMENTS,
@@ -70,6 +71,7 @@ from evalkit.evals.output_head import (
     publish,
     temp_dir,
 )
+from evalkit.evals.perplexity.float_spread import ci_text, combine
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
 
 FORMAT_VERSION = (
@@ -78,6 +80,18 @@ FORMAT_VERSION = (
 BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
 ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
 SAMPLE_SEED = 0  # the tail samples' stratified offsets
+
+
+@dataclass
+class Realisation:
+    """One float realisation of the emulation: a model (the loaded one, or a perturbed-weight copy with
+    ``seed``), its output head and its cached baseline (folder and arrays)."""
+
+    lm: Any
+    head: Any
+    dir: Path
+    base: dict
+    seed: int | None = None
 
 
 def position_bucket_edges(window: int) -> list[int]:
@@ -135,6 +149,12 @@ class PerplexityParams(Params):
     )
     bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
     seed: int = param(0, "bootstrap seed (default 0)")
+    float_noise_seeds: int = param(
+        0,
+        "also rerun baseline and scheme on N weight copies perturbed by a few ulps (seeds 1..N) and widen the "
+        "intervals by that float spread (default 0: off; costs N extra forwards per scheme and N model copies in memory)",
+        low=0,
+    )
 
     def check(self) -> None:
         if self.window < 2:
@@ -165,6 +185,7 @@ class PerplexityEval(Evaluation):
             ),
             Column("kl_mean", heading="KL (nats)", fmt=".3g", baseline="", when="ppl"),
             Column("top1_agreement", heading="top-1 %", fmt=".1f", scale=100, baseline="", when="ppl"),
+            Column("dp_mean", heading="Δp %", fmt="+.2f", scale=100, baseline=""),
             Column("p_value"),
             *(
                 Column(key, heading=title, fmt=".3g", baseline="", group="kl")  # per-token KL percentiles
@@ -181,7 +202,9 @@ class PerplexityEval(Evaluation):
             Criterion(
                 "Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True
             ),
-            Criterion("top-1", "top1_agreement", "min_top1", False, "top-1", required=True),
+            Criterion("KL", "kl_mean", "max_kl", True, "mean KL", unit=" nats", digits=4),
+            Criterion("Δp", "dp_mean", "max_dp_drop", True, "mean Δp drop", transform="neg", signed=True),
+            Criterion("top-1", "top1_agreement", "min_top1", False, "top-1"),
         ),
         order=10,
     )
@@ -223,6 +246,32 @@ class PerplexityEval(Evaluation):
             "bos": bos,
         }
         backend_of(self).prepare(self, lm, Path(workdir))
+        self._noisy = self._prepare_float_noise(lm, Path(workdir))
+
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters, without ``float_noise_seeds`` while it is off (0): runs made before it existed keep their ids."""
+        return {k: v for k, v in self.params.items() if not (k == "float_noise_seeds" and not v)}
+
+    def _prepare_float_noise(self, lm, workdir: Path) -> list[Realisation]:
+        """The perturbed-weight copies (seeds 1..N) with their own cached baselines (see
+        :mod:`evalkit.evals.perplexity.float_spread`); none when ``float_noise_seeds`` is 0."""
+        n = self.params["float_noise_seeds"]
+        if not n:
+            return []
+        if not isinstance(backend_of(self), EmulationBackend):
+            raise EvalkitError(
+                f"--perplexity-float-noise-seeds reruns the emulation on perturbed weight copies; backend "
+                f"{backend_of(self).name} cannot: drop it (0) or use --engine emulation"
+            )
+        import dataclasses
+
+        from evalkit.evals.float_noise import DEFAULT_ULPS, perturbed_model
+
+        out = []
+        for seed in range(1, n + 1):
+            copy = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, DEFAULT_ULPS))
+            out.append(self._realisation(copy, workdir, {"seed": seed, "ulps": DEFAULT_ULPS}))
+        return out
 
     def window_inputs(self):
         """Each window's input ids (BOS first where used) and the index of its first scored target."""
@@ -238,24 +287,38 @@ class PerplexityEval(Evaluation):
 
     def _prepare_baseline(self, lm, workdir: Path) -> None:
         """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
-        model = lm.model
-        self.head = OutputHead(model, "perplexity")
-        key = baseline_key(
-            lm, version=FORMAT_VERSION, corpus=self.corpus.sha256, protocol=self.protocol, torch=torch.__version__
-        )
-        self.dir = baseline_dir(workdir, "perplexity", key)
-        self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
-        self.base_nll, self.base_argmax = base["nll"], base["argmax"]
+        real = self._realisation(lm, workdir)
+        self.head, self.dir, self.base = real.head, real.dir, real.base
+        self.base_nll, self.base_argmax = real.base["nll"], real.base["argmax"]
 
-    def _load_baseline(self) -> dict | None:
+    def _realisation(self, lm, workdir: Path, float_noise: dict | None = None) -> Realisation:
+        """``lm``'s output head and cached baseline; ``float_noise`` (seed, ulps) keys a perturbed copy's."""
+        head = OutputHead(lm.model, "perplexity")
+        extra = {} if float_noise is None else {"float_noise": float_noise}
+        key = baseline_key(
+            lm,
+            version=FORMAT_VERSION,
+            corpus=self.corpus.sha256,
+            protocol=self.protocol,
+            torch=torch.__version__,
+            **extra,
+        )
+        folder = baseline_dir(workdir, "perplexity", key)
+        base = load_or_build(
+            folder, lambda: self._load_baseline(folder), lambda: self._compute_baseline(lm, key, head, folder)
+        )
+        return Realisation(lm, head, folder, base, None if float_noise is None else float_noise["seed"])
+
+    def _load_baseline(self, folder: Path | None = None) -> dict | None:
         """The cached baseline (scalars as tensors, per-token arrays memory-mapped), or None when a
         file is missing, unreadable, incomplete or of another shape."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        folder = self.dir if folder is None else folder
         try:
-            base = load_file(self.dir / "baseline.safetensors")
-            arrays = {name: np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+            base = load_file(folder / "baseline.safetensors")
+            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
         except (OSError, ValueError, SafetensorError):
             return None
         n = int(self.offsets[-1])
@@ -267,17 +330,18 @@ class PerplexityEval(Evaluation):
             return None
         return {**base, **arrays}
 
-    def _compute_baseline(self, lm, key: dict) -> None:
+    def _compute_baseline(self, lm, key: dict, head: OutputHead | None = None, folder: Path | None = None) -> None:
         from evalkit.evals.kl_topk import TAIL_SAMPLES, TOP_K
 
-        n, vocab = int(self.offsets[-1]), self.head.vocab
+        head, folder = head or self.head, folder or self.dir
+        n, vocab = int(self.offsets[-1]), head.vocab
         check_free_space(
-            self.dir.parent,
+            folder.parent,
             n * BYTES_PER_POSITION,
             f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
             "lower --perplexity-max-windows/--perplexity-max-tokens or use --cache-dir on a bigger disk",
         )
-        tmp = temp_dir(self.dir)
+        tmp = temp_dir(folder)
         out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
         width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
@@ -287,7 +351,7 @@ class PerplexityEval(Evaluation):
                 np.lib.format.write_array_header_2_0(
                     fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])}
                 )
-            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm, head):
                 summary = summarize(lp, generator)
                 sl = slice(lo, lo + len(top))
                 out["nll"][sl], out["argmax"][sl] = tgt_nll.cpu(), top.cpu()
@@ -302,12 +366,12 @@ class PerplexityEval(Evaluation):
                 {**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True
             )
         )
-        publish(tmp, self.dir)
+        publish(tmp, folder)
 
-    def _scored_chunks(self, lm):
+    def _scored_chunks(self, lm, head: OutputHead | None = None):
         """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
-        model, p = lm.model, self.params
-        rows = max(1, CHUNK_ELEMENTS // self.head.vocab)
+        model, p, head = lm.model, self.params, head or self.head
+        rows = max(1, CHUNK_ELEMENTS // head.vocab)
         with torch.inference_mode():
             for b0 in range(0, len(self.plan), p["batch_size"]):
                 batch = self.plan[b0 : b0 + p["batch_size"]]
@@ -318,7 +382,7 @@ class PerplexityEval(Evaluation):
                 del hidden
                 base = int(self.offsets[b0])
                 for lo in range(0, len(tgt), rows):
-                    lp = torch.log_softmax(self.head(h[lo : lo + rows]), dim=-1)
+                    lp = torch.log_softmax(head(h[lo : lo + rows]), dim=-1)
                     nll = -lp.gather(1, tgt[lo : lo + rows, None])[:, 0]
                     yield base + lo, lp, nll, lp.argmax(-1)
 
@@ -328,10 +392,15 @@ class PerplexityEval(Evaluation):
         scores = backend_of(self).score(self, lm, scheme)
         if artifacts is not None:
             self._write_windows(Path(artifacts), scores)
-        return stamp(self._rows(scores), backend_of(self))
+        noise = [(r.seed, self._score_emulation(r.lm, scheme, r)) for r in getattr(self, "_noisy", [])]
+        return stamp(self._rows(scores, noise), backend_of(self))
 
-    def _score_emulation(self, lm, scheme) -> TokenScores:
+    def _score_emulation(self, lm, scheme, real: Realisation | None = None) -> TokenScores:
+        """``scheme`` through the storage cache on ``lm``, against the baseline of ``real`` (default: the
+        unperturbed model's, prepared by :meth:`prepare`)."""
         from evalkit.integration.install import quantized_kv
+
+        base, head, folder = (self.base, self.head, self.dir) if real is None else (real.base, real.head, real.dir)
 
         n = int(self.offsets[-1])
         nll, kl, agree = (
@@ -341,25 +410,25 @@ class PerplexityEval(Evaluation):
         )
         lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
         with quantized_kv(lm.model, scheme):
-            for lo, lp, tgt_nll, top in self._scored_chunks(lm):
+            for lo, lp, tgt_nll, top in self._scored_chunks(lm, head):
                 sl = slice(lo, lo + len(top))
                 summary = {
-                    k: (torch.from_numpy(np.array(self.base[k][sl])) if k in ARRAYS else self.base[k][sl]).to(lp.device)
+                    k: (torch.from_numpy(np.array(base[k][sl])) if k in ARRAYS else base[k][sl]).to(lp.device)
                     for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")
                 }
                 k, low, v = kl_from_summary(summary, lp)
                 kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
                 nll[sl] = tgt_nll.double().cpu()
-                agree[sl] = top.cpu() == self.base_argmax[sl]
+                agree[sl] = top.cpu() == base["argmax"][sl]
         return TokenScores(
             nll,
-            self.base_nll.double(),
+            base["nll"].double(),
             agree,
             kl,
             lower,
             var,
-            self.base["log_tail"].double().exp(),
-            info=dict(kl_method=METHOD, baseline_cache=self.dir.name),
+            base["log_tail"].double().exp(),
+            info=dict(kl_method=METHOD, baseline_cache=folder.name),
         )
 
     def _write_windows(self, folder: Path, scores: TokenScores) -> None:
@@ -387,7 +456,9 @@ class PerplexityEval(Evaluation):
             }
         ).to_csv(folder / "perplexity_windows.csv", index_label="window")
 
-    def _rows(self, scores: TokenScores) -> list[MetricRow]:
+    def _rows(self, scores: TokenScores, noise: list[tuple[int, TokenScores]] = ()) -> list[MetricRow]:
+        """The rows of one scheme: every metric overall and per position bucket, then the KL percentiles.
+        ``noise``: (seed, scores) of the perturbed-weight reruns, whose spread widens the intervals."""
         p, w = self.params, len(self.plan)
         pos = torch.cat([torch.arange(t0, p["window"]) for _, t0 in self.plan]).numpy()
         win = np.repeat(np.arange(w), self.targets)
@@ -398,7 +469,7 @@ class PerplexityEval(Evaluation):
             n_windows=w,
             bootstrap_samples=p["bootstrap_samples"],
             seed=p["seed"],
-            ci="95% paired percentile bootstrap over windows",
+            ci=ci_text(len(noise)),
             p_value_test=PVALUE_TEST,
             **scores.info,
         )
@@ -421,38 +492,57 @@ class PerplexityEval(Evaluation):
                         **kl_info,
                         "kl_sampling_se": float(math.sqrt(scores.kl_var.numpy()[sel].sum()) / sel.sum()),
                     }
+                reruns = [(seed, self._token_arrays(s, kl_metric, sel)) for seed, s in noise]
                 rows += self._group_rows(
                     labels,
                     win[sel],
                     w,
-                    scores.nll.numpy()[sel],
-                    scores.base_nll.double().numpy()[sel],
-                    kl[sel],
-                    scores.agree.numpy()[sel],
+                    *self._token_arrays(scores, kl_metric, sel),
                     info,
                     kl_info,
                     kl_metric,
+                    reruns,
                 )
         if scores.kl is not None:
             rows += kl_quantile_rows(kl, info)
         return rows
 
-    def _group_rows(self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean") -> list[MetricRow]:
-        """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap."""
-        sums = [
-            np.bincount(win, weights=x.astype(np.float64), minlength=w)
-            for x in (np.ones(len(win)), nll, base, kl, agree)
-        ]
-        keep = sums[0] > 0
-        cnt, s_nll, s_base, s_kl, s_agree = (s[keep] for s in sums)
+    @staticmethod
+    def _token_arrays(scores: TokenScores, kl_metric: str, sel) -> tuple:
+        """(nll, baseline nll, KL, agreement) of the tokens ``sel``, as float64/bool numpy arrays."""
+        kl = scores.kl if kl_metric == "kl_mean" else scores.kl_lower
+        return (
+            scores.nll.numpy()[sel],
+            scores.base_nll.double().numpy()[sel],
+            kl.numpy()[sel],
+            scores.agree.numpy()[sel],
+        )
+
+    def _group_rows(
+        self, labels, win, w, nll, base, kl, agree, info, kl_info, kl_metric="kl_mean", reruns=()
+    ) -> list[MetricRow]:
+        """Metric rows for one set of tokens, aggregated to per-window sums for the bootstrap; with
+        ``reruns`` ((seed, (nll, base, kl, agree)) of perturbed-weight copies), intervals widened by
+        their float spread (:func:`evalkit.evals.perplexity.float_spread.combine`)."""
+
+        def window_sums(nll, base, kl, agree):
+            per_token = (np.ones(len(win)), nll, base, kl, agree, np.exp(-nll) - np.exp(-base))
+            sums = [np.bincount(win, weights=x.astype(np.float64), minlength=w) for x in per_token]
+            keep = sums[0] > 0
+            return [s[keep] for s in sums]
+
         metric_fns = {
-            "ppl": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)),
-            "ppl_delta": lambda c, a, b, k, g: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
-            "ppl_delta_rel": lambda c, a, b, k, g: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
-            kl_metric: lambda c, a, b, k, g: k.sum(-1) / c.sum(-1),
-            "top1_agreement": lambda c, a, b, k, g: g.sum(-1) / c.sum(-1),
+            "ppl": lambda c, a, b, k, g, d: np.exp(a.sum(-1) / c.sum(-1)),
+            "ppl_delta": lambda c, a, b, k, g, d: np.exp(a.sum(-1) / c.sum(-1)) - np.exp(b.sum(-1) / c.sum(-1)),
+            "ppl_delta_rel": lambda c, a, b, k, g, d: np.exp((a.sum(-1) - b.sum(-1)) / c.sum(-1)) - 1,
+            kl_metric: lambda c, a, b, k, g, d: k.sum(-1) / c.sum(-1),
+            "top1_agreement": lambda c, a, b, k, g, d: g.sum(-1) / c.sum(-1),
+            # llama.cpp's "mean change in correct-token probability": p_scheme - p_baseline per token
+            "dp_mean": lambda c, a, b, k, g, d: d.sum(-1) / c.sum(-1),
         }
-        arrays = [cnt, s_nll, s_base, s_kl, s_agree]
+        arrays = window_sums(nll, base, kl, agree)
+        rerun_arrays = [(seed, window_sums(*r)) for seed, r in reruns]
+        cnt, s_nll, s_base = arrays[:3]
         rows = []
         for metric, fn in metric_fns.items():
             value = float(fn(*arrays))
@@ -460,10 +550,20 @@ class PerplexityEval(Evaluation):
                 fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"]
             )
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(
-                MetricRow(metric, value, *ci, labels=dict(labels), info=kl_info if metric == kl_metric else info)
-            )
-        p_info = {**info, "p_value_min": 2.0 / 2 ** len(cnt)}  # smallest exact signed-rank p with this many windows
-        rows.append(MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info))
-        rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
+            row_info = kl_info if metric == kl_metric else info
+            if rerun_arrays:
+                values = [float(fn(*a)) for _, a in rerun_arrays]
+                combined, spread = combine(value, ci, values, [seed for seed, _ in rerun_arrays], DEFAULT_ULPS)
+                row_info = {**row_info, "ci_bootstrap": list(ci), "float_noise": spread}
+                ci = combined
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=row_info))
+            if metric == "top1_agreement":  # p_value and n_tokens keep their place before dp_mean
+                p_info = {
+                    **info,
+                    "p_value_min": 2.0 / 2 ** len(cnt),
+                }  # smallest exact signed-rank p with this many windows
+                rows.append(
+                    MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info)
+                )
+                rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
         return rows

@@ -4,7 +4,8 @@ The window plan of :func:`evalkit.evals.perplexity.evaluation.plan_windows` over
 tokenized with the model's tokenizer when both are on this machine (exact); otherwise the
 corpus's known token count (:data:`WIKITEXT2_TEST_TOKENS`) or ~4 characters per token
 (approximate). Tokens = windows x window (every window is forwarded whole). The baseline stores
-:data:`~evalkit.evals.kl_topk.BYTES_PER_POSITION` (2008) bytes per scored token.
+:data:`~evalkit.evals.kl_topk.BYTES_PER_POSITION` (2008) bytes per scored token. With
+``float_noise_seeds`` N, both run N + 1 times (the perturbed-weight copies' reruns and baselines).
 """
 
 from __future__ import annotations
@@ -73,14 +74,16 @@ def perplexity_work(params: dict, facts) -> Work:
         raise EvalkitError(f"perplexity window {window} is longer than {facts.name}'s maximum {facts.max_length}")
     plan = plan_windows(n, window, params["stride"], bos, params["max_windows"])
     scored = sum(window - t0 for _, t0 in plan)
-    fw = tuple(Forwards(c, r, window) for c, r in batches(len(plan), params["batch_size"]))
-    rows = 7 * len(position_bucket_edges(window))  # 7 metrics, overall and per bucket
+    # float_noise_seeds N: the scheme and the baseline run again on N perturbed weight copies
+    copies = 1 + int(params.get("float_noise_seeds") or 0)
+    fw = tuple(Forwards(c * copies, r, window) for c, r in batches(len(plan), params["batch_size"]))
+    rows = 8 * len(position_bucket_edges(window)) + 4  # 8 metrics, overall and per bucket; 4 KL percentiles
     return Work(
         "perplexity",
-        len(plan) * window,
+        copies * len(plan) * window,
         fw,
         baseline=fw,
-        baseline_bytes=scored * BYTES_PER_POSITION + 8 * len(plan),
+        baseline_bytes=copies * (scored * BYTES_PER_POSITION + 8 * len(plan)),
         cache_bytes=4 * n,
         store_bytes=rows * ROW_BYTES + 90 * len(plan),
         approximate=approx,

@@ -1,0 +1,127 @@
+"""Float noise in the perplexity intervals (``float_noise_seeds``): the reruns on perturbed weight
+copies equal independent runs on those copies, their spread widens the interval by the documented
+formula, their baselines are cached, and with the option off nothing changes (rows, run ids).
+Also the llama.cpp-style mean Δp row against a plain computation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from evalkit.data.corpus import load_corpus
+from evalkit.errors import EvalkitError
+from evalkit.evals.backend import Backend, Capabilities
+from evalkit.evals.float_noise import perturbed_model
+from evalkit.evals.perplexity.evaluation import PerplexityEval
+from evalkit.evals.perplexity.float_spread import combine, t_quantile
+from evalkit.kv.scheme import parse_scheme
+
+QUANT = "int4/tensor/unit"  # coarse: a change large against float rounding
+SMALL = dict(window=96, max_windows=2, bootstrap_samples=200)
+
+
+@pytest.fixture(scope="module")
+def prose(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "prose.txt"
+    path.write_text(load_corpus("embedded").text[:20_000], encoding="utf-8")
+    return f"file:{path}"
+
+
+def overall(rows):
+    return {r.metric: r for r in rows if not r.labels}
+
+
+def test_combine_is_quadrature_with_student_t():
+    value, ci, reruns = 0.010, (0.004, 0.018), [0.012, 0.007, 0.011]
+    (lo, hi), info = combine(value, ci, reruns, [1, 2, 3], 1.0)
+    s = float(np.std([value, *reruns], ddof=1))
+    t = float(stats.t.ppf(0.975, 3))
+    assert t == pytest.approx(3.182446, abs=1e-6) and info["t"] == t and info["sd"] == pytest.approx(s)
+    assert lo == pytest.approx(value - math.sqrt(0.006**2 + (t * s) ** 2))
+    assert hi == pytest.approx(value + math.sqrt(0.008**2 + (t * s) ** 2))
+    assert info["range"] == pytest.approx(0.012 - 0.007) and info["values"] == reruns and info["seeds"] == [1, 2, 3]
+    # no spread: the bootstrap interval unchanged; no bootstrap interval: the float term alone
+    assert combine(value, ci, [value, value], [1, 2], 1.0)[0] == pytest.approx(ci)
+    (lo2, hi2), _ = combine(1.0, (None, None), [1.1, 0.9], [1, 2], 1.0)
+    assert hi2 - 1.0 == pytest.approx(t_quantile(3) * 0.1) and 1.0 - lo2 == pytest.approx(hi2 - 1.0)
+
+
+def test_off_by_default_and_out_of_the_run_id(prose):
+    off = PerplexityEval(dict(corpus=prose, **SMALL))
+    on = PerplexityEval(dict(corpus=prose, float_noise_seeds=3, **SMALL))
+    assert off.params["float_noise_seeds"] == 0 and "float_noise_seeds" not in off.canonical_params()
+    assert on.canonical_params()["float_noise_seeds"] == 3
+    with pytest.raises(EvalkitError, match="float-noise-seeds"):
+        PerplexityEval(dict(corpus=prose, float_noise_seeds=-1))
+
+
+def test_reruns_equal_runs_on_the_perturbed_copies(tiny, tmp_path, prose, monkeypatch):
+    scheme = parse_scheme(QUANT)
+    ev = PerplexityEval(dict(corpus=prose, float_noise_seeds=2, **SMALL))
+    ev.prepare(tiny, tmp_path)
+    rows = ev.evaluate(tiny, scheme)
+    plain = PerplexityEval(dict(corpus=prose, **SMALL))
+    plain.prepare(tiny, tmp_path / "plain")
+    base_rows = overall(plain.evaluate(tiny, scheme))
+    got = overall(rows)
+    for seed in (1, 2):  # each rerun = a plain run on that perturbed copy, against its own baseline
+        copy = dataclasses.replace(tiny, model=perturbed_model(tiny.model, seed))
+        other = PerplexityEval(dict(corpus=prose, **SMALL))
+        other.prepare(copy, tmp_path / f"copy{seed}")
+        ref = overall(other.evaluate(copy, scheme))
+        for metric in ("ppl", "ppl_delta_rel", "kl_mean", "top1_agreement", "dp_mean"):
+            assert got[metric].info["float_noise"]["values"][seed - 1] == pytest.approx(ref[metric].value, rel=1e-9)
+    for metric in ("ppl", "ppl_delta_rel", "kl_mean", "top1_agreement", "dp_mean"):
+        r = got[metric]
+        assert r.value == base_rows[metric].value  # the value is the unperturbed run's
+        assert r.info["ci_bootstrap"] == [base_rows[metric].ci_low, base_rows[metric].ci_high]
+        (lo, hi), _ = combine(r.value, tuple(r.info["ci_bootstrap"]), r.info["float_noise"]["values"], [1, 2], 1.0)
+        assert (r.ci_low, r.ci_high) == (lo, hi) and lo <= base_rows[metric].ci_low and hi >= base_rows[metric].ci_high
+        assert "perturbed-weight reruns" in r.info["ci"]
+    assert got["ppl_delta_rel"].info["float_noise"]["sd"] > 0  # the copies do move the numbers
+    assert all("float_noise" in r.info for r in rows if r.metric == "ppl_delta_rel")  # position buckets too
+    # three baselines cached (unperturbed + 2 copies); a second prepare recomputes none
+    assert len([d for d in (tmp_path / "perplexity").iterdir() if (d / "meta.json").is_file()]) == 3
+    monkeypatch.setattr(PerplexityEval, "_compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
+    again = PerplexityEval(dict(corpus=prose, float_noise_seeds=2, **SMALL))
+    again.prepare(tiny, tmp_path)
+    assert [r.value for r in again.evaluate(tiny, scheme)] == [r.value for r in rows]
+
+
+def test_dp_mean_is_the_mean_change_of_the_correct_token_probability(tiny, tmp_path, prose):
+    ev = PerplexityEval(dict(corpus=prose, **SMALL))
+    ev.prepare(tiny, tmp_path)
+    scores = ev.backend.score(ev, tiny, parse_scheme(QUANT))
+    rows = ev._rows(scores)
+    dp = overall(rows)["dp_mean"]
+    plain = float(np.mean(np.exp(-scores.nll.numpy()) - np.exp(-scores.base_nll.numpy())))
+    assert dp.value == pytest.approx(plain, rel=1e-12) and dp.ci_low <= dp.value <= dp.ci_high
+    assert [r.metric for r in rows[:8]] == [
+        "ppl",
+        "ppl_delta",
+        "ppl_delta_rel",
+        "kl_mean",
+        "top1_agreement",
+        "p_value",
+        "n_tokens",
+        "dp_mean",
+    ]
+    identity = overall(ev.evaluate(tiny, parse_scheme("bf16")))["dp_mean"]
+    assert identity.value == 0.0
+
+
+def test_an_engine_backend_refuses_float_noise(tiny, tmp_path, prose):
+    class Engine(Backend):
+        capabilities = Capabilities("fake-engine 1.0")
+
+        def prepare(self, ev, lm, workdir):
+            pass
+
+    ev = PerplexityEval(dict(corpus=prose, float_noise_seeds=1, **SMALL), backend=Engine())
+    with pytest.raises(EvalkitError, match="fake-engine 1.0 cannot") as err:
+        ev.prepare(tiny, tmp_path)
+    assert "\n" not in str(err.value)

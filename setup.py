@@ -1,4 +1,5 @@
-"""Build glue: ship the top-level ``tasks/``, ``sweeps/`` and ``calibration/`` folders inside the wheel.
+"""Build glue: ship the top-level ``tasks/``, ``sweeps/`` and ``calibration/`` folders inside the wheel
+(and the frozen texts of ``evalkit/data/texts/``, package data of ``evalkit.data``).
 
 They stay at the top of the repository (users look there) and are mapped into the package as
 ``evalkit/_data/<kind>`` with setuptools' ``package_dir``, one data package per folder, so a
@@ -28,6 +29,7 @@ DATA = data_packages()
 setup(
     packages=find_packages(include=["evalkit", "evalkit.*"]) + sorted(DATA),
     package_dir=DATA,
-    package_data={name: ["*"] for name in DATA},
+    # evalkit/data/texts/: the frozen corpus and calibration text (evalkit.data.frozen) and their NOTICE
+    package_data={**{name: ["*"] for name in DATA}, "evalkit.data": ["texts/*.json", "texts/NOTICE"]},
     exclude_package_data={"": ["*.pyc"]},
 )

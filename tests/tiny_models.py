@@ -107,9 +107,11 @@ def tiny_model(arch: str, attn_implementation: str = "sdpa", seed: int = 0, voca
 
 def make_tokenizer_dir(folder: Path) -> Path:
     """Train a byte-level BPE tokenizer (vocab 512) on documentation prose and save it."""
-    from pydoc_data.topics import topics
-
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from evalkit.data.frozen import pydoc_topics
+
+    topics = pydoc_topics()  # the frozen copy: the same tokenizer on every Python
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -2,8 +2,11 @@
 
 Specs (``load_corpus(spec)``):
 
-- ``embedded``: Python's own documentation prose (``pydoc_data/topics.py``, always installed,
-  PSF licence, about 65k words), the topics joined in their stored order by blank lines.
+- ``embedded``: Python's own documentation prose (the topics of CPython 3.11.7's
+  ``pydoc_data/topics.py``, PSF licence, about 65k words), the topics joined in their stored order
+  by blank lines. It is a frozen file shipped with evalkit (:mod:`evalkit.data.frozen`), never the
+  running interpreter's copy, which differs by Python version: the same text (SHA-256
+  ``71f2ff5d...``) on every Python.
 - ``file:PATH``: a ``.txt`` file (read as UTF-8), or a ``.jsonl`` file whose records have a
   ``text`` field (``file:PATH.jsonl:FIELD`` names another field). Records are joined by blank lines.
 - ``hf:NAME[/CONFIG]:SPLIT[:COLUMN]``: any ``datasets`` dataset; ``COLUMN`` defaults to ``text``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +36,7 @@ import torch
 from evalkit.errors import EvalkitError
 
 SHORT_NAMES = {"wikitext2": "hf:Salesforce/wikitext/wikitext-2-raw-v1:test"}
+OVERLAP_NGRAM = 13  # n-word sequences shared by two texts count as overlap (calibration against evaluation)
 SPEC_HELP = "use 'embedded', 'wikitext2', 'file:PATH' (.txt or .jsonl) or 'hf:NAME[/CONFIG]:SPLIT[:COLUMN]'"
 
 
@@ -53,9 +58,9 @@ def load_corpus(spec: str) -> Corpus:
     spec = (spec or "").strip()
     spec = SHORT_NAMES.get(spec.lower(), spec)
     if spec.lower() == "embedded":
-        from pydoc_data.topics import topics
+        from evalkit.data.frozen import embedded_text
 
-        return Corpus.from_text("\n\n".join(topics.values()), "embedded")
+        return Corpus.from_text(embedded_text(), "embedded")
     if spec.startswith("file:"):
         return _load_file(spec[len("file:") :], spec)
     if spec.startswith("hf:"):
@@ -150,6 +155,12 @@ def _open_dataset(name: str, split: str, spec: str):
     raise EvalkitError(
         f"could not load dataset corpus {spec!r} ({'; '.join(errors)}): check the name, split and network (HF_DATASETS_OFFLINE)"
     )
+
+
+def ngrams(text: str, n: int = OVERLAP_NGRAM) -> set[tuple[str, ...]]:
+    """The text's n-word sequences (lower-cased ``\\w+`` words), for overlap checks between texts."""
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def tokenizer_adds_bos(tokenizer) -> bool:

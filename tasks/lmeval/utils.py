@@ -1,7 +1,7 @@
 """Data builders and scorers for evalkit's offline lm-eval tasks (used through ``!function``).
 
-Every task here runs without the network. Nothing is copied into the repository: the data is
-built at run time from what is installed on every machine that has lm-eval:
+Every task here runs without the network. The data is built at run time from what is installed on
+every machine that has lm-eval and evalkit:
 
 * ``evalkit_mmlu4``: the 281 four-choice MMLU questions (57 subjects) that lm-eval ships as
   chain-of-thought few-shot prompts in ``lm_eval/tasks/mmlu/flan_cot_fewshot/_cot_prompts.json``.
@@ -9,7 +9,8 @@ built at run time from what is installed on every machine that has lm-eval:
   is (X).``; we parse question, options and gold letter. The first question of every subject is
   the few-shot ("dev") split, the remaining 224 are the test split.
 * ``evalkit_topics_ppl``: documents of ~200 words of prose from Python's ``pydoc_data/topics.py``
-  (code blocks and heading rules dropped), scored with rolling log-likelihood.
+  (code blocks and heading rules dropped), scored with rolling log-likelihood. The topics are the
+  frozen copy evalkit ships (CPython 3.11.7's, ``evalkit.data.frozen``), the same on every Python.
 * ``evalkit_passkey``: a short pass-key retrieval (the "grass is green" haystack of Mohtashami &
   Jaggi, 2023) scored by greedy generation, so ``generate_until`` goes through the KV scheme too.
 * ``evalkit_recall``: a ~120-word prose passage from the same topics, then the first words of one
@@ -68,8 +69,13 @@ def load_mmlu4(**kwargs) -> dict[str, datasets.Dataset]:
 
 
 def topic_documents(words_per_doc: int = 200) -> list[dict]:
-    """Prose paragraphs of pydoc's topics (sorted by topic), packed into ~words_per_doc-word documents."""
-    from pydoc_data.topics import topics
+    """Prose paragraphs of pydoc's topics (sorted by topic), packed into ~words_per_doc-word documents.
+
+    The topics are evalkit's frozen copy (CPython 3.11.7's, :mod:`evalkit.data.frozen`), never the
+    running interpreter's, whose topics differ by Python version."""
+    from evalkit.data.frozen import pydoc_topics
+
+    topics = pydoc_topics()
 
     docs = []
     for topic in sorted(topics):

@@ -12,11 +12,12 @@ from evalkit.errors import EvalkitError
 
 
 def test_embedded_corpus_is_python_docs_with_its_hash():
-    from pydoc_data.topics import topics
+    """The frozen topics (tests/data/test_frozen_texts.py pins their hash on every Python)."""
+    from evalkit.data.frozen import pydoc_topics
 
     c = load_corpus("embedded")
     assert c.name == "embedded"
-    assert c.text == "\n\n".join(topics.values())
+    assert c.text == "\n\n".join(pydoc_topics().values())
     assert c.sha256 == hashlib.sha256(c.text.encode()).hexdigest()
     assert len(c.text.split()) > 50_000
 

@@ -52,7 +52,9 @@ def test_mmlu4_is_built_from_lm_evals_own_prompts():
 
 
 def test_topic_documents_are_prose_from_pydoc():
-    from pydoc_data.topics import topics
+    from evalkit.data.frozen import pydoc_topics
+
+    topics = pydoc_topics()
 
     docs = task_utils.topic_documents(200)
     assert len(docs) > 100

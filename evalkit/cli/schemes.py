@@ -11,7 +11,8 @@ from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, Granu
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group32"]
 GRAMMAR = (
     "FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH][+rounding=rtz|rna]"
-    "[+skip=0,5|sliding][+attn=fa3][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or bf16"
+    "[+skip=0,5|sliding][+attn=fa3][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or "
+    "vllm:<kv_cache_dtype>[+skip=...] (see --engine vllm), or bf16"
 )
 
 
@@ -20,6 +21,20 @@ def add_parser(sub):
     p.add_argument(
         "--head-dim", type=int, default=64, help="head_dim used for the bytes-per-element column (default 64)"
     )
+    p.add_argument(
+        "--engine",
+        choices=("vllm",),
+        default=None,
+        help="list the installed engine's own kv_cache_dtypes: the vllm:<dtype> scheme modelling each (or why "
+        "none does), its bytes per token on --model as the engine allocates them, and the kernel it was read from",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="with --engine: a preset (capacity --list-presets), the embedded model (default), a folder or hub id "
+        "(only its config is read)",
+    )
+    p.add_argument("--json", action="store_true", help="with --engine: print the table as JSON")
     p.set_defaults(handler=run)
 
 
@@ -37,6 +52,10 @@ def _cell(text: str, head_dim: int) -> str:
 
 
 def run(args) -> int:
+    if args.engine:
+        return run_engine(args)
+    if args.model or args.json:
+        raise SchemeError("--model and --json go with --engine vllm: add --engine vllm, or drop them")
     if args.head_dim < 1:
         raise SchemeError(f"--head-dim must be a positive number of channels, got {args.head_dim}")
     print(f"Scheme string: {GRAMMAR}\n")
@@ -80,4 +99,49 @@ def run(args) -> int:
             + (" + one fp32 per tensor" if named.tensor_scale else "")
             + ")"
         )
+    return 0
+
+
+def _engine_layout(model: str | None):
+    """(label, KVLayout) of --model: a preset, the embedded model (its preset), or a folder / hub id's config."""
+    from evalkit.models.info import kv_layout
+    from evalkit.models.loading import DEFAULT_MODEL, embedded_name, model_source
+    from evalkit.models.presets import PRESETS, config_namespace
+
+    name = model or DEFAULT_MODEL
+    preset = embedded_name(name) or name
+    if preset in PRESETS:
+        return f"{name} ({PRESETS[preset]['hub_id']})", kv_layout(config_namespace(PRESETS[preset]["config"]))
+    from transformers import AutoConfig
+
+    path, local_only = model_source(name)
+    try:
+        return name, kv_layout(AutoConfig.from_pretrained(path, local_files_only=local_only))
+    except (OSError, ValueError) as exc:
+        raise SchemeError(f"could not read the config of {name!r}: {str(exc).splitlines()[0]}") from None
+
+
+def run_engine(args) -> int:
+    """``schemes --engine vllm``: every kv_cache_dtype of the installed vLLM, as evalkit models it."""
+    import json
+
+    from evalkit.engines.vllm_dtypes import rows
+    from evalkit.engines.vllm_kernel import check_vllm_available
+
+    check_vllm_available()
+    label, layout = _engine_layout(args.model)
+    import vllm
+
+    table = rows(layout)
+    if args.json:
+        out = {"engine": "vllm", "version": vllm.__version__, "model": label, "dtypes": [r.to_dict() for r in table]}
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"vLLM {vllm.__version__} kv_cache_dtypes on {label} (bytes per token: all layers, as vLLM allocates):")
+    print(f"  {'kv_cache_dtype':<20} {'vLLM B/tok':>10} {'evalkit':>10}  scheme, or why none")
+    for r in table:
+        ours = f"{r.evalkit_bytes_per_token:>10.0f}" if r.evalkit_bytes_per_token is not None else f"{'-':>10}"
+        theirs = f"{r.vllm_bytes_per_token:>10}" if r.vllm_bytes_per_token is not None else f"{'-':>10}"
+        print(f"  {r.kv_cache_dtype:<20} {theirs} {ours}  {r.scheme or r.reason}")
+        print(f"  {'':<20} {'':>21}  kernel: {r.source} {r.function}")
     return 0

@@ -12,9 +12,20 @@ besides evalkit's code (CPU, BLAS mode, torch and transformers, the engine where
 a WARNING when that differs from the published store's (:mod:`evalkit.report.platform`).
 ``--columns kl`` adds the per-token KL percentiles (median, 99th, 99.9th, maximum) of perplexity
 runs that recorded them; a store made before they existed says so instead. CSV keeps raw values
-(the percentiles included, where present) and prints its notes to stderr. A folder that
-also holds a ``conformance.json`` (``evalkit conformance --out DIR``) gets its "Does it match the
-engine?" section after the recommendation.
+(the percentiles included, where present) and prints its notes to stderr.
+
+It reads what evalkit writes, one folder or several (``report DIR1 DIR2``):
+
+- results stores (``sweep``, ``run --out``), several as one table (:func:`evalkit.report.results.load_stores`:
+  a run found in two stores counts once, differing numbers are a CONFLICT note, different parameters
+  for one evaluation are refused); a run a crash cut off (a torn last line) is a WARNING naming it,
+  with the command that re-runs it;
+- capacity folders (``capacity --engine vllm --out``: ``serving.jsonl``), their rows on the engine's lines;
+- conformance folders (``conformance --out``: ``conformance.json``), whose "Does it match the engine?"
+  section follows the recommendation, or, alone, is printed as ``conformance --from DIR`` prints it.
+
+Every engine row shows the emulation under ``--engine-profile`` (default vllm-cuda): the prediction
+for the engine the user serves with (:mod:`evalkit.report.prediction`).
 """
 
 from __future__ import annotations
@@ -29,7 +40,14 @@ from evalkit.errors import EvalkitError
 
 def add_parser(sub):
     p = sub.add_parser("report", help=COMMANDS["report"])
-    p.add_argument("folder", type=Path, help="a results folder written by `evalkit sweep`")
+    p.add_argument(
+        "folders",
+        nargs="+",
+        type=Path,
+        metavar="FOLDER",
+        help="what evalkit wrote: results stores (`sweep`, `run --out`; several are reported as one table), "
+        "conformance folders (`conformance --out`) and capacity folders (`capacity --engine vllm --out`)",
+    )
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md", help="table format (default md)")
     p.add_argument("--out", type=Path, default=None, help="write the table to this file instead of stdout")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG and SVG plots")
@@ -46,6 +64,13 @@ def add_parser(sub):
         default=None,
         help="rows.jsonl (or its folder) of `evalkit sensitivity --out DIR`, for the per-layer plot",
     )
+    p.add_argument(
+        "--engine-profile",
+        default="vllm-cuda",
+        metavar="PROFILE",
+        help="the engine you serve with: each engine row shows the emulation under its profile, the prediction "
+        "for that engine (default vllm-cuda: CUDA vLLM, nearest-even rounding)",
+    )
     p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
     p.add_argument("--min-top1", type=float, default=0.99, help="quality budget: top-1 agreement (default 0.99)")
     p.add_argument(
@@ -60,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_writable(args.out, "--out", kind="file")  # before reading the store: nothing written, nothing half-done
     check_writable(args.plots, "--plots")
-    from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
+    from evalkit.report import Budget, format_table, recommend, summary_frame
     from evalkit.report.plots import all_plots
     from evalkit.report.tables import COLUMN_GROUPS
 
@@ -68,16 +93,22 @@ def run(args: argparse.Namespace) -> int:
     unknown = [c for c in columns if c not in COLUMN_GROUPS]
     if unknown:
         raise EvalkitError(f"--columns {','.join(unknown)}: unknown column group; use {', '.join(COLUMN_GROUPS)}")
-    results = load_store(args.folder)
+    from evalkit.engines.profiles import get_profile
+
+    get_profile(args.engine_profile)  # an unknown profile: one line, before anything is read
+    results, conformance = _sources(args.folders)
+    if results is None:  # conformance folders only
+        return _conformance_only(conformance, args)
     if args.sensitivity:
         from evalkit.report.results import add_rows_file
 
         add_rows_file(results, args.sensitivity)
-    frame = summary_frame(results)
+    frame = summary_frame(results, engine_profile=args.engine_profile)
     text = format_table(frame, args.format, columns)
     from evalkit.report.platform import report_lines
+    from evalkit.report.results import cut_off_warnings
 
-    about = report_lines(results) + _absent_columns(frame, columns, args.folder)
+    about = report_lines(results) + cut_off_warnings(results) + _absent_columns(frame, columns, results.folder)
     if args.format == "csv":  # CSV holds raw values only: its notes (mixed code, constant columns...) go to stderr
         from evalkit.report.tables import table_notes
 
@@ -103,11 +134,12 @@ def run(args: argparse.Namespace) -> int:
         print()
         for line in lines:
             print(prefix + "Recommendation: " + line)
-    if (args.folder / "conformance.json").is_file() and args.format == "md" and not args.out:
+    if conformance and args.format == "md" and not args.out:
         from evalkit.cli.conformance import load_report, render_markdown
 
-        print("\n## Does it match the engine?\n")
-        print(render_markdown(load_report(args.folder)), end="")
+        for folder in conformance:
+            print("\n## Does it match the engine?\n")
+            print(render_markdown(load_report(folder)), end="")
     if args.plots:
         paths = all_plots(results, frame, args.plots)
         from evalkit.report.plots import pareto_data
@@ -116,6 +148,59 @@ def run(args: argparse.Namespace) -> int:
             pareto_data(frame).to_csv(args.plots / "pareto.csv", index=False)
             paths.append(args.plots / "pareto.csv")
         print(f"{len(paths)} plot files written to {args.plots}")
+    return 0
+
+
+WRITTEN = {  # what evalkit writes into a folder -> the command that wrote it
+    "results.jsonl": "a results store: `sweep`, `run --out`",
+    "conformance.json": "`conformance --out`",
+    "serving.jsonl": "`capacity --engine vllm --out`",
+}
+
+
+def _sources(paths):
+    """(one Results of every results store and capacity folder, or None; the conformance folders), in
+    the order given. A folder may hold several of them; a file evalkit wrote stands for its folder."""
+    from evalkit.report.results import add_serving_rows, load_stores
+
+    stores, conformance, capacity = [], [], []
+    for path in paths:
+        folder = path.parent if path.name in WRITTEN and path.is_file() else path
+        if not folder.is_dir():
+            raise EvalkitError(f"{path} does not exist: give a folder evalkit wrote ({'; '.join(WRITTEN.values())})")
+        found = [name for name in WRITTEN if (folder / name).is_file()]
+        if not found:
+            raise EvalkitError(
+                f"{folder} holds nothing evalkit writes (no "
+                + ", ".join(f"{name} from {what}" for name, what in WRITTEN.items())
+                + "): give such a folder"
+            )
+        for name, group in zip(WRITTEN, (stores, conformance, capacity)):
+            if name in found and folder not in group:
+                group.append(folder)
+    results = load_stores(stores) if stores else None
+    for folder in capacity:
+        results = add_serving_rows(results, folder)
+    return results, conformance
+
+
+def _conformance_only(folders, args) -> int:
+    """``report`` of conformance folders alone: what ``conformance --from DIR`` prints, md or csv."""
+    from evalkit.cli.conformance import FORMATS, load_report
+
+    if args.format == "latex":
+        raise EvalkitError("a conformance folder prints as md or csv, not latex: use --format md or --format csv")
+    if args.plots or args.sensitivity:
+        raise EvalkitError(
+            "--plots and --sensitivity need a results store; a conformance folder has no figures: drop them"
+        )
+    text = "".join(FORMATS[args.format](load_report(folder)) for folder in folders)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"conformance written to {args.out}")
+    else:
+        sys.stdout.write(text)
     return 0
 
 

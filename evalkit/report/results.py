@@ -45,6 +45,10 @@ class Results:
     failed: dict[str, dict] = field(default_factory=dict)
     layouts: dict[str, KVLayout] = field(default_factory=dict)  # model name -> layout (where known)
     superseded: dict[str, dict] = field(default_factory=dict)  # run_id -> completion record of an older run of a spec
+    folders: tuple[Path, ...] = ()  # every store read (``report DIR1 DIR2``); ``folder`` is the first
+    sources: dict[str, Path] = field(default_factory=dict)  # run_id -> the store its counted records come from
+    cut_off: list = field(default_factory=list)  # (store, evalkit.sweep.store.CutOffRun): runs a crash cut off
+    merge_notes: list[str] = field(default_factory=list)  # how runs found in several stores were counted
 
     @property
     def codes(self) -> dict[str, str]:
@@ -90,11 +94,10 @@ class Results:
         return df
 
 
-def load_store(folder: str | Path) -> Results:
-    """Load the counted rows of a results folder; one clear error for a missing, empty or foreign one."""
+def _read_store(folder: Path):
+    """The store's records (evalkit.sweep.store.StoreView); one clear error for a missing, empty or foreign one."""
     from evalkit.sweep.store import read_records
 
-    folder = Path(folder)
     if not folder.is_dir():
         raise EvalkitError(
             f"results folder {folder} does not exist: give a folder written by `python -m evalkit sweep`"
@@ -110,16 +113,111 @@ def load_store(folder: str | Path) -> Results:
             raise EvalkitError(
                 f"{folder} has no completed runs ({len(view.failed)} failed): see the failures with `python -m evalkit sweep` and rerun"
             )
-        if view.torn_lines and not view.complete:
+        if view.torn_lines and not view.complete and not any(c.run_id or c.attempt or c.rows for c in view.cut_off):
             raise EvalkitError(
                 f"{path} holds no evalkit records ({view.torn_lines} unreadable lines): is it a results file of `evalkit sweep`?"
             )
-        raise EvalkitError(f"{folder} has no completed runs yet: run `python -m evalkit sweep --out {folder}` first")
-    complete, superseded = supersede(view.complete)
-    rows = [r for r in view.rows if r["run_id"] in complete]
-    results = Results(folder, _rows_frame(rows), complete, view.failed, superseded=superseded)
+        lost = f" ({len(view.cut_off)} cut off by a crash)" if view.cut_off else ""
+        raise EvalkitError(
+            f"{folder} has no completed runs yet{lost}: run `python -m evalkit sweep GRID --out {folder}` first"
+        )
+    return view
+
+
+def load_store(folder: str | Path) -> Results:
+    """Load the counted rows of a results folder; one clear error for a missing, empty or foreign one."""
+    return load_stores([folder])
+
+
+def _values(rows: list[dict]) -> list:
+    return sorted((r["metric"], json.dumps(r.get("labels") or {}, sort_keys=True), r["value"]) for r in rows)
+
+
+def load_stores(folders) -> Results:
+    """The counted rows of one or more results stores as one :class:`Results` (``report DIR1 DIR2``).
+
+    A run is one run id: the same spec computed by the same code and libraries. Found in several
+    stores (a ``run --out`` repeated into two folders, a copied store) it counts once: the store
+    that finished it last. Where their numbers differ (other platforms: the run id does not cover
+    the machine) a CONFLICT note names the run and the stores. Runs of one spec under other run ids
+    (other code) are superseded as within one store (:func:`supersede`). Stores whose runs of one
+    evaluation used different parameters are refused: one table compares one protocol."""
+    folders = [Path(f) for f in folders]
+    complete: dict[str, dict] = {}
+    rows_of: dict[str, list[dict]] = {}
+    sources: dict[str, Path] = {}
+    failed: dict[str, dict] = {}
+    cut_off: list = []
+    notes: list[str] = []
+    duplicates, conflicts = 0, []
+    for folder in dict.fromkeys(folders):
+        view = _read_store(folder)
+        cut_off += [(folder, c) for c in view.cut_off]
+        failed.update({k: v for k, v in view.failed.items() if k not in complete})
+        mine: dict[str, list[dict]] = {}
+        for r in view.rows:
+            mine.setdefault(r["run_id"], []).append(r)
+        for run_id, rec in view.complete.items():
+            if run_id in complete:
+                if _values(rows_of[run_id]) == _values(mine.get(run_id, [])):
+                    duplicates += 1
+                    continue
+                conflicts.append((run_id, rec, sources[run_id], folder))
+                if str(rec.get("finished") or "") < str(complete[run_id].get("finished") or ""):
+                    continue
+            complete[run_id], rows_of[run_id], sources[run_id] = rec, mine.get(run_id, []), folder
+            failed.pop(run_id, None)
+    if duplicates:
+        notes.append(
+            f"{duplicates} runs are in more than one of these stores (the same run id and numbers): counted once"
+        )
+    for run_id, rec, a, b in conflicts:
+        notes.append(
+            f"CONFLICT: run {run_id[:16]} ({rec.get('model')} {rec.get('scheme')} {rec.get('eval')}) is in {a} and {b} "
+            "with different numbers (the run id does not cover the machine: other platforms?); the one finished "
+            f"last ({sources[run_id]}) is shown"
+        )
+    if len(folders) > 1:
+        _check_one_protocol(complete, sources)
+    complete, superseded = supersede(complete)
+    rows = [r for run_id in complete for r in rows_of[run_id]]
+    results = Results(
+        folders[0],
+        _rows_frame(rows),
+        complete,
+        failed,
+        superseded=superseded,
+        folders=tuple(dict.fromkeys(folders)),
+        sources={k: sources[k] for k in complete},
+        cut_off=cut_off,
+        merge_notes=notes,
+    )
     results.layouts = _layouts(results)
     return results
+
+
+def _check_one_protocol(complete: dict[str, dict], sources: dict[str, Path]) -> None:
+    """Refuse stores whose runs of one evaluation (model, eval, engine) used different parameters."""
+    seen: dict[tuple, tuple[str, Path]] = {}
+    for run_id, rec in complete.items():
+        spec = rec.get("spec") or {}
+        if not isinstance(spec.get("params"), dict):
+            continue
+        params = {k: v for k, v in spec["params"].items() if k != "seed"}  # seeds are runs of one protocol
+        key = (rec.get("model"), rec.get("eval"), spec.get("engine", "emulation"))
+        text = json.dumps(params, sort_keys=True)
+        if key not in seen:
+            seen[key] = (text, sources[run_id])
+            continue
+        other, where = seen[key]
+        a, b = json.loads(other), params
+        shared = sorted(set(a) & set(b))  # a parameter only one side has was added later, with its old behaviour
+        diff = ", ".join(f"{k} {a[k]!r} vs {b[k]!r}" for k in shared if a[k] != b[k])
+        if diff and where != sources[run_id]:
+            raise EvalkitError(
+                f"{where} and {sources[run_id]} ran {key[1]} on {key[0]} with different parameters ({diff}): "
+                "one table compares one protocol; report them separately"
+            )
 
 
 UNRECORDED = "unrecorded"
@@ -182,12 +280,50 @@ def provenance_notes(results: Results) -> list[str]:
             "forward amplifies the float rounding that differs between them, so differences between rows of "
             "different platforms are partly numerical noise"
         )
+    notes += results.merge_notes
     if results.superseded:
         notes.append(
             f"{len(results.superseded)} older runs of the same specs (other code or libraries) are superseded "
             "by newer ones and not shown"
         )
     return notes
+
+
+def resume_command(folder: Path) -> str:
+    """The command that re-runs a store's missing runs: its sweep (a run counts as done only by its
+    completion record), or the ``evalkit run`` that wrote it."""
+    import shlex
+
+    try:
+        spec = json.loads((Path(folder) / "spec.json").read_text())
+    except (OSError, ValueError):
+        spec = {}
+    if spec.get("grid_file") == "evalkit run":
+        return f"the same `python -m evalkit run ... --out {shlex.quote(str(folder))}` again"
+    grid = spec.get("grid_file")
+    if not grid or not Path(grid).is_file():
+        grid = str(Path(folder) / "grid.yaml") if (Path(folder) / "grid.yaml").is_file() else "GRID"
+    return f"`python -m evalkit sweep {shlex.quote(str(grid))} --out {shlex.quote(str(folder))}`"
+
+
+def cut_off_warnings(results: Results) -> list[str]:
+    """A WARNING per run a crash cut off (rows or a torn line of results.jsonl, no completion record):
+    the run is in no table until it is re-run, and the line says with which command."""
+    out = []
+    for folder, run in results.cut_off:
+        where = (
+            f"the torn last line ({run.torn_line}) of {folder / RESULTS_FILE}"
+            if run.last
+            else f"a torn line ({run.torn_line}) of {folder / RESULTS_FILE}"
+            if run.torn_line
+            else f"{run.rows} rows of {folder / RESULTS_FILE} without a completion record"
+        )
+        out.append(
+            f"WARNING: {run.describe()} was cut off by a crash while its records were written ({where}): "
+            f"it is not in this table. Resume with {resume_command(folder)}: it re-runs every run without a "
+            "completion record"
+        )
+    return out
 
 
 def add_rows_file(results: Results, path: str | Path) -> Results:
@@ -211,6 +347,46 @@ def add_rows_file(results: Results, path: str | Path) -> Results:
                 raise EvalkitError(f"{path} line {n} is not an evalkit result row (needs model, scheme, metric, value)")
             recs.append(rec | {"run_id": rec.get("run_id") or f"{path}:{n}", "eval": rec.get("eval") or "rows"})
     results.rows = pd.concat([results.rows, _rows_frame(recs)], ignore_index=True)
+    return results
+
+
+SERVING_FILE = "serving.jsonl"  # `evalkit capacity --engine vllm --out DIR`
+
+
+def add_serving_rows(results: Results | None, folder: str | Path) -> Results:
+    """Add the rows of a capacity folder (``capacity --engine vllm --out DIR``: ``serving.jsonl``,
+    metric records of eval ``serving`` without completion records) to ``results`` (None: a report of
+    the capacity folder alone). Each row is labelled with the engine that measured it, as the
+    serving evaluation of a sweep labels its rows, so the report shows them on the engine's line."""
+    folder = Path(folder)
+    path = folder / SERVING_FILE
+    recs = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise EvalkitError(
+                    f"{path} line {n} is not JSON (torn by a crash?): re-run `python -m evalkit capacity --engine vllm "
+                    f"--out {folder}`"
+                ) from None
+            if not isinstance(rec, dict) or not {"model", "scheme", "metric", "value"} <= set(rec):
+                raise EvalkitError(
+                    f"{path} line {n} is not an evalkit serving row (needs model, scheme, metric, value)"
+                )
+            info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
+            if "backend" not in info and info.get("engine_package"):
+                info = {**info, "backend": f"{info['engine_package']} {info.get('engine_version') or ''}".strip()}
+            recs.append(rec | {"run_id": f"{path}:{n}", "eval": "serving", "info": info})
+    if not recs:
+        raise EvalkitError(f"{path} holds no rows: re-run `python -m evalkit capacity --engine vllm --out {folder}`")
+    frame = _rows_frame(recs)
+    if results is None:
+        return Results(folder, frame, {}, folders=(folder,))
+    results.rows = pd.concat([results.rows, frame], ignore_index=True)
+    results.folders = (*results.folders, folder)
     return results
 
 

@@ -31,6 +31,7 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import evals as report_evals
+from evalkit.report import prediction
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.report.style import SchemeStyle
 
@@ -45,9 +46,9 @@ COLUMN_GROUPS = {"kl": tuple(KL_QUANTILES)}  # optional columns: `report --colum
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
 DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
 # Shown only where a store holds an engine's rows (a backend column): vLLM returns top-k log-probs, so its
-# lines have KL as the proven lower bound, not the estimate; decode's first divergence is what both compute.
-ENGINE_SIDE = {"kl_bound": ("perplexity", "kl_lower_bound"), "first_divergence": ("decode", "first_divergence")}
-ENGINE_SIDE_HEADINGS = {"kl_bound": "KL lower bound", "first_divergence": "decode first divergence"}
+# lines have KL as the proven lower bound, not the estimate.
+ENGINE_SIDE = {"kl_bound": ("perplexity", "kl_lower_bound")}
+ENGINE_SIDE_HEADINGS = {"kl_bound": "KL lower bound"}  # decode's engine columns: evalkit.evals.decode.report
 
 
 def _with_ci(out: dict, key: str, row) -> None:
@@ -56,8 +57,9 @@ def _with_ci(out: dict, key: str, row) -> None:
     out[f"{key}_hi"] = row["ci_high"]
 
 
-def summary_frame(results: Results) -> pd.DataFrame:
-    """Numbers per (model, scheme); NaN where a store has no such metric."""
+def summary_frame(results: Results, engine_profile: str | None = prediction.DEFAULT_PROFILE) -> pd.DataFrame:
+    """Numbers per (model, scheme, backend); NaN where a store has no such metric. Engine rows get the
+    emulation under ``engine_profile`` beside them (:mod:`evalkit.report.prediction`; None: not)."""
     rows: dict[tuple[str, str, str], dict] = {}
 
     def slot(model, scheme, backend="emulation"):
@@ -101,9 +103,37 @@ def summary_frame(results: Results) -> pd.DataFrame:
         lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""}))
     )
     frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
+    frame = prediction.add_predictions(frame, engine_profile)
+    if "gpu_pred_status" in frame:
+        frame.attrs["prediction_commands"] = _prediction_commands(results, frame)
     frame.attrs["store_notes"] = provenance_notes(results)
     frame.attrs["store_schemes"] = sorted(set(df["scheme"]))  # the labels' numbering covers the whole store
     return frame
+
+
+def _prediction_commands(results: Results, frame: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(model, predicted scheme) -> the ``evalkit run`` that adds a missing prediction, with the
+    parameters of the engine's own perplexity run."""
+    out = {}
+    missing = frame[frame["gpu_pred_status"] == "missing"]
+    for _, r in missing.iterrows():
+        rec = next(
+            (
+                c
+                for c in results.complete.values()
+                if c.get("model") == r["model"]
+                and c.get("scheme") == r["scheme"]
+                and c.get("eval") == "perplexity"
+                and (c.get("spec") or {}).get("engine", "emulation") != "emulation"
+            ),
+            None,
+        )
+        spec = (rec or {}).get("spec") or {}
+        dtype = (spec.get("model") or {}).get("dtype") or results.dtypes.get(r["model"])
+        out[(r["model"], r["gpu_pred_scheme"])] = prediction.run_command(
+            r["model"], dtype, r["gpu_pred_scheme"], frame.attrs["engine_profile"], spec.get("params") or {}
+        )
+    return out
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -157,18 +187,29 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
             d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
         if "backend" in r:
-            d.update(
-                {
-                    h: "" if base else _num(r.get(k), ".3g" if k == "kl_bound" else ".0f")
-                    for k, h in ENGINE_SIDE_HEADINGS.items()
-                    if k in r
-                }
-            )
+            d.update({h: "" if base else _num(r.get(k), ".3g") for k, h in ENGINE_SIDE_HEADINGS.items() if k in r})
+        if "gpu_pred_status" in r:  # the emulation under the user's engine profile, beside each engine row
+            d = _after(d, DELTA_HEADING, prediction.heading(frame), prediction.cell(r))
         out.append(d)
     table = pd.DataFrame(out).fillna("")
     if table["model"].nunique() == 1:
         table = table.drop(columns=["model"])
     return table
+
+
+DELTA_HEADING = "Δppl [95% CI]"  # the perplexity evaluation's Δppl column
+
+
+def _after(d: dict, key: str, new: str, value: str) -> dict:
+    """``d`` with ``new: value`` right after ``key`` (at the end without it)."""
+    if key not in d:
+        return {**d, new: value}
+    out = {}
+    for k, v in d.items():
+        out[k] = v
+        if k == key:
+            out[new] = value
+    return out
 
 
 NOT_METRICS = ("model", "scheme", "backend", "bytes/token", "capacity")
@@ -179,7 +220,7 @@ def constant_columns(table: pd.DataFrame) -> dict[str, str]:
     row that has one (at least two rows): column -> that value. They do not separate the schemes."""
     out = {}
     for col in table.columns:
-        if col in NOT_METRICS:
+        if col in NOT_METRICS or str(col).startswith("Δppl on "):  # the prediction column has its own note
             continue
         values = [str(v).split(" [")[0] for v in table[col] if str(v) not in ("", "baseline")]
         if len(values) >= 2 and len(set(values)) == 1:
@@ -198,6 +239,7 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
             f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
             "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it"
         )
+    notes += prediction.notes(frame, frame.attrs.get("prediction_commands"))
     notes += report_evals.notes(frame)  # each evaluation's own notes
     if any(str(c).endswith(" flips %") for c in table.columns):
         notes.append(

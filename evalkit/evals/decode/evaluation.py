@@ -164,7 +164,9 @@ class DecodeEval(Evaluation):
                 labels="last:bucket",
             ),
         ),
-        notes=("evalkit.evals.decode.report:notes",),
+        frames=("evalkit.evals.decode.report:engine_frame",),
+        displays=("evalkit.evals.decode.report:engine_display",),
+        notes=("evalkit.evals.decode.report:notes", "evalkit.evals.decode.report:engine_notes"),
         plots=("evalkit.report.plots:decode_figures",),
         order=20,
     )

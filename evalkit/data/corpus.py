@@ -29,6 +29,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -68,12 +69,58 @@ def load_corpus(spec: str) -> Corpus:
     raise EvalkitError(f"unknown corpus {spec!r}: {SPEC_HELP}")
 
 
-def _load_file(rest: str, spec: str) -> Corpus:
+def _file_and_field(rest: str) -> tuple[Path, str]:
+    """``PATH`` or ``PATH.jsonl:FIELD`` -> (path, field)."""
     path, field = Path(rest), "text"
     if not path.exists() and ":" in rest:
         head, tail = rest.rsplit(":", 1)
         if head.endswith(".jsonl"):
             path, field = Path(head), tail
+    return path, field
+
+
+def source_hash(spec: str) -> str | None:
+    """``sha256:<hex>`` of the local bytes a spec reads, for the run id, or None where the spec has none.
+
+    ``file:PATH``: the file's bytes; ``hf:FOLDER:...`` naming a local folder: every file under it
+    (relative names and bytes, in sorted order). None for ``embedded`` (a frozen file inside the
+    package, hashed as data in the code identity) and for hub datasets (``hf:owner/name``,
+    ``wikitext2``): their content is known only after a download, so the run id cannot cover it; each
+    perplexity row records the ``corpus_sha256`` of the text it read instead. A missing path hashes as
+    ``absent`` (the grid check refuses it before anything runs). Computed once per file state (path,
+    size, modification time) in a process."""
+    spec = SHORT_NAMES.get((spec or "").strip().lower(), (spec or "").strip())
+    if spec.startswith("file:"):
+        path = _file_and_field(spec[len("file:") :])[0]
+        return _hash_paths((path,)) if path.is_file() else "absent"
+    if spec.startswith("hf:"):
+        folder = Path(spec[len("hf:") :].split(":")[0])
+        if folder.is_dir():
+            return _hash_paths(tuple(sorted(f for f in folder.rglob("*") if f.is_file())), root=folder)
+    return None
+
+
+def _hash_paths(paths: tuple[Path, ...], root: Path | None = None) -> str:
+    state = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    return _hash_state(state, str(root.resolve()) if root is not None else None)
+
+
+@lru_cache(maxsize=256)
+def _hash_state(state: tuple[tuple[str, int, int], ...], root: str | None) -> str:
+    h = hashlib.sha256()
+    for path, _size, _mtime in state:
+        if root is not None:
+            h.update(Path(path).relative_to(root).as_posix().encode() + b"\0")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        if root is not None:
+            h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def _load_file(rest: str, spec: str) -> Corpus:
+    path, field = _file_and_field(rest)
     if not path.is_file():
         raise EvalkitError(f"corpus file {str(path)!r} does not exist: check the path in {spec!r}")
     if path.suffix == ".jsonl":

@@ -7,7 +7,8 @@ are read as the evaluation will read them (a local file, milliseconds), so a mis
 ``.jsonl`` line without its field or a foreign suffix is the same one line as later; an
 ``hf:...`` spec is checked for its form only (whether the dataset exists may need the network and
 minutes, which is the evaluation's to spend). :func:`check_corpus_params` applies it to the
-parameters of an evaluation (or a calibration) that name a corpus.
+parameters of an evaluation (or a calibration) that name a corpus, and :func:`input_hashes` gives
+the run id the content of the local files they name.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from evalkit.data.corpus import SHORT_NAMES, load_corpus
+from evalkit.data.corpus import SHORT_NAMES, load_corpus, source_hash
 from evalkit.errors import EvalkitError
 
 CORPUS_KEYS = ("corpus", "haystack", "eval_corpus")  # parameters that hold a corpus spec
@@ -49,3 +50,22 @@ def check_corpus_params(params: Any, where: str = "") -> None:
         value = values.get(key)
         if isinstance(value, str) and value.strip():
             check_corpus_spec(value, f"{where} {key}".strip())
+
+
+def input_hashes(params: Any) -> dict[str, str]:
+    """``{key: "sha256:..."}`` of the local corpus files among an evaluation's parameters (``corpus``,
+    ``haystack``, ...), by content (:func:`evalkit.data.corpus.source_hash`): part of the run id, so a
+    corpus file edited under the same name is a new run, not a reused one. Empty when no parameter
+    names a local file (the embedded corpus is in the code identity; hub datasets cannot be hashed
+    before their download)."""
+    values = asdict(params) if is_dataclass(params) and not isinstance(params, type) else params
+    if not isinstance(values, Mapping):
+        return {}
+    out = {}
+    for key in CORPUS_KEYS:
+        value = values.get(key)
+        if isinstance(value, str) and value.strip().lower() not in NOT_CORPORA:
+            digest = source_hash(value)
+            if digest is not None:
+                out[key] = digest
+    return out

@@ -88,11 +88,15 @@ def _cpu_model() -> tuple[str, str]:
 
 @cache
 def platform_record() -> dict:
-    """What besides the code decides the floats of a CPU run (stored in every run's info)."""
+    """What besides the code decides the floats of a CPU run (stored in every run's info), and the
+    interpreter that ran it (``python``, full version: provenance; its major.minor is in the run id,
+    :func:`evalkit.sweep.grid.versions`, and :func:`same_platform` leaves it out, since the
+    interpreter does not change torch's floats)."""
     import torch
 
     name, ident = _cpu_model()
     return {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
         "cpu": name,
         "cpu_id": ident,
         "machine": platform.machine(),

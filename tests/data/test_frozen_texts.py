@@ -68,10 +68,15 @@ print("ok")
 
 
 def test_lmeval_topics_come_from_the_frozen_copy(monkeypatch):
+    import importlib.util
+
     pytest.importorskip("datasets")
-    monkeypatch.syspath_prepend(str(REPO / "tasks" / "lmeval"))
     monkeypatch.setitem(sys.modules, "pydoc_data", None)
-    import utils as task_utils
+    spec = importlib.util.spec_from_file_location(
+        "evalkit_frozen_test_task_utils", REPO / "tasks" / "lmeval" / "utils.py"
+    )
+    task_utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task_utils)
 
     topics = frozen.pydoc_topics()
     docs = task_utils.topic_documents(200)

@@ -137,3 +137,22 @@ def test_the_store_records_its_platform_and_kv_layout():
     for r in complete:
         assert {"cpu", "cpu_capability", "mkl_cbwr", "blas_batch_invariant"} <= set(r["info"]["platform"])
         assert r["info"]["kv_layout"]["num_layers"] == 30
+
+
+def test_store_rows_come_from_the_current_code():
+    """The store's code identity equals this tree's (evalkit.sweep.code_identity: the numerics
+    version, the number-deciding modules' normalised source, the data files): the README's numbers
+    are what this code computes. Fails after a change that the identity counts, until the store is
+    re-made."""
+    from evalkit.sweep.code_identity import code_identity
+
+    complete = [
+        json.loads(line)
+        for line in (STORE / "results.jsonl").read_text().splitlines()
+        if line.strip() and json.loads(line)["type"] == "complete"
+    ]
+    stored = {r["info"]["code"]["identity"] for r in complete}
+    assert stored == {code_identity()}, (
+        f"published/default was computed by code {sorted(stored)}, this tree is {code_identity()}: "
+        "re-make it (python -m evalkit sweep --out published/default) and its report"
+    )

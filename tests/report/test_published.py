@@ -1,4 +1,4 @@
-"""The published results reproduce: the README table is `report` of the committed store, its rows
+"""The published results reproduce: the README's results block is `report` of the committed store, its rows
 come from the code in this tree, and re-running some of its runs gives the stored numbers.
 
 The store is ``published/default``: the default sweep's ``results.jsonl``, ``spec.json`` and
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_blocks import doc_block
+
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "default"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def report_md() -> str:
@@ -32,9 +33,7 @@ def report_md() -> str:
 
 
 def test_readme_table_is_the_report_of_the_committed_store():
-    readme = (ROOT / "README.md").read_text()
-    assert BEGIN in readme and END in readme, "the README's results must sit between the results markers"
-    published = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    published = doc_block("results").strip()
     assert published == report_md(), "regenerate: python -m evalkit report published/default --format md"
 
 

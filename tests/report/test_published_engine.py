@@ -1,9 +1,9 @@
-"""The published engine table reproduces: the README's engine block is `report` of the committed store
+"""The published engine table reproduces: the engine block (docs/engines.md) is `report` of the committed store
 ``published/engine``, the store is the engine grid (``sweeps/engine.yaml``: every run through evalkit's
 emulation and through vLLM, the serving eval through vLLM only) from one code identity with nothing
 failed, and the engine's measured capacity agrees with evalkit's count.
 
-Made by ``VLLM_ENABLE_V1_MULTIPROCESSING=0 /opt/vllm/bin/python -m evalkit sweep engine --out published/engine``
+Made in the vLLM environment (docs/install.md) by ``python -m evalkit sweep engine --out published/engine``
 and rendered by ``python -m evalkit report published/engine --format md`` (no vLLM needed to read it).
 """
 
@@ -14,9 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.doc_blocks import doc_block
+
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "engine"
-BEGIN, END = "<!-- engine:begin -->", "<!-- engine:end -->"
 SPEC_KEYS = ("model", "scheme", "eval", "params", "engine")
 
 
@@ -32,9 +33,7 @@ def test_readme_engine_block_is_the_report_of_the_committed_store():
         text=True,
         check=True,
     )
-    readme = (ROOT / "README.md").read_text()
-    assert BEGIN in readme and END in readme, "the README's engine table must sit between the engine markers"
-    published = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    published = doc_block("engine").strip()
     assert published == out.stdout.strip(), "regenerate: python -m evalkit report published/engine --format md"
 
 

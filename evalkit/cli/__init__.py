@@ -4,7 +4,9 @@ Each command lives in its own module under ``evalkit.cli`` with ``add_parser(sub
 registering its options and a handler. Only the chosen command's module is imported; the others
 appear in ``--help`` by the one-line help in :data:`COMMANDS`, so ``--help``, ``schemes``,
 ``models`` and ``capacity`` start in a fraction of a second instead of loading torch,
-transformers and lm-eval (``benchmarks/bench_startup.py`` measures it). User errors
+transformers and lm-eval (``benchmarks/bench_startup.py`` measures it); a command whose options
+come from heavy modules (``run``: the evaluations' flags) is parsed first without them
+(:func:`light_check`), so a mistyped option is refused before torch is imported. User errors
 (:class:`EvalkitError`) print one line to stderr and exit with code 2; nothing else is caught, so
 real bugs keep their traceback. Commands check the machine first (:mod:`evalkit.cli.preflight`: the
 folders they will write, the ``--device`` they will use) so that such a problem is one of these lines,
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from evalkit.errors import EvalkitError
@@ -33,6 +36,7 @@ COMMANDS = {
     "capacity": "KV tokens and concurrent sequences that fit, per KV scheme",
     "report": "tables, plots and a recommendation from a results folder",
     "conformance": "evalkit's KV codes held against a real engine's own KV store (vLLM on CPU)",
+    "doctor": "check this environment (embedded model, vLLM and its companions) and print each fix",
 }
 MODEL_COMMANDS = ("run", "calibrate", "sensitivity")  # they take --model (evalkit.cli.common)
 
@@ -86,6 +90,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_NUMBER = re.compile(r"^-\d|^-\.\d")
+
+
+def light_check(command: str, argv: list[str]) -> None:
+    """argparse's errors before the command's heavy imports: a command module with ``light_parser(sub)``
+    (``run``: its options without the evaluations', whose modules import torch) is parsed with that
+    first; an unknown flag outside the prefixes it leaves to the full parser exits 2 at once."""
+    if not command or {"-h", "--help"} & set(argv):
+        return
+    module = importlib.import_module(f"evalkit.cli.{command}")
+    light = getattr(module, "light_parser", None)
+    if light is None:
+        return
+    parser = _Parser(prog="python -m evalkit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    later = light(sub)
+    if later is None:
+        return
+    _, rest = parser.parse_known_args(argv)  # errors on the command's own options: one line, exit 2
+    stray = [a for a in rest if a.startswith("-") and not _NUMBER.match(a) and not a.startswith(later)]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+
+
 def _chosen(argv: list[str]) -> str:
     """The command named on the command line ('' for none: `--help` alone imports no command)."""
     first = next((a for a in argv if not a.startswith("-")), "")
@@ -106,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             from evalkit.cli.common import check_model_first
 
             check_model_first(argv)  # a bad --model fails before the command's heavy imports
+        light_check(command, argv)  # argparse's errors in a fraction of a second, before torch is imported
         parser = build_parser(command)
         args = parser.parse_args(argv)
         if not getattr(args, "handler", None):

@@ -29,10 +29,35 @@ from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
-from evalkit.kv.scheme import Scheme, parse_schemes
 
 
 def add_parser(sub):
+    _add(sub, eval_names())
+
+
+def light_parser(sub) -> tuple[str, ...] | None:
+    """``run``'s own options without the evaluations' (whose classes import torch): argparse's errors on
+    them come in a fraction of a second (:func:`evalkit.cli.light_check`). Returns the prefixes of the
+    flags left to the full parser (``--<eval>-``, ``--no-<eval>-``), or None when evaluations are
+    registered through EVALKIT_EVALS (their names are known only once imported)."""
+    import os
+
+    from evalkit.evals.base import ENTRY_POINTS, PLUGINS_ENV, _builtin
+
+    if os.environ.get(PLUGINS_ENV, "").strip():
+        return None
+    from importlib.metadata import entry_points
+
+    names = list(_builtin())
+    try:
+        names += [ep.name for ep in entry_points(group=ENTRY_POINTS) if ep.name not in names]
+    except Exception:  # noqa: BLE001  (broken metadata: the full parser decides)
+        return None
+    _add(sub, names, with_evals=False)
+    return tuple(f"--{pre}{name}-" for name in names for pre in ("", "no-"))
+
+
+def _add(sub, names: list[str], with_evals: bool = True):
     p = sub.add_parser("run", help=COMMANDS["run"])
     add_model_arguments(p)
     p.add_argument(
@@ -40,7 +65,7 @@ def add_parser(sub):
         default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
         help="comma-separated scheme strings (see `evalkit schemes`)",
     )
-    p.add_argument("--eval", dest="eval_name", default="perplexity", choices=eval_names())
+    p.add_argument("--eval", dest="eval_name", default="perplexity", choices=names)
     p.add_argument(
         "--out",
         type=Path,
@@ -65,15 +90,21 @@ def add_parser(sub):
         help="run the schemes as this engine's KV kernels do, refusing what it cannot run "
         "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)",
     )
-    for name in eval_names():
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    for name in names if with_evals else ():
         get_eval(name).add_arguments(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from evalkit.cli.preflight import check_model_device, check_writable
+    from evalkit.kv.scheme import Scheme, parse_schemes
     from evalkit.models.loading import cache_root
 
+    if getattr(args, "no_progress", False):
+        import os
+
+        os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' and the engine's bars
     check_writable(args.out, "--out")  # the machine first: before the model loads, nothing written
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
     check_model_device(args)
@@ -155,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
 
 
-def _store(args: argparse.Namespace, ev, schemes: list[Scheme]):
+def _store(args: argparse.Namespace, ev, schemes: list):
     """(the results store of ``--out``, its grid and its run per scheme string; Nones without ``--out``): the runs are those
     of a one-model, one-eval grid, so their run ids and records are a sweep's; a folder holding
     other runs (another grid, another command's) is refused before anything is written."""

@@ -11,7 +11,8 @@ then these flags. Everything is validated before the output folder is touched: e
 the grid file is listed (one line each, exit 2; a model folder or corpus file that does not exist
 is one of them), a folder that belongs to another grid is refused,
 so are a results or cache folder this machine cannot write and a grid ``device:`` it does not have
-(local executor; :mod:`evalkit.cli.preflight`), and so is a grid whose baselines, results and model
+(local executor; :mod:`evalkit.cli.preflight`) or an ``engine:`` that is not installed here (vLLM), and so is a
+grid whose baselines, results and model
 downloads do not fit on the disk
 (:mod:`evalkit.sweep.estimate`). ``--dry-run`` prints each run's tokens and estimated time and the
 disk needed (:mod:`evalkit.sweep.estimate`), writes nothing and evaluates nothing. The exit code is
@@ -187,7 +188,30 @@ def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Pat
     check_writable(out, "--out")  # the store is written here, whichever executor runs the runs
     if cfg.executor == "local":
         check_writable(workdir, "--cache-dir")
-        check_grid_devices([r.model for r in _pending(grid, store, shard, cfg.rerun)], grid.path)
+        pending = _pending(grid, store, shard, cfg.rerun)
+        check_grid_devices([r.model for r in pending], grid.path)
+        check_grid_engines(pending, grid.path)
+
+
+def check_grid_engines(runs, where: str) -> None:
+    """One line (exit 2) when a run's engine is not installed here, or cannot start (vLLM: installed, an
+    x86-64 CPU with AVX-512, torchvision/torchaudio/torchcodec builds that load), as ``run --engine`` refuses."""
+    engines = sorted({r.engine for r in runs} - {"emulation"})
+    if not engines:
+        return
+    from evalkit.engines.vllm_install import check_companions, check_multiprocessing
+    from evalkit.engines.vllm_kernel import check_vllm_available
+
+    n = sum(r.engine != "emulation" for r in runs)
+    try:
+        check_vllm_available()
+        check_multiprocessing()
+        check_companions()
+    except EvalkitError as exc:
+        raise type(exc)(
+            f"{where}: {n} run(s) on engine {', '.join(engines)}, which cannot run here: {exc} "
+            "(or drop the engine from the grid's engine:)"
+        ) from None
 
 
 def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:

@@ -33,10 +33,17 @@ import torch
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once
 
 
-def greedy_tokens(runner, prompts: list[list[int]], max_tokens: int, stop: int | None = None) -> list[list[int]]:
+def greedy_tokens(
+    runner, prompts: list[list[int]], max_tokens: int, stop: int | None = None, progress: bool = True
+) -> list[list[int]]:
     """vLLM's greedy continuation of each prompt (token ids), at most ``max_tokens``; EOS ignored
-    unless ``stop`` names the one token that ends a continuation."""
+    unless ``stop`` names the one token that ends a continuation. With ``progress`` a bar on stderr
+    counts the tokens the engine computes (:meth:`~evalkit.engines.vllm_runner.VllmRunner.run_requests`)."""
+    from contextlib import nullcontext
+
     from vllm import SamplingParams
+
+    from evalkit.engines.vllm_runner import progress_bar
 
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -46,10 +53,13 @@ def greedy_tokens(runner, prompts: list[list[int]], max_tokens: int, stop: int |
         stop_token_ids=[] if stop is None else [int(stop)],
     )
     out = []
-    for lo in range(0, len(prompts), PROMPTS_PER_CALL):
-        chunk = prompts[lo : lo + PROMPTS_PER_CALL]
-        results = runner.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in chunk], params, use_tqdm=False)
-        out += [list(r.outputs[0].token_ids) for r in results]
+    total = sum(len(p) + max_tokens for p in prompts)
+    bar = progress_bar(f"vLLM {runner.kv_cache_dtype}: greedy decoding", total) if progress else nullcontext()
+    with bar:
+        for lo in range(0, len(prompts), PROMPTS_PER_CALL):
+            chunk = prompts[lo : lo + PROMPTS_PER_CALL]
+            results = runner.run_requests(chunk, params, bar if progress else None)
+            out += [list(r.outputs[0].token_ids) for r in results]
     return out
 
 
@@ -58,7 +68,7 @@ def generate_texts(runner, tokenizer, batches, progress=None, on_batch=None) -> 
     from evalkit.evals.retrieval.generate import texts_per_batch
 
     def generate(prompts, max_new):
-        gens = greedy_tokens(runner, prompts, max_new, stop=tokenizer.eos_token_id)
+        gens = greedy_tokens(runner, prompts, max_new, stop=tokenizer.eos_token_id, progress=False)  # retrieval's bar
         return tokenizer.batch_decode(gens, skip_special_tokens=True)
 
     return texts_per_batch(generate, batches, progress, on_batch)

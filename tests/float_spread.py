@@ -13,7 +13,13 @@ and take the largest deviation from the unperturbed result per quantity and sche
 Re-measure (~25 min on 2 cores; prints the max deviations as the test module's tables, and this
 machine's deviation from the golden file against them)::
 
-    python -m tests.float_spread --eps 1e-6 --seeds 0 1 2 3 4 5 6 7 [--parts tiny,perplexity,lmeval] [--json out.json]
+    python -m tests.float_spread --eps 1e-6 --seeds 0 1 2 3 4 5 6 7 [--parts tiny,kv,perplexity,lmeval] [--json out.json]
+    python -m tests.float_spread --quick        # tiny models only (logits, stored K/V), 2 seeds: what CI runs
+    python -m tests.float_spread --write-kv-golden --parts kv --seeds 0 1 2 3 4 5 6 7   # re-capture golden_storage_v1.json
+
+The ``kv`` part measures what the storage cache *stores* (:func:`kv_stats`: per-layer K/V error
+norms, scale sums, layer 0's codes), the quantities whose float spread is small against the effect
+of quantization, so that the golden tests can check them on any platform.
 
 A script rather than a test: it measures, it checks nothing.
 """
@@ -98,6 +104,106 @@ def tiny_logits(arch: str, model=None) -> tuple[dict[str, torch.Tensor], dict[st
         with torch.inference_mode(), quantized_kv(model, scheme):
             out[scheme] = forwards()
     return bare, out
+
+
+KV_GOLDEN_PATH = Path(__file__).parent / "golden" / "golden_storage_v1.json"
+
+
+@contextlib.contextmanager
+def recorded_appends():
+    """Inside the block, every ``StoredTensor.append`` also records the K/V it was given (what
+    ``cache.update`` received), keyed by the store's id: the raw side of an error norm."""
+    from evalkit.integration import stored
+
+    seen: dict[int, list[torch.Tensor]] = {}
+    original = stored.StoredTensor.append
+
+    def append(self, x, padding=None):
+        seen.setdefault(id(self), []).append(x.detach().clone())
+        return original(self, x, padding)
+
+    stored.StoredTensor.append = append
+    try:
+        yield seen
+    finally:
+        stored.StoredTensor.append = original
+
+
+def _rel_norm(a: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    den = float(ref.norm())
+    return float((a.double() - ref).norm()) / den if den else float((a.double() - ref).norm())
+
+
+def kv_stats(arch: str, model=None) -> dict[str, dict]:
+    """What each quantized scheme of the golden file's ``arch`` *stores* in one unpadded forward of
+    the tiny model: per layer and for K and V, the relative error norm ||stored - given|| / ||given||
+    (float64; the values attention reads against what ``update`` received), the sum of the stored
+    scales (dynamic scales only), and layer 0's code bytes and given K/V as SHA-256 digests. These move
+    little with the platform's float rounding (an error norm over thousands of values barely notices
+    a few flipped codes) but a great deal with the quantizer: a quantizer that stores its input has
+    error 0."""
+    from evalkit.integration.hf_compat import output_cache
+
+    model = tiny_model(arch) if model is None else model
+    ids, _ = inputs()
+    out = {}
+    for scheme in GOLDEN["tiny"][arch]:
+        if scheme == "bf16":
+            continue
+        with torch.inference_mode(), quantized_kv(model, scheme), recorded_appends() as seen:
+            cache = output_cache(model(ids, use_cache=True))
+        row = {"err_k": [], "err_v": [], "scale_k": [], "scale_v": []}
+        for layer in cache.storage_layers():
+            for which, st in (("k", layer.k), ("v", layer.v)):
+                given = torch.cat(seen[id(st)], dim=2)
+                given = given[:, :, given.shape[2] - st.values.shape[2] :]  # sliding windows keep the last tokens
+                row[f"err_{which}"].append(_rel_norm(st.values, given) if st.quantized else 0.0)
+                scale = st.scale if st.quantized and st.fixed is None else None
+                row[f"scale_{which}"].append(None if scale is None else float(scale.double().sum()))
+                if layer.layer_idx == 0:
+                    row[f"raw0_{which}"] = digest(given)
+                    row[f"codes0_{which}"] = (
+                        hashlib.sha256(st.codes.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                        if st.quantized
+                        else None
+                    )
+        out[scheme] = row
+    return out
+
+
+def kv_deviation(got: dict, ref: dict) -> dict[str, float]:
+    """Largest relative change over the layers of the error norms and of the scale sums."""
+
+    def rel(a, b):
+        return abs(a - b) / abs(b) if b else abs(a)
+
+    return {
+        "err": max(rel(g, r) for w in "kv" for g, r in zip(got[f"err_{w}"], ref[f"err_{w}"])),
+        "scale": max(
+            [rel(g, r) for w in "kv" for g, r in zip(got[f"scale_{w}"], ref[f"scale_{w}"]) if r is not None],
+            default=0.0,
+        ),
+    }
+
+
+def write_kv_golden(path: Path = KV_GOLDEN_PATH) -> dict:
+    """Capture :func:`kv_stats` for every architecture of the golden file, with this platform's record."""
+    import subprocess
+
+    from evalkit.runtime.numerics import platform_record
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    data = {
+        "made_by": f"tests/float_spread.py --write-kv-golden at evalkit {commit or '?'}",
+        "platform": platform_record(),
+        "tiny": {arch: kv_stats(arch) for arch in sorted(GOLDEN["tiny"])},
+    }
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
 
 
 def perplexity_values(lm, workdir: Path) -> dict[str, dict[str, float]]:
@@ -190,6 +296,21 @@ def measure(eps: float = 1e-6, seeds=(0, 1, 2), parts=("tiny", "perplexity", "lm
                 _fold(tiny, arch, dev)
                 samples.setdefault("tiny", {}).setdefault(arch, []).append(dev)
             log(f"tiny {arch}: {json.dumps({s: f'{v:.2e}' for s, v in tiny[arch].items()})}")
+    if "kv" in parts:
+        kv = table["kv"] = {}
+        for arch in sorted(GOLDEN["tiny"]):
+            model = tiny_model(arch)
+            ref = kv_stats(arch, model)
+            for seed in seeds:
+                with perturbed(model, eps, seed):
+                    got = kv_stats(arch, model)
+                for scheme in ref:
+                    _fold(kv.setdefault(arch, {}), scheme, {})
+                    slot = kv[arch][scheme]
+                    for k, v in kv_deviation(got[scheme], ref[scheme]).items():
+                        slot[k] = max(slot.get(k, 0.0), v)
+                samples.setdefault("kv", {}).setdefault(arch, []).append({s: kv_deviation(got[s], ref[s]) for s in ref})
+            log(f"kv {arch}: max relative change of error norms {max(v['err'] for v in kv[arch].values()):.2e}")
     if lm is None and ("perplexity" in parts or "lmeval" in parts):
         from evalkit.models.loading import load_model
 
@@ -244,7 +365,7 @@ def _up2(x: float) -> float:
 def print_tables(table: dict) -> None:
     """The measured maxima as the spread tables of ``tests/integration/test_storage_golden.py`` (to paste), and
     this machine's deviation from the golden file against ``SAFETY`` x the committed tables."""
-    from tests import test_storage_golden as t
+    from tests.integration import test_storage_golden as t
 
     ppl = {s: v for s, v in table.get("perplexity", {}).items() if s != "bf16"}
     out = {
@@ -254,6 +375,13 @@ def print_tables(table: dict) -> None:
         "TOP1_SPREAD": {s: f"{round(v['top1_agreement'] * N_SCORED)} / N_SCORED" for s, v in ppl.items()},
         "LOGLIK_SPREAD": {s: _up2(v) for s, v in table.get("lmeval", {}).items() if s != "bf16"},
     }
+    kv: dict = {}
+    for per_scheme in table.get("kv", {}).values():
+        for s, v in per_scheme.items():
+            for k in ("err", "scale"):
+                kv.setdefault(k, {})[s] = max(kv.get(k, {}).get(s, 0.0), v[k])
+    out["KV_ERR_SPREAD"] = {s: _up2(v) for s, v in kv.get("err", {}).items()}
+    out["KV_SCALE_SPREAD"] = {s: _up2(v) for s, v in kv.get("scale", {}).items()}
     for name, d in out.items():
         if d:
             print(f"{name} = {{")
@@ -296,15 +424,41 @@ def main(argv=None) -> None:
     p.add_argument("--parts", default="tiny,perplexity,lmeval")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, help="also write the table here")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the tiny-model parts only (logits and stored K/V), seeds 0 1: a minute or two on 2 cores (CI runs it)",
+    )
+    p.add_argument(
+        "--write-kv-golden",
+        action="store_true",
+        help=f"capture the stored-K/V golden file ({KV_GOLDEN_PATH.name}) on this platform, then measure as asked",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.quick:
+        args.parts, args.seeds = "tiny,kv", [0, 1]
     parts = tuple(args.parts.split(","))
+    unknown = set(parts) - {"tiny", "kv", "perplexity", "lmeval"}
+    if unknown:
+        raise SystemExit(
+            f"--parts {args.parts}: unknown part(s) {', '.join(sorted(unknown))}; use tiny,kv,perplexity,lmeval"
+        )
     print("platform:", json.dumps(numerics.platform_record()))
+    if args.write_kv_golden:
+        write_kv_golden()
+        print(f"wrote {KV_GOLDEN_PATH}")
     table = measure(args.eps, args.seeds, parts)
     if args.json:
         args.json.write_text(json.dumps(table, indent=1))
     print("max deviations:", json.dumps({k: v for k, v in table.items() if k != "samples"}, indent=1))
     print_tables(table)
+    if "tiny" in parts:  # a perturbation that moved nothing would make every spread (and tolerance) 0
+        moved = min(v["unquantized"] for v in table["tiny"].values())
+        if not 0 < moved < 1e-3:
+            raise SystemExit(
+                f"the weight noise moved the unquantized logits by {moved:.1e}: expected a rounding-sized move"
+            )
 
 
 if __name__ == "__main__":

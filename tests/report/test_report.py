@@ -204,20 +204,26 @@ def test_latex_booktabs_and_escaping(store):
 
 
 def test_recommendation_is_cheapest_inside_budget(store):
+    """The budget mechanics with no engine assumed (engine=None: hypothetical schemes count); which
+    engine runs what, the float spread and the defaults: tests/report/test_recommend.py."""
     frame = summary_frame(load_store(store))
-    line = recommend(frame, Budget())["tiny"]
+    line = recommend(frame, Budget(), engine=None)["tiny"]
     assert "use fp8_e4m3/tensor/dynamic" in line and "2.00x" in line and "+0.40%" in line
+    assert "assumes no engine: hypothetical schemes included" in line
     # a tighter perplexity budget leaves only block16
-    assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002))["tiny"]
-    tight = recommend(frame, Budget(max_ppl_rel=0.0001))["tiny"]
-    assert "keep the unquantized baseline (float32 KV cache)" in tight
-    assert tight.endswith("closest: fp8_e4m3/block16/dynamic (fails |Δppl| ≤ 0.01%: +0.10%, over by 0.09 pts)")
-    # a looser one admits int4 (96 bytes) only if its flips and retrieval pass too
-    assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9))["tiny"]
-    assert (
-        "use int4/token/dynamic"
-        in recommend(frame, Budget(max_ppl_rel=0.06, min_top1=0.9, max_retrieval_drop=1, max_flip_rate=0.2))["tiny"]
-    )
+    assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002), engine=None)["tiny"]
+    tight = recommend(frame, Budget(max_ppl_rel=0.0001), engine=None)["tiny"]
+    assert "keep the unquantized baseline (bf16 scheme)" in tight
+    assert "closest: fp8_e4m3/block16/dynamic (fails |Δppl| ≤ 0.01%: +0.10%, over by 0.09 pts" in tight
+    # a looser one admits int4 (96 bytes) only if its KL, flips and retrieval pass too
+    loose = Budget(max_ppl_rel=0.06, max_kl=0.1)
+    assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, loose, engine=None)["tiny"]
+    loose = Budget(max_ppl_rel=0.06, max_kl=0.1, max_retrieval_drop=1, max_flip_rate=0.2)
+    assert "use int4/token/dynamic" in recommend(frame, loose, engine=None)["tiny"]
+    # vllm-cuda (the default) runs none of the dynamic schemes: only E5M2 with scale 1.0, which fails
+    cuda = recommend(frame, Budget())["tiny"]
+    assert cuda.startswith("tiny: keep kv_cache_dtype=auto") and "assumes vllm-cuda" in cuda
+    assert "closest: fp8_e5m2/tensor/unit" in cuda
 
 
 def test_frontier():
@@ -261,7 +267,7 @@ def cli(capsys, *argv):
 
 def test_cli_report(store, tmp_path, capsys):
     code, out, _ = cli(capsys, "report", str(store))
-    assert code == 0 and "| scheme" in out and "Recommendation: tiny: use fp8_e4m3/tensor/dynamic" in out
+    assert code == 0 and "| scheme" in out and "Recommendation: tiny: keep kv_cache_dtype=auto" in out
     code, out, _ = cli(
         capsys,
         "report",
@@ -448,15 +454,16 @@ def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
         {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954), "fp8_e5m2/tensor/dynamic": (0.03, 0.95)},
         constant=False,
     )
-    line = recommend(summary_frame(load_store(folder)), Budget())["tiny"]
-    assert line.startswith("tiny: keep the unquantized baseline (float32 KV cache): no quantized scheme")
-    assert line.endswith("closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40%, short by 3.60 pts)")
-    line = recommend(summary_frame(load_store(folder)), Budget(max_ppl_rel=0.001, min_top1=0.9))["tiny"]
-    assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40%, over by 0.30 pts)" in line
+    frame = summary_frame(load_store(folder))
+    line = recommend(frame, Budget(min_top1=0.99), engine=None)["tiny"]
+    assert line.startswith("tiny: keep the unquantized baseline (bf16 scheme): no quantized scheme")
+    assert "closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40%, short by 3.60 pts" in line
+    line = recommend(frame, Budget(max_ppl_rel=0.001), engine=None)["tiny"]
+    assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40%, over by 0.30 pts" in line
     # retrieval and flips say their gap too (the main fixture's int4: drop and 10 % flips)
     frame = summary_frame(load_store(write_store(tmp_path / "full")))
     line = recommend(
-        frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, min_top1=0.9)
+        frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, max_kl=None), engine=None
     )["tiny"]
     assert "fails retrieval drop ≤ 2 pts: 22.5 pts, over by 20.5 pts" in line
     assert "fails mini_mmlu flips ≤ 5%: 10.0%, over by 5.0 pts" in line

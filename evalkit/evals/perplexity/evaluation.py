@@ -197,6 +197,8 @@ class PerplexityEval(Evaluation):
                 )
             ),
         ),
+        frames=("evalkit.evals.perplexity.report:float_noise_frame",),
+        notes=("evalkit.evals.perplexity.report:notes",),
         plots=("evalkit.report.plots:positions_figures",),
         criteria=(
             Criterion(

@@ -1,0 +1,40 @@
+"""What the report shows of the perplexity eval beyond its plain columns: whether its intervals include
+the float spread (``float_noise_seeds``), as a summary-frame column and a note under the table."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+FLOAT_COLUMN = "float_noise_seeds"  # summary column: perturbed-weight reruns behind a row's intervals (0: none)
+
+
+def float_noise_frame(rows: pd.DataFrame, slot) -> None:
+    """``float_noise_seeds`` (and the Δppl float SD, ``ppl_delta_rel_float_sd``) per model x scheme,
+    from the unlabelled Δppl row's info; 0 where the row has no float spread."""
+    sel = rows[(rows["metric"] == "ppl_delta_rel") & ~rows["labels"].map(bool)]
+    for _, r in sel.iterrows():
+        noise = (r["info"] or {}).get("float_noise") or {}
+        out = slot(r["model"], r["scheme"])
+        out[FLOAT_COLUMN] = float(len(noise.get("seeds") or ()))
+        if noise.get("sd") is not None:
+            out["ppl_delta_rel_float_sd"] = float(noise["sd"])
+
+
+def notes(frame: pd.DataFrame) -> list[str]:
+    """Which intervals include the float spread, and how; the other columns' are sampling-only."""
+    if FLOAT_COLUMN not in frame or "ppl_delta_rel" not in frame:
+        return []
+    seeds = sorted({int(n) for n in frame[FLOAT_COLUMN].dropna()})
+    if seeds and seeds != [0]:
+        n = ", ".join(str(s) for s in seeds if s)
+        return [
+            f"intervals of ppl, Δppl, KL, top-1 and Δp: 95 % token bootstrap over windows, widened by the float spread "
+            f"of {n} perturbed-weight reruns (every weight moved by a few ulps of its dtype; the bootstrap half-widths "
+            "and t(0.975, n-1) x the SD over the n realisations added in quadrature): where another float realisation "
+            "of the same scheme would land. Rows marked ≈ are not resolved from each other by these intervals. "
+            "The other columns' intervals are sampling-only (their float spread is not measured)"
+        ]
+    return [
+        "intervals: 95 % sampling intervals over one float realisation; the float-rounding spread is not measured "
+        "(perplexity float_noise_seeds measures it), and it can exceed the difference between FP8 rows"
+    ]

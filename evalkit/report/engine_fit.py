@@ -1,0 +1,129 @@
+"""Which serving engines run a table row's scheme, and with which ``kv_cache_dtype``.
+
+evalkit can emulate schemes no engine runs (per-sequence dynamic scales, per-head dynamic scales,
+block16 FP8, MXFP4...). A reader must not take such a row for an engine's number, so every row says
+which engine profiles (:mod:`evalkit.engines.profiles`) run its scheme:
+
+* **as measured**: the profile's own :meth:`~evalkit.engines.profiles.EngineProfile.check` accepts the
+  scheme exactly as the row ran it (format, granularity, scale source, rounding, attention precision,
+  the model's head_dim);
+* **with its own numerics** (``~name`` in the table): the engine takes the same settings but stores or
+  rounds differently (vllm-cpu rounds toward zero, vllm-rocm stores E4M3-fnuz and doubles checkpoint
+  scales, TensorRT-LLM floors them at 1.0, vllm-cuda runs per-head scales only on its FlashAttention-3
+  path, which also quantizes Q and the probabilities): the row is then not the
+  engine's number; ``--engine-profile NAME`` measures it. Checked the way
+  :meth:`~evalkit.engines.profiles.EngineProfile.apply` maps a scheme (format map and rounding), without
+  writing the derived scale tables ``apply`` writes;
+* a scheme no profile runs in either way is **hypothetical**.
+
+:func:`setting` names the engine setting that reproduces a scheme (``kv_cache_dtype=fp8_e4m3`` with or
+without the checkpoint's k_scale/v_scale), what an operator types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from evalkit.engines.profiles import PROFILES, EngineProfile, get_profile
+from evalkit.errors import EvalkitError, SchemeError
+from evalkit.kv.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
+
+HYPOTHETICAL = "hypothetical"
+HYPOTHETICAL_NOTE = (
+    "hypothetical: no engine profile ({names}) runs this scheme, e.g. scales computed from each sequence's own "
+    "prefill (dynamic), which engines never estimate at run time; an upper reference, not an engine's number"
+)
+
+
+def _changes_scales(profile: EngineProfile, scheme: Scheme) -> bool:
+    """The engine rewrites a checkpoint's scales (x2 on fnuz, at least 1.0 for ModelOpt): a static row is not its number."""
+    static = scheme.scales is ScaleSource.STATIC
+    return static and (profile.checkpoint_scale_factor != 1.0 or profile.checkpoint_scale_floor > 0)
+
+
+def _runs(profile: EngineProfile, scheme: Scheme, layout) -> bool:
+    try:
+        profile.check(scheme, layout)
+    except SchemeError:
+        return False
+    return True
+
+
+def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
+    """``scheme`` with the engine's storage format and rounding (as ``apply`` maps it), or None."""
+    if scheme.is_identity or scheme.name is not None:
+        return scheme
+    fmt = dict(profile.format_map).get(scheme.format, scheme.format)
+    changes: dict = {"format": fmt}
+    head_static = scheme.granularity.kind is GranularityKind.HEAD and scheme.scales is ScaleSource.STATIC
+    if head_static and profile.head_scales:  # per-head scales only on its FA3 path, which also quantizes Q and P
+        changes["attention"] = AttentionPrecision(profile.head_scales)
+    if fmt in profile.formats:
+        changes["rounding"] = next(d for d in profile.kv_cache_dtypes if d.format == fmt and not d.named).rounding
+    try:
+        return dataclasses.replace(scheme, **changes)
+    except SchemeError:
+        return None
+
+
+def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
+    """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics)."""
+    scheme = parse_scheme(text)
+    exact, own = [], []
+    for name, profile in PROFILES.items():
+        if _runs(profile, scheme, layout):
+            (own if _changes_scales(profile, scheme) else exact).append(name)
+        else:
+            mapped = _with_own_numerics(profile, scheme)
+            if mapped is not None and mapped != scheme and _runs(profile, mapped, layout):
+                own.append(name)
+    return exact, own
+
+
+def runs_on(text: str, layout=None) -> str:
+    """The table's "runs on" cell: ``vllm-cuda, sglang, ~vllm-cpu`` or ``hypothetical``."""
+    if parse_scheme(text).is_identity:
+        return "all"
+    exact, own = engines_for(text, layout)
+    cells = exact + [f"~{n}" for n in own]
+    return ", ".join(cells) if cells else HYPOTHETICAL
+
+
+def is_hypothetical(cell) -> bool:
+    return cell == HYPOTHETICAL
+
+
+def check_engine(name: str | None) -> str | None:
+    """``name`` when it is a profile (or None/``any``: no engine assumed); EvalkitError otherwise."""
+    if name is None or name == "any":
+        return None
+    if name not in PROFILES:
+        raise EvalkitError(f"--engine-profile {name}: unknown engine profile; use one of {', '.join(PROFILES)} or any")
+    return name
+
+
+def profile_of_backend(backend: str) -> str | None:
+    """The profile of a measured engine's rows (``vllm-cpu 0.32.0`` -> ``vllm-cpu``), or None."""
+    head = str(backend).split()[0] if backend else ""
+    return head if head in PROFILES else None
+
+
+def setting(profile_name: str, text: str) -> str:
+    """The engine setting that runs scheme ``text`` on ``profile_name``: ``kv_cache_dtype=fp8_e4m3
+    without checkpoint scales (scale 1.0)``; for the unquantized baseline ``kv_cache_dtype=auto``."""
+    profile, scheme = get_profile(profile_name), parse_scheme(text)
+    if scheme.is_identity:
+        return "kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype)"
+    if scheme.name is not None:
+        d = next((d for d in profile.kv_cache_dtypes if d.named == scheme.name), None)
+        return f"kv_cache_dtype={d.name}" if d else f"{scheme.name} (no kv_cache_dtype of {profile_name})"
+    mapped = _with_own_numerics(profile, scheme) or scheme
+    names = [d.name for d in profile.kv_cache_dtypes if d.format == mapped.format and not d.named]
+    dtype = next((n for n in names if n == mapped.format), names[0] if names else mapped.format)
+    if scheme.scales is ScaleSource.STATIC:
+        per = "per-head (attn_head)" if scheme.granularity.kind is GranularityKind.HEAD else "per-tensor"
+        how = f"with the checkpoint's {per} k_scale/v_scale (evalkit calibrate --export-vllm)"
+    else:
+        how = "without checkpoint scales (scale 1.0)"
+    fa3 = " on the FlashAttention-3 backend" if scheme.attention is AttentionPrecision.FA3 else ""
+    return f"kv_cache_dtype={dtype} {how}{fa3}"

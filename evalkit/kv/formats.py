@@ -88,6 +88,9 @@ class Recipe(str, enum.Enum):
     # vLLM's int8/fp8_per_token_head store: max(amax / QMAX, 1e-6) per token and head, x * (1 / scale),
     # INT8 +-0.5 then truncation to [-128, 127] (evalkit.kv.per_token_head; named vllm:<kv_cache_dtype>)
     VLLM_PER_TOKEN_HEAD = "vllm_per_token_head"
+    # vLLM's CPU FP8 store (cpu_attn_reshape_and_cache): x * float32(1 / scale), an exact-zero quotient stored +0,
+    # E4M3 below 2**-6 through a float32 subnormal (evalkit.kv.rounding.round_vllm_cpu); with +rounding=rtz
+    VLLM_CPU = "vllm_cpu"
 
 
 @dataclass(frozen=True)
@@ -245,14 +248,17 @@ FORMATS: dict[str, KVFormat] = {
                 "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
                 (ScaleDType.FP32, ScaleDType.E8M0),
             ),
-            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD),
+            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD, Recipe.VLLM_CPU),
         ),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
-        _float8(
-            "fp8_e5m2",
-            torch.float8_e5m2,
-            "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
-            (ScaleDType.FP32, ScaleDType.E8M0),
+        replace(
+            _float8(
+                "fp8_e5m2",
+                torch.float8_e5m2,
+                "FP8 E5M2 (max 57344, 2 mantissa bits): more range, less precision",
+                (ScaleDType.FP32, ScaleDType.E8M0),
+            ),
+            recipes=(Recipe.STANDARD, Recipe.VLLM_CPU),
         ),
         replace(
             _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),

@@ -6,7 +6,8 @@ the value (the vLLM / compressed-tensors convention): ``x_hat = code * scale`` w
 ``x_hat = (code - zero) * scale`` with ``code = clamp(round(x / scale) + zero)``. ``round`` is the
 format's rounding (``fmt.rounding``, bound by ``Scheme.kv_format`` from ``+rounding=``): nearest even
 unless the scheme says ``rtz`` (toward zero) or ``rna`` (ties away from zero), for every float and
-integer format; all of it is done by :mod:`evalkit.kv.rounding`, and it applies to the elements
+integer format (``+recipe=vllm_cpu``: ``x * float32(1 / scale)`` and vLLM's CPU store's rounding,
+:func:`evalkit.kv.rounding.round_vllm_cpu`); all of it is done by :mod:`evalkit.kv.rounding`, and it applies to the elements
 only (scales are rounded to their dtype by their own rules, below; zero points to nearest even).
 
 The granularity says which elements share one scale, and fixes the shape of the scale tensor
@@ -72,7 +73,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
-from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid
+from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid, round_vllm_cpu, vllm_cpu_quotient
 from evalkit.kv.scheme import Granularity, GranularityKind
 
 # dims of the grouped view (see _grouped) reduced to one scale
@@ -119,12 +120,19 @@ def _round_and_store(y: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torc
     """:func:`round_codes`, plus the stored float8 tensor where rounding made it anyway (a small FP8
     tensor rounded to nearest even, e.g. a decode token, is rounded by torch's cast), so storing it
     costs no second cast (:func:`encode_quantized`; the same bytes as ``encode``, tested)."""
+    if fmt.recipe is Recipe.VLLM_CPU:
+        return round_vllm_cpu(y, fmt), None
     if fmt.kind is FormatKind.FLOAT:
         if fmt.own_codes:  # a minifloat without a torch dtype (E2M1): rounded on its grid by its fields
             codes = round_to_grid(y.to(torch.float32), fmt)
             return (mx.sglang_zero_sign(y, codes) if fmt.recipe is Recipe.SGLANG else codes), None
         return round_to_fp8_stored(y.clamp(-fmt.max, fmt.max), fmt)
     return round_integer(y, fmt.rounding).clamp_(fmt.qmin, fmt.qmax), None
+
+
+def _quotient(x: torch.Tensor, scale: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """``x / scale`` in float32; vLLM's CPU store (``recipe=vllm_cpu``) multiplies by ``float32(1 / scale)``."""
+    return vllm_cpu_quotient(x, scale) if fmt.recipe is Recipe.VLLM_CPU else x / scale
 
 
 def scale_from_amax(
@@ -216,7 +224,7 @@ def quantize(
         if fmt.asymmetric:
             codes = (round_integer(xf / scale, fmt.rounding) + zero).clamp_(0, fmt.qmax)
             return Quantized(codes, scale, zero, None, nonfinite)
-        codes, stored = _round_and_store(xf / scale, fmt)
+        codes, stored = _round_and_store(_quotient(xf, scale, fmt), fmt)
         return Quantized(codes, scale, zero, None, nonfinite, stored=stored)
     g = _grouped(xf, granularity)
     stats = g
@@ -240,7 +248,7 @@ def quantize(
         global_scale = tensor_scale if tensor_scale is not None else _nvfp4_global(xf, valid)
         global_scale = global_scale.reshape(-1, *([1] * (g.dim() - 1)))
     s = scale_from_amax(amax, fmt, global_scale, x.dtype)
-    codes, stored = _round_and_store(g / s, fmt)
+    codes, stored = _round_and_store(_quotient(g, s, fmt), fmt)
     return Quantized(
         _ungrouped(codes, x.shape),
         _stored(s, granularity),

@@ -8,6 +8,9 @@ Modes (:class:`Rounding`, the scheme option ``+rounding=``; every quantized form
 * ``rtz``: toward zero (truncation), e.g. vLLM's CPU KV store ``cpu_attn_reshape_and_cache``
   (``csrc/cpu/cpu_attn_fp8.hpp``, ``float_to_fp8e4m3_scalar`` and ``float_to_fp8e5m2_scalar``
   clamp ``x / scale`` to ±max and keep the leading mantissa bits).
+  Its two other departures from a plain truncation of ``x / scale`` (a reciprocal multiply, an
+  exact zero stored +0, E4M3 subnormals through float32) are ``+recipe=vllm_cpu``:
+  :func:`round_vllm_cpu`.
 * ``rna``: to nearest, ties away from zero, e.g. SGLang's ``fp4_e2m1`` KV (thresholds
   ``|v| >= 0.25, 0.75, ..., 5``; see :mod:`evalkit.kv.microscaling`).
 
@@ -153,6 +156,39 @@ def round_to_grid(y: torch.Tensor, fmt: KVFormat, rounding: Rounding | None = No
     if not fmt.negative_zero:
         out = out.add_(0.0)
     return out
+
+
+def vllm_cpu_quotient(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """vLLM's CPU FP8 store's ``v *= inv_scale``: ``x`` times the float32 reciprocal of the scale (float32)."""
+    return x * (1.0 / scale.to(torch.float32))
+
+
+def round_vllm_cpu(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """Float32 ``y`` (the quotient, :func:`vllm_cpu_quotient`) to a code of ``fmt`` (FP8 E4M3 or E5M2)
+    as vLLM's CPU KV store writes it (``csrc/cpu/cpu_attn_fp8.hpp``, ``float_to_fp8e4m3_scalar`` and
+    ``float_to_fp8e5m2_scalar``; the scheme option ``+recipe=vllm_cpu`` with ``+rounding=rtz``):
+
+    * clamp to ±max, then ``if (v == 0.0f) return 0``: a quotient of ±0 is stored +0 (a nonzero one
+      that truncates to zero keeps its sign, -0);
+    * E4M3 maps ``v`` onto float32's exponent range by ``v * 2**-120`` and keeps the top bits of the
+      product. Below E4M3's smallest normal (2**-6) that product is a float32 *subnormal*, which the
+      FPU rounds to nearest even at 2**-149, i.e. ``v`` to a multiple of 2**-29, before the bits are
+      truncated: a value at most 2**-30 under a code is stored as that code. Emulated exactly as
+      ``(|v| + 2**-6) - 2**-6`` (the sum's float32 spacing is 2**-29) where ``|v| < 2**-6``; a
+      processor that flushes subnormals to zero (FTZ) would store 0 there instead (vLLM does not
+      set it; measured). E5M2 shifts the mantissa bits instead and truncates exactly;
+    * then toward zero (:func:`round_to_grid`).
+
+    NaN stays NaN here (the store writes +max; evalkit flags non-finite K/V instead)."""
+    assert y.dtype == torch.float32, "round_vllm_cpu works on float32"
+    y = y.clamp(-fmt.max, fmt.max)
+    zero = y == 0  # -0.0 == 0: an exact-zero quotient is stored +0 (decided before the subnormal step below)
+    if (fmt.mantissa_bits, fmt.min_normal_exp) == (3, -6):  # E4M3: the float32-subnormal step of the bias shift
+        c = 2.0**fmt.min_normal_exp
+        tiny = y.abs() < c
+        y = torch.where(tiny, (y.abs() + c).sub_(c).copysign_(y), y)
+    out = round_to_grid(y, fmt, Rounding.RTZ)
+    return out.masked_fill_(zero, 0.0)
 
 
 def round_to_fp8_by_cast(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:

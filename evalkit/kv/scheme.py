@@ -25,6 +25,8 @@ per head) and ``group<N>`` (N channels of head_dim per token per head).
 Options (canonical order): ``scale_dtype=e4m3|e8m0`` (how each scale is stored; ``fp32``, the
 default, is not written), ``tensor_scale=fp32`` (a second-level FP32 scale per tensor, with E4M3
 group scales: NVFP4), ``recipe=sglang`` (SGLang's own FP4 scale rule and zero sign),
+``recipe=vllm_cpu`` (vLLM's CPU FP8 store: ``x * float32(1 / scale)``, an exact-zero quotient
+stored +0, E4M3 subnormals through float32; with ``+rounding=rtz``, :func:`evalkit.kv.rounding.round_vllm_cpu`),
 ``scales=PATH`` (the static table), ``rounding=rtz|rna`` (how ``x / scale`` becomes a code:
 toward zero, or to nearest with ties away from zero, both saturating; ``rne``, to nearest with
 ties to even, is the default and is never written, so strings without the option keep their
@@ -235,6 +237,15 @@ class Scheme:
                 "tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
                 "add +scale_dtype=e4m3 or write nvfp4"
             )
+        if self.recipe is Recipe.VLLM_CPU:  # vLLM's CPU FP8 store arithmetic (evalkit.kv.rounding.round_vllm_cpu)
+            takers = " or ".join(f.name for f in FORMATS.values() if Recipe.VLLM_CPU in f.recipes)
+            fixed = (ScaleDType.FP32, False, Rounding.RTZ)
+            if self.recipe not in fmt.recipes or (self.scale_dtype, self.tensor_scale, self.rounding) != fixed:
+                raise SchemeError(
+                    f"recipe=vllm_cpu is vLLM's CPU FP8 store, which writes {takers} with float32 scales and "
+                    f"truncates: use e.g. fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"
+                )
+            return
         if self.recipe not in fmt.recipes or (self.recipe is Recipe.SGLANG and self.scale_dtype is not ScaleDType.E8M0):
             takers = [f.name for f in FORMATS.values() if self.recipe in f.recipes]
             named = [n for n, d in NAMED_SCHEMES.items() if d.recipe is self.recipe]

@@ -182,6 +182,16 @@ def test_rtz_edge_differences_are_the_known_classes(results, fmt, scale):
 @needs_vllm
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+def test_the_vllm_cpu_recipe_equals_the_store_on_every_code(results, fmt, scale):
+    """+recipe=vllm_cpu (reciprocal multiply, exact zero stored +0, E4M3 subnormals through float32)
+    with rtz: 100 % of the edge table and of the random values, byte for byte."""
+    c = _cell(results, fmt, scale, vk.VLLM_CPU)
+    assert c.edge_equal == c.edge_total and c.random_equal == c.random_total == 73728, c.examples
+
+
+@needs_vllm
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
 def test_rne_differs_from_the_store(results, fmt, scale):
     for rounding in ("rne", "rna"):
         c = _cell(results, fmt, scale, rounding)
@@ -221,10 +231,10 @@ def test_command_writes_the_kernel_table(capsys, tmp_path):
     assert report["engine"] == "vllm" and report["end_to_end"] is None
     (k,) = report["kernel"]
     assert k["scheme"] == "fp8_e5m2/tensor/unit+rounding=rtz"
-    rtz = [c for c in k["cells"] if c["rounding"] == "rtz"]
-    assert len(rtz) == len(vk.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
+    rtz = [c for c in k["cells"] if c["rounding"].startswith("rtz")]
+    assert len(rtz) == 2 * len(vk.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
     assert json.loads((out / "conformance.json").read_text()) == report
     lines = (out / "kernel.csv").read_text().splitlines()
-    assert lines[0].startswith("scheme,format,kv_cache_dtype,scale,rounding") and len(lines) == 1 + 3 * len(
-        vk.DEFAULT_SCALES
-    )
+    assert lines[0].startswith("scheme,format,kv_cache_dtype,scale,rounding") and len(lines) == 1 + len(
+        vk.ROUNDINGS
+    ) * len(vk.DEFAULT_SCALES)

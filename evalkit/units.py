@@ -4,6 +4,8 @@ Printed sizes use binary units, one decimal: ``KiB`` = 2**10 bytes, ``MiB`` = 2*
 ``TiB`` = 2**40 (what memory and disk tools report), plain ``B`` below a KiB. Sizes read from the
 command line take either family: ``80GiB`` (2**30 each) or ``80GB`` (10**9 each), ``1.03TB``,
 ``512MiB``; a bare number is bytes. Durations print as ``12.3 s``, ``4 min 05 s`` or ``2 h 07 min``.
+A value with its interval prints as ``+0.83 [-0.02, +1.87]`` (:func:`value_with_interval`), the
+form of every table cell that carries one.
 
 The bottom floor with :mod:`evalkit.errors`: it imports nothing else of evalkit.
 """
@@ -59,3 +61,26 @@ def format_seconds(s: float | None) -> str:
     if s < 3600:
         return f"{int(s // 60)} min {int(s % 60):02d} s"
     return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def _missing(v) -> bool:
+    """None, NaN or pandas' NA: a cell with nothing to show."""
+    if v is None:
+        return True
+    try:
+        return bool(v != v)
+    except TypeError:  # pandas.NA compares to NA
+        return True
+
+
+def value_with_interval(row, key: str, scale: float = 1.0, fmt: str = "+.2f", unit: str = "") -> str:
+    """``row[key]`` (times ``scale``, formatted by ``fmt``, then ``unit``) followed by
+    ``[row[key_lo], row[key_hi]]`` where both bounds are present; "" when the value is missing."""
+    v = row.get(key)
+    if _missing(v):
+        return ""
+    text = format(v * scale, fmt) + unit
+    lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
+    if not _missing(lo) and not _missing(hi):
+        text += f" [{format(lo * scale, fmt)}, {format(hi * scale, fmt)}]"
+    return text

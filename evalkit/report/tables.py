@@ -34,6 +34,7 @@ from evalkit.report import evals as report_evals
 from evalkit.report import marks, prediction
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.report.style import SchemeStyle
+from evalkit.units import value_with_interval
 
 PPL_METRICS = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value")
 KL_QUANTILES = {
@@ -142,15 +143,7 @@ def _num(v, fmt):
     return "" if v is None or pd.isna(v) else format(v, fmt)
 
 
-def _ci(r, key, scale=1.0, fmt="+.2f", unit=""):
-    v = r.get(key)
-    if v is None or pd.isna(v):
-        return ""
-    text = format(v * scale, fmt) + unit
-    lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
-    if lo is not None and hi is not None and not pd.isna(lo) and not pd.isna(hi):
-        text += f" [{format(lo * scale, fmt)}, {format(hi * scale, fmt)}]"
-    return text
+_ci = value_with_interval  # the cells' one formatter (evalkit.units)
 
 
 def _bytes(v):

@@ -9,6 +9,8 @@ import re
 
 import pandas as pd
 
+from evalkit.units import value_with_interval as _ci
+
 LAST = "decode_kl_last"  # the summary frame's column: kl_mean of the last position bucket
 
 
@@ -70,7 +72,6 @@ def engine_display(r: dict, base: bool) -> dict[str, str]:
     ``backend`` column): an engine's decode is read from these, since it has no KL estimate."""
     if "backend" not in r or "first_divergence" not in r:
         return {}
-    from evalkit.report.tables import _ci
 
     def pct(key: str, digits: str) -> str:
         return "" if base or not _shown(r.get(key)) else _ci(r, key, 100, digits)

@@ -40,10 +40,12 @@ class Page:
     per_layer: int  # bytes per token per attention layer (page_size_bytes at block_size 1)
     layers: int
     how: str  # "customize_spec" (the backend's own method) or what was used instead, and why
+    skipped: int = 0  # layers vLLM keeps at the model's dtype for this dtype (TurboQuant/UltraQuant boundary)
+    skipped_per_layer: int = 0  # their bytes per token (the "auto" spec)
 
     @property
     def per_token(self) -> int:
-        return self.per_layer * self.layers
+        return self.per_layer * (self.layers - self.skipped) + self.skipped_per_layer * self.skipped
 
 
 def _torch_dtype(kv_cache_dtype: str):
@@ -122,4 +124,17 @@ def page(kv_cache_dtype: str, layout: KVLayout, backend: str) -> Page:
             raise SchemeError(f"vLLM's {backend} does not list kv_cache_dtype {kv_cache_dtype}")
         spec = cls.customize_spec(spec)
     layers = len(layout.attention_layers) if layout.attention_layers is not None else layout.num_layers
-    return Page(kv_cache_dtype, backend, spec.page_size_bytes, layers, how)
+    skipped = _boundary_layers(kv_cache_dtype, layout)
+    auto = _gqa_spec("auto", layout).page_size_bytes if skipped and not layout.is_mla else 0
+    return Page(kv_cache_dtype, backend, spec.page_size_bytes, layers, how, len(skipped), auto)
+
+
+def _boundary_layers(kv_cache_dtype: str, layout: KVLayout) -> list[str]:
+    """The layers vLLM adds to ``kv_cache_dtype_skip_layers`` for TurboQuant/UltraQuant (``arg_utils``:
+    ``TurboQuantConfig.get_boundary_skip_layers`` on a dense model), kept at the model's dtype."""
+    if not (kv_cache_dtype.startswith("turboquant_") or kv_cache_dtype == "ultraquant_4bit"):
+        return []
+    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+
+    model_config = SimpleNamespace(is_hybrid=False, hf_text_config=SimpleNamespace(num_hidden_layers=layout.num_layers))
+    return TurboQuantConfig.get_boundary_skip_layers(model_config)

@@ -13,6 +13,7 @@ import torch
 
 from evalkit.data.resources import resolve_calibration_file
 from evalkit.errors import ScaleError, SchemeError
+from evalkit.kv.engine_dtypes import check_layout
 from evalkit.kv.memory import check_mla_scheme
 from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scale_table import ScaleTable, load_scale_table
@@ -33,6 +34,7 @@ class BoundScheme:
         if layout.is_mla:
             check_mla_scheme(scheme, layout)
         else:
+            check_layout(scheme, False, (layout.head_dim, layout.v_head_dim))
             if scheme.rope_bf16:
                 raise SchemeError("+rope=bf16 applies to multi-head latent attention models only: drop it")
             check_granularity(scheme.granularity, layout.head_dim)
@@ -64,7 +66,7 @@ class BoundScheme:
         """Whether this layer's K/V are quantized (not the baseline, not a skipped layer)."""
         if self.fmt.is_identity:
             return False
-        return not self.scheme.skips_layer(layer_idx, self.layout.is_sliding(layer_idx))
+        return not self.scheme.skips_layer(layer_idx, self.layout.is_sliding(layer_idx), self.layout.num_layers)
 
     def fixed_scale(self, which: str, layer_idx: int, device: torch.device) -> torch.Tensor | None:
         """The scale of static and unit sources, (1, 1, 1, 1) or (1, H, 1, 1) on ``device``; None when dynamic."""

@@ -44,8 +44,8 @@ class _StorageLayerMixin:
         b, i = self.binding, self.layer_idx
         k_fixed = b.fixed_scale("k", i, device) if self.active else None
         v_fixed = b.fixed_scale("v", i, device) if self._rope_quantized else None
-        self.k = StoredTensor(b.fmt, b.scheme.granularity, k_fixed, self.active)
-        self.v = StoredTensor(b.fmt, self._rope_gran, v_fixed, self._rope_quantized)
+        self.k = StoredTensor(b.fmt, b.scheme.granularity, k_fixed, self.active, role="k")
+        self.v = StoredTensor(b.fmt, self._rope_gran, v_fixed, self._rope_quantized, role="v")
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if not self.is_initialized:
@@ -71,13 +71,23 @@ class _StorageLayerMixin:
     batch_repeat_interleave = batch_select_indices = reorder_cache
 
 
+def _prefill_reads_raw(binding: BoundScheme) -> bool:
+    """Whether the engine dtype attends a sequence's first write from the raw K/V (kv.vllm_codecs)."""
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    return is_codec(binding.fmt.recipe) and codec_for(binding.fmt.recipe).prefill_reads_raw
+
+
 class StorageLayer(_StorageLayerMixin, DynamicLayer):
     def __init__(self, binding: BoundScheme, layer_idx: int, padding: Padding):
         DynamicLayer.__init__(self)
         self._setup(binding, layer_idx, padding)
 
     def update(self, key_states, value_states, *args, **kwargs):
+        first = self.k is None or self.k.total == 0
         self._write(key_states, value_states)
+        if first and self.active and _prefill_reads_raw(self.binding):
+            return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
         return self.k.values, self.v.values
 
 
@@ -88,10 +98,13 @@ class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         visible_past = 0 if self.k is None else min(self.k.total, self.sliding_window - 1)
+        first = visible_past == 0 and (self.k is None or self.k.total == 0)
         self._write(key_states, value_states)
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
         keys, values = self.k.values[:, :, -n:], self.v.values[:, :, -n:]
+        if first and self.active and _prefill_reads_raw(self.binding):
+            keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)
         self.keys, self.values = self.k.values, self.v.values

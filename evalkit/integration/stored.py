@@ -125,8 +125,16 @@ class StoredTensor:
     """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points, and the
     dequantized values attention reads."""
 
-    def __init__(self, fmt: KVFormat, granularity: Granularity, fixed_scale: torch.Tensor | None, quantized: bool):
+    def __init__(
+        self,
+        fmt: KVFormat,
+        granularity: Granularity,
+        fixed_scale: torch.Tensor | None,
+        quantized: bool,
+        role: str = "k",
+    ):
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
+        self.role = role  # "k" or "v": the vLLM rotation dtypes store the two differently (kv.vllm_codecs)
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
         self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
         self._values = GrowingTensor()  # quantized: the dequantized values attention reads (B, H, S, D)
@@ -198,7 +206,7 @@ class StoredTensor:
         elif self.kind is GranularityKind.BLOCK:
             self._append_blocks(x, valid)
         elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale)
+            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale, role=self.role)
             self.tensor_scale = q.tensor_scale  # None unless NVFP4; then the first write's, passed back unchanged
             self._store(q, x.dtype, per_token=True)
         elif self.scale is None:  # tensor / head: the first write sets the scale, frozen from then on
@@ -324,6 +332,10 @@ class StoredTensor:
         """Dequantize the stored bytes afresh (float32): what :attr:`values` must equal (tests)."""
         if not self.quantized:
             return self.values.float()
+        from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+        if is_codec(self.fmt.recipe):  # the engine's packed slot bytes, read by the codec
+            return codec_for(self.fmt.recipe).decode(self.codes, self.role, self.values.shape[-1])
         codes = decode(self.codes, self.fmt)
         if self.fixed is not None or self.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
             scale = self.fixed if self.fixed is not None else self.scale

@@ -16,6 +16,8 @@ Resolution:
   rounding); with checkpoint scales use the profile's ``scheme_for``.
 - ``int8_per_token_head`` / ``fp8_per_token_head``: :mod:`evalkit.kv.per_token_head`, printed back
   as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
+- ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``: the codecs of
+  :mod:`evalkit.kv.vllm_codecs` (rotation, codebook, packed slot), printed back as ``vllm:<dtype>``.
 - the rest: refused with what the kernel does and where it is, until modelled.
 
 Which architecture a dtype applies to (:class:`Arch`) is checked when a scheme meets a model
@@ -105,20 +107,21 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
         ),
         VllmDtype(
             "int4_per_token_head",
-            Status.NOT_MODELLED,
+            Status.MODELLED,
             None,
-            "randomized Hadamard rotation (single_rht, sign vectors from _get_rht_signs), then asymmetric INT4 "
-            "with a zero point per token and head, two codes per byte",
+            "randomized Hadamard rotation H(Dx) (single_rht, signs of _get_rht_signs round 0), asymmetric INT4 per "
+            "token and head: scale max((max-min)/15, 1e-6), zero point in the scale's low 4 mantissa bits, "
+            "half away from zero, two codes per byte",
             OPS + "int4_per_token_head.py",
-            "_reshape_cache_int4_kernel",
+            "reshape_and_cache_int4, _reshape_cache_int4_kernel",
             Arch.GQA,
         ),
         *(
             VllmDtype(
                 name,
-                Status.NOT_MODELLED,
+                Status.MODELLED,
                 None,
-                what,
+                what + "; first and last 2 layers unquantized, first-chunk prefill attends raw K/V",
                 OPS + "triton_turboquant_store.py",
                 function,
                 Arch.GQA,
@@ -151,12 +154,12 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
         ),
         VllmDtype(
             "ultraquant_4bit",
-            Status.NOT_MODELLED,
+            Status.MODELLED,
             None,
             "Hadamard-rotated K, FP4 E2M1 codes with UE8M0 scales 2**round(log2(0.156*amax)) per 32 values, "
-            "K and V in one slot per head",
+            "K and V in one slot per head; first and last 2 layers unquantized, first-chunk prefill attends raw K/V",
             OPS + "ultraquant/triton_store.py",
-            "(store kernel; format in ultraquant/format.py)",
+            "_ultraquant_store_kernel (format in ultraquant/format.py)",
             Arch.GQA,
         ),
         *(
@@ -222,6 +225,10 @@ def vllm_scheme(name: str, options: dict | None = None) -> Scheme:
     if d.status in (Status.NOT_MODELLED, Status.REFUSED):
         label = "is not modelled yet" if d.status is Status.NOT_MODELLED else "is refused"
         raise SchemeError(f"vllm:{name} {label}: {d.what} ({d.source}, {d.function})")
+    from evalkit.kv.vllm_codecs import by_name, scheme_for
+
+    if by_name(name) is not None:  # rotation dtypes: evalkit.kv.vllm_codecs
+        return scheme_for(name, **options)
     if name in _PER_TOKEN_HEAD:
         return Scheme(
             format=_PER_TOKEN_HEAD[name],
@@ -244,6 +251,11 @@ def vllm_name(scheme: Scheme) -> str:
 
 def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> None:
     """Refuse, in one line, a vLLM per-token-head scheme on a model vLLM would not run it for."""
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    if is_codec(scheme.recipe):
+        _check_codec_layout(codec_for(scheme.recipe), is_mla, head_dims)
+        return
     if scheme.recipe is not Recipe.VLLM_PER_TOKEN_HEAD:
         return
     name = vllm_name(scheme)
@@ -256,3 +268,20 @@ def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> No
 
     for d in head_dims:
         check_head_size(d)
+
+
+def _check_codec_layout(codec, is_mla: bool, head_dims: tuple[int, ...]) -> None:
+    """A rotation dtype on a model vLLM would not run it for: MLA, a head size its kernels refuse, K and V
+    of different widths (one head_size per slot)."""
+    if is_mla:
+        raise SchemeError(
+            f"vllm:{codec.name} is a standard-attention dtype of vLLM; no MLA backend of vLLM 0.32 takes it: use "
+            "vllm:fp8 (a per-tensor latent) for this multi-head latent attention model"
+        )
+    if len(set(head_dims)) > 1:
+        raise SchemeError(
+            f"vllm:{codec.name} stores K and V of one head_size per slot, not K {head_dims[0]} and V {head_dims[1]}: "
+            "use vllm:fp8 for this model"
+        )
+    for d in dict.fromkeys(head_dims):
+        codec.check_head_size(d)

@@ -91,6 +91,15 @@ class Recipe(str, enum.Enum):
     # vLLM's CPU FP8 store (cpu_attn_reshape_and_cache): x * float32(1 / scale), an exact-zero quotient stored +0,
     # E4M3 below 2**-6 through a float32 subnormal (evalkit.kv.rounding.round_vllm_cpu); with +rounding=rtz
     VLLM_CPU = "vllm_cpu"
+    # vLLM's rotation-based dtypes, one recipe per kv_cache_dtype (evalkit.kv.vllm_codecs; named vllm:<dtype>):
+    # INT4 per token and head after a randomized Hadamard rotation, TurboQuant's Lloyd-Max keys and uniform
+    # values in one packed slot, UltraQuant's FP4 with UE8M0 scales per 32 and Hadamard-rotated keys
+    VLLM_INT4_PER_TOKEN_HEAD = "vllm_int4_per_token_head"
+    VLLM_TURBOQUANT_K8V4 = "vllm_turboquant_k8v4"
+    VLLM_TURBOQUANT_4BIT_NC = "vllm_turboquant_4bit_nc"
+    VLLM_TURBOQUANT_K3V4_NC = "vllm_turboquant_k3v4_nc"
+    VLLM_TURBOQUANT_3BIT_NC = "vllm_turboquant_3bit_nc"
+    VLLM_ULTRAQUANT_4BIT = "vllm_ultraquant_4bit"
 
 
 @dataclass(frozen=True)

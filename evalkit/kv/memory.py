@@ -70,14 +70,25 @@ def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
 
 
 def bytes_per_element(scheme: Scheme, head_dim: int) -> float:
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    if is_codec(scheme.recipe):  # a vLLM rotation dtype: its slot (K and V) per 2 * head_dim elements
+        c = codec_for(scheme.recipe)
+        return (c.width("k", head_dim) + c.width("v", head_dim)) / (2 * head_dim)
     data = BASELINE_BYTES if scheme.is_identity else scheme.kv_format.bits / 8
     return data + scale_bytes_per_element(scheme, head_dim)
 
 
-def layer_cache_bytes(scheme: Scheme, batch: int, heads: int, seq: int, head_dim: int, quantized: bool = True) -> int:
-    """Exact bytes one layer's K (or V) takes for ``batch`` sequences of ``seq`` stored tokens."""
+def layer_cache_bytes(
+    scheme: Scheme, batch: int, heads: int, seq: int, head_dim: int, quantized: bool = True, role: str = "k"
+) -> int:
+    """Exact bytes one layer's K (or V: ``role="v"``) takes for ``batch`` sequences of ``seq`` stored tokens."""
     if not quantized or scheme.is_identity:
         return BASELINE_BYTES * batch * heads * seq * head_dim
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    if is_codec(scheme.recipe):  # a vLLM rotation dtype: its packed bytes per (token, head), scales inside
+        return batch * heads * seq * codec_for(scheme.recipe).width(role, head_dim)
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
     if scheme.scales is not ScaleSource.DYNAMIC:
@@ -212,14 +223,14 @@ def model_cache_bytes(
     check_layout_scheme(scheme, layout)
     total = 0
     for i in attention_layers(layout):
-        quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i))
+        quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i), layout.num_layers)
         block = scheme.granularity.size if quantized and scheme.granularity.kind is GranularityKind.BLOCK else 0
         n = stored_tokens(layout, i, seq, window_caps, keep, block)
         if layout.is_mla:
             total += mla_layer_bytes(scheme, batch, n, layout.mla_latent_dim, layout.mla_rope_dim, quantized)
         else:
             total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.head_dim, quantized)
-            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.v_head_dim, quantized)
+            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.v_head_dim, quantized, "v")
     return total
 
 

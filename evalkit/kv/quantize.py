@@ -101,6 +101,7 @@ class Quantized:
     stored: torch.Tensor | None = (
         None  # the stored tensor of ``codes`` where rounding made it anyway (see encode_quantized)
     )
+    values: torch.Tensor | None = None  # an engine codec's dequantized values (evalkit.kv.vllm_codecs)
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -203,12 +204,18 @@ def quantize(
     zero: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     tensor_scale: torch.Tensor | None = None,
+    role: str = "k",
 ) -> Quantized:
     """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``.
 
-    ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x."""
+    ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x.
+    ``role``: ``"k"`` or ``"v"``, for the engine codecs that store K and V differently (vllm_codecs)."""
     if fmt.is_identity:
         raise AssertionError("the identity format stores values, not codes")
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    if is_codec(fmt.recipe):  # a vLLM dtype with its own rotation / codebook / packed slot
+        return codec_for(fmt.recipe).encode(x, role)
     if fmt.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's per-token-head store kernel, modelled on its own
         from evalkit.kv.per_token_head import quantize_per_token_head
 
@@ -268,6 +275,8 @@ def _nvfp4_global(xf: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(codes - zero) * scale`` broadcast back over x's shape, cast to ``dtype``."""
+    if q.values is not None:  # an engine codec computed what its attention reads (vllm_codecs)
+        return q.values.to(dtype)
     codes = q.codes
     if q.granularity is None:
         if q.zero is not None:

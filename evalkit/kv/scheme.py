@@ -222,6 +222,11 @@ class Scheme:
 
     def _check_scale_encoding(self, fmt: KVFormat) -> None:
         """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
+        if self.recipe.value in _CODEC_RECIPE_VALUES:  # a vLLM rotation dtype fixes all of it (vllm_codecs)
+            from evalkit.kv.vllm_codecs import check_scheme
+
+            check_scheme(self)
+            return
         if self.scale_dtype not in fmt.scale_dtypes:
             if len(fmt.scale_dtypes) == 1:
                 raise SchemeError(
@@ -312,7 +317,14 @@ class Scheme:
     def is_identity(self) -> bool:
         return self.kv_format.is_identity
 
-    def skips_layer(self, layer_idx: int, is_sliding: bool = False) -> bool:
+    def skips_layer(self, layer_idx: int, is_sliding: bool = False, num_layers: int | None = None) -> bool:
+        """Whether the layer is kept unquantized: ``+skip=``, plus the boundary layers an engine dtype keeps
+        (vLLM's TurboQuant/UltraQuant: the first and last two; needs ``num_layers``)."""
+        if self.recipe.value in _CODEC_RECIPE_VALUES and num_layers is not None:
+            from evalkit.kv.vllm_codecs import codec_for
+
+            if layer_idx in codec_for(self.recipe).boundary(num_layers):
+                return True
         if self.skip_layers == SLIDING:
             return is_sliding
         return layer_idx in self.skip_layers
@@ -326,6 +338,8 @@ class Scheme:
             from evalkit.kv.engine_dtypes import vllm_name
 
             name = vllm_name(self)
+        elif self.recipe.value in _CODEC_RECIPE_VALUES:  # recipe vllm_<dtype> prints as vllm:<dtype>
+            name = VLLM_PREFIX + self.recipe.value.removeprefix("vllm_")
         if name:
             text = name
         else:
@@ -534,6 +548,9 @@ def parse_scheme(text: str) -> Scheme:
 
 
 VLLM_PREFIX = "vllm:"  # vllm:<kv_cache_dtype> names the scheme that models that vLLM dtype
+_CODEC_RECIPE_VALUES = frozenset(  # evalkit.kv.vllm_codecs.CODEC_RECIPES, by value (no import cycle)
+    r.value for r in Recipe if r.value.startswith(("vllm_int4", "vllm_turboquant", "vllm_ultraquant"))
+)
 _SCHEME_START = re.compile(
     r",(?=\s*(?:vllm:|(?:"
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))

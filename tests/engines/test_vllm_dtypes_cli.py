@@ -39,4 +39,4 @@ def test_schemes_engine_vllm_json_lists_every_installed_dtype(capsys, model):
         assert by["fp8_per_token_head"]["scheme"] is None
     else:
         assert by["int8_per_token_head"]["scheme"] == "vllm:int8_per_token_head"
-        assert by["turboquant_k3v4_nc"]["reason"].startswith("not modelled yet: ")
+        assert by["turboquant_k3v4_nc"]["scheme"] == "vllm:turboquant_k3v4_nc"

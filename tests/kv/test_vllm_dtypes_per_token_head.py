@@ -87,7 +87,7 @@ def test_scheme_strings_round_trip_and_resolve_as_the_profile_maps_fp8():
     "text,words",
     [
         ("vllm:nvfp4", "not modelled yet"),
-        ("vllm:turboquant_k3v4_nc", "triton_turboquant_store.py"),
+        ("int4_asym/token/dynamic+recipe=vllm_turboquant_k3v4_nc+rounding=rtz", "vllm:turboquant_k3v4_nc"),
         ("vllm:fp8_inc", "Gaudi"),
         ("vllm:int9", "has no kv_cache_dtype"),
         ("int8/token/dynamic+recipe=vllm_per_token_head+rounding=rna", "vllm:int8_per_token_head"),

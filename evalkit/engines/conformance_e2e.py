@@ -160,6 +160,7 @@ def end_to_end(
     from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
     from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
+    from evalkit.kv.formats import Recipe
     from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import cache_root, load_model
@@ -192,7 +193,9 @@ def end_to_end(
     for i, scheme in enumerate(profile):
         say(f"{scheme}: emulation (profile, rne)")
         per[i]["profile"] = _change(emu.backend.score(emu, lm, scheme))
-        per[i]["rne"] = _change(emu.backend.score(emu, lm, dataclasses.replace(scheme, rounding=Rounding.RNE)))
+        per[i]["rne"] = _change(
+            emu.backend.score(emu, lm, dataclasses.replace(scheme, rounding=Rounding.RNE, recipe=Recipe.STANDARD))
+        )
     noise = [[] for _ in configs]
     for seed in noise_seeds:
         say(f"noise seed {seed}: baseline and {len(profile)} schemes on weights moved by {ulps:g} ulp")

@@ -9,14 +9,16 @@ repository (:class:`Fact`), marked ``verified=False`` where it was stated elsewh
 changelog) rather than read in the code or measured. Three operations:
 
 - :meth:`EngineProfile.scheme_for` turns the engine's settings into the evalkit scheme that models
-  them: ``get_profile("vllm-cpu").scheme_for("fp8_e4m3")`` is ``fp8_e4m3/tensor/unit+rounding=rtz``,
-  with ``scales=PATH`` (a scale table, e.g. imported from the checkpoint with
-  ``python -m evalkit calibrate --import-vllm``) ``fp8_e4m3/tensor/static+scales=PATH+rounding=rtz``.
+  them: ``get_profile("vllm-cpu").scheme_for("fp8_e4m3")`` is
+  ``fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz`` (vLLM's CPU store: ``x * float32(1 / scale)``,
+  truncated, an exact zero stored +0), with ``scales=PATH`` (a scale table, e.g. imported from the
+  checkpoint with ``python -m evalkit calibrate --import-vllm``)
+  ``fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=PATH+rounding=rtz``.
 - :meth:`EngineProfile.check` refuses, with one :class:`~evalkit.errors.SchemeError` line naming
   what the engine supports, a scheme that engine cannot run (``head`` scales or dynamic scales on
   vllm-cpu, block16, FP4 or INT formats, the wrong rounding).
 - :meth:`EngineProfile.apply` maps a plain emulation scheme onto the engine's kernels: it sets the
-  engine's rounding, its storage format (E4M3 is E4M3-fnuz on MI300) and its treatment of
+  engine's rounding and store recipe, its storage format (E4M3 is E4M3-fnuz on MI300) and its treatment of
   checkpoint scales, then checks the result. This is what ``--engine-profile NAME`` runs.
 
 Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz platforms; ModelOpt
@@ -63,6 +65,13 @@ class KVDtype:
     rounding: Rounding = Rounding.RNE
     named: str | None = None  # a named evalkit scheme it is exactly (its own scales), e.g. sglang_fp4
     checkpoint_scales: bool = True  # takes per-tensor k_scale/v_scale from the checkpoint
+    recipe: Recipe = Recipe.STANDARD  # the store's arithmetic around the rounding (vllm_cpu: x * float32(1/scale))
+
+    @property
+    def numerics(self) -> str:
+        """The scheme options that name this dtype's store arithmetic: ``+recipe=vllm_cpu+rounding=rtz``, or ''."""
+        recipe = f"+recipe={self.recipe.value}" if self.recipe is not Recipe.STANDARD else ""
+        return recipe + (f"+rounding={self.rounding.value}" if self.rounding is not Rounding.RNE else "")
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ class EngineProfile:
         plain = []
         for f in self.formats:
             d = self._for_format(f)
-            rounding = f"+rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else ""
+            rounding = d.numerics
             plain.append(f"{f}/tensor/{'unit|static' if d.checkpoint_scales else 'unit'}{rounding}")
             if self.head_scales and d.checkpoint_scales and f == "fp8_e4m3":
                 plain.append(f"{f}/head/static{rounding}+attn={self.head_scales}")
@@ -143,13 +152,14 @@ class EngineProfile:
                 )
             scheme = dataclasses.replace(parse_scheme(d.named), attention=precision)
         elif scales is None:
-            scheme = Scheme(format=d.format, scales=ScaleSource.UNIT, rounding=d.rounding, attention=precision)
+            scheme = Scheme(
+                format=d.format, scales=ScaleSource.UNIT, rounding=d.rounding, recipe=d.recipe, attention=precision
+            )
         else:
             if not d.checkpoint_scales:
                 raise SchemeError(
                     f"{self.name} runs {d.name} with scale 1.0 only (it refuses checkpoints with "
-                    f"scales): drop the scales, i.e. {d.format}/tensor/unit"
-                    + (f"+rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else "")
+                    f"scales): drop the scales, i.e. {d.format}/tensor/unit{d.numerics}"
                 )
             table = self._load_checkpoint_scales(str(scales), self._checkpoint_format(d.format))
             scheme = Scheme(
@@ -158,6 +168,7 @@ class EngineProfile:
                 scales=ScaleSource.STATIC,
                 static_path=str(scales),
                 rounding=d.rounding,
+                recipe=d.recipe,
                 attention=precision,
             )
             self.check(scheme)
@@ -206,7 +217,7 @@ class EngineProfile:
                 f"{where}: it stores K/V as {' or '.join(self.formats)}, not {scheme.format}{hint}; "
                 f"it runs {self._supported()}"
             )
-        if scheme.scale_dtype is not ScaleDType.FP32 or scheme.tensor_scale or scheme.recipe is not Recipe.STANDARD:
+        if scheme.scale_dtype is not ScaleDType.FP32 or scheme.tensor_scale or scheme.recipe not in STORE_RECIPES:
             raise SchemeError(f"{where}: its scales are float32 per tensor; it runs {self._supported()}")
         if scheme.attention is AttentionPrecision.FA3 and scheme.format != "fp8_e4m3":
             raise SchemeError(f"{where}: its FlashAttention-3 FP8 path runs E4M3 only: use fp8_e4m3 with +attn=fa3")
@@ -233,11 +244,12 @@ class EngineProfile:
             raise SchemeError(
                 f"{where}: it runs kv_cache_dtype {d.name} with scale 1.0 only: use {scheme.format}/tensor/unit"
             )
-        if scheme.rounding is not d.rounding:
+        if scheme.rounding is not d.rounding or scheme.recipe is not d.recipe:
+            how = _ROUNDING_WORDS[d.rounding] + (f" ({_RECIPE_WORDS[d.recipe]})" if d.recipe in _RECIPE_WORDS else "")
+            fixed = dataclasses.replace(scheme, rounding=d.rounding, recipe=d.recipe)
+            fix = f"use {fixed}" if d.numerics else "drop +rounding= and +recipe="
             raise SchemeError(
-                f"{where}: it rounds {scheme.format} {_ROUNDING_WORDS[d.rounding]}: "
-                + (f"add +rounding={d.rounding.value}" if d.rounding is not Rounding.RNE else "drop +rounding=")
-                + f" (or apply the profile: --engine-profile {self.name})"
+                f"{where}: it rounds {scheme.format} {how}: {fix} (or apply the profile: --engine-profile {self.name})"
             )
 
     # -- emulation scheme -> the engine's kernels -----------------------------------------------------
@@ -248,9 +260,7 @@ class EngineProfile:
             self.check(scheme)
             return scheme
         fmt = dict(self.format_map).get(scheme.format, scheme.format)
-        changes: dict = {"format": fmt}
-        if fmt in self.formats:
-            changes["rounding"] = self._for_format(fmt).rounding
+        changes: dict = {"format": fmt, **self.numerics_changes(scheme, fmt)}
         try:
             mapped = dataclasses.replace(scheme, **changes)
         except SchemeError as exc:
@@ -261,6 +271,17 @@ class EngineProfile:
             table = self._load_checkpoint_scales(scheme.static_path, source)
             mapped = self._with_engine_scales(mapped, table, source, out_dir)
         return mapped
+
+    def numerics_changes(self, scheme: Scheme, fmt: str) -> dict:
+        """The fields that give ``scheme`` (stored as ``fmt``) this engine's store arithmetic: its rounding
+        and, where the scheme's recipe is a store recipe (standard or vllm_cpu), the engine's recipe."""
+        if fmt not in self.formats:
+            return {}
+        d = self._for_format(fmt)
+        changes: dict = {"rounding": d.rounding}
+        if scheme.recipe in STORE_RECIPES:
+            changes["recipe"] = d.recipe
+        return changes
 
     # -- checkpoint scales as the engine uses them ------------------------------------------------------
     def _load_checkpoint_scales(self, path: str, source_format: str):
@@ -321,6 +342,11 @@ class EngineProfile:
         return "\n".join(lines)
 
 
+# recipes that are a store's arithmetic around the rounding (apply swaps them for the engine's own); the
+# others (sglang's scale rule, vLLM's per-token-head store) are whole schemes that a profile runs or refuses
+STORE_RECIPES = (Recipe.STANDARD, Recipe.VLLM_CPU)
+_RECIPE_WORDS = {Recipe.VLLM_CPU: "after x * float32(1 / scale); an exact zero stored +0"}
+
 _ROUNDING_WORDS = {
     Rounding.RNE: "to nearest, ties to even",
     Rounding.RTZ: "toward zero",
@@ -364,9 +390,9 @@ PROFILES: dict[str, EngineProfile] = {
             description="vLLM's CPU backend (CPU_ATTN) with an FP8 KV cache (vllm-cpu 0.32.0)",
             kv_cache_dtypes=(
                 KVDtype("auto", None),
-                KVDtype("fp8", "fp8_e4m3", Rounding.RTZ),
-                KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ),
-                KVDtype("fp8_e5m2", "fp8_e5m2", Rounding.RTZ, checkpoint_scales=False),
+                KVDtype("fp8", "fp8_e4m3", Rounding.RTZ, recipe=Recipe.VLLM_CPU),
+                KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ, recipe=Recipe.VLLM_CPU),
+                KVDtype("fp8_e5m2", "fp8_e5m2", Rounding.RTZ, checkpoint_scales=False, recipe=Recipe.VLLM_CPU),
             ),
             skip_layers=True,
             head_dim_multiple=32,
@@ -392,22 +418,23 @@ PROFILES: dict[str, EngineProfile] = {
                     "vllm-cpu 0.32.0 (evalkit issue 22)",
                 ),
                 Fact(
-                    "the store multiplies by the reciprocal scale (v *= inv_scale) where evalkit divides: with a static "
-                    "scale x * (1/s) can differ from x / s in the last float32 bit, which moves a toward-zero code when "
-                    "x / s lies within that bit of a representable value (not modeled; none with scale 1.0)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar(v, inv_scale))",
+                    "the store multiplies by the reciprocal scale (v *= inv_scale, inv_scale = float32(1 / scale)), where "
+                    "evalkit's plain schemes divide: with a static scale x * (1/s) can differ from x / s in the last float32 "
+                    "bit, which moves a toward-zero code; modeled by +recipe=vllm_cpu, which the profile maps every scheme to "
+                    "(the kernel table: 100 % of edge and random codes with it, 99.44-99.99 % of edge codes without)",
+                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar(v, inv_scale)); measured on vllm-cpu 0.32.0 "
+                    "(python -m evalkit conformance --engine vllm --kernel-only)",
                 ),
                 Fact(
-                    "a ±0 input is stored as code 0 (if (v == 0.0f) return 0): -0.0 becomes +0, evalkit keeps -0 "
-                    "(equal values, one differing byte)",
+                    "a ±0 input is stored as code 0 (if (v == 0.0f) return 0): -0.0 becomes +0 (modeled by "
+                    "+recipe=vllm_cpu; plain schemes keep -0: equal values, one differing byte)",
                     "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
                 ),
                 Fact(
                     "E4M3 below its smallest normal: the scalar store multiplies by 2**-120 before truncating the bits, so "
-                    "the product is a float32 subnormal that the FPU rounds (or flushes, under FTZ) first; codes of "
-                    "|x / scale| < 2**-6 within 2**-30 of a boundary may differ from exact truncation (vector paths not read)",
+                    "the product is a float32 subnormal that the FPU rounds first (modeled by +recipe=vllm_cpu; every "
+                    "edge code equal on this machine's vector path)",
                     "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
-                    verified=False,
                 ),
                 Fact(
                     "FP8 KV needs x86 AVX-512 or AMX ('FP8 KV cache on CPU requires x86 with AVX-512 or AMX') and "

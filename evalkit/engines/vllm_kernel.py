@@ -192,6 +192,14 @@ def write_cache(
     return k.contiguous().view(dtype8), v.contiguous().view(dtype8)
 
 
+def cell_rounding(scheme) -> str:
+    """The kernel table's rounding column that is ``scheme``'s own: :data:`VLLM_CPU` for a
+    ``+recipe=vllm_cpu`` scheme, else its rounding's name."""
+    from evalkit.kv.formats import Recipe
+
+    return VLLM_CPU if scheme.recipe is Recipe.VLLM_CPU else scheme.rounding.value
+
+
 # -- evalkit's side --------------------------------------------------------------------------------
 def evalkit_codes(x: torch.Tensor, scale: float, format_name: str, rounding: str) -> torch.Tensor:
     """evalkit's stored codes of ``x`` (tokens, kv_heads, head_dim) under a per-tensor static ``scale``

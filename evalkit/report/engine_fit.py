@@ -50,7 +50,7 @@ def _runs(profile: EngineProfile, scheme: Scheme, layout) -> bool:
 
 
 def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
-    """``scheme`` with the engine's storage format and rounding (as ``apply`` maps it), or None."""
+    """``scheme`` with the engine's storage format, rounding and store recipe (as ``apply`` maps it), or None."""
     if scheme.is_identity or scheme.name is not None:
         return scheme
     fmt = dict(profile.format_map).get(scheme.format, scheme.format)
@@ -58,8 +58,7 @@ def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
     head_static = scheme.granularity.kind is GranularityKind.HEAD and scheme.scales is ScaleSource.STATIC
     if head_static and profile.head_scales:  # per-head scales only on its FA3 path, which also quantizes Q and P
         changes["attention"] = AttentionPrecision(profile.head_scales)
-    if fmt in profile.formats:
-        changes["rounding"] = next(d for d in profile.kv_cache_dtypes if d.format == fmt and not d.named).rounding
+    changes.update(profile.numerics_changes(scheme, fmt))
     try:
         return dataclasses.replace(scheme, **changes)
     except SchemeError:

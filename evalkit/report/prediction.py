@@ -39,16 +39,15 @@ WHY = {
 
 
 def predicted_scheme(profile, scheme: Scheme) -> Scheme:
-    """``scheme`` as ``profile``'s kernels run it: its storage format and rounding, then its check
+    """``scheme`` as ``profile``'s kernels run it: its storage format, rounding and store recipe, then its check
     (a SchemeError when it cannot run it). Unlike :meth:`EngineProfile.apply` it writes no derived
     scale table: a static scheme keeps its table's path, and :func:`_same` compares tables by name."""
     if scheme.is_identity or scheme.name is not None:
         profile.check(scheme)
         return scheme
     fmt = dict(profile.format_map).get(scheme.format, scheme.format)
-    rounding = next((d.rounding for d in profile.kv_cache_dtypes if d.format == fmt and not d.named), scheme.rounding)
     try:
-        mapped = dataclasses.replace(scheme, format=fmt, rounding=rounding)
+        mapped = dataclasses.replace(scheme, format=fmt, **profile.numerics_changes(scheme, fmt))
     except SchemeError as exc:
         raise SchemeError(f"{profile.name} cannot run {scheme}: {exc}") from None
     profile.check(mapped)

@@ -59,9 +59,9 @@ def test_profiles_are_frozen_data_with_sourced_facts(name):
     "profile, dtype, expected",
     [
         ("vllm-cpu", "auto", "bf16"),
-        ("vllm-cpu", "fp8", "fp8_e4m3/tensor/unit+rounding=rtz"),
-        ("vllm-cpu", "fp8_e4m3", "fp8_e4m3/tensor/unit+rounding=rtz"),
-        ("vllm-cpu", "fp8_e5m2", "fp8_e5m2/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        ("vllm-cpu", "fp8_e5m2", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cuda", "fp8", "fp8_e4m3/tensor/unit"),
         ("vllm-cuda", "fp8_e5m2", "fp8_e5m2/tensor/unit"),
         ("vllm-rocm", "fp8", "fp8_e4m3fnuz/tensor/unit"),  # the 1.0 without scales is not doubled
@@ -79,7 +79,7 @@ def test_scheme_for_without_scales(profile, dtype, expected):
 
 def test_vllm_cpu_with_checkpoint_scales_keeps_the_table():
     scheme = get_profile("vllm-cpu").scheme_for("fp8_e4m3", TENSOR_TABLE)
-    assert str(scheme) == f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+rounding=rtz"
+    assert str(scheme) == f"fp8_e4m3/tensor/static+recipe=vllm_cpu+scales={TENSOR_TABLE}+rounding=rtz"
     assert scheme.rounding is Rounding.RTZ and scheme.kv_format.rounding is Rounding.RTZ
 
 
@@ -146,12 +146,15 @@ def test_tensorrt_llm_floors_modelopt_scales_at_one(tmp_path):
         ("vllm-cpu", "fp8_e4m3/block16/dynamic+rounding=rtz", "not per block16"),
         ("vllm-cpu", "fp8_e4m3/tensor/dynamic+rounding=rtz", "never computes scales from the values"),
         ("vllm-cpu", "nvfp4", "nvfp4 is not one of its KV cache dtypes"),
-        ("vllm-cpu", "mxfp4", "fp8_e4m3/tensor/unit|static+rounding=rtz"),
+        ("vllm-cpu", "mxfp4", "fp8_e4m3/tensor/unit|static+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cpu", "fp4_e2m1/group16/dynamic", "not fp4_e2m1"),
         ("vllm-cpu", "int8/token/dynamic", "not int8"),
         ("vllm-cpu", "int4/group32/dynamic", "it stores K/V as fp8_e4m3 or fp8_e5m2"),
-        ("vllm-cpu", "fp8_e4m3/tensor/unit", "it rounds fp8_e4m3 toward zero: add +rounding=rtz"),
-        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "add +rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit", "it rounds fp8_e4m3 toward zero (after x * float32(1 / scale)"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "use fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        # plain truncation is not the whole store: the recipe is (x * float32(1/scale), +0 for zero)
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz", "use fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        ("vllm-cuda", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "drop +rounding= and +recipe="),
         ("vllm-cpu", "fp8_e5m2/tensor/static+scales=x.safetensors+rounding=rtz", "scale 1.0 only"),
         ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz+attn=fa3", "attention precision fa3"),
         ("vllm-cpu", "fp8_e4m3/group128/dynamic+rounding=rtz+rope=bf16", "MLA"),
@@ -182,9 +185,9 @@ def test_check_refuses_in_one_line_naming_what_is_supported(profile, text, fragm
     "profile, text",
     [
         ("vllm-cpu", "bf16"),
-        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rtz"),
-        ("vllm-cpu", "fp8_e4m3/tensor/static+scales=s.safetensors+rounding=rtz+skip=0,5"),
-        ("vllm-cpu", "fp8_e5m2/tensor/unit+rounding=rtz+skip=sliding"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=s.safetensors+rounding=rtz+skip=0,5"),
+        ("vllm-cpu", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz+skip=sliding"),
         ("vllm-cuda", "fp8_e4m3/tensor/static+scales=s.safetensors+attn=fa3"),
         ("vllm-cuda", "fp8_e4m3/head/static+scales=h.safetensors+attn=fa3"),
         ("vllm-rocm", "fp8_e4m3fnuz/tensor/static+scales=s.safetensors"),
@@ -199,7 +202,7 @@ def test_check_accepts_what_the_engine_runs(profile, text):
 
 def test_check_with_a_layout_adds_the_head_dim_requirement():
     cpu = get_profile("vllm-cpu")
-    scheme = parse_scheme("fp8_e4m3/tensor/unit+rounding=rtz")
+    scheme = parse_scheme("fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz")
     cpu.check(scheme, SMOLLM)
     odd = KVLayout("llama", 2, 2, 80, 80, (), None, 2048)
     assert "head_dim divisible by 32" in one_line_error(cpu.check, scheme, odd)
@@ -211,14 +214,14 @@ def test_check_with_a_layout_adds_the_head_dim_requirement():
 @pytest.mark.parametrize(
     "profile, text, expected",
     [
-        ("vllm-cpu", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+rounding=rtz"),
-        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "fp8_e4m3/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
+        ("vllm-cpu", "fp8_e4m3/tensor/unit+rounding=rna", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         (
             "vllm-cpu",
             f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+skip=0",
-            f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+rounding=rtz+skip=0",
+            f"fp8_e4m3/tensor/static+recipe=vllm_cpu+scales={TENSOR_TABLE}+rounding=rtz+skip=0",
         ),
-        ("vllm-cpu", "fp8_e5m2/tensor/unit", "fp8_e5m2/tensor/unit+rounding=rtz"),
+        ("vllm-cpu", "fp8_e5m2/tensor/unit", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cpu", "bf16", "bf16"),
         ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit"),
         (
@@ -291,8 +294,8 @@ def test_grid_engine_profile_key(tmp_path, toy_eval):
     grid = parse_grid(path)
     assert [r.scheme for r in grid.runs] == [
         "bf16",
-        "fp8_e4m3/tensor/unit+rounding=rtz",
-        "fp8_e5m2/tensor/unit+rounding=rtz",
+        "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz",
+        "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz",
     ]
     plain = parse_grid(path, GRID.format(profile="vllm-cpu").replace("engine_profile: vllm-cpu\n", ""))
     assert with_engine_profile(plain, "vllm-cpu").runs == grid.runs

@@ -28,7 +28,7 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
                 "--engine",
                 "vllm",
                 "--schemes",
-                "fp8_e4m3/tensor/unit+rounding=rtz",
+                "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz",
                 "--windows",
                 "2",
                 "--length",
@@ -57,4 +57,4 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
     assert again["rne"]["verdict"] == "differs" and round(again["profile"]["gap_low"], 4) == row["gap_low"]
     capsys.readouterr()
     assert main(["conformance", "--from", str(out), "--format", "md"]) == 0
-    assert "| `fp8_e4m3/tensor/unit+rounding=rtz` |" in capsys.readouterr().out
+    assert "| `fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz` |" in capsys.readouterr().out

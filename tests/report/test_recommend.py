@@ -75,7 +75,9 @@ def line(folder, budget=Budget(), engine="vllm-cuda", key="tiny"):
         (E5, "vllm-cuda, sglang, ~vllm-cpu"),  # no E5M2 on ROCm or TensorRT-LLM profiles
         (STATIC, "vllm-cuda, sglang, ~vllm-cpu, ~vllm-rocm, ~tensorrt-llm"),  # rocm x2, ModelOpt >= 1.0
         ("fp8_e4m3/head/static+scales=calibration/x-head-amax.safetensors", "~vllm-cuda"),  # FA3 path only
-        (UNIT + "+rounding=rtz", "vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
+        (UNIT + "+recipe=vllm_cpu+rounding=rtz", "vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
+        # plain truncation is vllm-cpu's settings, not its whole store arithmetic (the recipe is)
+        (UNIT + "+rounding=rtz", "~vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
         ("nvfp4", "tensorrt-llm"),
         (DYN, "hypothetical"),
         ("fp8_e4m3/head/dynamic", "hypothetical"),
@@ -92,7 +94,9 @@ def test_head_dim_requirement_counts():
     from evalkit.models.info import KVLayout
 
     layout = KVLayout(**{**LAYOUT, "head_dim": 48, "v_head_dim": 48})
-    assert "vllm-cpu" not in engine_fit.runs_on(UNIT + "+rounding=rtz", layout).split(", ")  # head_dim % 32
+    assert "vllm-cpu" not in engine_fit.runs_on(UNIT + "+recipe=vllm_cpu+rounding=rtz", layout).split(
+        ", "
+    )  # head_dim % 32
 
 
 def test_engine_settings():
@@ -212,7 +216,7 @@ def test_no_verdict_without_perplexity(tmp_path):
 
 
 def test_an_engine_store_recommends_its_kv_cache_dtype(tmp_path):
-    rtz = UNIT + "+rounding=rtz"
+    rtz = UNIT + "+recipe=vllm_cpu+rounding=rtz"
     runs = {
         ("vllm-cpu 0.32.0", "bf16"): ppl_rows(0, 0, 0, backend="vllm-cpu 0.32.0"),
         ("vllm-cpu 0.32.0", rtz): ppl_rows(0.004, 0.01, backend="vllm-cpu 0.32.0"),

@@ -29,7 +29,7 @@ def test_the_profile_rewrites_the_grids_schemes(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "fp8_e4m3/tensor/unit+rounding=rtz" in text and not out.exists()
+    assert "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz" in text and not out.exists()
 
 
 def test_a_scheme_the_engine_cannot_run_is_refused_in_one_line(tmp_path, capsys):

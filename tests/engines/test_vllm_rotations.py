@@ -87,3 +87,21 @@ def test_rotation_bytes_per_token_on_the_embedded_model_equal_vllms_pages():
     for name, n in want.items():
         assert by[name].scheme == f"vllm:{name}"
         assert by[name].vllm_bytes_per_token == by[name].evalkit_bytes_per_token == n, by[name]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_rotation_stores_through_the_interpreter_equal_evalkit():
+    from evalkit.engines.triton_rotations import CLASSES, CONFORMANCE
+    from evalkit.engines.triton_store import FP8_CLASSES, conformance
+
+    results = {r.kv_cache_dtype: r for r in conformance(tuple(CONFORMANCE))}
+    assert set(results) == set(ROTATIONS)
+    for name, r in results.items():
+        assert r.values == 65536 and r.scales_equal == r.scales > 0, r
+        assert r.codes_equal + sum(r.classes.values()) == r.values, r
+        assert "other" not in r.classes and set(r.classes) <= set(FP8_CLASSES) | set(CLASSES), r
+        if name != "turboquant_k8v4":  # integer / float32 / float16 arithmetic only: equal, every code
+            assert r.codes_equal == r.values, r
+    k8v4 = results["turboquant_k8v4"]  # its FP8 keys: the interpreter's cast, each difference classified
+    assert set(k8v4.classes) <= {"carry_lost", "min_subnormal_lost", "one_code_toward_zero"}, k8v4.classes

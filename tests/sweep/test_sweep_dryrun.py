@@ -29,14 +29,22 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
     assert main(["sweep", "default", "--dry-run", "--out", str(out), "--cache-dir", str(cache)]) == 0
     text = capsys.readouterr().out
     rows = table_rows(text)
-    assert len(rows) == 52 and not out.exists() and not cache.exists()
+    grid = parse_grid(resolve_grid("default"))
+    assert len(rows) == len(grid.runs) == 52 and not out.exists() and not cache.exists()
+    params = {r.eval: r.params for r in grid.runs}
     by = {}
     for _model, scheme, ev, tok, *rest in rows:
         by.setdefault(ev, []).append((scheme, tokens(tok), rest))
-    # perplexity: 4 windows x 512 tokens per scheme; the first (bf16) run also pays the baseline pass
-    assert [t for s, t, _ in by["perplexity"]] == [2 * 4 * 512] + [4 * 512] * 12
-    # decode: 2 x 4 rows (teacher-forced, free-running) x (256 prefill + 192 decoded)
-    assert [t for s, t, _ in by["decode"]] == [2 * 8 * 448] + [8 * 448] * 12
+    # perplexity: max_windows x window tokens per scheme, once on the real weights and once on each of the
+    # float_noise_seeds perturbed copies (3 in sweeps/default.yaml: 4 passes); the first (bf16) run also pays
+    # the baselines of all those copies
+    ppl = params["perplexity"]
+    per_scheme = (1 + ppl["float_noise_seeds"]) * ppl["max_windows"] * ppl["window"]
+    assert [t for s, t, _ in by["perplexity"]] == [2 * per_scheme] + [per_scheme] * 12
+    # decode: 2 x sequences rows (teacher-forced, free-running) x (prefill + decoded)
+    dec = params["decode"]
+    per_scheme = 2 * dec["sequences"] * (dec["prefill"] + dec["decode"])
+    assert [t for s, t, _ in by["decode"]] == [2 * per_scheme] + [per_scheme] * 12
     # retrieval: 2 tasks x 1 length x 2 depths x 1 sample of 1024 tokens, plus each answer's budget;
     # the bf16 run is the baseline pass itself
     ret = [t for s, t, _ in by["retrieval"]]

@@ -18,6 +18,8 @@ Resolution:
   as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
 - ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``: the codecs of
   :mod:`evalkit.kv.vllm_codecs` (rotation, codebook, packed slot), printed back as ``vllm:<dtype>``.
+- ``fp8_ds_mla`` / ``nvfp4_ds_mla``: DeepSeek MLA rows, codecs of :mod:`evalkit.kv.ds_mla` (MLA models with
+  a 512-value latent and 64-value RoPE key only; refused on standard attention).
 - the rest: refused with what the kernel does and where it is, until modelled.
 
 Which architecture a dtype applies to (:class:`Arch`) is checked when a scheme meets a model
@@ -65,6 +67,10 @@ class VllmDtype:
 _PTH = "triton_reshape_and_cache_flash.py"
 _PER_TENSOR_FN = "reshape_and_cache_kernel_flash (Triton; FlashAttention's is csrc/cache_kernels.cu, CUDA C++)"
 _PER_TENSOR = "fp8 per-tensor store, as the vllm-cuda profile maps it: one k_scale/v_scale per layer (1.0 without checkpoint scales), round to nearest even"  # noqa: E501
+_DS_MLA_SOURCE = (
+    "vllm/models/deepseek_v32/common/kernels.py (Triton; csrc/cache_kernels.cu, CUDA C++, for HiSparse/PCP)"
+)
+_DS_MLA_FN = "_fused_norm_rope_kernel"
 
 VLLM_DTYPES: dict[str, VllmDtype] = {
     d.name: d
@@ -186,20 +192,22 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
         ),
         VllmDtype(
             "fp8_ds_mla",
-            Status.NOT_MODELLED,
+            Status.MODELLED,
             None,
-            "656 B per token: 512 E4M3 NoPE values with one float32 scale per 128, then 64 bf16 RoPE values",
-            "vllm/v1/attention/backends/mla/flashmla_sparse.py (store: csrc/cache_kernels.cu, CUDA C++)",
-            "concat_and_cache_mla (kv_cache_dtype=fp8_ds_mla)",
+            "656 B per token: 512 E4M3 NoPE values with one power-of-two float32 scale 2**ceil(log2(max(amax/448, "
+            "1e-4))) per 128, then 64 bf16 RoPE values (layout: backends/mla/flashmla_sparse.py)",
+            _DS_MLA_SOURCE,
+            _DS_MLA_FN + " MLA_CACHE_DS_MLA",
             Arch.MLA,
         ),
         VllmDtype(
             "nvfp4_ds_mla",
-            Status.NOT_MODELLED,
+            Status.MODELLED,
             None,
-            "352 B per token: 512 E2M1 NoPE values, 64 E4M3 RoPE values, 32 E4M3 scales per 16 (permuted 8x4)",
-            "vllm/v1/attention/backends/mla/flashmla_sparse.py (store: csrc/cache_kernels.cu, CUDA C++)",
-            "concat_and_cache_mla (kv_cache_dtype=nvfp4_ds_mla)",
+            "352 B per token: 512 E2M1 NoPE values (x * 1/sf, RNE satfinite), 64 unscaled E4M3 RoPE values, 32 E4M3 "
+            "scales e4m3(max(amax/6, 2**-9)) per 16, permuted 8x4 (layout: backends/mla/flashmla_sparse.py)",
+            _DS_MLA_SOURCE,
+            _DS_MLA_FN + " MLA_CACHE_NVFP4",
             Arch.MLA,
         ),
     )
@@ -254,7 +262,13 @@ def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> No
     from evalkit.kv.vllm_codecs import codec_for, is_codec
 
     if is_codec(scheme.recipe):
-        _check_codec_layout(codec_for(scheme.recipe), is_mla, head_dims)
+        codec = codec_for(scheme.recipe)
+        if codec.mla:  # a DeepSeek MLA row: evalkit.kv.ds_mla (head_dims: latent and RoPE widths on MLA)
+            from evalkit.kv.ds_mla import check_layout as check_mla_row
+
+            check_mla_row(codec.name, is_mla, head_dims, scheme.rope_bf16)
+            return
+        _check_codec_layout(codec, is_mla, head_dims)
         return
     if scheme.recipe is not Recipe.VLLM_PER_TOKEN_HEAD:
         return

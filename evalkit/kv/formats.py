@@ -100,6 +100,10 @@ class Recipe(str, enum.Enum):
     VLLM_TURBOQUANT_K3V4_NC = "vllm_turboquant_k3v4_nc"
     VLLM_TURBOQUANT_3BIT_NC = "vllm_turboquant_3bit_nc"
     VLLM_ULTRAQUANT_4BIT = "vllm_ultraquant_4bit"
+    # vLLM's DeepSeek MLA rows (evalkit.kv.ds_mla; named vllm:<dtype>): fp8_ds_mla's E4M3 latent with a
+    # power-of-two float32 scale per 128 and a bf16 RoPE tail; nvfp4_ds_mla's E2M1 latent, E4M3 scales per 16, E4M3 RoPE
+    VLLM_FP8_DS_MLA = "vllm_fp8_ds_mla"
+    VLLM_NVFP4_DS_MLA = "vllm_nvfp4_ds_mla"
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
         return
     from evalkit.kv.engine_dtypes import check_layout
 
-    check_layout(scheme, True, ())
+    check_layout(scheme, True, (layout.mla_latent_dim, layout.mla_rope_dim))
     if scheme.granularity.kind not in MLA_GRANULARITIES:
         raise SchemeError(
             f"{scheme.granularity} has no meaning for the MLA latent of {layout.model_type} (one shared latent per token, no KV heads): "
@@ -163,8 +163,13 @@ def mla_rope_granularity(scheme: Scheme, layout: KVLayout):
     return g
 
 
-def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool) -> int:
-    """One single-head MLA part (latent or RoPE key); a group wider than the part has one scale per token."""
+def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool, role: str = "k") -> int:
+    """One single-head MLA part (latent or RoPE key: ``role="v"``); a group wider than the part has one scale
+    per token."""
+    from evalkit.kv.vllm_codecs import is_codec
+
+    if quantized and is_codec(scheme.recipe):  # a vLLM MLA row (kv.ds_mla): its bytes for this side
+        return layer_cache_bytes(scheme, batch, 1, seq, dim, quantized, role)
     if quantized and scheme.granularity.kind is GranularityKind.GROUP and dim % scheme.granularity.size:
         data = batch * seq * math.ceil(dim * scheme.kv_format.bits / 8)
         return (
@@ -180,7 +185,7 @@ def mla_layer_bytes(
 ) -> int:
     """Exact bytes of one MLA layer: the latent plus the RoPE key (BF16 under ``+rope=bf16``)."""
     latent = _part_bytes(scheme, batch, seq, latent_dim, quantized)
-    rope = _part_bytes(scheme, batch, seq, rope_dim, quantized and not scheme.rope_bf16)
+    rope = _part_bytes(scheme, batch, seq, rope_dim, quantized and not scheme.rope_bf16, "v")
     return latent + rope
 
 

@@ -549,7 +549,9 @@ def parse_scheme(text: str) -> Scheme:
 
 VLLM_PREFIX = "vllm:"  # vllm:<kv_cache_dtype> names the scheme that models that vLLM dtype
 _CODEC_RECIPE_VALUES = frozenset(  # evalkit.kv.vllm_codecs.CODEC_RECIPES, by value (no import cycle)
-    r.value for r in Recipe if r.value.startswith(("vllm_int4", "vllm_turboquant", "vllm_ultraquant"))
+    r.value
+    for r in Recipe
+    if r.value.startswith(("vllm_int4", "vllm_turboquant", "vllm_ultraquant", "vllm_fp8_ds_mla", "vllm_nvfp4"))
 )
 _SCHEME_START = re.compile(
     r",(?=\s*(?:vllm:|(?:"

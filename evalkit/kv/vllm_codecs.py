@@ -56,6 +56,7 @@ class Codec:
     scale_dtype: ScaleDType = ScaleDType.FP32
     boundary_layers: int = 0
     prefill_reads_raw: bool = False
+    mla: bool = False  # a DeepSeek MLA row (evalkit.kv.ds_mla): role "k" is the latent, "v" the RoPE key
 
     def boundary(self, num_layers: int) -> set[int]:
         """The attention layers vLLM keeps unquantized for this dtype on a model of ``num_layers``."""
@@ -114,9 +115,9 @@ def unpack_3bit(b: torch.Tensor) -> torch.Tensor:
 
 
 def _codecs() -> dict[Recipe, Codec]:
-    from evalkit.kv import int4_per_token_head, turboquant, ultraquant
+    from evalkit.kv import ds_mla, int4_per_token_head, turboquant, ultraquant
 
-    return {c.recipe: c for c in (int4_per_token_head.CODEC, *turboquant.CODECS, ultraquant.CODEC)}
+    return {c.recipe: c for c in (int4_per_token_head.CODEC, *turboquant.CODECS, ultraquant.CODEC, *ds_mla.CODECS)}
 
 
 _TABLE: dict[Recipe, Codec] | None = None
@@ -137,6 +138,8 @@ CODEC_RECIPES = frozenset(
         Recipe.VLLM_TURBOQUANT_K3V4_NC,
         Recipe.VLLM_TURBOQUANT_3BIT_NC,
         Recipe.VLLM_ULTRAQUANT_4BIT,
+        Recipe.VLLM_FP8_DS_MLA,
+        Recipe.VLLM_NVFP4_DS_MLA,
     }
 )
 

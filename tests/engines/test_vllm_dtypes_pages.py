@@ -62,6 +62,11 @@ def test_evalkit_bytes_per_token_equal_vllms_page_size(name):
     if layout.is_mla:
         assert by["fp8_ds_mla"].vllm_bytes_per_token == 656 * layout.num_layers
         assert by["fp8"].vllm_bytes_per_token == 576 * layout.num_layers  # the dense per-tensor latent
+        assert by["nvfp4_ds_mla"].vllm_bytes_per_token == 352 * layout.num_layers
+        for name in ("fp8_ds_mla", "nvfp4_ds_mla"):  # modelled, so the loop above held evalkit's bytes to vLLM's
+            assert by[name].scheme == f"vllm:{name}", by[name]
+        for name in ("nvfp4", "nvfp4_4over6"):  # no MLA backend of vLLM lists them
+            assert by[name].scheme is None and "does not apply" in by[name].reason
         assert by["int8_per_token_head"].scheme is None and "does not apply" in by["int8_per_token_head"].reason
     else:
         per_head = 2 * (layout.head_dim + 4)  # K and V codes plus one float32 scale each

@@ -135,6 +135,9 @@ class StoredTensor:
     ):
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
         self.role = role  # "k" or "v": the vLLM rotation dtypes store the two differently (kv.vllm_codecs)
+        from evalkit.kv.vllm_codecs import is_codec
+
+        self._role = {"role": role} if is_codec(fmt.recipe) else {}  # passed to quantize() for those only
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
         self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
         self._values = GrowingTensor()  # quantized: the dequantized values attention reads (B, H, S, D)
@@ -206,7 +209,7 @@ class StoredTensor:
         elif self.kind is GranularityKind.BLOCK:
             self._append_blocks(x, valid)
         elif self.kind in (GranularityKind.TOKEN, GranularityKind.GROUP):
-            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale, role=self.role)
+            q = quantize(x, self.fmt, self.granularity, valid=valid, tensor_scale=self.tensor_scale, **self._role)
             self.tensor_scale = q.tensor_scale  # None unless NVFP4; then the first write's, passed back unchanged
             self._store(q, x.dtype, per_token=True)
         elif self.scale is None:  # tensor / head: the first write sets the scale, frozen from then on

@@ -6,15 +6,21 @@
   Δppl intervals overlap, chained (A overlaps B, B overlaps C: one group n). Where the intervals include
   the float spread (perplexity ``float_noise_seeds``) the data do not resolve their order; where they
   are sampling-only, the note says the order may be unresolved even outside the groups.
+
+The figures carry the same marks (:func:`styled`): a point or legend entry names a scheme exactly as
+its table row does, so a hypothetical scheme is never read off a figure as an engine's number.
 """
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from evalkit.engines.profiles import PROFILES
-from evalkit.kv.scheme import Scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import engine_fit
+from evalkit.report.style import SchemeStyle
 
 RUNS_ON = "runs_on"
 ORDER_KEY = "ppl_delta_rel"
@@ -52,17 +58,62 @@ def order_groups(frame: pd.DataFrame) -> dict[int, int]:
     return out
 
 
-def mark_labels(frame: pd.DataFrame, labels: list[str]) -> list[str]:
-    """``labels`` (one per row of ``frame``, in order) with ``†`` and ``≈n`` appended where they apply."""
+def row_marks(frame: pd.DataFrame) -> list[str]:
+    """The marks of each row of ``frame`` (in order): ``" †"``, ``" ≈n"``, both or ``""``."""
     groups = order_groups(frame)
     out = []
-    for (i, r), label in zip(frame.iterrows(), labels):
-        if engine_fit.is_hypothetical(r.get(RUNS_ON)):
-            label += " †"
-        if i in groups:
-            label += f" ≈{groups[i]}"
-        out.append(label)
+    for i, r in frame.iterrows():
+        mark = " †" if engine_fit.is_hypothetical(r.get(RUNS_ON)) else ""
+        out.append(mark + (f" ≈{groups[i]}" if i in groups else ""))
     return out
+
+
+def mark_labels(frame: pd.DataFrame, labels: list[str]) -> list[str]:
+    """``labels`` (one per row of ``frame``, in order) with ``†`` and ``≈n`` appended where they apply."""
+    return [label + mark for label, mark in zip(labels, row_marks(frame))]
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """(the scheme's label, its marks) of a marked label: ``("fp8_e4m3/tensor/dynamic", " † ≈1")``."""
+    m = re.search(r"( †)?( ≈\d+)?$", label)
+    return label[: m.start()], label[m.start() :]
+
+
+def label_marks(frame: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(model, scheme) -> the marks its table row carries, for the figures: a figure draws a scheme once per
+    model, so where an engine's rows sit beside the emulation's the emulation row's marks are taken."""
+    out: dict[tuple[str, str], str] = {}
+    rows = frame.assign(_mark=row_marks(frame))
+    if "backend" in rows:
+        rows = rows.sort_values("backend", key=lambda b: b != "emulation", kind="stable")
+    for model, scheme, mark in zip(rows["model"], rows["scheme"], rows["_mark"]):
+        out.setdefault((model, str(parse_scheme(scheme))), mark)
+    return out
+
+
+def styled(style: SchemeStyle, frame: pd.DataFrame) -> SchemeStyle:
+    """``style`` with the marks of ``frame``'s table rows and their notes: every figure labels a scheme
+    exactly as the table's row does, and explains the marks it shows."""
+    symbols = {"†": hypothetical_note(), "≈": order_note(frame)}
+    return style.with_marks(label_marks(frame), {k: v for k, v in symbols.items() if v})
+
+
+def hypothetical_note() -> str:
+    return "† " + engine_fit.HYPOTHETICAL_NOTE.format(names=", ".join(PROFILES))
+
+
+def order_note(frame: pd.DataFrame) -> str:
+    """The ``≈n`` note, or "" when no row of ``frame`` carries one."""
+    if not order_groups(frame):
+        return ""
+    spread = "float_noise_seeds" in frame and (frame["float_noise_seeds"].fillna(0) > 0).all()
+    why = (
+        "the data do not resolve their order"
+        if spread
+        else "their order is not resolved; these intervals are sampling-only (float spread not measured), so "
+        "rows outside a group may not be resolved either"
+    )
+    return f"≈n: rows of the same bytes/token whose Δppl intervals overlap (group n): {why}"
 
 
 def notes(frame: pd.DataFrame) -> list[str]:
@@ -74,14 +125,6 @@ def notes(frame: pd.DataFrame) -> list[str]:
             "--engine-profile NAME measures it)"
         )
         if frame[RUNS_ON].map(engine_fit.is_hypothetical).any():
-            out.append("† " + engine_fit.HYPOTHETICAL_NOTE.format(names=", ".join(PROFILES)))
-    if order_groups(frame):
-        spread = "float_noise_seeds" in frame and (frame["float_noise_seeds"].fillna(0) > 0).all()
-        why = (
-            "the data do not resolve their order"
-            if spread
-            else "their order is not resolved; these intervals are sampling-only (float spread not measured), so "
-            "rows outside a group may not be resolved either"
-        )
-        out.append(f"≈n: rows of the same bytes/token whose Δppl intervals overlap (group n): {why}")
-    return out
+            out.append(hypothetical_note())
+    order = order_note(frame)
+    return out + ([order] if order else [])

@@ -15,7 +15,8 @@
 Each function returns the paths written ([] when the store has nothing to draw); its
 ``*_figures`` twin returns name -> figure (the test reads those back), and :func:`figures` draws
 them all with one :class:`~evalkit.report.style.SchemeStyle`, so every figure labels, footnotes,
-colours and draws a scheme as the table and the other figures do. Legends sit outside the panels;
+colours and draws a scheme as the table and the other figures do, the table's marks included (``†``
+hypothetical, ``≈n`` order unresolved: :func:`report_style`). Legends sit outside the panels;
 interval bands are drawn for at most :data:`MAX_BANDS` series unless ``bands=True``; figures use
 constrained layout and are saved with a tight bounding box, so no title is cut.
 """
@@ -34,7 +35,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from evalkit.errors import EvalkitError  # noqa: E402
 from evalkit.kv.scheme import Scheme  # noqa: E402
+from evalkit.report import marks  # noqa: E402
 from evalkit.report.results import Results  # noqa: E402
 from evalkit.report.style import SchemeStyle, add_footnote, metric_label, metric_scale, wrap  # noqa: E402
 
@@ -64,8 +67,23 @@ def _write(figs: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+def report_style(results: Results, frame: pd.DataFrame | None = None) -> SchemeStyle:
+    """The style of every figure of a store: its schemes (:meth:`SchemeStyle.of_store`) and the marks of
+    its table (``frame``, :func:`evalkit.report.tables.summary_frame`; made here when not given), so a
+    figure labels each scheme exactly as the table's row does (``† hypothetical``, ``≈n``)."""
+    style = SchemeStyle.of_store(results)
+    if frame is None:
+        from evalkit.report.tables import summary_frame
+
+        try:
+            frame = summary_frame(results, engine_profile=None)
+        except EvalkitError:  # nothing the table shows: no row, no marks
+            return style
+    return marks.styled(style, frame)
+
+
 def _style(results: Results, style: SchemeStyle | None) -> SchemeStyle:
-    return style if style is not None else SchemeStyle.of_store(results)
+    return style if style is not None else report_style(results)
 
 
 def _ordered(style: SchemeStyle, schemes) -> list[str]:
@@ -144,8 +162,9 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
     the panel, each level with its point where there is room, joined to it by a thin line, so they
     never overlap; the x range is the schemes' own (they often differ by a fraction of a percent).
     The legend (formats, frontier) sits under the panels, off the data. Static schemes carry their
-    short name (``.../static[1]``) and the scale files are named below."""
-    style = style if style is not None else SchemeStyle.of_frame(frame)
+    short name (``.../static[1]``) and the scale files are named below; every label carries its table
+    row's marks (``†``, ``≈n``), explained below too."""
+    style = style if style is not None else marks.styled(SchemeStyle.of_frame(frame), frame)
     df = frame.copy()
     use_ppl = "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any()
     metric = "ppl_delta_rel" if use_ppl else "kl_mean"
@@ -248,7 +267,7 @@ def positions(
 ) -> list[Path]:
     """Δppl % and mean KL per token-position bucket, one line per quantized scheme, two panels per
     model. ``bands``: draw the 95 % intervals (default: only when at most :data:`MAX_BANDS` series)."""
-    return _write(positions_figures(_declaring(results, "positions_figures"), style, bands), out_dir)
+    return _write(positions_figures(_declaring(results, "positions_figures"), _style(results, style), bands), out_dir)
 
 
 def positions_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
@@ -290,7 +309,7 @@ def positions_figures(results: Results, style: SchemeStyle | None = None, bands:
         handles, labels = axes[0].get_legend_handles_labels()
         _legend_outside(fig, handles, labels, style.legend_title(schemes))
         fig.suptitle(f"{model}: degradation by token position", fontsize=11)
-        add_footnote(fig, style.notes(schemes) + _band_note(drawn, len(schemes), "plots.positions"))
+        add_footnote(fig, style.notes(schemes, model) + _band_note(drawn, len(schemes), "plots.positions"))
         figures[f"positions_{_slug(model)}"] = fig
     return figures
 
@@ -302,7 +321,7 @@ def decode(
     y: mean KL on a log axis); one figure per model. ``bands``: the 95 % intervals (default: only when
     at most :data:`MAX_BANDS` series). Buckets whose KL is not above zero cannot sit on a log axis
     and are left out."""
-    return _write(decode_figures(_declaring(results, "decode_figures"), style, bands), out_dir)
+    return _write(decode_figures(_declaring(results, "decode_figures"), _style(results, style), bands), out_dir)
 
 
 def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
@@ -334,7 +353,7 @@ def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bo
         ax.grid(alpha=0.3, which="both")
         handles, labels = ax.get_legend_handles_labels()
         _legend_outside(fig, handles, labels, style.legend_title(schemes))
-        add_footnote(fig, style.notes(schemes) + _band_note(drawn, len(schemes), "plots.decode"))
+        add_footnote(fig, style.notes(schemes, model) + _band_note(drawn, len(schemes), "plots.decode"))
         figures[f"decode_kl_{_slug(model)}"] = fig
     return figures
 
@@ -342,7 +361,7 @@ def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bo
 def retrieval(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
     """Accuracy heatmaps (needle depth x context length), one figure per model and task, one panel
     per scheme on a grid of at most four columns; the title says how many samples each cell holds."""
-    return _write(retrieval_figures(_declaring(results, "retrieval_figures"), style), out_dir)
+    return _write(retrieval_figures(_declaring(results, "retrieval_figures"), _style(results, style)), out_dir)
 
 
 def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dict:
@@ -372,7 +391,7 @@ def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dic
             f"{model}: {task} retrieval accuracy by needle depth and context length",
             subtitle=samples_text(g["n"]),
         )
-        add_footnote(fig, style.notes(schemes))
+        add_footnote(fig, style.notes(schemes, model))
         figures[f"retrieval_{_slug(model)}_{_slug(task)}"] = fig
     return figures
 
@@ -405,16 +424,16 @@ def sensitivity_figures(results: Results, style: SchemeStyle | None = None) -> d
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         _legend_outside(fig, handles, labels, style.legend_title(schemes))
-        add_footnote(fig, style.notes(schemes))
+        add_footnote(fig, style.notes(schemes, model))
         figures[f"sensitivity_{_slug(model)}_{_slug(metric)}"] = fig
     return figures
 
 
 def figures(results: Results, frame: pd.DataFrame, bands: bool | None = None) -> dict:
     """name -> figure, every figure of a store, all with one :class:`SchemeStyle`: a scheme has the
-    same label, colour and line in each of them and in the table. The caller closes them
-    (:func:`all_plots` saves and closes)."""
-    style = SchemeStyle.of_store(results)
+    same label (the table row's, marks included), colour and line in each of them and in the table. The
+    caller closes them (:func:`all_plots` saves and closes)."""
+    style = report_style(results, frame)
     out = {}
     fig = pareto_figure(frame, style)
     if fig is not None:

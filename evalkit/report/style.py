@@ -14,8 +14,13 @@ figure can never contradict its table:
   the marker the granularity (o tensor, s head, D block, v token, ^ group), as :meth:`SchemeStyle.legend_title`
   tells the reader. The baseline is black.
 
-A style is built from scheme strings only (:meth:`SchemeStyle.of_store`, :meth:`SchemeStyle.of_frame`):
-nothing here reads numbers, so styling never changes what a table or figure reports.
+* **Marks.** The table marks a row ``†`` (hypothetical: no engine runs it) and ``≈n`` (its Δppl
+  interval overlaps others'); :meth:`SchemeStyle.with_marks` gives a style the marks of a table
+  (:func:`evalkit.report.marks.styled` computes them), and its labels and notes then carry them too.
+
+A style is built from scheme strings only (:meth:`SchemeStyle.of_store`, :meth:`SchemeStyle.of_frame`),
+and marks come already decided: nothing here reads numbers, so styling never changes what a table or
+figure reports.
 """
 
 from __future__ import annotations
@@ -96,9 +101,17 @@ def _member_key(scheme: Scheme) -> tuple:
 class SchemeStyle:
     """Labels, footnotes, colours and lines for a set of schemes (a store's)."""
 
-    def __init__(self, schemes: Iterable[str], dtypes: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        schemes: Iterable[str],
+        dtypes: Mapping[str, str] | None = None,
+        marks: Mapping[tuple[str, str], str] | None = None,
+        mark_notes: Mapping[str, str] | None = None,
+    ):
         self.schemes = list(dict.fromkeys(str(s) for s in schemes))
         self.dtypes = dict(dtypes or {})
+        self.marks = dict(marks or {})  # (model, canonical scheme) -> " † ≈1": what the table's row carries
+        self.mark_notes = dict(mark_notes or {})  # mark symbol ("†", "≈") -> the note explaining it
         parsed = {s: parse_scheme(s) for s in self.schemes}
         self._parsed = parsed
         paths = sorted({p.static_path for p in parsed.values() if p.static_path})
@@ -144,12 +157,26 @@ class SchemeStyle:
             dtypes = {m: d for m, d in zip(frame["model"], frame["dtype"]) if isinstance(d, str) and d}
         return cls(sorted(set(schemes), key=_order_key), dtypes)
 
+    def with_marks(self, marks: Mapping[tuple[str, str], str], mark_notes: Mapping[str, str]) -> SchemeStyle:
+        """This style with a table's marks: (model, scheme) -> marks, and symbol -> its note."""
+        return SchemeStyle(self.schemes, self.dtypes, marks, mark_notes)
+
     # -- text -------------------------------------------------------------------------------------
     def scheme(self, text: str) -> Scheme:
         return self._parsed.get(text) or parse_scheme(text)
 
     def label(self, text: str, model: str | None = None, dtype: str | None = None) -> str:
-        """The short label of a scheme string (see the module docstring)."""
+        """The short label of a scheme string (see the module docstring), with its marks in ``model``'s table
+        when the style carries them."""
+        return self._short(text, model, dtype) + self._mark(text, model)
+
+    def _mark(self, text: str, model: str | None) -> str:
+        key = str(self.scheme(text))
+        if model is not None or not self.marks:
+            return self.marks.get((model, key), "")
+        return next((m for (_, s), m in self.marks.items() if s == key), "")  # no model named: the first model's
+
+    def _short(self, text: str, model: str | None, dtype: str | None) -> str:
         scheme = self.scheme(text)
         if scheme.is_identity:
             dtype = dtype or self.dtypes.get(model or "")
@@ -163,14 +190,19 @@ class SchemeStyle:
             return f"{head}[{n}]" + (f"+{options}" if options else "")
         return str(scheme)
 
-    def notes(self, schemes: Iterable[str] | None = None) -> list[str]:
-        """The footnotes for the numbered labels among ``schemes`` (all the style's by default)."""
-        used = {self.scheme(s).static_path for s in (self.schemes if schemes is None else schemes)}
-        return [
+    def notes(self, schemes: Iterable[str] | None = None, model: str | None = None) -> list[str]:
+        """The footnotes for the numbered labels among ``schemes`` (all the style's by default), then the
+        notes of the marks their labels carry (in ``model``'s table; any model's when None)."""
+        schemes = list(self.schemes if schemes is None else schemes)
+        used = {self.scheme(s).static_path for s in schemes}
+        out = [
             f"[{n}] static scales from {path}"
             for path, n in sorted(self.files.items(), key=lambda kv: kv[1])
             if path in used
         ]
+        keys = {str(self.scheme(s)) for s in schemes}
+        shown = "".join(m for (m_, s), m in self.marks.items() if s in keys and (model is None or m_ == model))
+        return out + [note for symbol, note in self.mark_notes.items() if symbol in shown]
 
     # -- colour and line --------------------------------------------------------------------------
     def color(self, text: str):

@@ -269,6 +269,8 @@ LATEX_ESCAPES = {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "Δ": r"$\Delta$",
+    "†": r"$\dagger$",  # the marks (evalkit.report.marks): pdflatex's utf-8 input has no ≈
+    "≈": r"$\approx$",
 }
 
 
@@ -277,8 +279,9 @@ def latex_escape(text: str) -> str:
 
 
 def _latex_cell(column: str, value) -> str:
-    if column == "scheme":
-        return r"\texttt{" + latex_escape(value) + "}"
+    if column == "scheme":  # the scheme in typewriter, its marks (†, ≈n) after it in math
+        name, mark = marks.split_label(str(value))
+        return r"\texttt{" + latex_escape(name) + "}" + latex_escape(mark)
     text = latex_escape(value)
     return text if column == "model" else re.sub(r"(?<![\w.])-(?=\d)", "$-$", text)  # true minus signs in numbers
 

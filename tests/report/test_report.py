@@ -167,14 +167,29 @@ def test_markdown_rounding_and_ci(store):
     text = format_table(summary_frame(load_store(store)), "md")
     lines = text.splitlines()
     assert lines[0].startswith("| scheme") and lines[2].startswith("| baseline (float32) ")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[:8] == [
+        "scheme",
+        "bytes/token",
+        "capacity",
+        "runs on",
+        "ppl",
+        "Δppl [95% CI]",
+        "KL (nats)",
+        "top-1 %",
+    ]
     row = next(line for line in lines if "fp8_e4m3/tensor/dynamic" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:4] == ["128", "2.00x", "20.08"]
-    assert cells[4] == "+0.40% [+0.20, +0.60]"
-    assert cells[5] == "0.0021" and cells[6] == "99.5"
+    # no engine estimates per-sequence dynamic scales: the row is marked hypothetical (its Δppl interval
+    # [+0.20, +0.60] does not overlap E5M2's at the same 128 bytes, so no ≈ mark)
+    assert cells[0] == "fp8_e4m3/tensor/dynamic †" and cells[3] == "hypothetical"
+    assert cells[1:3] == ["128", "2.00x"] and cells[4] == "20.08"
+    assert cells[5] == "+0.40% [+0.20, +0.60]"
+    assert cells[6] == "0.0021" and cells[7] == "99.5"
+    e5m2 = [c.strip() for c in next(line for line in lines if "fp8_e5m2/tensor/unit" in line).strip("|").split("|")]
+    assert e5m2[0] == "fp8_e5m2/tensor/unit" and e5m2[3] == "vllm-cuda, sglang"  # scale 1.0: what engines run
     block = next(line for line in lines if "block16" in line)
     assert "| 130 " in block and "1.97x" in block  # 128 data + 8 scales of 4 bytes per 16 tokens
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert "mini_ppl word_perplexity" in header  # a perplexity-type lm-eval task shows its word perplexity
     assert cells[header.index("mini_ppl word_perplexity")] == "80.32"
 
@@ -194,10 +209,19 @@ def test_latex_booktabs_and_escaping(store):
         r"\toprule",
         r"\midrule",
         r"\bottomrule",
-        r"\texttt{fp8\_e4m3/tensor/dynamic}",
+        r"\texttt{fp8\_e4m3/tensor/dynamic} $\dagger$ & 128",  # the marks after the name, in math
+        r"\texttt{fp8\_e5m2/tensor/unit} & 128",
+        r"\par $\dagger$ hypothetical: no engine profile",
         r"+0.40\% [+0.20, +0.60]",
     ):
         assert needle in tex
+    assert all(ord(c) < 128 for c in tex)  # pdflatex's utf-8 input knows neither † nor ≈
+    from evalkit.report.tables import _latex_cell
+
+    assert (
+        _latex_cell("scheme", "fp8_e4m3/head/static[1] † ≈2")
+        == r"\texttt{fp8\_e4m3/head/static[1]} $\dagger$ $\approx$2"
+    )
     assert tex.count(r"\\") == 1 + len(PPL)  # header + one line per scheme
     body = tex.split(r"\midrule")[1]
     assert "_" not in body.replace(r"\_", "")
@@ -576,8 +600,12 @@ def test_pareto_plot_is_legible(tmp_path):
         assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, (
             t.get_text()
         )
-    labels = [t for t in ax.texts if t.get_text() in set(scheme_labels_of(frame))]
-    assert len(labels) == len(schemes) - 1 and "fp8_e4m3/tensor/static[1]" in [t.get_text() for t in labels]
+    labels = [t for t in ax.texts if t.get_text() in set(scheme_labels_of(frame))]  # the table's, marks included
+    shown = [t.get_text() for t in labels]
+    assert len(labels) == len(schemes) - 1 and "fp8_e4m3/tensor/static[1]" in shown
+    assert "fp8_e4m3/tensor/dynamic †" in shown and "fp8_e4m3/tensor/unit" in shown  # † hypothetical: no engine runs it
+    footnote = " ".join(" ".join(t.get_text().split()) for t in fig.texts)
+    assert "† hypothetical: no engine profile" in footnote
     extents = [Text.get_window_extent(t, renderer) for t in labels]  # the text alone, not its leader line
     for i, a in enumerate(extents):
         for b in extents[i + 1 :]:

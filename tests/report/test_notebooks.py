@@ -131,9 +131,21 @@ def test_analysis_on_synthetic_store(tmp_path):
     store = write_store(tmp_path / "store")
     nb = execute("analysis.ipynb", STORE=str(store), PLOTS=str(tmp_path / "plots"))
     text = text_of(nb)
-    assert "tiny: use fp8_e4m3/tensor/dynamic" in text and "+0.40% [+0.20, +0.60]" in text
+    assert "| fp8_e4m3/tensor/dynamic †  | 128 " in text and "+0.40% [+0.20, +0.60]" in text
+    # the recommendation counts only what vllm-cuda (the default ENGINE_PROFILE) runs: of the store's schemes
+    # E5M2 at scale 1.0 alone, which fails the budget; dynamic scales are hypothetical
+    assert (
+        "tiny: keep kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype): no quantized scheme" in text
+    )
+    assert "; assumes vllm-cuda;" in text and "closest: fp8_e5m2/tensor/unit (fails |Δppl| ≤ 1%: -2.00%" in text
+    assert "top-1" not in text.split("tiny: keep")[1].split("\n")[0]  # top-1 off, as in `evalkit report`
     assert images(nb) == 4  # pareto, positions, retrieval heatmap, sensitivity
     assert (tmp_path / "plots" / "pareto.svg").is_file()
+    # with no engine assumed, the hypothetical per-tensor dynamic scheme is the cheapest inside the budget
+    nb = execute("analysis.ipynb", STORE=str(store), PLOTS=str(tmp_path / "plots"), ENGINE_PROFILE="any")
+    text = text_of(nb)
+    assert "tiny: use fp8_e4m3/tensor/dynamic, 2.00x the KV capacity of bf16 (128 bytes/token)" in text
+    assert "assumes no engine: hypothetical schemes included" in text
 
 
 @pytest.fixture(scope="module")

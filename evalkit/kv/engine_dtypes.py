@@ -18,6 +18,7 @@ Resolution:
   as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
 - ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``: the codecs of
   :mod:`evalkit.kv.vllm_codecs` (rotation, codebook, packed slot), printed back as ``vllm:<dtype>``.
+- ``nvfp4`` / ``nvfp4_4over6``: codecs of :mod:`evalkit.kv.nvfp4_kv` (unit k_scale/v_scale).
 - ``fp8_ds_mla`` / ``nvfp4_ds_mla``: DeepSeek MLA rows, codecs of :mod:`evalkit.kv.ds_mla` (MLA models with
   a 512-value latent and 64-value RoPE key only; refused on standard attention).
 - the rest: refused with what the kernel does and where it is, until modelled.
@@ -171,22 +172,24 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
         *(
             VllmDtype(
                 name,
-                Status.NOT_MODELLED,
+                Status.MODELLED,
                 None,
                 what,
-                "csrc/cache_kernels.cu (CUDA C++, not in the wheel; vllm/_custom_ops.py reshape_and_cache_flash)",
-                "reshape_and_cache_flash (kv_cache_dtype=nvfp4)",
+                "csrc/cache_kernels.cu -> nvfp4_kv_cache_kernels.cu (CUDA C++, not in the wheel; called from "
+                "backends/flashinfer.py do_kv_cache_update)",
+                "reshape_and_cache_nvfp4_kernel, cvt_warp_fp16_to_fp4 (nvfp4_utils.cuh)",
                 Arch.GQA,
             )
             for name, what in (
                 (
                     "nvfp4",
-                    "NVFP4: E2M1 data + one E4M3 scale per 16 values in each head's slot, with the layer's "
-                    "k_scale/v_scale as the global scale",
+                    "NVFP4: E2M1 data (RNE satfinite) + one E4M3 scale e4m3(amax/6 / k_scale) per 16 values in each "
+                    "head's K and V slot; k_scale/v_scale 1.0 (vLLM's default without checkpoint scales)",
                 ),
                 (
                     "nvfp4_4over6",
-                    "the NVFP4 layout, choosing per 16 values between max/6 and max/4 scales by squared error",
+                    "the NVFP4 layout, choosing per 16 values between max/6 and max/4 scales by squared error (the "
+                    "search is CUDA-only: evalkit's tie rule and error arithmetic are assumed); k_scale/v_scale 1.0",
                 ),
             )
         ),

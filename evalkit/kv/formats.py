@@ -104,6 +104,9 @@ class Recipe(str, enum.Enum):
     # power-of-two float32 scale per 128 and a bf16 RoPE tail; nvfp4_ds_mla's E2M1 latent, E4M3 scales per 16, E4M3 RoPE
     VLLM_FP8_DS_MLA = "vllm_fp8_ds_mla"
     VLLM_NVFP4_DS_MLA = "vllm_nvfp4_ds_mla"
+    # vLLM's nvfp4 / nvfp4_4over6 on standard attention (evalkit.kv.nvfp4_kv): E2M1 + E4M3 scale per 16 per slot
+    VLLM_NVFP4 = "vllm_nvfp4"
+    VLLM_NVFP4_4OVER6 = "vllm_nvfp4_4over6"
 
 
 @dataclass(frozen=True)

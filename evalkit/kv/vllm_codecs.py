@@ -115,9 +115,12 @@ def unpack_3bit(b: torch.Tensor) -> torch.Tensor:
 
 
 def _codecs() -> dict[Recipe, Codec]:
-    from evalkit.kv import ds_mla, int4_per_token_head, turboquant, ultraquant
+    from evalkit.kv import ds_mla, int4_per_token_head, nvfp4_kv, turboquant, ultraquant
 
-    return {c.recipe: c for c in (int4_per_token_head.CODEC, *turboquant.CODECS, ultraquant.CODEC, *ds_mla.CODECS)}
+    return {
+        c.recipe: c
+        for c in (int4_per_token_head.CODEC, *turboquant.CODECS, ultraquant.CODEC, *ds_mla.CODECS, *nvfp4_kv.CODECS)
+    }
 
 
 _TABLE: dict[Recipe, Codec] | None = None
@@ -140,6 +143,8 @@ CODEC_RECIPES = frozenset(
         Recipe.VLLM_ULTRAQUANT_4BIT,
         Recipe.VLLM_FP8_DS_MLA,
         Recipe.VLLM_NVFP4_DS_MLA,
+        Recipe.VLLM_NVFP4,
+        Recipe.VLLM_NVFP4_4OVER6,
     }
 )
 

@@ -73,3 +73,6 @@ def test_evalkit_bytes_per_token_equal_vllms_page_size(name):
         want = per_head * layout.num_kv_heads * layout.num_layers
         assert by["int8_per_token_head"].vllm_bytes_per_token == want
         assert by["fp8_ds_mla"].scheme is None and "does not apply" in by["fp8_ds_mla"].reason
+        nvfp4 = 2 * (layout.head_dim // 2 + layout.head_dim // 16) * layout.num_kv_heads * layout.num_layers
+        for name in ("nvfp4", "nvfp4_4over6"):  # K and V slots of packed E2M1 plus E4M3 scales per 16
+            assert by[name].scheme == f"vllm:{name}" and by[name].vllm_bytes_per_token == nvfp4, by[name]

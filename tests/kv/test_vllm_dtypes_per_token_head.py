@@ -86,7 +86,7 @@ def test_scheme_strings_round_trip_and_resolve_as_the_profile_maps_fp8():
 @pytest.mark.parametrize(
     "text,words",
     [
-        ("vllm:nvfp4", "not modelled yet"),
+        ("fp4_e2m1/group16/dynamic+scale_dtype=e4m3+recipe=vllm_nvfp4_4over6+rounding=rtz", "vllm:nvfp4_4over6"),
         ("int4_asym/token/dynamic+recipe=vllm_turboquant_k3v4_nc+rounding=rtz", "vllm:turboquant_k3v4_nc"),
         ("vllm:fp8_inc", "Gaudi"),
         ("vllm:int9", "has no kv_cache_dtype"),

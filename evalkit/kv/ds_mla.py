@@ -29,6 +29,15 @@ holds its part of the row: fp8_ds_mla's row is latent bytes + RoPE bytes, nvfp4_
 codes, RoPE bytes, latent scales (:func:`row`). What attention reads is ``code * scale`` (exact in
 float32 and bf16: few significant bits times a power of two or an E4M3 scale).
 
+The dense MLA backends that take ``fp8`` / ``fp8_e4m3`` (FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA,
+TRITON_MLA, TOKENSPEED_MLA; ROCM_AITER_MLA and AITER_TRITON_MLA also ``fp8_e5m2``) store neither row:
+they inherit ``MLAAttentionImpl.do_kv_cache_update`` (``vllm/v1/attention/backend.py``), i.e.
+``ops.concat_and_cache_mla(kv_c, k_pe, ..., scale=layer._k_scale)`` -> ``concat_and_cache_mla_kernel``:
+one 576-wide E4M3 entry, every value ``x / k_scale`` (one scale for latent and RoPE key, 1.0 without
+checkpoint scales), RNE satfinite. ``vllm:fp8`` (``fp8_e4m3/tensor/unit``) stores exactly those 576
+bytes on an MLA model (tested). FLASHMLA_SPARSE turns ``fp8`` into ``fp8_ds_mla``; CPU_MLA, AMX_MLA
+and FLASH_ATTN_MLA take 16-bit caches only.
+
 Approximate, and why: the Triton writer quantizes the RMS-normed latent in float32 registers, while
 evalkit receives it in the model's dtype (equal for a float32 model; a bf16 model's latent is
 rounded once more). ``tl.math.log2`` / ``exp2`` on a GPU and Triton's default float32 division

@@ -59,6 +59,11 @@ def _signs(d: int, round_idx: int) -> torch.Tensor:
 
 def rht_signs(d: int, round_idx: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """vLLM's deterministic +-1 sign vector of length ``d`` (float32) for RHT round ``round_idx``."""
+    return _signs_on(d, round_idx, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _signs_on(d: int, round_idx: int, device: str) -> torch.Tensor:
     return _signs(d, round_idx).to(device)
 
 
@@ -97,9 +102,13 @@ def fwht_orthonormal_stagewise(x: torch.Tensor) -> torch.Tensor:
 def fwht_orthonormal(x: torch.Tensor) -> torch.Tensor:
     """``x @ (H / sqrt(d))`` with the float32 normalised matrix's entries: the butterfly, then times
     ``float32(1 / sqrt(d))`` (exact where ``d`` is a power of four)."""
-    d = x.shape[-1]
-    inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(math.sqrt(d), dtype=torch.float32)
-    return fwht(x) * inv.to(x.device)
+    return fwht(x) * _inv_sqrt(x.shape[-1])
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_sqrt(d: int) -> float:
+    """float32(1 / float32(sqrt(d))), as a Python float (exact in float32, so the product rounds once)."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(math.sqrt(d), dtype=torch.float32))
 
 
 def _blocked(x: torch.Tensor, fn) -> torch.Tensor:

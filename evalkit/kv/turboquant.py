@@ -103,6 +103,11 @@ def centroids(head_dim: int, bits: int, max_iter: int = 200, tol: float = 1e-10)
 
 def codebook(head_dim: int, bits: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(centroids, midpoints) as float32 tensors: the midpoints in float32 arithmetic, as the backend."""
+    return _codebook(head_dim, bits, str(torch.device(device or "cpu")))
+
+
+@functools.lru_cache(maxsize=64)
+def _codebook(head_dim: int, bits: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     c = torch.tensor(centroids(head_dim, bits), dtype=torch.float32, device=device).sort().values
     return c, (c[:-1] + c[1:]) / 2
 

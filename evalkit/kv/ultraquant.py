@@ -73,7 +73,7 @@ def snap(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     e = torch.floor(torch.log2(torch.where(zero, torch.ones_like(s_raw), s_raw)) + 0.5)
     div = torch.where(zero, torch.ones_like(s_raw), torch.exp2(e))
     y = g / div[..., None]
-    idx = (y[..., None] > _midpoints(g.device)).sum(-1)
+    idx = torch.bucketize(y, _midpoints(g.device), right=False)  # how many midpoints y exceeds (ties down)
     idx = torch.where(zero[..., None], torch.full_like(idx, 7), idx)
     bits = torch.where(idx < 7, 15 - idx, idx - 7)
     byte = torch.where(zero, torch.zeros_like(e), e + BIAS)

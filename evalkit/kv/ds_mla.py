@@ -13,7 +13,7 @@ wheel). All arithmetic float32, one token's latent at a time:
 ``fp8_ds_mla``, 656 bytes per token (latent side 528, RoPE side 128):
     per tile of 128 latent values, ``s = max(amax * float32(1/448), 1e-4)`` snapped up to a power of
     two ``2**ceil(log2 s)``; codes ``e4m3(x / s)`` (exact division, then the store's RNE satfinite
-    cast; ``amax / s <= 448``, so nothing saturates); row bytes ``[0, 512)`` codes, ``[512, 528)``
+    cast; ``amax / s`` exceeds 448 only by the product's rounding, which the cast holds at 448); row bytes ``[0, 512)`` codes, ``[512, 528)``
     the four float32 scales (little-endian), ``[528, 656)`` the 64 RoPE values as bf16. The public
     ``concat_and_cache_ds_mla_kernel`` read elsewhere stores the raw ``max(amax / 448, FLT_MIN)``
     instead; vLLM 0.32's csrc is not in the wheel, so the Triton writer it ships is the one modelled.

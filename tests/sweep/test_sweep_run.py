@@ -209,10 +209,40 @@ def test_ray_executor_equals_local(tmp_path, tiny_llama_dir, toy_eval):
         grid, ResultStore(tmp_path / "ray"), RayExecutor(num_cpus=1), progress=False, workdir=tmp_path / "c2"
     )
     assert local.completed == remote.completed == 4 and not remote.failures
-    assert values(tmp_path / "local") == values(tmp_path / "ray")
-    assert len(values(tmp_path / "ray")) == 16
+    # The numbers, run by run (keyed by what was run: a run id also hashes the code identity, which each Ray
+    # worker computes from the files when it starts; in a working tree edited meanwhile its runs get new ids)
+    assert by_spec(tmp_path / "local") == by_spec(tmp_path / "ray")
+    assert len(by_spec(tmp_path / "ray")) == 16
+    ids = {folder: run_ids(tmp_path / folder) for folder in ("local", "ray")}
+    for spec, (run_id, code) in ids["ray"].items():  # the same id exactly where the same code computed it
+        assert (run_id == ids["local"][spec][0]) == (code == ids["local"][spec][1]), spec
     for run_id in ResultStore(tmp_path / "ray").read().complete:  # artifacts came back from the worker
         assert (tmp_path / "ray" / "runs" / run_id[:16] / "toy.json").is_file()
+
+
+def _spec_key(rec: dict) -> str:
+    spec = rec["spec"]
+    return json.dumps({k: spec[k] for k in ("model", "scheme", "eval", "params")}, sort_keys=True)
+
+
+def by_spec(folder: Path) -> dict:
+    """{(run spec, metric, labels): (value, ci_low, ci_high)} of the counted rows."""
+    view = ResultStore(folder).read()
+    spec = {run_id: _spec_key(rec) for run_id, rec in view.complete.items()}
+    return {
+        (spec[r["run_id"]], r["metric"], json.dumps(r["labels"], sort_keys=True)): (
+            r["value"],
+            r["ci_low"],
+            r["ci_high"],
+        )
+        for r in view.rows
+    }
+
+
+def run_ids(folder: Path) -> dict:
+    """{run spec: (run id, the evalkit code identity its info records)} of the completed runs."""
+    view = ResultStore(folder).read()
+    return {_spec_key(rec): (run_id, rec["info"]["versions"]["evalkit_code"]) for run_id, rec in view.complete.items()}
 
 
 def test_resume_recomputes_runs_of_other_code(tmp_path, tiny_llama_dir, toy_eval, monkeypatch, capsys):

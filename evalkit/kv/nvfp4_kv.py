@@ -19,8 +19,9 @@ public copies of those files. Per group, float32:
 3. read back as ``code * SF / global`` (FlashInfer folds ``k_scale`` into its scales).
 
 ``nvfp4_4over6`` stores the same layout, choosing per 16 values between the ``max/6`` scale above and a
-``max/4`` one "by minimizing squared reconstruction error" (``vllm/config/cache.py``); its search is
-in the CUDA store only, so evalkit's reading is an assumption: both candidates encoded as above, the
+``max/4`` one "by minimizing squared reconstruction error" (``vllm/config/cache.py``; vLLM PR #45187,
+"stores the candidate with lower reconstruction error"); its search is in the CUDA store only (FlashInfer's
+own 4over6 quantizer defaults to absolute error instead), so evalkit's reading is an assumption: both candidates encoded as above, the
 error ``sum((x - code * SF / global)**2)`` in float32, ``max/4`` taken only when strictly smaller.
 
 Approximate, and why: ``rcp`` is ``rcp.approx.ftz.f32`` on the GPU (exact for powers of two, within

@@ -110,14 +110,17 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
     names = {s.name for s in schemes}
     if layout.is_mla:
         notes.append(
-            "MLA: engines keep the 64-value RoPE key in BF16 (DeepSeek's fp8_ds_mla: 512 E4M3 latent values + "
-            "4 FP32 scales + 64 BF16 RoPE values = 656 B per layer, the fp8_e4m3/group128/dynamic+rope=bf16 row); "
-            "rows without +rope=bf16 quantize the RoPE key too, which the engines' standard layouts do not."
+            "MLA: vLLM's dense MLA backends store fp8 as one 576-wide E4M3 entry under the layer's one k_scale, "
+            "RoPE key included (vllm:fp8); DeepSeek V3.2's sparse backend stores fp8_ds_mla (512 E4M3 latent "
+            "values + 4 power-of-two FP32 scales + 64 BF16 RoPE values = 656 B per layer, vllm:fp8_ds_mla; "
+            "fp8_e4m3/group128/dynamic+rope=bf16 has the same bytes) or nvfp4_ds_mla (512 E2M1 + 32 E4M3 scales + "
+            "64 E4M3 RoPE values = 352 B, vllm:nvfp4_ds_mla)."
         )
         if any(s.kv_format.group_scaled for s in schemes):
             notes.append(
-                "MLA with FP4: no mainstream engine ships an FP4 MLA cache in the sources read; the FP4 rows "
-                "quantize the 512-value latent in groups along it (and the RoPE key unless +rope=bf16)."
+                "MLA with FP4: vLLM's nvfp4_ds_mla (SM100, FlashMLA sparse) is the one FP4 MLA cache in the sources "
+                "read; the other FP4 rows quantize the 512-value latent in groups along it (and the RoPE key unless "
+                "+rope=bf16)."
             )
     if "nvfp4" in names:
         notes.append(

@@ -266,7 +266,7 @@ def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, p
     }
     for scheme, (per_token, multiplier) in rows.items():
         assert table[scheme][0] == per_token and table[scheme][-1] == multiplier, scheme
-    assert "Notes" in out and "nvfp4:" in out and ("RoPE key in BF16" in out) == (preset == "kimi-k2")
+    assert "Notes" in out and "nvfp4:" in out and ("one 576-wide E4M3 entry" in out) == (preset == "kimi-k2")
 
 
 def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tmp_path):

@@ -304,6 +304,7 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
         "top1_agreement",
         "p_value",
         "n_tokens",
+        "dp_mean",  # exact from the engine too: the scored token's own log-prob, not the top-k
     }
     info = static[0]["info"]
     for key in ("engine", "engine_version", "attention_backend", "engine_platform", "engine_profile", "kv_cache_dtype"):

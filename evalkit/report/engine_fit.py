@@ -65,9 +65,22 @@ def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
         return None
 
 
+# vLLM's own kv_cache_dtype schemes (``vllm:<dtype>``, evalkit.kv.engine_dtypes: per-token-head, TurboQuant,
+# UltraQuant, NVFP4, the MLA layouts) model GPU vLLM's store kernels: CUDA vLLM runs them as they are
+VLLM_DTYPE_PROFILE = "vllm-cuda"
+
+
+def vllm_dtype_of(scheme: Scheme) -> str | None:
+    """The ``kv_cache_dtype`` a ``vllm:<dtype>`` scheme models (its canonical string's name), or None."""
+    text = str(scheme)
+    return text.split(":", 1)[1].split("+", 1)[0] if text.startswith("vllm:") else None
+
+
 def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
     """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics)."""
     scheme = parse_scheme(text)
+    if vllm_dtype_of(scheme):
+        return [VLLM_DTYPE_PROFILE], []
     exact, own = [], []
     for name, profile in PROFILES.items():
         if _runs(profile, scheme, layout):
@@ -113,6 +126,14 @@ def setting(profile_name: str, text: str) -> str:
     profile, scheme = get_profile(profile_name), parse_scheme(text)
     if scheme.is_identity:
         return "kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype)"
+    if vllm_dtype_of(scheme):
+        skip = scheme.skip_layers
+        kept = (
+            ""
+            if not skip
+            else f" with kv_cache_dtype_skip_layers={'sliding_window' if skip == 'sliding' else ','.join(map(str, skip))}"
+        )
+        return f"kv_cache_dtype={vllm_dtype_of(scheme)}{kept}"
     if scheme.name is not None:
         d = next((d for d in profile.kv_cache_dtypes if d.named == scheme.name), None)
         return f"kv_cache_dtype={d.name}" if d else f"{scheme.name} (no kv_cache_dtype of {profile_name})"

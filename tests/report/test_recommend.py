@@ -260,3 +260,12 @@ def test_budget_flags_documented_and_defaults_agree(tmp_path, capsys):
     folder = write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)})
     assert main(["report", str(folder), "--max-kl", "none"]) == 0
     assert "Recommendation: tiny: use kv_cache_dtype=fp8_e5m2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", ["int8_per_token_head", "turboquant_k3v4_nc", "nvfp4", "ultraquant_4bit"])
+def test_vllm_dtype_schemes_run_on_cuda_vllm_as_their_kv_cache_dtype(dtype):
+    """A vllm:<dtype> scheme models GPU vLLM's own store for that kv_cache_dtype: not hypothetical."""
+    assert engine_fit.runs_on(f"vllm:{dtype}") == "vllm-cuda"
+    assert engine_fit.setting("vllm-cuda", f"vllm:{dtype}") == f"kv_cache_dtype={dtype}"
+    skipped = engine_fit.setting("vllm-cuda", f"vllm:{dtype}+skip=0,5")
+    assert skipped == f"kv_cache_dtype={dtype} with kv_cache_dtype_skip_layers=0,5"

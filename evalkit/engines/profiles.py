@@ -28,9 +28,13 @@ under ``out_dir`` (default ``engine-scales/`` in the current folder) as
 what the scheme names, so the run id names it too (the content of a scale file outside
 ``calibration/`` is not hashed: see :mod:`evalkit.sweep.code_identity`).
 
-Profiles model one ``kv_cache_dtype`` for the K/V of standard (MHA/GQA) attention layers; MLA
-latents (``+rope=bf16``), vLLM's per-token-head INT8/FP8 and TurboQuant dtypes and NVFP4 KV with a
-checkpoint global scale are not modeled and are refused.
+Profiles map the per-tensor ``kv_cache_dtype`` values (``auto``, ``fp8``, ``fp8_e4m3``,
+``fp8_e5m2``, and the engines' FP4 dtypes) of standard (MHA/GQA) attention layers onto plain
+evalkit schemes; MLA latents (``+rope=bf16``) are refused here. vLLM's other ``kv_cache_dtype``
+values (per-token-head INT8/FP8/INT4, TurboQuant, UltraQuant, NVFP4 and the MLA row layouts) are
+schemes of their own, ``vllm:<dtype>`` (:mod:`evalkit.kv.engine_dtypes`), each modelling CUDA
+vLLM's store kernel as it is, so they need no profile mapping (the report lists them as run by
+``vllm-cuda``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator"]
+SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator", "vllm_dtypes"]
 BLOCKED = ("lm_eval", "datasets", "gguf")
 
 # Runs a script (argv[1]) with argv[2:] as its arguments while lm_eval, datasets and gguf cannot be
@@ -144,6 +144,7 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
         assert needed in names
     assert len(by_section["speed"]) == 1 + 4  # the model, then 2 contexts x 2 batch sizes
     assert len(by_section["memory"]) == 8  # plain and storage per run
+    assert len(by_section["vllm_dtypes"]) == 12  # every modelled vllm: dtype but the per-tensor FP8 ones
     assert result["wall_s"] < result["budget_s"]
     assert "passed, 0 failed" in proc.stdout
 
@@ -310,3 +311,50 @@ def test_real_size_config_is_llama_31_8b_from_the_preset(gc):
     assert gc.unique_params(model) == pytest.approx(preset["params"], rel=0.005)  # 8.03e9 published
     standin = gc.real_config(cpu=True)
     assert standin["model_type"] == "llama" and standin["rope_parameters"]["rope_type"] == "llama3"
+
+
+def run_vllm_section(gc):
+    ctx = gc.Context("cpu", gc.sizes_for("cpu"))
+    report = gc.Report()
+    import time
+
+    gc.vllm_dtypes(gc.Section(report, "vllm_dtypes", "7", time.perf_counter() + 600, time.perf_counter), ctx)
+    return {c["name"].split(":")[1]: c for c in report.checks}
+
+
+def test_vllm_section_covers_every_modelled_dtype_and_records_its_casts(gc):
+    from evalkit.kv import microscaling
+    from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status
+
+    grid = microscaling.round_to_grid
+    checks = run_vllm_section(gc)
+    assert microscaling.round_to_grid is grid  # the recorder put it back
+    want = {n for n, d in VLLM_DTYPES.items() if d.status is Status.MODELLED} - {"fp8", "fp8_e4m3", "fp8_e5m2"}
+    assert set(checks) == want
+    assert all(c["status"] == "pass" for c in checks.values()), [c for c in checks.values() if c["status"] != "pass"]
+    casts = {n: {r: e["casts"] for r, e in c["figures"]["roles"].items()} for n, c in checks.items()}
+    # which casts each dtype makes, read from the kernels' descriptions: E4M3 codes, E4M3 group scales, E2M1 data
+    assert set(casts["fp8_per_token_head"]["k"]) == {"fp8_e4m3"} and set(casts["turboquant_k8v4"]["k"]) == {"fp8_e4m3"}
+    assert set(casts["nvfp4"]["v"]) == {"fp8_e4m3", "fp4_e2m1"} and set(casts["nvfp4_ds_mla"]["k"]) == {
+        "fp8_e4m3",
+        "fp4_e2m1",
+    }
+    for name in ("int8_per_token_head", "int4_per_token_head", "turboquant_3bit_nc", "ultraquant_4bit"):
+        assert all(isinstance(c, str) and c.startswith("none") for c in casts[name].values()), name
+    nv = casts["nvfp4"]["k"]["fp4_e2m1"]
+    assert nv["count"] == 4 * 8 * 8 * 64 and nv["emulation_vs_rule"]["mismatches"] == 0
+    assert "float4" in nv["conversion"]
+
+
+def test_vllm_section_fails_a_cast_that_breaks_the_rule(gc, monkeypatch):
+    """An E2M1 rounding toward zero (not the hardware's nearest even) is caught by the rule comparison."""
+    from evalkit.kv import microscaling
+    from evalkit.kv.rounding import Rounding
+
+    real = microscaling.round_to_grid
+    monkeypatch.setattr(microscaling, "round_to_grid", lambda y, fmt, rounding=None: real(y, fmt, Rounding.RTZ))
+    nvfp4 = [item for item in gc.vllm_dtype_items() if item[0] == "nvfp4"]
+    monkeypatch.setattr(gc, "vllm_dtype_items", lambda: nvfp4)
+    checks = run_vllm_section(gc)
+    assert checks["nvfp4"]["status"] == "fail"
+    assert checks["nvfp4"]["figures"]["roles"]["k"]["casts"]["fp4_e2m1"]["emulation_vs_rule"]["mismatches"] > 0

@@ -15,7 +15,7 @@ vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the sch
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
 each row's ``info["backend"]`` names who produced it. A run estimated at over 10 min on this machine
-(:mod:`evalkit.planning.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
+(:mod:`evalkit.cli.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
 starts, with the flags of the sizes a CPU runs in minutes.
 """
 
@@ -191,8 +191,8 @@ BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bou
 
 def _size_note(args: argparse.Namespace, cls, params: dict, schemes: list, lm, workdir) -> None:
     """One line on stderr before a run estimated at over 10 min on this machine: the estimate and the
-    flags of the CPU sizes (:mod:`evalkit.planning.run_size`); never a reason to stop a run."""
-    from evalkit.planning.run_size import estimate_run, note
+    flags of the CPU sizes (:mod:`evalkit.cli.run_size`); never a reason to stop a run."""
+    from evalkit.cli.run_size import estimate_run, note
 
     try:
         size = estimate_run(args, cls, params, schemes, args.engine, lm, workdir)

@@ -10,9 +10,9 @@ import argparse
 import pytest
 
 from evalkit.cli import main
+from evalkit.cli import run_size as S
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
-from evalkit.planning import run_size as S
 from evalkit.sweep import throughput as T
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from evalkit.cli import main
 from evalkit.cli.conformance import load_report
 
@@ -15,13 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "published" / "conformance"
 
 
-def readme_block() -> str:
-    return doc_block("conformance").strip("\n") + "\n"
+BLOCKS = {"conformance": STORED, "conformance-bf16": ROOT / "published" / "conformance-bf16"}  # block -> store
 
 
-def test_readme_section_is_the_stored_run(capsys):
-    assert main(["conformance", "--from", str(STORED), "--format", "md"]) == 0
-    assert capsys.readouterr().out == readme_block()
+def readme_block(name: str = "conformance") -> str:
+    return doc_block(name).strip("\n") + "\n"
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_readme_section_is_the_stored_run(capsys, name):
+    assert main(["conformance", "--from", str(BLOCKS[name]), "--format", "md"]) == 0
+    assert capsys.readouterr().out == readme_block(name)
+
+
+def test_the_bf16_run_is_the_same_grid_in_bfloat16_with_a_noise_floor():
+    fp32, bf16 = load_report(STORED), load_report(BLOCKS["conformance-bf16"])
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    assert fp32["schemes"] == bf16["schemes"] and fp32["noise_seeds"] == bf16["noise_seeds"] >= 20
+    for row in bf16["end_to_end"]:
+        assert row["noise_gap_pp"] > 0 and row["noise_r"] < 1  # bf16 weights moved by an ulp of bf16: a real floor
 
 
 def test_stored_run_covers_the_three_schemes_end_to_end_with_a_noise_floor():
@@ -31,7 +45,8 @@ def test_stored_run_covers_the_three_schemes_end_to_end_with_a_noise_floor():
     }
     assert set(rows) == {"fp8_e4m3", "fp8_e5m2", "fp8_e4m3/static"}
     for row in rows.values():
-        assert "rounding=rtz" in row["scheme"] and row["noise_r"] is not None and row["noise_pp"] is not None
+        assert "recipe=vllm_cpu" in row["scheme"] and "rounding=rtz" in row["scheme"]  # the vllm-cpu profile
+        assert row["noise_r"] is not None and row["noise_gap_pp"] is not None
         if "gap_low" in row:  # verdicts from the statistics (evalkit.evals.paired_stats)
             assert row["verdict"] in ("conforms", "differs", "cannot tell at this n")
             assert row["rne_verdict"] == "differs"  # nearest even is not what the engine stores
@@ -42,6 +57,8 @@ def test_stored_run_covers_the_three_schemes_end_to_end_with_a_noise_floor():
         for cell in k["cells"]:
             if cell["rounding"] == "rtz":
                 assert cell["random_equal"] == cell["random_total"] > 0
+            if cell["rounding"] == k["rounding"]:  # the profile's own cell: every edge and random code
+                assert cell["equal"] == cell["total"] > 0
 
 
 def test_report_prints_the_section_for_a_folder_that_holds_one(tmp_path, capsys):

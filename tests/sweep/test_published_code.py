@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from evalkit.sweep.code_identity import code_identity
 
-REPORT = Path(__file__).resolve().parents[2] / "published" / "conformance" / "conformance.json"
+PUBLISHED = Path(__file__).resolve().parents[2] / "published"
+REMAKE = {"conformance": "", "conformance-bf16": " --dtype bfloat16"}  # store -> its command's extra flags
 
 
-def test_conformance_report_comes_from_the_current_code():
-    report = json.loads(REPORT.read_text())
+@pytest.mark.parametrize("name", REMAKE)
+def test_conformance_report_comes_from_the_current_code(name):
+    report = json.loads((PUBLISHED / name / "conformance.json").read_text())
     recorded = (report.get("code") or {}).get("identity", "not recorded")
     assert recorded == code_identity(), (
-        f"published/conformance was computed by code {recorded}, this tree is {code_identity()}: re-make it in "
-        "the vLLM environment (python -m evalkit conformance --engine vllm --out published/conformance)"
+        f"published/{name} was computed by code {recorded}, this tree is {code_identity()}: re-make it in the "
+        f"vLLM environment (python -m evalkit conformance --engine vllm{REMAKE[name]} --out published/{name})"
     )

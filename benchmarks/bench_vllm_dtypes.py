@@ -18,10 +18,11 @@ RoPE key 64, 2 layers) with random K/V of ``--context`` tokens: ``vllm:fp8_ds_ml
 ``vllm:nvfp4_ds_mla`` against ``fp8_e4m3/tensor/unit``. Its step is tiny, so the store's share of it
 is much larger than on a real model: read those ratios as an upper bound.
 
-Store: the per-step storage arithmetic alone, ``evalkit.kv.quantize.quantize`` of one token's K and
-V in every quantized layer, timed separately (what the ratio's numerator adds over FP8's; the FP8
-arm's figure computes its per-tensor scale from the token, where the storage path's unit scale is fixed:
-a few operations more than that arm pays), and the torch calls one layer's store makes (``calls``).
+Store: the per-step storage work alone, one token's K and V written (``cache.update``: quantize,
+pack, append) into every quantized layer of a storage cache holding the context, timed separately
+(what the ratio's numerator adds over FP8's), and the torch calls one layer's write makes
+(``calls``). Where K and V are stored alike per token (INT8/FP8/INT4 per token-head, NVFP4), the
+cache writes the two in one quantize call (``evalkit.integration.stored.append_pair``).
 
 Threads: torch's default unless ``--threads`` is given, as ``evalkit run`` and ``sweep`` leave it. On
 torch 2.13 CPU, after an explicit ``torch.set_num_threads(2)`` on a loaded 2-core host, about one
@@ -163,30 +164,29 @@ class CallCounter(TorchFunctionMode):
 
 
 def store_arm(model, scheme, kv, reps, sync):
-    """Seconds per decode step of the storage arithmetic alone: quantize one token's K and V per layer."""
-    from evalkit.kv.quantize import quantize
-    from evalkit.kv.scheme import parse_scheme
-    from evalkit.models.info import kv_layout
+    """Seconds per decode step of the store alone: one token's K and V written into every layer of a
+    storage cache that holds the context (``cache.update``: quantize, pack and append, as a decode
+    step's attention calls it), and the torch calls one quantized layer's write makes."""
+    from evalkit import quantized_kv
 
-    s = parse_scheme(scheme)
-    fmt, n = s.kv_format, kv_layout(model.config).num_layers
-    active = [i for i in range(n) if not s.skips_layer(i, num_layers=n)]
-    tok = [(kv[i][0][:, :, -1:], kv[i][1][:, :, -1:]) for i in active]
-    best = float("inf")
-    with torch.inference_mode():
+    with torch.inference_mode(), quantized_kv(model, scheme) as session:
+        cache = session.new_cache(None)
+        for i, (k, v) in enumerate(kv):
+            cache.update(k[:, :, :-reps - 2], v[:, :, :-reps - 2], i)
+        layers = [layer for layer in cache.storage_layers() if layer.active]
+        tok = [(kv[layer.layer_idx][0][:, :, -1:], kv[layer.layer_idx][1][:, :, -1:]) for layer in layers]
         counter = CallCounter()
-        with counter:  # deterministic: the torch calls one layer's store makes (dispatch is its cost)
-            quantize(tok[0][0], fmt, s.granularity, role="k")
-            quantize(tok[0][1], fmt, s.granularity, role="v")
+        with counter:  # deterministic: the torch calls one layer's write makes (dispatch is its cost)
+            cache.update(*tok[0], layers[0].layer_idx)
+        best = float("inf")
         for _ in range(reps):
             sync()
             t = time.perf_counter()
-            for k, v in tok:
-                quantize(k, fmt, s.granularity, role="k")
-                quantize(v, fmt, s.granularity, role="v")
+            for layer, (k, v) in zip(layers, tok):
+                cache.update(k, v, layer.layer_idx)
             sync()
             best = min(best, time.perf_counter() - t)
-    return best, len(active), counter.calls
+    return best, len(layers), counter.calls
 
 
 def bench(title, model, kv, tokens, context, schemes, rounds, sync, profile):

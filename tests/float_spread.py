@@ -111,22 +111,23 @@ KV_GOLDEN_PATH = Path(__file__).parent / "golden" / "golden_storage_v1.json"
 
 @contextlib.contextmanager
 def recorded_appends():
-    """Inside the block, every ``StoredTensor.append`` also records the K/V it was given (what
-    ``cache.update`` received), keyed by the store's id: the raw side of an error norm."""
+    """Inside the block, every store's write also records the K/V it was given (what ``cache.update``
+    received), keyed by the store's id: the raw side of an error norm. Both write paths (a store's own
+    ``append`` and ``append_pair`` for K and V together) pass each side through ``_arrival``."""
     from evalkit.integration import stored
 
     seen: dict[int, list[torch.Tensor]] = {}
-    original = stored.StoredTensor.append
+    original = stored.StoredTensor._arrival
 
-    def append(self, x, padding=None):
+    def arrival(self, x, padding=None):
         seen.setdefault(id(self), []).append(x.detach().clone())
         return original(self, x, padding)
 
-    stored.StoredTensor.append = append
+    stored.StoredTensor._arrival = arrival
     try:
         yield seen
     finally:
-        stored.StoredTensor.append = original
+        stored.StoredTensor._arrival = original
 
 
 def _rel_norm(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -31,6 +31,7 @@ ULTRAQUANT = _B + "ultraquant_attn:UltraQuantAttentionBackend"
 FLASHINFER = _B + "flashinfer:FlashInferBackend"
 FLASHMLA = _B + "mla.flashmla:FlashMLABackend"
 FLASHMLA_SPARSE = _B + "mla.flashmla_sparse:FlashMLASparseBackend"
+ROCM_AITER_MLA = _B + "mla.rocm_aiter_mla:AiterMLABackend"  # the one MLA backend that lists fp8_e5m2 (ROCm)
 
 # dtype -> (backend on standard attention, backend on MLA); None: no backend of that kind lists it
 BACKENDS: dict[str, tuple[str | None, str | None]] = {
@@ -39,7 +40,7 @@ BACKENDS: dict[str, tuple[str | None, str | None]] = {
     "bfloat16": (FLASH_ATTN, FLASHMLA),
     "fp8": (FLASH_ATTN, FLASHMLA),
     "fp8_e4m3": (FLASH_ATTN, FLASHMLA),
-    "fp8_e5m2": (TRITON_ATTN, None),
+    "fp8_e5m2": (TRITON_ATTN, ROCM_AITER_MLA),
     "fp8_inc": (None, None),
     "int8_per_token_head": (TRITON_ATTN, None),
     "fp8_per_token_head": (TRITON_ATTN, None),

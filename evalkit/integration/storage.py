@@ -23,7 +23,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, D
 from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.hf_compat import cache_layer_specs
-from evalkit.integration.stored import Padding, StoredTensor
+from evalkit.integration.stored import Padding, StoredTensor, append_pair
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.models.info import text_config
 
@@ -52,8 +52,7 @@ class _StorageLayerMixin:
             self.lazy_initialization(key_states, value_states)
             self._make_stores(key_states.device)
         padding, self.padding = self.padding, None  # the mask describes the first write only
-        self.k.append(key_states, padding)
-        self.v.append(value_states, padding)
+        append_pair(self.k, self.v, key_states, value_states, padding)
         self.keys, self.values = self.k.values, self.v.values
 
     def get_seq_length(self) -> int:
@@ -146,7 +145,8 @@ class StorageCache(DynamicCache):
         ]
         if not stores or not bool(torch.stack([st.nonfinite for _, _, st in stores]).any()):
             return
-        layer_idx, which, _ = next((i, w, st) for i, w, st in stores if bool(st.nonfinite))
+        layer_idx, which, st = next((i, w, st) for i, w, st in stores if bool(st.nonfinite))
+        which = "K or V" if st.shares_flag else which  # one flag for both sides (stored.append_pair)
         raise NonFiniteKVError(
             f"layer {layer_idx} {which} contains NaN or inf before quantization: the model's activations overflowed "
             "(load it in float32 or bfloat16 rather than float16)"

@@ -152,6 +152,7 @@ class StoredTensor:
         self.nonfinite: torch.Tensor | None = None
         self.tensor_scale: torch.Tensor | None = None  # NVFP4: per-sequence FP32 scale from the first write, frozen
         self._tail: torch.Tensor | None = None  # dynamic blocks: the last (at most N - 1) tokens as they arrived
+        self.shares_flag = False  # written with its layer's other side in one call (append_pair): one NaN flag
 
     @property
     def kind(self) -> GranularityKind:
@@ -194,12 +195,16 @@ class StoredTensor:
     def _cat(old: torch.Tensor | None, new: torch.Tensor, dim: int = 2) -> torch.Tensor:
         return new if old is None else torch.cat([old, new], dim=dim)
 
+    def _arrival(self, x: torch.Tensor, padding: Padding | None) -> torch.Tensor | None:
+        """The valid mask of the new tokens (None: none padded); a first write also records ``starts``."""
+        if padding is None or padding.valid is None:
+            return None
+        self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
+        return padding.valid[:, -x.shape[2] :].to(x.device)
+
     def append(self, x: torch.Tensor, padding: Padding | None = None) -> None:
         """Store the new tokens ``x`` (B, H, s, D); ``padding`` is given with a sequence's first write only."""
-        valid = None
-        if padding is not None and padding.valid is not None:
-            valid = padding.valid[:, -x.shape[2] :].to(x.device)
-            self.starts = [max(0, st - (padding.valid.shape[1] - x.shape[2])) for st in padding.starts]
+        valid = self._arrival(x, padding)
         if not self.quantized:
             self._raw = self._cat(self._raw, x)
         elif self.fixed is not None:
@@ -223,13 +228,16 @@ class StoredTensor:
         self.total += x.shape[2]
 
     def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
-        self._codes.append(encode_quantized(q, self.fmt))
-        self._values.append(dequantize(q, dtype))
+        self._store_parts(encode_quantized(q, self.fmt), dequantize(q, dtype), q.scale, q.zero, q.nonfinite, per_token)
+
+    def _store_parts(self, codes, values, scale, zero, nonfinite, per_token: bool) -> None:
+        self._codes.append(codes)
+        self._values.append(values)
         if per_token:
-            self._token_scale.append(q.scale)
-            if q.zero is not None:
-                self._token_zero.append(q.zero)
-        self._flag(q.nonfinite)
+            self._token_scale.append(scale)
+            if zero is not None:
+                self._token_zero.append(zero)
+        self._flag(nonfinite)
 
     # -- blocks --------------------------------------------------------------------------------
     def _append_blocks(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
@@ -411,3 +419,50 @@ class StoredTensor:
                 if t is not None
             )
         return self.codes.numel() * self.codes.element_size() + extra
+
+
+def _joinable(k: StoredTensor, v: StoredTensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether a layer's K and V store by the same row-wise arithmetic, so one quantize call does both."""
+    if not (k.quantized and v.quantized and k.per_token and v.per_token):
+        return False
+    if k.fmt != v.fmt or k.granularity != v.granularity or key.shape != value.shape or key.dtype != value.dtype:
+        return False
+    if (k.tensor_scale is None) != (v.tensor_scale is None):
+        return False
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    return not is_codec(k.fmt.recipe) or codec_for(k.fmt.recipe).roles_alike
+
+
+def append_pair(k: StoredTensor, v: StoredTensor, key: torch.Tensor, value: torch.Tensor, padding: Padding | None):
+    """Store a layer's new K and V (B, H, s, D) in ``k`` and ``v``.
+
+    Where both sides are per-token (or per-group) dynamic stores of one format and shape, and the
+    format treats K and V alike, K and V go through one quantize call on the two stacked along the
+    batch: every such scale (and NVFP4's per-sequence FP32 scale, one per batch row) is computed
+    within a row, so each half is bit for bit what its own call gives (tested), for half the torch
+    calls of a decode step's store. The two then share one NaN flag (:attr:`StoredTensor.shares_flag`).
+    Otherwise each side is appended on its own."""
+    if not _joinable(k, v, key, value):
+        k.append(key, padding)
+        v.append(value, padding)
+        return
+    valid = k._arrival(key, padding)
+    v._arrival(value, padding)
+    n = key.shape[0]
+    both_scale = None if k.tensor_scale is None else torch.cat([k.tensor_scale, v.tensor_scale])
+    q = quantize(
+        torch.cat([key, value]),
+        k.fmt,
+        k.granularity,
+        valid=None if valid is None else torch.cat([valid, valid]),
+        tensor_scale=both_scale,
+        **k._role,
+    )
+    codes, values = encode_quantized(q, k.fmt), dequantize(q, key.dtype)
+    for store, rows in ((k, slice(0, n)), (v, slice(n, 2 * n))):
+        zero = None if q.zero is None else q.zero[rows]
+        store._store_parts(codes[rows], values[rows], q.scale[rows], zero, q.nonfinite, per_token=True)
+        store.tensor_scale = None if q.tensor_scale is None else q.tensor_scale[rows]
+        store.shares_flag = True
+        store.total += key.shape[2]

@@ -72,31 +72,45 @@ def _check_power_of_two(d: int, what: str) -> None:
         raise SchemeError(f"{what} needs a power-of-two width, not {d}")
 
 
-def fwht(x: torch.Tensor) -> torch.Tensor:
-    """Unnormalised Walsh-Hadamard transform along the last dim (a power of two), float32 butterfly."""
+@functools.lru_cache(maxsize=16)
+def _pair_signs(device: str) -> torch.Tensor:
+    """``[[1], [-1]]`` (float32): a pair ``(a, b)`` becomes ``a + b * [[1], [-1]] = (a + b, a - b)``."""
+    return torch.tensor([[1.0], [-1.0]], dtype=torch.float32, device=device)
+
+
+def _stages(x: torch.Tensor, what: str, c: torch.Tensor | None = None) -> torch.Tensor:
+    """The butterfly's ``log2 d`` stages on float32 ``x``, each ``(a + b, a - b)`` (then ``* c`` if given).
+
+    A stage is one ``addcmul``, ``a + b * (+-1)`` broadcast over the pairs at distance ``h``: ``b * (+-1)``
+    is exact, so each output is the float32 ``a + b`` or ``a - b`` rounded once, signed zeros
+    included, fused or not (three torch calls a stage where a stack of the two sums takes six)."""
     d = x.shape[-1]
-    _check_power_of_two(d, "the Walsh-Hadamard transform")
+    _check_power_of_two(d, what)
+    lead = x.shape[:-1]
+    signs = _pair_signs(str(x.device))
     h = 1
     while h < d:
-        pairs = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
-        a, b = pairs.unbind(-2)
-        x = torch.stack((a + b, a - b), dim=-2).reshape(*pairs.shape[:-3], d)
+        a, b = x.reshape(*lead, d // (2 * h), 2, h).split(1, dim=-2)
+        x = torch.addcmul(a, b, signs)
+        if c is not None:
+            x = x * c
         h *= 2
-    return x
+    return x.reshape(*lead, d)
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalised Walsh-Hadamard transform along the last dim (a power of two), float32 butterfly."""
+    return _stages(x, "the Walsh-Hadamard transform")
 
 
 def fwht_orthonormal_stagewise(x: torch.Tensor) -> torch.Tensor:
     """Orthonormal transform scaled by float32 1/sqrt(2) at each stage, as UltraQuant's store kernel does."""
-    d = x.shape[-1]
-    _check_power_of_two(d, "UltraQuant's Hadamard rotation")
-    c = torch.tensor(INV_SQRT2, dtype=torch.float32, device=x.device)
-    h = 1
-    while h < d:
-        pairs = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
-        a, b = pairs.unbind(-2)
-        x = torch.stack(((a + b) * c, (a - b) * c), dim=-2).reshape(*pairs.shape[:-3], d)
-        h *= 2
-    return x
+    return _stages(x, "UltraQuant's Hadamard rotation", _inv_sqrt2(str(x.device)))
+
+
+@functools.lru_cache(maxsize=8)
+def _inv_sqrt2(device: str) -> torch.Tensor:
+    return torch.tensor(INV_SQRT2, dtype=torch.float32, device=device)
 
 
 def fwht_orthonormal(x: torch.Tensor) -> torch.Tensor:

@@ -125,4 +125,5 @@ CODEC = vc.Codec(
     decode=decode,
     width=width,
     check_head_size=check_head_size,
+    roles_alike=True,
 )

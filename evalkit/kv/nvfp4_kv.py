@@ -124,6 +124,7 @@ CODECS = tuple(
         decode=decode,
         width=width,
         check_head_size=check_head_size,
+        roles_alike=True,  # unit k_scale and v_scale: K and V by the same arithmetic
     )
     for name, recipe in (("nvfp4", Recipe.VLLM_NVFP4), ("nvfp4_4over6", Recipe.VLLM_NVFP4_4OVER6))
 )

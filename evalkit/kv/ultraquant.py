@@ -32,6 +32,8 @@ last two attention layers stay in the model's dtype and a first-chunk prefill at
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from evalkit.errors import SchemeError
@@ -60,41 +62,47 @@ def width(role: str, head_size: int) -> int:
     return head_size // 2 + head_size // GROUP
 
 
-def _midpoints(device) -> torch.Tensor:
+@functools.lru_cache(maxsize=8)
+def _tables(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the 14 level midpoints, the 15 levels by sorted index, the 8 E2M1 magnitudes, float32 C), float32."""
     lv = torch.tensor(LEVELS, dtype=torch.float32, device=device)
-    return (lv[:-1] + lv[1:]) / 2
+    mag = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), dtype=torch.float32, device=device)
+    return (lv[:-1] + lv[1:]) / 2, lv, mag, torch.tensor(C, dtype=torch.float32, device=device)
 
 
 def snap(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Groups (..., n, 32) float32 -> (E2M1 bit codes, scale bytes (..., n), sorted level index)."""
+    midpoints, _, _, c = _tables(str(g.device))
     amax = g.abs().amax(dim=-1)
     zero = amax == 0
-    s_raw = amax * torch.tensor(C, dtype=torch.float32)
-    e = torch.floor(torch.log2(torch.where(zero, torch.ones_like(s_raw), s_raw)) + 0.5)
-    div = torch.where(zero, torch.ones_like(s_raw), torch.exp2(e))
-    y = g / div[..., None]
-    idx = torch.bucketize(y, _midpoints(g.device), right=False)  # how many midpoints y exceeds (ties down)
-    idx = torch.where(zero[..., None], torch.full_like(idx, 7), idx)
+    e = torch.floor(torch.log2(torch.where(zero, 1.0, amax * c)) + 0.5)
+    div = torch.where(zero, 1.0, torch.exp2(e))
+    idx = torch.bucketize(g / div[..., None], midpoints, right=False)  # how many midpoints y exceeds (ties down)
+    idx = torch.where(zero[..., None], 7, idx)
     bits = torch.where(idx < 7, 15 - idx, idx - 7)
-    byte = torch.where(zero, torch.zeros_like(e), e + BIAS)
-    byte = torch.where((byte < 0) | (byte > 255), torch.zeros_like(byte), byte)
+    byte = torch.where(zero, 0.0, e + BIAS)
+    byte = torch.where((byte < 0) | (byte > 255), 0.0, byte)
     return bits, byte.to(torch.uint8), idx
 
 
 def _bits_value(bits: torch.Tensor) -> torch.Tensor:
     """E2M1 bit codes -> values (sign bit 8)."""
-    mag = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), device=bits.device)[(bits & 7).long()]
+    mag = _tables(str(bits.device))[2][(bits & 7).long()]
     return torch.where(bits >= 8, -mag, mag)
 
 
 def _scale_value(byte: torch.Tensor) -> torch.Tensor:
-    return torch.where(byte == 0, torch.zeros((), device=byte.device), torch.exp2(byte.float() - BIAS))
+    return torch.where(byte == 0, 0.0, torch.exp2(byte.float() - BIAS))
+
+
+def _unrotated(v: torch.Tensor, role: str) -> torch.Tensor:
+    v = v.reshape(*v.shape[:-2], -1)
+    return fwht_orthonormal_stagewise(v) if role == "k" else v
 
 
 def _values(bits: torch.Tensor, byte: torch.Tensor, role: str) -> torch.Tensor:
-    v = _bits_value(bits) * _scale_value(byte)[..., None]
-    v = v.reshape(*v.shape[:-2], -1)
-    return fwht_orthonormal_stagewise(v) if role == "k" else v
+    """What attention reads from the stored bit codes and scale bytes (the read kernel's decoding)."""
+    return _unrotated(_bits_value(bits) * _scale_value(byte)[..., None], role)
 
 
 def encode(x: torch.Tensor, role: str = "k"):
@@ -102,9 +110,11 @@ def encode(x: torch.Tensor, role: str = "k"):
     check_head_size(d)
     xf = x.float()
     y = fwht_orthonormal_stagewise(xf) if role == "k" else xf
-    bits, byte, _ = snap(y.reshape(*y.shape[:-1], d // GROUP, GROUP))
+    bits, byte, idx = snap(y.reshape(*y.shape[:-1], d // GROUP, GROUP))
     stored = torch.cat([vc.pack_nibbles(bits.reshape(*y.shape[:-1], d)), byte], dim=-1)
-    return vc.packed(bits.reshape(y.shape).float(), stored, _values(bits, byte, role), ~torch.isfinite(xf).all())
+    levels = _tables(str(x.device))[1][idx]  # = _bits_value(bits): the sorted index names the same level
+    values = _unrotated(levels * _scale_value(byte)[..., None], role)
+    return vc.packed(bits.reshape(y.shape).float(), stored, values, ~torch.isfinite(xf).all())
 
 
 def decode(stored: torch.Tensor, role: str, head_size: int) -> torch.Tensor:

@@ -19,6 +19,8 @@ Each :class:`Codec` says, for ``vllm:<name>``:
 - ``boundary_layers``: TurboQuant and UltraQuant keep the first and last ``min(2, layers // 2)``
   attention layers in the model's dtype (``TurboQuantConfig.get_boundary_skip_layers``, added by
   ``vllm/engine/arg_utils.py`` to ``kv_cache_dtype_skip_layers`` for every non-hybrid model);
+- ``roles_alike``: K and V are stored by the same arithmetic (INT4 per token-head), so the storage
+  cache may encode the two in one call (:func:`evalkit.integration.stored.append_pair`);
 - ``prefill_reads_raw``: TurboQuant and UltraQuant attend a first-chunk prefill from the raw K/V it
   was given (``_prefill_attention``: flash-attention, or SDPA, on ``key``/``value``), and read the
   cache only in decode and continuation chunks; the storage cache does the same.
@@ -57,6 +59,7 @@ class Codec:
     boundary_layers: int = 0
     prefill_reads_raw: bool = False
     mla: bool = False  # a DeepSeek MLA row (evalkit.kv.ds_mla): role "k" is the latent, "v" the RoPE key
+    roles_alike: bool = False  # encode ignores the role (K and V stored alike): one call may store both
 
     def boundary(self, num_layers: int) -> set[int]:
         """The attention layers vLLM keeps unquantized for this dtype on a model of ``num_layers``."""

@@ -62,6 +62,9 @@ def test_evalkit_bytes_per_token_equal_vllms_page_size(name):
     if layout.is_mla:
         assert by["fp8_ds_mla"].vllm_bytes_per_token == 656 * layout.num_layers
         assert by["fp8"].vllm_bytes_per_token == 576 * layout.num_layers  # the dense per-tensor latent
+        e5m2 = by["fp8_e5m2"]  # ROCm's AITER MLA backend is the one MLA backend that lists it
+        assert e5m2.backend.endswith("AiterMLABackend") and e5m2.scheme == "fp8_e5m2/tensor/unit", e5m2
+        assert e5m2.vllm_bytes_per_token == 576 * layout.num_layers
         assert by["nvfp4_ds_mla"].vllm_bytes_per_token == 352 * layout.num_layers
         for name in ("fp8_ds_mla", "nvfp4_ds_mla"):  # modelled, so the loop above held evalkit's bytes to vLLM's
             assert by[name].scheme == f"vllm:{name}", by[name]

@@ -2,7 +2,9 @@
 
 * :func:`pareto` -- quality loss (|Δppl| %, or mean KL) against KV memory saved, one panel per
   model; the schemes on the Pareto frontier (no other scheme saves more memory for less loss) are
-  joined by a line.
+  joined by a line. Where the store has decode runs, a second figure (``pareto_decode``) puts the
+  decode KL of the last position bucket against memory saved: the one measure of the engine dtypes
+  whose one-chunk prefill reads raw K/V (vLLM's TurboQuant, UltraQuant), which sit at zero in the first.
 * :func:`positions` -- Δppl % and KL by token-position bucket (``labels.bucket``), one line per scheme:
   where in the context the damage happens.
 * :func:`decode` -- the decode evaluation's KL(baseline || scheme) against the position of the
@@ -148,12 +150,24 @@ def spread_labels(ys: list[float], gap: float, low: float = 0.0, high: float = 1
 
 
 def pareto(frame: pd.DataFrame, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
-    """``frame``: :func:`evalkit.report.tables.summary_frame` output; see :func:`pareto_figure`."""
-    fig = pareto_figure(frame, style)
-    return [] if fig is None else _save(fig, Path(out_dir), "pareto")
+    """``frame``: :func:`evalkit.report.tables.summary_frame` output; see :func:`pareto_figure` (and its
+    decode-KL twin where the frame has one)."""
+    paths = []
+    for name, metric in (("pareto", None), ("pareto_decode", DECODE_KL)):
+        fig = pareto_figure(frame, style, metric)
+        paths += [] if fig is None else _save(fig, Path(out_dir), name)
+    return paths
 
 
-def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
+DECODE_KL = "decode_kl_last"  # the decode evaluation's KL in its last position bucket (summary column)
+PARETO_Y = {
+    "ppl_delta_rel": ("|Δ perplexity| vs baseline (%)", "quality loss"),
+    "kl_mean": ("mean KL to baseline (nats)", "quality loss"),
+    DECODE_KL: ("decode KL to baseline (nats/token),\nlast position bucket", "decode KL"),
+}
+
+
+def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric: str | None = None):
     """The Pareto figure of a summary frame (None when it has nothing to draw).
 
     One panel per model: the quantized schemes (the baseline is the origin: nothing saved, nothing
@@ -166,8 +180,9 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
     row's marks (``†``, ``≈n``), explained below too."""
     style = style if style is not None else marks.styled(SchemeStyle.of_frame(frame), frame)
     df = frame.copy()
-    use_ppl = "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any()
-    metric = "ppl_delta_rel" if use_ppl else "kl_mean"
+    if metric is None:  # |Δppl| where measured, else mean KL
+        metric = "ppl_delta_rel" if "ppl_delta_rel" in df and df["ppl_delta_rel"].notna().any() else "kl_mean"
+    use_ppl = metric == "ppl_delta_rel"
     if metric not in df or "capacity_x" not in df:
         return None
     df["label"] = [style.label(s, m) for s, m in zip(df["scheme"], df["model"])]
@@ -208,8 +223,9 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None):
         else:
             ax.set_ylim(0, g["loss"].max() * 1.08)
         ax.set_xlabel("KV memory saved vs a bf16 cache (%)")
-        ax.set_ylabel("|Δ perplexity| vs baseline (%)" if use_ppl else "mean KL to baseline (nats)")
-        ax.set_title(f"{model}: quality loss vs KV memory saved", fontsize=11)
+        ylabel, what = PARETO_Y[metric]
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{model}: {what} vs KV memory saved", fontsize=11)
         ax.grid(alpha=0.3)
     families = list(dict.fromkeys(f for f in style.families if f in set(df["family"])))
     handles = [matplotlib.lines.Line2D([], [], ls="", marker="o", color=style.family_color(f)) for f in families]
@@ -435,9 +451,10 @@ def figures(results: Results, frame: pd.DataFrame, bands: bool | None = None) ->
     caller closes them (:func:`all_plots` saves and closes)."""
     style = report_style(results, frame)
     out = {}
-    fig = pareto_figure(frame, style)
-    if fig is not None:
-        out["pareto"] = fig
+    for name, metric in (("pareto", None), ("pareto_decode", DECODE_KL)):
+        fig = pareto_figure(frame, style, metric)
+        if fig is not None:
+            out[name] = fig
     from evalkit.report.evals import figures as eval_figures  # each evaluation's declared plots, on its own rows
 
     return {**out, **eval_figures(results, style=style, bands=bands), **sensitivity_figures(results, style)}

@@ -11,6 +11,12 @@ Budget (defaults, each a ``report`` flag; ``none`` turns one off):
   the embedded model: a 99 % bar fails every FP8 row, and no operator budgets it).
 * retrieval accuracy drop ``<= max_retrieval_drop`` (2 points) and lm-eval flip rate ``<=
   max_flip_rate`` (5 %, one answer in twenty changed), where measured.
+* the decode evaluation's KL in its last position bucket ``<= max_kl`` too, where measured: the
+  same per-token KL(baseline || scheme), read through the stored cache in generation. It is the one
+  measure of the engine dtypes whose first-chunk prefill attends the raw K/V (vLLM's TurboQuant and
+  UltraQuant), whose perplexity and lm-eval rows (one forward each) read nothing quantized. (Declared
+  here, not in the decode evaluation's ReportSpec, because that module counts in the code identity
+  and the published stores were made before; it moves there with the next re-make.)
 
 A criterion with no numbers is "unmeasured": never passed silently, and a store missing a required
 one (perplexity's |Δppl|) gets no verdict at all: the line says what cannot be judged.
@@ -44,6 +50,7 @@ from evalkit.report import evals as report_evals
 DEFAULT_ENGINE = "vllm-cuda"
 FLOAT_KNOWN = "float_noise_seeds"  # summary column: reruns behind a row's perplexity intervals (0/NaN: none)
 RANKING = ("kl_mean", "ppl_delta_rel")  # what separates equally cheap schemes, first available
+DECODE_KL = Criterion("decode KL", "decode_kl_last", "max_kl", True, "decode KL (last bucket)", unit=" nats", digits=4)
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,7 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
     """Every declared criterion (the evaluations' :class:`~evalkit.evals.base.Criterion`) on ``row``."""
     out = []
     perplexity = {c.column for _, spec in report_evals.specs() if _ == "perplexity" for c in spec.criteria}
-    for c in report_evals.criteria():
+    for c in (*report_evals.criteria(), DECODE_KL):
         limit = getattr(budget, c.budget, None)
         if limit is None:
             continue
@@ -248,7 +255,9 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
 
     def numbers(r):
         kl = f", KL {r['kl_mean']:.3g}" if "kl_mean" in r else ""
-        return f"Δppl {100 * r['ppl_delta_rel']:+.2f}%{kl}"
+        last = r.get(DECODE_KL.column)
+        decode = "" if last is None or pd.isna(last) else f", decode KL {last:.3g}"
+        return f"Δppl {100 * r['ppl_delta_rel']:+.2f}%{kl}{decode}"
 
     unchecked = sorted({v.name for r in tied for v in verdicts(r, budget) if v.state == "unmeasured"})
     also += f"; not measured, so not checked: {', '.join(unchecked)}" if unchecked else ""

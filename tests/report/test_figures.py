@@ -80,6 +80,7 @@ def test_the_default_store_draws_every_view(drawn):
     _, _, figs, _ = drawn
     assert set(figs) == {
         "pareto",
+        "pareto_decode",
         "positions_embedded",
         "decode_kl_embedded",
         "retrieval_embedded_passkey",
@@ -100,7 +101,7 @@ def legend_texts(fig) -> list[str]:
 
 def shown_scheme_labels(name: str, fig) -> list[str]:
     """The scheme names a figure shows a reader."""
-    if name == "pareto":  # the label column beside the points
+    if name.startswith("pareto"):  # the label column beside the points
         return [t.get_text() for t in fig.axes[0].texts]
     if name.startswith("retrieval"):  # one panel per scheme, titles wrapped
         return [ax.get_title().replace("\n", "") for ax in fig.axes if ax.get_title()]
@@ -111,6 +112,7 @@ def shown_scheme_labels(name: str, fig) -> list[str]:
     "name",
     [
         "pareto",
+        "pareto_decode",
         "positions_embedded",
         "decode_kl_embedded",
         "retrieval_embedded_passkey",
@@ -187,6 +189,7 @@ def test_same_scheme_same_colour_in_every_figure(drawn):
     "name",
     [
         "pareto",
+        "pareto_decode",
         "positions_embedded",
         "decode_kl_embedded",
         "retrieval_embedded_passkey",
@@ -264,7 +267,7 @@ def test_saved_pngs_fit_a_slide(tmp_path):
 
     results = load_store(STORE)
     paths = [p for p in all_plots(results, summary_frame(results), tmp_path) if p.suffix == ".png"]
-    assert len(paths) == 5
+    assert len(paths) == 6  # pareto, pareto_decode, positions, decode, two retrieval heatmaps
     for p in paths:
         width, height = Image.open(p).size
         assert width <= 2400 and width / height <= 3, f"{p.name}: {width} x {height} px"

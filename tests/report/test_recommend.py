@@ -269,3 +269,30 @@ def test_vllm_dtype_schemes_run_on_cuda_vllm_as_their_kv_cache_dtype(dtype):
     assert engine_fit.setting("vllm-cuda", f"vllm:{dtype}") == f"kv_cache_dtype={dtype}"
     skipped = engine_fit.setting("vllm-cuda", f"vllm:{dtype}+skip=0,5")
     assert skipped == f"kv_cache_dtype={dtype} with kv_cache_dtype_skip_layers=0,5"
+
+
+def test_decode_kl_counts_where_the_prefill_reads_raw_kv(tmp_path):
+    """vLLM's TurboQuant attends a one-chunk prefill from the raw K/V, so its perplexity rows are the
+    baseline's (Δppl 0, KL 0): the decode eval's last-bucket KL decides, against the same KL limit."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    tq = "vllm:turboquant_3bit_nc"
+    runs = [
+        ("bf16", "perplexity", ppl_rows(0, 0, 0)),
+        (UNIT, "perplexity", ppl_rows(0.004, 0.01)),
+        (tq, "perplexity", ppl_rows(0.0, 0.0, 0.0)),
+        ("bf16", "decode", [_row("kl_mean", 0.0, labels={"bucket": "0-63"})]),
+        (UNIT, "decode", [_row("kl_mean", 0.011, 0.008, 0.014, labels={"bucket": "0-63"})]),
+        (tq, "decode", [_row("kl_mean", 0.202, 0.16, 0.25, labels={"bucket": "0-63"})]),
+    ]
+    store = ResultStore(tmp_path / "s")
+    layout = {**LAYOUT, "num_layers": 40}  # TurboQuant keeps 2 + 2 boundary layers in BF16: still the cheapest
+    for i, (scheme, ev, rows) in enumerate(runs):
+        info = {"kv_layout": layout, "dtype": "bfloat16", "versions": {"evalkit_code": CODE}}
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": ev, "params": {"i": i}}
+        store.append(RunOutcome(f"r{i}", spec, True, rows, info=info))
+    text = line(tmp_path / "s")
+    assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3"), text
+    assert "turboquant" not in text.split("(budget:")[0]
+    off = line(tmp_path / "s", Budget(max_kl=None))
+    assert off.startswith("tiny: use kv_cache_dtype=turboquant_3bit_nc"), off

@@ -1,5 +1,7 @@
 """What the report shows of the perplexity eval beyond its plain columns: whether its intervals include
-the float spread (``float_noise_seeds``), as a summary-frame column and a note under the table."""
+the float spread (``float_noise_seeds``), as a summary-frame column and a note under the table, and
+which rows' one-forward measures read no quantized K/V (the engine dtypes whose first-chunk prefill
+attends the raw K/V)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,41 @@ def float_noise_frame(rows: pd.DataFrame, slot) -> None:
             out["ppl_delta_rel_float_sd"] = float(noise["sd"])
 
 
+def raw_prefill_schemes(frame: pd.DataFrame) -> list[str]:
+    """The frame's schemes whose engine attends a one-chunk prefill from the raw K/V (kv.vllm_codecs)."""
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    out = []
+    for text in sorted(set(frame["scheme"])) if "scheme" in frame else ():
+        recipe = parse_scheme(text).kv_format.recipe
+        if is_codec(recipe) and codec_for(recipe).prefill_reads_raw:
+            out.append(text)
+    return out
+
+
 def notes(frame: pd.DataFrame) -> list[str]:
-    """Which intervals include the float spread, and how; the other columns' are sampling-only."""
+    """Which intervals include the float spread, and how; the other columns' are sampling-only; and
+    which rows' perplexity and lm-eval columns cannot show their cache's cost."""
     if FLOAT_COLUMN not in frame or "ppl_delta_rel" not in frame:
         return []
+    return _float_notes(frame) + _raw_prefill_notes(frame)
+
+
+def _raw_prefill_notes(frame: pd.DataFrame) -> list[str]:
+    raw = raw_prefill_schemes(frame)
+    if not raw:
+        return []
+    return [
+        f"{', '.join(raw)}: vLLM attends a one-chunk prefill from the raw K/V it was given and keeps the first "
+        "and last two attention layers in the model's dtype, so their perplexity, KL, top-1, Δp and lm-eval "
+        "columns (one forward per window or request) equal the baseline's: what vLLM gives for prompt "
+        "log-probs, not what their cache costs. Their decode KL (every step reads the quantized cache) is "
+        "that cost, and the recommendation holds it to the KL limit"
+    ]
+
+
+def _float_notes(frame: pd.DataFrame) -> list[str]:
     seeds = sorted({int(n) for n in frame[FLOAT_COLUMN].dropna()})
     if seeds and seeds != [0]:
         n = ", ".join(str(s) for s in seeds if s)

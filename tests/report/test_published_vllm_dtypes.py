@@ -1,0 +1,128 @@
+"""The published table of vLLM's kv_cache_dtypes reproduces: the README's ``vllm-dtypes`` block is
+`report` of the committed store ``published/vllm-dtypes``, the store is the grid ``sweeps/vllm-dtypes.yaml``
+from this tree's code with nothing failed, it holds every vLLM dtype that applies to the embedded model,
+and re-running two of its perplexity runs gives the stored rows.
+
+Made by ``python -m evalkit sweep vllm-dtypes --out published/vllm-dtypes`` and rendered by
+``python -m evalkit report published/vllm-dtypes --format md`` (no vLLM needed for either).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.doc_blocks import doc_block
+from tests.report.test_published import FOREIGN_TOLERANCE, _agrees
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE = ROOT / "published" / "vllm-dtypes"
+SPEC_KEYS = ("model", "scheme", "eval", "params")
+
+
+def records() -> list[dict]:
+    return [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def spec_key(d: dict) -> str:
+    from evalkit.sweep.grid import canonical_json
+
+    return canonical_json({k: d[k] for k in SPEC_KEYS})
+
+
+def test_readme_vllm_dtypes_block_is_the_report_of_the_committed_store():
+    out = subprocess.run(
+        [sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert doc_block("vllm-dtypes").strip() == out.stdout.strip(), (
+        "regenerate: python -m evalkit report published/vllm-dtypes --format md"
+    )
+
+
+def test_store_holds_the_grid_from_the_current_code():
+    from evalkit.sweep.code_identity import code_identity
+    from evalkit.sweep.grid import parse_grid
+
+    recs = records()
+    complete = [r for r in recs if r["type"] == "complete"]
+    grid = parse_grid(ROOT / "sweeps" / "vllm-dtypes.yaml")
+    assert sorted(spec_key(r["spec"]) for r in complete) == sorted(spec_key(run.to_dict()) for run in grid.runs), (
+        "the store is not the grid: rerun `python -m evalkit sweep vllm-dtypes --out published/vllm-dtypes`"
+    )
+    assert not [r for r in recs if r["type"] == "failed"]
+    assert {r["info"]["code"]["identity"] for r in complete} == {code_identity()}, (
+        "published/vllm-dtypes was computed by other code: re-make it and its README block"
+    )
+
+
+def test_every_applicable_vllm_dtype_is_in_the_store():
+    """Every vLLM dtype evalkit models that applies to the embedded model's layout has rows in every eval."""
+    from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status
+    from evalkit.kv.memory import check_layout_scheme
+    from evalkit.kv.engine_dtypes import vllm_scheme
+    from evalkit.errors import SchemeError
+    from evalkit.models.info import kv_layout
+    from evalkit.models.presets import config_namespace, get_preset
+
+    layout = kv_layout(config_namespace(get_preset("smollm2-135m")["config"]))
+    applicable = set()
+    for name, d in VLLM_DTYPES.items():
+        if d.status is not Status.MODELLED or name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+            continue  # the per-tensor three are the store's fp8_*/tensor/unit rows
+        try:
+            check_layout_scheme(vllm_scheme(name), layout)
+        except SchemeError:
+            continue  # the MLA rows
+        applicable.add(f"vllm:{name}")
+    metrics = [r for r in records() if r["type"] == "metric"]
+    for ev in ("perplexity", "decode", "retrieval", "lmeval"):
+        have = {r["scheme"] for r in metrics if r["eval"] == ev}
+        assert applicable <= have, (ev, sorted(applicable - have))
+    assert {"bf16", "fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit"} <= {r["scheme"] for r in metrics}
+
+
+@pytest.mark.slow
+def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
+    """Two rotated/FP4 dtypes' perplexity runs, recomputed here: bit for bit on the store's platform,
+    within the measured float spread elsewhere (as the default store's test)."""
+    from evalkit.evals.base import get_eval
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.loading import load_model
+    from evalkit.runtime.numerics import platform_record, same_platform
+    from evalkit.sweep.grid import parse_grid
+
+    grid = parse_grid(ROOT / "sweeps" / "vllm-dtypes.yaml")
+    wanted = ("vllm:int4_per_token_head", "vllm:nvfp4_4over6")
+    runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in wanted]
+    assert len(runs) == len(wanted)
+    recs = records()
+    complete = {spec_key(r["spec"]): r for r in recs if r["type"] == "complete"}
+    lm = load_model("embedded")
+    ev = get_eval("perplexity")(runs[0].params)
+    ev.prepare(lm, tmp_path)
+    for run in runs:
+        done = complete[spec_key(run.to_dict())]
+        stored = {
+            (r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"]
+            for r in recs
+            if r["type"] == "metric" and r["run_id"] == done["run_id"]
+        }
+        fresh = {
+            (r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))
+        }
+        assert stored and set(stored) <= set(fresh), run.scheme
+        if same_platform(done["info"].get("platform"), platform_record()):
+            assert {k: fresh[k] for k in stored} == stored, run.scheme
+        else:
+            compared = [k for k in stored if k[0] in FOREIGN_TOLERANCE]
+            assert compared
+            bad = {k: (fresh[k], stored[k]) for k in compared if not _agrees(k[0], fresh[k], stored[k], False)}
+            assert not bad, (run.scheme, bad)

@@ -172,7 +172,7 @@ def store_arm(model, scheme, kv, reps, sync):
     with torch.inference_mode(), quantized_kv(model, scheme) as session:
         cache = session.new_cache(None)
         for i, (k, v) in enumerate(kv):
-            cache.update(k[:, :, :-reps - 2], v[:, :, :-reps - 2], i)
+            cache.update(k[:, :, : -reps - 2], v[:, :, : -reps - 2], i)
         layers = [layer for layer in cache.storage_layers() if layer.active]
         tok = [(kv[layer.layer_idx][0][:, :, -1:], kv[layer.layer_idx][1][:, :, -1:]) for layer in layers]
         counter = CallCounter()

@@ -60,7 +60,12 @@ def run(model, scheme, prefill=11, steps=5):
     with quantized_kv(model, scheme):
         cache = output_cache(model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill]))
         for t in range(prefill, ids.shape[1]):
-            model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=pos[:, t : t + 1], **cache_inputs(model, cache))
+            model(
+                ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                **cache_inputs(model, cache),
+            )
     return cache
 
 

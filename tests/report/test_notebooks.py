@@ -103,11 +103,11 @@ def test_committed_notebooks_reproduce_on_the_published_store(name, where, tmp_p
 
 
 def test_analysis_shows_every_figure_with_the_tables_labels():
-    """The committed analysis notebook shows the table, then the Pareto, positions, decode and two
-    retrieval figures of the published store, drawn with the table's labels (the static schemes'
+    """The committed analysis notebook shows the table, then the two Pareto (|Δppl| and decode KL),
+    positions, decode and two retrieval figures of the published store, drawn with the table's labels (the static schemes'
     numbers and their notes are the table's)."""
     committed = nbformat.read(NOTEBOOKS / "analysis.ipynb", as_version=4)
-    assert images(committed) == 5
+    assert images(committed) == 6
     text = text_of(committed)
     assert "fp8_e4m3/head/static[1]" in text and "[1] static scales from calibration/smollm2-135m-head-amax" in text
 

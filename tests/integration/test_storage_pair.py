@@ -14,7 +14,8 @@ import torch
 from evalkit import quantized_kv
 from evalkit.errors import NonFiniteKVError
 from evalkit.integration import stored
-from evalkit.integration.hf_compat import cache_inputs, output_cache
+
+from tests.integration.test_storage import teacher_forced
 
 JOINT = [
     "int8/token/dynamic",
@@ -51,22 +52,11 @@ def model():
     return tf.AutoModelForCausalLM.from_config(cfg).eval()  # head_dim 64: MX groups and every vLLM kernel head size
 
 
-@torch.no_grad()
 def run(model, scheme, prefill=11, steps=5):
     ids = torch.randint(3, 128, (2, prefill + steps), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0  # left padding: the first write's valid mask travels with the stacked halves
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with quantized_kv(model, scheme):
-        cache = output_cache(model(ids[:, :prefill], attention_mask=mask[:, :prefill], position_ids=pos[:, :prefill]))
-        for t in range(prefill, ids.shape[1]):
-            model(
-                ids[:, t : t + 1],
-                attention_mask=mask[:, : t + 1],
-                position_ids=pos[:, t : t + 1],
-                **cache_inputs(model, cache),
-            )
-    return cache
+    return teacher_forced(model, scheme, ids, mask, prefill)
 
 
 def held(st):

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "default"
 
 
-def report_md() -> str:
+def report_md(store: Path = STORE) -> str:
+    """``evalkit report STORE --format md``: what a store's doc block must be."""
     out = subprocess.run(
-        [sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"],
+        [sys.executable, "-m", "evalkit", "report", str(store), "--format", "md"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -80,20 +81,19 @@ def _agrees(metric: str, fresh: float, stored: float, baseline: bool) -> bool:
     return abs(fresh - stored) <= tol * (abs(stored) if kind == "rel" else 1.0)
 
 
-@pytest.mark.slow
-def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
-    """Three of the store's perplexity runs, recomputed from scratch here, equal the stored rows bit
+def check_reruns(tmp_path: Path, store: Path, grid_file: Path, schemes: tuple[str, ...]) -> None:
+    """The store's perplexity runs of ``schemes``, recomputed from scratch here, equal the stored rows bit
     for bit on the platform that made the store (CPU, instruction set, MKL mode: evalkit.runtime.numerics),
-    and agree within float-rounding spread elsewhere."""
+    and agree within float-rounding spread elsewhere (the baseline within BASELINE_TOLERANCE)."""
     from evalkit.evals.base import get_eval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import load_model
     from evalkit.runtime.numerics import platform_record, same_platform
     from evalkit.sweep.grid import canonical_json, parse_grid
 
-    grid = parse_grid(ROOT / "sweeps" / "default.yaml")
-    runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4")]
-    records = [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+    runs = [r for r in parse_grid(grid_file).runs if r.eval == "perplexity" and r.scheme in schemes]
+    assert len(runs) == len(schemes)
+    records = [json.loads(line) for line in (store / "results.jsonl").read_text().splitlines() if line.strip()]
     complete = {
         canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r
         for r in records
@@ -125,6 +125,12 @@ def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
                 if not _agrees(k[0], fresh[k], stored[k], run.scheme == "bf16")
             }
             assert not bad, (run.scheme, bad)
+
+
+@pytest.mark.slow
+def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
+    """Three of the store's perplexity runs reproduce (:func:`check_reruns`)."""
+    check_reruns(tmp_path, STORE, ROOT / "sweeps" / "default.yaml", ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4"))
 
 
 def test_the_store_records_its_platform_and_kv_layout():

@@ -10,11 +10,10 @@ and rendered by ``python -m evalkit report published/engine --format md`` (no vL
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.doc_blocks import doc_block
+from tests.report.test_published import report_md
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "engine"
@@ -26,15 +25,8 @@ def records() -> list[dict]:
 
 
 def test_readme_engine_block_is_the_report_of_the_committed_store():
-    out = subprocess.run(
-        [sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
     published = doc_block("engine").strip()
-    assert published == out.stdout.strip(), "regenerate: python -m evalkit report published/engine --format md"
+    assert published == report_md(STORE), "regenerate: python -m evalkit report published/engine --format md"
 
 
 def test_store_holds_the_engine_grid_from_one_code_identity():

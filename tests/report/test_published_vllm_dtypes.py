@@ -10,14 +10,12 @@ Made by ``python -m evalkit sweep vllm-dtypes --out published/vllm-dtypes`` and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.doc_blocks import doc_block
-from tests.report.test_published import FOREIGN_TOLERANCE, _agrees
+from tests.report.test_published import check_reruns, report_md
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "vllm-dtypes"
@@ -35,14 +33,7 @@ def spec_key(d: dict) -> str:
 
 
 def test_readme_vllm_dtypes_block_is_the_report_of_the_committed_store():
-    out = subprocess.run(
-        [sys.executable, "-m", "evalkit", "report", str(STORE), "--format", "md"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert doc_block("vllm-dtypes").strip() == out.stdout.strip(), (
+    assert doc_block("vllm-dtypes").strip() == report_md(STORE), (
         "regenerate: python -m evalkit report published/vllm-dtypes --format md"
     )
 
@@ -91,37 +82,7 @@ def test_every_applicable_vllm_dtype_is_in_the_store():
 @pytest.mark.slow
 def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
     """Two rotated/FP4 dtypes' perplexity runs, recomputed here: bit for bit on the store's platform,
-    within the measured float spread elsewhere (as the default store's test)."""
-    from evalkit.evals.base import get_eval
-    from evalkit.kv.scheme import parse_scheme
-    from evalkit.models.loading import load_model
-    from evalkit.runtime.numerics import platform_record, same_platform
-    from evalkit.sweep.grid import parse_grid
-
-    grid = parse_grid(ROOT / "sweeps" / "vllm-dtypes.yaml")
-    wanted = ("vllm:int4_per_token_head", "vllm:nvfp4_4over6")
-    runs = [r for r in grid.runs if r.eval == "perplexity" and r.scheme in wanted]
-    assert len(runs) == len(wanted)
-    recs = records()
-    complete = {spec_key(r["spec"]): r for r in recs if r["type"] == "complete"}
-    lm = load_model("embedded")
-    ev = get_eval("perplexity")(runs[0].params)
-    ev.prepare(lm, tmp_path)
-    for run in runs:
-        done = complete[spec_key(run.to_dict())]
-        stored = {
-            (r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"]
-            for r in recs
-            if r["type"] == "metric" and r["run_id"] == done["run_id"]
-        }
-        fresh = {
-            (r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))
-        }
-        assert stored and set(stored) <= set(fresh), run.scheme
-        if same_platform(done["info"].get("platform"), platform_record()):
-            assert {k: fresh[k] for k in stored} == stored, run.scheme
-        else:
-            compared = [k for k in stored if k[0] in FOREIGN_TOLERANCE]
-            assert compared
-            bad = {k: (fresh[k], stored[k]) for k in compared if not _agrees(k[0], fresh[k], stored[k], False)}
-            assert not bad, (run.scheme, bad)
+    within the measured float spread elsewhere (:func:`tests.report.test_published.check_reruns`)."""
+    check_reruns(
+        tmp_path, STORE, ROOT / "sweeps" / "vllm-dtypes.yaml", ("vllm:int4_per_token_head", "vllm:nvfp4_4over6")
+    )

@@ -38,6 +38,7 @@ import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from evalkit.errors import EvalkitError  # noqa: E402
+from evalkit.evals.decode.report import LAST as DECODE_KL  # noqa: E402  (the decode eval's last-bucket KL column)
 from evalkit.kv.scheme import Scheme  # noqa: E402
 from evalkit.report import marks  # noqa: E402
 from evalkit.report.results import Results  # noqa: E402
@@ -159,7 +160,6 @@ def pareto(frame: pd.DataFrame, out_dir: str | Path, style: SchemeStyle | None =
     return paths
 
 
-DECODE_KL = "decode_kl_last"  # the decode evaluation's KL in its last position bucket (summary column)
 PARETO_Y = {
     "ppl_delta_rel": ("|Δ perplexity| vs baseline (%)", "quality loss"),
     "kl_mean": ("mean KL to baseline (nats)", "quality loss"),

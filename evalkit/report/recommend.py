@@ -43,6 +43,7 @@ from dataclasses import dataclass, fields
 import pandas as pd
 
 from evalkit.evals.base import Criterion
+from evalkit.evals.decode.report import LAST as DECODE_LAST
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import engine_fit
 from evalkit.report import evals as report_evals
@@ -50,7 +51,7 @@ from evalkit.report import evals as report_evals
 DEFAULT_ENGINE = "vllm-cuda"
 FLOAT_KNOWN = "float_noise_seeds"  # summary column: reruns behind a row's perplexity intervals (0/NaN: none)
 RANKING = ("kl_mean", "ppl_delta_rel")  # what separates equally cheap schemes, first available
-DECODE_KL = Criterion("decode KL", "decode_kl_last", "max_kl", True, "decode KL (last bucket)", unit=" nats", digits=4)
+DECODE_KL = Criterion("decode KL", DECODE_LAST, "max_kl", True, "decode KL (last bucket)", unit=" nats", digits=4)
 
 
 @dataclass(frozen=True)
@@ -208,9 +209,7 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
     rows = [r.dropna().to_dict() for _, r in group.iterrows()]
     base = next((r for r in rows if r["scheme"] == str(Scheme())), None)
     quantized = [r for r in rows if r["scheme"] != str(Scheme())]
-    measured = [
-        c for c in ("ppl_delta_rel", "kl_mean", "decode_kl_last", "retrieval_diff") if any(c in r for r in rows)
-    ]
+    measured = [c for c in ("ppl_delta_rel", "kl_mean", DECODE_LAST, "retrieval_diff") if any(c in r for r in rows)]
     if not any("ppl_delta_rel" in r for r in quantized):
         seen = ", ".join(measured) or "none of the budget's criteria"
         return (

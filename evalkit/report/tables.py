@@ -45,7 +45,6 @@ KL_QUANTILES = {
 }  # per-token KL (perplexity eval)
 COLUMN_GROUPS = {"kl": tuple(KL_QUANTILES)}  # optional columns: `report --columns kl`; shown where the store has them
 LMEVAL_SCORES = ("acc", "acc_norm", "exact_match", "word_perplexity")  # the first a task has is its column
-DECODE_LAST = "decode_kl_last"  # the decode eval's kl_mean in its last position bucket
 # Shown only where a store holds an engine's rows (a backend column): vLLM returns top-k log-probs, so its
 # lines have KL as the proven lower bound, not the estimate.
 ENGINE_SIDE = {"kl_bound": ("perplexity", "kl_lower_bound")}

@@ -48,12 +48,12 @@ def add_parser(sub):
     src.add_argument("--config", type=Path, help="a config.json file")
     src.add_argument("--model", help="a Hugging Face id or local folder: only its config is read")
     src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
-    eng = p.add_argument_group("measured by the engine (--engine vllm)")
+    eng = p.add_argument_group("measured by the engine (--engine vllm, --engine llamacpp)")
     eng.add_argument(
         "--engine",
-        choices=("vllm",),
         default=None,
-        help="measure capacity, admission and speed from vLLM itself (needs vLLM; --model is the folder)",
+        help="measure capacity from the engine itself (vllm: admission and speed from vLLM's allocator; llamacpp: "
+        "llama.cpp's own KV buffer; --model is the folder or embedded)",
     )
     eng.add_argument(
         "--kv-cache-dtypes",
@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
         "--out": args.out,
     }
     if args.engine:
-        return run_engine(args)
+        from evalkit.engines.registry import get_engine
+
+        return get_engine(args.engine).hook("capacity")(args)
     given = [flag for flag, value in engine_only.items() if value is not None]
     if given:
         raise EvalkitError(f"{given[0]} is for measuring with an engine: add --engine vllm, or drop {given[0]}")

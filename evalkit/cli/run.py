@@ -80,9 +80,17 @@ def _add(sub, names: list[str], with_evals: bool = True):
     p.add_argument(
         "--engine",
         default="emulation",
-        choices=("emulation", "vllm"),
-        help="who computes the numbers: evalkit's emulation (default) or vLLM itself (every eval; "
-        "schemes map through the vllm-cpu profile; evalkit.engines.vllm_backend)",
+        help="who computes the numbers: evalkit's emulation (default) or a real engine itself (vllm: "
+        "schemes map through the vllm-cpu profile; llamacpp: llamacpp:<type> schemes; evalkit.engines.registry)",
+    )
+    p.add_argument(
+        "--engine-option",
+        dest="engine_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine's scale-out option, in the run id (vllm: tensor_parallel_size=2, "
+        "distributed_executor_backend=ray, ...; llamacpp: n_threads=4, n_ctx=4096); repeat for more",
     )
     p.add_argument(
         "--engine-profile",
@@ -123,9 +131,8 @@ def run(args: argparse.Namespace) -> int:
         profile = get_profile(args.engine_profile)
         schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
     backend = None
+    args.engine_option_values = engine_option_values(args)
     if args.engine != "emulation":  # one line, before anything loads, for what the engine cannot run
-        from evalkit.engines.vllm_backend import engine_backend
-
         backend, schemes = engine_backend(args, schemes)
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())
@@ -203,6 +210,46 @@ def _size_note(args: argparse.Namespace, cls, params: dict, schemes: list, lm, w
         print(f"evalkit: note: {line}", file=sys.stderr, flush=True)
 
 
+def engine_option_values(args: argparse.Namespace) -> dict:
+    """``--engine-option KEY=VALUE`` flags as the engine's typed options (one line for a bad one)."""
+    import json
+
+    given = {}
+    for text in getattr(args, "engine_options", None) or []:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise EvalkitError(
+                f"--engine-option {text!r}: write KEY=VALUE, e.g. --engine-option tensor_parallel_size=2"
+            )
+        try:
+            given[key] = json.loads(value)
+        except ValueError:
+            given[key] = value
+    if args.engine == "emulation":
+        if given:
+            raise EvalkitError("--engine-option sets a real engine's options: add --engine NAME, or drop it")
+        return {}
+    from evalkit.engines.registry import get_engine
+
+    return get_engine(args.engine).option_values(given)
+
+
+def engine_backend(args: argparse.Namespace, schemes: list) -> tuple:
+    """``run --engine NAME``: the engine's backend and the schemes as it runs them (its declared plan),
+    or EvalkitError (one line) before anything loads or is written."""
+    from evalkit.engines.registry import get_engine
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.sweep.grid import ModelSpec
+
+    engine = get_engine(args.engine)
+    model = ModelSpec(name=args.model, device=str(args.device), device_map=args.device_map)
+    plan = engine.hook("plan")([str(s) for s in schemes], [model], args.engine_profile, args.engine_option_values)
+    if plan.problems:
+        raise EvalkitError(f"--engine {engine.name}: {plan.problems[0][1]}")
+    backend = engine.hook("backend")(args.engine_option_values)
+    return backend, [parse_scheme(s) for s in plan.schemes]
+
+
 def _store(args: argparse.Namespace, ev, schemes: list):
     """(the results store of ``--out``, its grid and its run per scheme string; Nones without ``--out``): the runs are those
     of a one-model, one-eval grid, so their run ids and records are a sweep's; a folder holding
@@ -221,7 +268,8 @@ def _store(args: argparse.Namespace, ev, schemes: list):
         trust_remote_code=args.trust_remote_code,
     )
     canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
-    runs = {str(s): RunSpec(model, str(s), args.eval_name, canonical, params, args.engine) for s in schemes}
+    options = canonical_json(args.engine_option_values)
+    runs = {str(s): RunSpec(model, str(s), args.eval_name, canonical, params, args.engine, options) for s in schemes}
     data = {
         "name": f"run-{args.eval_name}",
         "models": [args.model],

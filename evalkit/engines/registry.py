@@ -1,0 +1,229 @@
+"""The engine registry: which real engines evalkit can run through, each declared in its own folder.
+
+An engine (vLLM, llama.cpp) is a real inference engine that computes an evaluation's numbers with its
+own KV cache, beside evalkit's emulation. Each built-in engine lives in one folder,
+``evalkit/engines/<name>/``, whose ``engine.py`` declares one :class:`Engine`: how to tell it is
+installed (its Python package), how to install it, the devices it runs on, its backend (the
+requests it answers: :mod:`evalkit.evals.backend`), the check a grid or ``run --engine`` applies to
+the schemes, models and engine options it is given (:class:`Plan`), its kernel-conformance and
+capacity commands, its engine profiles and its scale-out options. Everything that names an engine
+finds it here: grids (``engine:``), ``run --engine``, ``conformance --engine`` and
+``capacity --engine``; none of them keeps its own list.
+
+Hooks are ``"module:function"`` strings, imported only when used, so declaring an engine imports
+nothing heavy and an engine that is not installed is still known (and refused in one line when
+used). More engines come from the modules named in ``EVALKIT_ENGINES`` (comma-separated) or the
+``evalkit.engines`` entry-point group, which call :func:`register_engine` (as tests do with a
+test-only engine).
+
+Scale-out. An engine's own parallelism and sizing options (vLLM's ``tensor_parallel_size``,
+``pipeline_parallel_size``, ``distributed_executor_backend``, ``max_model_len``,
+``gpu_memory_utilization``; llama.cpp's threads and context) are declared as :attr:`Engine.options`
+with their defaults; a grid gives them under ``engine_options:`` and a run records the ones it sets
+in its run id (they can change the engine's numbers: another reduction order across ranks).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evalkit.errors import EvalkitError
+
+EMULATION = "emulation"  # evalkit's own emulation: not an engine, the default everywhere
+PLUGINS_ENV = "EVALKIT_ENGINES"  # comma-separated modules that register engines
+ENTRY_POINTS = "evalkit.engines"
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass
+class Plan:
+    """What an engine makes of a grid's (or a run's) request, before anything runs: the schemes as
+    it runs them (canonical strings) and the problems found, each ``(key, message)`` with ``key``
+    the grid path it belongs to (``("schemes",)``, ``("models", 0)``, ``("engine_options", "x")``)."""
+
+    schemes: list[str] = field(default_factory=list)
+    problems: list[tuple[tuple, str]] = field(default_factory=list)
+
+    def problem(self, key: tuple, message: str) -> None:
+        self.problems.append((key, message))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One scale-out or sizing option of an engine: its name, type, default and what it does."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    def coerce(self, value):
+        if self.type is int and isinstance(value, bool) or not isinstance(value, self.type):
+            if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
+            if self.type is str and value is None:
+                return None
+            raise EvalkitError(f"engine option {self.name}={value!r} must be a {self.type.__name__}: {self.help}")
+        return value
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A real engine, as declared in ``evalkit/engines/<name>/engine.py`` (see the module docstring).
+
+    ``package``: the importable module that provides it (``vllm``, ``llama_cpp``); ``install``: the
+    one-line fix when it is missing; ``backend``: ``"module:callable"`` returning the
+    :class:`~evalkit.evals.backend.Backend` for given engine options; ``plan``: ``"module:callable"``
+    ``(schemes, models, engine_profile, options) -> Plan``; ``conformance`` / ``capacity``:
+    ``"module:callable"`` ``(args) -> exit code`` for ``conformance --engine`` / ``capacity --engine``
+    (None: the engine has no such command, refused in one line); ``profiles``: the engine profiles
+    (:mod:`evalkit.engines.profiles`) or KV type tables that describe its kernels; ``options``: its
+    scale-out options."""
+
+    name: str
+    package: str
+    install: str
+    description: str
+    backend: str
+    plan: str
+    devices: tuple[str, ...] = ("cpu",)
+    conformance: str | None = None
+    capacity: str | None = None
+    profiles: tuple[str, ...] = ()
+    options: tuple[Option, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    def installed(self) -> bool:
+        """Whether the engine's package can be imported here (nothing is imported)."""
+        try:
+            return importlib.util.find_spec(self.package) is not None
+        except (ImportError, ValueError):
+            return False
+
+    def require(self) -> None:
+        """EvalkitError (one line) unless the engine is installed."""
+        if not self.installed():
+            raise EvalkitError(f"engine {self.name} is not installed (no {self.package} module): {self.install}")
+
+    def hook(self, what: str):
+        """The callable behind hook ``what`` (``backend``, ``plan``, ``conformance``, ``capacity``)."""
+        path = getattr(self, what)
+        if path is None:
+            raise EvalkitError(
+                f"engine {self.name} has no `{what}` command: use one of the engines that do ({_with(what)})"
+            )
+        return resolve(path)
+
+    def option_values(self, given: dict | None) -> dict:
+        """The engine options a run sets (only those given, coerced), refusing an unknown one in one line."""
+        given = dict(given or {})
+        known = {o.name: o for o in self.options}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            names = ", ".join(known) or "none"
+            raise EvalkitError(f"engine {self.name} has no option {unknown[0]!r}: its options are {names}")
+        return {k: known[k].coerce(v) for k, v in sorted(given.items())}
+
+
+def resolve(path: str):
+    """The object named by ``"module:attr"``."""
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+#: name -> Engine registered in this process (built-ins, plugins, tests)
+_REGISTRY: dict[str, Engine] = {}
+_loaded: set[str] = set()
+
+
+def register_engine(engine: Engine) -> Engine:
+    """Make ``engine`` known by its name (and aliases). The same declaration again is a no-op; another
+    under a taken name is refused."""
+    if not _NAME.match(engine.name) or engine.name == EMULATION:
+        raise EvalkitError(
+            f"engine name {engine.name!r} must be lower-case letters, digits and _ and not {EMULATION!r}"
+        )
+    for name in (engine.name, *engine.aliases):
+        if _REGISTRY.get(name, engine) != engine:
+            raise EvalkitError(f"engine {name!r} is registered twice: rename one")
+    for name in (engine.name, *engine.aliases):
+        _REGISTRY[name] = engine
+    return engine
+
+
+def unregister_engine(name: str) -> None:
+    """Forget an engine registered at run time (tests)."""
+    engine = _REGISTRY.pop(name, None)
+    for alias in engine.aliases if engine else ():
+        _REGISTRY.pop(alias, None)
+
+
+def _builtin_modules() -> list[str]:
+    """The declaration modules of the built-in engines: ``evalkit/engines/<name>/engine.py``."""
+    here = Path(__file__).resolve().parent
+    return [
+        f"evalkit.engines.{d.name}.engine"
+        for d in sorted(here.iterdir())
+        if d.is_dir() and (d / "engine.py").is_file() and _NAME.match(d.name)
+    ]
+
+
+def _plugin_modules() -> list[str]:
+    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    try:
+        from importlib.metadata import entry_points
+
+        names += [ep.value.partition(":")[0] for ep in entry_points(group=ENTRY_POINTS)]
+    except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
+        pass
+    return names
+
+
+def _load() -> None:
+    for module in [*_builtin_modules(), *_plugin_modules()]:
+        if module in _loaded:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EvalkitError(
+                f"engine module {module!r} (built in, from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
+                f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it"
+            ) from None
+        _loaded.add(module)
+
+
+def engines() -> dict[str, Engine]:
+    """name -> Engine for every engine known here (aliases left out), in registration order."""
+    _load()
+    return {e.name: e for e in _REGISTRY.values()}
+
+
+def engine_names() -> list[str]:
+    return list(engines())
+
+
+def choices() -> tuple[str, ...]:
+    """What ``--engine`` and a grid's ``engine:`` accept: the emulation, then every engine."""
+    return (EMULATION, *engine_names())
+
+
+def get_engine(name: str) -> Engine:
+    """The engine called ``name`` (or an alias), or EvalkitError (one line) naming the known ones."""
+    _load()
+    if name not in _REGISTRY:
+        raise EvalkitError(f"unknown engine {name!r}: use one of {', '.join(choices())}")
+    return _REGISTRY[name]
+
+
+def _with(what: str) -> str:
+    return ", ".join(e.name for e in engines().values() if getattr(e, what) is not None) or "none"

@@ -10,6 +10,7 @@ import pytest
 from evalkit.cli import main
 from evalkit.engines import registry
 from evalkit.errors import EvalkitError
+
 from tests.cli_checks import one_line_exit_2
 
 

@@ -16,6 +16,7 @@ import os
 import pytest
 
 from evalkit.cli import main
+
 from tests.engines.vllm_env import needs_vllm
 
 

@@ -1,0 +1,3 @@
+"""llama.cpp as an engine: its declaration (:mod:`evalkit.engines.llamacpp.engine`), the runtime through
+llama-cpp-python (:mod:`~evalkit.engines.llamacpp.runtime`), ggml's own quantizers through ctypes
+(:mod:`~evalkit.engines.llamacpp.ggml_lib`), the backend, conformance and capacity commands."""

@@ -271,6 +271,11 @@ def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> No
 
             check_mla_row(codec.name, is_mla, head_dims, scheme.rope_bf16)
             return
+        if codec.engine == "llamacpp":  # llama.cpp's cache types (evalkit.kv.llamacpp_codecs)
+            from evalkit.kv.llamacpp_codecs import check_layout as check_llamacpp
+
+            check_llamacpp(codec, is_mla, head_dims)
+            return
         _check_codec_layout(codec, is_mla, head_dims)
         return
     if scheme.recipe is not Recipe.VLLM_PER_TOKEN_HEAD:

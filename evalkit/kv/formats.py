@@ -79,6 +79,10 @@ SCALE_DTYPE_HELP = {
 }
 
 
+# llama.cpp's --cache-type-k/-v choices (common/arg.cpp kv_cache_types), in its order
+LLAMACPP_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
 class Recipe(str, enum.Enum):
     """Where engines derive scales differently from the standard rules (element rounding is its own
     option, ``rounding``)."""
@@ -107,6 +111,12 @@ class Recipe(str, enum.Enum):
     # vLLM's nvfp4 / nvfp4_4over6 on standard attention (evalkit.kv.nvfp4_kv): E2M1 + E4M3 scale per 16 per slot
     VLLM_NVFP4 = "vllm_nvfp4"
     VLLM_NVFP4_4OVER6 = "vllm_nvfp4_4over6"
+    # llama.cpp's cache types, one recipe per (type_k, type_v) pair, LLAMACPP_Q8_0_Q4_0 = "llamacpp_q8_0_q4_0"
+    # (evalkit.kv.llamacpp_codecs; named llamacpp:<k>[/<v>]): ggml's blocks as its CPU cache write stores them
+    _ignore_ = ("_k", "_v")
+    for _k in LLAMACPP_TYPES:
+        for _v in LLAMACPP_TYPES:
+            vars()[f"LLAMACPP_{_k.upper()}_{_v.upper()}"] = f"llamacpp_{_k}_{_v}"
 
 
 @dataclass(frozen=True)

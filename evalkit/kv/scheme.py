@@ -338,6 +338,10 @@ class Scheme:
             from evalkit.kv.engine_dtypes import vllm_name
 
             name = vllm_name(self)
+        elif self.recipe.value.startswith(_LLAMACPP_RECIPE):  # llama.cpp's pair prints as llamacpp:<k>[/<v>]
+            from evalkit.kv.llamacpp_codecs import scheme_name
+
+            name = scheme_name(self.recipe)
         elif self.recipe.value in _CODEC_RECIPE_VALUES:  # recipe vllm_<dtype> prints as vllm:<dtype>
             name = VLLM_PREFIX + self.recipe.value.removeprefix("vllm_")
         if name:
@@ -499,7 +503,11 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
             try:
                 kwargs["recipe"] = Recipe(value)
             except ValueError:
-                raise SchemeError(f"recipe={value!r}: use one of {', '.join(r.value for r in Recipe)}") from None
+                raise SchemeError(
+                    f"recipe={value!r}: use one of "
+                    f"{', '.join(r.value for r in Recipe if not r.value.startswith(_LLAMACPP_RECIPE))} "
+                    "(llama.cpp's cache types: write llamacpp:<k>[/<v>])"
+                ) from None
         elif key == "rounding":
             try:
                 kwargs["rounding"] = Rounding(value)
@@ -518,6 +526,10 @@ def parse_scheme(text: str) -> Scheme:
         from evalkit.kv.engine_dtypes import vllm_scheme
 
         return vllm_scheme(head[len(VLLM_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
+    if head.startswith(LLAMACPP_PREFIX):  # llama.cpp's cache types: llamacpp:q8_0, llamacpp:q8_0/q4_0
+        from evalkit.kv.llamacpp_codecs import llamacpp_scheme
+
+        return llamacpp_scheme(head[len(LLAMACPP_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
     parts = head.split("/")
     if parts == ["bf16"]:
         if options:
@@ -548,13 +560,17 @@ def parse_scheme(text: str) -> Scheme:
 
 
 VLLM_PREFIX = "vllm:"  # vllm:<kv_cache_dtype> names the scheme that models that vLLM dtype
+LLAMACPP_PREFIX = "llamacpp:"  # llamacpp:<k>[/<v>] names llama.cpp's --cache-type-k/-v pair
+_LLAMACPP_RECIPE = "llamacpp_"  # the recipes of those pairs (evalkit.kv.llamacpp_codecs)
 _CODEC_RECIPE_VALUES = frozenset(  # evalkit.kv.vllm_codecs.CODEC_RECIPES, by value (no import cycle)
     r.value
     for r in Recipe
-    if r.value.startswith(("vllm_int4", "vllm_turboquant", "vllm_ultraquant", "vllm_fp8_ds_mla", "vllm_nvfp4"))
+    if r.value.startswith(
+        ("vllm_int4", "vllm_turboquant", "vllm_ultraquant", "vllm_fp8_ds_mla", "vllm_nvfp4", _LLAMACPP_RECIPE)
+    )
 )
 _SCHEME_START = re.compile(
-    r",(?=\s*(?:vllm:|(?:"
+    r",(?=\s*(?:vllm:|llamacpp:|(?:"
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
     + r")(?:[/+,\s]|$)))"
 )

@@ -60,6 +60,7 @@ class Codec:
     prefill_reads_raw: bool = False
     mla: bool = False  # a DeepSeek MLA row (evalkit.kv.ds_mla): role "k" is the latent, "v" the RoPE key
     roles_alike: bool = False  # encode ignores the role (K and V stored alike): one call may store both
+    engine: str = "vllm"  # whose cache this is: the scheme prints as <engine>:<name> (llamacpp: kv.llamacpp_codecs)
 
     def boundary(self, num_layers: int) -> set[int]:
         """The attention layers vLLM keeps unquantized for this dtype on a model of ``num_layers``."""
@@ -118,11 +119,18 @@ def unpack_3bit(b: torch.Tensor) -> torch.Tensor:
 
 
 def _codecs() -> dict[Recipe, Codec]:
-    from evalkit.kv import ds_mla, int4_per_token_head, nvfp4_kv, turboquant, ultraquant
+    from evalkit.kv import ds_mla, int4_per_token_head, llamacpp_codecs, nvfp4_kv, turboquant, ultraquant
 
     return {
         c.recipe: c
-        for c in (int4_per_token_head.CODEC, *turboquant.CODECS, ultraquant.CODEC, *ds_mla.CODECS, *nvfp4_kv.CODECS)
+        for c in (
+            int4_per_token_head.CODEC,
+            *turboquant.CODECS,
+            ultraquant.CODEC,
+            *ds_mla.CODECS,
+            *nvfp4_kv.CODECS,
+            *llamacpp_codecs.CODECS,
+        )
     }
 
 
@@ -148,6 +156,7 @@ CODEC_RECIPES = frozenset(
         Recipe.VLLM_NVFP4_DS_MLA,
         Recipe.VLLM_NVFP4,
         Recipe.VLLM_NVFP4_4OVER6,
+        *(r for r in Recipe if r.value.startswith("llamacpp_")),  # llama.cpp's pairs (kv.llamacpp_codecs)
     }
 )
 
@@ -161,7 +170,7 @@ def codec_for(recipe: Recipe) -> Codec:
 
 
 def by_name(name: str) -> Codec | None:
-    return next((c for c in codecs().values() if c.name == name), None)
+    return next((c for c in codecs().values() if c.name == name and c.engine == "vllm"), None)
 
 
 def check_scheme(scheme) -> None:
@@ -177,6 +186,11 @@ def check_scheme(scheme) -> None:
         scheme.rounding,
         scheme.static_path,
     )
+    if got != want and c.engine == "llamacpp":
+        raise SchemeError(
+            f"recipe={scheme.recipe.value} is llama.cpp's {c.name} cache, which fixes its blocks, scales and "
+            f"rounding: write llamacpp:{c.name}"
+        )
     if got != want:
         raise SchemeError(
             f"recipe={scheme.recipe.value} is vLLM's {c.name} store, which fixes its formats, scales and rounding: "

@@ -188,7 +188,9 @@ def _enc_q8_0(xb: torch.Tensor) -> torch.Tensor:
     amax = xb.abs().amax(dim=-1, keepdim=True)
     d = amax / 127.0
     safe = torch.where(amax != 0, amax, torch.ones_like(amax))
-    iscale = torch.where(amax != 0, 127.0 / safe, torch.zeros_like(amax))
+    # 127 / amax as one float32 division: torch's ``scalar / tensor`` multiplies by the reciprocal (two
+    # roundings; it differs from ggml's _mm256_div_ps on a quarter of all values)
+    iscale = torch.where(amax != 0, torch.full_like(safe, 127.0) / safe, torch.zeros_like(amax))
     v = xb * iscale
     # round half to even; a non-finite product (amax so small that 127/amax overflowed) converts to
     # x86's INT_MIN, which the saturating packs take to -128

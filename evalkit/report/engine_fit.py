@@ -76,11 +76,17 @@ def vllm_dtype_of(scheme: Scheme) -> str | None:
     return text.split(":", 1)[1].split("+", 1)[0] if text.startswith("vllm:") else None
 
 
+# llama.cpp's cache types (``llamacpp:<k>[/<v>]``, evalkit.kv.llamacpp_codecs) model its CPU build's cache write
+LLAMACPP_ENGINE = "llama.cpp"
+
+
 def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
     """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics)."""
     scheme = parse_scheme(text)
     if vllm_dtype_of(scheme):
         return [VLLM_DTYPE_PROFILE], []
+    if str(scheme).startswith("llamacpp:"):
+        return [LLAMACPP_ENGINE], []
     exact, own = [], []
     for name, profile in PROFILES.items():
         if _runs(profile, scheme, layout):

@@ -143,3 +143,14 @@ def test_n_ctx_padding(model):
 def test_too_long_is_refused(f16):
     msg = one_line(f16.logits, list(range(300)))
     assert "n_ctx" in msg
+
+
+def test_logits_from_a_position_equal_the_whole_windows_rows(model):
+    """``logits(ids, first=k)`` asks llama.cpp for the rows k... only; they are the whole window's rows."""
+    ids = [504, 3575, 282, 4649, 314, 1231, 42, 7, 99, 1000]
+    with model.context("q8_0", "q8_0", flash_attn=True, n_ctx=256, n_batch=4) as ctx:
+        whole = ctx.logits(ids)
+        for first in (0, 3, 4, 9):
+            part = ctx.logits(ids, first=first)
+            assert part.shape == (len(ids) - first, whole.shape[1])
+            np.testing.assert_array_equal(part, whole[first:])

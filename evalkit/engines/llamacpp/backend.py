@@ -52,11 +52,16 @@ def gguf_path(name: str) -> Path:
     )
 
 
-def log_softmax64(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64 of float32 logits."""
+def log_softmax64(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise log-softmax in float64 of float32 logits, and the probabilities (computed in place: two
+    [rows, vocab] float64 arrays in all)."""
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    p = np.exp(x)
+    total = p.sum(axis=-1, keepdims=True)
+    x -= np.log(total)
+    p /= total
+    return x, p
 
 
 class LlamaCppBackend(Backend):
@@ -78,6 +83,7 @@ class LlamaCppBackend(Backend):
         )
         self._model = None
         self._path = None
+        self._base_ctx = None  # the f16 baseline's context, kept open across the schemes of a prepared eval
 
     # -- the model and its contexts -------------------------------------------------------------------
     def open(self, name: str):
@@ -91,6 +97,9 @@ class LlamaCppBackend(Backend):
         return self._model
 
     def close(self) -> None:
+        if self._base_ctx is not None:
+            self._base_ctx.close()
+            self._base_ctx = None
         if self._model is not None:
             self._model.close()
             self._model = None
@@ -131,6 +140,9 @@ class LlamaCppBackend(Backend):
     def prepare(self, ev, lm, workdir: Path) -> None:
         """The windows' token ids (the evaluation's public ``window_inputs``) and the model."""
         self.windows = [(ids.tolist(), int(t0)) for ids, t0 in ev.window_inputs()]
+        if self._base_ctx is not None:  # sized for another evaluation's windows
+            self._base_ctx.close()
+            self._base_ctx = None
         self.open(lm.name)
         self.window_ctx = max(len(ids) for ids, _ in self.windows)
 
@@ -141,16 +153,19 @@ class LlamaCppBackend(Backend):
         from evalkit.engines.llamacpp.engine import BASELINE_TYPES, cache_types
 
         same = cache_types(scheme) == BASELINE_TYPES  # the baseline itself: one context, zero change
-        with self.context("bf16", self.window_ctx) as base_ctx, self.context(scheme, self.window_ctx) as ctx:
+        if self._base_ctx is None:
+            self._base_ctx = self.context("bf16", self.window_ctx)
+        base_ctx = self._base_ctx
+        with self.context(scheme, self.window_ctx) as ctx:
             for ids, t0 in self.windows:
                 targets = np.asarray(ids[t0:], np.int64)
-                lp_b = log_softmax64(base_ctx.logits(ids)[t0 - 1 : -1])
-                lp_q = lp_b if same else log_softmax64(ctx.logits(ids)[t0 - 1 : -1])
+                lp_b, p_b = log_softmax64(base_ctx.logits(ids, first=t0 - 1)[:-1])
+                lp_q = lp_b if same else log_softmax64(ctx.logits(ids, first=t0 - 1)[:-1])[0]
                 rows = np.arange(len(targets))
                 nll.append(-lp_q[rows, targets])
                 base_nll.append(-lp_b[rows, targets])
                 agree.append(lp_q.argmax(-1) == lp_b.argmax(-1))
-                kl.append(np.maximum((np.exp(lp_b) * (lp_b - lp_q)).sum(-1), 0.0))
+                kl.append(np.maximum((p_b * (lp_b - lp_q)).sum(-1), 0.0))
             info = {**self.settings(scheme), **ctx.settings()}
         kl_t = torch.from_numpy(np.concatenate(kl))
         zeros = torch.zeros_like(kl_t)

@@ -434,10 +434,10 @@ class LlamaCppContext:
     def _clear(self):
         require().llama_memory_clear(self._mem, True)
 
-    def _decode(self, ids, pos0: int, out: np.ndarray | None = None) -> None:
+    def _decode(self, ids, pos0: int, out: np.ndarray | None = None, first: int = 0) -> None:
         """Decode ``ids`` at positions ``pos0...``, one llama_decode per ``n_batch`` tokens. With ``out``
-        ([len(ids), vocab]) every position's logits are written there; without it only the last position
-        has logits (read with :meth:`_last`)."""
+        ([len(ids) - first, vocab]) the logits of positions ``first...`` are written there (only those
+        are computed); without it only the last position has logits (read with :meth:`_last`)."""
         lib = require()
         b = self._batch
         n = len(ids)
@@ -449,7 +449,7 @@ class LlamaCppContext:
                 b.pos[i] = pos0 + start + i
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = 0
-                b.logits[i] = 1 if out is not None or start + i == n - 1 else 0
+                b.logits[i] = 1 if (out is not None and start + i >= first) or start + i == n - 1 else 0
             b.n_tokens = len(chunk)
             rc = lib.llama_decode(self._handle, b)
             if rc != 0:
@@ -457,24 +457,29 @@ class LlamaCppContext:
                     f"llama_decode failed (code {rc}) at position {pos0 + start}: {_error_text([])}; "
                     "check n_ctx and the token ids"
                 )
-            if out is not None:
-                for i in range(len(chunk)):
-                    out[start + i] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._handle, i), shape=(vocab,))
+            asked = len(chunk) - max(0, first - start)  # the chunk's positions at or after `first`
+            if out is not None and asked > 0:  # their logits are one [asked, vocab] block, in order
+                ptr = ctypes.cast(lib.llama_get_logits(self._handle), ctypes.POINTER(ctypes.c_float))
+                lo = max(0, start - first)
+                out[lo : lo + asked] = np.ctypeslib.as_array(ptr, shape=(asked, vocab))
 
     def _last(self) -> np.ndarray:
         ptr = require().llama_get_logits_ith(self._handle, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.model.vocab,)).copy()
 
-    def logits(self, ids) -> np.ndarray:
-        """Full-vocabulary logits for every position of ``ids`` (float32 [len(ids), vocab]), from an empty cache."""
+    def logits(self, ids, first: int = 0) -> np.ndarray:
+        """Full-vocabulary logits for the positions ``first...`` of ``ids`` (float32 [len(ids) - first,
+        vocab]; every position by default), decoded from an empty cache."""
         self._check_open()
         ids = [int(t) for t in ids]
         if not ids:
             raise EvalkitError("logits of an empty window: give at least one token")
+        if not 0 <= first < len(ids):
+            raise EvalkitError(f"first={first}: give a position of the window (0 to {len(ids) - 1})")
         self._check_ids(ids, len(ids), f"a window of {len(ids)} tokens")
         self._clear()
-        out = np.empty((len(ids), self.model.vocab), np.float32)
-        self._decode(ids, 0, out)
+        out = np.empty((len(ids) - first, self.model.vocab), np.float32)
+        self._decode(ids, 0, out, first)
         return out
 
     def _prompt(self, prompt_ids) -> np.ndarray:

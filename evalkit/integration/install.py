@@ -12,6 +12,8 @@ After every forward a hook checks the cache once: NaN or inf in K/V raises namin
 forward that wrote nothing to the cache means the model's attention never calls ``cache.update``
 (its K/V cannot be intercepted): that is refused too, never measured as if unquantized.
 
+A ``llamacpp:`` scheme routes attention through its Q rounding (:func:`evalkit.kv.llamacpp_attention.round_query`:
+Q converted to the K type's dot type, as llama.cpp's CPU kernels do) on the layers it quantizes.
 ``+attn=fa3`` additionally routes attention through :func:`~evalkit.integration.fa3.fa3_attention`
 (queries and softmax probabilities in FP8 over the stored K/V) for quantized layers.
 
@@ -110,6 +112,11 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     fa3 = scheme.attention is AttentionPrecision.FA3 and not scheme.is_identity
     if fa3 and layout.is_mla:
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
+    llamacpp = scheme.recipe.value.startswith("llamacpp_") and not scheme.is_identity
+    if llamacpp and fa3:
+        raise SchemeError(
+            "a llamacpp: scheme models llama.cpp's own attention (Q in the K type's dot type), not FA3: drop +attn=fa3"
+        )
     if model in _ACTIVE:
         raise EvalkitError(
             "quantized_kv blocks cannot be nested on one model: leave the first block before entering another"
@@ -119,6 +126,8 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     with contextlib.ExitStack() as stack:
         if fa3:
             stack.enter_context(attention_handler(model, _fa3_handler(binding)))
+        if llamacpp:
+            stack.enter_context(attention_handler(model, _llamacpp_handler(binding, scheme)))
         handles = [
             decoder.register_forward_pre_hook(session._pre_forward, with_kwargs=True),
             decoder.register_forward_hook(session._post_forward, with_kwargs=True),
@@ -130,6 +139,26 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
             _ACTIVE.discard(model)
             for h in handles:
                 h.remove()
+
+
+def _llamacpp_handler(binding: BoundScheme, scheme: Scheme):
+    """Q as llama.cpp's CPU attention reads it (evalkit.kv.llamacpp_attention) on the quantized layers."""
+    from evalkit.kv.llamacpp_attention import round_query
+    from evalkit.kv.llamacpp_codecs import types_of
+
+    type_k = types_of(scheme)[0]
+
+    def handler(module, query, key, value, attention_mask, inner, **kwargs):
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise EvalkitError(
+                f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
+            )
+        if binding.is_active(layer):
+            query = round_query(query, type_k, query.shape[-1])
+        return inner(module, query, key, value, attention_mask, **kwargs)
+
+    return handler
 
 
 def _fa3_handler(binding: BoundScheme):

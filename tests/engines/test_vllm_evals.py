@@ -59,7 +59,7 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        ("engine: sglang\n", "engine is one of emulation, vllm, llamacpp"),
+        ("engine: sglang\n", "engine is one of emulation, llamacpp, vllm"),
         ("engine: vllm\nengine_profile: sglang\n", "its profile is vllm-cpu"),
         ("engine: 3\n", "or a list of them"),
         ("engine: [emulation, sglang]\n", "not 'sglang'"),

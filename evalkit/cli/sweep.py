@@ -196,22 +196,25 @@ def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Pat
 def check_grid_engines(runs, where: str) -> None:
     """One line (exit 2) when a run's engine is not installed here, or cannot start (vLLM: installed, an
     x86-64 CPU with AVX-512, torchvision/torchaudio/torchcodec builds that load), as ``run --engine`` refuses."""
-    engines = sorted({r.engine for r in runs} - {"emulation"})
-    if not engines:
-        return
-    from evalkit.engines.vllm_install import check_companions, check_multiprocessing
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.registry import get_engine
 
-    n = sum(r.engine != "emulation" for r in runs)
-    try:
-        check_vllm_available()
-        check_multiprocessing()
-        check_companions()
-    except EvalkitError as exc:
-        raise type(exc)(
-            f"{where}: {n} run(s) on engine {', '.join(engines)}, which cannot run here: {exc} "
-            "(or drop the engine from the grid's engine:)"
-        ) from None
+    engines = sorted({r.engine for r in runs} - {"emulation"})
+    for name in engines:
+        n = sum(r.engine == name for r in runs)
+        try:
+            get_engine(name).require()
+            if name == "vllm":  # vLLM's own start-up conditions, beyond the package
+                from evalkit.engines.vllm_install import check_companions, check_multiprocessing
+                from evalkit.engines.vllm_kernel import check_vllm_available
+
+                check_vllm_available()
+                check_multiprocessing()
+                check_companions()
+        except EvalkitError as exc:
+            raise type(exc)(
+                f"{where}: {n} run(s) on engine {name}, which cannot run here: {exc} "
+                "(or drop the engine from the grid's engine:)"
+            ) from None
 
 
 def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:

@@ -19,4 +19,3 @@ def test_q8_0_divides_127_by_amax_once():
         assert np.float32(np.float32(x) * idv) in (-30.5, 63.5)  # the product is an exact tie
         codes = encode("q8_0", torch.from_numpy(block)).numpy()[2:].view(np.int8)
         assert codes[0] == 127 and codes[1] == want
-

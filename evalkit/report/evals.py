@@ -18,6 +18,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Column, Criterion, ReportSpec, eval_names, get_eval, resolve
+from evalkit.units import value_with_interval
 
 
 def specs() -> list[tuple[str, ReportSpec]]:
@@ -73,15 +74,18 @@ def fill_frame(df: pd.DataFrame, slot) -> None:
             resolve(hook)(rows, slot)
 
 
-def _cell(r: dict, col: Column, base: bool) -> str:
-    from evalkit.report.tables import _ci, _num
+def number(v, fmt: str) -> str:
+    """A table cell's number in ``fmt``; empty for a missing value."""
+    return "" if v is None or pd.isna(v) else format(v, fmt)
 
+
+def _cell(r: dict, col: Column, base: bool) -> str:
     if base and col.baseline is not None:
         return col.baseline
     if col.interval:
-        return _ci(r, col.column, col.scale, col.fmt, col.unit)
+        return value_with_interval(r, col.column, col.scale, col.fmt, col.unit)
     v = r.get(col.column)
-    text = _num(math.nan if v is None or pd.isna(v) else v * col.scale, col.fmt)
+    text = number(math.nan if v is None or pd.isna(v) else v * col.scale, col.fmt)
     return text + col.unit if text else ""
 
 

@@ -118,11 +118,11 @@ def heading(frame: pd.DataFrame) -> str:
 
 def cell(r: dict) -> str:
     """One row's prediction: the emulated Δppl with its interval, or why there is none."""
-    from evalkit.report.tables import _ci
+    from evalkit.units import value_with_interval
 
     status = r.get("gpu_pred_status")
     if status == "ok":
-        return _ci(r, "gpu_pred", 100, "+.2f", "%")
+        return value_with_interval(r, "gpu_pred", 100, "+.2f", "%")
     return {"missing": "not in the store", "cannot": "cannot run"}.get(status, "") if isinstance(status, str) else ""
 
 

@@ -138,10 +138,7 @@ def _prediction_commands(results: Results, frame: pd.DataFrame) -> dict[tuple[st
 
 
 # -- formatting ---------------------------------------------------------------------------------
-def _num(v, fmt):
-    return "" if v is None or pd.isna(v) else format(v, fmt)
-
-
+_num = report_evals.number
 _ci = value_with_interval  # the cells' one formatter (evalkit.units)
 
 

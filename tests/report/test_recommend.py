@@ -230,6 +230,26 @@ def test_an_engine_store_recommends_its_kv_cache_dtype(tmp_path):
     assert "keep kv_cache_dtype=auto" in tight and "float32" not in tight
 
 
+def test_a_llamacpp_store_is_judged_for_llamacpp_and_names_its_flags(tmp_path):
+    """llama.cpp's cache types run on llama.cpp only: the default profile (vllm-cuda) would leave nothing to
+    judge, so the emulated rows and llama.cpp's own rows are judged for llama.cpp, in its own flags."""
+    engine = "llama-cpp-python 0.3.36"
+    runs = {}
+    for backend in (None, engine):
+        runs[(backend, "bf16")] = ppl_rows(0, 0, 0, backend=backend)
+        runs[(backend, "llamacpp:q8_0")] = ppl_rows(0.002, 0.004, backend=backend)
+        runs[(backend, "llamacpp:q8_0/q4_0")] = ppl_rows(0.03, 0.03, backend=backend)
+    folder = write(tmp_path / "s", runs)
+    out = recommend(summary_frame(load_store(folder)), Budget())
+    for key in ("tiny", f"tiny @ {engine}"):
+        assert "use --cache-type-k q8_0 --cache-type-v q8_0 --flash-attn on (llamacpp:q8_0)" in out[key], out[key]
+        assert "assumes llama.cpp" in out[key] and "1.88x" in out[key]
+    tight = recommend(summary_frame(load_store(folder)), Budget(max_ppl_rel=0.001))["tiny"]
+    assert "keep --cache-type-k f16 --cache-type-v f16" in tight
+    assert engine_fit.llamacpp_setting("llamacpp:q8_0/f16") == "--cache-type-k q8_0 --cache-type-v f16"
+    assert engine_fit.check_engine("llama.cpp") == "llama.cpp"
+
+
 # -- the table and the CLI ------------------------------------------------------------------------
 def test_table_says_who_runs_each_row_and_marks_unresolved_order(tmp_path):
     runs = {

@@ -12,7 +12,8 @@ than ``emulation``, with the ``engine*`` keys of its info: e.g. ``evalkit run --
 platform (with its run count); :func:`describe_info` the platform of one computation.
 
 :func:`published_warnings` compares the store with the published ones of the source checkout, like
-with like: an engine's runs with the published engine runs (``published/engine``), the emulation's
+with like: an engine's runs with the published runs of the same engine (``published/engine`` for vLLM,
+``published/llamacpp`` for llama.cpp), the emulation's
 with the published emulation runs (``published/default``, and ``published/engine``'s emulation
 lines, made in the vLLM environment with its transformers). A platform that matches none of its
 kind gets a WARNING naming the differences that change floats from the closest one, because its
@@ -34,7 +35,7 @@ VERSION_KEYS = ("torch", "transformers")
 ENGINE_KEYS = ("engine_package", "engine_version", "attention_backend")
 
 
-PUBLISHED = ("default", "engine")  # published/<name>: the emulation's store, and the engine grid's
+PUBLISHED = ("default", "engine", "llamacpp")  # published/<name>: the emulation's store, the engine grids
 
 
 def published_stores() -> dict[str, Path]:
@@ -77,8 +78,11 @@ def _engine_of(info: dict) -> dict | None:
     if not package and isinstance(backend, str) and " " in backend:
         package, _, named = backend.partition(" ")
         version = version or named
+    package = package or info.get("engine") or backend
+    if isinstance(version, str) and version.startswith(f"{package} "):  # "llama-cpp-python 0.3.36" as a version
+        version = version[len(package) + 1 :]
     return {
-        "engine_package": package or info.get("engine") or backend,
+        "engine_package": package,
         "engine_version": version,
         "attention_backend": info.get("attention_backend"),
     }
@@ -185,9 +189,14 @@ def _differences(key: tuple, published: tuple) -> list[str]:
     return [f"{k} {mine[k]} vs {theirs.get(k)}" for k in mine if mine[k] != theirs.get(k)]
 
 
+def _same_engine(a: tuple | None, b: tuple | None) -> bool:
+    """Two engine keys name the same engine package (the emulation's None matches None)."""
+    return (a or (None,))[0] == (b or (None,))[0]
+
+
 def published_warnings(results: Results, published: Path | dict[str, Path] | None = None) -> list[str]:
     """A WARNING per platform of the store that matches no published run of its kind, like with like:
-    an engine's runs against the published engine runs (``published/engine``), the emulation's against
+    an engine's runs against the published runs of the same engine package, the emulation's against
     the published emulation runs (``published/default`` and ``published/engine``'s). It names the
     float-deciding differences from the closest published platform. Empty when every platform matches
     one, when the store is a published one, or without published stores."""
@@ -203,7 +212,7 @@ def published_warnings(results: Results, published: Path | dict[str, Path] | Non
     candidates = [(name, key) for name, path in stores.items() for key in _published_keys(path)]
     out = []
     for key in platforms(results):
-        kind = [(name, k) for name, k in candidates if bool(k[4]) == bool(key[4])]
+        kind = [(name, k) for name, k in candidates if bool(k[4]) == bool(key[4]) and _same_engine(k[4], key[4])]
         if not kind:
             continue  # nothing of its kind was published: nothing like to compare with
         diffs = [(len(d), name, k, d) for name, k in kind for d in [_differences(key, k)]]

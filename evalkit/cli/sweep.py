@@ -202,14 +202,16 @@ def check_grid_engines(runs, where: str) -> None:
     for name in engines:
         n = sum(r.engine == name for r in runs)
         try:
-            get_engine(name).require()
-            if name == "vllm":  # vLLM's own start-up conditions, beyond the package
+            engine = get_engine(name)
+            if name == "vllm":  # vLLM's own start-up conditions: the package (with its install line) and beyond
                 from evalkit.engines.vllm_install import check_companions, check_multiprocessing
                 from evalkit.engines.vllm_kernel import check_vllm_available
 
                 check_vllm_available()
                 check_multiprocessing()
                 check_companions()
+            else:
+                engine.require()
         except EvalkitError as exc:
             raise type(exc)(
                 f"{where}: {n} run(s) on engine {name}, which cannot run here: {exc} "

@@ -33,6 +33,10 @@ change a value a run stores:
   ``sweep --dry-run`` prices before anything runs;
 * what the report shows of an evaluation (``evals/*/report.py``) and its figures
   (``evals/*/plots.py``);
+* the commands' defaults and checks that engine hooks share with the command line:
+  ``runtime/folders.py`` (whether an output folder can be written) and ``engines/vllm/defaults.py``
+  (which schemes ``conformance --engine vllm`` holds against vLLM when ``--schemes`` is not given; the
+  schemes a conformance run measured are in its report);
 * ``data/freeze.py`` (the maintainer's tool that wrote the frozen texts, which are hashed as data),
   this module itself, and the package's ``__init__.py`` and ``__main__.py`` (lazy names, ``-m``).
 
@@ -86,6 +90,8 @@ NOT_NUMERICS = (  # package-relative patterns of modules that never change a sto
     "models/facts.py",
     "models/presets.py",
     "data/freeze.py",
+    "runtime/folders.py",
+    "engines/vllm/defaults.py",
     "__init__.py",
     "__main__.py",
     "_data/*",  # a wheel's copies of the data folders: hashed as data

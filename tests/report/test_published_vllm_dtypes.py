@@ -9,13 +9,12 @@ Made by ``python -m evalkit sweep vllm-dtypes --out published/vllm-dtypes`` and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.doc_blocks import doc_block
-from tests.report.test_published import check_reruns, report_md
+from tests.report.test_published import check_reruns, check_store_is_its_grid, report_md, store_records
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "published" / "vllm-dtypes"
@@ -23,13 +22,7 @@ SPEC_KEYS = ("model", "scheme", "eval", "params")
 
 
 def records() -> list[dict]:
-    return [json.loads(line) for line in (STORE / "results.jsonl").read_text().splitlines() if line.strip()]
-
-
-def spec_key(d: dict) -> str:
-    from evalkit.sweep.grid import canonical_json
-
-    return canonical_json({k: d[k] for k in SPEC_KEYS})
+    return store_records(STORE)
 
 
 def test_readme_vllm_dtypes_block_is_the_report_of_the_committed_store():
@@ -39,19 +32,7 @@ def test_readme_vllm_dtypes_block_is_the_report_of_the_committed_store():
 
 
 def test_store_holds_the_grid_from_the_current_code():
-    from evalkit.sweep.code_identity import code_identity
-    from evalkit.sweep.grid import parse_grid
-
-    recs = records()
-    complete = [r for r in recs if r["type"] == "complete"]
-    grid = parse_grid(ROOT / "sweeps" / "vllm-dtypes.yaml")
-    assert sorted(spec_key(r["spec"]) for r in complete) == sorted(spec_key(run.to_dict()) for run in grid.runs), (
-        "the store is not the grid: rerun `python -m evalkit sweep vllm-dtypes --out published/vllm-dtypes`"
-    )
-    assert not [r for r in recs if r["type"] == "failed"]
-    assert {r["info"]["code"]["identity"] for r in complete} == {code_identity()}, (
-        "published/vllm-dtypes was computed by other code: re-make it and its README block"
-    )
+    check_store_is_its_grid(STORE, "vllm-dtypes", SPEC_KEYS)
 
 
 def test_every_applicable_vllm_dtype_is_in_the_store():

@@ -135,7 +135,7 @@ def engine_of_schemes(schemes, engine: str | None) -> str | None:
     """The engine a recommendation assumes for these schemes: llama.cpp when every quantized one is a
     llama.cpp cache type (no other engine runs them, so a profile such as the default vllm-cuda would
     leave nothing to judge), ``engine`` otherwise."""
-    quantized = [parse_scheme(s) for s in schemes if not parse_scheme(s).is_identity]
+    quantized = [s for s in map(parse_scheme, schemes) if not s.is_identity]
     if engine is not None and quantized and all(str(s).startswith("llamacpp:") for s in quantized):
         return LLAMACPP_ENGINE
     return engine

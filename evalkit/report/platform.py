@@ -212,7 +212,7 @@ def published_warnings(results: Results, published: Path | dict[str, Path] | Non
     candidates = [(name, key) for name, path in stores.items() for key in _published_keys(path)]
     out = []
     for key in platforms(results):
-        kind = [(name, k) for name, k in candidates if bool(k[4]) == bool(key[4]) and _same_engine(k[4], key[4])]
+        kind = [(name, k) for name, k in candidates if _same_engine(k[4], key[4])]
         if not kind:
             continue  # nothing of its kind was published: nothing like to compare with
         diffs = [(len(d), name, k, d) for name, k in kind for d in [_differences(key, k)]]

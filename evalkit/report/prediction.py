@@ -77,12 +77,10 @@ def add_predictions(frame: pd.DataFrame, name: str | None = DEFAULT_PROFILE) -> 
     without engine rows that have a Δppl, or with ``name`` None."""
     if not name or "backend" not in frame or "ppl_delta_rel" not in frame:
         return frame
-    from evalkit.engines.profiles import get_profile
-
-    profile = get_profile(name)
-    from evalkit.engines.profiles import PROFILES
+    from evalkit.engines.profiles import PROFILES, get_profile
     from evalkit.report.engine_fit import profile_of_backend
 
+    profile = get_profile(name)
     vllm = frame["backend"].map(lambda b: profile_of_backend(b) in PROFILES)  # llama.cpp's rows have no GPU profile
     engine = vllm & (frame["scheme"] != str(Scheme())) & frame["ppl_delta_rel"].notna()
     if not engine.any():

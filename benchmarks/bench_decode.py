@@ -12,7 +12,7 @@ On the embedded model (float32 on CPU unless --device/--dtype say otherwise), ``
   and the argmax of its logits (what ``generate`` does per greedy step); no evalkit anywhere;
 * ``loop``: the eval's loop (:func:`evalkit.evals.decode.loop.decode_logits`) through the storage
   cache under the scheme: one decode forward of the backbone, the output head, the argmax;
-* ``eval``: :meth:`DecodeEval.run_pass` with the eval's own scorer: the loop plus log-softmax, NLL,
+* ``eval``: :meth:`evalkit.evals.emulation.decode.DecodeEmulation.run_pass` with its own scorer: the loop plus log-softmax, NLL,
   KL against the stored baseline distribution (read from disk) and top-1, i.e. a whole step of
   ``evalkit run --eval decode``.
 
@@ -103,10 +103,11 @@ def loop_arm(lm, head, scheme, ids, prefill, sync, keep=None):
 
 
 def eval_arm(ev, lm, scheme, sync):
-    """Step times of DecodeEval.run_pass with the eval's own scorer (a whole step of the eval)."""
+    """Step times of the emulation's decode pass with its own scorer (a whole step of the eval)."""
     from evalkit.kv.scheme import parse_scheme
 
-    record, _ = ev.scorer(lm.device)
+    emulation = ev.backend.decode  # the emulation backend's decode state (evalkit.evals.emulation.decode)
+    record, _ = emulation.scorer(lm.device)
     times = []
 
     def timed(*args):
@@ -114,7 +115,7 @@ def eval_arm(ev, lm, scheme, sync):
         sync()
         times.append(time.perf_counter())
 
-    ev.run_pass(lm, parse_scheme(scheme), ev.inputs.clone(), timed)
+    emulation.run_pass(lm, parse_scheme(scheme), ev.inputs.clone(), timed)
     return [b - a for a, b in zip(times, times[1:])]
 
 
@@ -169,7 +170,7 @@ def main() -> None:
 
     arms = {("plain", None): lambda: plain_arm(lm, ids, args.context, args.steps, sync)}
     for s in schemes:
-        arms[("loop", s)] = lambda s=s: loop_arm(lm, ev.head, s, ids, args.context, sync)
+        arms[("loop", s)] = lambda s=s: loop_arm(lm, ev.backend.decode.head, s, ids, args.context, sync)
         arms[("eval", s)] = lambda s=s: eval_arm(ev, lm, s, sync)
     rounds: list[dict] = []
     keys = list(arms)
@@ -199,7 +200,7 @@ def main() -> None:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
-            loop_arm(lm, ev.head, args.profile, ids, args.context, sync)
+            loop_arm(lm, ev.backend.decode.head, args.profile, ids, args.context, sync)
         print(
             f"\nprofile of the loop arm under {args.profile} (prefill + {args.steps} steps), top operators by self CPU time:"
         )
@@ -225,7 +226,7 @@ def main() -> None:
             for n in lengths:
                 x = torch.randint(100, 10000, (args.batch, n), generator=torch.Generator().manual_seed(n)).to(lm.device)
                 keep: list = []
-                loop_arm(lm, ev.head, s, x, n - 16, sync, keep)
+                loop_arm(lm, ev.backend.decode.head, s, x, n - 16, sync, keep)
                 cache, tokens = keep[0], n - 1
                 held = sum(st.held_bytes() for layer in cache.storage_layers() for st in (layer.k, layer.v))
                 cells.append(f"{cache.nbytes() / tokens:10,.0f} / {held / tokens:9,.0f}")

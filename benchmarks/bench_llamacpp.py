@@ -78,8 +78,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from evalkit.engines.llamacpp import runtime
-    from evalkit.engines.llamacpp.backend import LlamaCppBackend, gguf_path
+    from evalkit.engines.llamacpp.backend import LlamaCppBackend
     from evalkit.engines.llamacpp.engine import cache_types
+    from evalkit.engines.llamacpp.gguf import gguf_path
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import cache_root, load_model
@@ -98,7 +99,7 @@ def main() -> None:
     n_ctx = -(-max(len(ids) for ids, _ in backend.windows) // 256) * 256
 
     plain_times, evalkit_times = [], []
-    evalkit_nll = float(backend.score(ev, lm, scheme).nll.mean())  # warms both up, untimed
+    evalkit_nll = float(ev.token_scores(lm, scheme).nll.mean())  # warms both up, untimed
     plain_nll = plain_run(llama_cpp, model, backend.windows, k, v, n_ctx, args.threads)
     rows = []
 

@@ -243,8 +243,8 @@ def kl(args) -> None:
         ev.prepare(lm, Path(work))
         prep = time.perf_counter() - t
         n = int(ev.offsets[-1])
-        disk = sum(f.stat().st_size for f in ev.dir.iterdir())
-        vocab = ev.head.vocab
+        disk = sum(f.stat().st_size for f in ev.backend.perplexity.dir.iterdir())
+        vocab = ev.backend.perplexity.head.vocab
         print(
             f"{args.model}: vocabulary {vocab}, {len(ev.plan)} windows x {args.window} tokens, {n} scored tokens; "
             f"baseline {prep:.1f} s, {disk} bytes on disk = {disk / n:.0f} B per scored token "

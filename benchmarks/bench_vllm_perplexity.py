@@ -68,8 +68,8 @@ def main() -> None:
     emu.prepare(lm, work)
     n_scored = int(emu.offsets[-1])
     threads = torch.get_num_threads()
-    emu.backend.score(emu, lm, config.emulation)  # warm-up
-    t_emu = best_of(lambda: emu.backend.score(emu, lm, config.emulation), args.rounds)
+    emu.token_scores(lm, config.emulation)  # warm-up
+    t_emu = best_of(lambda: emu.token_scores(lm, config.emulation), args.rounds)
 
     # the engine's baseline (kv_cache_dtype auto), then one engine for the scheme
     eng = PerplexityEval(params, backend=VllmBackend())

@@ -21,6 +21,7 @@ class ToyBackend(EmulationBackend):
     engine = "toy"
 
     def __init__(self, options: dict):
+        super().__init__()
         self.options = options
         self.capabilities = Capabilities("toy-engine 1.0", requests=frozenset({"logprobs"}))
 

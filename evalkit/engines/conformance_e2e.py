@@ -192,9 +192,10 @@ def end_to_end(
     per = [{} for _ in configs]
     for i, scheme in enumerate(profile):
         say(f"{scheme}: emulation (profile, rne)")
-        per[i]["profile"] = _change(emu.backend.score(emu, lm, scheme))
+        scores = emu.token_scores(lm, scheme)
+        per[i]["profile"], emu_base_nll = _change(scores), scores.base_nll.double()
         per[i]["rne"] = _change(
-            emu.backend.score(emu, lm, dataclasses.replace(scheme, rounding=Rounding.RNE, recipe=Recipe.STANDARD))
+            emu.token_scores(lm, dataclasses.replace(scheme, rounding=Rounding.RNE, recipe=Recipe.STANDARD))
         )
     noise = [[] for _ in configs]
     for seed in noise_seeds:
@@ -202,17 +203,17 @@ def end_to_end(
         loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
         ev = emulation(loaded)
         for i, scheme in enumerate(profile):
-            noise[i].append(_change(ev.backend.score(ev, loaded, scheme)))
+            noise[i].append(_change(ev.token_scores(loaded, scheme)))
         del loaded, ev
     say("engine baseline (kv_cache_dtype auto)")
     eng = PerplexityEval(params, backend=backend)
     eng.prepare(lm, workdir)
-    base_gap = float((backend.base.nll - emu.base_nll.double()).mean())
+    base_gap = float((backend.base.nll - emu_base_nll).mean())
     ids = ps.block_ids(emu.offsets, settings.block)
     rows = []
     for i, (config, scheme) in enumerate(zip(configs, profile)):
         say(f"{scheme}: engine")
-        e = backend.score(eng, lm, scheme)
+        e = eng.token_scores(lm, scheme)
         per[i]["engine"] = _change(e)
         per[i]["noise"] = np.stack(noise[i])
         rows.append(_row(scheme, config, per[i], compare_scheme(per[i], ids, settings), e, base_gap, dtype))

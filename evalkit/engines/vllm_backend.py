@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from evalkit.engines.vllm_decode import decode_positions, decode_run, generate_texts
 from evalkit.engines.vllm_kernel import check_vllm_available
 from evalkit.engines.vllm_runner import (
     DEFAULT_TOP_K,
@@ -41,8 +41,9 @@ from evalkit.engines.vllm_runner import (
     VllmRunner,
     engine_config,
 )
+from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
 from evalkit.errors import EvalkitError
-from evalkit.evals.backend import Backend, Capabilities
+from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LmevalRequest, LogprobsRequest
 
 KL_METHOD = (
     "proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
@@ -63,15 +64,7 @@ def engine_name() -> str:
     return ENGINE
 
 
-# -- the perplexity eval's backend ---------------------------------------------------------------------------
-@dataclass
-class _EngineRun:
-    nll: torch.Tensor  # (n,) float64
-    ids: torch.Tensor  # (n, k) int64, by rank
-    lps: torch.Tensor  # (n, k) float64
-    target: torch.Tensor  # (n,) int64 the actual next tokens
-
-
+# -- every evaluation's backend -------------------------------------------------------------------------------
 class VllmBackend(Backend):
     """Every evaluation's requests through vLLM (see the module docstring). One instance serves one
     prepared evaluation: it holds that evaluation's engine baseline."""
@@ -120,11 +113,11 @@ class VllmBackend(Backend):
         self.model_dir = lm.path
         self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
 
-    def prepare(self, ev, lm, workdir: Path) -> None:
+    def prepare(self, request: LogprobsRequest, lm, workdir: Path) -> None:
         """Perplexity: the engine's own unquantized run (kv_cache_dtype auto, the model's dtype), the baseline."""
         self._model(lm)
         self.prompts, self.first_targets = [], []
-        for ids, t0 in ev.window_inputs():
+        for ids, t0 in request.windows():
             self.prompts.append(ids.tolist())
             self.first_targets.append(t0)
         self.max_model_len = max(len(p) for p in self.prompts) + 1
@@ -161,24 +154,24 @@ class VllmBackend(Backend):
         )
         return run, info
 
-    def collect(self, runner: VllmRunner) -> _EngineRun:
+    def collect(self, runner: VllmRunner) -> EngineRun:
         """The windows' prompt log-probs from a started engine, as the eval's scored tokens."""
         outs = runner.prompt_logprobs(self.prompts)
         # prompt row j-1 predicts input j; the eval scores inputs t0..end of each window
         sl = [slice(t0 - 1, None) for t0 in self.first_targets]
-        return _EngineRun(
+        return EngineRun(
             nll=-torch.from_numpy(np.concatenate([o.target[s] for o, s in zip(outs, sl)])),
             ids=torch.from_numpy(np.concatenate([o.ids[s] for o, s in zip(outs, sl)])),
             lps=torch.from_numpy(np.concatenate([o.lps[s] for o, s in zip(outs, sl)])),
             target=torch.tensor([t for p, t0 in zip(self.prompts, self.first_targets) for t in p[t0:]]),
         )
 
-    def score(self, ev, lm, scheme):
+    def score(self, request: LogprobsRequest, lm, scheme):
         config = engine_config(scheme)
         run, info = (self.base, self.base_info) if config.kv_cache_dtype == "auto" else self.run(config)
         return self.scores(run, info)
 
-    def scores(self, run: _EngineRun, info: dict):
+    def scores(self, run: EngineRun, info: dict):
         """The eval's per-token scores of an engine run against the engine's baseline."""
         from evalkit.evals.backend import TokenScores
 
@@ -195,30 +188,30 @@ class VllmBackend(Backend):
         )
 
     # -- decode: greedy generation and teacher-forced top-k (evalkit.engines.vllm_decode) --------------------
-    def prepare_decode(self, ev, lm, workdir: Path) -> None:
-        """The engine baseline's greedy continuation of the eval's prompts and its log-probs over P + T tokens."""
-        from evalkit.engines.vllm_decode import decode_run
+    def prepare_decode(self, request: DecodeRequest, lm, workdir: Path) -> torch.Tensor:
+        """The engine baseline's greedy continuation of the request's prompts and its log-probs over P + T
+        tokens; returns the rows with the greedy continuation in N..2N-1, as the emulation's."""
 
         self._model(lm)
-        p = ev.p
-        self.decode_len = p.length + 1
+        self.decode_len = request.length + 1
         self.decode_base, self.decode_info = self.run(
-            EngineConfig("auto"), lambda r: decode_run(r, ev.inputs, p.prefill, p.decode), self.decode_len
+            EngineConfig("auto"),
+            lambda r: decode_run(r, request.inputs, request.prefill, request.decode),
+            self.decode_len,
         )
-        n = p.sequences
-        ev.inputs = ev.inputs.clone()
-        ev.inputs[n:, p.prefill :] = torch.from_numpy(self.decode_base.generated)  # the greedy rows, as the emulation's
+        inputs = request.inputs.clone()
+        inputs[request.sequences :, request.prefill :] = torch.from_numpy(self.decode_base.generated)
+        return inputs
 
-    def decode_positions(self, ev, lm, scheme) -> dict:
-        from evalkit.engines.vllm_decode import decode_positions, decode_run
+    def decode_positions(self, request: DecodeRequest, lm, scheme) -> dict:
 
-        p, config = ev.p, engine_config(scheme)
+        config = engine_config(scheme)
         if config.kv_cache_dtype == "auto":
             run, info = self.decode_base, self.decode_info
         else:
             run, info = self.run(
                 config,
-                lambda r: decode_run(r, ev.inputs, p.prefill, p.decode, self.decode_base.generated),
+                lambda r: decode_run(r, request.inputs, request.prefill, request.decode, self.decode_base.generated),
                 self.decode_len,
             )
         info = {
@@ -228,11 +221,10 @@ class VllmBackend(Backend):
             "free_running": "the engine's own greedy generation under the scheme against under kv_cache_dtype auto",
             "teacher_forced": "the engine's prompt log-probs over the P + T tokens (one prefill)",
         }
-        return decode_positions(self.decode_base, run, (2 * p.sequences, p.decode), info)
+        return decode_positions(self.decode_base, run, request.shape, info)
 
     # -- retrieval: greedy answers ---------------------------------------------------------------------------
     def generate(self, lm, scheme, batches, progress=None, on_batch=None) -> list[list[str]]:
-        from evalkit.engines.vllm_decode import generate_texts
 
         self._model(lm)
         batches = list(batches)
@@ -245,11 +237,11 @@ class VllmBackend(Backend):
         return texts
 
     # -- lm-eval: lm-eval's own vllm model (evalkit.engines.vllm_lmeval) ---------------------------------------
-    def prepare_lmeval(self, ev, lm) -> None:
+    def prepare_lmeval(self, request: LmevalRequest, lm) -> None:
         self._model(lm)
 
     @contextlib.contextmanager
-    def lmeval_model(self, ev, lm, scheme):
+    def lmeval_model(self, request: LmevalRequest, lm, scheme):
         from evalkit.engines.vllm_lmeval import lmeval_vllm
 
         config = EngineConfig("auto") if scheme is None else engine_config(scheme)
@@ -257,53 +249,10 @@ class VllmBackend(Backend):
             self.model_dir,
             config,
             dtype=self.dtype,
-            batch_size=ev.params.get("batch_size"),
+            batch_size=request.batch_size,
             kv_cache_bytes=self.kv_cache_bytes,
             seed=self.seed,
+            max_model_len=self.max_model_len_option,
+            engine_args=self.engine_args,
         ) as model:
             yield model
-
-
-def kl_lower_bound(base: _EngineRun, run: _EngineRun, chunk: int = 4096) -> tuple[None, torch.Tensor, torch.Tensor]:
-    """Per position, kl_topk's proven lower bound of KL(base || run) from two top-k lists: the head S is
-    the tokens both returned (the actual next token always among them), the tail everything else, so
-    ``L = sum_S p log(p/q) + P_T log(P_T/Q_T)`` (log-sum inequality). Computed by
-    :func:`evalkit.evals.kl_topk.kl_from_summary` on a summary over a local vocabulary (S's columns
-    plus one for the tail), whose tail sample is that one column: its estimate then equals the bound.
-    Returns (None, bound, P_T)."""
-    from evalkit.evals.kl_topk import kl_from_summary
-    from evalkit.evals.output_head import P_SCALE, rowdot
-
-    n = base.nll.numel()
-    lower, tail_mass = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
-    for lo in range(0, n, chunk):
-        sl = slice(lo, lo + chunk)
-        # the baseline's columns: the actual token first, then its top-k without the actual token again
-        b_ids = torch.cat([base.target[sl, None], base.ids[sl]], 1)
-        b_lps = torch.cat([-base.nll[sl, None], base.lps[sl]], 1)
-        q_ids = torch.cat([run.target[sl, None], run.ids[sl]], 1)
-        q_lps = torch.cat([-run.nll[sl, None], run.lps[sl]], 1)
-        dup = torch.zeros_like(b_ids, dtype=torch.bool)
-        dup[:, 1:] = b_ids[:, 1:] == b_ids[:, :1]
-        match = b_ids[:, :, None] == q_ids[:, None, :]
-        found = match.any(-1) & ~dup
-        lq_at = torch.where(match, q_lps[:, None, :], float("-inf")).amax(-1)
-        lp = torch.where(found, b_lps, 0.0)
-        lq = torch.where(found, lq_at, 0.0)
-        p_t = (1 - torch.where(found, lp.exp(), 0.0).sum(-1)).clamp_min(0)
-        q_t = (1 - torch.where(found, lq.exp(), 0.0).sum(-1)).clamp_min(1e-30)
-        rows, width = b_ids.shape
-        w = torch.where(found, (lp.exp() * P_SCALE), 0.0).half()
-        local_lq = torch.cat([lq, q_t.log()[:, None]], 1).float()  # float32, as the emulation's log-probs
-        log_pt = p_t.log().float()  # rounded as log Q_T is, so an identity run gives exactly 0
-        summary = {
-            "head": torch.arange(width).expand(rows, width),
-            "w": w,
-            "t": rowdot(w.float(), lp.float()),
-            "log_tail": log_pt.double(),
-            "tail": torch.full((rows, 2), width),
-            "tail_lp": log_pt[:, None].expand(rows, 2),
-        }
-        _, low, _ = kl_from_summary(summary, local_lq)
-        lower[sl], tail_mass[sl] = low.double(), p_t
-    return None, lower, tail_mass

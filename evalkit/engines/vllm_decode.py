@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once
 
 
@@ -80,15 +82,13 @@ class DecodeRun:
     teacher-forced log-probs of every row's decode positions (flattened row-major, 2N x T)."""
 
     generated: np.ndarray  # (N, T) int64
-    scores: object  # vllm_backend._EngineRun over the 2N x T decode positions
+    scores: object  # vllm_backend.EngineRun over the 2N x T decode positions
 
 
 def decode_run(runner, rows: torch.Tensor, prefill: int, decode: int, generated: np.ndarray | None = None) -> DecodeRun:
     """Generate under ``runner`` from the prompts ``rows[:N, :prefill]``, then score the teacher-forced
     rows: ``rows`` (2N, P + T) with the greedy rows' continuation taken from ``generated`` (the
     baseline's; None: this run's own, for the baseline itself)."""
-    from evalkit.engines.vllm_backend import _EngineRun
-
     n = rows.shape[0] // 2
     prompts = rows[:n, :prefill].tolist()
     own = np.array(greedy_tokens(runner, prompts, decode), dtype=np.int64).reshape(n, decode)
@@ -97,7 +97,7 @@ def decode_run(runner, rows: torch.Tensor, prefill: int, decode: int, generated:
     full[n:, prefill:] = torch.from_numpy(cont)
     outs = runner.prompt_logprobs(full.tolist())
     sl = slice(prefill - 1, None)  # prompt row j-1 predicts input j: the decode positions P..P+T-1
-    scores = _EngineRun(
+    scores = EngineRun(
         nll=-torch.from_numpy(np.concatenate([o.target[sl] for o in outs])),
         ids=torch.from_numpy(np.concatenate([o.ids[sl] for o in outs])),
         lps=torch.from_numpy(np.concatenate([o.lps[sl] for o in outs])),
@@ -110,8 +110,6 @@ def decode_positions(base: DecodeRun, run: DecodeRun, shape: tuple[int, int], in
     """The decode eval's per-position arrays (2N x T) of ``run`` against the engine baseline ``base``:
     ``kl`` None (a bound only), ``kl_lower``, ``tail_mass``, ``agree`` (teacher-forced rows: rank-1 tokens
     equal; free-running rows: the scheme's own generated token equals the baseline's), ``nll``, ``base_nll``."""
-    from evalkit.engines.vllm_backend import kl_lower_bound
-
     rows, steps = shape
     n = rows // 2
     _, lower, tail = kl_lower_bound(base.scores, run.scores)

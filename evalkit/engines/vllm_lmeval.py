@@ -71,8 +71,12 @@ def lmeval_vllm(
     kv_cache_bytes: int,
     seed: int,
     max_model_len: int | None = None,
+    engine_args: dict | None = None,
 ):
-    """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`)."""
+    """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`);
+    ``engine_args``: the engine's scale-out options (``tensor_parallel_size``, ``pipeline_parallel_size``,
+    ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
+    hands them to ``vllm.LLM``."""
     from evalkit.engines.vllm_runner import VllmRunner, _attention_layers, _import_vllm, static_checkpoint
     from evalkit.kv.scale_table import load_scale_table
 
@@ -106,6 +110,7 @@ def lmeval_vllm(
                         kv_cache_memory_bytes=kv_cache_bytes,
                         enable_prefix_caching=False,
                         **extra,
+                        **(engine_args or {}),
                     )
             except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
                 raise EvalkitError(

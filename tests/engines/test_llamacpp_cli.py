@@ -7,6 +7,7 @@ is not a llama.cpp cache type, a quantized V without flash attention, llama.cpp 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -31,14 +32,15 @@ from evalkit.engines.llamacpp import runtime  # noqa: E402
 from evalkit.engines.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from evalkit.models.loading import embedded_gguf  # noqa: E402
 
-WINDOWS = [(list(range(600, 700)), 20), ([504, 3575, 282, 4649, 314, *range(2000, 2060)], 1)]
+WINDOWS = [(list(range(600, 700)), 20), ([504, 3575, 282, 4649, 314, *range(2000, 2095)], 1)]
 
 
-class Windows:
-    """What the backend reads of a perplexity evaluation: its windows' token ids and first scored position."""
+def windows_request():
+    """A log-probs request for exactly the two windows of WINDOWS (no BOS: each window is 100 corpus tokens)."""
+    from evalkit.evals.protocol import LogprobsRequest
 
-    def window_inputs(self):
-        return [(torch.tensor(ids), t0) for ids, t0 in WINDOWS]
+    corpus = torch.tensor([t for ids, _ in WINDOWS for t in ids])
+    return LogprobsRequest(corpus_ids=corpus, plan=((0, 20), (100, 1)), window=100, bos_id=None)
 
 
 class Embedded:
@@ -68,8 +70,10 @@ def plain_scores(type_k: str, type_v: str) -> dict[str, np.ndarray]:
 def test_backend_scores_are_a_plain_reading_of_llamacpps_logits(scheme, types):
     backend = LlamaCppBackend(n_threads=2)
     try:
-        backend.prepare(Windows(), Embedded(), None)
-        got = backend.score(None, Embedded(), scheme)
+        request = windows_request()
+        assert [(ids.tolist(), t0) for ids, t0 in request.windows()] == WINDOWS
+        backend.prepare(request, Embedded(), None)
+        got = backend.score(request, Embedded(), scheme)
     finally:
         backend.close()
     want = plain_scores(*types)
@@ -83,6 +87,66 @@ def test_backend_scores_are_a_plain_reading_of_llamacpps_logits(scheme, types):
         assert not got.kl.any() and got.agree.all()
     else:
         assert float(got.kl.mean()) > 1e-3 and (got.nll != got.base_nll).any()
+
+
+def decode_request():
+    """Two prompts of 12 tokens, 6 decode steps each; rows 2..3 the same prompts (to be continued greedily)."""
+    from evalkit.evals.protocol import DecodeRequest
+
+    seqs = torch.tensor([list(range(600, 618)), [504, 3575, 282, 4649, 314, *range(2000, 2013)]])
+    return DecodeRequest(inputs=torch.cat([seqs, seqs]), prefill=12, decode=6, batch_size=4)
+
+
+def test_backend_decode_is_a_plain_reading_of_llamacpps_steps():
+    """The decode answer against llama.cpp's own step logits and greedy generation, read with scipy:
+    greedy rows continued by the f16 baseline's argmax, exact KL, NLL and top-1 per decode step."""
+    request = decode_request()
+    backend = LlamaCppBackend(n_threads=2)
+    try:
+        inputs = backend.prepare_decode(request, Embedded(), None)
+        scheme = "llamacpp:q4_0"
+        pos = backend.decode_positions(dataclasses.replace(request, inputs=inputs), Embedded(), scheme)
+        same = backend.decode_positions(dataclasses.replace(request, inputs=inputs), Embedded(), "bf16")
+    finally:
+        backend.close()
+    assert torch.equal(inputs[:2], request.inputs[:2]) and torch.equal(inputs[2:, :12], request.inputs[2:, :12])
+    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+        lp = {}
+        for name, (k, v) in (("base", ("f16", "f16")), ("q", ("q4_0", "q4_0"))):
+            with model.context(k, v, flash_attn=True, n_ctx=256, n_batch=512, n_threads=2) as ctx:
+                if name == "base":
+                    greedy = [ctx.generate(p, 6, eos_ids=()) for p in request.inputs[:2, :12].tolist()]
+                else:
+                    own = [ctx.generate(p, 6, eos_ids=()) for p in request.inputs[:2, :12].tolist()]
+                rows = inputs.tolist()
+                lp[name] = [log_softmax(ctx.step_logits(r[:12], r[12:]).astype(np.float64), -1) for r in rows]
+    assert inputs[2:, 12:].tolist() == greedy
+    for r, row in enumerate(inputs.tolist()):
+        cols, tok = np.arange(6), row[12:]
+        np.testing.assert_allclose(pos["nll"][r], -lp["q"][r][cols, tok], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(pos["base_nll"][r], -lp["base"][r][cols, tok], rtol=0, atol=1e-9)
+        kl = rel_entr(np.exp(lp["base"][r]), np.exp(lp["q"][r])).sum(-1)
+        np.testing.assert_allclose(pos["kl"][r], np.maximum(kl, 0), rtol=1e-6, atol=1e-10)
+        if r < 2:
+            assert (pos["agree"][r] == (lp["q"][r].argmax(-1) == lp["base"][r].argmax(-1))).all()
+        else:
+            assert (pos["agree"][r] == (np.array(own[r - 2]) == np.array(greedy[r - 2]))).all()
+    assert pos["kl"].mean() > 1e-3 and pos["info"]["type_k"] == "q4_0"
+    assert not same["kl"].any() and same["agree"].all() and (same["nll"] == same["base_nll"]).all()
+
+
+@pytest.mark.slow
+def test_run_engine_llamacpp_gives_decode_rows(tmp_path, capsys):
+    common = ["--engine", "llamacpp", "--cache-dir", str(tmp_path / "cache"), "--json", "--no-progress"]
+    capsys.readouterr()
+    argv = ["run", "--eval", "decode", "--schemes", "llamacpp:q8_0,llamacpp:q4_0", "--decode-prefill", "32"]
+    argv += ["--decode-tokens", "16", "--decode-sequences", "2", "--decode-buckets", "2"]
+    assert main([*argv, *common]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    kl = {r["scheme"]: r["value"] for r in rows if r["metric"] == "kl_mean" and not r["labels"]}
+    assert 0 < kl["llamacpp:q8_0"] < kl["llamacpp:q4_0"], kl
+    assert {r["info"]["backend"] for r in rows} == {runtime.version()}
+    assert {r["metric"] for r in rows} >= {"first_divergence", "identical_share", "top1_agreement", "free_kl_mean"}
 
 
 @pytest.mark.slow

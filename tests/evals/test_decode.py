@@ -39,6 +39,7 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share, median_interval
 from evalkit.evals.decode.evaluation import DecodeEval, DecodeParams, sequence_starts, step_bucket_edges
 from evalkit.evals.decode.loop import decode_logits
+from evalkit.evals.emulation.decode import DecodeEmulation
 from evalkit.evals.output_head import OutputHead
 from evalkit.integration.hf_compat import cache_inputs, output_cache
 from evalkit.kv.scheme import Scheme, parse_scheme
@@ -264,7 +265,7 @@ def single_forward_kl(lm, ev, scheme, caches: list | None = None):
     """KL of one forward over the corpus rows' first P + T - 1 tokens at the T decode positions, by the
     eval's own estimator against its stored baseline summaries (so sampling noise is the same).
     ``caches``: the forward's storage cache is appended to it."""
-    from evalkit.evals.decode.evaluation import ARRAYS
+    from evalkit.evals.emulation.decode import ARRAYS
     from evalkit.evals.kl_topk import kl_from_summary
 
     n, prefill, steps = ev.p.sequences, ev.p.prefill, ev.p.decode
@@ -273,9 +274,9 @@ def single_forward_kl(lm, ev, scheme, caches: list | None = None):
         lq = out.logits[:, prefill - 1 :].float().log_softmax(-1)
     if caches is not None:
         caches.append(output_cache(out))
+    base = ev.backend.decode.base
     summary = {
-        k: torch.from_numpy(np.array(ev.base[k][:n])) if k in ARRAYS else ev.base[k][:n]
-        for k in (*ARRAYS, "t", "log_tail")
+        k: torch.from_numpy(np.array(base[k][:n])) if k in ARRAYS else base[k][:n] for k in (*ARRAYS, "t", "log_tail")
     }
     summary = {k: v.reshape(n * steps, *v.shape[2:]) for k, v in summary.items()}
     return kl_from_summary(summary, lq.reshape(n * steps, -1))[0].double().reshape(n, steps).numpy()
@@ -362,14 +363,14 @@ def test_baseline_cached_and_damaged_cache_recomputed(sharp, prose, tmp_path, mo
     first = [r.to_dict() for r in ev.evaluate(sharp, parse_scheme(QUANT))]
     (folder,) = list((tmp_path / "decode").iterdir())
     assert json.loads((folder / "meta.json").read_text())["protocol"]["decode"] == 8
-    real = DecodeEval._compute_baseline
-    monkeypatch.setattr(DecodeEval, "_compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
+    real = DecodeEmulation.compute_baseline
+    monkeypatch.setattr(DecodeEmulation, "compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
     again = DecodeEval(params)
     again.prepare(sharp, tmp_path)
     assert [r.to_dict() for r in again.evaluate(sharp, parse_scheme(QUANT))] == first
     head = folder / "head.npy"  # a summary file cut short (an interrupted copy, a full disk)
     head.write_bytes(head.read_bytes()[:1000])
-    monkeypatch.setattr(DecodeEval, "_compute_baseline", real)
+    monkeypatch.setattr(DecodeEmulation, "compute_baseline", real)
     third = DecodeEval(params)
     third.prepare(sharp, tmp_path)
     assert [r.to_dict() for r in third.evaluate(sharp, parse_scheme(QUANT))] == first

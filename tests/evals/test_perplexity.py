@@ -18,6 +18,7 @@ import torch
 
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
+from evalkit.evals.emulation import perplexity as emulated_perplexity
 from evalkit.evals.kl_topk import BYTES_PER_POSITION, TAIL_SAMPLES, TOP_K, kl_from_summary, summarize
 from evalkit.evals.perplexity.evaluation import PerplexityEval, plan_windows, position_bucket_edges
 from evalkit.integration.install import quantized_kv
@@ -202,7 +203,7 @@ def test_identical_across_runs_and_baseline_cached(tiny, tmp_path, monkeypatch, 
     ev.prepare(tiny, tmp_path)
     first = [r.to_dict() for r in ev.evaluate(tiny, parse_scheme(QUANT))]
     assert [r.to_dict() for r in ev.evaluate(tiny, parse_scheme(QUANT))] == first
-    monkeypatch.setattr(PerplexityEval, "_compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
+    monkeypatch.setattr(emulated_perplexity, "compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
     again = PerplexityEval(params)
     again.prepare(tiny, tmp_path)
     assert [r.to_dict() for r in again.evaluate(tiny, parse_scheme(QUANT))] == first
@@ -339,7 +340,7 @@ def test_llm_vocabulary_baseline_fits_2_kb_per_token(tiny_tokenizer_dir, tmp_pat
     ev = PerplexityEval(dict(window=128, max_windows=4, bootstrap_samples=200, corpus=prose))
     ev.prepare(lm, tmp_path / "work")
     n = int(ev.offsets[-1])
-    on_disk = sum(f.stat().st_size for f in ev.dir.iterdir())
+    on_disk = sum(f.stat().st_size for f in ev.backend.perplexity.dir.iterdir())
     assert n == 4 * 127 and on_disk / n <= 2048, on_disk / n
     assert rows_by(ev.evaluate(lm, Scheme()))["kl_mean"].value == 0.0
     scheme = parse_scheme("int4/tensor/dynamic")

@@ -15,6 +15,7 @@ from scipy import stats
 from evalkit.data.corpus import load_corpus
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import Backend, Capabilities
+from evalkit.evals.emulation import perplexity as emulated_perplexity
 from evalkit.evals.float_noise import perturbed_model
 from evalkit.evals.perplexity.evaluation import PerplexityEval
 from evalkit.evals.perplexity.float_spread import combine, t_quantile
@@ -86,7 +87,7 @@ def test_reruns_equal_runs_on_the_perturbed_copies(tiny, tmp_path, prose, monkey
     assert all("float_noise" in r.info for r in rows if r.metric == "ppl_delta_rel")  # position buckets too
     # three baselines cached (unperturbed + 2 copies); a second prepare recomputes none
     assert len([d for d in (tmp_path / "perplexity").iterdir() if (d / "meta.json").is_file()]) == 3
-    monkeypatch.setattr(PerplexityEval, "_compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
+    monkeypatch.setattr(emulated_perplexity, "compute_baseline", lambda *a: pytest.fail("baseline recomputed"))
     again = PerplexityEval(dict(corpus=prose, float_noise_seeds=2, **SMALL))
     again.prepare(tiny, tmp_path)
     assert [r.value for r in again.evaluate(tiny, scheme)] == [r.value for r in rows]
@@ -95,7 +96,7 @@ def test_reruns_equal_runs_on_the_perturbed_copies(tiny, tmp_path, prose, monkey
 def test_dp_mean_is_the_mean_change_of_the_correct_token_probability(tiny, tmp_path, prose):
     ev = PerplexityEval(dict(corpus=prose, **SMALL))
     ev.prepare(tiny, tmp_path)
-    scores = ev.backend.score(ev, tiny, parse_scheme(QUANT))
+    scores = ev.token_scores(tiny, parse_scheme(QUANT))
     rows = ev._rows(scores)
     dp = overall(rows)["dp_mean"]
     plain = float(np.mean(np.exp(-scores.nll.numpy()) - np.exp(-scores.base_nll.numpy())))
@@ -118,7 +119,7 @@ def test_an_engine_backend_refuses_float_noise(tiny, tmp_path, prose):
     class Engine(Backend):
         capabilities = Capabilities("fake-engine 1.0")
 
-        def prepare(self, ev, lm, workdir):
+        def prepare(self, request, lm, workdir):
             pass
 
     ev = PerplexityEval(dict(corpus=prose, float_noise_seeds=1, **SMALL), backend=Engine())

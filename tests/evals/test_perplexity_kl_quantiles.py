@@ -12,7 +12,7 @@ import torch
 
 from evalkit.data.corpus import load_corpus
 from evalkit.evals import kl_topk
-from evalkit.evals.perplexity import evaluation as perplexity
+from evalkit.evals.emulation import perplexity as emulated_perplexity
 from evalkit.evals.perplexity.evaluation import KL_QUANTILES, PerplexityEval, kl_quantile_rows
 from evalkit.integration.install import quantized_kv
 from evalkit.kv.scheme import Scheme, parse_scheme
@@ -77,12 +77,12 @@ def test_percentiles_match_numpy_over_the_full_vocabulary(tiny, tmp_path, prose,
     numpy's percentile of the full-vocabulary KLs to within that difference, which is small."""
     vocab = tiny.model.config.vocab_size
     monkeypatch.setattr(kl_topk, "TOP_K", vocab)
-    monkeypatch.setattr(perplexity, "summarize", functools.partial(kl_topk.summarize, top_k=vocab))
+    monkeypatch.setattr(emulated_perplexity, "TOP_K", vocab)  # the baseline file's head width
+    monkeypatch.setattr(emulated_perplexity, "summarize", functools.partial(kl_topk.summarize, top_k=vocab))
     ev = PerplexityEval(dict(window=128, max_windows=3, bootstrap_samples=200, corpus=prose))
     ev.prepare(tiny, tmp_path)
     scheme = parse_scheme(QUANT)
-    backend = perplexity.backend_of(ev) if hasattr(perplexity, "backend_of") else ev.backend
-    per_token = backend.score(ev, tiny, scheme).kl.numpy()
+    per_token = ev.token_scores(tiny, scheme).kl.numpy()
     rows = {r.metric: r for r in ev.evaluate(tiny, scheme) if not r.labels}
     ref = plain_token_kl(ev, tiny, scheme)
     assert len(ref) == len(per_token) == rows["n_tokens"].value
@@ -99,8 +99,7 @@ def test_the_other_rows_do_not_change(tiny, tmp_path, prose):
     """The percentile rows are added after the existing ones, which keep their values and order."""
     ev = PerplexityEval(dict(window=96, max_windows=2, bootstrap_samples=200, corpus=prose))
     ev.prepare(tiny, tmp_path)
-    backend = perplexity.backend_of(ev) if hasattr(perplexity, "backend_of") else ev.backend
-    scores = backend.score(ev, tiny, parse_scheme(QUANT))
+    scores = ev.token_scores(tiny, parse_scheme(QUANT))
     rows = ev._rows(scores)
     names = [r.metric for r in rows]
     assert names[-len(KL_QUANTILES) :] == list(KL_QUANTILES)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from evalkit.sweep import code_identity as ci
-from evalkit.sweep import grid as grid_mod
+from evalkit.sweep import run_versions as grid_mod  # the run ids' versions
 from evalkit.sweep.grid import ModelSpec, RunSpec
 
 QUANTIZE = '''"""Quantizers."""

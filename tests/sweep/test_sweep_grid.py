@@ -11,6 +11,7 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.sweep import grid as grid_mod
+from evalkit.sweep import spec as spec_mod
 from evalkit.sweep.grid import GridError, parse_grid, resolve_grid
 from evalkit.sweep.shard import ShardError, assign, parse_shard, select
 
@@ -60,7 +61,7 @@ def test_run_id_includes_versions(tmp_path, toy_eval, monkeypatch):
     g = parse_grid(write(tmp_path, GRID))
     before = g.runs[0].run_id
     fake = {**grid_mod.versions(), "torch": "0.0.1"}
-    monkeypatch.setattr(grid_mod, "versions", lambda engine="emulation": fake)
+    monkeypatch.setattr(spec_mod, "versions", lambda engine="emulation": fake)  # what RunSpec.run_id reads
     assert g.runs[0].run_id != before
     assert set(fake) == {"torch", "transformers", "lm_eval", "python", "evalkit_code"}
 

@@ -7,12 +7,17 @@ its own context; llama.cpp returns the full vocabulary's logits at every positio
 KL(baseline || scheme) are exact per token (``kl_method: exact``), not a top-k bound. Log-softmax and
 KL are computed here in float64 from llama.cpp's float32 logits.
 
-Retrieval (request (b), greedy texts): llama.cpp's greedy generation through the scheme's cache,
-decoded with the evaluation's tokenizer (the GGUF's own vocabulary). The teacher-forced decode
-evaluation and lm-eval are not served (refused in one line: use the emulation or vLLM for them).
+Decode (request (b)): the f16 baseline's greedy continuation of each prompt, then per scheme every row
+through llama.cpp's decode path under the f16 cache and under the scheme (prefill, then one
+``llama_decode`` per token): exact KL, NLL and top-1 per step, and the scheme's own greedy generation
+against the baseline's on the free-running rows.
+
+Retrieval (request (c), greedy texts): llama.cpp's greedy generation through the scheme's cache,
+decoded with the evaluation's tokenizer (the GGUF's own vocabulary). lm-eval is not served (refused in
+one line: use the emulation or vLLM for it).
 
 The model is a GGUF file: the embedded model's (``embedded_gguf``), a ``.gguf`` path, or a folder
-holding exactly one (:func:`gguf_path`). The evaluation's tokenizer and windows come from the
+holding exactly one (:func:`~evalkit.engines.llamacpp.gguf.gguf_path`). The evaluation's tokenizer and windows come from the
 transformers model evalkit loads from the same file, so both see the same token ids.
 """
 
@@ -24,42 +29,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.errors import EvalkitError
-from evalkit.evals.backend import Backend, Capabilities, TokenScores
+from evalkit.engines.llamacpp.engine import BASELINE_TYPES, DEFAULTS, cache_types, check_types
+from evalkit.engines.llamacpp.gguf import gguf_path
+from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LogprobsRequest, TokenScores
 
 KL_METHOD = "exact: full-vocabulary log-softmax of llama.cpp's logits, float64"
 SCHEMES = "llamacpp:<k>[/<v>] (llama.cpp's cache types) and the f16 baseline"
 
 
-def gguf_path(name: str) -> Path:
-    """The GGUF file llama.cpp loads for model ``name``: the embedded model's, a ``.gguf`` file, or the
-    one ``.gguf`` in a folder; EvalkitError (one line) otherwise."""
-    from evalkit.models.loading import embedded_gguf, embedded_name
-
-    embedded = embedded_name(name)
-    if embedded:
-        return embedded_gguf(embedded)
-    p = Path(name).expanduser()
-    if p.is_file() and p.suffix == ".gguf":
-        return p
-    found = sorted(p.glob("*.gguf")) if p.is_dir() else []
-    if len(found) == 1:
-        return found[0]
-    what = f"{len(found)} .gguf files" if found else "no .gguf file"
-    raise EvalkitError(
-        f"engine llamacpp loads a GGUF file and {name} has {what}: give the embedded model, a .gguf path "
-        "or a folder holding exactly one"
-    )
-
-
-def log_softmax64(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def log_softmax64(logits: np.ndarray, probs: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Row-wise log-softmax in float64 of float32 logits, and the probabilities (computed in place: two
-    [rows, vocab] float64 arrays in all)."""
+    [rows, vocab] float64 arrays in all); ``probs=False`` skips normalising them (None), the same
+    log-probs bit for bit."""
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     p = np.exp(x)
     total = p.sum(axis=-1, keepdims=True)
     x -= np.log(total)
+    if not probs:
+        return x, None
     p /= total
     return x, p
 
@@ -77,8 +65,8 @@ class LlamaCppBackend(Backend):
         self.capabilities = Capabilities(
             runtime.version(),
             kl="estimate",
-            step_distributions=False,
-            requests=frozenset({"logprobs", "generate"}),
+            step_distributions=True,
+            requests=frozenset({"logprobs", "decode", "generate"}),
             schemes=SCHEMES,
         )
         self._model = None
@@ -105,8 +93,6 @@ class LlamaCppBackend(Backend):
             self._model = None
 
     def context(self, scheme, n_ctx: int):
-        from evalkit.engines.llamacpp.engine import cache_types, check_types
-
         k, v = cache_types(scheme)
         check_types(k, v, self.flash_attn)
         return self._model.context(
@@ -122,8 +108,6 @@ class LlamaCppBackend(Backend):
         gguf_path(lm.name)
 
     def settings(self, scheme) -> dict:
-        from evalkit.engines.llamacpp.engine import cache_types
-
         k, v = cache_types(scheme)
         return {
             "engine": "llamacpp",
@@ -137,20 +121,19 @@ class LlamaCppBackend(Backend):
         }
 
     # -- (a) log-probs of given tokens ------------------------------------------------------------------
-    def prepare(self, ev, lm, workdir: Path) -> None:
-        """The windows' token ids (the evaluation's public ``window_inputs``) and the model."""
-        self.windows = [(ids.tolist(), int(t0)) for ids, t0 in ev.window_inputs()]
+    def prepare(self, request: LogprobsRequest, lm, workdir: Path) -> None:
+        """The request's windows (token ids, first scored target) and the model."""
+        self.windows = [(ids.tolist(), int(t0)) for ids, t0 in request.windows()]
         if self._base_ctx is not None:  # sized for another evaluation's windows
             self._base_ctx.close()
             self._base_ctx = None
         self.open(lm.name)
         self.window_ctx = max(len(ids) for ids, _ in self.windows)
 
-    def score(self, ev, lm, scheme) -> TokenScores:
+    def score(self, request: LogprobsRequest, lm, scheme) -> TokenScores:
         """Per scored token: NLL under the scheme and under the f16 baseline, top-1 agreement, exact KL."""
         start = time.perf_counter()
         nll, base_nll, agree, kl = [], [], [], []
-        from evalkit.engines.llamacpp.engine import BASELINE_TYPES, cache_types
 
         same = cache_types(scheme) == BASELINE_TYPES  # the baseline itself: one context, zero change
         if self._base_ctx is None:
@@ -160,7 +143,7 @@ class LlamaCppBackend(Backend):
             for ids, t0 in self.windows:
                 targets = np.asarray(ids[t0:], np.int64)
                 lp_b, p_b = log_softmax64(base_ctx.logits(ids, first=t0 - 1)[:-1])
-                lp_q = lp_b if same else log_softmax64(ctx.logits(ids, first=t0 - 1)[:-1])[0]
+                lp_q = lp_b if same else log_softmax64(ctx.logits(ids, first=t0 - 1)[:-1], probs=False)[0]
                 rows = np.arange(len(targets))
                 nll.append(-lp_q[rows, targets])
                 base_nll.append(-lp_b[rows, targets])
@@ -180,7 +163,63 @@ class LlamaCppBackend(Backend):
             info={**info, "kl_method": KL_METHOD, "engine_score_seconds": round(time.perf_counter() - start, 3)},
         )
 
-    # -- (b) greedy generation --------------------------------------------------------------------------
+    # -- (b) decode: greedy generation and teacher-forced steps, exact per-step KL ---------------------------
+    def prepare_decode(self, request: DecodeRequest, lm, workdir: Path) -> torch.Tensor:
+        """The f16 baseline's greedy continuation of the request's N prompts (T tokens each, EOS not
+        stopping it, as the eval's loop generates exactly T); returns the rows with it in N..2N-1."""
+        self.open(lm.name)
+        self.decode_ctx = request.length + 1
+        with self.context("bf16", self.decode_ctx) as ctx:
+            self.decode_generated = self._greedy(ctx, request)
+        inputs = request.inputs.clone()
+        inputs[request.sequences :, request.prefill :] = torch.from_numpy(self.decode_generated)
+        return inputs
+
+    @staticmethod
+    def _greedy(ctx, request: DecodeRequest) -> np.ndarray:
+        prompts = request.inputs[: request.sequences, : request.prefill].tolist()
+        return np.array([ctx.generate(p, request.decode, eos_ids=()) for p in prompts], dtype=np.int64)
+
+    def decode_positions(self, request: DecodeRequest, lm, scheme) -> dict:
+        """Per row and decode position, through llama.cpp's decode path (one ``llama_decode`` per token
+        after the prompt, :meth:`~evalkit.engines.llamacpp.runtime.LlamaCppContext.step_logits`) under the
+        f16 baseline and under the scheme: exact KL, NLL of the row's token and top-1 agreement on the
+        teacher-forced rows; on the free-running rows the scheme's own greedy tokens against the
+        baseline's (the first divergence is the real generations')."""
+        start = time.perf_counter()
+        rows, steps = request.shape
+        n, prefill = request.sequences, request.prefill
+        out = {k: np.empty((rows, steps)) for k in ("kl", "nll", "base_nll")}
+        agree = np.empty((rows, steps), dtype=bool)
+        with self.context("bf16", self.decode_ctx) as base_ctx, self.context(scheme, self.decode_ctx) as ctx:
+            own = self._greedy(ctx, request)
+            for r, row in enumerate(request.inputs.tolist()):
+                prompt, teacher = row[:prefill], row[prefill:]
+                lp_b, p_b = log_softmax64(base_ctx.step_logits(prompt, teacher))
+                lp_q = log_softmax64(ctx.step_logits(prompt, teacher), probs=False)[0]
+                cols = np.arange(steps)
+                out["nll"][r], out["base_nll"][r] = -lp_q[cols, teacher], -lp_b[cols, teacher]
+                out["kl"][r] = np.maximum((p_b * (lp_b - lp_q)).sum(-1), 0.0)
+                agree[r] = lp_q.argmax(-1) == lp_b.argmax(-1)
+            agree[n:] = own == self.decode_generated
+            info = {**self.settings(scheme), **ctx.settings()}
+        zeros = np.zeros((rows, steps))
+        return {
+            **out,
+            "kl_lower": out["kl"],
+            "kl_var": zeros,
+            "tail_mass": zeros,
+            "agree": agree,
+            "info": {
+                **info,
+                "kl_method": KL_METHOD,
+                "free_running": "llama.cpp's own greedy generation under the scheme against under the f16 cache",
+                "teacher_forced": "llama.cpp's decode path, one llama_decode per token after the prompt",
+                "engine_score_seconds": round(time.perf_counter() - start, 3),
+            },
+        }
+
+    # -- (c) greedy generation --------------------------------------------------------------------------
     def generate(self, lm, scheme, batches, progress=None, on_batch=None) -> list[list[str]]:
         from evalkit.evals.retrieval.generate import texts_per_batch
 
@@ -197,3 +236,8 @@ class LlamaCppBackend(Backend):
                 return lm.tokenizer.batch_decode(outs, skip_special_tokens=True)
 
             return texts_per_batch(generate, batches, progress, on_batch)
+
+
+def from_options(options: dict) -> LlamaCppBackend:
+    """The backend for a run's engine options (the engine declaration's ``backend`` hook)."""
+    return LlamaCppBackend(**{**DEFAULTS, **options})

@@ -103,7 +103,7 @@ def table(rows: list[dict]) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     from evalkit.engines.llamacpp import runtime
-    from evalkit.engines.llamacpp.backend import gguf_path
+    from evalkit.engines.llamacpp.gguf import gguf_path
     from evalkit.planning.capacity import parse_count
 
     if not args.model:

@@ -138,7 +138,7 @@ def end_to_end(
 
     say("emulation baseline")
     emu = emulation(lm)
-    emu_scores = [emu.backend.score(emu, lm, s) for s in parsed]
+    emu_scores = [emu.token_scores(lm, s) for s in parsed]
     per = [{"profile": _change(sc)} for sc in emu_scores]
     noise = [[] for _ in parsed]
     for seed in noise_seeds:
@@ -146,7 +146,7 @@ def end_to_end(
         loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
         ev = emulation(loaded)
         for i, s in enumerate(parsed):
-            noise[i].append(_change(ev.backend.score(ev, loaded, s)))
+            noise[i].append(_change(ev.token_scores(loaded, s)))
         del loaded, ev
     say("llama.cpp: f16 baseline and each scheme")
     eng = PerplexityEval(params, backend=backend)
@@ -156,7 +156,7 @@ def end_to_end(
     try:
         for i, (s, sc) in enumerate(zip(parsed, emu_scores)):
             say(f"{s}: llama.cpp")
-            e = backend.score(eng, lm, s)
+            e = eng.token_scores(lm, s)
             per[i]["engine"] = _change(e)
             per[i]["noise"] = np.stack(noise[i])
             q_gap, q_r, gaps, rs = ps.noise_quantiles(per[i]["profile"], per[i]["noise"])
@@ -212,7 +212,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise EvalkitError("--engine llamacpp holds the float32 emulation of the GGUF against it: drop --dtype")
     from evalkit.runtime.folders import check_writable  # noqa: I001 (this order keeps the hashed normalised source)
     from evalkit.engines.llamacpp import runtime
-    from evalkit.engines.llamacpp.backend import gguf_path
+    from evalkit.engines.llamacpp.gguf import gguf_path
 
     check_writable(args.out, "--out")
     runtime.require()

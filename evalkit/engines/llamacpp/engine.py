@@ -77,7 +77,7 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
         if m.device != "cpu" or m.device_map is not None:
             out.problem(("models", i), f"engine llamacpp runs llama-cpp-python's CPU build: run {m.name} on device cpu")
         try:
-            from evalkit.engines.llamacpp.backend import gguf_path
+            from evalkit.engines.llamacpp.gguf import gguf_path
 
             gguf_path(m.name)
         except EvalkitError as exc:
@@ -93,19 +93,13 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
     return out
 
 
-def backend(options: dict):
-    from evalkit.engines.llamacpp.backend import LlamaCppBackend
-
-    return LlamaCppBackend(**{**DEFAULTS, **options})
-
-
 ENGINE = register_engine(
     Engine(
         name="llamacpp",
         package="llama_cpp",
         install="pip install -e '.[llamacpp]' (builds llama-cpp-python from source, about 5 min on 2 cores)",
-        description="llama.cpp (llama-cpp-python): perplexity and generation through llama.cpp's own KV cache",
-        backend="evalkit.engines.llamacpp.engine:backend",
+        description="llama.cpp (llama-cpp-python): perplexity, decode and generation through llama.cpp's own KV cache",
+        backend="evalkit.engines.llamacpp.backend:from_options",
         plan="evalkit.engines.llamacpp.engine:plan",
         devices=("cpu",),
         conformance="evalkit.engines.llamacpp.conformance:run_cli",

@@ -23,8 +23,9 @@ batch of 2N rows (``batch_size`` rows per forward):
   which also defines the censored median of that step and the share identical through T).
 
 Baseline. The same loop under ``bf16`` (identity storage, bit-identical to the plain model), run
-once per model x corpus x protocol in :meth:`DecodeEval.prepare` and cached under
-``workdir/decode/<key>/``: per row and position its NLL and argmax and the 2 KB summary of its
+once per model x corpus x protocol by the emulation backend (:mod:`evalkit.evals.emulation.decode`,
+which :meth:`DecodeEval.prepare` asks with a plain :class:`~evalkit.evals.protocol.DecodeRequest`) and
+cached under ``workdir/decode/<key>/``: per row and position its NLL and argmax and the 2 KB summary of its
 next-token distribution that perplexity stores too (:mod:`evalkit.evals.kl_topk`: the top-160
 tokens exactly, the tail's mass, 128 stratified tail samples; whatever the vocabulary), plus every
 row's tokens (the greedy rows' continuation). A scheme's KL per position is that module's
@@ -56,10 +57,8 @@ written.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,84 +67,12 @@ import torch
 
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
-from evalkit.evals.backend import backend_of, stamp
-from evalkit.evals.base import Column, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
+from evalkit.evals.backend import DecodeRequest, backend_of, stamp
+from evalkit.evals.base import Column, Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
-from evalkit.evals.kl_topk import (
-    BYTES_PER_POSITION,
-    METHOD,
-    SCALAR_DTYPES,
-    TAIL_SAMPLES,
-    TOP_K,
-    kl_from_summary,
-    summarize,
-)
-from evalkit.evals.output_head import (
-    OutputHead,
-    baseline_dir,
-    baseline_key,
-    check_free_space,
-    load_or_build,
-    publish,
-    temp_dir,
-)
+from evalkit.evals.decode.params import DecodeParams, sequence_starts, step_bucket_edges  # noqa: F401 (re-exported)
+from evalkit.evals.decode.workload import decode_work
 from evalkit.evals.stats import paired_bootstrap_ci
-
-FORMAT_VERSION = (
-    3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
-)
-SCALARS = tuple(SCALAR_DTYPES)  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
-ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, T, width) each, as .npy memory maps
-SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
-
-
-@dataclass(frozen=True)
-class DecodeParams(Params):
-    """The decode evaluation's parameters: grid keys are the field names, CLI flags ``--decode-<field>``."""
-
-    corpus: str = param(
-        "embedded", "corpus: embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]"
-    )
-    prefill: int = param(512, "prompt tokens P per sequence, BOS included (default 512)", low=1, baseline=True)
-    decode: int = param(
-        1536, "generated tokens T per sequence (default 1536)", low=1, baseline=True, flag="--decode-tokens"
-    )
-    sequences: int = param(4, "sequences N cut from the corpus (default 4)", low=1, baseline=True)
-    batch_size: int = param(
-        8,
-        "rows per forward; each sequence is two rows, teacher-forced and free-running (default 8)",
-        low=1,
-        baseline=True,
-    )
-    buckets: int = param(8, "equal-width position buckets over the decoded tokens (default 8)", low=1)
-    bos: bool | None = param(
-        None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)", baseline=True
-    )
-    bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
-    seed: int = param(0, "bootstrap seed (default 0)", low=0)
-
-    @property
-    def length(self) -> int:
-        return self.prefill + self.decode
-
-
-def step_bucket_edges(decode: int, buckets: int) -> list[int]:
-    """Edges of ``min(buckets, decode)`` equal-width groups of decode steps 0..decode (widths differ by at most 1)."""
-    k = min(buckets, decode)
-    return [i * decode // k for i in range(k + 1)]
-
-
-def sequence_starts(n_tokens: int, span: int, sequences: int) -> list[int]:
-    """Evenly spaced, non-overlapping starts of ``sequences`` spans of ``span`` corpus tokens."""
-    need = sequences * span
-    if n_tokens < need:
-        raise EvalkitError(
-            f"the corpus has {n_tokens} tokens, fewer than {sequences} sequences x {span} tokens = {need}: "
-            "use a longer corpus or fewer --decode-sequences / a shorter --decode-prefill or --decode-tokens"
-        )
-    if sequences == 1:
-        return [0]
-    return [i * (n_tokens - span) // (sequences - 1) for i in range(sequences)]
 
 
 @register_eval("decode")
@@ -173,8 +100,6 @@ class DecodeEval(Evaluation):
 
     @classmethod
     def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
-        from evalkit.evals.decode.workload import decode_work
-
         return decode_work(params, facts)
 
     # ---- data and baseline -----------------------------------------------------------------
@@ -203,178 +128,28 @@ class DecodeEval(Evaluation):
         self.p, self.bos, self.corpus = p, bos, corpus
         self.inputs = torch.cat([seqs, seqs]).long()  # rows N..2N-1: the same prompts, continued greedily
         self.protocol = {**p.protocol(), "bos": bos}  # the baseline-deciding fields, BOS resolved
-        backend_of(self).prepare_decode(self, lm, Path(workdir))
-
-    def _prepare_emulation(self, lm, workdir: Path) -> None:
-        """The emulation's baseline: the decode loop under bf16, cached (see the module docstring)."""
-        import transformers
-
-        model, corpus = lm.model, self.corpus
-        self.head = OutputHead(model, "decode")
-        key = baseline_key(
-            lm,
-            version=FORMAT_VERSION,
-            corpus=corpus.sha256,
-            protocol=self.protocol,
-            torch=torch.__version__,
-            transformers=transformers.__version__,
+        self.request = DecodeRequest(
+            inputs=self.inputs,
+            prefill=p.prefill,
+            decode=p.decode,
+            batch_size=p.batch_size,
+            cache_key={"corpus": corpus.sha256, "protocol": self.protocol},
+            corpus_name=corpus.name,
+            starts=tuple(self.starts),
         )
-        self.dir = baseline_dir(workdir, "decode", key)
-        self.base = base = load_or_build(self.dir, self._load_baseline, lambda: self._compute_baseline(lm, key))
-        self.inputs = base["tokens"]
+        self.inputs = backend_of(self).prepare_decode(self.request, lm, Path(workdir))
+        self.request = dataclasses.replace(self.request, inputs=self.inputs)  # the greedy rows continued
 
     @property
     def _shape(self) -> tuple[int, int]:
         return 2 * self.p.sequences, self.p.decode
 
-    def _load_baseline(self) -> dict | None:
-        """The cached baseline (scalars as tensors, summaries memory-mapped), or None when a file is
-        missing, unreadable or of another shape, or holds other tokens."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            base = load_file(self.dir / "baseline.safetensors")
-            arrays = {name: np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
-        except (OSError, ValueError, SafetensorError):
-            return None
-        rows, steps = self._shape
-        if (
-            any(k not in base or base[k].shape != (rows, steps) or base[k].dtype != SCALAR_DTYPES[k] for k in SCALARS)
-            or "tokens" not in base
-            or base["tokens"].shape != self.inputs.shape
-            or any(
-                a.shape != (rows, steps, self._width(name)) or a.dtype != np.dtype(ARRAYS[name])
-                for name, a in arrays.items()
-            )
-        ):
-            return None
-        n, prefill = self.p.sequences, self.p.prefill  # the same text and prompts (a hash collision aside)
-        if not (
-            torch.equal(base["tokens"][:n], self.inputs[:n])
-            and torch.equal(base["tokens"][n:, :prefill], self.inputs[n:, :prefill])
-        ):
-            return None
-        return {**base, **arrays}
-
-    def _width(self, name: str) -> int:
-        return min(TOP_K, self.head.vocab) if name in ("head", "w") else TAIL_SAMPLES
-
-    def _compute_baseline(self, lm, key: dict) -> None:
-        from evalkit.kv.scheme import Scheme
-
-        (rows, steps), vocab = self._shape, self.head.vocab
-        check_free_space(
-            self.dir.parent,
-            rows * steps * BYTES_PER_POSITION,
-            f"the baseline summaries ({rows} rows x {steps} tokens x {BYTES_PER_POSITION} B)",
-            "lower --sequences/--decode or use --cache-dir on a bigger disk",
-        )
-        tmp = temp_dir(self.dir)
-        arrays = {
-            name: np.lib.format.open_memmap(
-                tmp / f"{name}.npy", mode="w+", dtype=np.dtype(dtype), shape=(rows, steps, self._width(name))
-            )
-            for name, dtype in ARRAYS.items()
-        }
-        out = {k: torch.empty(rows, steps, dtype=dtype, device=lm.device) for k, dtype in SCALAR_DTYPES.items()}
-        tokens = self.inputs.clone()
-        generator = torch.Generator().manual_seed(SAMPLE_SEED)
-
-        def record(sl, j, lp, nll, top):
-            summary = summarize(lp, generator)
-            out["nll"][sl, j], out["argmax"][sl, j] = nll, top
-            out["t"][sl, j], out["log_tail"][sl, j] = summary["t"], summary["log_tail"]
-            for name, a in arrays.items():
-                a[sl, j] = summary[name].cpu().numpy()
-
-        free = torch.arange(rows) >= self.p.sequences
-        self.run_pass(lm, Scheme(), tokens, record, free)
-        for a in arrays.values():
-            a.flush()
-        from safetensors.torch import save_file
-
-        save_file({**{k: v.cpu() for k, v in out.items()}, "tokens": tokens}, tmp / "baseline.safetensors")
-        (tmp / "meta.json").write_text(
-            json.dumps(
-                {**key, "rows": rows, "vocab": vocab, "corpus_name": self.corpus.name, "starts": self.starts},
-                indent=1,
-                sort_keys=True,
-            )
-        )
-        publish(tmp, self.dir)
-
-    def run_pass(self, lm, scheme, tokens: torch.Tensor, record, free: torch.Tensor | None = None) -> None:
-        """Run every row of ``tokens`` through the decode loop under ``scheme``, in batches; call
-        ``record(rows, j, log_probs, nll, argmax)`` per step (``tokens`` of free rows get the greedy tokens)."""
-        from tqdm import tqdm
-
-        from evalkit.evals.decode.loop import decode_logits
-        from evalkit.integration.install import quantized_kv
-
-        p, device = self.p, lm.device
-        bar = tqdm(
-            total=tokens.shape[0] * p.decode,
-            desc=f"decode {scheme}",
-            leave=False,
-            disable=os.environ.get("EVALKIT_PROGRESS") == "0",
-        )
-        with quantized_kv(lm.model, scheme) as session, torch.inference_mode(), bar:
-            for b0 in range(0, tokens.shape[0], p.batch_size):
-                sl = slice(b0, b0 + p.batch_size)
-                ids = tokens[sl].to(device)
-                mask = torch.ones_like(ids)
-                rows_free = None if free is None else free[sl].to(device)
-                steps = decode_logits(lm.model, self.head, session, ids, mask, p.prefill, rows_free)
-                for j, logits in enumerate(steps):
-                    lp = torch.log_softmax(logits, dim=-1)
-                    nll = -lp.gather(1, ids[:, p.prefill + j, None])[:, 0]
-                    record(sl, j, lp, nll, logits.argmax(-1))
-                    bar.update(ids.shape[0])
-                tokens[sl] = ids.cpu()
-
-    # ---- one scheme ------------------------------------------------------------------------
-    def scorer(self, device: torch.device):
-        """``(record, collect)`` for one scheme's pass: ``record`` scores one step against the stored
-        baseline (KL from the step's summary, read from the memory maps; top-1 against the
-        baseline's argmax) into (rows x T) tensors on ``device``; ``collect()`` returns them as
-        :meth:`positions` does."""
-        rows, steps = self._shape
-        base = {k: self.base[k].to(device) for k in ("t", "log_tail", "argmax")}
-        kl = torch.empty(rows, steps, dtype=torch.float32, device=device)
-        lower, var, nll = torch.empty_like(kl), torch.empty_like(kl), torch.empty_like(kl)
-        agree = torch.empty(rows, steps, dtype=torch.bool, device=device)
-
-        def record(sl, j, lp, step_nll, top):
-            summary = {name: torch.from_numpy(np.array(self.base[name][sl, j])).to(device) for name in ARRAYS}
-            summary["t"], summary["log_tail"] = base["t"][sl, j], base["log_tail"][sl, j]
-            kl[sl, j], lower[sl, j], var[sl, j] = kl_from_summary(summary, lp)
-            nll[sl, j], agree[sl, j] = step_nll, top == base["argmax"][sl, j]
-
-        def collect() -> dict[str, np.ndarray]:
-            return {
-                "kl": kl.double().cpu().numpy(),
-                "agree": agree.cpu().numpy(),
-                "nll": nll.double().cpu().numpy(),
-                "base_nll": self.base["nll"].double().numpy(),
-                "kl_lower": lower.double().cpu().numpy(),
-                "kl_var": var.double().cpu().numpy(),
-                "tail_mass": self.base["log_tail"].double().exp().numpy(),
-            }
-
-        return record, collect
-
     def positions(self, lm, scheme) -> dict[str, np.ndarray]:
         """Per row and decode position (2N x T): ``kl``, ``agree`` (top-1), ``nll``, ``base_nll``, and the
         KL estimate's ``kl_lower`` bound, sampling variance ``kl_var`` and baseline ``tail_mass``
         (``kl`` and ``kl_var`` None from a backend that gives only the bound), from the eval's backend."""
-        self.require_prepared(hasattr(self, "protocol"))
-        return backend_of(self).decode_positions(self, lm, scheme)
-
-    def _positions_emulation(self, lm, scheme) -> dict[str, np.ndarray]:
-        record, collect = self.scorer(lm.device)
-        self.run_pass(lm, scheme, self.inputs.clone(), record)
-        return collect()
+        self.require_prepared(hasattr(self, "request"))
+        return backend_of(self).decode_positions(self.request, lm, scheme)
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         pos = self.positions(lm, scheme)
@@ -406,8 +181,7 @@ class DecodeEval(Evaluation):
     # ---- rows ------------------------------------------------------------------------------
     def rows(self, pos: dict[str, np.ndarray]) -> list[MetricRow]:
         p, n = self.p, self.p.sequences
-        # the emulation's provenance is its baseline cache; another backend's comes with its positions
-        source = pos["info"] if "info" in pos else dict(baseline_cache=self.dir.name, kl_method=METHOD)
+        source = pos["info"]  # the backend's provenance (the emulation's: its baseline cache and KL method)
         info = dict(
             protocol=self.protocol,
             corpus=self.corpus.name,

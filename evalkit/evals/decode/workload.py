@@ -4,13 +4,12 @@ free-running) of prefill + decode tokens; the baseline stores
 
 from __future__ import annotations
 
+from evalkit.evals.decode.params import DecodeParams, step_bucket_edges
 from evalkit.evals.kl_topk import BYTES_PER_POSITION
 from evalkit.evals.sizing import ROW_BYTES, Forwards, Work, batches
 
 
 def decode_work(params: dict, facts) -> Work:
-    from evalkit.evals.decode.evaluation import DecodeParams, step_bucket_edges
-
     p = DecodeParams(**params)
     rows = 2 * p.sequences
     fw: list[Forwards] = []

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.backend import EMULATION, backend_of, stamp
+from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 
 DEFAULT_TASKS = ("evalkit_mmlu4",)
@@ -163,9 +163,12 @@ class LmEvalEval(Evaluation):
         metadata = {"pretrained": str(lm.path), **self.params["metadata"]}
         self._tasks = resolve_tasks(self.params["tasks"], tuple(self.params["include"]), metadata)
         backend = backend_of(self)
-        backend.prepare_lmeval(self, lm)
+        self.request = LmevalRequest(batch_size=self.params.get("batch_size"))
+        backend.prepare_lmeval(self.request, lm)
         self._model = lm.model
-        if backend.name != EMULATION.name:  # the engine's own baseline run, in memory (flip rates against it)
+        if (
+            not backend.capabilities.reusable_baseline
+        ):  # the engine's own baseline run, in memory (flip rates against it)
             results = self._run(lm, None)
             self.baseline_items = items_from_results(results)
             self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
@@ -201,7 +204,7 @@ class LmEvalEval(Evaluation):
         from evalkit.evals.lmeval.adapter import run_lm_eval
 
         p = self.params
-        with backend_of(self).lmeval_model(self, lm, scheme) as model:
+        with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
             self._batch_size = model.batch_size
             return run_lm_eval(
                 model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"]

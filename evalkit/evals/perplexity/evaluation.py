@@ -8,34 +8,16 @@ by the first window that reaches it, which is the one giving it the most context
 strided-perplexity protocol; ``stride == window`` gives disjoint windows, and without BOS the
 first token of each disjoint window is predicted by nothing and so not scored).
 
-Baseline. ``prepare()`` runs the unquantized model once per model x corpus x protocol and caches,
-under ``workdir/perplexity/<key>/``, per scored token: its NLL and argmax (exact: perplexity, its
-change and top-1 agreement need nothing else) and a 2 KB summary of its next-token distribution
-(:mod:`evalkit.evals.kl_topk`): the top 160 tokens' probabilities, the tail's mass and 128
-stratified tail samples. Scalars go to ``baseline.safetensors``, the per-token arrays to ``.npy``
-files written chunk by chunk; ``meta.json`` is written last as the completion marker. The key
-hashes the model (config, a weight fingerprint, dtype, device), the tokenizer, the corpus hash,
-the protocol and the torch version.
-
-KL choice: the 2 KB summary, whatever the vocabulary (2008 bytes per scored token: 600 MB for
-wikitext-2's ~300k test tokens, where full float16 distributions of a 128k vocabulary take 77 GB),
-checked against free space before anything is written. A scheme's KL per token is the head's
-exact term plus the tail's, estimated without bias from the samples; the tail's aggregated term
-gives a proven lower bound, reported with the estimate (the math and why no useful two-sided bound
-exists from a small summary: :mod:`evalkit.evals.kl_topk`). A scheme costs one forward per window,
-as the NLL needs anyway; computing the baseline in lockstep instead would be exact without storage
-but would double every scheme's cost.
-
-Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
-log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
-(window x vocabulary) float tensor exists for long windows and nothing grows with the corpus.
-
-Backends. The eval asks a backend for the log-probs of its windows (:class:`TokenScores` per
-scored token); the default, :class:`EmulationBackend`, is the transformers model through evalkit's
-storage cache with the cached baseline above. An engine (``evalkit.engines.vllm_backend.VllmBackend``,
-``evalkit run --engine vllm``) is another: its baseline is its own unquantized run, and where it
-returns only a top-k its KL row is the proven lower bound, named ``kl_lower_bound`` (``kl_bound:
-true`` in the row's info) instead of ``kl_mean``.
+Backends. ``prepare()`` builds one plain :class:`~evalkit.evals.protocol.LogprobsRequest` (the corpus
+ids, the window plan, BOS, batch size, and the corpus hash and protocol that key a cached baseline)
+and asks the eval's backend for the log-probs of its windows (:class:`TokenScores` per scored token,
+against the backend's own unquantized run). The default, the emulation
+(:mod:`evalkit.evals.emulation.perplexity`), is the transformers model through evalkit's storage cache
+against a cached baseline: per scored token its NLL, argmax and a 2 KB summary of its next-token
+distribution (:mod:`evalkit.evals.kl_topk`), so KL is an estimate with a proven lower bound, whatever
+the vocabulary. An engine (``evalkit run --engine vllm`` or ``llamacpp``) is another: its baseline is
+its own unquantized run, and where it returns only a top-k its KL row is the proven lower bound,
+named ``kl_lower_bound`` (``kl_bound: true`` in the row's info) instead of ``kl_mean``.
 
 Statistics (:mod:`evalkit.evals.stats`): 95 % paired percentile bootstrap over windows (fixed seed,
 ``bootstrap_samples`` resamples) for perplexity, its change, KL and agreement, and a Wilcoxon
@@ -45,8 +27,6 @@ signed-rank p-value over per-window mean NLL. Rows repeat for position buckets w
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,67 +37,13 @@ import torch
 
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
-from evalkit.evals.backend import EMULATION, EmulationBackend, TokenScores, backend_of, stamp  # noqa: F401 (re-exported)
+from evalkit.evals.backend import LogprobsRequest, TokenScores, backend_of, stamp
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.float_noise import DEFAULT_ULPS
-from evalkit.evals.kl_topk import BYTES_PER_POSITION, METHOD, SCALAR_DTYPES, kl_from_summary, summarize
-from evalkit.evals.output_head import (
-    CHUNK_ELEMENTS,
-    OutputHead,
-    baseline_dir,
-    baseline_key,
-    check_free_space,
-    load_or_build,
-    publish,
-    temp_dir,
-)
 from evalkit.evals.perplexity.float_spread import ci_text, combine
+from evalkit.evals.perplexity.windows import plan_windows, position_bucket_edges  # noqa: F401 (re-exported)
+from evalkit.evals.perplexity.workload import perplexity_work
 from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
-
-FORMAT_VERSION = (
-    4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
-)
-BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
-ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
-SAMPLE_SEED = 0  # the tail samples' stratified offsets
-
-
-@dataclass
-class Realisation:
-    """One float realisation of the emulation: a model (the loaded one, or a perturbed-weight copy with
-    ``seed``), its output head and its cached baseline (folder and arrays)."""
-
-    lm: Any
-    head: Any
-    dir: Path
-    base: dict
-    seed: int | None = None
-
-
-def position_bucket_edges(window: int) -> list[int]:
-    """Edges 0, 128, 512, 2048, ... (powers of 4 from 128) up to the window's last target index."""
-    edges, e = [0], 128
-    while e < window:
-        edges.append(e)
-        e *= 4
-    return edges + [window]
-
-
-def plan_windows(n_tokens: int, window: int, stride: int, bos: bool, max_windows: int | None) -> list[tuple[int, int]]:
-    """``(start, first_target)`` per window: the corpus index of its first content token and the
-    input index of its first scored target (targets run from there to the window's end)."""
-    c = window - int(bos)
-    if n_tokens < c:
-        raise EvalkitError(
-            f"the corpus has {n_tokens} tokens, fewer than one window needs ({c}): use a longer corpus or a smaller --perplexity-window"
-        )
-    step, plan, scored_to, start = min(stride, c), [], (0 if bos else 1), 0
-    while scored_to < n_tokens and (max_windows is None or len(plan) < max_windows):
-        start = min(start, n_tokens - c)
-        plan.append((start, max(scored_to - start + int(bos), 1)))  # input 0 is never a target
-        scored_to, start = start + c, start + step
-    return plan
-
 
 KL_QUANTILES = {"kl_p50": 50.0, "kl_p99": 99.0, "kl_p999": 99.9, "kl_max": 100.0}  # llama.cpp's KL summary
 
@@ -213,12 +139,10 @@ class PerplexityEval(Evaluation):
 
     def __init__(self, params: dict[str, Any] | None = None, backend=None):
         super().__init__(params)
-        self.backend = EMULATION if backend is None else backend
+        self.backend = backend  # None: a new emulation backend of its own (evalkit.evals.backend.backend_of)
 
     @classmethod
     def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
-        from evalkit.evals.perplexity.workload import perplexity_work
-
         return perplexity_work(params, facts)
 
     # ---- baseline --------------------------------------------------------------------------
@@ -247,191 +171,45 @@ class PerplexityEval(Evaluation):
             "effective_stride": min(p["stride"], p["window"] - bos),
             "bos": bos,
         }
-        backend_of(self).prepare(self, lm, Path(workdir))
-        self._noisy = self._prepare_float_noise(lm, Path(workdir))
+        backend = backend_of(self)
+        if p["float_noise_seeds"] and not backend.capabilities.float_noise:
+            raise EvalkitError(
+                f"--perplexity-float-noise-seeds reruns the emulation on perturbed weight copies; backend "
+                f"{backend.name} cannot: drop it (0) or use --engine emulation"
+            )
+        self.request = LogprobsRequest(
+            corpus_ids=ids,
+            plan=tuple(self.plan),
+            window=p["window"],
+            bos_id=self.tokenizer_bos if bos else None,
+            batch_size=p["batch_size"],
+            cache_key={"corpus": corpus.sha256, "protocol": self.protocol},
+            corpus_name=corpus.name,
+            float_noise_seeds=p["float_noise_seeds"],
+        )
+        backend.prepare(self.request, lm, Path(workdir))
 
     def canonical_params(self) -> dict[str, Any]:
         """The parameters, without ``float_noise_seeds`` while it is off (0): runs made before it existed keep their ids."""
         return {k: v for k, v in self.params.items() if not (k == "float_noise_seeds" and not v)}
 
-    def _prepare_float_noise(self, lm, workdir: Path) -> list[Realisation]:
-        """The perturbed-weight copies (seeds 1..N) with their own cached baselines (see
-        :mod:`evalkit.evals.perplexity.float_spread`); none when ``float_noise_seeds`` is 0."""
-        n = self.params["float_noise_seeds"]
-        if not n:
-            return []
-        if not isinstance(backend_of(self), EmulationBackend):
-            raise EvalkitError(
-                f"--perplexity-float-noise-seeds reruns the emulation on perturbed weight copies; backend "
-                f"{backend_of(self).name} cannot: drop it (0) or use --engine emulation"
-            )
-        import dataclasses
-
-        from evalkit.evals.float_noise import DEFAULT_ULPS, perturbed_model
-
-        out = []
-        for seed in range(1, n + 1):
-            copy = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, DEFAULT_ULPS))
-            out.append(self._realisation(copy, workdir, {"seed": seed, "ulps": DEFAULT_ULPS}))
-        return out
-
     def window_inputs(self):
         """Each window's input ids (BOS first where used) and the index of its first scored target."""
-        for i, (_, t0) in enumerate(self.plan):
-            yield self._input_ids(self.plan[i : i + 1])[0], t0
-
-    def _input_ids(self, batch) -> torch.Tensor:
-        c = self.params["window"] - int(self.bos)
-        ids = torch.stack([self.ids[s : s + c] for s, _ in batch])
-        if self.bos:
-            ids = torch.cat([torch.full((len(batch), 1), self.tokenizer_bos, dtype=ids.dtype), ids], dim=1)
-        return ids
-
-    def _prepare_baseline(self, lm, workdir: Path) -> None:
-        """The emulation's baseline: the unquantized model's summaries, cached (see the module docstring)."""
-        real = self._realisation(lm, workdir)
-        self.head, self.dir, self.base = real.head, real.dir, real.base
-        self.base_nll, self.base_argmax = real.base["nll"], real.base["argmax"]
-
-    def _realisation(self, lm, workdir: Path, float_noise: dict | None = None) -> Realisation:
-        """``lm``'s output head and cached baseline; ``float_noise`` (seed, ulps) keys a perturbed copy's."""
-        head = OutputHead(lm.model, "perplexity")
-        extra = {} if float_noise is None else {"float_noise": float_noise}
-        key = baseline_key(
-            lm,
-            version=FORMAT_VERSION,
-            corpus=self.corpus.sha256,
-            protocol=self.protocol,
-            torch=torch.__version__,
-            **extra,
-        )
-        folder = baseline_dir(workdir, "perplexity", key)
-        base = load_or_build(
-            folder, lambda: self._load_baseline(folder), lambda: self._compute_baseline(lm, key, head, folder)
-        )
-        return Realisation(lm, head, folder, base, None if float_noise is None else float_noise["seed"])
-
-    def _load_baseline(self, folder: Path | None = None) -> dict | None:
-        """The cached baseline (scalars as tensors, per-token arrays memory-mapped), or None when a
-        file is missing, unreadable, incomplete or of another shape."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        folder = self.dir if folder is None else folder
-        try:
-            base = load_file(folder / "baseline.safetensors")
-            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
-        except (OSError, ValueError, SafetensorError):
-            return None
-        n = int(self.offsets[-1])
-        if not BASELINE_KEYS <= set(base) or any(
-            base[k].shape != (n,) or base[k].dtype != SCALAR_DTYPES[k] for k in BASELINE_KEYS
-        ):
-            return None
-        if any(a.ndim != 2 or a.shape[0] != n or a.dtype != np.dtype(ARRAYS[name]) for name, a in arrays.items()):
-            return None
-        return {**base, **arrays}
-
-    def _compute_baseline(self, lm, key: dict, head: OutputHead | None = None, folder: Path | None = None) -> None:
-        from evalkit.evals.kl_topk import TAIL_SAMPLES, TOP_K
-
-        head, folder = head or self.head, folder or self.dir
-        n, vocab = int(self.offsets[-1]), head.vocab
-        check_free_space(
-            folder.parent,
-            n * BYTES_PER_POSITION,
-            f"the baseline summaries ({n} tokens x {BYTES_PER_POSITION} B)",
-            "lower --perplexity-max-windows/--perplexity-max-tokens or use --cache-dir on a bigger disk",
-        )
-        tmp = temp_dir(folder)
-        out = {k: torch.empty(n, dtype=dtype) for k, dtype in SCALAR_DTYPES.items()}
-        width = {"head": min(TOP_K, vocab), "w": min(TOP_K, vocab), "tail": TAIL_SAMPLES, "tail_lp": TAIL_SAMPLES}
-        generator = torch.Generator().manual_seed(SAMPLE_SEED)
-        with contextlib.ExitStack() as stack:
-            files = {name: stack.enter_context(open(tmp / f"{name}.npy", "wb")) for name in ARRAYS}
-            for name, fh in files.items():
-                np.lib.format.write_array_header_2_0(
-                    fh, {"descr": ARRAYS[name], "fortran_order": False, "shape": (n, width[name])}
-                )
-            for lo, lp, tgt_nll, top in self._scored_chunks(lm, head):
-                summary = summarize(lp, generator)
-                sl = slice(lo, lo + len(top))
-                out["nll"][sl], out["argmax"][sl] = tgt_nll.cpu(), top.cpu()
-                out["t"][sl], out["log_tail"][sl] = summary["t"].cpu(), summary["log_tail"].cpu()
-                for name, fh in files.items():
-                    fh.write(summary[name].cpu().numpy().astype(ARRAYS[name], copy=False).tobytes())
-        from safetensors.torch import save_file
-
-        save_file({**out, "offsets": torch.from_numpy(self.offsets)}, tmp / "baseline.safetensors")
-        (tmp / "meta.json").write_text(
-            json.dumps(
-                {**key, "n_tokens": n, "vocab": vocab, "corpus_name": self.corpus.name}, indent=1, sort_keys=True
-            )
-        )
-        publish(tmp, folder)
-
-    def _scored_chunks(self, lm, head: OutputHead | None = None):
-        """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
-        model, p, head = lm.model, self.params, head or self.head
-        rows = max(1, CHUNK_ELEMENTS // head.vocab)
-        with torch.inference_mode():
-            for b0 in range(0, len(self.plan), p["batch_size"]):
-                batch = self.plan[b0 : b0 + p["batch_size"]]
-                ids = self._input_ids(batch).to(lm.device)
-                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
-                h = torch.cat([hidden[i, t0 - 1 : -1] for i, (_, t0) in enumerate(batch)])
-                tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
-                del hidden
-                base = int(self.offsets[b0])
-                for lo in range(0, len(tgt), rows):
-                    lp = torch.log_softmax(head(h[lo : lo + rows]), dim=-1)
-                    nll = -lp.gather(1, tgt[lo : lo + rows, None])[:, 0]
-                    yield base + lo, lp, nll, lp.argmax(-1)
+        self.require_prepared(hasattr(self, "request"))
+        return self.request.windows()
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        self.require_prepared(hasattr(self, "protocol"))
-        scores = backend_of(self).score(self, lm, scheme)
+        scores = self.token_scores(lm, scheme)
         if artifacts is not None:
             self._write_windows(Path(artifacts), scores)
-        noise = [(r.seed, self._score_emulation(r.lm, scheme, r)) for r in getattr(self, "_noisy", [])]
+        noise = backend_of(self).float_noise_scores(self.request, scheme)
         return stamp(self._rows(scores, noise), backend_of(self))
 
-    def _score_emulation(self, lm, scheme, real: Realisation | None = None) -> TokenScores:
-        """``scheme`` through the storage cache on ``lm``, against the baseline of ``real`` (default: the
-        unperturbed model's, prepared by :meth:`prepare`)."""
-        from evalkit.integration.install import quantized_kv
-
-        base, head, folder = (self.base, self.head, self.dir) if real is None else (real.base, real.head, real.dir)
-
-        n = int(self.offsets[-1])
-        nll, kl, agree = (
-            torch.empty(n, dtype=torch.float64),
-            torch.empty(n, dtype=torch.float64),
-            torch.empty(n, dtype=torch.bool),
-        )
-        lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
-        with quantized_kv(lm.model, scheme):
-            for lo, lp, tgt_nll, top in self._scored_chunks(lm, head):
-                sl = slice(lo, lo + len(top))
-                summary = {
-                    k: (torch.from_numpy(np.array(base[k][sl])) if k in ARRAYS else base[k][sl]).to(lp.device)
-                    for k in ("head", "w", "t", "log_tail", "tail", "tail_lp")
-                }
-                k, low, v = kl_from_summary(summary, lp)
-                kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
-                nll[sl] = tgt_nll.double().cpu()
-                agree[sl] = top.cpu() == base["argmax"][sl]
-        return TokenScores(
-            nll,
-            base["nll"].double(),
-            agree,
-            kl,
-            lower,
-            var,
-            base["log_tail"].double().exp(),
-            info=dict(kl_method=METHOD, baseline_cache=folder.name),
-        )
+    def token_scores(self, lm, scheme) -> TokenScores:
+        """``scheme``'s numbers per scored token, from the eval's backend (against its own baseline)."""
+        self.require_prepared(hasattr(self, "request"))
+        return backend_of(self).score(self.request, lm, scheme)
 
     def _write_windows(self, folder: Path, scores: TokenScores) -> None:
         """Per-window sums as ``perplexity_windows.csv`` (what the intervals resample)."""

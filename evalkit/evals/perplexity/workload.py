@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.kl_topk import BYTES_PER_POSITION
+from evalkit.evals.perplexity.windows import plan_windows, position_bucket_edges
 from evalkit.evals.sizing import CHARS_PER_TOKEN, ROW_BYTES, Forwards, Work, batches, count_tokens
 
 # wikitext-2-raw-v1 test split, tokens of the whole split (no special tokens), per tokenizer family.
@@ -62,8 +63,6 @@ def _corpus_tokens(spec: str, facts) -> tuple[int, bool | None, str]:
 
 
 def perplexity_work(params: dict, facts) -> Work:
-    from evalkit.evals.perplexity.evaluation import plan_windows, position_bucket_edges
-
     n, bos, approx = _corpus_tokens(params["corpus"], facts)
     if bos is None:
         bos = True  # Llama-family tokenizers add BOS

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.backend import EMULATION, backend_of, stamp
+from evalkit.evals.backend import backend_of, stamp
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.output_head import append_lines
 from evalkit.evals.retrieval import grid as G
@@ -188,8 +188,9 @@ class RetrievalEval(Evaluation):
 
     def _baseline_path(self, lm) -> Path | None:
         """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them);
-        None (kept in memory only) without a work folder or for a backend other than the emulation."""
-        if self.workdir is None or backend_of(self).name != EMULATION.name:
+        None (kept in memory only) without a work folder or for a backend whose baseline is its own run
+        (an engine's), not a reusable function of the loaded model."""
+        if self.workdir is None or not backend_of(self).capabilities.reusable_baseline:
             return None
         import torch
         import transformers

@@ -1,0 +1,115 @@
+"""The evaluation registry: the built-in evaluations (subpackages of :mod:`evalkit.evals` holding an
+``evaluation`` module, imported only when asked for), and others registered with :func:`register_eval`
+by a module named in ``EVALKIT_EVALS`` or in the ``evalkit.evals`` entry-point group.
+
+:func:`registry` gives name -> ``"module"`` or ``"module:Class"`` for every known eval; a sweep passes it
+to its workers, so evals registered at run time resolve the same way there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+from evalkit.errors import EvalkitError
+
+# ---- registry ----------------------------------------------------------------------------------
+PLUGINS_ENV = "EVALKIT_EVALS"  # comma-separated modules that register evaluations
+ENTRY_POINTS = "evalkit.evals"  # entry-point group of installed packages' evaluation modules
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+#: name -> "module:Class" of every evaluation registered in this process (tests may add entries)
+_REGISTRY: dict[str, str] = {}
+_loaded_plugins: set[str] = set()
+
+
+def register_eval(name: str):
+    """Class decorator: make an :class:`Evaluation` subclass the evaluation ``name`` (its flags are
+    ``--<name>-<field>``). Registering the same class again is a no-op; another class under a
+    taken name is refused."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise EvalkitError(f"eval name {name!r} must be lower-case letters, digits and _ (starting with a letter)")
+
+    def decorate(cls):
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        if _REGISTRY.get(name, path) != path:
+            raise EvalkitError(f"eval {name!r} is registered twice ({_REGISTRY[name]} and {path}): rename one")
+        params = cls.__dict__.get("Params") or getattr(cls, "Params", None)
+        if params is not None:
+            bound = params.__dict__.get("eval_name")
+            if bound not in (None, name):
+                raise EvalkitError(f"{params.__name__} already belongs to eval {bound!r}: give {name!r} its own Params")
+            params.eval_name = name
+        cls.name = name
+        _REGISTRY[name] = path
+        return cls
+
+    return decorate
+
+
+def _builtin() -> dict[str, str]:
+    """name -> module of the built-in evaluations: the subpackages of evalkit.evals with an evaluation module."""
+    here = Path(__file__).resolve().parent
+    return {
+        d.name: f"evalkit.evals.{d.name}.evaluation"
+        for d in sorted(here.iterdir())
+        if d.is_dir() and (d / "evaluation.py").is_file() and _NAME.match(d.name)
+    }
+
+
+def _load_plugins() -> None:
+    """Import the modules named in EVALKIT_EVALS and the ``evalkit.evals`` entry points (each once)."""
+    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    try:
+        from importlib.metadata import entry_points
+
+        names += [ep.value.partition(":")[0] for ep in entry_points(group=ENTRY_POINTS)]
+    except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
+        pass
+    for module in names:
+        if module in _loaded_plugins:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EvalkitError(
+                f"evaluation module {module!r} (from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
+                f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it"
+            ) from None
+        _loaded_plugins.add(module)
+
+
+def registry() -> dict[str, str]:
+    """name -> "module" (a built-in not imported yet) or "module:Class", for every evaluation known here:
+    built-ins first (in folder order), then those registered by plugins or at run time."""
+    _load_plugins()
+    out = _builtin()
+    out.update(_REGISTRY)
+    return out
+
+
+def eval_names() -> list[str]:
+    return list(registry())
+
+
+def get_eval(name: str, registry: dict[str, str] | None = None) -> type:
+    """The evaluation class registered as ``name`` (in ``registry`` when given: a sweep passes the
+    registry it started with to its workers, so evals registered at run time resolve the same way)."""
+    known = globals()["registry"]() if registry is None else registry
+    if name not in known:
+        raise EvalkitError(f"unknown eval {name!r}: use one of {', '.join(known)}")
+    path = known[name]
+    if ":" in path:
+        module, cls = path.split(":", 1)
+        obj = importlib.import_module(module)
+        for part in cls.split("."):
+            obj = getattr(obj, part)
+        return obj
+    importlib.import_module(path)  # registers its evaluation
+    if name not in _REGISTRY:
+        raise EvalkitError(
+            f"module {path} registers no eval {name!r}: decorate its class with @register_eval({name!r})"
+        )
+    return get_eval(name, {name: _REGISTRY[name]})

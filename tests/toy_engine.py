@@ -10,7 +10,8 @@ print what they were asked. Tests register it with :func:`evalkit.engines.regist
 from __future__ import annotations
 
 from evalkit.engines.registry import Engine, Option, Plan
-from evalkit.evals.backend import Capabilities, EmulationBackend
+from evalkit.evals.backend import Capabilities
+from evalkit.evals.emulation.backend import EmulationBackend
 
 SCHEMES = ("bf16", "fp8_e4m3/tensor/dynamic", "int8/token/dynamic")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.emulation.backend import EmulationBackend
 from evalkit.evals.protocol import (  # noqa: F401 (re-exported: the protocol's names)
     EVAL_REQUESTS,
     REQUESTS,
@@ -32,8 +31,16 @@ def backend_of(ev) -> Backend:
     its own (kept on the evaluation, which it then serves)."""
     backend = getattr(ev, "backend", None)
     if backend is None:
-        backend = ev.backend = EmulationBackend()
+        backend = ev.backend = emulation_backend()
     return backend
+
+
+def emulation_backend() -> Backend:
+    """A new emulation backend (imported here, when an evaluation first asks for one: it loads
+    transformers, which building the command line must not)."""
+    from evalkit.evals.emulation.backend import EmulationBackend
+
+    return EmulationBackend()
 
 
 def use_backend(ev, backend: Backend | None):
@@ -51,7 +58,7 @@ def use_backend(ev, backend: Backend | None):
             )
     elif backend is not None:
         backend.check_eval(ev.name, ev.params)
-    ev.backend = EmulationBackend() if backend is None else backend
+    ev.backend = emulation_backend() if backend is None else backend
     return ev
 
 

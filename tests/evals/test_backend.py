@@ -22,12 +22,12 @@ from evalkit.evals.backend import (
     Backend,
     Capabilities,
     DecodeRequest,
-    EmulationBackend,
     LogprobsRequest,
     TokenScores,
     backend_of,
     use_backend,
 )
+from evalkit.evals.emulation.backend import EmulationBackend
 from evalkit.kv.scheme import Scheme
 
 PPL = dict(window=64, stride=64, max_windows=3, bootstrap_samples=200)

@@ -194,7 +194,7 @@ def test_decode_through_the_engine(embedded, work):
     base = eng.backend.decode_base
     n, p = DECODE["sequences"], DECODE["prefill"]
     # the engine's teacher-forced baseline NLL on the corpus rows against the emulation's
-    emu_nll = emu.base["nll"][:n].double().numpy().ravel()
+    emu_nll = emu.backend.decode.base["nll"][:n].double().numpy().ravel()  # the emulation's cached baseline
     eng_nll = base.scores.nll.numpy().reshape(2 * n, -1)[:n].ravel()
     assert abs(emu_nll - eng_nll).mean() < 1e-4, abs(emu_nll - eng_nll).max()
     assert eng.inputs[:n].equal(emu.inputs[:n]) and eng.inputs[n:, :p].equal(emu.inputs[n:, :p])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from evalkit.cli import main
-from evalkit.cli.conformance import load_report
 from evalkit.errors import EngineUnavailableError
+from evalkit.report.conformance import load_report
 
 
 def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):

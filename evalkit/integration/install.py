@@ -8,9 +8,12 @@ included. A cache made by :meth:`KVSession.new_cache` (or returned by an earlier
 block) is used as it is, so teacher-forced decoding continues the same cache. A cache that already
 holds tokens evalkit did not store is refused.
 
-After every forward a hook checks the cache once: NaN or inf in K/V raises naming the layer, and a
-forward that wrote nothing to the cache means the model's attention never calls ``cache.update``
-(its K/V cannot be intercepted): that is refused too, never measured as if unquantized.
+After every forward a hook checks the cache: a forward that wrote nothing to the cache means the
+model's attention never calls ``cache.update`` (its K/V cannot be intercepted): that is refused,
+never measured as if unquantized. NaN or inf in K/V raises naming the layer: read from the device
+after every forward that wrote more than one token; a one-token decode step only sets the flag on
+the device (no host synchronisation inside a decode step), read when the next longer forward comes,
+when a decode loop calls :meth:`KVSession.check_finite`, and at the latest when the block ends.
 
 A ``llamacpp:`` scheme routes attention through its Q rounding (:func:`evalkit.kv.llamacpp_attention.round_query`:
 Q converted to the K type's dot type, as llama.cpp's CPU kernels do) on the layers it quantizes.
@@ -33,6 +36,7 @@ from evalkit.integration.attention import attention_handler
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.fa3 import fa3_attention
 from evalkit.integration.hf_compat import cache_keyword, check_transformers, take_cache
+from evalkit.integration.static_cache import StaticStorageCache
 from evalkit.integration.storage import StorageCache
 from evalkit.kv.scale_table import ScaleTable
 from evalkit.kv.scheme import AttentionPrecision, Scheme, parse_scheme
@@ -43,12 +47,24 @@ check_transformers()
 _ACTIVE: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
+def _is_static(cache) -> bool:
+    return isinstance(cache, StaticStorageCache)
+
+
 class KVSession:
     """One model inside one ``quantized_kv`` block: its bound scheme and the caches it hands out."""
 
     def __init__(self, model, binding: BoundScheme, cache_keyword: str = "cache"):
         self.model, self.binding = model, binding
         self.cache_keyword = cache_keyword  # what the decoder's forward calls its cache (see hf_compat)
+        self._unchecked: weakref.WeakSet = weakref.WeakSet()  # caches whose decode steps' NaN flags are unread
+        self._written_before = 0
+
+    def check_finite(self) -> None:
+        """Read the NaN/inf flags of every cache whose decode steps were not checked yet (one device read each)."""
+        pending, self._unchecked = list(self._unchecked), weakref.WeakSet()
+        for cache in pending:
+            cache.check_finite()
 
     @property
     def scheme(self) -> Scheme:
@@ -62,15 +78,31 @@ class KVSession:
         """An empty storage cache; ``attention_mask`` (batch, seq) describes the first write's padding."""
         return StorageCache(self.model.config, self.binding, attention_mask)
 
+    def new_static_cache(self, max_len: int, attention_mask: torch.Tensor | None = None):
+        """An empty storage cache of static shapes for ``max_len`` tokens per sequence (compiled decoding:
+        :mod:`evalkit.integration.static_cache`); its NaN flags are read when the block ends, or by
+        :meth:`check_finite`."""
+        cache = StaticStorageCache(self.model.config, self.binding, max_len, attention_mask)
+        self._unchecked.add(cache)
+        return cache
+
     # -- hooks on the decoder ------------------------------------------------------------------
     def _pre_forward(self, module, args, kwargs):
         cache = take_cache(kwargs)  # given as cache= or past_key_values=, whichever the release names it
+        if _is_static(cache):  # a compiled decode step: nothing here may read the device or vary per step
+            if cache.binding is not self.binding:
+                raise SchemeError(
+                    "this storage cache was made for another quantized_kv block: make a new one with session.new_cache()"
+                )
+            kwargs[self.cache_keyword], kwargs["use_cache"] = cache, True
+            return args, kwargs
         if isinstance(cache, StorageCache):
             if cache.binding is not self.binding:
                 raise SchemeError(
                     "this storage cache was made for another quantized_kv block: make a new one with session.new_cache()"
                 )
             kwargs[self.cache_keyword], kwargs["use_cache"] = cache, True
+            self._written_before = cache.get_seq_length()
             return args, kwargs
         if cache is not None and cache.get_seq_length() > 0:
             raise SchemeError(
@@ -84,13 +116,18 @@ class KVSession:
             mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         )
         kwargs["use_cache"] = True
+        self._written_before = 0
         return args, kwargs
 
     def _post_forward(self, module, args, kwargs, output):
         cache = kwargs.get(self.cache_keyword)
-        if not isinstance(cache, StorageCache):
+        if not isinstance(cache, StorageCache):  # a static cache's flags are read when its decoding is over
             return output
-        cache.check_finite()
+        if cache.get_seq_length() - self._written_before > 1:  # a prefill or scoring forward: read the flags now
+            self.check_finite()
+            cache.check_finite()
+        else:  # a decode step: the flag stays on the device until the decoding is over
+            self._unchecked.add(cache)
         layers = cache.storage_layers()
         if layers and all(layer.get_seq_length() == 0 for layer in layers):
             model_type = getattr(self.layout, "model_type", "?")
@@ -135,6 +172,7 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
         _ACTIVE.add(model)
         try:
             yield session
+            session.check_finite()
         finally:
             _ACTIVE.discard(model)
             for h in handles:

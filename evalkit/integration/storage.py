@@ -5,14 +5,19 @@
 and one for V (real codes and scales, kept as engines keep them: that module says how) and return
 the dequantized K/V, so the prefill's own attention reads quantized K/V too, as engines that
 attend from the paged cache do. ``nbytes()`` counts what an engine holds: codes, scales and zero
-points (BF16 for unquantized layers).
+points (BF16 for unquantized layers). The cache keeps nothing else between forwards: the
+dequantized K/V a layer returns are made for its attention and dropped after it (the layer's
+``keys``/``values`` attributes stay empty for quantized layers), so the memory held is the engine's
+bytes plus, while a layer attends, that one layer's K/V in the model's dtype.
 
 Sliding-window layers keep the last ``window - 1`` tokens as transformers does (whole blocks for
 ``block<N>``). Multi-head latent attention layers receive ``(latent, rope_key)`` through ``update``
 and store exactly those; ``+rope=bf16`` keeps the RoPE key unquantized.
 
 NaN or inf arriving in K/V sets a flag on the device; :meth:`StorageCache.check_finite` reads all
-flags once per forward pass and raises naming the first layer (no host synchronisation per layer).
+flags at once and raises naming the first layer. ``quantized_kv`` calls it after every forward that
+wrote more than one token, and for one-token decode steps only when the decoding is over (no host
+synchronisation inside a decode step).
 """
 
 from __future__ import annotations
@@ -53,7 +58,13 @@ class _StorageLayerMixin:
             self._make_stores(key_states.device)
         padding, self.padding = self.padding, None  # the mask describes the first write only
         append_pair(self.k, self.v, key_states, value_states, padding)
-        self.keys, self.values = self.k.values, self.v.values
+        self._expose(key_states)
+
+    def _expose(self, like: torch.Tensor) -> None:
+        """transformers' ``keys``/``values`` attributes: the K/V themselves for an unquantized side,
+        else empty (the stores hold codes; a dequantized copy kept here would double the memory)."""
+        self.keys = self.k.read() if not self.k.quantized else like.new_empty(0)
+        self.values = self.v.read() if not self.v.quantized else like.new_empty(0)
 
     def get_seq_length(self) -> int:
         return 0 if self.k is None else self.k.total
@@ -86,8 +97,9 @@ class StorageLayer(_StorageLayerMixin, DynamicLayer):
         first = self.k is None or self.k.total == 0
         self._write(key_states, value_states)
         if first and self.active and _prefill_reads_raw(self.binding):
+            self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
             return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
-        return self.k.values, self.v.values
+        return self.k.read(), self.v.read()
 
 
 class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
@@ -101,12 +113,12 @@ class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
         self._write(key_states, value_states)
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
-        keys, values = self.k.values[:, :, -n:], self.v.values[:, :, -n:]
+        keys, values = self.k.read()[:, :, -n:], self.v.read()[:, :, -n:]
         if first and self.active and _prefill_reads_raw(self.binding):
             keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)
-        self.keys, self.values = self.k.values, self.v.values
+        self._expose(key_states)
         return keys, values
 
 

@@ -1,14 +1,17 @@
-"""One layer's K or V (or MLA latent / RoPE key) as an engine stores it: codes, scales, zero points,
-and the dequantized values attention reads.
+"""One layer's K or V (or MLA latent / RoPE key) as an engine stores it: codes, scales and zero
+points, and nothing else.
 
 :class:`StoredTensor` writes what :func:`evalkit.kv.quantize.quantize` makes of each new piece of
 K/V: 1-byte codes (float8, int8; 4-bit codes packed two per byte), scales and zero points, all on
-the device of the K/V they store. It also keeps the dequantized values in the model's dtype (what
-an FP8 attention kernel produces on the fly from the codes; a test proves them equal to decoding
-the stored bytes): a decode step encodes only its new token and, since codes and values grow in
-place (:class:`GrowingTensor`), copies only that token where transformers' own cache concatenates
-the whole cache every step; memory is the model-dtype cache plus the codes, plus at most 256
-tokens (or an eighth) of growth room each. ``nbytes()`` counts what an engine holds.
+the device of the K/V they store. It keeps no full-precision copy: :meth:`StoredTensor.read`
+dequantizes the stored bytes for attention each time it is asked (what an FP8 attention kernel does
+on the fly), into a tensor the caller drops after the layer's attention, so a model holds the
+engine's bytes plus one layer's K/V in the model's dtype at a time. A sequence's first write hands
+attention the quantizer's own dequantized values instead of decoding them again: the same bits
+(tests hold ``read()`` equal to them for every format and codec), without a second pass. Since
+codes grow in place (:class:`GrowingTensor`), a decode step encodes and copies only its new token;
+the codes hold at most 256 tokens (or an eighth) of growth room. ``nbytes()`` counts what an engine
+holds; ``held_bytes()`` what this process holds.
 
 Scales evolve as engines keep them, per sequence (a result never depends on its batch-mates):
 
@@ -55,6 +58,37 @@ from evalkit.kv.scheme import Granularity, GranularityKind
 
 # Dynamic scales are kept here as float32 factors but counted at their storage dtype (fmt.scale_nbytes:
 # e4m3/e8m0 = 1 byte); zero points, static/unit scales and NVFP4's per-tensor scale count SCALE_BYTES.
+
+
+def dequantize_stored(
+    codes: torch.Tensor,
+    fmt: KVFormat,
+    granularity: Granularity,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    role: str = "k",
+    dim: int | None = None,
+) -> torch.Tensor:
+    """Stored bytes (B, H, S, ...) -> the float32 values attention reads: ``(code - zero) * scale``.
+
+    ``scale`` as the store keeps it, broadcast per granularity: a fixed, tensor or head scale
+    (B|1, H|1, 1, 1), a token's (B, H, S, 1), a group's (B, H, S, D/N), or for blocks one per
+    position (B, H, S), already taken from each position's block. An engine codec's slot bytes are
+    read by the codec itself (``dim``: its head_dim). The one place both storage caches read from."""
+    from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+    if is_codec(fmt.recipe):  # the engine's packed slot bytes, read by the codec
+        return codec_for(fmt.recipe).decode(codes, role, dim)
+    values = decode(codes, fmt)
+    if granularity.kind is GranularityKind.GROUP and scale.shape[-1] != 1:
+        b, h, s, d = values.shape
+        g = values.reshape(b, h, s, scale.shape[-1], -1)
+        if zero is not None:
+            g = g - zero.unsqueeze(-1)
+        return (g * scale.unsqueeze(-1)).reshape(b, h, s, d)
+    if granularity.kind is GranularityKind.BLOCK and scale.dim() == 3:
+        return values * scale[..., None]
+    return (values if zero is None else values - zero) * scale
 
 
 class Padding:
@@ -122,8 +156,8 @@ class GrowingTensor:
 
 
 class StoredTensor:
-    """One of a layer's K or V (or MLA latent / RoPE key): codes, scales, zero points, and the
-    dequantized values attention reads."""
+    """One of a layer's K or V (or MLA latent / RoPE key): codes, scales and zero points; attention
+    reads them dequantized (:meth:`read`)."""
 
     def __init__(
         self,
@@ -140,7 +174,9 @@ class StoredTensor:
         self._role = {"role": role} if is_codec(fmt.recipe) else {}  # passed to quantize() for those only
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
         self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
-        self._values = GrowingTensor()  # quantized: the dequantized values attention reads (B, H, S, D)
+        self._fresh: torch.Tensor | None = None  # a first write's dequantized values, until read() hands them out
+        self.dtype: torch.dtype | None = None  # the K/V's dtype: what read() returns
+        self.dim: int | None = None  # head_dim (or the MLA part's width)
         self._raw: torch.Tensor | None = None  # unquantized: the K/V as given, concatenated as DynamicCache does
         self._token_scale, self._token_zero = GrowingTensor(), GrowingTensor()  # token / group granularity
         self._scale: torch.Tensor | None = None  # tensor / head (frozen) and block scales
@@ -164,9 +200,26 @@ class StoredTensor:
 
     @property
     def values(self) -> torch.Tensor | None:
-        """What attention reads: the dequantized values (a view of a growing buffer: a decode step
-        copies its own token only), or for an unquantized layer the K/V themselves."""
-        return self._values.data if self.quantized else self._raw
+        """What attention reads (:meth:`read`): the stored bytes dequantized to the K/V's dtype, or
+        for an unquantized layer the K/V themselves. Each access decodes afresh."""
+        return self.read()
+
+    @property
+    def empty(self) -> bool:
+        return (self._raw if not self.quantized else self._codes.data) is None
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """What attention reads, in ``dtype`` (default: the K/V's own): the stored bytes dequantized
+        (a new tensor: nothing of it is kept), or the K/V themselves for an unquantized layer. Right
+        after a sequence's first write, the quantizer's own dequantized values (the same bits)."""
+        if not self.quantized:
+            return self._raw
+        if self.empty:
+            return None
+        fresh, self._fresh = self._fresh, None
+        if fresh is not None and (dtype is None or fresh.dtype == dtype):
+            return fresh
+        return self.decoded().to(dtype or self.dtype)
 
     @property
     def per_token(self) -> bool:
@@ -205,6 +258,7 @@ class StoredTensor:
     def append(self, x: torch.Tensor, padding: Padding | None = None) -> None:
         """Store the new tokens ``x`` (B, H, s, D); ``padding`` is given with a sequence's first write only."""
         valid = self._arrival(x, padding)
+        self.dtype, self.dim = x.dtype, x.shape[-1]
         if not self.quantized:
             self._raw = self._cat(self._raw, x)
         elif self.fixed is not None:
@@ -228,11 +282,15 @@ class StoredTensor:
         self.total += x.shape[2]
 
     def _store(self, q, dtype: torch.dtype, per_token: bool) -> None:
-        self._store_parts(encode_quantized(q, self.fmt), dequantize(q, dtype), q.scale, q.zero, q.nonfinite, per_token)
+        first = self.total == 0  # a first write hands attention the quantizer's own values (read())
+        values = dequantize(q, dtype) if first else None
+        self._store_parts(encode_quantized(q, self.fmt), values, q.scale, q.zero, q.nonfinite, per_token)
 
     def _store_parts(self, codes, values, scale, zero, nonfinite, per_token: bool) -> None:
+        """Append codes (and per-token scales); ``values``: the dequantized new tokens when they are
+        all that is stored (a first write), kept for the next :meth:`read` only."""
         self._codes.append(codes)
-        self._values.append(values)
+        self._fresh = values if self._codes.length == codes.shape[2] else None
         if per_token:
             self._token_scale.append(scale)
             if zero is not None:
@@ -267,8 +325,8 @@ class StoredTensor:
         b, h, s, d = x.shape
         n, t0 = self.granularity.size, self.total
         # grow codes, values and the block-scale table first; the regions below fill them in
-        self._codes.append(torch.zeros(b, h, s, self._code_width(d), dtype=self.fmt.storage_dtype, device=x.device))
-        self._values.append(torch.zeros(b, h, s, d, dtype=x.dtype, device=x.device))
+        self._codes.append(self._zero_codes(b, h, s, d, x.device))
+        self._fresh = None
         blocks = max(-(-(t0 + s - st) // n) for st in starts) - self.block_base
         have = 0 if self.scale is None else self.scale.shape[2]
         if blocks > have:
@@ -293,8 +351,7 @@ class StoredTensor:
         q = quantize(region, self.fmt, self.granularity)
         self._codes.truncate(keep)
         self._codes.append(encode_quantized(q, self.fmt))
-        self._values.truncate(keep)
-        self._values.append(dequantize(q, x.dtype))
+        self._fresh = None
         k0, m = (lo - start) // n - self.block_base, q.scale.shape[2]
         if self.scale is not None and k0 + m <= self.scale.shape[2]:
             self.scale[:, :, k0 : k0 + m] = q.scale
@@ -304,8 +361,9 @@ class StoredTensor:
             )
         self._flag(q.nonfinite)
 
-    def _code_width(self, d: int) -> int:
-        return d * self.fmt.bits // 8
+    def _zero_codes(self, b: int, h: int, s: int, d: int, device) -> torch.Tensor:
+        """Stored bytes for ``s`` tokens not encoded yet (all-zero bytes; the regions fill them in)."""
+        return torch.zeros(b, h, s, d * self.fmt.bits // 8, dtype=self.fmt.storage_dtype, device=device)
 
     def _encode_region(self, rows: slice, start: int, x: torch.Tensor, valid: torch.Tensor | None) -> None:
         """(Re-)encode, for the sequences ``rows`` whose blocks start at ``start``, every block that
@@ -333,39 +391,30 @@ class StoredTensor:
         q = quantize(region, self.fmt, self.granularity, valid=region_valid)
         sl = slice(lo - self.offset, t0 + s - self.offset)
         self.codes[rows, :, sl] = encode_quantized(q, self.fmt)
-        self.values[rows, :, sl] = dequantize(q, x.dtype)
         k0 = first_block - self.block_base
         self.scale[rows, :, k0 : k0 + q.scale.shape[2]] = q.scale
         self._flag(q.nonfinite)
 
     # -- reading and bookkeeping ----------------------------------------------------------------
     def decoded(self) -> torch.Tensor:
-        """Dequantize the stored bytes afresh (float32): what :attr:`values` must equal (tests)."""
+        """The stored bytes dequantized afresh, in float32 (what :meth:`read` returns in the K/V's dtype)."""
         if not self.quantized:
-            return self.values.float()
-        from evalkit.kv.vllm_codecs import codec_for, is_codec
+            return self._raw.float()
+        if self.fixed is not None:
+            return dequantize_stored(self.codes, self.fmt, self.granularity, self.fixed, None, self.role, self.dim)
+        scale = self.scale
+        if self.kind is GranularityKind.BLOCK:  # one scale per position, from its block
+            n = self.granularity.size
+            pos = torch.arange(self.offset, self.offset + self.codes.shape[2], device=self.codes.device)
+            idx = ((pos[None, :] - self._starts_tensor()[:, None]).clamp(min=0) // n - self.block_base).clamp(min=0)
+            scale = scale.gather(2, idx[:, None, :].expand(-1, self.codes.shape[1], -1))
+        return dequantize_stored(self.codes, self.fmt, self.granularity, scale, self.zero, self.role, self.dim)
 
-        if is_codec(self.fmt.recipe):  # the engine's packed slot bytes, read by the codec
-            return codec_for(self.fmt.recipe).decode(self.codes, self.role, self.values.shape[-1])
-        codes = decode(self.codes, self.fmt)
-        if self.fixed is not None or self.kind in (GranularityKind.TENSOR, GranularityKind.HEAD):
-            scale = self.fixed if self.fixed is not None else self.scale
-            zero = self.zero if self.fixed is None else None
-            return (codes if zero is None else codes - zero) * scale
-        if self.kind is GranularityKind.TOKEN:
-            return (codes if self.zero is None else codes - self.zero) * self.scale
-        if self.kind is GranularityKind.GROUP:
-            b, h, s, d = codes.shape
-            g = codes.reshape(b, h, s, self.scale.shape[-1], -1)
-            if self.zero is not None:
-                g = g - self.zero.unsqueeze(-1)
-            return (g * self.scale.unsqueeze(-1)).reshape(b, h, s, d)
-        n = self.granularity.size
-        pos = torch.arange(self.offset, self.offset + codes.shape[2], device=codes.device)
-        starts = torch.tensor(self.starts or [0] * codes.shape[0], device=codes.device)
-        idx = ((pos[None, :] - starts[:, None]).clamp(min=0) // n - self.block_base).clamp(min=0)
-        scale = self.scale.gather(2, idx[:, None, :].expand(-1, codes.shape[1], -1))
-        return codes * scale[..., None]
+    def _starts_tensor(self) -> torch.Tensor:
+        key = tuple(self.starts or [0] * self.codes.shape[0])
+        if getattr(self, "_starts_cache", (None,))[0] != key:  # made once per sequence layout, not per read
+            self._starts_cache = (key, torch.tensor(key, device=self.codes.device))
+        return self._starts_cache[1]
 
     def drop_front(self, keep: int) -> None:
         """Keep the last ``keep`` tokens (whole blocks for block scales)."""
@@ -379,7 +428,7 @@ class StoredTensor:
         if not self.quantized:
             self._raw = self._raw[:, :, drop:]
         else:
-            self._values.drop_front(drop)
+            self._fresh = None
             self._codes.drop_front(drop)
             if self.per_token:
                 self._token_scale.drop_front(drop)
@@ -391,20 +440,21 @@ class StoredTensor:
         self.offset = target
 
     def held_bytes(self) -> int:
-        """Bytes this process holds for it: the dequantized copy plus allocated codes, scales and zero points."""
-        if self.values is None:
+        """Bytes this process keeps for it between forwards: the allocated codes, scales, zero points
+        and open-block tail (or, unquantized, the K/V), never a dequantized copy."""
+        if self.empty:
             return 0
         if not self.quantized:
-            return self.values.numel() * self.values.element_size()
-        held = sum(g.allocated_bytes() for g in (self._values, self._codes, self._token_scale, self._token_zero))
-        kept = (self._scale, self._zero, self.fixed, self._tail)
+            return self._raw.numel() * self._raw.element_size()
+        held = sum(g.allocated_bytes() for g in (self._codes, self._token_scale, self._token_zero))
+        kept = (self._scale, self._zero, self.fixed, self._tail, self.tensor_scale)
         return held + sum(t.numel() * t.element_size() for t in kept if t is not None)
 
     def nbytes(self) -> int:
-        if self.values is None:
+        if self.empty:
             return 0
         if not self.quantized:
-            return self.values.numel() * BASELINE_BYTES
+            return self._raw.numel() * BASELINE_BYTES
         extra = 0
         if self.fixed is not None:
             extra = self.fixed.numel() * SCALE_BYTES
@@ -459,10 +509,14 @@ def append_pair(k: StoredTensor, v: StoredTensor, key: torch.Tensor, value: torc
         tensor_scale=both_scale,
         **k._role,
     )
-    codes, values = encode_quantized(q, k.fmt), dequantize(q, key.dtype)
+    first = k.total == 0 and v.total == 0
+    codes, values = encode_quantized(q, k.fmt), dequantize(q, key.dtype) if first else None
     for store, rows in ((k, slice(0, n)), (v, slice(n, 2 * n))):
         zero = None if q.zero is None else q.zero[rows]
-        store._store_parts(codes[rows], values[rows], q.scale[rows], zero, q.nonfinite, per_token=True)
+        store.dtype, store.dim = key.dtype, key.shape[-1]
+        store._store_parts(
+            codes[rows], None if values is None else values[rows], q.scale[rows], zero, q.nonfinite, per_token=True
+        )
         store.tensor_scale = None if q.tensor_scale is None else q.tensor_scale[rows]
         store.shares_flag = True
         store.total += key.shape[2]

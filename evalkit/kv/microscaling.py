@@ -103,6 +103,8 @@ SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``sglang_zero_sign``; elements ``ro
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from evalkit.errors import SchemeError
@@ -177,15 +179,22 @@ def float_to_code(values: torch.Tensor, fmt, check: bool = True) -> torch.Tensor
     return codes if check else codes.masked_fill_(torch.isnan(values), 0)
 
 
-def code_to_float(codes: torch.Tensor, fmt) -> torch.Tensor:
-    """The float32 value of each code of a float format stored as its own codes (inverse of :func:`float_to_code`)."""
-    _check_codes(codes)
-    magnitudes = fmt.code_magnitudes
-    by_code = [0.0] * 2**fmt.bits
+def code_to_float(codes: torch.Tensor, fmt, check: bool = True) -> torch.Tensor:
+    """The float32 value of each code of a float format stored as its own codes (inverse of :func:`float_to_code`).
+
+    ``check=False`` skips the range check (a read of the device), for codes a store wrote itself."""
+    if check:
+        _check_codes(codes)
+    return _code_table(fmt.name, tuple(fmt.code_magnitudes), fmt.bits, codes.device)[codes.long()]
+
+
+@functools.lru_cache(maxsize=64)
+def _code_table(name: str, magnitudes: tuple, bits: int, device: torch.device) -> torch.Tensor:
+    """Each code's float32 value, made once per format and device (no host-to-device copy per read)."""
+    by_code = [0.0] * 2**bits
     for i, m in enumerate(magnitudes):
-        by_code[i], by_code[i + 2 ** (fmt.bits - 1)] = m, -m
-    table = torch.tensor(by_code, dtype=torch.float32, device=codes.device)
-    return table[codes.long()]
+        by_code[i], by_code[i + 2 ** (bits - 1)] = m, -m
+    return torch.tensor(by_code, dtype=torch.float32, device=device)
 
 
 def e2m1_to_code(values: torch.Tensor, check: bool = True) -> torch.Tensor:

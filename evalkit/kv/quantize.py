@@ -337,7 +337,7 @@ def encode_quantized(q: Quantized, fmt: KVFormat) -> torch.Tensor:
 def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """The stored tensor -> float32 codes (inverse of :func:`encode`)."""
     if fmt.own_codes:
-        return mx.code_to_float(mx.unpack_fp4(stored) if fmt.packed else stored, fmt)
+        return mx.code_to_float(mx.unpack_fp4(stored) if fmt.packed else stored, fmt, check=False)
     if fmt.kind is FormatKind.FLOAT:
         return stored.to(torch.float32)
     if fmt.packed:

@@ -378,9 +378,19 @@ def off_platform(monkeypatch):
 
 @pytest.fixture
 def noop(monkeypatch):
+    """The no-op quantizer, and a store that keeps its float32 codes as they are (the cache holds
+    codes only: attention reads the stored codes decoded, so a no-op must store losslessly too)."""
     from evalkit.integration import stored
 
+    real_decode = stored.decode
     monkeypatch.setattr(stored, "quantize", noop_quantize)
+    monkeypatch.setattr(stored, "encode_quantized", lambda q, fmt: q.codes)
+    monkeypatch.setattr(stored, "decode", lambda t, fmt: t if t.dtype == torch.float32 else real_decode(t, fmt))
+    monkeypatch.setattr(
+        stored.StoredTensor,
+        "_zero_codes",
+        lambda self, b, h, s, d, device: torch.zeros(b, h, s, d, dtype=torch.float32, device=device),
+    )
 
 
 @pytest.mark.parametrize("arch", sorted(KV_GOLDEN["tiny"]))

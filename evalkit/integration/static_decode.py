@@ -1,0 +1,175 @@
+"""Decoding through a static storage cache, one step optionally compiled: the GPU-class decode path.
+
+The decode-bound evaluations (decode, retrieval's generation, lm-eval's ``generate_until``) run
+their decode steps on one of three paths, chosen per model (``--decode-path``, a grid model's
+``decode_path``; :func:`resolve_decode_path`):
+
+* ``eager``: the dynamic storage cache (:class:`~evalkit.integration.storage.StorageCache`), one
+  eager forward per token; the default on CPU, and what every published store was made with;
+* ``static``: a :class:`~evalkit.integration.static_cache.StaticStorageCache` of the run's longest
+  sequence, one eager forward per token over the same shapes every step;
+* ``compiled``: the ``static`` step under ``torch.compile`` (``fullgraph``; on CUDA with CUDA graphs,
+  ``mode="reduce-overhead"``), so a step is one graph replay instead of about a thousand kernel
+  launches from Python; the default on CUDA (``auto``).
+
+What is compiled is exactly the eager static step (the model's forward with the storage cache's
+quantize / store / dequantize ops): with a backend that runs the same kernels (``aot_eager`` on
+CPU, the tests' choice; ``cudagraphs``) the compiled step equals the eager one bit for bit, and
+under the identity scheme the static path equals transformers' own static-cache decode bit for bit
+(tests). Inductor (the default backend) fuses the elementwise work into its own kernels, as it does
+for transformers' compiled decode; its logits then differ from the eager ones at the level of
+float rounding, as that of the plain model does.
+
+The prefill runs eagerly (its shapes change with the prompt), then every step feeds one token per
+sequence. :class:`StaticDecoder` drives that and is what the evaluations call; the 2-D attention
+mask it hands the model covers all ``max_len`` positions (ones for tokens not decoded yet, whose
+keys the causal mask hides), so its shape never changes either.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+
+from evalkit.errors import EvalkitError
+from evalkit.integration.hf_compat import cache_keyword
+
+DECODE_PATHS = ("auto", "eager", "static", "compiled")
+
+
+def resolve_decode_path(setting: str, device: torch.device | str) -> str:
+    """``auto`` -> ``compiled`` on CUDA, ``eager`` elsewhere; the others as they are (one-line error otherwise)."""
+    if setting not in DECODE_PATHS:
+        raise EvalkitError(f"decode path {setting!r} is not one of {', '.join(DECODE_PATHS)}: pick one of them")
+    if setting == "auto":
+        return "compiled" if torch.device(device).type == "cuda" else "eager"
+    return setting
+
+
+def compile_options(device: torch.device | str) -> dict:
+    """``torch.compile`` keywords for the decode step: CUDA graphs on CUDA (``reduce-overhead``);
+    ``EVALKIT_COMPILE_BACKEND`` picks another backend (e.g. ``aot_eager``, ``cudagraphs``)."""
+    backend = os.environ.get("EVALKIT_COMPILE_BACKEND", "inductor")
+    options: dict = {"backend": backend, "fullgraph": True, "dynamic": False}
+    if backend == "inductor" and torch.device(device).type == "cuda":
+        options["mode"] = "reduce-overhead"
+    return options
+
+
+def _accepts(module, name: str) -> bool:
+    return name in inspect.signature(type(module).forward).parameters
+
+
+def _step(backbone, cache, ids, positions, padding, kv_positions, keyword: str, pass_position: bool, additive: bool):
+    """One decode forward over the static cache; the 4-D mask is made here, from the cache's length."""
+    position = cache.layers[0].k.length.view(1)  # the new token's place (a device tensor)
+    allowed = (kv_positions <= position) & padding  # (B, 1, 1, max_len): causal, and no padded key
+    mask = (
+        allowed
+        if not additive
+        else torch.zeros(allowed.shape, dtype=padding_dtype(backbone)).masked_fill(
+            ~allowed, torch.finfo(padding_dtype(backbone)).min
+        )
+    )
+    kwargs = {keyword: cache, "use_cache": True}
+    if pass_position:  # transformers < 5.20 index the static cache and its mask by cache_position
+        kwargs["cache_position"] = position
+    out = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
+    return out.last_hidden_state[:, -1]
+
+
+def padding_dtype(backbone) -> torch.dtype:
+    return next(backbone.parameters()).dtype
+
+
+class StaticDecoder:
+    """Prefill into a static storage cache of ``max_len`` tokens, then decode one token per
+    :meth:`step`; the step compiled when ``compiled``. Hidden states out (B, hidden).
+
+    ``mask`` (B, >= max_len): which positions of each row are real (left padding only; every
+    position from the prefill's last on is real). The prefill's mask is transformers' own (from the
+    2-D mask); each step's is made here as a 4-D mask (causal up to the new token, no padded key),
+    in the form the model's attention takes (boolean for sdpa, additive for eager), so an eager and
+    a compiled step get the same mask."""
+
+    def __init__(self, session, backbone, mask: torch.Tensor, prefill: int, max_len: int, compiled: bool):
+        if not 0 < prefill <= max_len <= mask.shape[1]:
+            raise EvalkitError(f"a static decode needs 0 < prefill ({prefill}) <= max_len ({max_len}) <= mask length")
+        self.backbone, self.max_len = backbone, max_len
+        self.cache = session.new_static_cache(max_len, mask[:, :prefill])
+        self.prefill_mask = mask[:, :prefill]
+        device = mask.device
+        self.padding = mask[:, None, None, :max_len].bool().contiguous()
+        self.kv_positions = torch.arange(max_len, device=device).view(1, 1, 1, max_len)
+        self.keyword = cache_keyword(backbone)
+        self.pass_position = _accepts(backbone, "cache_position")
+        self.additive = getattr(backbone.config, "_attn_implementation", "sdpa") != "sdpa"
+        if compiled:
+            torch.compiler.reset()  # the previous scheme's graphs (and CUDA graph pools) are of no further use
+        self._step = torch.compile(_step, **compile_options(device)) if compiled else _step
+
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first write (eager): ``ids``/``positions`` (B, prefill); the last position's hidden state."""
+        kwargs = {self.keyword: self.cache, "use_cache": True}
+        if self.pass_position:
+            kwargs["cache_position"] = torch.arange(ids.shape[1], device=ids.device)
+        out = self.backbone(input_ids=ids, attention_mask=self.prefill_mask, position_ids=positions, **kwargs)
+        return out.last_hidden_state[:, -1]
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per sequence (B, 1) at the next position; its hidden state (B, hidden)."""
+        hidden = self._step(
+            self.backbone,
+            self.cache,
+            ids,
+            positions,
+            self.padding,
+            self.kv_positions,
+            self.keyword,
+            self.pass_position,
+            self.additive,
+        )
+        return hidden.clone()  # a CUDA graph's output is overwritten by its next replay
+
+
+def greedy_generate(
+    session,
+    model,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    compiled: bool,
+    check_every: int = 8,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Greedy decoding as ``generate()`` does it (argmax of the float32 logits; a row that produced an
+    EOS token feeds ``pad_id`` from then on and gets ``pad_id``), through a :class:`StaticDecoder`:
+    ``ids``/``mask`` (B, P), left-padded. Returns the new tokens (B, max_new_tokens, ``pad_id``
+    after EOS, cut where every row has finished, checked every ``check_every`` steps) and the
+    logits of each step (B, vocab) float32."""
+    from evalkit.evals.decode.loop import position_ids
+
+    b, p = ids.shape
+    full = torch.cat([mask, mask.new_ones(b, max_new_tokens)], dim=1)
+    positions = position_ids(full)
+    # the last new token is never fed back: the cache holds p + max_new_tokens - 1 tokens, as generate()'s
+    decoder = StaticDecoder(session, model.base_model, full, p, p + max(max_new_tokens - 1, 0), compiled)
+    head = model.get_output_embeddings()
+    eos = torch.tensor(eos_ids or [-1], device=ids.device)
+    done = torch.zeros(b, dtype=torch.bool, device=ids.device)
+    hidden = decoder.prefill(ids, positions[:, :p])
+    tokens, logits = [], []
+    for t in range(max_new_tokens):
+        step_logits = head(hidden).float()
+        nxt = torch.where(done, torch.full_like(done, pad_id, dtype=torch.long), step_logits.argmax(-1))
+        tokens.append(nxt)
+        logits.append(step_logits)
+        done = done | torch.isin(nxt, eos)
+        if t + 1 == max_new_tokens or ((t + 1) % check_every == 0 and bool(done.all())):
+            break
+        hidden = decoder.step(nxt[:, None], positions[:, p + t : p + t + 1])
+    session.check_finite()
+    return torch.stack(tokens, dim=1), logits

@@ -112,13 +112,20 @@ def fitting(layout, schemes) -> tuple[list, list[str]]:
 
 def list_gpus() -> int:
     from evalkit.planning.gpus import GPUS
-    from evalkit.planning.kv_backends import runnable
+    from evalkit.planning.kv_backends import kv_support, runnable
+
+    def dtypes(gpu, kind):
+        support = [kv_support(gpu, d, kind=kind) for d in runnable(gpu, kind)]
+        return ", ".join(s.dtype + (f" (with {s.needs})" if s.needs else "") for s in support)
 
     for gpu in GPUS.values():
         print(f"{gpu.key:7} {gpu.describe()}")
-        print(f"        vLLM 0.33 kv_cache_dtype, standard attention: {', '.join(runnable(gpu))}")
-        print(f"        MLA (DeepSeek-V3, Kimi K2): {', '.join(runnable(gpu, 'mla'))}")
+        print(f"        vLLM 0.33 kv_cache_dtype, standard attention (head_size 128): {dtypes(gpu, 'standard')}")
+        print(f"        MLA (DeepSeek-V3, Kimi K2): {dtypes(gpu, 'mla')}")
         print(f"        source: {gpu.source}")
+    print(
+        "(a dtype's backend and conditions: evalkit/planning/kv_backends.py; memory figures: evalkit/planning/gpus.py)"
+    )
     return 0
 
 

@@ -53,9 +53,11 @@ class Backend:
 
 
 BACKENDS: tuple[Backend, ...] = (
+    # in each platform's priority order (cuda.py / rocm.py _get_backend_priorities)
     Backend("FLASH_ATTN", "cuda", "standard", _PLAIN + _FP8, "backends/flash_attn.py"),
     Backend("FLASHINFER", "cuda", "standard", _PLAIN + _FP8 + ("fp8_e5m2", "nvfp4", "nvfp4_4over6"),
             "backends/flashinfer.py", (8, 9, 10, 11, 12)),
+    Backend("ROCM_ATTN", "rocm", "standard", _PLAIN + _FP8 + ("fp8_e5m2",), "backends/rocm_attn.py"),
     Backend("TRITON_ATTN", "both", "standard",
             _PLAIN + _FP8 + ("fp8_e5m2", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"),
             "backends/triton_attn.py"),
@@ -63,7 +65,6 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("ULTRAQUANT", "rocm", "standard", ("ultraquant_4bit",), "backends/ultraquant_attn.py"),
     Backend("ULTRAQUANT", "cuda", "standard", ("ultraquant_4bit",), "backends/ultraquant_attn.py",
             needs="--attention-backend ULTRAQUANT"),
-    Backend("ROCM_ATTN", "rocm", "standard", _PLAIN + _FP8 + ("fp8_e5m2",), "backends/rocm_attn.py"),
     Backend("ROCM_OCTAVE", "rocm", "standard", ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact"),
             "backends/rocm_octave_attn.py"),
     Backend("FLASHINFER_MLA", "cuda", "mla", _PLAIN + _FP8, "backends/mla/flashinfer_mla.py", (10,)),

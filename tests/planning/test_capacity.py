@@ -220,10 +220,12 @@ def test_list_presets(capsys):
 
 
 @pytest.mark.parametrize(
-    "preset,rows",
+    "preset,gpus,weights,rows",
     [
         (
             "llama-3.1-8b",
+            "1",
+            "16GB",
             {
                 "nvfp4": ("36,864", "3.56"),
                 "mxfp4": ("34,816", "3.76"),
@@ -234,6 +236,8 @@ def test_list_presets(capsys):
         ),
         (
             "kimi-k2",
+            "16",
+            "1.03TB",
             {
                 "nvfp4+rope=bf16": ("25,376", "2.77"),
                 "nvfp4": ("19,764", "3.56"),
@@ -243,7 +247,8 @@ def test_list_presets(capsys):
         ),
     ],
 )
-def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, rows):
+def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, gpus, weights, rows):
+    """Whole-model bytes per token on one rank: one GPU for Llama (all its KV heads), any TP for an MLA latent."""
     code, out, _ = run_cli(
         capsys,
         "capacity",
@@ -252,9 +257,9 @@ def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, p
         "--gpu-memory",
         "80GB",
         "--gpus",
-        "16",
+        gpus,
         "--weights-bytes",
-        "1.03TB",
+        weights,
         "--context",
         "32k",
     )

@@ -258,7 +258,7 @@ def count(args: argparse.Namespace) -> int:
         print(f"{where}weights per rank: {fb(s.weights)} ({s.weights:,} B){': ' + parts if parts else ''}")
         print(f"{where}{_reserve_line(s, dep)}")
         print(
-            f"{where}KV budget per rank: ceil({fb(memory)} x {args.utilization}) = {fb(s.usable)} - weights "
+            f"{where}KV budget per rank: ceil({memory / 2**30:.2f} GiB x {args.utilization}) = {fb(s.usable)} - weights "
             f"{fb(s.weights)} - reserve {fb(s.reserve)} = {fb(s.kv_budget)} ({s.kv_budget:,} B)"
         )
     print(f"context {context:,} tokens; batch profiled: {batch.tokens:,} tokens, {batch.seqs:,} sequences")

@@ -158,7 +158,7 @@ def test_table_marks_what_the_gpu_cannot_run(capsys):
     assert table["fp8_e4m3/tensor/unit"] == "yes: FLASHMLA" and table["mxfp4+rope=bf16"] == "-"
     assert "nvfp4 (nvfp4) on H200: no MLA backend of vLLM 0.33 on NVIDIA H200 (SXM) stores nvfp4" in out
     assert "stores fp8_ds_mla (DeepSeek V3.2's sparse-MLA backends only)" in out
-    assert "KV budget per rank: ceil(139.8 GiB x 0.9)" in out and "reserve per rank: max(forward" in out
+    assert "KV budget per rank: ceil(139.81 GiB x 0.9) = 125.8 GiB" in out and "reserve per rank: max(forward" in out
     # vLLM's own nvfp4 dtype on an MLA model is refused where the scheme meets the model, in one line
     code = main(
         ["capacity", "--preset", "kimi-k2", "--gpu", "h200", "--tensor-parallel", "8", "--schemes", "vllm:nvfp4"]
@@ -220,3 +220,24 @@ def test_list_gpus_and_the_dry_run_fit(capsys):
         PRESETS["kimi-k2"]["config"], "h200", parallel=Parallel(dp=8, ep=8), weights_dtype="fp8", weight_block=128
     )
     assert len(kimi) == 1 and "do not fit" in kimi[0]
+
+
+def test_the_docs_block_is_the_command_output(capsys):
+    from tests.doc_blocks import doc_block
+
+    argv = [
+        "capacity",
+        "--preset",
+        "kimi-k2",
+        "--gpu",
+        "h200",
+        "--gpus",
+        "8",
+        "--tensor-parallel",
+        "8",
+        "--context",
+        "32k",
+    ]
+    assert main([*argv, "--schemes", "bf16,fp8_e4m3/tensor/unit,nvfp4+rope=bf16,mxfp4+rope=bf16"]) == 0
+    out = capsys.readouterr().out
+    assert doc_block("capacity-kimi-h200-tp8").strip().removeprefix("```").removesuffix("```").strip() == out.strip()

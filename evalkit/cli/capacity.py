@@ -154,8 +154,25 @@ def run(args: argparse.Namespace) -> int:
         "--format": args.format,
         "--out": args.out,
     }
+    counted_only = {
+        "--gpu": args.gpu,
+        "--gpus": args.gpus,
+        "--tensor-parallel": args.tensor_parallel,
+        "--pipeline-parallel": args.pipeline_parallel,
+        "--data-parallel": args.data_parallel,
+        "--expert-parallel": args.expert_parallel,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
+        "--max-num-seqs": args.max_num_seqs,
+        "--reserve": args.reserve,
+    }
     if args.engine:
         from evalkit.engines.registry import get_engine
+
+        given = [flag for flag, value in counted_only.items() if value is not None]
+        if given:
+            raise EvalkitError(
+                f"{given[0]} sizes a counted deployment; --engine measures one engine on this machine: drop {given[0]}"
+            )
 
         return get_engine(args.engine).hook("capacity")(args)
     given = [flag for flag, value in engine_only.items() if value is not None]

@@ -207,7 +207,7 @@ def count(args: argparse.Namespace) -> int:
     )
     reserve = parse_bytes(args.reserve) if args.reserve else None
     dep = Deployment(memory, args.utilization, par, batch, reserve)
-    plan = stages(dep, layout.num_layers, arch, dtype if arch else None, block, total)
+    plan = stages(dep, layout.num_layers, arch, dtype, block, total)
     rows = plan_ranks(layout, schemes, plan, par, context, card)
     notes = ([par_note] if par_note else []) + left_out + layout_notes(layout, schemes)
     gpu_name = card.key.upper() if card else None

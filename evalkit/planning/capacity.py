@@ -182,7 +182,7 @@ def vllm_dtype(scheme: Scheme, layout: KVLayout) -> str | None:
         return text.split(":", 1)[1].split("+", 1)[0]
     if scheme.name == "nvfp4":
         return "nvfp4"
-    plain = scheme.recipe.value == "standard" and not scheme.tensor_scale
+    plain = scheme.recipe.value in ("standard", "vllm_cpu") and not scheme.tensor_scale  # same bytes either way
     if plain and scheme.format in ("fp8_e4m3", "fp8_e5m2"):
         kind = scheme.granularity.kind
         if kind in (GranularityKind.TENSOR, GranularityKind.HEAD) and not scheme.rope_bf16:
@@ -271,10 +271,12 @@ def memory_fit(
     weight_block: int | None = None,
 ) -> list[str]:
     """The per-rank memory fit of a model (its config fields) on a named GPU, in a few lines: what the
-    sweep's dry run prints. A model that does not fit gives one line saying so (never an exception)."""
+    sweep's dry run prints. ``weights_dtype`` is the checkpoint's (default: the config's ``torch_dtype``,
+    else bf16; a preset's ``weights_dtype`` and ``weight_block`` for FP8 presets); the batch is ``vllm
+    serve``'s default for the GPU. A model that does not fit gives one line saying so (never an exception)."""
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.info import kv_layout
-    from evalkit.models.presets import config_namespace
+    from evalkit.models.presets import DTYPE_BYTES, config_namespace
     from evalkit.planning.deployment import Deployment, stages
     from evalkit.planning.gpus import get_gpu
     from evalkit.planning.reserve import Batch, serve_defaults
@@ -283,7 +285,8 @@ def memory_fit(
     card = get_gpu(gpu)
     par = parallel or Parallel()
     arch = Architecture.from_config(config)
-    dtype = weights_dtype or str(config.get("torch_dtype") or config.get("dtype") or "bf16")
+    shipped = str(config.get("torch_dtype") or config.get("dtype") or "bf16")
+    dtype = weights_dtype or (shipped if shipped in DTYPE_BYTES else "bf16")
     tokens, seqs = serve_defaults(card.memory, card.name)
     dep = Deployment(card.memory, utilization, par, Batch(tokens, seqs, 1024 if card.sm100_family else 512))
     layout = kv_layout(config_namespace(config))

@@ -76,11 +76,12 @@ def stages(
     par = dep.parallel
     out = []
     for s, layers in enumerate(stage_layers(num_layers, par.pp)):
-        if arch is not None and dtype is not None:
+        if arch is not None and (dtype is not None or total is not None):
+            basis = dtype or "bf16"  # a given total with no dtype: spread in proportion to BF16 parts
             rank: RankWeights = rank_weights(arch, par, s)
-            weights = rank.nbytes(dtype, block)
+            weights = rank.nbytes(basis, block)
             if total is not None:
-                weights = round(weights * total / model_bytes(arch, dtype, block))
+                weights = round(weights * total / model_bytes(arch, basis, block))
             share = weights / max(rank.linear + rank.other, 1)
             parts = {k: round(v * share) for k, v in rank.parts.items()}
         elif total is not None:

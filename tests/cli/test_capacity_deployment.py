@@ -241,3 +241,21 @@ def test_the_docs_block_is_the_command_output(capsys):
     assert main([*argv, "--schemes", "bf16,fp8_e4m3/tensor/unit,nvfp4+rope=bf16,mxfp4+rope=bf16"]) == 0
     out = capsys.readouterr().out
     assert doc_block("capacity-kimi-h200-tp8").strip().removeprefix("```").removesuffix("```").strip() == out.strip()
+
+
+def test_deployment_flags_with_engine_are_one_line(capsys):
+    code = main(["capacity", "--engine", "vllm", "--model", "embedded", "--tensor-parallel", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tensor-parallel sizes a counted deployment" in err and err.count("\n") == 1
+
+
+def test_a_total_without_a_dtype_is_spread_in_proportion(capsys, tmp_path):
+    """A config without torch_dtype and a given total: shares by the BF16 parts (experts split by EP)."""
+    from evalkit.models.presets import PRESETS
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(PRESETS["kimi-k2"]["config"]))
+    data = run_json(capsys, "--config", str(cfg), "--gpu", "b300", "--data-parallel", "8", "--expert-parallel", "8",
+                    "--weights-bytes", "1TB", "--reserve", "0")  # fmt: skip
+    weights = data["stages"][0]["weights_bytes"]
+    assert 10**12 / 8 < weights < 10**12 / 4  # replicated attention and embeddings on top of 1/8 of the experts

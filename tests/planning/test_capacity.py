@@ -296,3 +296,26 @@ def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tm
     assert any(
         n.startswith("mxfp4 left out of the default list: group32 does not divide head_dim 48") for n in data["notes"]
     )
+
+
+@pytest.mark.parametrize(
+    "preset,text,dtype",
+    [
+        ("llama-3.1-8b", "bf16", "auto"),
+        ("llama-3.1-8b", "fp8_e4m3/tensor/unit", "fp8_e4m3"),
+        ("llama-3.1-8b", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3"),
+        ("llama-3.1-8b", "fp8_e5m2/tensor/dynamic", "fp8_e5m2"),
+        ("llama-3.1-8b", "nvfp4", "nvfp4"),
+        ("llama-3.1-8b", "vllm:int8_per_token_head", "int8_per_token_head"),
+        ("llama-3.1-8b", "mxfp4", None),
+        ("llama-3.1-8b", "sglang_fp4", None),
+        ("kimi-k2", "fp8_e4m3/tensor/unit", "fp8"),
+        ("kimi-k2", "fp8_e4m3/group128/dynamic+rope=bf16", "fp8_ds_mla"),
+        ("kimi-k2", "nvfp4+rope=bf16", "nvfp4"),
+    ],
+)
+def test_the_vllm_dtype_that_stores_a_schemes_bytes(preset, text, dtype):
+    from evalkit.planning.capacity import vllm_dtype
+
+    layout = kv_layout(config_namespace(PRESETS[preset]["config"]))
+    assert vllm_dtype(parse_schemes(text)[0], layout) == dtype

@@ -9,6 +9,11 @@ is the one table of bytes per weight. ``source`` says where the
 numbers were checked (copies of the config files, found through public code and docs search,
 since this machine has no Hugging Face access). Any other model: ``--config config.json`` or
 ``--model ID`` (reads the config only, never the weights).
+
+The fields that size the weights per GPU (``intermediate_size``, ``vocab_size``, ``tie_word_embeddings``,
+MLA's ``q_lora_rank``, MoE expert counts and sizes, ``first_k_dense_replace``) are copied the same way,
+with their own ``weights_source``; ``weight_block`` marks checkpoints whose FP8 weights carry one float32
+scale per 128 x 128 block (:mod:`evalkit.planning.weights`).
 """
 
 from __future__ import annotations

@@ -212,6 +212,12 @@ def count(args: argparse.Namespace) -> int:
     notes = ([par_note] if par_note else []) + left_out + layout_notes(layout, schemes)
     gpu_name = card.key.upper() if card else None
     notes += [f"{r.scheme} ({r.vllm_dtype}) on {gpu_name}: {r.vllm_reason}" for r in rows if r.vllm == "no"]
+    fa2 = [r.scheme for r in rows if r.vllm and "FA2 path" in r.vllm]
+    if fa2:
+        notes.append(
+            f"{', '.join(fa2)} on {gpu_name}: vLLM 0.33 stores nvfp4 off SM 10.x through FlashInfer's FA2 path (BF16 "
+            "queries; flashinfer.py _nvfp4_kv_on_fa2, refused at head_size 64), not the SM100 TensorRT-LLM kernels"
+        )
     other = [r.scheme for r in rows if r.vllm == "-"]
     if other:
         notes.append(f"not a vLLM kv_cache_dtype (SGLang, TensorRT-LLM or evalkit-only layouts): {', '.join(other)}")

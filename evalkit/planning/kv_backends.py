@@ -124,10 +124,13 @@ class Support:
     def runs(self) -> bool:
         return bool(self.backends)
 
+    path: str = ""  # the kernel path when it is not the backend's usual one
+
     def mark(self) -> str:
         if not self.runs:
             return "no"
-        return f"yes: {self.backends[0]}" + (f" ({self.needs})" if self.needs else "")
+        extra = ", ".join(x for x in (self.path, self.needs) if x)
+        return f"yes: {self.backends[0]}" + (f" ({extra})" if extra else "")
 
 
 def kv_support(gpu: GPU, dtype: str, *, kind: str = "standard", head_size: int = 128) -> Support:
@@ -139,7 +142,10 @@ def kv_support(gpu: GPU, dtype: str, *, kind: str = "standard", head_size: int =
         (reasons if why else runs).append(why or backend)
     runs.sort(key=lambda b: bool(b.needs))
     if runs:
-        return Support(dtype, tuple(b.name for b in runs), runs[0].needs, "")
+        first = runs[0]
+        fa2 = first.name == "FLASHINFER" and dtype == "nvfp4" and gpu.capability and gpu.capability[0] != 10
+        path = "FA2 path" if fa2 else ""  # flashinfer.py _nvfp4_kv_on_fa2: BF16 queries, not the SM100 kernels
+        return Support(dtype, tuple(b.name for b in runs), first.needs, "", path)
     listed = [r for r in reasons if " does not list " not in r and " is not a backend " not in r]
     where = {"standard": "attention", "mla": "MLA", "sparse_mla": "sparse-MLA"}[kind]
     reason = listed[0] if listed else f"no {where} backend of vLLM 0.33 on {gpu.name} stores {dtype}"

@@ -111,7 +111,9 @@ def test_llama_70b_on_h200_tensor_parallel(capsys, tp):
     assert r["fp8_e4m3/tensor/dynamic"]["tokens"] == budget // (per_token // 2)
     assert r["bf16"]["sequences"] == budget // (per_token * 32768) == {2: 11, 8: 86}[tp]
     assert r["bf16"]["deployment_tokens"] == r["bf16"]["tokens"]
-    assert r["nvfp4"]["vllm"] == "yes: FLASHINFER"  # FlashInfer's FA2 path takes nvfp4 at head_size 128 on SM 9.x
+    assert (
+        r["nvfp4"]["vllm"] == "yes: FLASHINFER (FA2 path)"
+    )  # FlashInfer's FA2 path takes nvfp4 at head_size 128 on SM 9.x
 
 
 def test_gqa_kv_heads_replicated_past_tp_8(capsys):

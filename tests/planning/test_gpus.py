@@ -99,3 +99,8 @@ def test_runnable_lists_are_subsets_of_vllm_cache_dtypes():
     for gpu in GPUS.values():
         assert set(runnable(gpu)) <= set(CACHE_DTYPES) and "auto" in runnable(gpu, "mla")
     assert "nvfp4" not in runnable(get_gpu("h200"), "mla") and "nvfp4" in runnable(get_gpu("h200"))
+
+
+def test_nvfp4_off_sm100_is_marked_as_flashinfers_fa2_path():
+    assert kv_support(get_gpu("h200"), "nvfp4").mark() == "yes: FLASHINFER (FA2 path)"
+    assert kv_support(get_gpu("b200"), "nvfp4").mark() == "yes: FLASHINFER"

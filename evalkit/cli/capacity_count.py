@@ -89,7 +89,8 @@ def weights_source(args, preset, fields, arch) -> tuple[str | None, int | None, 
     if arch is not None and dtype:
         scales = f" + one float32 scale per {block}x{block} block" if block else ""
         rest = "BF16" if DTYPE_BYTES[dtype] < 2 else dtype
-        return dtype, block, None, f"decoder linears {dtype}{scales}; embeddings, LM head, norms, router {rest}"
+        parts = "embeddings, LM head, norms, router" if arch.experts else "embeddings, LM head, norms"
+        return dtype, block, None, f"decoder linears {dtype}{scales}; {parts} {rest}"
     raise EvalkitError(
         "the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4"
     )

@@ -1,15 +1,31 @@
-"""`evalkit capacity`: KV tokens and concurrent sequences that fit, per scheme, against BF16.
+"""`evalkit capacity`: KV tokens and concurrent sequences that fit, per KV scheme, per GPU and per deployment.
 
-    python -m evalkit capacity --preset kimi-k2 --gpu-memory 141GB --gpus 8 --context 32k
+    python -m evalkit capacity --preset kimi-k2 --gpu h200 --gpus 8 --tensor-parallel 8 --context 32k
+    python -m evalkit capacity --preset kimi-k2 --gpu h200 --gpus 16 --data-parallel 16 --expert-parallel 16
+    python -m evalkit capacity --preset llama-3.1-70b --gpu h200 --tensor-parallel 2 --context 32k
     python -m evalkit capacity --config path/config.json --gpu-memory 80GiB --weights-bytes 16GB
-    python -m evalkit capacity --model Qwen/Qwen3-32B --gpu-memory 80GiB   (reads the config only)
+    python -m evalkit capacity --model Qwen/Qwen3-32B --gpu h100   (reads the config only)
+    python -m evalkit capacity --list-gpus
 
     python -m evalkit capacity --engine vllm --model embedded [--kv-cache-dtypes auto,fp8_e4m3]
         [--budget-gib 2] [--context 2048] [--load] [--format table|md|csv|json] [--out DIR]
 
+Memory per GPU: ``--gpu NAME`` takes it from the GPU table (:mod:`evalkit.planning.gpus`: the total the CUDA
+runtime reports, which vLLM multiplies by the utilization: 139.81 GiB on an H200, not its "141 GB"), and
+marks each scheme with whether vLLM 0.33 runs its ``kv_cache_dtype`` on that GPU; ``--gpu-memory SIZE``
+overrides the memory (``141GiB`` is binary, ``141GB`` decimal: 7 % apart). Neither: 80 GiB.
+
+Deployment: ``--tensor-parallel``, ``--pipeline-parallel``, ``--data-parallel`` and ``--expert-parallel``
+(1, or TP x DP as vLLM's ``--enable-expert-parallel`` spreads experts); ``--gpus`` must equal TP x PP x DP
+(given alone, it is read as ``--tensor-parallel``). Each rank's KV budget is its GPU's memory at
+``--utilization`` less its weights (sharded as vLLM shards them) and a reserve for activations and CUDA
+graphs estimated as vLLM's profiler sizes them (``--max-num-batched-tokens``, ``--max-num-seqs``; vLLM's
+``serve`` defaults for the GPU) or given with ``--reserve SIZE``. Tokens and sequences are reported per
+rank and for the deployment (:mod:`evalkit.planning.capacity`).
+
 Weights: ``--weights-bytes SIZE``, else the preset's (or ``--params``) parameter count times
 ``--weights-dtype`` (default: the dtype the preset's weights ship in), else for a local model
-folder the size of its ``*.safetensors`` files.
+folder the size of its ``*.safetensors`` files; spread over the ranks in the proportions of the model's parts.
 
 ``--engine vllm`` measures instead of counting (:mod:`evalkit.engines.vllm_serving`): one in-process
 vLLM engine per ``kv_cache_dtype`` on the ``--model`` folder with ``--budget-gib`` of KV cache and
@@ -29,16 +45,8 @@ import json
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
+from evalkit.cli.capacity_count import DEFAULT_SCHEMES, MLA_SCHEMES  # noqa: E402  (the help text names them)
 from evalkit.errors import EvalkitError
-
-DEFAULT_SCHEMES = (
-    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
-    "int4/group32/dynamic,nvfp4,sglang_fp4,mxfp4"
-)
-MLA_SCHEMES = (
-    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
-    "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
-)
 
 
 def add_parser(sub):
@@ -48,6 +56,9 @@ def add_parser(sub):
     src.add_argument("--config", type=Path, help="a config.json file")
     src.add_argument("--model", help="a Hugging Face id or local folder: only its config is read")
     src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    src.add_argument(
+        "--list-gpus", action="store_true", help="list the GPU table (memory, compute, vLLM kv_cache_dtypes) and exit"
+    )
     eng = p.add_argument_group("measured by the engine (--engine vllm, --engine llamacpp)")
     eng.add_argument(
         "--engine",
@@ -73,9 +84,37 @@ def add_parser(sub):
         "--format", choices=("table", "md", "csv", "json"), default=None, help="output format (default table)"
     )
     eng.add_argument("--out", type=Path, default=None, help="folder for serving.jsonl (rows) and serving.csv (table)")
-    p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB, 80GB, 141GB (default 80GiB)")
-    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
-    p.add_argument("--weights-bytes", default=None, help="weight footprint over all GPUs, e.g. 1.03TB")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="the GPU (h100, h200, b200, mi300x ...: --list-gpus): its memory as CUDA reports it, and which "
+        "kv_cache_dtypes vLLM runs there",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        default=None,
+        help="memory per GPU, overriding --gpu's: 141GiB (binary) or 141GB (decimal) (default: --gpu's, else 80GiB)",
+    )
+    dep = p.add_argument_group("deployment (as vLLM takes it)")
+    dep.add_argument(
+        "--gpus", type=int, default=None, help="GPUs in all: TP x PP x DP (alone: read as --tensor-parallel)"
+    )
+    dep.add_argument("--tensor-parallel", type=int, default=None, help="tensor-parallel size (default 1)")
+    dep.add_argument("--pipeline-parallel", type=int, default=None, help="pipeline-parallel size (default 1)")
+    dep.add_argument("--data-parallel", type=int, default=None, help="data-parallel size (default 1)")
+    dep.add_argument(
+        "--expert-parallel", type=int, default=None, help="1 (off) or TP x DP: vLLM's --enable-expert-parallel"
+    )
+    dep.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="vLLM's, for the reserve (default: vllm serve's)"
+    )
+    dep.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's, for the reserve (default: vllm serve's)")
+    dep.add_argument(
+        "--reserve",
+        default=None,
+        help="activations + CUDA graphs per GPU, e.g. 4GiB, instead of the estimate (vLLM's log gives it)",
+    )
+    p.add_argument("--weights-bytes", default=None, help="weight footprint of the whole model, e.g. 1.03TB")
     p.add_argument(
         "--weights-dtype", default=None, help="bf16 | fp8 | int8 | int4: weights = parameters x bytes per weight"
     )
@@ -96,76 +135,17 @@ def add_parser(sub):
     p.set_defaults(handler=run)
 
 
-def _load_config(args) -> tuple[dict, str, dict | None]:
-    """(config fields, label, preset or None)."""
-    from evalkit.models.presets import get_preset
-
-    if args.preset:
-        preset = get_preset(args.preset)
-        return preset["config"], f"{args.preset} ({preset['hub_id']})", preset
-    if args.config:
-        try:
-            return json.loads(args.config.read_text()), str(args.config), None
-        except FileNotFoundError:
-            raise EvalkitError(f"config file {args.config} does not exist") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EvalkitError(f"{args.config} is not a JSON config: {exc}") from None
-    from evalkit.models.loading import model_source
-
-    path, local_only = model_source(args.model)  # a missing folder or an offline uncached id: one line, at once
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local_only)
-    except (OSError, ValueError) as exc:
-        raise EvalkitError(
-            f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
-            "(check the name, or use --config FILE / --preset NAME offline)"
-        ) from None
-    return cfg.to_dict(), args.model, None
-
-
-def _model_folder(name: str) -> Path:
-    from evalkit.models.loading import embedded_dense_dir, embedded_name
-
-    embedded = embedded_name(name)
-    return embedded_dense_dir(embedded) if embedded else Path(name)
-
-
-def _weights(args, preset, config_fields) -> tuple[int, str]:
-    from evalkit.models.presets import weights_bytes
-    from evalkit.units import format_bytes, parse_bytes
-
-    if args.weights_bytes:
-        n = parse_bytes(args.weights_bytes)
-        return n, f"{format_bytes(n)} (given)"
-    params = float(args.params) if args.params else (preset or {}).get("params")
-    dtype = args.weights_dtype or (preset or {}).get("weights_dtype")
-    if params and dtype:
-        n = weights_bytes(params, dtype)
-        return n, f"{format_bytes(n)} ({params / 1e9:,.1f}B params x {dtype})"
-    folder = _model_folder(args.model) if args.model else None
-    if folder is not None and folder.is_dir():
-        files = list(folder.glob("*.safetensors"))
-        if files:
-            n = sum(f.stat().st_size for f in files)
-            return n, f"{format_bytes(n)} (size of {len(files)} safetensors file(s))"
-    raise EvalkitError(
-        "the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    from evalkit.kv.scheme import parse_schemes
-    from evalkit.models.info import kv_layout
-    from evalkit.models.presets import PRESETS, config_namespace
-    from evalkit.planning.capacity import format_plan, kv_budget, layout_notes, parse_count, plan
-    from evalkit.units import format_bytes, parse_bytes
+    from evalkit.models.presets import PRESETS
 
     if args.list_presets:
         for name, p in PRESETS.items():
             print(f"{name:15} {p['hub_id']:32} source: {p['source']}")
         return 0
+    from evalkit.cli.capacity_count import count, list_gpus
+
+    if args.list_gpus:
+        return list_gpus()
     engine_only = {
         "--kv-cache-dtypes": args.kv_cache_dtypes,
         "--dtype": args.dtype,
@@ -174,78 +154,31 @@ def run(args: argparse.Namespace) -> int:
         "--format": args.format,
         "--out": args.out,
     }
+    counted_only = {
+        "--gpu": args.gpu,
+        "--gpus": args.gpus,
+        "--tensor-parallel": args.tensor_parallel,
+        "--pipeline-parallel": args.pipeline_parallel,
+        "--data-parallel": args.data_parallel,
+        "--expert-parallel": args.expert_parallel,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
+        "--max-num-seqs": args.max_num_seqs,
+        "--reserve": args.reserve,
+    }
     if args.engine:
         from evalkit.engines.registry import get_engine
+
+        given = [flag for flag, value in counted_only.items() if value is not None]
+        if given:
+            raise EvalkitError(
+                f"{given[0]} sizes a counted deployment; --engine measures one engine on this machine: drop {given[0]}"
+            )
 
         return get_engine(args.engine).hook("capacity")(args)
     given = [flag for flag, value in engine_only.items() if value is not None]
     if given:
         raise EvalkitError(f"{given[0]} is for measuring with an engine: add --engine vllm, or drop {given[0]}")
-    args.context = args.context or "32k"
-    fields, label, preset = _load_config(args)
-    layout = kv_layout(config_namespace(fields))
-    if args.schemes:
-        schemes, left_out = parse_schemes(args.schemes), []
-    else:
-        schemes, left_out = _fitting(layout, parse_schemes(MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
-    context = parse_count(args.context)
-    gpu_memory = parse_bytes(args.gpu_memory)
-    weights, weights_note = _weights(args, preset, fields)
-    budget = kv_budget(gpu_memory, args.gpus, args.utilization, weights)
-    rows = plan(layout, schemes, budget, context)
-    notes = left_out + layout_notes(layout, schemes)
-    if args.json:
-        from dataclasses import asdict
-
-        print(
-            json.dumps(
-                {
-                    "model": label,
-                    "context": context,
-                    "gpus": args.gpus,
-                    "gpu_memory": gpu_memory,
-                    "utilization": args.utilization,
-                    "weights_bytes": weights,
-                    "kv_budget": budget,
-                    "rows": [asdict(r) for r in rows],
-                    "notes": notes,
-                },
-                indent=1,
-            )
-        )
-        return 0
-    kind = (
-        f"MLA: latent {layout.mla_latent_dim} + RoPE key {layout.mla_rope_dim} per token per layer"
-        if layout.is_mla
-        else f"{layout.num_kv_heads} KV heads x head_dim {layout.head_dim}"
-    )
-    print(f"model: {label}: {layout.num_layers} layers, {kind}")
-    print(
-        f"memory: {args.gpus} x {format_bytes(gpu_memory)} x utilization {args.utilization} - weights {weights_note} "
-        f"= KV budget {format_bytes(budget)}; context {context:,} tokens"
-    )
-    print()
-    print(format_plan(rows, context))
-    if notes:
-        print("\nNotes (bytes are data + each scale at its storage size; where engines lay it out differently):")
-        for note in notes:
-            print(f"- {note}")
-    return 0
-
-
-def _fitting(layout, schemes) -> tuple[list, list[str]]:
-    """The default schemes this model's tensors can hold, and a note for each one left out."""
-    from evalkit.errors import SchemeError
-    from evalkit.kv.memory import check_layout_scheme
-
-    keep, notes = [], []
-    for scheme in schemes:
-        try:
-            check_layout_scheme(scheme, layout)
-            keep.append(scheme)
-        except SchemeError as exc:
-            notes.append(f"{scheme} left out of the default list: {exc}")
-    return keep, notes
+    return count(args)
 
 
 # -- measured by the engine ------------------------------------------------------------------------------

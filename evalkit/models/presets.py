@@ -9,6 +9,11 @@ is the one table of bytes per weight. ``source`` says where the
 numbers were checked (copies of the config files, found through public code and docs search,
 since this machine has no Hugging Face access). Any other model: ``--config config.json`` or
 ``--model ID`` (reads the config only, never the weights).
+
+The fields that size the weights per GPU (``intermediate_size``, ``vocab_size``, ``tie_word_embeddings``,
+MLA's ``q_lora_rank``, MoE expert counts and sizes, ``first_k_dense_replace``) are copied the same way,
+with their own ``weights_source``; ``weight_block`` marks checkpoints whose FP8 weights carry one float32
+scale per 128 x 128 block (:mod:`evalkit.planning.weights`).
 """
 
 from __future__ import annotations
@@ -28,11 +33,16 @@ PRESETS: dict[str, dict] = {
             "num_key_value_heads": 8,
             "hidden_size": 4096,
             "max_position_embeddings": 131072,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+            "tie_word_embeddings": False,
         },
         "params": 8.03e9,
         "weights_dtype": "bf16",
         "source": "config.json of meta-llama/Llama-3.1-8B (copy in github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md; "
         "oumi configs/recipes/llama3_1/README.md)",
+        "weights_source": "intermediate_size, vocab_size, tie_word_embeddings: the same config.json copy "
+        "(citsjtu2020/LLM-Prof sglang/Model_Config.md)",
     },
     "llama-3.1-70b": {
         "hub_id": "meta-llama/Llama-3.1-70B",
@@ -43,10 +53,16 @@ PRESETS: dict[str, dict] = {
             "num_key_value_heads": 8,
             "hidden_size": 8192,
             "max_position_embeddings": 131072,
+            "intermediate_size": 28672,
+            "vocab_size": 128256,
+            "tie_word_embeddings": False,
         },
         "params": 70.6e9,
         "weights_dtype": "bf16",
         "source": "oumi configs/recipes/llama3_1/README.md (Llama 3.1 70B: 80 layers, 64 heads, 8 KV heads, hidden 8192)",
+        "weights_source": "intermediate_size 28672, vocab_size 128256: abhibambhaniya/GenZ-LLM-Analyzer "
+        "GenZ/Models/Model_sets/meta.py (llama3_70b_config, from meta-llama/Llama-3.1-70B-Instruct config.json); "
+        "untied like the 8B",
     },
     "qwen3-32b": {
         "hub_id": "Qwen/Qwen3-32B",
@@ -58,10 +74,15 @@ PRESETS: dict[str, dict] = {
             "head_dim": 128,
             "hidden_size": 5120,
             "max_position_embeddings": 40960,
+            "intermediate_size": 25600,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
         },
         "params": 32.8e9,
         "weights_dtype": "bf16",
         "source": "Ascend MindSpeed-RL configs/model/qwen3_32b.yaml (64 layers, 64 heads, 8 query groups, kv_channels 128, hidden 5120)",
+        "weights_source": "intermediate_size, vocab_size, tie_word_embeddings: config.json of Qwen/Qwen3-32B "
+        "(copy in citsjtu2020/LLM-Prof sglang/Model_Config.md)",
     },
     "deepseek-v3": {
         "hub_id": "deepseek-ai/DeepSeek-V3",
@@ -76,11 +97,25 @@ PRESETS: dict[str, dict] = {
             "qk_nope_head_dim": 128,
             "v_head_dim": 128,
             "max_position_embeddings": 163840,
+            "q_lora_rank": 1536,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "n_routed_experts": 256,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3,
+            "vocab_size": 129280,
+            "tie_word_embeddings": False,
         },
         "params": 671e9,
         "weights_dtype": "fp8",
+        "weight_block": 128,
         "source": "config.json of deepseek-ai/DeepSeek-V3 (copy in gitcode cann-recipes-train llm_rl/deepseek/verl_patches/config.json; "
         "vLLM DeepseekV3Config defaults)",
+        "weights_source": "q_lora_rank, intermediate/MoE sizes, expert counts, first_k_dense_replace, vocab: "
+        "transformers' DeepseekV3Config defaults (configuration_deepseek_v3.py, the DeepSeek-V3 config); FP8 weights "
+        "in 128x128 blocks with one float32 scale each (DeepSeek-V3 technical report; vLLM's tuned "
+        "fused_moe/configs/E=256,...,dtype=fp8_w8a8,block_shape=[128,128].json)",
     },
     "kimi-k2": {
         "hub_id": "moonshotai/Kimi-K2-Instruct",
@@ -95,11 +130,24 @@ PRESETS: dict[str, dict] = {
             "qk_nope_head_dim": 128,
             "v_head_dim": 128,
             "max_position_embeddings": 131072,
+            "q_lora_rank": 1536,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "n_routed_experts": 384,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 8,
+            "first_k_dense_replace": 1,
+            "vocab_size": 163840,
+            "tie_word_embeddings": False,
         },
         "params": 1.04e12,
         "weights_dtype": "fp8",
+        "weight_block": 128,
         "source": "config of moonshotai/Kimi-K2-Instruct (DeepseekV3 architecture): NVIDIA Megatron-Bridge KimiK2Provider "
         "(61 layers, 64 heads, hidden 7168) and Megatron launch args --kv-lora-rank 512 --qk-pos-emb-head-dim 64",
+        "weights_source": "slime scripts/models/kimi-k2.sh (zyzshishui/slime: --ffn-hidden-size 18432, --q-lora-rank 1536, "
+        "--num-experts 384, --moe-ffn-hidden-size 2048, --moe-shared-expert-intermediate-size 2048, --moe-router-topk 8, "
+        "one dense layer then 60 MoE layers, --vocab-size 163840, untied); block-FP8 weights as DeepSeek-V3 (model card)",
     },
     "smollm2-135m": {
         "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",

@@ -1,20 +1,26 @@
-"""Serving capacity: how many KV tokens and concurrent sequences fit, per KV scheme.
+"""Serving capacity: how many KV tokens and concurrent sequences fit, per KV scheme, per GPU and per deployment.
 
-The KV budget is what is left of the GPUs' memory, at the engine's utilization fraction, after
-the weights::
+A deployment (:mod:`evalkit.planning.deployment`) gives each rank a KV budget: the GPU's memory at the
+engine's utilization, less the rank's weights and a reserve for activations and CUDA graphs, as vLLM
+sizes it. Each rank stores its share of every cached token (:func:`evalkit.planning.parallel.rank_layout`:
+its pipeline stage's layers; its share of the KV heads, or all of an MLA latent), so per scheme::
 
-    budget    = gpus * gpu_memory * utilization - weights
-    sequences = floor(budget / bytes of one sequence at the context)      (exact, memory.model_cache_bytes)
-    tokens    = floor(budget / bytes per token)                           (long-context rate, memory.bytes_per_token)
-    multiplier = BF16 bytes per token / bytes per token   (the tokens ratio, before rounding down)
+    tokens per rank      = floor(KV budget / bytes per token on the rank)   (long-context rate, memory.bytes_per_token)
+    sequences per rank   = floor(KV budget / bytes of one sequence at the context on the rank)   (exact)
+    tokens, deployment   = DP x the smallest stage's tokens per rank         (a TP group holds each token once,
+    sequences, deployment= DP x the smallest stage's sequences               split over its ranks or replicated)
+    multiplier           = BF16 bytes per token / bytes per token
 
-Activations, CUDA graphs and fragmentation are what ``utilization`` leaves room for; like the
-engines' own ``gpu_memory_utilization``, it is a fraction of the whole memory. Sizes parse and
-print as :mod:`evalkit.units` says (``80GiB`` or ``80GB`` in, binary units out); token counts
-parse as ``32k`` (32 x 1024) or ``128K``.
+:func:`plan_ranks` makes those rows, with whether vLLM runs each scheme's ``kv_cache_dtype`` on the
+chosen GPU (:mod:`evalkit.planning.kv_backends`); :func:`memory_fit` is the same plan in a few lines, for
+the sweep's dry run. :func:`kv_budget` and :func:`plan` are the earlier single-budget forms
+(``gpus x memory x utilization - weights``, pooled): right for one GPU, or for KV heads sharded as
+evenly as the weights with no reserve; kept for the capacity notebook.
 
-Bytes are evalkit's plain count (data plus each scale at its storage size, :mod:`evalkit.kv.memory`).
-:func:`layout_notes` says where an engine's own layout differs from it, for the schemes shown.
+Sizes parse and print as :mod:`evalkit.units` says (``80GiB`` binary, ``80GB`` decimal in; binary units
+out); token counts parse as ``32k`` (32 x 1024) or ``128K``. Bytes are evalkit's plain count (data plus
+each scale at its storage size, :mod:`evalkit.kv.memory`); :func:`layout_notes` says where an engine's own
+layout differs from it, for the schemes shown.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ from dataclasses import dataclass
 from evalkit.errors import EvalkitError
 from evalkit.kv.formats import ScaleDType
 from evalkit.kv.memory import bytes_per_token, model_cache_bytes
-from evalkit.kv.scheme import Scheme
+from evalkit.kv.scheme import GranularityKind, Scheme
 from evalkit.models.info import KVLayout
+from evalkit.planning.gpus import GPU
+from evalkit.planning.kv_backends import kv_support
+from evalkit.planning.parallel import Parallel, rank_layout
 from evalkit.units import format_bytes, parse_number
 
 _COUNT_UNITS = {"": 1, "k": 2**10, "m": 2**20}
@@ -52,6 +61,7 @@ class Capacity:
 
 
 def kv_budget(gpu_memory: int, gpus: int = 1, utilization: float = 0.9, weights: int = 0) -> int:
+    """The pooled budget ``gpus x memory x utilization - weights`` (see the module docstring for when it holds)."""
     if gpus < 1:
         raise EvalkitError(f"--gpus must be at least 1, got {gpus}")
     if not 0 < utilization <= 1:
@@ -143,3 +153,153 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
     if any(s.scale_dtype is ScaleDType.FP32 and s.granularity.size and s.kv_format.group_scaled for s in schemes):
         notes.append("fp4_e2m1 with fp32 scales is a reference point (ideal scales), not an engine layout.")
     return notes
+
+
+# -- per rank and per deployment -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankRow:
+    """One scheme on a deployment: per rank (the tightest pipeline stage's) and for the whole deployment."""
+
+    scheme: str
+    bytes_per_token: float  # on one rank
+    sequence_bytes: int  # one sequence at the context, on one rank
+    tokens: int  # per rank, = per replica (a TP group holds each token once)
+    sequences: int  # per replica
+    deployment_tokens: int
+    deployment_sequences: int
+    multiplier: float
+    vllm_dtype: str | None = None  # the kv_cache_dtype that stores the scheme's bytes (None: none does)
+    vllm: str | None = None  # on the named GPU: "yes: BACKEND", "no", "-" (not a vLLM dtype); None: no GPU named
+    vllm_reason: str = ""
+
+
+def vllm_dtype(scheme: Scheme, layout: KVLayout) -> str | None:
+    """The vLLM ``kv_cache_dtype`` that stores this scheme's bytes, or None (no vLLM dtype does)."""
+    text = str(scheme)
+    if scheme.is_identity:
+        return "auto"
+    if text.startswith("vllm:"):
+        return text.split(":", 1)[1].split("+", 1)[0]
+    if scheme.name == "nvfp4":
+        return "nvfp4"
+    plain = scheme.recipe.value in ("standard", "vllm_cpu") and not scheme.tensor_scale  # same bytes either way
+    if plain and scheme.format in ("fp8_e4m3", "fp8_e5m2"):
+        kind = scheme.granularity.kind
+        if kind in (GranularityKind.TENSOR, GranularityKind.HEAD) and not scheme.rope_bf16:
+            return "fp8" if layout.is_mla and scheme.format == "fp8_e4m3" else scheme.format
+        mla_tiles = kind is GranularityKind.GROUP and scheme.granularity.size == 128 and scheme.rope_bf16
+        if layout.is_mla and mla_tiles and scheme.format == "fp8_e4m3":
+            return "fp8_ds_mla"
+    return None
+
+
+def _mark(scheme: Scheme, layout: KVLayout, gpu: GPU | None) -> tuple[str | None, str | None, str]:
+    dtype = vllm_dtype(scheme, layout)
+    if gpu is None:
+        return dtype, None, ""
+    if dtype is None:
+        return None, "-", ""
+    support = kv_support(gpu, dtype, kind="mla" if layout.is_mla else "standard", head_size=layout.head_dim)
+    reason = support.reason
+    if not support.runs and dtype.endswith("_ds_mla"):
+        reason += " (DeepSeek V3.2's sparse-MLA backends only)"
+    return dtype, support.mark(), reason
+
+
+def plan_ranks(
+    layout: KVLayout, schemes: list[Scheme], stages, par: Parallel, context: int, gpu: GPU | None = None
+) -> list[RankRow]:
+    """One :class:`RankRow` per scheme, BF16 first (added if missing); ``stages`` from
+    :func:`evalkit.planning.deployment.stages`."""
+    schemes = [Scheme()] + [s for s in schemes if not s.is_identity]
+    layouts = [rank_layout(layout, par, st.index) for st in stages]
+    rows = []
+    for scheme in schemes:
+        per_stage = []
+        for st, rl in zip(stages, layouts):
+            rate = bytes_per_token(rl, scheme)
+            if rate == 0:  # a stage without attention layers stores nothing
+                continue
+            seq = model_cache_bytes(rl, scheme, context)
+            base = bytes_per_token(rl, Scheme())
+            per_stage.append((math.floor(st.kv_budget / rate), st.kv_budget // seq, rate, seq, base))
+        tokens, seqs, rate, seq, base = min(per_stage)
+        seqs = min(p[1] for p in per_stage)
+        dtype, mark, reason = _mark(scheme, layout, gpu)
+        rows.append(
+            RankRow(
+                str(scheme), float(rate), seq, tokens, seqs, par.dp * tokens, par.dp * seqs, float(base / rate),
+                dtype, mark, reason,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def format_ranks(rows: list[RankRow], context: int, gpu: GPU | None = None) -> str:
+    import pandas as pd
+
+    def per_token(x: float) -> str:
+        return f"{x:,.0f}" if x == int(x) else f"{x:,.2f}"
+
+    records = []
+    for r in rows:
+        rec = {
+            "scheme": r.scheme,
+            "bytes/token (rank)": per_token(r.bytes_per_token),
+            f"MiB/seq @{context} (rank)": f"{r.sequence_bytes / 2**20:,.1f}",
+            "KV tokens (rank)": f"{r.tokens:,}",
+            f"seqs @{context} (rank)": f"{r.sequences:,}",
+            "KV tokens (deployment)": f"{r.deployment_tokens:,}",
+            f"seqs @{context} (deployment)": f"{r.deployment_sequences:,}",
+            "x BF16": f"{r.multiplier:.2f}",
+        }
+        if gpu is not None:
+            rec[f"vLLM 0.33 on {gpu.key.upper()}"] = r.vllm
+        records.append(rec)
+    return pd.DataFrame(records).to_markdown(index=False, disable_numparse=True)
+
+
+def memory_fit(
+    config: dict,
+    gpu: str,
+    *,
+    parallel: Parallel | None = None,
+    weights_dtype: str | None = None,
+    context: int = 32768,
+    scheme: str = "bf16",
+    utilization: float = 0.9,
+    weight_block: int | None = None,
+) -> list[str]:
+    """The per-rank memory fit of a model (its config fields) on a named GPU, in a few lines: what the
+    sweep's dry run prints. ``weights_dtype`` is the checkpoint's (default: the config's ``torch_dtype``,
+    else bf16; a preset's ``weights_dtype`` and ``weight_block`` for FP8 presets); the batch is ``vllm
+    serve``'s default for the GPU. A model that does not fit gives one line saying so (never an exception)."""
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.info import kv_layout
+    from evalkit.models.presets import DTYPE_BYTES, config_namespace
+    from evalkit.planning.deployment import Deployment, stages
+    from evalkit.planning.gpus import get_gpu
+    from evalkit.planning.reserve import Batch, serve_defaults
+    from evalkit.planning.weights import Architecture
+
+    card = get_gpu(gpu)
+    par = parallel or Parallel()
+    arch = Architecture.from_config(config)
+    shipped = str(config.get("torch_dtype") or config.get("dtype") or "bf16")
+    dtype = weights_dtype or (shipped if shipped in DTYPE_BYTES else "bf16")
+    tokens, seqs = serve_defaults(card.memory, card.name)
+    dep = Deployment(card.memory, utilization, par, Batch(tokens, seqs, 1024 if card.sm100_family else 512))
+    layout = kv_layout(config_namespace(config))
+    head = f"memory fit on {par.gpus} x {card.key.upper()} ({par}, {format_bytes(dep.usable)} usable per GPU)"
+    try:
+        plan = stages(dep, layout.num_layers, arch, dtype if arch else None, weight_block)
+        row = plan_ranks(layout, [parse_scheme(scheme)], plan, par, context, card)[-1]
+    except EvalkitError as exc:
+        return [f"{head}: {exc}"]
+    tight = min(plan, key=lambda st: st.kv_budget)
+    return [
+        f"{head}: weights {format_bytes(tight.weights)} + reserve {format_bytes(tight.reserve)} per rank leave "
+        f"{format_bytes(tight.kv_budget)} of KV cache",
+        f"  {row.scheme}: {row.tokens:,} tokens per rank, {row.sequences:,} sequences of {context:,} tokens per "
+        f"replica, {row.deployment_sequences:,} in all; vLLM on {card.key.upper()}: {row.vllm}",
+    ]

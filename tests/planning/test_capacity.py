@@ -220,10 +220,12 @@ def test_list_presets(capsys):
 
 
 @pytest.mark.parametrize(
-    "preset,rows",
+    "preset,gpus,weights,rows",
     [
         (
             "llama-3.1-8b",
+            "1",
+            "16GB",
             {
                 "nvfp4": ("36,864", "3.56"),
                 "mxfp4": ("34,816", "3.76"),
@@ -234,6 +236,8 @@ def test_list_presets(capsys):
         ),
         (
             "kimi-k2",
+            "16",
+            "1.03TB",
             {
                 "nvfp4+rope=bf16": ("25,376", "2.77"),
                 "nvfp4": ("19,764", "3.56"),
@@ -243,7 +247,8 @@ def test_list_presets(capsys):
         ),
     ],
 )
-def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, rows):
+def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, preset, gpus, weights, rows):
+    """Whole-model bytes per token on one rank: one GPU for Llama (all its KV heads), any TP for an MLA latent."""
     code, out, _ = run_cli(
         capsys,
         "capacity",
@@ -252,9 +257,9 @@ def test_cli_presets_show_the_fp4_rows_and_where_engine_layouts_differ(capsys, p
         "--gpu-memory",
         "80GB",
         "--gpus",
-        "16",
+        gpus,
         "--weights-bytes",
-        "1.03TB",
+        weights,
         "--context",
         "32k",
     )
@@ -291,3 +296,26 @@ def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tm
     assert any(
         n.startswith("mxfp4 left out of the default list: group32 does not divide head_dim 48") for n in data["notes"]
     )
+
+
+@pytest.mark.parametrize(
+    "preset,text,dtype",
+    [
+        ("llama-3.1-8b", "bf16", "auto"),
+        ("llama-3.1-8b", "fp8_e4m3/tensor/unit", "fp8_e4m3"),
+        ("llama-3.1-8b", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3"),
+        ("llama-3.1-8b", "fp8_e5m2/tensor/dynamic", "fp8_e5m2"),
+        ("llama-3.1-8b", "nvfp4", "nvfp4"),
+        ("llama-3.1-8b", "vllm:int8_per_token_head", "int8_per_token_head"),
+        ("llama-3.1-8b", "mxfp4", None),
+        ("llama-3.1-8b", "sglang_fp4", None),
+        ("kimi-k2", "fp8_e4m3/tensor/unit", "fp8"),
+        ("kimi-k2", "fp8_e4m3/group128/dynamic+rope=bf16", "fp8_ds_mla"),
+        ("kimi-k2", "nvfp4+rope=bf16", "nvfp4"),
+    ],
+)
+def test_the_vllm_dtype_that_stores_a_schemes_bytes(preset, text, dtype):
+    from evalkit.planning.capacity import vllm_dtype
+
+    layout = kv_layout(config_namespace(PRESETS[preset]["config"]))
+    assert vllm_dtype(parse_schemes(text)[0], layout) == dtype

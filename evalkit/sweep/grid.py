@@ -133,6 +133,20 @@ def _schemes(doc: Located, value) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def scheme_entries(doc: Located) -> dict[str, tuple]:
+    """Canonical scheme string -> the key path of the ``schemes`` entry that gives it, so that a problem
+    found after parsing (:mod:`evalkit.cli.preflight`) names that entry's line; an entry that does not
+    parse gives none (parsing the grid reports it)."""
+    entries = doc.value.get("schemes") if isinstance(doc.value, dict) else None
+    out: dict[str, tuple] = {}
+    for i, item in enumerate(entries if isinstance(entries, list) else []):
+        path = ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
+        with doc.collecting():
+            for text in _scheme_item(doc, item, ("schemes", i)):
+                out.setdefault(text, path)
+    return out
+
+
 def _scheme_item(doc: Located, item, path: tuple) -> list[str]:
     """The canonical scheme strings of one entry of ``schemes`` (a string or an expansion)."""
     out: list[str] = []

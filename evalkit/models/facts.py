@@ -170,14 +170,15 @@ def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFac
 SPARSE_ATTENTION_KEY = "index_topk"
 
 
-def _text_fields(config: dict) -> dict:
+def text_fields(config: dict) -> dict:
+    """The fields of the language model in a config.json (its ``text_config`` in a multimodal one)."""
     text = config.get("text_config")
     return text if isinstance(text, dict) and "num_hidden_layers" not in config else config
 
 
 def sparse_attention(config: dict) -> bool:
     """Whether the model's attention reads only the tokens an indexer selects (``index_topk`` in its config)."""
-    return _text_fields(config).get(SPARSE_ATTENTION_KEY) is not None
+    return text_fields(config).get(SPARSE_ATTENTION_KEY) is not None
 
 
 def read_config(name: str) -> tuple[dict | None, str]:

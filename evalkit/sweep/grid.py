@@ -315,7 +315,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
 
 def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
     """The canonical strings of ``schemes`` as engine ``name`` runs them (``engine_profile:``, see
-    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at ``schemes``."""
+    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry."""
     from evalkit.engines.profiles import get_profile
 
     try:
@@ -324,11 +324,12 @@ def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
         doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
         return schemes
     out: list[str] = []
+    entries = scheme_entries(doc)
     for text in schemes:
         try:
             out.append(str(profile.apply(parse_scheme(text))))
         except EvalkitError as exc:
-            doc.problems.append(str(doc.error(("schemes",), str(exc))))
+            doc.problems.append(str(doc.error(entries.get(text, ("schemes",)), str(exc))))
     return list(dict.fromkeys(out))
 
 

@@ -252,3 +252,23 @@ def test_configs_come_from_folders_the_hub_cache_and_presets(tmp_path, monkeypat
     assert source == "evalkit preset llama-3.1-8b" and config["num_key_value_heads"] == 8
     assert read_config(model_dir(tmp_path, "m", LLAMA)) == (LLAMA, "local folder")
     assert read_config("example-org/elsewhere")[0] is None
+
+
+def test_deepseek_v32_is_sparse_and_its_latent_is_never_quantized_as_standard_attention(tmp_path):
+    """DeepSeek V3.2's own config (transformers' DeepseekV32Config): sparse, a 512-value latent. Where
+    evalkit reads its type as MLA it takes the ds_mla rows; where it does not, every quantized scheme is
+    refused in one line that says why (bf16 still runs)."""
+    from transformers import DeepseekV32Config
+
+    from evalkit.models.info import MLA_MODEL_TYPES
+
+    v32 = model_dir(tmp_path, "v32", DeepseekV32Config(num_hidden_layers=4).to_dict())
+    assert check_model_fit(runs(v32, "bf16")) == []
+    problems = check_model_fit(runs(v32, "vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"))
+    if "deepseek_v32" in MLA_MODEL_TYPES:
+        assert problems == []
+    else:
+        assert len(problems) == 2
+        assert all(
+            "kv_lora_rank 512" in p.message and "deepseek_v32 as standard attention" in p.message for p in problems
+        )

@@ -44,6 +44,7 @@ class Arch:
     sparse: bool = False
     why: str = ""
     fatal: bool = False
+    latent: int = 0  # kv_lora_rank in the config: a latent cache, whether or not evalkit reads the type as MLA
 
     def describe(self) -> str:
         lay = self.layout
@@ -56,7 +57,7 @@ class Arch:
 
 def model_arch(name: str) -> Arch:
     """The architecture of model ``name`` from its config, without weights or the network."""
-    from evalkit.models.facts import read_config, sparse_attention
+    from evalkit.models.facts import read_config, sparse_attention, text_fields
     from evalkit.models.info import kv_layout
     from evalkit.models.presets import config_namespace
 
@@ -69,7 +70,8 @@ def model_arch(name: str) -> Arch:
         return Arch(name, source, why=str(exc), fatal=True)
     except (TypeError, ValueError, ZeroDivisionError) as exc:  # a config.json missing the fields that size attention
         return Arch(name, source, why=f"its config ({source}) does not describe its attention ({exc})", fatal=True)
-    return Arch(name, source, layout, sparse_attention(config))
+    latent = int(text_fields(config).get("kv_lora_rank") or 0)
+    return Arch(name, source, layout, sparse_attention(config), latent=latent)
 
 
 def architecture_problem(scheme: Scheme, layout: KVLayout, sparse: bool = False) -> str | None:
@@ -124,12 +126,26 @@ def check_model_fit(runs: Sequence[PlannedRun]) -> list[Problem]:
             scheme = parse_scheme(run.scheme)
         except EvalkitError:
             continue  # the grid (or --schemes) reports it
+        if arch.latent and not arch.layout.is_mla and not scheme.is_identity:
+            out.append(Problem(run.scheme_key, f"{run.scheme} on {name}: {_unread_mla(arch)}"))
+            continue
         reason = architecture_problem(scheme, arch.layout, arch.sparse)
         if reason is None and run.engine_profile:
             reason = _profile_problem(run, scheme, arch.layout)
         if reason:
             out.append(Problem(run.scheme_key, f"{run.scheme} on {name} ({arch.describe()}): {reason}"))
     return out
+
+
+def _unread_mla(arch: Arch) -> str:
+    """A config with a latent cache (``kv_lora_rank``) of a model type evalkit does not read as MLA."""
+    from evalkit.models.info import MLA_MODEL_TYPES
+
+    return (
+        f"its config caches a compressed latent (kv_lora_rank {arch.latent}), but evalkit reads model type "
+        f"{arch.layout.model_type} as standard attention (its MLA types: {', '.join(sorted(MLA_MODEL_TYPES))}), "
+        "so no quantized scheme would store what the model caches: run bf16 only, or a model of those types"
+    )
 
 
 def _model_problem(run: PlannedRun, arch: Arch) -> Problem | None:

@@ -141,9 +141,11 @@ def scheme_entries(doc: Located) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
     for i, item in enumerate(entries if isinstance(entries, list) else []):
         path = ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
-        with doc.collecting():
+        try:
             for text in _scheme_item(doc, item, ("schemes", i)):
                 out.setdefault(text, path)
+        except GridError:
+            continue  # recorded where the grid is parsed, not here
     return out
 
 

@@ -165,3 +165,17 @@ def test_one_more_check_is_one_more_entry(tmp_path, capsys, monkeypatch):
         f"evalkit: error: {grid}:2: schemes[1]: nvfp4 needs a Blackwell GPU, not h200"
     ]
     assert {r.gpu for r in seen} == {"h200"} and {r.here for r in seen} == {False}
+
+
+def test_a_grid_engine_profile_key_places_each_problem_once_at_its_entry(tmp_path):
+    from evalkit.sweep.grid import GridError, parse_grid
+
+    text = (
+        "models: [embedded]\nschemes:\n  - bf16\n  - fp8_bogus/tensor/unit\n  - fp8_e4m3/head/dynamic\n"
+        "engine_profile: vllm-cpu\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
+    )
+    with pytest.raises(GridError) as err:
+        parse_grid(tmp_path / "g.yaml", text)
+    bad, head = err.value.problems
+    assert ":4: schemes[1]: unknown KV format 'fp8_bogus'" in bad
+    assert ":5: schemes[2]: vllm-cpu cannot run fp8_e4m3/head/dynamic" in head

@@ -8,9 +8,11 @@ rows also go to a results store, the one ``evalkit sweep`` writes (DIR/results.j
 artifacts under DIR/runs/<id16>/), so ``evalkit report DIR`` reads it; running the same command
 again adds a new attempt of each run, a folder holding other runs is refused. ``--json`` prints the
 rows as JSON instead of the table. The evaluation's options are its own ``--<eval>-<field>`` flags
-(``python -m evalkit run --help``). ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
-each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero) and refuses,
-before anything loads, the schemes it cannot run. ``--engine vllm`` has
+(``python -m evalkit run --help``). Before the model loads, every problem of the schemes is listed,
+one line each (exit 2; :mod:`evalkit.cli.preflight`): scale files, the model's architecture (read from
+its config), the engine profile, the engine's plan and whether it can start here.
+``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
+each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero). ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
@@ -124,6 +126,13 @@ def run(args: argparse.Namespace) -> int:
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
             "(the bf16 baseline is always added; `python -m evalkit schemes` lists them)"
         )
+    args.engine_option_values = engine_option_values(args)
+    from evalkit.cli.preflight.commands import run_problems
+    from evalkit.cli.preflight.planned import print_problems
+
+    # every problem of the schemes on this model, engine profile and engine, one line each, before it loads
+    if print_problems(run_problems(args, schemes)):
+        return 2
     profile = None
     if getattr(args, "engine_profile", None):
         from evalkit.engines.profiles import get_profile
@@ -131,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
         profile = get_profile(args.engine_profile)
         schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
     backend = None
-    args.engine_option_values = engine_option_values(args)
-    if args.engine != "emulation":  # one line, before anything loads, for what the engine cannot run
+    if args.engine != "emulation":
         backend, schemes = engine_backend(args, schemes)
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())

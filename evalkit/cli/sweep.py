@@ -7,16 +7,18 @@
     python -m evalkit sweep gpu --model ID_OR_FOLDER                      # the grid with another model
 
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
-then these flags. Everything is validated before the output folder is touched: every problem of
-the grid file is listed (one line each, exit 2; a model folder or corpus file that does not exist
-is one of them), a folder that belongs to another grid is refused,
-so are a results or cache folder this machine cannot write and a grid ``device:`` it does not have
-(local executor; :mod:`evalkit.cli.preflight`) or an ``engine:`` that is not installed here (vLLM), and so is a
-grid whose baselines, results and model
-downloads do not fit on the disk
+then these flags. Everything is validated before the output folder is touched or a model loads.
+First every problem of the grid file (one line each, exit 2; a model folder or corpus file that does
+not exist is one of them); then, in one report, every problem of its runs (:mod:`evalkit.cli.preflight`:
+scale files, each scheme against its model's architecture read from its config, the schemes
+``--engine-profile`` cannot run, whether the grid's ``engine:`` can start here), each at the grid line
+that gives it. Then a folder that belongs to another grid is refused, so are a results or cache
+folder this machine cannot write and a grid ``device:`` it does not have (local executor), and so is
+a grid whose baselines, results and model downloads do not fit on the disk
 (:mod:`evalkit.sweep.estimate`). ``--dry-run`` prints each run's tokens and estimated time and the
-disk needed (:mod:`evalkit.sweep.estimate`), writes nothing and evaluates nothing. The exit code is
-1 when any run failed (see the summary).
+disk needed (:mod:`evalkit.sweep.estimate`), then the same problems (exit 2 when there are any; an
+engine not installed here is a note, since a dry run plans for any machine), writes nothing and
+evaluates nothing. The exit code is 1 when any run failed (see the summary).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def _read_grid(path: Path, text: str):
 
 def run(args: argparse.Namespace, *, free_space=None) -> int:
     """``free_space(folder) -> bytes`` replaces the real free-space query (tests)."""
+    from evalkit.cli.preflight.commands import grid_problems
+    from evalkit.cli.preflight.planned import print_problems
     from evalkit.models.loading import cache_root
     from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
     from evalkit.sweep.grid import resolve_grid, with_engine_profile, with_model
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         raise EvalkitError("--assume-device only sizes a dry run: add --dry-run, or drop --assume-device")
     shard = parse_shard(args.shard) if args.shard is not None else None
     path = resolve_grid(args.grid or ("quick" if args.quick else "default"))
-    text = path.read_text()
+    text = grid_text = path.read_text()  # grid_text: the file as written, for the lines of its problems
     grid = _read_grid(path, text)
     if grid is None:
         return 2  # like any user error
@@ -135,20 +139,28 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
             local_folder(args.model)  # a missing folder: one line now, not when the first run loads it
         grid = with_model(grid, args.model)
         text = f"# {path} with --model {args.model}\n" + yaml.safe_dump(grid.data, sort_keys=False)
-    if args.engine_profile:
-        grid = with_engine_profile(grid, args.engine_profile)
     cfg = SweepConfig().with_grid(grid).with_args(args)
     out = Path(cfg.out or Path("results") / grid.name)
     workdir = Path(args.cache_dir) if args.cache_dir is not None else cache_root() / "work"
     free_space = free_space or disk_free
     store = ResultStore(out)
-    if args.dry_run:
+    here = not args.dry_run and cfg.executor == "local"  # a dry run plans for any machine; Ray workers bring their own
+    problems, locate = grid_problems(
+        grid, select(grid.runs, shard), grid_text, engine_profile=args.engine_profile, gpu=args.assume_device, here=here
+    )
+    errors = [p for p in problems if not p.note]
+    if args.engine_profile and not errors:
+        grid = with_engine_profile(grid, args.engine_profile)
+    if args.dry_run:  # the estimate, then every problem: a dry run with problems exits 2
         estimate = estimate_sweep(
             grid, select(grid.runs, shard), out, workdir, assume_device=args.assume_device, free_space=free_space
         )
-        print(estimate.text())
-        check_disk(estimate)
-        return 0
+        print(estimate.text(), flush=True)
+        code = print_problems(problems, locate)
+        check_disk(estimate)  # a grid that does not fit: the report's last line
+        return code
+    if print_problems(problems, locate):
+        return 2  # nothing written
     store.check(grid)  # read-only: a foreign folder is refused before anything is written
     _check_machine(grid, store, shard, cfg, out, workdir)
     _check_disk_before(grid, store, shard, cfg.rerun, out, workdir, free_space)
@@ -182,7 +194,8 @@ def _pending(grid, store, shard, rerun: bool) -> list:
 def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Path) -> None:
     """One line, before the first run: a results folder this machine cannot write, and with the local
     executor a cache folder it cannot write or a grid ``device:`` it does not have (Ray workers bring
-    their own disks and devices)."""
+    their own disks and devices; whether the grid's engine can start here is a check of
+    :mod:`evalkit.cli.preflight`)."""
     from evalkit.cli.preflight import check_grid_devices, check_writable
 
     check_writable(out, "--out")  # the store is written here, whichever executor runs the runs
@@ -190,33 +203,6 @@ def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Pat
         check_writable(workdir, "--cache-dir")
         pending = _pending(grid, store, shard, cfg.rerun)
         check_grid_devices([r.model for r in pending], grid.path)
-        check_grid_engines(pending, grid.path)
-
-
-def check_grid_engines(runs, where: str) -> None:
-    """One line (exit 2) when a run's engine is not installed here, or cannot start (vLLM: installed, an
-    x86-64 CPU with AVX-512, torchvision/torchaudio/torchcodec builds that load), as ``run --engine`` refuses."""
-    from evalkit.engines.registry import get_engine
-
-    engines = sorted({r.engine for r in runs} - {"emulation"})
-    for name in engines:
-        n = sum(r.engine == name for r in runs)
-        try:
-            engine = get_engine(name)
-            if name == "vllm":  # vLLM's own start-up conditions: the package (with its install line) and beyond
-                from evalkit.engines.vllm_install import check_companions, check_multiprocessing
-                from evalkit.engines.vllm_kernel import check_vllm_available
-
-                check_vllm_available()
-                check_multiprocessing()
-                check_companions()
-            else:
-                engine.require()
-        except EvalkitError as exc:
-            raise type(exc)(
-                f"{where}: {n} run(s) on engine {name}, which cannot run here: {exc} "
-                "(or drop the engine from the grid's engine:)"
-            ) from None
 
 
 def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:

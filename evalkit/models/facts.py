@@ -9,6 +9,10 @@ cache (config only, never the network), or evalkit's capacity presets (found by
 :func:`evalkit.models.presets.find_preset`, the look-up ``evalkit capacity --preset`` uses). The
 parameter count comes from instantiating the config on PyTorch's ``meta`` device (no memory,
 exact), or from the preset's published count. A model known nowhere gets facts with ``params = 0`` and a note.
+
+:func:`read_config` is the same look-up for the config alone (the checks made before a model loads,
+:mod:`evalkit.cli.preflight`: whether a scheme fits the architecture), and :func:`sparse_attention`
+reads from it whether the model selects the tokens it attends to (DeepSeek V3.2's indexer).
 """
 
 from __future__ import annotations
@@ -156,3 +160,58 @@ def model_facts(name: str, dtype: str = "auto", device: str = "cpu") -> ModelFac
         f"model {name!r}: no local files and no evalkit preset: its size is unknown, so its runs are not timed"
     )
     return facts
+
+
+# DeepSeek V3.2-style sparse attention: a config with ``index_topk`` (the tokens its indexer selects per
+# query). vLLM 0.33 decides by the same key: ``DeepseekV2Attention`` sets ``is_v32 = hasattr(config,
+# "index_topk")`` and passes it on as ``use_sparse`` (vllm/model_executor/models/deepseek_v2.py), and the
+# attention backends refuse a model whose sparseness is not theirs (``validate_configuration`` in
+# vllm/v1/attention/backend.py: "sparse not supported" / "non-sparse not supported").
+SPARSE_ATTENTION_KEY = "index_topk"
+
+
+def text_fields(config: dict) -> dict:
+    """The fields of the language model in a config.json (its ``text_config`` in a multimodal one)."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) and "num_hidden_layers" not in config else config
+
+
+def sparse_attention(config: dict) -> bool:
+    """Whether the model's attention reads only the tokens an indexer selects (``index_topk`` in its config)."""
+    return text_fields(config).get(SPARSE_ATTENTION_KEY) is not None
+
+
+def read_config(name: str) -> tuple[dict | None, str]:
+    """``(config.json fields, where they come from)`` for a grid's or ``run``'s model, in
+    :func:`model_facts`' order (the embedded model's dense copy or its preset, a local folder, the local
+    Hugging Face cache, evalkit's presets), never loading weights or touching the network; ``(None, why)``
+    when this machine has no config for it."""
+    from evalkit.models.loading import embedded_dense_dir, embedded_name, is_path_like
+
+    embedded = embedded_name(name)
+    if embedded:
+        path = embedded_dense_dir(embedded) / "config.json"
+        if path.is_file():
+            return json.loads(path.read_text()), "embedded model"
+        key, preset = find_preset(embedded)
+        return preset["config"], f"embedded model (evalkit preset {key})"
+    if is_path_like(name):
+        path = Path(name).expanduser() / "config.json"
+        if not path.is_file():
+            return None, f"no config.json in {Path(name).expanduser()}"
+        try:
+            return json.loads(path.read_text()), "local folder"
+        except (OSError, ValueError) as exc:
+            return None, f"{path} cannot be read ({exc})"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001  (not a valid hub id: nothing cached)
+        found = None
+    if isinstance(found, str):
+        return json.loads(Path(found).read_text()), "config in the local Hugging Face cache"
+    preset = find_preset(name)
+    if preset is not None:
+        return preset[1]["config"], f"evalkit preset {preset[0]}"
+    return None, "its config is neither in the local Hugging Face cache nor an evalkit preset"

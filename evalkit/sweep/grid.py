@@ -133,6 +133,22 @@ def _schemes(doc: Located, value) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def scheme_entries(doc: Located) -> dict[str, tuple]:
+    """Canonical scheme string -> the key path of the ``schemes`` entry that gives it, so that a problem
+    found after parsing (:mod:`evalkit.cli.preflight`) names that entry's line; an entry that does not
+    parse gives none (parsing the grid reports it)."""
+    entries = doc.value.get("schemes") if isinstance(doc.value, dict) else None
+    out: dict[str, tuple] = {}
+    for i, item in enumerate(entries if isinstance(entries, list) else []):
+        path = ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
+        try:
+            for text in _scheme_item(doc, item, ("schemes", i)):
+                out.setdefault(text, path)
+        except GridError:
+            continue  # recorded where the grid is parsed, not here
+    return out
+
+
 def _scheme_item(doc: Located, item, path: tuple) -> list[str]:
     """The canonical scheme strings of one entry of ``schemes`` (a string or an expansion)."""
     out: list[str] = []
@@ -301,7 +317,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
 
 def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
     """The canonical strings of ``schemes`` as engine ``name`` runs them (``engine_profile:``, see
-    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at ``schemes``."""
+    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry."""
     from evalkit.engines.profiles import get_profile
 
     try:
@@ -310,11 +326,12 @@ def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
         doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
         return schemes
     out: list[str] = []
+    entries = scheme_entries(doc)
     for text in schemes:
         try:
             out.append(str(profile.apply(parse_scheme(text))))
         except EvalkitError as exc:
-            doc.problems.append(str(doc.error(("schemes",), str(exc))))
+            doc.problems.append(str(doc.error(entries.get(text, ("schemes",)), str(exc))))
     return list(dict.fromkeys(out))
 
 

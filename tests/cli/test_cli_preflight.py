@@ -387,3 +387,32 @@ def test_sweep_on_ray_leaves_devices_to_the_workers(tmp_path, capsys, monkeypatc
         capsys,
         "executor reached",
     )
+
+
+# -- the run's own problems, before the model loads (evalkit.cli.preflight.commands) -------------------
+
+
+def test_run_with_a_missing_scale_file_fails_in_one_line_before_loading(tmp_path, capsys):
+    """The issue's case: the model used to load (minutes on a 70B) before the missing file was noticed."""
+    one_line_exit_2(
+        ["run", "--schemes", "fp8_e4m3/tensor/static+scales=/nope.safetensors", "--cache-dir", str(tmp_path)],
+        capsys,
+        "static scale file /nope.safetensors does not exist",
+        "python -m evalkit calibrate",
+    )
+    assert tree(tmp_path) == []
+
+
+def test_run_lists_every_problem_of_its_schemes(tmp_path, capsys):
+    argv = ["run", "--cache-dir", str(tmp_path), "--engine-profile", "vllm-cuda", "--schemes"]
+    schemes = (
+        "fp8_e4m3/tensor/unit,fp8_e4m3/head/dynamic,vllm:fp8_ds_mla,fp8_e4m3/tensor/static+scales=/nope.safetensors"
+    )
+    assert main([*argv, schemes]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4 and all(x.startswith("evalkit: error: ") for x in lines), lines
+    assert "vllm-cuda cannot run fp8_e4m3/head/dynamic" in lines[0]  # the profile's, in the order given
+    assert "vllm-cuda cannot run vllm:fp8_ds_mla" in lines[1]
+    assert "/nope.safetensors does not exist" in lines[2]  # then the scale files, then the architecture
+    assert "vllm:fp8_ds_mla on embedded (llama: 3 KV heads of head_dim 64)" in lines[3]
+    assert tree(tmp_path) == []

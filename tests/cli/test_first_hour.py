@@ -197,7 +197,8 @@ def test_sweep_refuses_a_grid_whose_engine_is_not_installed(capsys, tmp_path):
 def test_sweep_engine_check_names_a_broken_environment(monkeypatch):
     import evalkit.engines.vllm_install as vi
     import evalkit.engines.vllm_kernel as vk
-    from evalkit.cli.sweep import check_grid_engines
+    from evalkit.cli.preflight.engines import check_engines, engine_ready
+    from evalkit.cli.preflight.planned import PlannedRun
     from evalkit.sweep.grid import parse_grid
 
     grid = parse_grid(REPO / "sweeps" / "engine.yaml")
@@ -206,8 +207,15 @@ def test_sweep_engine_check_names_a_broken_environment(monkeypatch):
         vi, "broken_companions", lambda: {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}
     )
     with pytest.raises(EngineUnavailableError, match="pip uninstall -y torchvision torchaudio torchcodec"):
-        check_grid_engines(grid.runs, "engine.yaml")
-    check_grid_engines([r for r in grid.runs if r.engine == "emulation"], "engine.yaml")  # no engine: nothing checked
+        engine_ready("vllm")
+    planned = [PlannedRun(r.model, r.scheme, r.engine) for r in grid.runs]
+    (problem,) = check_engines(planned)
+    n = sum(r.engine == "vllm" for r in grid.runs)
+    assert problem.message.startswith(f"{n} run(s) on engine vllm, which cannot run here: ") and not problem.note
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in problem.message
+    (note,) = check_engines([PlannedRun(r.model, r.scheme, r.engine, here=False) for r in grid.runs])
+    assert note.note  # planned for another machine (a dry run): said, not refused
+    assert check_engines([p for p in planned if p.engine == "emulation"]) == []  # no engine: nothing checked
 
 
 # -- the environment vLLM needs -------------------------------------------------------------------------

@@ -1,12 +1,17 @@
-"""Checks of the machine a command will write to and compute on, made before any model loads.
+"""Checks made before any model loads: of the machine a command will use, and of the runs it plans.
 
 A command that loads a model spends seconds to minutes before it first writes its output or
 moves a tensor to its device; an output folder it cannot write, or a ``--device`` this machine
 does not have, would then end in a traceback. Each command calls these checks first; each raises
 :class:`~evalkit.errors.PreflightError` with one line that names the folder or device and the fix.
-
 The checks leave nothing behind. Writability (:func:`check_writable`) is
 :mod:`evalkit.runtime.folders`', on the bottom floor so that an engine's command hook can call it too.
+
+The runs themselves (``run``, ``sweep``, ``sweep --dry-run``) are checked by the submodules, every
+problem listed in one report: :mod:`.planned` (a planned run, a problem, printing the report),
+:mod:`.commands` (what each command plans and which checks it makes), :mod:`.scale_files`,
+:mod:`.model_fit` (schemes against the model's architecture, from its config) and :mod:`.engines`
+(engine profile, engine plan, whether the engine can start here).
 """
 
 from __future__ import annotations

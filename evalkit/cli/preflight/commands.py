@@ -1,0 +1,116 @@
+"""What each command plans and which checks it makes before any model loads (:mod:`.planned`).
+
+:data:`COMMON_CHECKS` are made by ``run``, ``sweep`` and ``sweep --dry-run`` alike; ``run`` adds its
+engine's plan (a grid's is made when the grid is parsed). Another check, e.g. whether the GPU a run is
+planned for can run its ``kv_cache_dtype`` (``PlannedRun.gpu`` is ``--assume-device`` in a dry run,
+None where the run's own device decides), is a callable ``(runs) -> list[Problem]`` appended to
+:data:`COMMON_CHECKS`.
+
+:func:`grid_problems` plans a grid's runs (one :class:`PlannedRun` per run, its scheme and model
+located at the grid entry that gives them) and :func:`run_problems` the runs of ``evalkit run``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from evalkit.cli.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
+from evalkit.cli.preflight.model_fit import check_model_fit
+from evalkit.cli.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
+from evalkit.cli.preflight.scale_files import check_scale_files
+from evalkit.sweep.spec import ModelSpec
+
+COMMON_CHECKS: list[Check] = [check_engine_profiles, check_scale_files, check_model_fit, check_engines]
+
+
+def grid_checks() -> list[Check]:
+    return list(COMMON_CHECKS)
+
+
+def run_checks() -> list[Check]:
+    return [check_engine_plans, *COMMON_CHECKS]
+
+
+def grid_problems(
+    grid,
+    runs,
+    text: str,
+    *,
+    engine_profile: str | None = None,
+    gpu: str | None = None,
+    here: bool = True,
+) -> tuple[list[Problem], Callable[[Problem], str]]:
+    """Every problem of ``runs`` (a grid's :class:`~evalkit.sweep.spec.RunSpec` values) and how to place
+    each (``FILE:LINE: KEY:`` from the grid file's ``text``). ``engine_profile``: a profile still to be
+    applied to the runs (``sweep --engine-profile``); ``gpu``: the GPU the runs are planned for;
+    ``here``: whether they run on this machine."""
+    from evalkit.sweep.grid import scheme_entries
+    from evalkit.sweep.located_yaml import Located
+
+    doc = Located(grid.path, text)
+    entries = scheme_entries(doc)
+    models = _model_entries(doc.value)
+    planned = [
+        PlannedRun(
+            model=r.model,
+            scheme=r.scheme,
+            engine=r.engine,
+            engine_options=r.engine_options_json,
+            engine_profile=engine_profile or grid.data.get("engine_profile"),
+            profile_applied=engine_profile is None,
+            gpu=gpu,
+            here=here,
+            scheme_key=entries.get(r.scheme, ("schemes",)),
+            model_key=models.get(r.model.name, ("models",)),
+        )
+        for r in runs
+    ]
+    problems = sorted(find_problems(planned, grid_checks()), key=lambda p: _line(doc, p.key))  # the file's order
+    return problems, grid_locator(doc)
+
+
+def _line(doc, key: tuple) -> int:
+    """The grid line of ``key`` (or of the nearest key above it); 0 for a problem the file does not give."""
+    while key and key not in doc.lines:
+        key = key[:-1]
+    return doc.lines.get(key, 0) if key else 0
+
+
+def _model_entries(data) -> dict[str, tuple]:
+    """model name -> the key path of the ``models`` entry that names it."""
+    entries = data.get("models") if isinstance(data, dict) else None
+    out: dict[str, tuple] = {}
+    for i, m in enumerate(entries if isinstance(entries, list) else []):
+        name = m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None
+        if isinstance(name, str):
+            out.setdefault(name, ("models", i) + (("name",) if isinstance(m, dict) else ()))
+    return out
+
+
+def run_problems(args, schemes: Sequence) -> list[Problem]:
+    """Every problem of ``evalkit run``'s schemes on its model, engine and engine profile."""
+    model = ModelSpec(
+        name=args.model,
+        dtype=str(args.dtype),
+        device=str(args.device),
+        device_map=args.device_map,
+        attn_implementation=args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
+    )
+    options = json.dumps(getattr(args, "engine_option_values", None) or {}, sort_keys=True)
+    planned = [
+        PlannedRun(
+            model=model,
+            scheme=str(s),
+            engine=args.engine,
+            engine_options=options,
+            engine_profile=getattr(args, "engine_profile", None),
+            profile_applied=False,
+            scheme_key=("schemes", str(s)),
+            model_key=("model",),
+            command="run",
+        )
+        for s in schemes
+    ]
+    return find_problems(planned, run_checks())

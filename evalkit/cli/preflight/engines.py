@@ -1,0 +1,136 @@
+"""Whether the planned schemes fit the engine profile and the engine, and whether the engine can run here.
+
+- The engine profile (``--engine-profile NAME``, :mod:`evalkit.engines.profiles`): every scheme it
+  cannot run, one line each, found by :meth:`~evalkit.engines.profiles.EngineProfile.apply` as the
+  command then applies it (a derived scale table it writes goes to a temporary folder: a check leaves
+  nothing behind). A grid's own ``engine_profile:`` key is applied, and checked, when the grid is parsed.
+- The engine's plan (``run --engine NAME``, :class:`evalkit.engines.registry.Plan`): every problem it
+  lists. A grid's ``engine:`` is planned when the grid is parsed (:mod:`evalkit.sweep.grid`).
+- Whether the engine can start on this machine (:func:`engine_ready`: its package, and vLLM's own
+  start-up conditions), for runs made here; for runs planned for another machine (a dry run, Ray
+  workers) it is a note.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+
+from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
+from evalkit.errors import EvalkitError
+from evalkit.kv.scheme import Scheme, parse_scheme
+
+
+def profile_or_none(name: str | None):
+    """The engine profile called ``name``, or None (no profile, or an unknown one: reported by
+    :func:`check_engine_profiles`)."""
+    from evalkit.engines.profiles import get_profile
+
+    try:
+        return get_profile(name) if name else None
+    except EvalkitError:
+        return None
+
+
+def applied(profile, scheme: Scheme) -> Scheme | None:
+    """``scheme`` as ``profile`` runs it, or None when it cannot; nothing is left on disk."""
+    try:
+        return _apply(profile, scheme)
+    except EvalkitError:
+        return None
+
+
+def _apply(profile, scheme: Scheme) -> Scheme:
+    with tempfile.TemporaryDirectory(prefix="evalkit-preflight-") as scratch:
+        return profile.apply(scheme, out_dir=scratch)
+
+
+def check_engine_profiles(runs: Sequence[PlannedRun]) -> list[Problem]:
+    """Every scheme an engine profile still to be applied cannot run (and an unknown profile, once)."""
+    from evalkit.engines.profiles import get_profile
+
+    out: list[Problem] = []
+    for run in distinct(runs, "engine_profile", "scheme"):
+        if not run.engine_profile or run.profile_applied:
+            continue
+        try:
+            profile = get_profile(run.engine_profile)
+        except EvalkitError as exc:
+            out.append(Problem(("engine_profile",), str(exc)))
+            continue
+        try:
+            _apply(profile, parse_scheme(run.scheme))
+        except EvalkitError as exc:
+            out.append(Problem(run.scheme_key, str(exc)))
+    return out
+
+
+def check_engine_plans(runs: Sequence[PlannedRun]) -> list[Problem]:
+    """Every problem the engine's plan finds in the runs it is given (``run --engine``): schemes it cannot
+    run, a model device or engine profile it cannot honour."""
+    from evalkit.engines.registry import get_engine
+
+    out: list[Problem] = []
+    groups: dict[tuple, list[PlannedRun]] = {}
+    for run in runs:
+        if run.engine != "emulation":
+            groups.setdefault((run.engine, run.engine_options, run.engine_profile), []).append(run)
+    for (name, _, profile_name), group in groups.items():
+        try:
+            engine = get_engine(name)
+        except EvalkitError as exc:
+            out.append(Problem(("engine",), str(exc)))
+            continue
+        profile = profile_or_none(profile_name)
+        schemes = []
+        for run in distinct(group, "scheme"):
+            scheme = parse_scheme(run.scheme)
+            mapped = scheme if run.profile_applied or profile is None else applied(profile, scheme)
+            if mapped is not None:  # a scheme the profile cannot run is the profile check's problem
+                schemes.append(str(mapped))
+        models = list(dict.fromkeys(r.model for r in group))
+        plan = engine.hook("plan")(list(dict.fromkeys(schemes)), models, profile_name, group[0].options)
+        out += [Problem(key, f"--engine {engine.name}: {message}") for key, message in plan.problems]
+    return out
+
+
+def engine_ready(name: str) -> None:
+    """EvalkitError (one line, with the fix) unless engine ``name`` can start on this machine: installed,
+    and for vLLM its own start-up conditions (an x86-64 CPU with AVX-512, no engine-core subprocess,
+    torchvision/torchaudio/torchcodec builds that load), as ``run --engine`` needs them."""
+    from evalkit.engines.registry import get_engine
+
+    engine = get_engine(name)
+    if name == "vllm":  # the package (with its install line) and beyond
+        from evalkit.engines.vllm_install import check_companions, check_multiprocessing
+        from evalkit.engines.vllm_kernel import check_vllm_available
+
+        check_vllm_available()
+        check_multiprocessing()
+        check_companions()
+    else:
+        engine.require()
+
+
+def check_engines(runs: Sequence[PlannedRun]) -> list[Problem]:
+    """Each engine the runs use that cannot start here: a problem for runs made on this machine, a note
+    for runs planned for another."""
+    out: list[Problem] = []
+    for name in dict.fromkeys(r.engine for r in runs if r.engine != "emulation"):
+        group = [r for r in runs if r.engine == name]
+        try:
+            engine_ready(name)
+        except EvalkitError as exc:
+            if not any(r.here for r in group):
+                out.append(Problem(("engine",), f"engine {name} cannot run on this machine: {exc}", note=True))
+            elif group[0].command == "run":
+                out.append(Problem(("engine",), f"--engine {name} cannot run here: {exc}"))
+            else:
+                out.append(
+                    Problem(
+                        ("engine",),
+                        f"{len(group)} run(s) on engine {name}, which cannot run here: {exc} "
+                        "(or drop the engine from the grid's engine:)",
+                    )
+                )
+    return out

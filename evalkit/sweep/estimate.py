@@ -130,11 +130,14 @@ class SweepEstimate:
 
         lines = [f"dry run of sweep {self.name}: nothing evaluated, nothing written", "", line(header)]
         lines += [line(row) for row in cells]
-        lines.append("")
-        lines.append(
+        return "\n".join([*lines, "", *self.summary_lines()])
+
+    def summary_lines(self) -> list[str]:
+        """The lines under the table, one ``kind: text`` each (total, speed, disk, approximate, not sized)."""
+        lines = [
             f"total: {len(self.runs)} runs, {self.tokens:,} tokens, estimated wall time {format_seconds(self.seconds)}"
             + (" (runs marked ? not timed)" if any(r.seconds is None for r in self.runs) else "")
-        )
+        ]
         for line in self.speeds:
             lines.append(f"speed: {line}")
         for needs, free in self.disk_by_filesystem():
@@ -146,7 +149,7 @@ class SweepEstimate:
             lines.append(f"approximate (~): {note}")
         for note in self.unsized:
             lines.append(f"not sized: {note}")
-        return "\n".join(lines)
+        return lines
 
 
 def _hub_cache() -> Path:

@@ -21,12 +21,15 @@ ROW_BYTES = 1100  # one results.jsonl row with its info (published/default: 1.09
 @dataclass(frozen=True)
 class Forwards:
     """``calls`` forward calls of ``rows`` sequences x ``length`` new tokens, each row attending to
-    ``context`` tokens already cached (a mean over the calls)."""
+    ``context`` tokens already cached (a mean over the calls). ``cache``: the tokens a preallocated
+    (static) cache holds for these calls, the run's longest sequence, which a compiled decode step
+    reads in full whatever its position (0: only ``context``)."""
 
     calls: int
     rows: int
     length: int
     context: float = 0.0
+    cache: float = 0.0
 
     @property
     def tokens(self) -> int:

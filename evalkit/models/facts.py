@@ -31,6 +31,7 @@ class ModelFacts:
     layers: int = 0
     attn_width: int = 0  # query heads x head dim: attention FLOPs per token and context token
     kv_width: int = 0  # KV heads x head dim: cache bytes per token and layer, for K (and as much for V)
+    head_dim: int = 0  # per head: the scale overhead of per-token and codec schemes (bytes per cached element)
     vocab: int | None = None
     max_length: int | None = None
     model_type: str = "unknown"
@@ -69,6 +70,7 @@ def _from_config(facts: ModelFacts, config: dict) -> None:
     facts.kv_width = (
         layout.num_kv_heads * layout.head_dim if not layout.is_mla else layout.mla_latent_dim + layout.mla_rope_dim
     )
+    facts.head_dim = layout.head_dim
     facts.vocab = text.get("vocab_size")
     facts.max_length = layout.max_positions
     facts.model_type = layout.model_type

@@ -2,7 +2,9 @@
 
 :func:`estimate_sweep` prices every run of a grid from its parameters (:mod:`evalkit.sweep.workload`)
 and each model's speed (:mod:`evalkit.sweep.throughput`: a short probe when the model and its
-device are here, else an analytic estimate), in the order the sweep runs them
+device are here, else an analytic estimate; decode steps on the path ``compile_decode`` names, by
+default the evaluations' own: compiled on CUDA, eager elsewhere; each speed line says which), with
+each run's K/V traffic at its scheme's stored bytes, in the order the sweep runs them
 (:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
 bf16 retrieval run reuses that pass. A run through a real engine (``engine: vllm``) is priced at the
@@ -128,11 +130,14 @@ class SweepEstimate:
 
         lines = [f"dry run of sweep {self.name}: nothing evaluated, nothing written", "", line(header)]
         lines += [line(row) for row in cells]
-        lines.append("")
-        lines.append(
+        return "\n".join([*lines, "", *self.summary_lines()])
+
+    def summary_lines(self) -> list[str]:
+        """The lines under the table, one ``kind: text`` each (total, speed, disk, approximate, not sized)."""
+        lines = [
             f"total: {len(self.runs)} runs, {self.tokens:,} tokens, estimated wall time {format_seconds(self.seconds)}"
             + (" (runs marked ? not timed)" if any(r.seconds is None for r in self.runs) else "")
-        )
+        ]
         for line in self.speeds:
             lines.append(f"speed: {line}")
         for needs, free in self.disk_by_filesystem():
@@ -144,7 +149,7 @@ class SweepEstimate:
             lines.append(f"approximate (~): {note}")
         for note in self.unsized:
             lines.append(f"not sized: {note}")
-        return "\n".join(lines)
+        return lines
 
 
 def _hub_cache() -> Path:
@@ -163,12 +168,16 @@ def estimate_sweep(
     timing: bool = True,
     free_space: Callable[[Path], int] = disk_free,
     speed_for: Callable | None = None,
+    compile_decode: bool | None = None,
 ) -> SweepEstimate:
     """Tokens, time (``timing``) and disk of ``runs`` (of ``grid``), in the order the sweep runs them.
     ``speed_for(spec, facts, speeds)`` replaces the dry run's choice of a
-    :class:`~evalkit.sweep.throughput.Speed` (``evalkit run`` passes a probe of the model it loaded)."""
+    :class:`~evalkit.sweep.throughput.Speed` (``evalkit run`` passes a probe of the model it loaded).
+    ``compile_decode``: price decode steps compiled (True) or eager (False); None: each model's
+    device's default (compiled on CUDA)."""
     from evalkit.models.facts import model_facts
     from evalkit.sweep.runner import plan
+    from evalkit.sweep.throughput import stored_bytes
     from evalkit.sweep.workload import workload
 
     estimates: list[RunEstimate] = []
@@ -180,7 +189,7 @@ def estimate_sweep(
         spec = group[0].model
         facts = model_facts(spec.name, spec.dtype, spec.device)
         unsized += facts.notes
-        choose = speed_for or (lambda spec, facts, speeds: _speed(spec, facts, assume_device, speeds))
+        choose = speed_for or (lambda spec, facts, speeds: _speed(spec, facts, assume_device, speeds, compile_decode))
         speed = choose(spec, facts, speeds) if timing and facts.known else None
         disk["download"] += facts.download_bytes
         works: dict[str, object] = {}
@@ -207,9 +216,10 @@ def estimate_sweep(
             extras = []
             seconds = None
             if speed is not None:
-                seconds = 0.0 if reuse else sum(speed.seconds(f, facts) for f in work.forwards)
+                stored = stored_bytes(run.scheme, facts)
+                seconds = 0.0 if reuse else sum(speed.seconds(f, facts, stored) for f in work.forwards)
                 if first:
-                    seconds += sum(speed.seconds(f, facts) for f in work.baseline)
+                    seconds += sum(speed.seconds(f, facts) for f in work.baseline)  # the plain cache
                 if i == 0:
                     seconds += speed.load_seconds
             if first:
@@ -246,21 +256,21 @@ def estimate_sweep(
     )
 
 
-def _speed(spec, facts, assume_device: str | None, speeds: list[str]):
+def _speed(spec, facts, assume_device: str | None, speeds: list[str], compiled: bool | None = None):
     from evalkit.sweep import throughput as T
 
     if assume_device is not None:
-        speed = T.datasheet(facts, assume_device)
+        speed = T.datasheet(facts, assume_device, compiled)
     elif facts.weights_local and T.device_available(spec.device):
         try:
-            speed = T.probe(spec, facts)
+            speed = T.probe(spec, facts, compiled)
         except Exception as exc:  # noqa: BLE001  (a probe that fails falls back to the analytic estimate)
-            speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
+            speed = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
             speeds.append(
                 f"{spec.name}: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             )
     else:
-        speed = T.measured_device(facts, spec.device, facts.dtype_bytes)
+        speed = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
     why = "" if speed.kind == "probe" else f" [{facts.source}, {facts.params / 1e9:.2f}B parameters]"
     speeds.append(f"{spec.name} on {spec.device}: {speed.description}{why}")
     return speed

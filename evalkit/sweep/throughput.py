@@ -1,40 +1,71 @@
 """How fast a model runs on a device, for sizing a sweep: a short measured probe, or an analytic estimate.
 
-A :class:`Speed` prices the forward calls of :mod:`evalkit.sweep.workload` with a roofline:
+A :class:`Speed` prices the forward calls of :mod:`evalkit.sweep.workload` (``calls`` of ``rows`` x
+``length`` new tokens after ``context`` cached ones) in two parts, each a roofline:
 
-    FLOPs per token = 2 x parameters + 4 x layers x (heads x head_dim) x tokens attended
-    one call        = max(tokens x FLOPs per token / flops, (weights + KV read) / bandwidth) + overhead
+* the products over the weights: ``t_lin = max(2 x params x tokens / flops, weights / bandwidth)``;
+* attention: ``t_att = max(4 x layers x heads x head_dim x tokens x (context + (length + 1) / 2) / flops,
+  K/V traffic / bandwidth)``. The K/V traffic is ``rows x cached tokens x layers x 2 x kv_width``
+  elements times :func:`kv_traffic` bytes: attention reads the model-dtype K/V, and transformers'
+  ``sdpa`` writes and reads them again expanded to the query heads (``repeat_kv``); a quantized cache
+  is read as codes and dequantized into a model-dtype scratch first; an eager cache that grows by
+  concatenation copies itself every step.
 
-Three ways to get its numbers, the first that applies (the dry run prints which one it used):
+and the path the call takes (printed with every estimate):
 
-* ``probe`` (:func:`probe`): the model is on this machine and its device is here. It is loaded as
-  the sweep loads it, then timed through evalkit's own paths under ``fp8_e4m3/tensor/dynamic``
-  (the storage emulation most runs pay): one forward of :data:`PROBE_TOKENS` tokens without cache
-  (as perplexity runs; the quicker of :data:`PROBE_REPEATS`) gives the sustained FLOP/s, :data:`PROBE_STEPS` one-token decode steps
-  through the storage cache (as decode and generation run) the time of a step, read as an
-  effective bandwidth. A couple of seconds for the embedded model on a CPU.
-* ``datasheet`` (``--assume-device h100|h200|a100``, :data:`DEVICES`): the datasheet's dense BF16
-  peak and memory bandwidth times :data:`FLOPS_UTILISATION` and :data:`BANDWIDTH_UTILISATION`,
-  plus :data:`LAYER_OVERHEAD_S` per decoder layer and call (Python and kernel launches:
-  transformers' eager decode of an 8B model runs at a few tens of tokens per second, far from
-  the bandwidth bound).
-* ``measured device``: neither: a timed matrix product and copy on this machine's device give
-  FLOP/s and bandwidth, with the same overhead per layer.
+* **eager** (every prefill; decode steps with ``compiled=False``, the default on CPU): the host
+  launches :data:`KERNELS_PER_LAYER` x layers kernels, :data:`LAUNCH_S` each (``overhead``). On a GPU
+  the launches run ahead of the kernels they queue and hide the products but not attention's long
+  kernels: ``max(overhead, t_lin) + t_att``. On a CPU nothing overlaps: ``overhead + t_lin + t_att``.
+* **compiled** (decode steps with ``compiled=True``, the default on CUDA: a static cache,
+  ``torch.compile`` and CUDA graphs): the graph replays without the host, each kernel costing
+  :data:`GRAPH_S` besides its bytes (``graph_overhead``): ``t_lin + t_att + graph_overhead``, with
+  attention over the whole preallocated cache (``Forwards.cache``).
+
+Three ways to get the numbers, the first that applies (the dry run prints which):
+
+* ``probe`` (:func:`probe`): the model and its device are here. It is loaded as the sweep loads it and
+  timed through evalkit's paths under :data:`PROBE_SCHEME`, every loop warmed first: a forward of
+  :data:`PROBE_TOKENS` tokens (on a GPU :data:`PROBE_TOKENS_CUDA`, so that the products, not the
+  launches, set its time) gives the FLOP/s; a timed copy the bandwidth; the median of
+  :data:`PROBE_STEPS` warm eager decode steps at batch 1 the host ``overhead``. It does not time a
+  compiled step: that path is priced from the probe's bandwidth and :data:`GRAPH_S`.
+* ``datasheet`` (``--assume-device h100|h200|a100``, :data:`DEVICES`): the datasheet's peaks times
+  :data:`FLOPS_UTILISATION` and :data:`BANDWIDTH_UTILISATION`, and the constants above.
+* ``measured device``: a timed product and copy on this machine's device, scaled to what a
+  forward reaches (:data:`MATMUL_UTILISATION`, :data:`COPY_UTILISATION`), and the constants above.
+
+The constants were measured on an NVIDIA H200 SXM with random Llama-3.1-8B weights in bf16 (torch
+2.11, transformers 5.17, 8k context): a forward of 8,192 tokens 0.32 s (4,096: 0.128 s); decode per
+step at batch 1 / 16: warm eager 22.7 ms / -, ``generate()`` eager 28.4 / 104.8 ms, static cache and
+``torch.compile`` 11.4 / 47.6 ms; ~1,040 kernels per eager step; a device copy 4.3 TB/s; an 8192^3
+bf16 product 790 TFLOP/s. Each constant's comment says which figure fixed it; the others are checked
+against the estimate in ``tests/sweep/test_throughput.py`` (within 1.5x). They are one machine's and
+one model family's: other GPUs are priced from their datasheets with the same fractions.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
-PROBE_TOKENS = 128
-PROBE_STEPS = 5
-PROBE_REPEATS = 2  # timed forwards of PROBE_TOKENS; the quickest counts
+PROBE_TOKENS = 128  # the probe's forward on a CPU
+PROBE_TOKENS_CUDA = 2048  # on a GPU: shorter forwards are bound by the launches (~20 ms for an 8B model)
+PROBE_REPEATS = 2  # timed forwards after one warm-up of the same length; the quickest counts
+PROBE_PREFILL = 16  # the decode steps' prompt
+PROBE_WARMUP = 8  # untimed decode steps first: a process's first loop is not warm after 3 steps
+PROBE_STEPS = 8  # timed decode steps, each synchronised; the median counts
 PROBE_SCHEME = "fp8_e4m3/tensor/dynamic"
-FLOPS_UTILISATION = 0.40  # of the dense BF16 peak, for transformers' prefill (sdpa) with evalkit's K/V emulation
-BANDWIDTH_UTILISATION = 0.70  # of the HBM peak, for the weight and KV reads of a decode step
-LAYER_OVERHEAD_S = 5e-4  # per decoder layer and forward call (Python, kernel launches, evalkit's storage cache)
 DISK_READ_BYTES_S = 2e9  # loading weights from a local disk (analytic estimates)
+
+FLOPS_UTILISATION = 0.50  # of the dense BF16 peak in a prefill: the H200's 8k forward reached 0.47, its 4k 0.55
+BANDWIDTH_UTILISATION = 0.75  # of the HBM peak in a decode step: the compiled batch-16 step, 171 GB in 47.6 ms
+KERNELS_PER_LAYER = 32.5  # kernels one eager forward launches per decoder layer: ~1,040 for 32 layers (profiled)
+LAUNCH_S = 18.7e-6  # host seconds per eager kernel: the warm step (22.7 ms) less its attention (3.3 ms), / 1,040
+GRAPH_S = 4.1e-6  # seconds per replayed kernel besides bytes: the compiled batch-1 step (11.4 ms) less 7.1 ms, / 1,040
+MATMUL_UTILISATION = 0.80  # a large bf16 product (8192^3) of the peak: 790 of 989 TFLOP/s
+COPY_UTILISATION = 0.90  # a device-to-device copy of the peak bandwidth: 4.3 of 4.8 TB/s
 
 
 @dataclass(frozen=True)
@@ -69,75 +100,167 @@ DEVICES = {
 
 @dataclass(frozen=True)
 class Speed:
-    flops: float  # sustained FLOP/s of a forward's matrix products
-    bandwidth: float  # effective bytes/s of weight and KV reads
-    overhead: float  # seconds per forward call besides both
+    flops: float  # sustained FLOP/s of a forward's products and attention
+    bandwidth: float  # bytes/s of a decode step's weight and K/V traffic
+    overhead: float  # host seconds per eager forward call (kernel launches, Python)
     load_seconds: float  # loading the model once
     kind: str  # probe | datasheet | measured device
     description: str  # one line for the output
+    compiled: bool = False  # decode steps take the compiled path (static cache, CUDA graphs)
+    graph_overhead: float = 0.0  # seconds per compiled decode step besides its bytes
+    overlap: bool = True  # the host's launches run ahead of the device (CUDA); False: one after the other (CPU)
 
-    def seconds(self, f, facts) -> float:
-        """Wall time of a :class:`~evalkit.sweep.workload.Forwards` on a model of these ``facts``."""
-        compute = f.rows * _flops(facts, f.length, f.context) / self.flops
-        kv = f.rows * (f.context + f.length) * facts.layers * 2 * facts.kv_width * facts.dtype_bytes
-        memory = (facts.weight_bytes + kv) / self.bandwidth
-        return f.calls * (max(compute, memory) + self.overhead)
+    @property
+    def path(self) -> str:
+        return "compiled" if self.compiled else "eager"
+
+    def seconds(self, f, facts, stored_bytes: float | None = None) -> float:
+        """Wall time of a :class:`~evalkit.sweep.workload.Forwards` on a model of these ``facts``, its
+        cache holding ``stored_bytes`` per element (None: the model's dtype, a plain cache)."""
+        compiled = self.compiled and f.length == 1
+        cached = max(f.cache, f.context) if compiled else f.context
+        t_lin = max(f.rows * f.length * 2 * facts.params / self.flops, facts.weight_bytes / self.bandwidth)
+        kv = f.rows * cached * facts.layers * 2 * facts.kv_width * kv_traffic(facts, stored_bytes, grows=not compiled)
+        t_att = max(f.rows * _attention_flops(facts, f.length, f.context) / self.flops, kv / self.bandwidth)
+        if compiled:
+            one = t_lin + t_att + self.graph_overhead
+        elif self.overlap:
+            one = max(self.overhead, t_lin) + t_att
+        else:
+            one = self.overhead + t_lin + t_att
+        return f.calls * one
+
+
+def kv_traffic(facts, stored_bytes: float | None = None, grows: bool = False) -> float:
+    """Bytes one forward moves per cached K/V element: attention reads it in the model's dtype, and
+    transformers' ``sdpa`` writes and reads it once more per query head of its group when it expands
+    grouped K/V (``repeat_kv``: with any attention mask, which a static cache always passes); a
+    quantized cache (``stored_bytes`` per element) is read as codes and written into a model-dtype
+    scratch first; a cache that ``grows`` by concatenation is read and written whole every step."""
+    d = facts.dtype_bytes
+    group = facts.attn_width / facts.kv_width if facts.kv_width else 1.0
+    attention = d * (1 + 2 * group) if group > 1 else d
+    stored = d if stored_bytes is None else stored_bytes
+    dequantize = 0.0 if stored_bytes is None else stored + d
+    return attention + dequantize + (2 * stored if grows else 0.0)
+
+
+def stored_bytes(scheme: str, facts) -> float | None:
+    """Bytes per cached element under ``scheme`` (codes and scales); None for the model's own dtype
+    (the identity) or a scheme evalkit cannot size here (an engine profile's name)."""
+    from evalkit.errors import EvalkitError
+    from evalkit.kv.memory import bytes_per_element
+    from evalkit.kv.scheme import parse_scheme
+
+    try:
+        parsed = parse_scheme(scheme)
+    except (EvalkitError, ValueError):
+        return None
+    return None if parsed.is_identity else bytes_per_element(parsed, facts.head_dim or 128)
 
 
 def _flops(facts, tokens: int, context: float = 0.0) -> float:
     """FLOPs of one row's forward of ``tokens`` new tokens after ``context`` cached ones."""
-    return tokens * (2 * facts.params + 4 * facts.layers * facts.attn_width * (context + (tokens + 1) / 2))
+    return tokens * 2 * facts.params + _attention_flops(facts, tokens, context)
 
 
-def datasheet(facts, device: str) -> Speed:
+def _attention_flops(facts, tokens: int, context: float = 0.0) -> float:
+    """Attention's FLOPs for one row (scores and weighted values, causal over the new tokens)."""
+    return tokens * 4 * facts.layers * facts.attn_width * (context + (tokens + 1) / 2)
+
+
+def default_compiled(device: str) -> bool:
+    """The decode path the evaluations take by default: compiled on CUDA, eager elsewhere."""
+    return str(device).startswith("cuda")
+
+
+def _path(compiled: bool, kernels: float, launch: float, graph: float) -> str:
+    if compiled:
+        return f"decode path compiled (static cache, CUDA graphs: {graph * 1e3:.1f} ms a step besides its bytes)"
+    return f"decode path eager ({kernels:,.0f} kernels a forward, {launch * 1e3:.1f} ms of host time)"
+
+
+def datasheet(facts, device: str, compiled: bool | None = None) -> Speed:
+    """The estimate for ``device`` (:data:`DEVICES`) from its datasheet; ``compiled``: the decode path
+    (None: compiled, the default on these GPUs)."""
     d = DEVICES[device]
+    compiled = default_compiled("cuda") if compiled is None else compiled
+    kernels = KERNELS_PER_LAYER * facts.layers
     return Speed(
         d.bf16_flops * FLOPS_UTILISATION,
         d.bandwidth * BANDWIDTH_UTILISATION,
-        facts.layers * LAYER_OVERHEAD_S,
+        kernels * LAUNCH_S,
         facts.weight_bytes / DISK_READ_BYTES_S,
         "datasheet",
         f"analytic, {d.name} datasheet ({d.bf16_flops / 1e12:.0f} TFLOP/s BF16 x {FLOPS_UTILISATION:.0%}, "
-        f"{d.bandwidth / 1e12:.2f} TB/s x {BANDWIDTH_UTILISATION:.0%}, {LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call)",
+        f"{d.bandwidth / 1e12:.2f} TB/s x {BANDWIDTH_UTILISATION:.0%}); "
+        + _path(compiled, kernels, kernels * LAUNCH_S, kernels * GRAPH_S),
+        compiled,
+        kernels * GRAPH_S,
+        True,
     )
 
 
-def measured_device(facts, device: str, dtype_bytes: float) -> Speed:
-    """FLOP/s of a timed matrix product and bytes/s of a timed copy on this machine's ``device``."""
+def _copy_bandwidth(dev, sync) -> float:
+    """Bytes/s of a timed copy on ``dev`` (read and write), after one untimed copy."""
+    import torch
+
+    big = torch.empty(64 * 2**20 if dev.type == "cpu" else 2**30, dtype=torch.uint8, device=dev)
+    return 2 * big.numel() / min(timed(big.clone, sync, warmup=1, repeats=3))
+
+
+def timed(step, sync, warmup: int, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls of ``step`` after ``warmup`` untimed ones, each call synchronised
+    (``sync``): the first calls of a process (allocations, kernel choice, caches) are not a run's speed."""
+    for _ in range(warmup):
+        step()
+    sync()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _syncer(dev):
+    import torch
+
+    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+
+
+def measured_device(facts, device: str, dtype_bytes: float, compiled: bool | None = None) -> Speed:
+    """FLOP/s of a timed matrix product and bytes/s of a timed copy on this machine's ``device``,
+    scaled to what a forward reaches; the decode path of ``device`` (the grid's) unless ``compiled``."""
     import torch
 
     dev = torch.device(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
+    sync = _syncer(dev)
     dtype = torch.float32 if dev.type == "cpu" or dtype_bytes >= 4 else torch.bfloat16
     n = 1024 if dev.type == "cpu" else 8192
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
-    big = torch.empty(64 * 2**20 if dev.type == "cpu" else 2**30, dtype=torch.uint8, device=dev)
-
-    def timed(fn, reps: int) -> float:
-        fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / reps
-
-    flops = 2 * n**3 / timed(lambda: a @ b, 4)
-    bandwidth = 2 * big.numel() / timed(lambda: big.clone(), 4)  # read and write
+    product = 2 * n**3 / min(timed(lambda: a @ b, sync, warmup=1, repeats=4))
+    copy = _copy_bandwidth(dev, sync)
+    compiled = default_compiled(device) if compiled is None else compiled
+    kernels = KERNELS_PER_LAYER * facts.layers
     where = f"this machine's {dev.type}" + (
         "" if dev.type == device.split(":")[0] else f" (the grid's {device} is not here)"
     )
     return Speed(
-        flops,
-        bandwidth,
-        facts.layers * LAYER_OVERHEAD_S,
+        product * FLOPS_UTILISATION / MATMUL_UTILISATION,
+        copy * BANDWIDTH_UTILISATION / COPY_UTILISATION,
+        kernels * LAUNCH_S,
         facts.weight_bytes / DISK_READ_BYTES_S,
         "measured device",
-        f"analytic, measured on {where}: {flops / 1e9:,.0f} GFLOP/s "
-        f"({str(dtype).removeprefix('torch.')} {n}x{n} product), {bandwidth / 1e9:,.1f} GB/s copy, "
-        f"{LAYER_OVERHEAD_S * 1e3:.1f} ms per layer and call",
+        f"analytic, measured on {where}: {product / 1e9:,.0f} GFLOP/s ({str(dtype).removeprefix('torch.')} "
+        f"{n}x{n} product) x {FLOPS_UTILISATION / MATMUL_UTILISATION:.2f}, {copy / 1e9:,.1f} GB/s copy "
+        f"x {BANDWIDTH_UTILISATION / COPY_UTILISATION:.2f}; "
+        + _path(compiled, kernels, kernels * LAUNCH_S, kernels * GRAPH_S),
+        compiled,
+        kernels * GRAPH_S,
+        default_compiled(device),
     )
 
 
@@ -149,8 +272,8 @@ def device_available(device: str) -> bool:
     return device in ("cpu", "auto") or device.startswith("cpu")
 
 
-def probe(spec, facts) -> Speed:
-    """Load the model as the sweep does and time a forward and a few decode steps through evalkit's paths."""
+def probe(spec, facts, compiled: bool | None = None) -> Speed:
+    """Load the model as the sweep does and time a forward and warm decode steps through evalkit's paths."""
     from transformers.utils import logging as hf_logging
 
     from evalkit.models.loading import load_model_with
@@ -163,63 +286,71 @@ def probe(spec, facts) -> Speed:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    return probe_model(lm, facts, load_seconds=time.perf_counter() - start)
+    return probe_model(lm, facts, load_seconds=time.perf_counter() - start, compiled=compiled)
 
 
-def probe_model(lm, facts, load_seconds: float = 0.0) -> Speed:
-    """Time a forward and a few decode steps of an already loaded model (a ``LoadedModel``) through
-    evalkit's paths; :func:`probe` after loading, and ``gpu_check`` on the model it built."""
+def probe_model(lm, facts, load_seconds: float = 0.0, compiled: bool | None = None) -> Speed:
+    """Time a forward, a copy and warm eager decode steps of an already loaded model (a ``LoadedModel``)
+    through evalkit's paths; :func:`probe` after loading, and ``gpu_check`` on the model it built.
+    ``compiled``: the decode path to price (None: the device's default)."""
     import torch
 
     from evalkit.evals.decode.loop import decode_logits
     from evalkit.integration.install import quantized_kv
 
-    load = load_seconds
-    model = lm.model
-    device = lm.device
-    vocab = model.get_output_embeddings().out_features
-    ids = (torch.arange(PROBE_TOKENS + PROBE_STEPS + 1, device=device)[None] * 7919 + 11) % vocab
+    model, dev = lm.model, lm.device
+    sync = _syncer(dev)
     head = model.get_output_embeddings()
+    tokens = PROBE_TOKENS_CUDA if dev.type == "cuda" else PROBE_TOKENS
+    tokens = min(tokens, facts.max_length or tokens)
+    steps_len = PROBE_PREFILL + PROBE_WARMUP + PROBE_STEPS + 1
+    ids = (torch.arange(max(tokens, steps_len), device=dev)[None] * 7919 + 11) % head.out_features
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def forward():
+        hidden = model.base_model(input_ids=ids[:, :tokens], use_cache=False).last_hidden_state
+        for chunk in hidden.split(512, dim=1):  # the head over every position, never a (tokens x vocab) tensor at once
+            head(chunk).float()
 
     with torch.inference_mode(), quantized_kv(model, PROBE_SCHEME) as session:
-        model.base_model(input_ids=ids[:, :32], use_cache=False)  # warm-up (first-call allocations)
-        sync()
-        t_prefill = float("inf")
-        for _ in range(PROBE_REPEATS):  # the quickest: a busy machine's stalls are not the model's speed
-            start = time.perf_counter()
-            hidden = model.base_model(input_ids=ids[:, :PROBE_TOKENS], use_cache=False).last_hidden_state
-            head(hidden).float()
-            sync()
-            t_prefill = min(t_prefill, time.perf_counter() - start)
-        prefill = 16
+        t_prefill = min(timed(forward, sync, warmup=1, repeats=PROBE_REPEATS))
         steps = decode_logits(
             model,
             lambda h: head(h).float(),
             session,
-            ids[:, : prefill + PROBE_STEPS + 1].clone(),
-            torch.ones(1, prefill + PROBE_STEPS + 1, dtype=torch.long, device=device),
-            prefill,
+            ids[:, :steps_len].clone(),
+            torch.ones(1, steps_len, dtype=torch.long, device=dev),
+            PROBE_PREFILL,
         )
         next(steps)  # the prefill's prediction
-        sync()
-        start = time.perf_counter()
-        n = sum(1 for _ in steps)
-        sync()
-        t_step = (time.perf_counter() - start) / max(n, 1)
-    flops = _flops(facts, PROBE_TOKENS) / t_prefill
-    compute_step = _flops(facts, 1, prefill + PROBE_STEPS / 2) / flops
-    bandwidth = facts.weight_bytes / max(t_step - compute_step, t_step * 0.1)
-    del lm, model
+        t_step = statistics.median(timed(lambda: next(steps), sync, warmup=PROBE_WARMUP, repeats=PROBE_STEPS))
+        steps.close()
+    copy = _copy_bandwidth(dev, sync)
+    flops = _flops(facts, tokens) / t_prefill
+    # the timed step, at batch 1 and a short context: host launches (overlapping the products on a GPU,
+    # after them on a CPU) and its small attention; a step quicker than the copy allows raises the bandwidth
+    kv = (PROBE_PREFILL + PROBE_WARMUP + PROBE_STEPS / 2) * facts.layers * 2 * facts.kv_width
+    kv *= kv_traffic(facts, stored_bytes(PROBE_SCHEME, facts), grows=True)
+    bandwidth = max(copy * BANDWIDTH_UTILISATION / COPY_UTILISATION, (facts.weight_bytes + kv) / t_step)
+    t_lin = max(2 * facts.params / flops, facts.weight_bytes / bandwidth)
+    t_att = kv / bandwidth
+    overlap = dev.type == "cuda"
+    overhead = max(t_step - t_att - (0.0 if overlap else t_lin), 0.0)
+    if not overlap:  # on a CPU the timed forward paid the launches too: the products' rate is without them
+        flops = _flops(facts, tokens) / max(t_prefill - overhead, t_prefill / 2)
+    compiled = default_compiled(dev.type) if compiled is None else compiled
+    kernels = KERNELS_PER_LAYER * facts.layers
     return Speed(
         flops,
         bandwidth,
-        0.0,
-        load,
+        overhead,
+        load_seconds,
         "probe",
-        f"probe on {device.type} under {PROBE_SCHEME}: forward of {PROBE_TOKENS} tokens {t_prefill * 1e3:.0f} ms "
-        f"({PROBE_TOKENS / t_prefill:,.0f} tokens/s), decode step {t_step * 1e3:.0f} ms at batch 1, model load {load:.1f} s",
+        f"probe on {dev.type} under {PROBE_SCHEME}: forward of {tokens} tokens {t_prefill * 1e3:.0f} ms "
+        f"({tokens / t_prefill:,.0f} tokens/s), warm decode step {t_step * 1e3:.1f} ms at batch 1 (median of "
+        f"{PROBE_STEPS} after {PROBE_WARMUP} warm-up steps), copy {copy / 1e9:,.1f} GB/s, model load {load_seconds:.1f} s; "
+        + _path(compiled, kernels, overhead, kernels * GRAPH_S)
+        + (" (not timed: from the bandwidth and the H200's graph overhead)" if compiled else ""),
+        compiled,
+        kernels * GRAPH_S,
+        overlap,
     )

@@ -16,7 +16,7 @@ def decode_work(params: dict, facts) -> Work:
     for calls, r in batches(rows, p.batch_size):
         fw.append(Forwards(calls, r, p.prefill))
         if p.decode > 1:
-            fw.append(Forwards(calls * (p.decode - 1), r, 1, p.prefill + p.decode / 2))
+            fw.append(Forwards(calls * (p.decode - 1), r, 1, p.prefill + p.decode / 2, p.length))
     n_rows = 5 * len(step_bucket_edges(p.decode, p.buckets)) + 2
     fw_t = tuple(fw)
     return Work(

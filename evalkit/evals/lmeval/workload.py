@@ -154,7 +154,7 @@ def lmeval_work(params: dict, facts, device: str) -> Work:
         rows = gen[j : j + batch]
         prompt, steps = max(r[0] for r in rows), max(r[1] for r in rows)
         fw.append(Forwards(1, len(rows), prompt))
-        fw.append(Forwards(steps, len(rows), 1, prompt + steps / 2))
+        fw.append(Forwards(steps, len(rows), 1, prompt + steps / 2, prompt + steps))
     tokens = sum(reqs.loglik) + sum(p + g for p, g in reqs.gen)
     rows_out = reqs.leaves * 8 + 4 * len(params["tasks"])
     store = rows_out * LMEVAL_ROW_BYTES + reqs.chars + 600 * reqs.items  # lmeval_samples.json repeats the prompts

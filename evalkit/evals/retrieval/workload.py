@@ -42,7 +42,7 @@ def retrieval_work(params: dict, facts) -> Work:
                 steps = max(batch)
                 fw.append(Forwards(1, len(batch), length))
                 if steps > 1:
-                    fw.append(Forwards(steps - 1, len(batch), 1, length + steps / 2))
+                    fw.append(Forwards(steps - 1, len(batch), 1, length + steps / 2, length + steps))
     cells = len(specs) * len(lengths) * len(params["depths"])
     rows = 2 * (cells + len(specs) * len(lengths) + len(specs) + 1)
     approx = "" if facts.tokenizer is not None else "answer lengths at ~4 characters per token (no tokenizer here)"

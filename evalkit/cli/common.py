@@ -24,6 +24,17 @@ def add_model_arguments(p) -> None:
     g.add_argument(
         "--trust-remote-code", action="store_true", help="allow model code from the hub to run (off by default)"
     )
+    g.add_argument(
+        "--decode-path",
+        default="auto",
+        choices=("auto", "eager", "static", "compiled"),
+        help="how decode steps run (decode, retrieval and lm-eval generation): compiled (a static cache under "
+        "torch.compile, CUDA graphs on CUDA), static (the same cache, eager) or eager (the dynamic cache); "
+        "auto (default): compiled on CUDA, eager on CPU",
+    )
+    g.add_argument(
+        "--no-compile", dest="decode_path", action="store_const", const="eager", help="the same as --decode-path eager"
+    )
 
 
 def load_from_args(args):

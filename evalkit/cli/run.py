@@ -274,6 +274,7 @@ def _store(args: argparse.Namespace, ev, schemes: list):
         device_map=args.device_map,
         attn_implementation=args.attn_implementation,
         trust_remote_code=args.trust_remote_code,
+        decode_path=args.decode_path,
     )
     canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
     options = canonical_json(args.engine_option_values)

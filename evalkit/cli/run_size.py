@@ -70,6 +70,7 @@ def _specs(args, eval_name: str, params: dict, schemes, engine: str):
         device_map=getattr(args, "device_map", None),
         attn_implementation=getattr(args, "attn_implementation", "sdpa"),
         trust_remote_code=getattr(args, "trust_remote_code", False),
+        decode_path=getattr(args, "decode_path", None) or "auto",
     )
     text = canonical_json(params)
     return [RunSpec(model, str(s), eval_name, text, text, engine) for s in schemes]
@@ -123,15 +124,18 @@ def estimate_run(args, cls, params: dict, schemes, engine: str, lm, workdir) -> 
     from evalkit.sweep import throughput as T
 
     cache: dict[str, object] = {}
+    path = getattr(args, "decode_path", None) or "auto"
+    compiled = None if path == "auto" else path == "compiled"  # None: the device's default path
 
     def analytic(spec, facts, speeds):
         if "analytic" not in cache:
-            cache["analytic"] = T.measured_device(facts, spec.device, facts.dtype_bytes)
+            cache["analytic"] = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
         return cache["analytic"]
 
     def probed(spec, facts, speeds):
         if "probe" not in cache:
-            cache["probe"] = T.probe_model(lm, facts) if lm is not None else analytic(spec, facts, speeds)
+            probe = T.probe_model(lm, facts, compiled=compiled) if lm is not None else analytic(spec, facts, speeds)
+            cache["probe"] = probe
         return cache["probe"]
 
     seconds = _seconds(args, cls.name, params, schemes, engine, analytic, workdir)

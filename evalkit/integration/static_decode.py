@@ -62,8 +62,11 @@ def _accepts(module, name: str) -> bool:
     return name in inspect.signature(type(module).forward).parameters
 
 
-def _step(backbone, cache, ids, positions, padding, kv_positions, keyword: str, pass_position: bool, additive: bool):
-    """One decode forward over the static cache; the 4-D mask is made here, from the cache's length."""
+def _step(
+    backbone, head, cache, ids, positions, padding, kv_positions, keyword: str, pass_position: bool, additive: bool
+):
+    """One decode forward over the static cache (and ``head`` over its last hidden state, when given);
+    the 4-D mask is made here, from the cache's length."""
     position = cache.layers[0].k.length.view(1)  # the new token's place (a device tensor)
     allowed = (kv_positions <= position) & padding  # (B, 1, 1, max_len): causal, and no padded key
     mask = (
@@ -77,7 +80,8 @@ def _step(backbone, cache, ids, positions, padding, kv_positions, keyword: str, 
     if pass_position:  # transformers < 5.20 index the static cache and its mask by cache_position
         kwargs["cache_position"] = position
     out = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-    return out.last_hidden_state[:, -1]
+    hidden = out.last_hidden_state[:, -1]
+    return hidden if head is None else head(hidden)
 
 
 def padding_dtype(backbone) -> torch.dtype:
@@ -94,10 +98,10 @@ class StaticDecoder:
     in the form the model's attention takes (boolean for sdpa, additive for eager), so an eager and
     a compiled step get the same mask."""
 
-    def __init__(self, session, backbone, mask: torch.Tensor, prefill: int, max_len: int, compiled: bool):
+    def __init__(self, session, backbone, mask: torch.Tensor, prefill: int, max_len: int, compiled: bool, head=None):
         if not 0 < prefill <= max_len <= mask.shape[1]:
             raise EvalkitError(f"a static decode needs 0 < prefill ({prefill}) <= max_len ({max_len}) <= mask length")
-        self.backbone, self.max_len = backbone, max_len
+        self.backbone, self.max_len, self.head = backbone, max_len, head  # head: applied inside the step
         self.cache = session.new_static_cache(max_len, mask[:, :prefill])
         self.prefill_mask = mask[:, :prefill]
         device = mask.device
@@ -119,9 +123,11 @@ class StaticDecoder:
         return out.last_hidden_state[:, -1]
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token per sequence (B, 1) at the next position; its hidden state (B, hidden)."""
+        """One token per sequence (B, 1) at the next position; its hidden state (B, hidden), or the
+        head's output over it when the decoder was given a head."""
         hidden = self._step(
             self.backbone,
+            self.head,
             self.cache,
             ids,
             positions,

@@ -55,6 +55,7 @@ class LoadedModel:
     path: str  # what from_pretrained read
     config_hash: str
     layout: KVLayout
+    decode_path: str = "eager"  # how decode steps run: eager, static or compiled (evalkit.integration.static_decode)
 
     @property
     def device(self) -> torch.device:
@@ -262,5 +263,12 @@ LOAD_OPTIONS = ("dtype", "device", "device_map", "trust_remote_code", "attn_impl
 
 def load_model_with(name: str, options) -> LoadedModel:
     """:func:`load_model` with the loading options an object carries as attributes of the same names
-    (:data:`LOAD_OPTIONS`): a sweep's ``ModelSpec`` or the CLI's parsed arguments."""
-    return load_model(name, **{option: getattr(options, option) for option in LOAD_OPTIONS})
+    (:data:`LOAD_OPTIONS`): a sweep's ``ModelSpec`` or the CLI's parsed arguments; its ``decode_path``
+    (default ``auto``) resolved for the device the model is on."""
+    from evalkit.integration.static_decode import resolve_decode_path
+
+    setting = getattr(options, "decode_path", None) or "auto"
+    resolve_decode_path(setting, "cpu")  # an unknown name fails before the model loads
+    lm = load_model(name, **{option: getattr(options, option) for option in LOAD_OPTIONS})
+    lm.decode_path = resolve_decode_path(setting, lm.device)
+    return lm

@@ -259,6 +259,8 @@ def estimate_sweep(
 def _speed(spec, facts, assume_device: str | None, speeds: list[str], compiled: bool | None = None):
     from evalkit.sweep import throughput as T
 
+    if compiled is None and getattr(spec, "decode_path", "auto") != "auto":  # the model's own --decode-path
+        compiled = spec.decode_path == "compiled"
     if assume_device is not None:
         speed = T.datasheet(facts, assume_device, compiled)
     elif facts.weights_local and T.device_available(spec.device):

@@ -60,7 +60,22 @@ TOP_KEYS = (
     "engine_options",
 )
 # who computes a run's numbers: evalkit's emulation or a registered engine (evalkit.engines.registry)
-MODEL_KEYS = ("name", "dtype", "device", "device_map", "attn_implementation", "trust_remote_code", "gpus")
+DECODE_PATHS = (
+    "auto",
+    "eager",
+    "static",
+    "compiled",
+)  # evalkit.integration.static_decode (not imported: no torch here)
+MODEL_KEYS = (
+    "name",
+    "dtype",
+    "device",
+    "device_map",
+    "attn_implementation",
+    "trust_remote_code",
+    "gpus",
+    "decode_path",
+)
 EXPAND_KEYS = ("formats", "granularities", "scales", "options")
 
 
@@ -96,6 +111,10 @@ def _model(doc: Located, m, path: tuple) -> ModelSpec:
         raise doc.error(path, str(exc)) from None
     if not isinstance(spec.gpus, int) or spec.gpus < 0:
         raise doc.error(path + ("gpus",), "gpus must be a non-negative integer")
+    if spec.decode_path not in DECODE_PATHS:
+        raise doc.error(
+            path + ("decode_path",), f"decode_path is one of {', '.join(DECODE_PATHS)}, not {spec.decode_path!r}"
+        )
     if spec.gpus and "device" not in m and "device_map" not in m:  # GPUs asked for: the model goes on them
         spec = dataclasses.replace(spec, **({"device": "cuda"} if spec.gpus == 1 else {"device_map": "auto"}))
     _check_folder(doc, spec.name, path + ("name",) if "name" in m else path)

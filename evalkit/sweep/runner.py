@@ -58,6 +58,7 @@ def run_info(lm, engine: str = "emulation") -> dict:
         code=code_identity.code_record(),
         platform=platform_record(),
         kv_layout=asdict(kv_layout(lm.model.config)),
+        decode_path=getattr(lm, "decode_path", "eager"),
     )
 
 

@@ -27,6 +27,7 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     gpus: int = 0  # GPUs one run of this model needs (executor resources); 0 = derived from device
+    decode_path: str = "auto"  # how decode steps run (evalkit.integration.static_decode): auto, eager, static, compiled
 
     @property
     def num_gpus(self) -> int:
@@ -37,6 +38,8 @@ class ModelSpec:
     def canonical(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("gpus")  # resources do not change numbers
+        if d["decode_path"] == "auto":  # auto is decided by the device, already in the spec
+            d.pop("decode_path")
         return d
 
     @property

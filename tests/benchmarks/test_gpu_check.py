@@ -142,8 +142,9 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
         "int4_asym",
     ):
         assert needed in names
-    assert len(by_section["speed"]) == 1 + 4  # the model, then 2 contexts x 2 batch sizes
-    assert len(by_section["memory"]) == 8  # plain and storage per run
+    # the model, 2 contexts x 2 batch sizes, the eager pair at the first, the long context
+    assert len(by_section["speed"]) == 1 + 4 + 1 + 1
+    assert len(by_section["memory"]) == 5 + 6  # held bytes per compiled storage run, then every FP8 scheme's peak
     assert len(by_section["vllm_dtypes"]) == 12  # every modelled vllm: dtype but the per-tensor FP8 ones
     assert result["wall_s"] < result["budget_s"]
     assert "passed, 0 failed" in proc.stdout

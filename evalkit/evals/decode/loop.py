@@ -38,16 +38,28 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 def decode_logits(
-    model, head, session, ids: torch.Tensor, mask: torch.Tensor, prefill: int, free: torch.Tensor | None = None
+    model,
+    head,
+    session,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    prefill: int,
+    free: torch.Tensor | None = None,
+    path: str = "eager",
 ) -> Iterator[torch.Tensor]:
     """Yield logits (B, vocab) predicting positions ``prefill, ..., L-1`` of ``ids`` (B, L), in order.
 
     ``session``: the :class:`~evalkit.integration.install.KVSession` of the enclosing
     ``quantized_kv`` block. ``free`` (B,) bool marks rows decoded greedily (their ``ids`` after the
-    prefill are overwritten). Call inside ``torch.inference_mode()``."""
+    prefill are overwritten). ``path``: ``eager`` (the dynamic storage cache), or ``static`` /
+    ``compiled`` (a static cache of L - 1 tokens, the step compiled for the latter:
+    :mod:`evalkit.integration.static_decode`). Call inside ``torch.inference_mode()``."""
     length = ids.shape[1]
     if not 0 < prefill < length:
         raise ValueError(f"prefill {prefill} must be in 1..{length - 1}")
+    if path != "eager":
+        yield from _static_logits(model, head, session, ids, mask, prefill, free, path == "compiled")
+        return
     pos = position_ids(mask)
     backbone = model.base_model
     cache = session.new_cache(mask[:, :prefill])
@@ -73,3 +85,22 @@ def decode_logits(
             )
             hidden = out.last_hidden_state[:, -1]
             del out
+    session.check_finite()
+
+
+def _static_logits(model, head, session, ids, mask, prefill: int, free, compiled: bool) -> Iterator[torch.Tensor]:
+    """:func:`decode_logits` through a :class:`~evalkit.integration.static_decode.StaticDecoder`."""
+    from evalkit.integration.static_decode import StaticDecoder
+
+    length = ids.shape[1]
+    pos = position_ids(mask)
+    decoder = StaticDecoder(session, model.base_model, mask, prefill, length - 1, compiled)
+    hidden = decoder.prefill(ids[:, :prefill], pos[:, :prefill])
+    for t in range(prefill, length):
+        logits = head(hidden)
+        if free is not None:
+            ids[:, t] = torch.where(free, logits.argmax(-1), ids[:, t])
+        yield logits
+        if t + 1 < length:
+            hidden = decoder.step(ids[:, t : t + 1], pos[:, t : t + 1])
+    session.check_finite()

@@ -73,11 +73,15 @@ class EmulationBackend(Backend):
     def lmeval_model(self, request: LmevalRequest, lm, scheme):
         if self.hflm is None:
             raise RuntimeError("prepare_lmeval() before lmeval_model()")
-        if scheme is None:  # the baseline: the plain model, no hook
+        path = getattr(lm, "decode_path", "eager")
+        if scheme is None and path == "eager":  # the baseline: the plain model, no hook
             yield self.hflm
             return
-        with quantized_kv(lm.model, scheme):
-            yield self.hflm
+        # on the static paths the baseline generates through the identity storage cache (bit for bit the
+        # plain model's static-cache decoding), as every scheme does through its own
+        with quantized_kv(lm.model, "bf16" if scheme is None else scheme) as session:
+            with self.hflm.decode_through(session, path):
+                yield self.hflm
 
     @staticmethod
     def _prepared(state, request):

@@ -63,10 +63,12 @@ class DecodeEmulation:
 
         self.request = request
         self.head = OutputHead(lm.model, "decode")
+        path = getattr(lm, "decode_path", "eager")
         key = baseline_key(
             lm,
             version=FORMAT_VERSION,
             **request.cache_key,
+            **({} if path == "eager" else {"decode_path": path}),  # the static paths round differently
             torch=torch.__version__,
             transformers=transformers.__version__,
         )
@@ -175,7 +177,16 @@ class DecodeEmulation:
                 ids = tokens[sl].to(device)
                 mask = torch.ones_like(ids)
                 rows_free = None if free is None else free[sl].to(device)
-                steps = decode_logits(lm.model, self.head, session, ids, mask, request.prefill, rows_free)
+                steps = decode_logits(
+                    lm.model,
+                    self.head,
+                    session,
+                    ids,
+                    mask,
+                    request.prefill,
+                    rows_free,
+                    getattr(lm, "decode_path", "eager"),
+                )
                 for j, logits in enumerate(steps):
                     lp = torch.log_softmax(logits, dim=-1)
                     nll = -lp.gather(1, ids[:, request.prefill + j, None])[:, 0]

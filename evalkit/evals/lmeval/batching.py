@@ -166,6 +166,39 @@ def hflm_class(quiet: bool):
         module docstring), so batched log-likelihoods equal batch size 1's under every scheme."""
 
         _lengths: dict | None = None  # {stripped input: length} of the requests being scored
+        _static = None  # (session, compiled) while generate_until decodes through the static storage cache
+
+        @contextlib.contextmanager
+        def decode_through(self, session, path: str):
+            """Within the block, ``generate_until`` decodes greedily through ``session``'s static storage
+            cache (``path`` static or compiled: :mod:`evalkit.integration.static_decode`); eager: as is."""
+            self._static = None if path == "eager" else (session, path == "compiled")
+            try:
+                yield self
+            finally:
+                self._static = None
+
+        def _model_generate(self, context, max_length, stop, **generation_kwargs):
+            if self._static is None:
+                return super()._model_generate(context, max_length, stop, **generation_kwargs)
+            import torch
+
+            from evalkit.errors import EvalkitError
+            from evalkit.integration.static_decode import greedy_generate
+
+            if generation_kwargs.get("do_sample"):
+                raise EvalkitError(
+                    "sampled generation (do_sample) runs on the eager decode path only: pass --decode-path eager"
+                )
+            session, compiled = self._static
+            mask = generation_kwargs.get("attention_mask")
+            mask = torch.ones_like(context) if mask is None else mask
+            eos = self.model.generation_config.eos_token_id
+            eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or [0])[0]
+            new = max_length - context.shape[1]
+            tokens, _ = greedy_generate(session, self.model, context, mask, new, eos, pad, compiled)
+            return torch.cat([context, tokens], dim=1)
 
         def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
             if self.backend != "causal":

@@ -55,11 +55,28 @@ def generate_batches(
     from evalkit.integration.install import quantized_kv
 
     model, tok = lm.model, lm.tokenizer
+    path = getattr(lm, "decode_path", "eager")
 
     def generate(prompts, max_new):
         x = torch.tensor(prompts, dtype=torch.long, device=lm.device)
-        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=generation_config(tok, max_new))
-        return tok.batch_decode(out[:, x.shape[1] :], skip_special_tokens=True)
+        config = generation_config(tok, max_new)
+        if path != "eager":  # the static cache, its steps compiled on the compiled path
+            new = static_greedy(session, model, x, config, path == "compiled")
+        else:
+            new = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[:, x.shape[1] :]
+        return tok.batch_decode(new, skip_special_tokens=True)
 
-    with quantized_kv(model, scheme):
+    with quantized_kv(model, scheme) as session:
         return texts_per_batch(generate, batches, progress, on_batch)
+
+
+def static_greedy(session, model, ids: torch.Tensor, config: GenerationConfig, compiled: bool, mask=None):
+    """``generate()``'s greedy tokens for ``ids`` (B, P) under ``config`` (EOS ids, pad id, max_new_tokens),
+    through the static storage cache (:func:`evalkit.integration.static_decode.greedy_generate`)."""
+    from evalkit.integration.static_decode import greedy_generate
+
+    eos = config.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    mask = torch.ones_like(ids) if mask is None else mask
+    tokens, _ = greedy_generate(session, model, ids, mask, config.max_new_tokens, eos, config.pad_token_id, compiled)
+    return tokens

@@ -15,8 +15,8 @@ Quantizing only the stored K/V misses the Q and P error, which is why the ``attn
 This is a reference implementation in float32 (K/V arrive already quantized by the scheme). Left out,
 and documented: the row max is the exact one rather than FA3's running max over 128-key tiles (so P's
 rounding is that of a single tile), a checkpoint's calibrated ``q_scale``, and the FP8 tensor cores'
-accumulation. Queries are processed in chunks, so memory stays linear in the sequence length for a
-fixed chunk.
+accumulation. Queries are processed in chunks whose float32 scores stay within ``SCORE_BYTES``, so
+memory stays linear in the sequence length.
 
 Masking: transformers' sdpa mask function returns no mask at all for an unpadded causal batch
 (sdpa then applies ``is_causal`` itself), so when no mask arrives and the module is causal, the
@@ -34,7 +34,9 @@ from evalkit.kv.formats import FORMATS
 from evalkit.kv.rounding import round_to_fp8
 
 E4M3 = FORMATS["fp8_e4m3"]
-QUERY_CHUNK = 1024
+QUERY_CHUNK = 1024  # queries per chunk at most
+SCORE_BYTES = 2**30  # at most this many bytes per float32 score chunk (B x Hq x chunk x keys), so long
+# prompts at batch size > 1 do not hold several copies of a (4, 32, 1024, 32768) score tensor at once
 Q_SCALE = 1.0  # vLLM's q_scale without a calibrated one in the checkpoint
 P_OFFSET = 2.0**8  # FA3's FP8 softmax scales exp(S - rowmax) by 2**Max_offset, Max_offset = 8
 
@@ -63,8 +65,9 @@ def fa3_attention(module, query, key, value, attention_mask, scaling=None, dropo
     k = key.float().repeat_interleave(groups, dim=1)
     v = value.float().repeat_interleave(groups, dim=1)
     out = torch.empty(b, hq, s, v.shape[-1], dtype=torch.float32, device=query.device)
-    for start in range(0, s, QUERY_CHUNK):
-        stop = min(s, start + QUERY_CHUNK)
+    chunk = max(1, min(QUERY_CHUNK, SCORE_BYTES // (4 * b * hq * k.shape[-2])))
+    for start in range(0, s, chunk):
+        stop = min(s, start + chunk)
         scores = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2)) * scaling
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap

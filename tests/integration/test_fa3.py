@@ -118,3 +118,17 @@ def test_probabilities_keep_fa3s_offset_so_small_ones_survive():
     assert rounded[3] > 0 and rounded[4] == 0  # 1e-4 * 256 = 0.0256 is a normal E4M3 number; 1e-6 * 256 is not
     assert e4m3(np.array([1e-4]))[0] == 0  # without the offset it would vanish
     assert ((rounded[:4] - p[:4]).abs() / p[:4]).max() <= 2.0**-4  # E4M3's half-ulp for normal numbers
+
+
+def test_small_score_chunks_give_the_same_attention(monkeypatch):
+    """The query chunk shrinks so a chunk's float32 scores stay within SCORE_BYTES; the rows do not change."""
+    import evalkit.integration.fa3 as fa3
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, h, 50, 16, generator=g) for h in (4, 2, 2))
+    module = torch.nn.Module()
+    module.is_causal = True
+    whole, _ = fa3_attention(module, q, k, v, None, scaling=0.25)
+    monkeypatch.setattr(fa3, "SCORE_BYTES", 4 * 2 * 4 * 50 * 7)  # 7 query rows per chunk, the last one 1 row
+    chunked, _ = fa3_attention(module, q, k, v, None, scaling=0.25)
+    assert torch.allclose(chunked, whole, atol=1e-6, rtol=1e-5)

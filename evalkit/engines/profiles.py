@@ -21,6 +21,12 @@ changelog) rather than read in the code or measured. Three operations:
   engine's rounding and store recipe, its storage format (E4M3 is E4M3-fnuz on MI300) and its treatment of
   checkpoint scales, then checks the result. This is what ``--engine-profile NAME`` runs.
 
+A profile can also record the attention kernel the engine runs per GPU generation
+(:mod:`evalkit.engines.attention_paths`: vllm-cuda runs FlashAttention 3 with Q and P in FP8 on H100/H200,
+FlashInfer with only K/V in FP8 on A100/L40S/RTX 50): :meth:`EngineProfile.attention_path` looks it up,
+and ``scheme_for(..., gpu="h200")`` gives the scheme with that path's attention precision
+(``fp8_e4m3/tensor/unit+attn=fa3``).
+
 Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz platforms; ModelOpt
 exports FP8 KV scales of at least 1.0) are written as a derived table next to nothing shipped:
 under ``out_dir`` (default ``engine-scales/`` in the current folder) as

@@ -21,6 +21,12 @@ changelog) rather than read in the code or measured. Three operations:
   engine's rounding and store recipe, its storage format (E4M3 is E4M3-fnuz on MI300) and its treatment of
   checkpoint scales, then checks the result. This is what ``--engine-profile NAME`` runs.
 
+A profile can also record the attention kernel the engine runs per GPU generation
+(:mod:`evalkit.engines.attention_paths`: vllm-cuda runs FlashAttention 3 with Q and P in FP8 on H100/H200,
+FlashInfer with only K/V in FP8 on A100/L40S/RTX 50): :meth:`EngineProfile.attention_path` looks it up,
+and ``scheme_for(..., gpu="h200")`` gives the scheme with that path's attention precision
+(``fp8_e4m3/tensor/unit+attn=fa3``).
+
 Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz platforms; ModelOpt
 exports FP8 KV scales of at least 1.0) are written as a derived table next to nothing shipped:
 under ``out_dir`` (default ``engine-scales/`` in the current folder) as
@@ -43,21 +49,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.engines.attention_paths import GENERATIONS, VLLM_CUDA_PATHS, AttentionPath, Fact, path_for
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import Recipe, ScaleDType
 from evalkit.kv.rounding import Rounding
 from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 DEFAULT_SCALES_DIR = "engine-scales"
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One thing an engine does, with where it was read (``source``: file or PR in its public repo)."""
-
-    text: str
-    source: str
-    verified: bool = True  # False: stated (issue 22, a doc, a changelog), not read in the code or measured
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,10 @@ class EngineProfile:
     head_dim_multiple: int = 0  # FP8 KV needs head_dim % this == 0 (0: no requirement)
     requirements: tuple[str, ...] = ()
     facts: tuple[Fact, ...] = field(default=(), compare=False)
+    # the attention kernel it runs per GPU generation (evalkit.engines.attention_paths), and the generation a
+    # prediction assumes when none is named
+    attention_paths: tuple[AttentionPath, ...] = field(default=(), compare=False)
+    default_gpu: str | None = None
 
     # -- lookups --------------------------------------------------------------------------------
     def dtype(self, kv_cache_dtype: str) -> KVDtype:
@@ -130,6 +132,31 @@ class EngineProfile:
                 plain.append(f"{f}/head/static{rounding}+attn={self.head_scales}")
         return ", ".join(plain + list(self.named))
 
+    # -- the attention path per GPU generation ----------------------------------------------------------
+    def kv_cache_dtype_of(self, scheme: Scheme) -> str | None:
+        """The ``kv_cache_dtype`` that stores ``scheme``'s K/V on this engine (the one named like its format,
+        ``fp8_e4m3`` rather than ``fp8``), or None for the unquantized baseline and formats it does not store."""
+        if scheme.is_identity:
+            return None
+        if scheme.name is not None:
+            return next((d.name for d in self.kv_cache_dtypes if d.named == scheme.name), None)
+        fmt = dict(self.format_map).get(scheme.format, scheme.format)
+        names = [d.name for d in self.kv_cache_dtypes if d.format == fmt and not d.named]
+        return next((n for n in names if n == fmt), names[0] if names else None)
+
+    def attention_path(self, kv_cache_dtype: str, gpu: str | None = None) -> AttentionPath | None:
+        """The attention path this engine runs for ``kv_cache_dtype`` on ``gpu`` (a generation such as
+        ``hopper``, or a GPU such as ``h200``; default :attr:`default_gpu`), or None where none was read."""
+        gpu = gpu or self.default_gpu
+        if not self.attention_paths or gpu is None:
+            return None
+        return path_for(self.attention_paths, kv_cache_dtype, gpu)
+
+    def path_of(self, scheme: Scheme, gpu: str | None = None) -> AttentionPath | None:
+        """The attention path that runs ``scheme``'s ``kv_cache_dtype`` on ``gpu`` (see :meth:`attention_path`)."""
+        dtype = self.kv_cache_dtype_of(scheme)
+        return None if dtype is None else self.attention_path(dtype, gpu)
+
     # -- engine settings -> scheme ----------------------------------------------------------------
     def scheme_for(
         self,
@@ -137,16 +164,20 @@ class EngineProfile:
         scales: str | Path | None = None,
         *,
         attention: str | None = None,
+        gpu: str | None = None,
         out_dir: str | Path | None = None,
     ) -> Scheme:
         """The evalkit scheme that models this engine run with ``kv_cache_dtype`` and, optionally, the
         checkpoint's scales (``scales``: a scale table path; per-tensor, or per-head where the engine
-        takes them). ``attention="fa3"``: the engine's FlashAttention-3 FP8 path (vllm-cuda)."""
+        takes them). ``attention="fa3"``: the engine's FlashAttention-3 FP8 path (vllm-cuda); ``gpu``
+        (``hopper``, ``h200``...): the attention precision of the path the engine runs on that GPU."""
         d = self.dtype(kv_cache_dtype)
         if d.format is None:
             if scales is not None:
                 raise SchemeError(f"kv_cache_dtype {d.name} keeps K/V unquantized: scales do not apply")
             return Scheme()
+        if gpu is not None and attention is None:
+            attention = self._gpu_attention(d.name, gpu)
         precision = AttentionPrecision(attention) if attention else AttentionPrecision.KV
         if d.named:
             if scales is not None:
@@ -179,6 +210,22 @@ class EngineProfile:
             return self._with_engine_scales(scheme, table, self._checkpoint_format(d.format), out_dir)
         self.check(scheme)
         return scheme
+
+    def _gpu_attention(self, kv_cache_dtype: str, gpu: str) -> str:
+        if not self.attention_paths:
+            raise SchemeError(f"{self.name} records no attention path per GPU: drop the GPU")
+        path = self.attention_path(kv_cache_dtype, gpu)
+        if path is None:
+            read = [
+                g
+                for g in GENERATIONS
+                if any(g in p.generations and kv_cache_dtype in p.kv_cache_dtypes for p in self.attention_paths)
+            ]
+            raise SchemeError(
+                f"{self.name}'s attention path for kv_cache_dtype {kv_cache_dtype} on {gpu} was not read (it is for "
+                f"{', '.join(read) or 'no GPU'}): name the attention precision instead (+attn=kv or +attn=fa3)"
+            )
+        return path.attention.value
 
     # -- what the engine can run ------------------------------------------------------------------
     def check(self, scheme: Scheme, layout=None) -> None:
@@ -343,6 +390,11 @@ class EngineProfile:
         """The profile's facts, one per line, each with its source."""
         lines = [f"{self.name}: {self.description}"]
         lines += [f"  - {f.text} [{f.source}]{'' if f.verified else ' (unverified)'}" for f in self.facts]
+        lines += [
+            f"  - on {p.where()} ({', '.join(p.kv_cache_dtypes)}): {p.backend}, in FP8 {p.in_fp8}; "
+            f"modeled by +attn={p.attention.value}{' (approximate: ' + p.unmodeled + ')' if p.approximate else ''}"
+            for p in self.attention_paths
+        ]
         return "\n".join(lines)
 
 
@@ -469,6 +521,8 @@ PROFILES: dict[str, EngineProfile] = {
             head_scales=AttentionPrecision.FA3.value,
             attention=(AttentionPrecision.KV, AttentionPrecision.FA3),
             skip_layers=True,
+            attention_paths=VLLM_CUDA_PATHS,
+            default_gpu="hopper",
             facts=(
                 Fact(
                     "kv_cache_dtype auto, fp8 (E4M3 on CUDA), fp8_e4m3, fp8_e5m2; the newer int8/fp8_per_token_head, "
@@ -487,8 +541,10 @@ PROFILES: dict[str, EngineProfile] = {
                 _VLLM_E5M2,
                 Fact(
                     "per-attention-head (attn_head) scales only with the FlashAttention backend (FA3), from "
-                    "llm-compressor calibration; its FP8 path also quantizes Q (and P), evalkit's +attn=fa3",
-                    "docs/features/quantization/quantized_kvcache.md",
+                    "llm-compressor calibration; its FP8 path also quantizes Q and P, evalkit's +attn=fa3 (the "
+                    "attention paths below say which GPU runs which kernel)",
+                    "docs/features/quantization/quantized_kvcache.md; vllm/v1/attention/backends/flash_attn.py "
+                    "(FlashAttentionBackend.supports_per_head_quant_scales)",
                 ),
                 Fact(
                     "NVFP4 KV takes its per-tensor global scale from the checkpoint's k_scale/v_scale; evalkit's nvfp4 "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from evalkit.engines.attention_paths import GENERATIONS
 from evalkit.engines.profiles import PROFILES, EngineProfile, get_profile
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.kv.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
@@ -98,13 +99,58 @@ def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
     return exact, own
 
 
+def gpus_running(profile: EngineProfile, scheme: Scheme) -> list[str]:
+    """The GPU generations whose attention path (as the profile records it) runs ``scheme``'s attention
+    precision as read; every generation when the profile records no paths."""
+    if not profile.attention_paths:
+        return list(GENERATIONS)
+    dtype = profile.kv_cache_dtype_of(scheme)
+    paths = {g: profile.attention_path(dtype, g) if dtype else None for g in GENERATIONS}
+    return [g for g, p in paths.items() if p is not None and p.attention is scheme.attention and not p.approximate]
+
+
+def _on_gpus(name: str, scheme: Scheme) -> str:
+    """`` (A100, L40S, RTX 50)`` after a profile's name when its GPUs run different attention paths and only
+    these run ``scheme``'s (as the engine maps it); "" otherwise."""
+    if name not in PROFILES or vllm_dtype_of(scheme):
+        return ""
+    profile = get_profile(name)
+    mapped = _with_own_numerics(profile, scheme) or scheme
+    gpus = gpus_running(profile, mapped)
+    if len(gpus) == len(GENERATIONS):
+        return ""
+    return f" ({', '.join(dict.fromkeys(GENERATIONS[g].short for g in gpus)) or 'no GPU by default'})"
+
+
 def runs_on(text: str, layout=None) -> str:
-    """The table's "runs on" cell: ``vllm-cuda, sglang, ~vllm-cpu`` or ``hypothetical``."""
-    if parse_scheme(text).is_identity:
+    """The table's "runs on" cell: ``vllm-cuda (A100, L40S, RTX 50), sglang, ~vllm-cpu`` or ``hypothetical``
+    (a profile whose GPUs run different attention paths names the GPUs whose path runs the row's)."""
+    scheme = parse_scheme(text)
+    if scheme.is_identity:
         return "all"
     exact, own = engines_for(text, layout)
-    cells = exact + [f"~{n}" for n in own]
+    cells = [n + _on_gpus(n, scheme) for n in exact] + [f"~{n}{_on_gpus(n, scheme)}" for n in own]
     return ", ".join(cells) if cells else HYPOTHETICAL
+
+
+def runs_on_gpu_note(cells) -> str:
+    """The note for a "runs on" column that names GPUs (``vllm-cuda (H100/H200)``), or ""."""
+    named = sorted({c.split(" (")[0].lstrip("~") for cell in cells for c in str(cell).split(", ") if " (" in c})
+    named = [n for n in named if n in PROFILES and get_profile(n).attention_paths]
+    if not named:
+        return ""
+    lines = []
+    for n in named:
+        paths = "; ".join(
+            f"{p.where()} {'/'.join(p.kv_cache_dtypes)}: {p.backend} with {p.in_fp8} in FP8, "
+            f"+attn={p.attention.value}{' (approx.)' if p.approximate else ''}"
+            for p in get_profile(n).attention_paths
+        )
+        lines.append(
+            f"{n} (GPUs): the GPUs whose default attention path runs the row as it ran (vLLM 0.33, "
+            f"vllm/platforms/cuda.py _get_backend_priorities, per kv_cache_dtype: {paths})"
+        )
+    return "; ".join(lines)
 
 
 def is_hypothetical(cell) -> bool:
@@ -178,5 +224,9 @@ def setting(profile_name: str, text: str) -> str:
         how = f"with the checkpoint's {per} k_scale/v_scale (evalkit calibrate --export-vllm)"
     else:
         how = "without checkpoint scales (scale 1.0)"
-    fa3 = " on the FlashAttention-3 backend" if scheme.attention is AttentionPrecision.FA3 else ""
+    fa3 = (
+        " on the FlashAttention-3 backend (vLLM's default for an FP8 E4M3 cache on H100/H200)"
+        if scheme.attention is AttentionPrecision.FA3
+        else ""
+    )
     return f"kv_cache_dtype={dtype} {how}{fa3}"

@@ -124,6 +124,9 @@ def notes(frame: pd.DataFrame) -> list[str]:
             "same settings with its own rounding, storage or scale handling (the row is not its number; "
             "--engine-profile NAME measures it)"
         )
+        gpus = engine_fit.runs_on_gpu_note(frame[RUNS_ON])  # vllm-cuda (H100/H200): the GPUs whose path runs it
+        if gpus:
+            out.append(gpus)
         if frame[RUNS_ON].map(engine_fit.is_hypothetical).any():
             out.append(hypothetical_note())
     order = order_note(frame)

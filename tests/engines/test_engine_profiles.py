@@ -4,6 +4,7 @@ applying a profile to a plain emulation scheme (run.py's --engine-profile, a gri
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,113 @@ def test_profiles_are_frozen_data_with_sourced_facts(name):
         assert d.named is None or d.named in NAMED_SCHEMES
     assert "auto" in {d.name for d in p.kv_cache_dtypes}
     summary = p.summary()
-    assert summary.startswith(f"{name}: ") and summary.count("\n") == len(p.facts)
+    assert summary.startswith(f"{name}: ") and summary.count("\n") == len(p.facts) + len(p.attention_paths)
+
+
+# -- the attention path per GPU generation (vllm-cuda: vLLM 0.33's backend selection) -----------------
+@pytest.mark.parametrize(
+    "dtype, gpu, backend, attention, approximate",
+    [
+        ("fp8", "hopper", "FLASH_ATTN (FlashAttention 3)", "fa3", False),
+        ("fp8_e4m3", "h200", "FLASH_ATTN (FlashAttention 3)", "fa3", False),
+        ("fp8_e4m3", "h100", "FLASH_ATTN (FlashAttention 3)", "fa3", False),
+        ("fp8", "b200", "FLASHINFER (trtllm-gen)", "fa3", True),  # Q in FP8 read; P's precision not read
+        ("fp8", "a100", "FLASHINFER (FA2 kernels)", "kv", False),
+        ("fp8_e4m3", "L40S", "FLASHINFER (FA2 kernels)", "kv", False),
+        ("fp8", "blackwell-rtx", "FLASHINFER (FA2 kernels)", "kv", False),
+        ("fp8_e5m2", "ampere", "FLASHINFER (FA2 kernels)", "kv", False),
+        ("fp8_e5m2", "hopper", "FLASHINFER", "kv", True),  # FlashAttention refuses E5M2; Q at prefill not modeled
+    ],
+)
+def test_vllm_cuda_attention_path_per_gpu_generation(dtype, gpu, backend, attention, approximate):
+    path = get_profile("vllm-cuda").attention_path(dtype, gpu)
+    assert (path.backend, path.attention.value, path.approximate) == (backend, attention, approximate)
+    assert path.facts and all(f.text and f.source for f in path.facts)
+    assert approximate == bool(path.approximate and path.unmodeled)
+    assert any("vllm/platforms/cuda.py" in f.source for f in path.facts)  # the selection, cited on every path
+
+
+def test_attention_paths_default_to_hopper_and_name_what_was_not_read():
+    from evalkit.engines.attention_paths import GENERATIONS, generation
+
+    cuda = get_profile("vllm-cuda")
+    assert cuda.default_gpu == "hopper" and cuda.attention_path("fp8").label == "FA3"
+    assert cuda.path_of(parse_scheme("fp8_e4m3/tensor/unit")).attention.value == "fa3"
+    assert cuda.path_of(parse_scheme("fp8_e5m2/tensor/unit"), "a100").tag == "K/V"
+    assert cuda.path_of(parse_scheme("fp8_e5m2/tensor/unit"), "hopper").tag == "K/V, approx."
+    assert cuda.path_of(parse_scheme("bf16")) is None and cuda.attention_path("fp8_e5m2", "b200") is None
+    # every generation has a path for an E4M3 cache; the profiles of other engines record none
+    assert all(cuda.attention_path("fp8_e4m3", g) is not None for g in GENERATIONS)
+    assert all(get_profile(n).attention_path("fp8", "hopper") is None for n in PROFILES if n != "vllm-cuda")
+    assert generation("GH200").name == "hopper" and generation("sm100").name == "blackwell"
+    message = one_line_error(generation, "tpu-v5")
+    assert "unknown GPU 'tpu-v5'" in message and "hopper" in message and "h200" in message
+
+
+@pytest.mark.parametrize(
+    "dtype, gpu, expected",
+    [
+        ("fp8", "h200", "fp8_e4m3/tensor/unit+attn=fa3"),
+        ("fp8_e4m3", "b200", "fp8_e4m3/tensor/unit+attn=fa3"),
+        ("fp8", "a100", "fp8_e4m3/tensor/unit"),
+        ("fp8_e5m2", "hopper", "fp8_e5m2/tensor/unit"),
+        ("auto", "hopper", "bf16"),
+    ],
+)
+def test_scheme_for_a_gpu_takes_its_attention_path(dtype, gpu, expected):
+    scheme = get_profile("vllm-cuda").scheme_for(dtype, gpu=gpu)
+    assert str(scheme) == expected
+    get_profile("vllm-cuda").check(scheme)
+
+
+def test_scheme_for_a_gpu_with_scales_and_the_refusals():
+    cuda = get_profile("vllm-cuda")
+    assert str(cuda.scheme_for("fp8", TENSOR_TABLE, gpu="h100")) == (
+        f"fp8_e4m3/tensor/static+scales={TENSOR_TABLE}+attn=fa3"
+    )
+    assert str(cuda.scheme_for("fp8", HEAD_TABLE, gpu="h100")) == f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3"
+    assert str(cuda.scheme_for("fp8", gpu="h100", attention="kv")) == "fp8_e4m3/tensor/unit"  # named wins
+    message = one_line_error(cuda.scheme_for, "fp8_e5m2", gpu="b200")
+    assert "attention path for kv_cache_dtype fp8_e5m2 on b200 was not read" in message
+    assert "ampere, ada, hopper, blackwell-rtx" in message and "+attn=kv or +attn=fa3" in message
+    assert "records no attention path per GPU" in one_line_error(
+        get_profile("sglang").scheme_for, "fp8_e4m3", gpu="h100"
+    )
+    assert "unknown GPU" in one_line_error(cuda.scheme_for, "fp8", gpu="mi300x")
+    # per-head scales need FA3, which A100 does not run
+    assert "per-head scales run on its FlashAttention-3 path only" in one_line_error(
+        cuda.scheme_for, "fp8", HEAD_TABLE, gpu="a100"
+    )
+
+
+def _cited(source: str):
+    """(file, names) for each ``file (Name, Class.method, ...)`` part of a fact's source naming vLLM's code."""
+    for part in source.split("; "):
+        file, _, names = part.partition(" (")
+        if file.startswith("vllm/") and file.endswith(".py"):
+            yield file, [n.split()[0] for n in names.rstrip(")").split(", ") if n]
+
+
+WHEELS = os.environ.get("EVALKIT_VLLM_WHEELS")  # a folder holding the vllm 0.33.0 and 0.32.0 wheels
+
+
+@pytest.mark.skipif(not WHEELS, reason="set EVALKIT_VLLM_WHEELS to a folder with vLLM's wheels to check the citations")
+@pytest.mark.parametrize("version", ["0.33.0", "0.32.0"])
+def test_attention_path_citations_name_code_in_the_vllm_wheels(version):
+    """Every vLLM file an attention path cites is in the wheel, and every function or class it names is in that file."""
+    import zipfile
+
+    (wheel,) = Path(WHEELS).glob(f"vllm-{version}-*.whl")
+    cited = 0
+    with zipfile.ZipFile(wheel) as zf:
+        for path in get_profile("vllm-cuda").attention_paths:
+            for fact in path.facts:
+                for file, names in _cited(fact.source):
+                    text = zf.read(file).decode()
+                    for name in names:
+                        assert all(part in text for part in name.split(".")), f"{version}: {name} not in {file}"
+                        cited += 1
+    assert cited >= 20
 
 
 # -- engine settings -> scheme --------------------------------------------------------------------

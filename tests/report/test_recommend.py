@@ -68,16 +68,22 @@ def line(folder, budget=Budget(), engine="vllm-cuda", key="tiny"):
 
 
 # -- which engine runs what -----------------------------------------------------------------------
+KV_GPUS = "(A100, L40S, RTX 50)"
+
+
 @pytest.mark.parametrize(
     "scheme, cell",
     [
-        (UNIT, "vllm-cuda, sglang, tensorrt-llm, ~vllm-cpu, ~vllm-rocm"),
-        (E5, "vllm-cuda, sglang, ~vllm-cpu"),  # no E5M2 on ROCm or TensorRT-LLM profiles
-        (STATIC, "vllm-cuda, sglang, ~vllm-cpu, ~vllm-rocm, ~tensorrt-llm"),  # rocm x2, ModelOpt >= 1.0
-        ("fp8_e4m3/head/static+scales=calibration/x-head-amax.safetensors", "~vllm-cuda"),  # FA3 path only
-        (UNIT + "+recipe=vllm_cpu+rounding=rtz", "vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
+        # vllm-cuda names the GPUs whose default attention path runs the row: K/V only is FlashInfer's path on
+        # A100, L40S and RTX 50; H100/H200 run FlashAttention 3 with Q and P in FP8 too (+attn=fa3)
+        (UNIT, f"vllm-cuda {KV_GPUS}, sglang, tensorrt-llm, ~vllm-cpu, ~vllm-rocm"),
+        (UNIT + "+attn=fa3", "vllm-cuda (H100/H200)"),  # B200's path is modeled by it only approximately
+        (E5, f"vllm-cuda {KV_GPUS}, sglang, ~vllm-cpu"),  # no E5M2 on ROCm or TensorRT-LLM profiles
+        (STATIC, f"vllm-cuda {KV_GPUS}, sglang, ~vllm-cpu, ~vllm-rocm, ~tensorrt-llm"),  # rocm x2, ModelOpt >= 1.0
+        ("fp8_e4m3/head/static+scales=calibration/x-head-amax.safetensors", "~vllm-cuda (H100/H200)"),  # FA3 only
+        (UNIT + "+recipe=vllm_cpu+rounding=rtz", f"vllm-cpu, ~vllm-cuda {KV_GPUS}, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
         # plain truncation is vllm-cpu's settings, not its whole store arithmetic (the recipe is)
-        (UNIT + "+rounding=rtz", "~vllm-cpu, ~vllm-cuda, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
+        (UNIT + "+rounding=rtz", f"~vllm-cpu, ~vllm-cuda {KV_GPUS}, ~vllm-rocm, ~sglang, ~tensorrt-llm"),
         ("nvfp4", "tensorrt-llm"),
         (DYN, "hypothetical"),
         ("fp8_e4m3/head/dynamic", "hypothetical"),

@@ -187,7 +187,9 @@ def test_markdown_rounding_and_ci(store):
     assert cells[5] == "+0.40% [+0.20, +0.60]"
     assert cells[6] == "0.0021" and cells[7] == "99.5"
     e5m2 = [c.strip() for c in next(line for line in lines if "fp8_e5m2/tensor/unit" in line).strip("|").split("|")]
-    assert e5m2[0] == "fp8_e5m2/tensor/unit" and e5m2[3] == "vllm-cuda, sglang"  # scale 1.0: what engines run
+    assert (
+        e5m2[0] == "fp8_e5m2/tensor/unit" and e5m2[3] == "vllm-cuda (A100, L40S, RTX 50), sglang"
+    )  # scale 1.0: what engines run
     block = next(line for line in lines if "block16" in line)
     assert "| 130 " in block and "1.97x" in block  # 128 data + 8 scales of 4 bytes per 16 tokens
     assert "mini_ppl word_perplexity" in header  # a perplexity-type lm-eval task shows its word perplexity

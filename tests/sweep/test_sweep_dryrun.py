@@ -118,6 +118,8 @@ def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
     assert {"bf16", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {
         r.scheme for r in grid.runs
     }
+    # vLLM's path on H100/H200 (FlashAttention 3: Q and P in FP8 too) beside the K/V-only row
+    assert "fp8_e4m3/tensor/unit+attn=fa3" in {r.scheme for r in grid.runs}
     est = estimate_sweep(grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200")
     eager = estimate_sweep(
         grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200", compile_decode=False
@@ -136,7 +138,7 @@ def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
     assert ppl[1].tokens == 71 * 4096  # ~289k tokens in windows of 4096 (BOS first): all of the split
     assert main(["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
-    assert len(table_rows(text)) == 28 and "approximate (~)" in text and not (tmp_path / "o").exists()
+    assert len(table_rows(text)) == 32 and "approximate (~)" in text and not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow
@@ -148,7 +150,7 @@ def test_gpu_preset_with_another_model(tmp_path, capsys):
     assert main(["sweep", "gpu", "--dry-run", "--model", "embedded", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     rows = table_rows(text)
-    assert len(rows) == 28 and all(r[0] == "embedded" for r in rows) and "meta-llama" not in text
+    assert len(rows) == 32 and all(r[0] == "embedded" for r in rows) and "meta-llama" not in text
     assert "measured on this machine's cpu (the grid's cuda is not here)" in text
     assert "not sized: embedded retrieval: context length 16384 is above the model's maximum" in text
     assert not out.exists()

@@ -182,7 +182,7 @@ def plain_compiled(ctx, model, context: int, batch: int) -> dict:
         times, busy = _time_steps(ctx, step, s.warmup, s.steps)
         peak = _peak(ctx, base)
         kv = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
-        del cache
+
     return _result(
         "transformers static cache, compiled as generate()", context, batch, times, busy, compile_s, peak, kv
     )
@@ -223,7 +223,7 @@ def storage_compiled(ctx, model, scheme: str, context: int, batch: int, compiled
         peak = _peak(ctx, base)
         engine, held = dec.cache.nbytes(), dec.cache.held_bytes()
         session.check_finite()
-        del dec
+
     label = f"evalkit storage {scheme}, {'compiled' if compiled else 'static, eager'}"
     out = _result(label, context, batch, times, busy, compile_s, peak, held)
     out.update(scheme=scheme, engine_bytes=engine, held_bytes=held, peak_fill_bytes_over_weights=fill_peak)
@@ -271,7 +271,7 @@ def eager_dynamic(ctx, model, scheme: str | None, context: int, batch: int) -> d
         peak = _peak(ctx, base)
         if scheme:
             session.check_finite()
-        del cache
+
     label = f"evalkit storage {scheme}, dynamic cache, eager" if scheme else "transformers DynamicCache, eager"
     return _result(label, context, batch, times, busy, 0.0, peak, None)
 

@@ -272,3 +272,23 @@ def test_deepseek_v32_is_sparse_and_its_latent_is_never_quantized_as_standard_at
         assert all(
             "kv_lora_rank 512" in p.message and "deepseek_v32 as standard attention" in p.message for p in problems
         )
+
+
+def test_a_dtype_vllm_cannot_store_on_the_planned_gpu_is_a_problem_for_the_engine_and_a_note_for_the_emulation():
+    """NVFP4 on Kimi K2's dense MLA: no MLA backend of vLLM 0.33 stores it (evalkit.planning.kv_backends),
+    on an H200 as on a B200; FP8 on the same model is stored by FlashMLA."""
+    from evalkit.cli.preflight.gpu_fit import check_gpu_fit
+    from evalkit.planning.gpus import get_gpu
+    from evalkit.planning.kv_backends import kv_support
+
+    kimi = ModelSpec(name="kimi-k2")
+    assert not kv_support(get_gpu("h200"), "nvfp4", kind="mla").runs
+    engine = PlannedRun(kimi, "vllm:nvfp4", engine_profile="vllm-cuda", gpu="h200", here=False)
+    emulation = PlannedRun(kimi, "vllm:nvfp4", gpu="h200", here=False)
+    fp8 = PlannedRun(kimi, "fp8_e4m3/tensor/unit", engine_profile="vllm-cuda", gpu="h200", here=False)
+    unplanned = PlannedRun(kimi, "vllm:nvfp4", engine_profile="vllm-cuda", gpu=None)
+    (problem,) = check_gpu_fit([engine])
+    assert not problem.note and "H200" in problem.message and "kv_cache_dtype=nvfp4" in problem.message
+    (note,) = check_gpu_fit([emulation])
+    assert note.note and "the emulation measures it" in note.message
+    assert check_gpu_fit([fp8]) == [] and check_gpu_fit([unplanned]) == []

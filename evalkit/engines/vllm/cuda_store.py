@@ -27,9 +27,9 @@ BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def require_store(device: str = "cuda"):
-    """vLLM's CUDA build checked (evalkit.engines.vllm_kernel.check_vllm_available) and its cache-write
-    wrapper, ``vllm._custom_ops.reshape_and_cache_flash`` (importing it registers the op)."""
+def require_store(device: str = "cuda") -> None:
+    """vLLM's CUDA build checked (evalkit.engines.vllm_kernel.check_vllm_available) and its cache-write op
+    registered (importing ``vllm._custom_ops`` registers it), or EngineUnavailableError in one line."""
     from evalkit.engines.vllm_install import set_in_process
     from evalkit.engines.vllm_kernel import check_vllm_available
 
@@ -39,9 +39,10 @@ def require_store(device: str = "cuda"):
         from vllm import _custom_ops
     except ImportError as exc:
         raise EngineUnavailableError(f"vLLM is installed but its CUDA ops cannot be imported ({exc})") from None
-    if not hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash"):
+    if not hasattr(_custom_ops, "reshape_and_cache_flash") or not hasattr(
+        torch.ops._C_cache_ops, "reshape_and_cache_flash"
+    ):
         raise EngineUnavailableError(f"this vLLM registers no {STORE}: install vLLM's CUDA build (docs/install.md)")
-    return _custom_ops.reshape_and_cache_flash
 
 
 def device_record(device: str = "cuda") -> str:
@@ -71,14 +72,16 @@ def write_cache(
         )
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise EvalkitError(f"kv_cache_dtype {kv_cache_dtype!r}: this store holds {', '.join(KV_CACHE_DTYPES)}")
-    store = require_store(device)
+    require_store(device)
+    from vllm import _custom_ops
+
     tokens, heads, head_dim = key.shape
     blocks = -(-tokens // block_size) + 1  # one spare block, so that the scattered slots leave gaps
     if slots is None:
         slots = torch.randperm(blocks * block_size, generator=torch.Generator().manual_seed(1))[:tokens]
     kv_cache = torch.zeros(blocks, heads, block_size, 2 * head_dim, dtype=torch.uint8, device=device)
     key_cache, value_cache = kv_cache.transpose(1, 2).split(head_dim, dim=-1)
-    store(
+    _custom_ops.reshape_and_cache_flash(
         key.to(device).contiguous(),
         value.to(device).contiguous(),
         key_cache,

@@ -233,6 +233,9 @@ class VllmRunner:
         self.folder = folder
         extra = {"kv_cache_dtype_skip_layers": list(self.skip_layers)} if self.skip_layers else {}
         extra.update(self.engine_args)
+        if extra.get("max_model_len") is not None:  # the engine option, where a caller passes it through
+            self.max_model_len = int(extra.pop("max_model_len"))
+        extra.pop("max_model_len", None)
         self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
         extra.update(self.memory)
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()

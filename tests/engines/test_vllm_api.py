@@ -60,7 +60,10 @@ def test_the_uses_are_read_from_evalkits_own_source():
     assert store and store[0].positional == 8 and store[0].where.startswith("evalkit/engines/vllm/cuda_store.py")
     assert _find(uses, "module", "vllm._custom_ops")
     files = {u.target for u in uses if u.kind == "file"}
-    assert {"vllm/v1/attention/ops/triton_reshape_and_cache_flash.py", "vllm/models/deepseek_v32/common/kernels.py"} <= files
+    assert {
+        "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
+        "vllm/models/deepseek_v32/common/kernels.py",
+    } <= files
     # a call on a module loaded by path (load_with_triton): its function, with keywords
     tq = _find(uses, "call", "vllm.v1.attention.ops.int4_per_token_head.reshape_and_cache_int4")
     assert tq and {"k_scale_cache", "v_scale_cache"} <= set(tq[0].keywords)

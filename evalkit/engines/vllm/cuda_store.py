@@ -28,12 +28,14 @@ KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, 
 
 
 def require_store(device: str = "cuda") -> None:
-    """vLLM's CUDA build checked (evalkit.engines.vllm_kernel.check_vllm_available) and its cache-write op
-    registered (importing ``vllm._custom_ops`` registers it), or EngineUnavailableError in one line."""
+    """vLLM's CUDA build checked (:func:`evalkit.engines.vllm.versions.check_build`, a visible GPU) and its
+    cache-write op registered (importing ``vllm._custom_ops`` registers it), or EngineUnavailableError in one line."""
+    from evalkit.engines.vllm.gpu import check_cuda
+    from evalkit.engines.vllm.versions import check_build
     from evalkit.engines.vllm_install import set_in_process
-    from evalkit.engines.vllm_kernel import check_vllm_available
 
-    check_vllm_available(device="cuda")
+    check_build("cuda")
+    check_cuda()
     set_in_process()
     try:
         from vllm import _custom_ops

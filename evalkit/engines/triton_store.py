@@ -30,11 +30,18 @@ takes up to that power, is stored by the interpreter at half of it (1.9376 -> 1.
 The rotation dtypes (``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``) are checked by
 :mod:`evalkit.engines.triton_rotations` through the same loader; :func:`conformance` takes any of
 :func:`triton_dtypes`.
+
+On a GPU (``device="cuda"``, ``conformance --engine vllm --kernel triton --device cuda``) the same checks
+run vLLM's kernels as vLLM runs them: its own module, imported, compiled by Triton for the GPU, on the
+same seeded inputs moved to the device, every result read back to the CPU for the comparison. There
+the FP8 casts are the hardware's (PTX ``cvt.rn.satfinite``), so a code that differs is a difference of
+the store, not of an interpreter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -102,9 +109,14 @@ def check_interpreting() -> None:
         )
 
 
-def load_with_triton(relative: str) -> types.ModuleType:
+def load_with_triton(relative: str, device: str = "cpu") -> types.ModuleType:
     """vLLM's module file ``relative`` (e.g. ``vllm/v1/attention/ops/x.py``) executed with the real Triton,
-    as the private module ``evalkit_triton.<stem>`` (vLLM's own module is left as it is)."""
+    as the private module ``evalkit_triton.<stem>`` (vLLM's own module is left as it is). On ``cuda``, vLLM's
+    own module, imported (vLLM imports the real Triton there)."""
+    if str(device).startswith("cuda"):
+        if not (_vllm_root() / relative).is_file():
+            raise EngineUnavailableError(f"the installed vLLM has no {relative}")
+        return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
     check_interpreting()
     path = _vllm_root() / relative
     if not path.is_file():
@@ -125,20 +137,21 @@ def run_per_token_head_store(kv_cache_dtype: str, key: torch.Tensor, value: torc
     codes (tokens, kv_heads, head_size) in the cache dtype and float32 scales (tokens, kv_heads, 1)."""
     from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-    mod = load_with_triton(PER_TOKEN_HEAD_FILE)
+    dev = key.device
+    mod = load_with_triton(PER_TOKEN_HEAD_FILE, dev.type)
     dtype = torch.int8 if kv_cache_dtype.startswith("int8") else torch.float8_e4m3fn
     tokens, heads, size = key.shape
     blocks = -(-tokens // BLOCK)
-    caches = [torch.zeros(blocks, BLOCK, heads, size, dtype=dtype) for _ in range(2)]
-    scales = [torch.full((blocks, BLOCK, heads), -1.0) for _ in range(2)]
+    caches = [torch.zeros(blocks, BLOCK, heads, size, dtype=dtype, device=dev) for _ in range(2)]
+    scales = [torch.full((blocks, BLOCK, heads), -1.0, device=dev) for _ in range(2)]
     slots = torch.randperm(blocks * BLOCK, generator=torch.Generator().manual_seed(1))[:tokens]  # scattered slots
     mod.triton_reshape_and_cache_flash_per_token_head_quant(
-        key, value, caches[0], caches[1], scales[0], scales[1], slots, get_kv_quant_mode(kv_cache_dtype)
+        key, value, caches[0], caches[1], scales[0], scales[1], slots.to(dev), get_kv_quant_mode(kv_cache_dtype)
     )
     out = {}
     for side, cache, scale in (("k", caches[0], scales[0]), ("v", caches[1], scales[1])):
-        out[f"{side}_codes"] = cache.reshape(-1, heads, size)[slots]
-        out[f"{side}_scale"] = scale.reshape(-1, heads)[slots][..., None]
+        out[f"{side}_codes"] = cache.cpu().reshape(-1, heads, size)[slots]
+        out[f"{side}_scale"] = scale.cpu().reshape(-1, heads)[slots][..., None]
     return out
 
 
@@ -201,8 +214,8 @@ def _fp8_classes(got: torch.Tensor, want: torch.Tensor, y: torch.Tensor) -> dict
     return {k: v for k, v in out.items() if v}
 
 
-def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConformance:
-    """vLLM's Triton store against evalkit's per-token-head encoder on :func:`sample` values."""
+def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
+    """vLLM's Triton store (on ``device``) against evalkit's per-token-head encoder on :func:`sample` values."""
     from evalkit.kv.per_token_head import quantize_per_token_head
     from evalkit.kv.quantize import encode_quantized
     from evalkit.kv.scheme import parse_scheme
@@ -212,7 +225,7 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConfo
             f"the Triton kernel check covers {', '.join(PER_TOKEN_HEAD_DTYPES)}, not {kv_cache_dtype}"
         )
     key, value = sample(seed)
-    engine = run_per_token_head_store(kv_cache_dtype, key, value)
+    engine = run_per_token_head_store(kv_cache_dtype, key.to(device), value.to(device))
     fmt = parse_scheme(f"vllm:{kv_cache_dtype}").kv_format
     result = StoreConformance(kv_cache_dtype, 0, 0, 0, 0)
     classes: dict[str, int] = {}
@@ -243,20 +256,22 @@ def triton_dtypes() -> tuple[str, ...]:
     return (*PER_TOKEN_HEAD_DTYPES, *CONFORMANCE, *DS_MLA)
 
 
-def dtype_conformance(kv_cache_dtype: str, seed: int = 0) -> StoreConformance:
+def dtype_conformance(kv_cache_dtype: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
     from evalkit.engines.triton_ds_mla import CONFORMANCE as DS_MLA
     from evalkit.engines.triton_rotations import CONFORMANCE
 
     if kv_cache_dtype in CONFORMANCE:
-        return CONFORMANCE[kv_cache_dtype](seed=seed)
+        return CONFORMANCE[kv_cache_dtype](seed=seed, device=device)
     if kv_cache_dtype in DS_MLA:  # DeepSeek V3.2's MLA writer (evalkit.engines.triton_ds_mla)
-        return DS_MLA[kv_cache_dtype](seed=seed)
-    return per_token_head_conformance(kv_cache_dtype, seed)
+        return DS_MLA[kv_cache_dtype](seed=seed, device=device)
+    return per_token_head_conformance(kv_cache_dtype, seed, device)
 
 
-def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0) -> list[StoreConformance]:
-    """:func:`dtype_conformance` for each dtype, in a process started with ``TRITON_INTERPRET=1``
-    (this one when it already is)."""
+def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0, device: str = "cpu") -> list[StoreConformance]:
+    """:func:`dtype_conformance` for each dtype: on ``cuda`` in this process, compiled for the GPU; on the CPU
+    in a process started with ``TRITON_INTERPRET=1`` (this one when it already is)."""
+    if str(device).startswith("cuda"):
+        return [dtype_conformance(d, seed, device) for d in kv_cache_dtypes]
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [dtype_conformance(d, seed) for d in kv_cache_dtypes]
     import json
@@ -271,7 +286,7 @@ def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0) -> list[St
     return [StoreConformance(**r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def format_table(results: list[StoreConformance], markdown: bool = False) -> str:
+def format_table(results: list[StoreConformance], markdown: bool = False, device: str = "cpu") -> str:
     """Per dtype: scales and codes equal (byte for byte), and every differing code by class."""
     head = ("kv_cache_dtype", "scales equal", "codes equal", "differing codes by class")
     lines = []
@@ -297,17 +312,20 @@ def format_table(results: list[StoreConformance], markdown: bool = False) -> str
     used = {k for r in results for k in r.classes}
     described = {**FP8_CLASSES, **CLASSES, **DS_MLA_CLASSES}
     notes = [f"{k}: {described[k]}" for k in described if k in used]
+    how = "compiled for the GPU" if str(device).startswith("cuda") else "run by Triton's interpreter"
     intro = (
         "vLLM's Triton KV stores (per-token-head: triton_reshape_and_cache_flash.py; int4_per_token_head.py, "
-        "triton_turboquant_store.py, ultraquant/triton_store.py; fp8_ds_mla: deepseek_v32/common/kernels.py) run by Triton's interpreter vs evalkit's "
+        "triton_turboquant_store.py, ultraquant/triton_store.py; fp8_ds_mla: deepseek_v32/common/kernels.py) "
+        f"{how} vs evalkit's "
         "encoders; integer codes, indices, packing and float32/float16 scales must be equal, FP8 codes are held "
         "to round-to-nearest-even with saturation (the GPU's cvt.rn.satfinite)"
     )
     return "\n".join([intro, "", text, *([""] + notes if notes else [])]) + "\n"
 
 
-def run_cli(schemes: str | None, seed: int, output_format: str, out=None) -> int:
-    """``conformance --engine vllm --kernel triton``: the table (or JSON); ``out``: also triton_store.json there."""
+def run_cli(schemes: str | None, seed: int, output_format: str, out=None, device: str = "cpu") -> int:
+    """``conformance --engine vllm --kernel triton [--device cuda]``: the table (or JSON); ``out``: also
+    triton_store.json there."""
     import json
 
     from evalkit.errors import SchemeError
@@ -327,16 +345,17 @@ def run_cli(schemes: str | None, seed: int, output_format: str, out=None) -> int
         raise SchemeError("--kernel triton prints table, md or json: drop --format csv")
     from evalkit.engines.vllm_kernel import check_vllm_available
 
-    check_vllm_available()
-    results = conformance(dtypes, seed)
-    payload = {"kernel": "triton-interpreter", "seed": seed, "results": [r.to_dict() for r in results]}
+    check_vllm_available(device=device)
+    results = conformance(dtypes, seed, device)
+    kernel = "triton-cuda" if str(device).startswith("cuda") else "triton-interpreter"
+    payload = {"kernel": kernel, "seed": seed, "results": [r.to_dict() for r in results]}
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "triton_store.json").write_text(json.dumps(payload, indent=1) + "\n")
     if output_format == "json":
         print(json.dumps(payload, indent=1))
     else:
-        sys.stdout.write(format_table(results, markdown=output_format == "md"))
+        sys.stdout.write(format_table(results, markdown=output_format == "md", device=device))
     return 0
 
 

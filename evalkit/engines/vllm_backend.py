@@ -3,7 +3,9 @@ engine's declaration, through which ``run --engine vllm`` and grids reach it, is
 
 Every request runs through an in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`, or
 lm-eval's own ``vllm`` model for lm-eval) started once per scheme with the scheme's
-``kv_cache_dtype`` (the vllm-cpu profile's mapping, :func:`~evalkit.engines.vllm_runner.engine_config`);
+``kv_cache_dtype`` (the mapping of the device's profile, :func:`~evalkit.engines.vllm.config.engine_config`:
+``vllm-cuda`` with the CUDA build ``vllm``, ``vllm-cpu`` with ``vllm-cpu``; the installed build decides,
+and :meth:`VllmBackend.check_model` holds the model's device to it);
 the baseline of every evaluation is the engine's own unquantized run (``kv_cache_dtype="auto"``, the
 model's dtype), never the emulation's:
 
@@ -35,8 +37,7 @@ from evalkit.engines.vllm_kernel import check_vllm_available
 from evalkit.engines.vllm_runner import (
     DEFAULT_TOP_K,
     ENGINE,
-    KV_CACHE_BYTES,
-    PROFILE,
+    PROFILES,
     EngineConfig,
     VllmRunner,
     engine_config,
@@ -49,19 +50,19 @@ KL_METHOD = (
     "proven lower bound (kl_topk log-sum inequality) over the tokens both the baseline's and the scheme's "
     "top-k returned, the rest of the vocabulary as one aggregate; no estimate of the gap"
 )
-SCHEMES = "FP8 E4M3 or E5M2, one scale per layer (1.0, or static for E4M3), rounded toward zero: the vllm-cpu profile"
+SCHEMES = {
+    "cpu": "FP8 E4M3 or E5M2, one scale per layer (1.0, or static for E4M3), rounded toward zero: the vllm-cpu profile",
+    "cuda": "FP8 E4M3 or E5M2, one scale per layer (1.0, or static for E4M3), rounded to nearest even (the vllm-cuda "
+    "profile), and vLLM's own kv_cache_dtypes as vllm:<dtype>",
+}
 
 
 def engine_name() -> str:
     """The engine as rows record it: its distribution and version, e.g. ``vllm-cpu 0.32.0``."""
-    from importlib import metadata
+    from evalkit.engines.vllm.versions import installed_build
 
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return ENGINE
+    build = installed_build()
+    return str(build) if build else ENGINE
 
 
 # -- every evaluation's backend -------------------------------------------------------------------------------
@@ -71,16 +72,18 @@ class VllmBackend(Backend):
 
     engine = "vllm"  # the grid's and --engine's name for it
 
-    def __init__(
-        self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int = KV_CACHE_BYTES, seed: int = 0, engine_args=None
-    ):
-        check_vllm_available()
+    def __init__(self, top_k: int = DEFAULT_TOP_K, kv_cache_bytes: int | None = None, seed: int = 0, engine_args=None):
+        # the installed build decides the device (vllm-cpu: cpu, vllm: cuda); check_model holds the model to it
+        self.device = check_vllm_available().device
+        self.profile = PROFILES[self.device]
         self.top_k, self.kv_cache_bytes, self.seed = top_k, kv_cache_bytes, seed
         # the engine's scale-out options (evalkit.engines.vllm.engine): vllm.LLM arguments, max_model_len ours
         self.engine_args = {k: v for k, v in (engine_args or {}).items() if v is not None}
         self.max_model_len_option = self.engine_args.pop("max_model_len", None)
         self.seconds: dict[str, float] = {}
-        self.capabilities = Capabilities(engine_name(), kl="bound", step_distributions=True, schemes=SCHEMES)
+        self.capabilities = Capabilities(
+            engine_name(), kl="bound", step_distributions=True, schemes=SCHEMES[self.device]
+        )
 
     def check(self, schemes, layout=None) -> list[EngineConfig]:
         """The engine configuration of each scheme: EvalkitError (one line) for one it cannot run
@@ -88,17 +91,26 @@ class VllmBackend(Backend):
         from evalkit.engines.profiles import get_profile
         from evalkit.kv.scheme import parse_scheme
 
-        configs = [engine_config(s) for s in schemes]
+        configs = [engine_config(s, self.profile) for s in schemes]
         if layout is not None:
             for c in configs:
-                get_profile(PROFILE).check(parse_scheme(c.emulation), layout)
+                scheme = parse_scheme(c.emulation)
+                if not c.emulation.startswith("vllm:"):  # vllm:<dtype>: its own layout check (kv.engine_dtypes)
+                    get_profile(self.profile).check(scheme, layout)
         return configs
 
     def check_model(self, lm) -> None:
-        """EvalkitError (one line) when vLLM implements none of the model's architectures."""
+        """EvalkitError (one line) when the model is on another device than this environment's vLLM runs on, or
+        vLLM implements none of its architectures."""
         from evalkit.engines.vllm_runner import _import_vllm
 
-        _import_vllm()
+        on = getattr(getattr(lm, "device", None), "type", None) or str(getattr(lm, "device", "cpu")).split(":")[0]
+        if on != self.device:
+            raise EvalkitError(
+                f"{lm.name} is loaded on {on}, but this environment's vLLM ({engine_name()}) runs on {self.device}: "
+                f"run it with --device {self.device} (the engine profile follows the device)"
+            )
+        _import_vllm(self.device)
         from vllm.model_executor.models import ModelRegistry
 
         archs = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
@@ -136,6 +148,7 @@ class VllmBackend(Backend):
             kv_cache_bytes=self.kv_cache_bytes,
             seed=self.seed,
             engine_args=self.engine_args,
+            device=self.device,
         )
 
     def run(self, config: EngineConfig, work=None, max_model_len: int | None = None) -> tuple[object, dict]:
@@ -148,7 +161,7 @@ class VllmBackend(Backend):
             info = runner.info()
         info.update(
             config.to_dict(),
-            engine_profile=PROFILE,
+            engine_profile=self.profile,
             engine_load_seconds=round(loaded - start, 3),
             engine_score_seconds=round(time.perf_counter() - loaded, 3),
         )
@@ -167,7 +180,7 @@ class VllmBackend(Backend):
         )
 
     def score(self, request: LogprobsRequest, lm, scheme):
-        config = engine_config(scheme)
+        config = engine_config(scheme, self.profile)
         run, info = (self.base, self.base_info) if config.kv_cache_dtype == "auto" else self.run(config)
         return self.scores(run, info)
 
@@ -205,7 +218,7 @@ class VllmBackend(Backend):
 
     def decode_positions(self, request: DecodeRequest, lm, scheme) -> dict:
 
-        config = engine_config(scheme)
+        config = engine_config(scheme, self.profile)
         if config.kv_cache_dtype == "auto":
             run, info = self.decode_base, self.decode_info
         else:
@@ -232,7 +245,9 @@ class VllmBackend(Backend):
             return []
         longest = max((len(p) + max_new for prompts, max_new in batches for p in prompts), default=1)
         texts, self.generate_info = self.run(
-            engine_config(scheme), lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch), longest + 1
+            engine_config(scheme, self.profile),
+            lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch),
+            longest + 1,
         )
         return texts
 
@@ -244,7 +259,7 @@ class VllmBackend(Backend):
     def lmeval_model(self, request: LmevalRequest, lm, scheme):
         from evalkit.engines.vllm_lmeval import lmeval_vllm
 
-        config = EngineConfig("auto") if scheme is None else engine_config(scheme)
+        config = EngineConfig("auto") if scheme is None else engine_config(scheme, self.profile)
         with lmeval_vllm(
             self.model_dir,
             config,
@@ -254,5 +269,6 @@ class VllmBackend(Backend):
             seed=self.seed,
             max_model_len=self.max_model_len_option,
             engine_args=self.engine_args,
+            device=self.device,
         ) as model:
             yield model

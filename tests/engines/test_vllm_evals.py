@@ -73,16 +73,19 @@ def test_grid_engine_key_refusals(tmp_path, extra, needle):
     assert any(needle in p for p in info.value.problems), info.value.problems
 
 
-def test_grid_engine_refuses_what_vllm_cpu_cannot_run(tmp_path):
+def test_grid_engine_refuses_what_vllm_cannot_run_on_the_models_device(tmp_path):
+    """The device picks the engine's profile (vllm-cuda on cuda), and what that engine cannot run, or a
+    placement vLLM does itself, is a problem of the grid, every one listed."""
     from evalkit.sweep.grid import GridError, parse_grid
 
     text = GRID.format(scheme="fp8_e4m3/head/dynamic").replace(
-        "models: [embedded]", "models: [{name: embedded, device: cuda}]"
+        "models: [embedded]", "models: [{name: embedded, device: cuda}, {name: embedded, device_map: auto}]"
     )
     with pytest.raises(GridError) as info:
         parse_grid(tmp_path / "g.yaml", text + "engine: vllm\n")
     problems = " | ".join(info.value.problems)
-    assert "per-tensor" in problems and "device cpu" in problems and "g.yaml:" in problems
+    assert "vllm-cuda cannot run fp8_e4m3/head/dynamic" in problems and "per-tensor" in problems
+    assert "drop device_map" in problems and "tensor_parallel_size" in problems and "g.yaml:" in problems
 
 
 @pytest.mark.parametrize("eval_name", ["decode", "retrieval", "lmeval"])

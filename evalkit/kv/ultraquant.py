@@ -24,7 +24,11 @@ is its own inverse in exact arithmetic).
 
 Approximate, and why: ``tl.log2`` on a GPU is the hardware's approximate ``lg2``; the exponent is
 ``floor(log2 + 0.5)``, so a scale within about 1e-7 (relative) of ``2**(e + 0.5)`` may snap the
-other way there; here ``log2`` is torch's float32 one (the interpreter uses numpy's). The decode
+other way there. Here the exponent is what a correctly rounded float32 ``log2`` gives, computed
+exactly from the scale's exponent bits and a mantissa threshold
+(:func:`evalkit.kv.device_exact.log2_round_half_up`; torch's and numpy's float32 ``log2``, the
+interpreter's, agree with it on the thresholds' neighbours), and ``2**e`` is built from bits, so
+the bytes do not depend on the device's ``log2``/``exp2``. The decode
 kernel also casts the rotated query to FP8 E4M3 (attention precision, not modelled). Head sizes:
 a power of two (the butterfly) and a multiple of 32 (the groups). Like TurboQuant, the first and
 last two attention layers stay in the model's dtype and a first-chunk prefill attends the raw K/V.
@@ -38,6 +42,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import vllm_codecs as vc
+from evalkit.kv.device_exact import log2_round_half_up, power_of_two
 from evalkit.kv.formats import Recipe, ScaleDType
 from evalkit.kv.hadamard import fwht_orthonormal_stagewise, is_power_of_two
 from evalkit.kv.scheme import Granularity, GranularityKind
@@ -67,7 +72,7 @@ def _tables(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
     """(the 14 level midpoints, the 15 levels by sorted index, the 8 E2M1 magnitudes, float32 C), float32."""
     lv = torch.tensor(LEVELS, dtype=torch.float32, device=device)
     mag = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), dtype=torch.float32, device=device)
-    return (lv[:-1] + lv[1:]) / 2, lv, mag, torch.tensor(C, dtype=torch.float32, device=device)
+    return (lv[:-1] + lv[1:]) * 0.5, lv, mag, torch.tensor(C, dtype=torch.float32, device=device)
 
 
 def snap(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,8 +80,8 @@ def snap(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     midpoints, _, _, c = _tables(str(g.device))
     amax = g.abs().amax(dim=-1)
     zero = amax == 0
-    e = torch.floor(torch.log2(torch.where(zero, 1.0, amax * c)) + 0.5)
-    div = torch.where(zero, 1.0, torch.exp2(e))
+    e = log2_round_half_up(torch.where(zero, 1.0, amax * c))
+    div = torch.where(zero, 1.0, _exp2(e))
     idx = torch.bucketize(g / div[..., None], midpoints, right=False)  # how many midpoints y exceeds (ties down)
     idx = torch.where(zero[..., None], 7, idx)
     bits = torch.where(idx < 7, 15 - idx, idx - 7)
@@ -91,8 +96,15 @@ def _bits_value(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 8, -mag, mag)
 
 
+def _exp2(e: torch.Tensor) -> torch.Tensor:
+    """``2**e`` for float32 integer exponents, exact (built from bits) where e is in [-149, 127]; an
+    exponent beyond (the -inf of a scale that underflowed to 0, inf, 128) as torch's exp2 (0, inf, inf)."""
+    inside = (e >= -149) & (e <= 127)
+    return torch.where(inside, power_of_two(torch.where(inside, e, 0.0)), torch.exp2(e))
+
+
 def _scale_value(byte: torch.Tensor) -> torch.Tensor:
-    return torch.where(byte == 0, 0.0, torch.exp2(byte.float() - BIAS))
+    return torch.where(byte == 0, 0.0, _exp2(byte.float() - BIAS))
 
 
 def _unrotated(v: torch.Tensor, role: str) -> torch.Tensor:

@@ -46,6 +46,15 @@ def np_butterfly(x: np.ndarray, c: np.float32 | None = None) -> np.ndarray:
     return x
 
 
+def np_pairwise_sum(x: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (a power of two), float32: the upper half added onto the lower half until one is left."""
+    x = x.astype(F32)
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = (x[..., :h] + x[..., h:]).astype(F32)
+    return x
+
+
 def vllm_signs(d: int) -> np.ndarray:
     """_get_rht_signs(d, 0): a CPU generator seeded 0x9E3779B9, bernoulli(0.5) -> 2b - 1."""
     gen = torch.Generator().manual_seed(0x9E3779B9)
@@ -100,7 +109,7 @@ def np_tq_key(k: np.ndarray, name: str) -> np.ndarray:
     if kb == 8:
         return np.clip(k, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     d = k.shape[-1]
-    norm = torch.from_numpy(k).norm(dim=-1, keepdim=True).numpy()  # the launcher's torch norm
+    norm = np.sqrt(np_pairwise_sum(k * k))  # the launcher's torch norm, in evalkit's fixed order
     xhat = (k / (norm + F32(1e-8))).astype(F32)
     y = (np_butterfly(xhat) * (F32(1) / F32(math.sqrt(d)))).astype(F32)
     _, mid = codebook(d, kb)

@@ -69,6 +69,11 @@ FP8_CLASSES = {
     "same lost rounding carry, at the bottom of the range (unscaled keys: turboquant_k8v4)",
     "other": "any other difference",
 }
+SCALE_CLASSES = {
+    "interpreter_divides": "the interpreter's scale is the correctly rounded amax / QUANT_MAX (numpy divides); the "
+    "compiled kernel stores fl(amax * fl(1/QUANT_MAX)) (Triton's div.full.f32; 1,024/1,024 on an H200), as evalkit does",
+    "other": "any other difference",
+}
 
 
 def _vllm_root() -> Path:
@@ -163,6 +168,7 @@ class StoreConformance:
     scales: int
     codes_equal: int
     classes: dict[str, int] = field(default_factory=dict)  # FP8: differing codes by class
+    scale_classes: dict[str, int] = field(default_factory=dict)  # differing scales by class
 
     @property
     def exact(self) -> bool:
@@ -176,6 +182,7 @@ class StoreConformance:
             "scales": self.scales,
             "codes_equal": self.codes_equal,
             "classes": self.classes,
+            "scale_classes": self.scale_classes,
         }
 
 
@@ -216,7 +223,7 @@ def _fp8_classes(got: torch.Tensor, want: torch.Tensor, y: torch.Tensor) -> dict
 
 def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
     """vLLM's Triton store (on ``device``) against evalkit's per-token-head encoder on :func:`sample` values."""
-    from evalkit.kv.per_token_head import quantize_per_token_head
+    from evalkit.kv.per_token_head import SCALE_MIN, qmax, quantize_per_token_head
     from evalkit.kv.quantize import encode_quantized
     from evalkit.kv.scheme import parse_scheme
 
@@ -229,6 +236,7 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str =
     fmt = parse_scheme(f"vllm:{kv_cache_dtype}").kv_format
     result = StoreConformance(kv_cache_dtype, 0, 0, 0, 0)
     classes: dict[str, int] = {}
+    scale_classes: dict[str, int] = {}
     for side, x in (("k", key), ("v", value)):
         xs = x.permute(1, 0, 2)[None]  # (1, heads, tokens, size): evalkit's layout
         q = quantize_per_token_head(xs, fmt)
@@ -236,7 +244,13 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str =
         our_scale = q.scale[0].permute(1, 0, 2)
         theirs = engine[f"{side}_codes"]
         result.scales += our_scale.numel()
-        result.scales_equal += int((our_scale == engine[f"{side}_scale"]).sum())
+        theirs_scale = engine[f"{side}_scale"]
+        result.scales_equal += int((our_scale == theirs_scale).sum())
+        differ = our_scale != theirs_scale
+        quotient = torch.clamp_min(x.abs().amax(-1, keepdim=True) / torch.tensor(qmax(fmt)), SCALE_MIN)
+        divides = differ & (theirs_scale == quotient)
+        for k, n in (("interpreter_divides", divides), ("other", differ & ~divides)):
+            scale_classes[k] = scale_classes.get(k, 0) + int(n.sum())
         result.values += ours.numel()
         result.codes_equal += int((ours.view(torch.uint8) == theirs.view(torch.uint8)).sum())
         if ours.dtype == torch.float8_e4m3fn:
@@ -244,6 +258,7 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str =
             for k, n in _fp8_classes(theirs, ours, y).items():
                 classes[k] = classes.get(k, 0) + n
     result.classes = classes
+    result.scale_classes = {k: v for k, v in scale_classes.items() if v}
     return result
 
 
@@ -292,10 +307,11 @@ def format_table(results: list[StoreConformance], markdown: bool = False, device
     lines = []
     for r in results:
         classes = ", ".join(f"{k} {v}" for k, v in r.classes.items()) or "-"
+        scale_classes = ", ".join(f"{k} {v}" for k, v in r.scale_classes.items())
         lines.append(
             (
                 r.kv_cache_dtype,
-                f"{r.scales_equal}/{r.scales}",
+                f"{r.scales_equal}/{r.scales}" + (f" ({scale_classes})" if scale_classes else ""),
                 f"{r.codes_equal}/{r.values} ({100 * r.codes_equal / r.values:.2f} %)",
                 classes,
             )
@@ -309,8 +325,8 @@ def format_table(results: list[StoreConformance], markdown: bool = False, device
     from evalkit.engines.triton_ds_mla import CLASSES as DS_MLA_CLASSES
     from evalkit.engines.triton_rotations import CLASSES
 
-    used = {k for r in results for k in r.classes}
-    described = {**FP8_CLASSES, **CLASSES, **DS_MLA_CLASSES}
+    used = {k for r in results for k in (*r.classes, *r.scale_classes)}
+    described = {**FP8_CLASSES, **CLASSES, **DS_MLA_CLASSES, **SCALE_CLASSES}
     notes = [f"{k}: {described[k]}" for k in described if k in used]
     how = "compiled for the GPU" if str(device).startswith("cuda") else "run by Triton's interpreter"
     intro = (

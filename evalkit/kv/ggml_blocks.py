@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.device_exact import divide
 from evalkit.kv.hadamard import fwht
 
 QK = 32
@@ -186,7 +187,7 @@ def _rows(b: torch.Tensor, shape) -> torch.Tensor:
 # -- the quantizers (per block of 32, float32) -------------------------------------------------------
 def _enc_q8_0(xb: torch.Tensor) -> torch.Tensor:
     amax = xb.abs().amax(dim=-1, keepdim=True)
-    d = amax / 127.0
+    d = divide(amax, 127.0)  # a float32 division on every device (CUDA would multiply by fl(1/127))
     safe = torch.where(amax != 0, amax, torch.ones_like(amax))
     # 127 / amax as one float32 division: torch's ``scalar / tensor`` multiplies by the reciprocal (two
     # roundings; it differs from ggml's _mm256_div_ps on a quarter of all values)
@@ -213,7 +214,7 @@ def _enc_q5_0(xb: torch.Tensor) -> torch.Tensor:
 def _enc_q4_1(xb: torch.Tensor, levels: float = 15.0) -> torch.Tensor:
     lo = xb.amin(dim=-1, keepdim=True)
     hi = xb.amax(dim=-1, keepdim=True)
-    d = (hi - lo) / levels
+    d = divide(hi - lo, levels)
     y = (xb - lo) * _recip(d) + 0.5
     if levels == 15.0:
         q = torch.clamp_max(_c_int8(y), 15)

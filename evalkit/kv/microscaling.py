@@ -111,7 +111,7 @@ import functools
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv.device_exact import log2_ceil, power_of_two
+from evalkit.kv.device_exact import divide, log2_ceil, power_of_two
 from evalkit.kv.formats import FORMATS
 from evalkit.kv.rounding import Rounding, round_to_grid
 
@@ -271,7 +271,7 @@ def nvfp4_global_scale(tensor_amax: torch.Tensor) -> torch.Tensor:
     that a tiny amax never underflows it to 0); 0 gives 1.0, NaN or inf gives NaN."""
     tensor_amax = tensor_amax.to(torch.float32)
     # floored at float32's smallest normal: below a tensor amax of about 4e-42 the quotient underflows to 0
-    global_scale = (tensor_amax / NVFP4_GLOBAL_DIVISOR).clamp_(min=torch.finfo(torch.float32).tiny)
+    global_scale = divide(tensor_amax, NVFP4_GLOBAL_DIVISOR).clamp_(min=torch.finfo(torch.float32).tiny)
     global_scale = global_scale.masked_fill(tensor_amax == 0, 1.0)
     return global_scale.masked_fill_(~torch.isfinite(tensor_amax), float("nan"))
 
@@ -295,7 +295,7 @@ def sglang_e8m0_scale(amax: torch.Tensor, compute_dtype: torch.dtype = torch.flo
     The division, floor and ``log2`` run in ``compute_dtype`` as SGLang runs them in the K/V's
     dtype (pass torch.bfloat16 for a BF16 cache). NaN or inf amax gives NaN.
     """
-    ratio = (amax.to(compute_dtype) / E2M1_MAX).clamp(min=SGLANG_FP4_MIN_RATIO)
+    ratio = divide(amax.to(compute_dtype), E2M1_MAX).clamp(min=SGLANG_FP4_MIN_RATIO)
     exponent = log2_ceil(ratio)
     scale = power_of_two(exponent.nan_to_num(0.0, 0.0, 0.0).clamp_(-149, 127))
     return scale.masked_fill_(~torch.isfinite(amax.to(torch.float32)), float("nan"))

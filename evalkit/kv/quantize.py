@@ -72,6 +72,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
+from evalkit.kv.device_exact import divide
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
 from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid, round_vllm_cpu, vllm_cpu_quotient
 from evalkit.kv.scheme import Granularity, GranularityKind
@@ -151,9 +152,9 @@ def scale_from_amax(
         return mx.e8m0_scale(amax, fmt.emax)
     if fmt.scale_dtype is ScaleDType.E4M3:
         if global_scale is None:
-            return mx.round_scale_to_e4m3(torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax)))
+            return mx.round_scale_to_e4m3(torch.where(amax > 0, divide(amax, fmt.max), torch.ones_like(amax)))
         return mx.nvfp4_group_scales(amax, global_scale) * global_scale
-    return torch.where(amax > 0, (amax / fmt.qmax).clamp_(min=SCALE_FLOOR), 1.0)
+    return torch.where(amax > 0, divide(amax, fmt.qmax).clamp_(min=SCALE_FLOOR), 1.0)
 
 
 def _grouped(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
@@ -242,7 +243,7 @@ def quantize(
         lo = stats.amin(dim=dims, keepdim=True).clamp_(max=0)
         hi = stats.amax(dim=dims, keepdim=True).clamp_(min=0)
         span = hi - lo
-        s = torch.where(span > 0, (span / fmt.qmax).clamp_(min=SCALE_FLOOR), torch.ones_like(span))
+        s = torch.where(span > 0, divide(span, fmt.qmax).clamp_(min=SCALE_FLOOR), torch.ones_like(span))
         z = torch.round(-lo / s)
         codes = (round_integer(g / s, fmt.rounding) + z).clamp_(0, fmt.qmax)
         nonfinite = ~torch.isfinite(hi - lo).all()

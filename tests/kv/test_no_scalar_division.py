@@ -35,23 +35,9 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
 }
 
-# Stored values that still come from a division by a Python number, in modules outside issue 39 item 4's
-# files (listed so that this check fails on any new one, and when one of these is fixed: then drop it here).
-OUTSTANDING: dict[str, dict[str, str]] = {
-    "quantize.py": {
-        "amax / fmt.max": "the FP8/FP4 dynamic scale (tensor, head, block, token, group schemes)",
-        "amax / fmt.qmax": "the symmetric INT dynamic scale",
-        "span / fmt.qmax": "the asymmetric INT dynamic scale",
-    },
-    "ggml_blocks.py": {
-        "amax / 127.0": "llama.cpp's q8_0 block scale d",
-        "(hi - lo) / levels": "llama.cpp's q4_1 / q5_1 block scale d (levels 15 or 31)",
-    },
-    "microscaling.py": {
-        "tensor_amax / NVFP4_GLOBAL_DIVISOR": "NVFP4's per-tensor scale (ModelOpt's recipe)",
-        "amax.to(compute_dtype) / E2M1_MAX": "SGLang's fp4_e2m1 ratio amax / 6 before its log2",
-    },
-}
+# Stored values that still come from a division by a Python number (none left: the dynamic FP8/INT scales
+# of quantize.py, llama.cpp's block scales and the NVFP4/SGLang scales divide by a device tensor too).
+OUTSTANDING: dict[str, dict[str, str]] = {}
 
 
 def annotated_numbers(tree: ast.AST) -> tuple[set[str], set[str]]:

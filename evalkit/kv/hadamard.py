@@ -56,21 +56,26 @@ def largest_power_of_two_divisor(d: int) -> int:
     return d & -d
 
 
-@functools.lru_cache(maxsize=64)
 def _signs(d: int, round_idx: int) -> torch.Tensor:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(RHT_SEED + round_idx * RHT_ROUND_STEP)
     return 2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=gen) - 1.0
 
 
+_SIGNS: dict[tuple[int, int, str], torch.Tensor] = {}  # made once per (width, round, device)
+
+
 def rht_signs(d: int, round_idx: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
-    """vLLM's deterministic +-1 sign vector of length ``d`` (float32) for RHT round ``round_idx``."""
-    return _signs_on(d, round_idx, str(torch.device(device)))
+    """vLLM's deterministic +-1 sign vector of length ``d`` (float32) for RHT round ``round_idx``.
 
-
-@functools.lru_cache(maxsize=64)
-def _signs_on(d: int, round_idx: int, device: str) -> torch.Tensor:
-    return _signs(d, round_idx).to(device)
+    Kept in a plain dict rather than an ``lru_cache``: a compiled decode step (``torch.compile``,
+    which traces through ``lru_cache`` wrappers) then finds the vector the eager prefill made, instead
+    of tracing the generator that made it."""
+    key = (d, round_idx, str(torch.device(device)))
+    signs = _SIGNS.get(key)
+    if signs is None:
+        signs = _SIGNS.setdefault(key, _signs(d, round_idx).to(device))
+    return signs
 
 
 def _check_power_of_two(d: int, what: str) -> None:

@@ -123,7 +123,11 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
     result = json.loads(out.read_text())
     assert result["failed"] == 0 and result["passed"] > 40 and result["complete"]
     assert [s["key"] for s in result["sections"]] == SECTIONS
-    assert all(s["status"] == "pass" for s in result["sections"]), result["sections"]
+    # section 8 runs the vLLM engine where vLLM is importable, and says why it skips where not
+    vllm_here = importlib.util.find_spec("vllm") is not None
+    assert all(s["status"] == "pass" or (s["key"] == "vllm_engine" and not vllm_here) for s in result["sections"]), (
+        result["sections"]
+    )
     assert set(result["versions"]) >= {"python", "torch", "transformers", "cuda", "device"}
     for check in result["checks"]:
         assert set(check) >= {"section", "name", "status", "figures"} and check["status"] in ("pass", "fail", "skipped")

@@ -153,11 +153,11 @@ def _speed(tokens_per_s: float, kind: str) -> T.Speed:
 def speeds(monkeypatch):
     calls = {"analytic": 0, "probe": 0}
 
-    def analytic(facts, device, dtype_bytes):
+    def analytic(facts, device, dtype_bytes, compiled=None):
         calls["analytic"] += 1
         return _speed(2000.0, "measured device")
 
-    def probe(lm, facts, load_seconds=0.0):
+    def probe(lm, facts, load_seconds=0.0, compiled=None):
         calls["probe"] += 1
         return _speed(100.0, "probe")
 

@@ -17,6 +17,7 @@ import transformers as tf
 from evalkit import quantized_kv
 from evalkit.errors import SchemeError
 from evalkit.evals.decode.loop import position_ids
+from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.static_decode import StaticDecoder, greedy_generate, resolve_decode_path
 
 from tests.tiny_models import tiny_model
@@ -252,20 +253,29 @@ def test_identity_equals_transformers_static_cache_generate(gqa, pad):
 
 def test_identity_compiled_equals_transformers_static_cache_compiled(gqa):
     """The same backend compiling transformers' own static-cache step and evalkit's identity step."""
+    import inspect
+
     ids, mask = batch(pad=False)
     pos = position_ids(mask)
+    # transformers < 5.20 write a static cache at (and mask by) cache_position, which later releases derive
+    by_position = "cache_position" in inspect.signature(type(gqa.base_model).forward).parameters
+
+    def where(start: int, n: int) -> dict:
+        return {"cache_position": torch.arange(start, start + n)} if by_position else {}
+
     with torch.inference_mode():
         cache = tf.StaticCache(config=gqa.config, max_cache_len=L - 1)
-        gqa.base_model(ids[:, :P], attention_mask=mask[:, :P], position_ids=pos[:, :P], cache=cache, use_cache=True)
+        kw = cache_inputs(gqa.base_model, cache)
+        gqa.base_model(ids[:, :P], attention_mask=mask[:, :P], position_ids=pos[:, :P], **kw, **where(0, P))
         step = torch.compile(
-            lambda i, p, m: gqa.base_model(i, attention_mask=m, position_ids=p, cache=cache).last_hidden_state,
+            lambda i, p, m, extra: gqa.base_model(i, attention_mask=m, position_ids=p, **kw, **extra).last_hidden_state,
             backend="eager",
             fullgraph=True,
         )
         ref = []
         for t in range(P, L - 1):
             m = (torch.arange(L - 1)[None, None, None, :] <= t) & mask[:, None, None, : L - 1].bool()
-            ref.append(step(ids[:, t : t + 1], pos[:, t : t + 1], m)[:, -1].clone())
+            ref.append(step(ids[:, t : t + 1], pos[:, t : t + 1], m, where(t, 1))[:, -1].clone())
     logits, _ = static_run(gqa, "bf16", compiled=True, pad=False)
     head = gqa.get_output_embeddings()
     with torch.inference_mode():

@@ -228,7 +228,7 @@ def sizes_for(device: str) -> Sizes:
                 memory=0.1,
                 estimator=2.0,
                 vllm_dtypes=1.0,
-                vllm_engine=0.1,
+                vllm_engine=1.0,
             ),
             SHARES,
             8,

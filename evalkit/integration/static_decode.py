@@ -35,17 +35,14 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.integration.hf_compat import cache_keyword
+from evalkit.models.decode_path import DECODE_PATHS, resolve_decode_path
 
-DECODE_PATHS = ("auto", "eager", "static", "compiled")
+__all__ = ["DECODE_PATHS", "StaticDecoder", "greedy_generate", "position_ids", "resolve_decode_path"]
 
 
-def resolve_decode_path(setting: str, device: torch.device | str) -> str:
-    """``auto`` -> ``compiled`` on CUDA, ``eager`` elsewhere; the others as they are (one-line error otherwise)."""
-    if setting not in DECODE_PATHS:
-        raise EvalkitError(f"decode path {setting!r} is not one of {', '.join(DECODE_PATHS)}: pick one of them")
-    if setting == "auto":
-        return "compiled" if torch.device(device).type == "cuda" else "eager"
-    return setting
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Position of each token among its sequence's real tokens (padding gets 0), as ``generate()``."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def compile_options(device: torch.device | str) -> dict:
@@ -156,8 +153,6 @@ def greedy_generate(
     ``ids``/``mask`` (B, P), left-padded. Returns the new tokens (B, max_new_tokens, ``pad_id``
     after EOS, cut where every row has finished, checked every ``check_every`` steps) and the
     logits of each step (B, vocab) float32."""
-    from evalkit.evals.decode.loop import position_ids
-
     b, p = ids.shape
     full = torch.cat([mask, mask.new_ones(b, max_new_tokens)], dim=1)
     positions = position_ids(full)

@@ -265,7 +265,7 @@ def load_model_with(name: str, options) -> LoadedModel:
     """:func:`load_model` with the loading options an object carries as attributes of the same names
     (:data:`LOAD_OPTIONS`): a sweep's ``ModelSpec`` or the CLI's parsed arguments; its ``decode_path``
     (default ``auto``) resolved for the device the model is on."""
-    from evalkit.integration.static_decode import resolve_decode_path
+    from evalkit.models.decode_path import resolve_decode_path
 
     setting = getattr(options, "decode_path", None) or "auto"
     resolve_decode_path(setting, "cpu")  # an unknown name fails before the model loads

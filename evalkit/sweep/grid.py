@@ -41,6 +41,7 @@ from pathlib import Path
 
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.models.decode_path import DECODE_PATHS
 from evalkit.sweep.grid_lookup import grid_dirs, resolve_grid  # noqa: F401 (re-exported)
 from evalkit.sweep.located_yaml import GridError, Located
 from evalkit.sweep.run_versions import engine_version, versions  # noqa: F401 (re-exported)
@@ -60,12 +61,6 @@ TOP_KEYS = (
     "engine_options",
 )
 # who computes a run's numbers: evalkit's emulation or a registered engine (evalkit.engines.registry)
-DECODE_PATHS = (
-    "auto",
-    "eager",
-    "static",
-    "compiled",
-)  # evalkit.integration.static_decode (not imported: no torch here)
 MODEL_KEYS = (
     "name",
     "dtype",

@@ -124,9 +124,9 @@ def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
     eager = estimate_sweep(
         grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200", compile_decode=False
     )
-    # about an hour on either decode path (sweeps/gpu.yaml and docs/sizing.md state both: 58 min compiled, the
-    # default on CUDA, 1 h 06 min eager); the decode-bound evals are what the path changes
-    assert 0.75 * 3600 < est.seconds < eager.seconds < 1.25 * 3600
+    # about an hour on either decode path (sweeps/gpu.yaml and docs/sizing.md state both: 1 h 06 min compiled,
+    # the default on CUDA, 1 h 15 min eager); the decode-bound evals are what the path changes
+    assert 0.75 * 3600 < est.seconds < eager.seconds < 1.4 * 3600
     assert len(est.speeds) == 1 and "H200" in est.speeds[0] and "datasheet" in est.speeds[0]
     assert "decode path compiled" in est.speeds[0] and "decode path eager" in eager.speeds[0]
     ppl_s = [sum(r.seconds for r in e.runs if r.eval == "perplexity") for e in (est, eager)]
@@ -177,6 +177,7 @@ def test_model_override_keeps_the_grids_settings(tmp_path):
             attn_implementation="sdpa",
             trust_remote_code=False,
             gpus=0,
+            decode_path="auto",
         )
     ]
 

@@ -45,7 +45,7 @@ def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys):
     argv = ["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--engine-profile", "vllm-cuda"]
     assert main([*argv, "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 2
     captured = capsys.readouterr()
-    assert "dry run of sweep gpu" in captured.out and "total: 28 runs" in captured.out  # the estimate too
+    assert "dry run of sweep gpu" in captured.out and "total: 32 runs" in captured.out  # the estimate too
     lines = errors(captured.err)
     refused = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/dynamic", "nvfp4", "mxfp4"]
     assert len(lines) == len(refused), captured.err

@@ -30,11 +30,9 @@ from collections.abc import Iterator
 import torch
 
 from evalkit.integration.hf_compat import cache_inputs
+from evalkit.integration.static_decode import StaticDecoder, position_ids
 
-
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    """Position of each token among its sequence's real tokens (padding gets 0), as ``generate()``."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+__all__ = ["decode_logits", "position_ids"]
 
 
 def decode_logits(
@@ -90,8 +88,6 @@ def decode_logits(
 
 def _static_logits(model, head, session, ids, mask, prefill: int, free, compiled: bool) -> Iterator[torch.Tensor]:
     """:func:`decode_logits` through a :class:`~evalkit.integration.static_decode.StaticDecoder`."""
-    from evalkit.integration.static_decode import StaticDecoder
-
     length = ids.shape[1]
     pos = position_ids(mask)
     decoder = StaticDecoder(session, model.base_model, mask, prefill, length - 1, compiled)

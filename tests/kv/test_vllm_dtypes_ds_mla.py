@@ -23,7 +23,7 @@ from evalkit.kv.scheme import parse_scheme
 from evalkit.models.info import kv_layout
 
 from tests.integration.test_mla import capture_attention_inputs, independent_latent
-from tests.tiny_models import tiny_model
+from tests.tiny_models import ds_mla_config, tiny_model
 
 
 # -- independent references: every value of the format, nearest, ties to the even code, saturating --------
@@ -142,34 +142,10 @@ def read_nvfp4_row(row: bytes) -> tuple[np.ndarray, np.ndarray]:
 ROWS = {"fp8_ds_mla": (ref_fp8_row, read_fp8_row), "nvfp4_ds_mla": (ref_nvfp4_row, read_nvfp4_row)}
 
 
-def ds_config(latent=512, rope=64):
-    return tf.DeepseekV3Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=latent,
-        q_lora_rank=48,
-        qk_rope_head_dim=rope,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        n_group=1,
-        topk_group=1,
-        max_position_embeddings=256,
-    )
-
-
 @pytest.fixture(scope="module")
 def v3():
     torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(ds_config()).eval()
+    return tf.AutoModelForCausalLM.from_config(ds_mla_config()).eval()
 
 
 def stored(model, scheme, ids):
@@ -227,7 +203,7 @@ def test_edge_latents_match_the_independent_row(name):
 
 
 def test_bytes_per_token_are_the_rows():
-    layout = kv_layout(ds_config())
+    layout = kv_layout(ds_mla_config())
     assert bytes_per_token(layout, parse_scheme("vllm:fp8_ds_mla")) == 656 * 2
     assert bytes_per_token(layout, parse_scheme("vllm:nvfp4_ds_mla")) == 352 * 2
     assert bytes_per_token(layout, parse_scheme("vllm:fp8")) == 576 * 2

@@ -209,7 +209,9 @@ def engines() -> dict[str, Engine]:
 
 
 def engine_names() -> list[str]:
-    return list(engines())
+    """Every engine's name in alphabetical order: messages and listings read the same whichever
+    engine module a process happened to import first."""
+    return sorted(engines())
 
 
 def choices() -> tuple[str, ...]:

@@ -1,16 +1,28 @@
 """Confidence intervals and paired tests shared by the evaluations.
 
 Scheme-vs-baseline differences are *paired*: both are measured on the same units (perplexity
-windows, retrieval samples), so intervals resample units, not tokens, and keep each unit's pair
-together. That respects the correlation between tokens of one window, which a per-token
-bootstrap would ignore and so report intervals that are too narrow.
+windows, decode sequences, retrieval samples), so intervals treat a unit, not a token, as one
+observation and keep each unit's pair together. That respects the correlation between tokens of
+one window, which a per-token interval would ignore and so report intervals that are too narrow.
 
-- :func:`paired_bootstrap_ci`: percentile interval of any statistic of several per-unit arrays,
-  by ``scipy.stats.bootstrap(paired=True)`` with a fixed seed and a stated number of resamples.
-  Percentile (not BCa) because BCa is undefined for a degenerate sample, and an identity scheme
-  (every difference exactly zero) must give exactly [0, 0].
-- :func:`paired_pvalue`: two-sided Wilcoxon signed-rank test of paired per-unit values
-  (``scipy.stats.wilcoxon``; no normality assumption). All differences zero: p = 1.
+- :func:`unit_interval`: the interval of any statistic of several per-unit arrays, by one of
+  :data:`METHODS`:
+
+  * ``"t"`` (the default): the **studentized jackknife**: ``point -/+ t(0.975, n-1) x SE``, with the
+    leave-one-unit-out jackknife standard error. For a mean it is exactly Student's t interval,
+    whose coverage holds at the few units a CPU run affords: simulated at n = 4 (20,000 trials,
+    ``tests/evals/test_interval_coverage.py``) it covers 95 % on normal data and 96-97 % on
+    heavy-tailed (t with 3 df, Laplace) data. For the ratio statistics of the evaluations (a sum
+    over tokens divided by a count) the jackknife is the delta-method standard error.
+  * ``"bootstrap"``: the percentile bootstrap (``scipy.stats.bootstrap(paired=True)``, fixed seed).
+    Kept for comparison and for many units: at n = 4 it covers only about 80 % (it resamples four
+    values, so its spread is the sample's, shrunk by (n-1)/n, and its quantiles ignore the t
+    factor), 88 % at n = 8, 92 % at n = 20.
+
+  An identity scheme (every difference exactly zero) gives exactly [0, 0] under both.
+- :func:`paired_pvalue`: two-sided paired t test of per-unit values (``scipy.stats.ttest_rel``),
+  the test that matches the t interval (a Wilcoxon signed-rank p cannot go below 2/2**n, 0.125 at
+  n = 4). All differences zero: p = 1.
 - :func:`binomial_ci`: interval for a proportion k/n (Wilson score by default, or exact
   Clopper-Pearson) via ``scipy.stats.binomtest``.
 """
@@ -25,7 +37,71 @@ from scipy import stats
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
-PVALUE_TEST = "wilcoxon signed-rank (two-sided, paired over windows)"
+PVALUE_TEST = "paired t test (two-sided, over windows' mean NLL)"
+METHODS = ("t", "bootstrap")
+METHOD_TEXT = {
+    "t": "95% studentized jackknife (t, n-1 df) over {units}",
+    "bootstrap": "95% paired percentile bootstrap over {units}",
+}
+
+
+def parse_method(value, flag: str) -> str:
+    """A grid or flag value naming an interval method, checked (``parse`` of an eval's ``interval`` param)."""
+    from evalkit.errors import EvalkitError
+
+    if value not in METHODS:
+        raise EvalkitError(f"interval method {value!r} is not known: use {flag} {' or '.join(METHODS)}")
+    return value
+
+
+def interval_text(method: str, units: str) -> str:
+    """What an interval of ``method`` over ``units`` (e.g. "windows") is, for a row's ``info["ci"]``."""
+    return METHOD_TEXT[method].format(units=units)
+
+
+def unit_interval(
+    statistic: Callable[..., np.ndarray],
+    arrays: Sequence[np.ndarray],
+    *,
+    method: str = "t",
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """The ``method`` interval (see the module docstring) of ``statistic(*arrays)`` over units.
+
+    ``arrays`` are per-unit values of equal length n; ``statistic`` must accept arrays with the
+    units on the last axis and return one value per leading index (vectorized, e.g.
+    ``x.sum(-1) / n.sum(-1)``). Fewer than two units: (nan, nan), as no interval exists.
+    """
+    if method == "t":
+        return jackknife_t_ci(statistic, arrays, confidence=confidence)
+    if method == "bootstrap":
+        return paired_bootstrap_ci(statistic, arrays, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    raise ValueError(f"unknown interval method {method!r}: use one of {', '.join(METHODS)}")
+
+
+def jackknife_t_ci(
+    statistic: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], *, confidence: float = 0.95
+) -> tuple[float, float]:
+    """``point -/+ t(1 - a/2, n-1) x SE_jack``: the studentized jackknife interval over n units.
+
+    ``SE_jack = sqrt((n-1)/n x sum_i (theta_(i) - mean theta_(.))**2)``, ``theta_(i)`` the statistic
+    with unit i left out. For the mean this is ``s / sqrt(n)``, so the interval is Student's."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise ValueError("paired arrays must have the same length")
+    if n < 2:
+        return (math.nan, math.nan)
+    point = float(statistic(*arrays))
+    keep = ~np.eye(n, dtype=bool)  # row i: every unit but i
+    left_out = np.asarray(statistic(*[np.stack([a[k] for k in keep]) for a in arrays]), dtype=np.float64)
+    if not (np.isfinite(point) and np.all(np.isfinite(left_out))):
+        return (math.nan, math.nan)
+    se = math.sqrt((n - 1) / n * float(np.sum((left_out - left_out.mean()) ** 2)))
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, n - 1)) * se
+    return (point - half, point + half)
 
 
 def paired_bootstrap_ci(
@@ -73,9 +149,10 @@ def paired_bootstrap_ci(
 
 
 def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p-value that paired values ``x`` and ``y`` differ.
+    """Two-sided paired t test p-value that paired values ``x`` and ``y`` differ in mean.
 
-    1.0 when every pair is equal; nan with fewer than two pairs (no test possible).
+    1.0 when every pair is equal; nan with fewer than two pairs (no test possible); 0.0 when every
+    pair differs by the same nonzero amount (no spread: the difference is certain).
     """
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) != len(y):
@@ -85,7 +162,9 @@ def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
         return math.nan
     if np.all(d == 0):
         return 1.0
-    return float(stats.wilcoxon(x, y, zero_method="wilcox", alternative="two-sided").pvalue)
+    if np.all(d == d[0]):
+        return 0.0
+    return float(stats.ttest_rel(x, y, alternative="two-sided").pvalue)
 
 
 def binomial_ci(k: int, n: int, confidence: float = 0.95, method: str = "wilson") -> tuple[float, float]:

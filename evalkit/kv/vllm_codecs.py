@@ -169,6 +169,14 @@ def codec_for(recipe: Recipe) -> Codec:
     return codecs()[recipe]
 
 
+def one_forward_reads_raw(scheme) -> bool:
+    """Whether a scheme's engine attends a sequence's first write from the raw K/V it was given
+    (``prefill_reads_raw``): then an evaluation of one forward per sequence (perplexity windows, lm-eval
+    log-likelihoods) reads nothing quantized, and its numbers are the baseline's, not the cache's cost."""
+    recipe = scheme.kv_format.recipe
+    return is_codec(recipe) and codec_for(recipe).prefill_reads_raw
+
+
 def by_name(name: str) -> Codec | None:
     return next((c for c in codecs().values() if c.name == name and c.engine == "vllm"), None)
 

@@ -36,19 +36,24 @@ def overall(rows):
     return {r.metric: r for r in rows if not r.labels}
 
 
-def test_combine_is_quadrature_with_student_t():
+def test_combine_is_the_mean_with_a_quadrature_prediction_interval():
     value, ci, reruns = 0.010, (0.004, 0.018), [0.012, 0.007, 0.011]
-    (lo, hi), info = combine(value, ci, reruns, [1, 2, 3], 1.0)
-    s = float(np.std([value, *reruns], ddof=1))
+    mean, (lo, hi), info = combine(value, ci, reruns, [1, 2, 3], 1.0)
+    every = [value, *reruns]
+    s = float(np.std(every, ddof=1))
     t = float(stats.t.ppf(0.975, 3))
+    f = t * s * math.sqrt(1 + 1 / 4)  # a prediction interval for one more realisation around the mean of 4
+    assert mean == pytest.approx(sum(every) / 4) and info["unperturbed"] == value  # the mean, not one draw
     assert t == pytest.approx(3.182446, abs=1e-6) and info["t"] == t and info["sd"] == pytest.approx(s)
-    assert lo == pytest.approx(value - math.sqrt(0.006**2 + (t * s) ** 2))
-    assert hi == pytest.approx(value + math.sqrt(0.008**2 + (t * s) ** 2))
+    assert lo == pytest.approx(mean - math.sqrt(0.006**2 + f**2))
+    assert hi == pytest.approx(mean + math.sqrt(0.008**2 + f**2))
     assert info["range"] == pytest.approx(0.012 - 0.007) and info["values"] == reruns and info["seeds"] == [1, 2, 3]
-    # no spread: the bootstrap interval unchanged; no bootstrap interval: the float term alone
-    assert combine(value, ci, [value, value], [1, 2], 1.0)[0] == pytest.approx(ci)
-    (lo2, hi2), _ = combine(1.0, (None, None), [1.1, 0.9], [1, 2], 1.0)
-    assert hi2 - 1.0 == pytest.approx(t_quantile(3) * 0.1) and 1.0 - lo2 == pytest.approx(hi2 - 1.0)
+    assert info["ci_sampling"] == ci
+    # no spread: the windows interval unchanged; no windows interval: the float term alone
+    assert combine(value, ci, [value, value], [1, 2], 1.0)[1] == pytest.approx(ci)
+    m2, (lo2, hi2), _ = combine(1.0, (None, None), [1.1, 0.9], [1, 2], 1.0)
+    assert m2 == pytest.approx(1.0)
+    assert hi2 - 1.0 == pytest.approx(t_quantile(3) * 0.1 * math.sqrt(4 / 3)) and 1.0 - lo2 == pytest.approx(hi2 - 1.0)
 
 
 def test_off_by_default_and_out_of_the_run_id(prose):
@@ -77,11 +82,14 @@ def test_reruns_equal_runs_on_the_perturbed_copies(tiny, tmp_path, prose, monkey
         for metric in ("ppl", "ppl_delta_rel", "kl_mean", "top1_agreement", "dp_mean"):
             assert got[metric].info["float_noise"]["values"][seed - 1] == pytest.approx(ref[metric].value, rel=1e-9)
     for metric in ("ppl", "ppl_delta_rel", "kl_mean", "top1_agreement", "dp_mean"):
-        r = got[metric]
-        assert r.value == base_rows[metric].value  # the value is the unperturbed run's
-        assert r.info["ci_bootstrap"] == [base_rows[metric].ci_low, base_rows[metric].ci_high]
-        (lo, hi), _ = combine(r.value, tuple(r.info["ci_bootstrap"]), r.info["float_noise"]["values"], [1, 2], 1.0)
-        assert (r.ci_low, r.ci_high) == (lo, hi) and lo <= base_rows[metric].ci_low and hi >= base_rows[metric].ci_high
+        r, base = got[metric], base_rows[metric]
+        reruns = r.info["float_noise"]["values"]
+        assert r.info["float_noise"]["unperturbed"] == base.value  # the unperturbed run, kept in the info
+        assert r.value == pytest.approx((base.value + sum(reruns)) / 3, rel=1e-12)  # the value: the mean of all 3
+        assert r.info["ci_sampling"] == [base.ci_low, base.ci_high]
+        mean, (lo, hi), _ = combine(base.value, (base.ci_low, base.ci_high), reruns, [1, 2], 1.0)
+        assert (r.value, r.ci_low, r.ci_high) == (mean, lo, hi)
+        assert hi - lo >= base.ci_high - base.ci_low
         assert "perturbed-weight reruns" in r.info["ci"]
     assert got["ppl_delta_rel"].info["float_noise"]["sd"] > 0  # the copies do move the numbers
     assert all("float_noise" in r.info for r in rows if r.metric == "ppl_delta_rel")  # position buckets too

@@ -1,6 +1,7 @@
-"""Paired bootstrap intervals, the paired p-value and binomial intervals, each checked against a
-plain independent computation (a numpy bootstrap loop, exact signed-rank counting, the Wilson
-formula, beta quantiles)."""
+"""Paired intervals (studentized jackknife t, percentile bootstrap), the paired p-value and binomial
+intervals, each checked against a plain independent computation (Student's t interval written out,
+a leave-one-out loop, a numpy bootstrap loop, the t statistic by hand, the Wilson formula, beta
+quantiles)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sst
 
-from evalkit.evals.stats import binomial_ci, paired_bootstrap_ci, paired_pvalue
+from evalkit.evals.stats import binomial_ci, jackknife_t_ci, paired_bootstrap_ci, paired_pvalue, unit_interval
 
 
 def mean_diff(x, y):
@@ -59,14 +60,44 @@ def test_bootstrap_needs_two_units_and_equal_lengths():
         paired_bootstrap_ci(mean_diff, [np.ones(3), np.ones(4)])
 
 
-def test_pvalue_exact_signed_rank():
+def test_pvalue_is_the_paired_t_test_by_hand():
     x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    y = x - np.array([0.1, 0.2, 0.3, 0.4, 0.5])  # all five differences positive
-    # exact two-sided signed-rank p: 2 * P(W = 15) = 2 / 2**5
-    assert paired_pvalue(x, y) == pytest.approx(2 / 32)
+    y = x - np.array([0.1, 0.25, 0.3, 0.4, 0.6])
+    d = x - y
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+    assert paired_pvalue(x, y) == pytest.approx(2 * sst.t.sf(abs(t), len(d) - 1), rel=1e-12)
     assert paired_pvalue(x, x) == 1.0
+    assert paired_pvalue(x, x - 0.5) == 0.0  # every window moved by the same amount: no spread
     assert math.isnan(paired_pvalue(x[:1], y[:1]))
     assert paired_pvalue(x, x + np.array([0.1, -0.1, 0.2, -0.2, 0.05])) > 0.5
+    # 4 windows: a t test can report strong evidence; a signed-rank test could not go below 0.125
+    assert paired_pvalue(x[:4], y[:4] - 1.0) < 0.01
+
+
+def test_jackknife_t_of_a_mean_is_students_t_interval():
+    x = np.array([0.3, 1.1, -0.4, 2.0])
+    plain = sst.t.interval(0.95, 3, loc=x.mean(), scale=x.std(ddof=1) / 2)
+    assert jackknife_t_ci(lambda a: a.mean(-1), [x]) == pytest.approx(plain, rel=1e-12)
+    assert unit_interval(lambda a: a.mean(-1), [x]) == jackknife_t_ci(lambda a: a.mean(-1), [x])
+
+
+def test_jackknife_t_of_a_ratio_matches_a_leave_one_out_loop():
+    rng = np.random.default_rng(2)
+    c = rng.integers(400, 512, size=6).astype(float)
+    d = rng.normal(0.01, 0.02, size=6) * c
+
+    def ratio(c, d):
+        return np.expm1(d.sum(-1) / c.sum(-1))
+
+    loo = np.array([ratio(np.delete(c, i), np.delete(d, i)) for i in range(6)])
+    se = math.sqrt(5 / 6 * ((loo - loo.mean()) ** 2).sum())
+    half = sst.t.ppf(0.975, 5) * se
+    point = ratio(c, d)
+    assert jackknife_t_ci(ratio, [c, d]) == pytest.approx((point - half, point + half), rel=1e-12)
+    assert jackknife_t_ci(ratio, [c, 0 * d]) == (0.0, 0.0)  # an identity scheme: exactly [0, 0]
+    assert all(math.isnan(v) for v in jackknife_t_ci(ratio, [c[:1], d[:1]]))
+    with pytest.raises(ValueError, match="unknown interval method"):
+        unit_interval(ratio, [c, d], method="bca")
 
 
 def test_binomial_wilson_matches_formula():

@@ -42,8 +42,9 @@ labelled by absolute positions, ``{"bucket": "512-703"}``; rows repeat per bucke
 decoded tokens, which should be read off a linear axis; the first bucket starts with the
 prefill's own prediction.
 
-Statistics. 95 % paired percentile bootstrap over sequences (units: sequences, so the correlation
-of positions within a sequence is respected; fixed seed, ``bootstrap_samples`` resamples) for
+Statistics. 95 % paired intervals over sequences (units: sequences, so the correlation of positions
+within a sequence is respected; ``interval``: the studentized jackknife ``t`` by default, whose
+coverage holds at 4 sequences, or the percentile ``bootstrap``) for
 ``kl_mean``, ``top1_agreement``, ``nll_delta`` and ``free_kl_mean``; ``first_divergence`` (median,
 order-statistic interval) and ``identical_share`` (Wilson) as in :mod:`evalkit.evals.decode.divergence`.
 
@@ -72,7 +73,7 @@ from evalkit.evals.base import Column, Evaluation, MetricRow, ReportSpec, regist
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
 from evalkit.evals.decode.params import DecodeParams, sequence_starts, step_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.decode.workload import decode_work
-from evalkit.evals.stats import paired_bootstrap_ci
+from evalkit.evals.stats import interval_text, unit_interval
 
 
 @register_eval("decode")
@@ -190,7 +191,7 @@ class DecodeEval(Evaluation):
             starts=self.starts,
             bootstrap_samples=p.bootstrap_samples,
             seed=p.seed,
-            ci="95% paired percentile bootstrap over sequences",
+            ci=interval_text(p.interval, "sequences"),
             **source,
             positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction",
         )
@@ -235,8 +236,8 @@ class DecodeEval(Evaluation):
         return out
 
     def _mean_rows(self, labels: dict, info: dict, metrics: dict, extra: dict) -> list[MetricRow]:
-        """Per metric: the mean over sequences x positions of ``a - b`` (b optional), with a bootstrap
-        interval over sequences (each sequence's sum over its positions is one unit)."""
+        """Per metric: the mean over sequences x positions of ``a - b`` (b optional), with an interval
+        over sequences (each sequence's sum over its positions is one unit)."""
         rows = []
         for metric, (a, b) in metrics.items():
             s = a.astype(np.float64).sum(-1) - (0.0 if b is None else b.astype(np.float64).sum(-1))
@@ -246,7 +247,9 @@ class DecodeEval(Evaluation):
                 return x.sum(-1) / c.sum(-1)
 
             value = float(fn(s, count))
-            low, high = paired_bootstrap_ci(fn, [s, count], n_resamples=self.p.bootstrap_samples, seed=self.p.seed)
+            low, high = unit_interval(
+                fn, [s, count], method=self.p.interval, n_resamples=self.p.bootstrap_samples, seed=self.p.seed
+            )
             ci = (None, None) if math.isnan(low) else (low, high)
             rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info={**info, **extra.get(metric, {})}))
         return rows

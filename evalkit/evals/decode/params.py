@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.params import Params, param
+from evalkit.evals.stats import parse_method
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,15 @@ class DecodeParams(Params):
     bos: bool | None = param(
         None, "start each sequence with BOS (default: when the tokenizer adds BOS itself)", baseline=True
     )
-    bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
+    interval: str = param(
+        "t",
+        "interval over sequences: t (studentized jackknife, default; its coverage holds at a few sequences) or "
+        "bootstrap (percentile; too narrow below about 20 sequences)",
+        parse=parse_method,
+    )
+    bootstrap_samples: int = param(
+        2000, "bootstrap resamples, with --decode-interval bootstrap (default 2000)", low=100
+    )
     seed: int = param(0, "bootstrap seed (default 0)", low=0)
 
     @property

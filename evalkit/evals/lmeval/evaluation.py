@@ -252,9 +252,34 @@ class LmEvalEval(Evaluation):
                 json.dumps({"scheme": str(scheme), "items": items, "samples": _jsonable(results["samples"])})
             )
         params = {**self.params, "batch_size": self._batch_size}  # the one used: device default resolved
-        return stamp(
-            metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params), backend_of(self)
-        )
+        rows = metric_rows(results, params) + flip_rows(results, items, self.baseline_items, params)
+        return stamp(not_measured_under(scheme, results, rows), backend_of(self))
+
+
+ONE_FORWARD_TYPES = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+
+
+def not_measured_under(scheme, results: dict, rows: list[MetricRow]) -> list[MetricRow]:
+    """``rows`` with those of one-forward tasks (log-likelihoods, multiple choice) marked "not measured by
+    this protocol" (no value, no interval) when ``scheme``'s engine attends a first write from the raw
+    K/V: such a task reads no quantized value, and its 0-flip, baseline-equal rows would pass a budget
+    vacuously. Generation tasks (``generate_until``) read the cache in decode and keep their numbers."""
+    from evalkit.kv.vllm_codecs import one_forward_reads_raw
+
+    if not one_forward_reads_raw(scheme):
+        return rows
+    types = {task: (cfg or {}).get("output_type") for task, cfg in results.get("configs", {}).items()}
+    why = (
+        f"not measured by this protocol: {scheme} attends a sequence's first write (this task's one forward per "
+        "request) from the raw K/V, so no quantized value is read"
+    )
+    out = []
+    for r in rows:
+        task = r.metric.split("/", 1)[0]
+        if types.get(task) in ONE_FORWARD_TYPES:
+            r = MetricRow(r.metric, math.nan, None, None, labels=r.labels, info={**r.info, "not_measured": why})
+        out.append(r)
+    return out
 
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape

@@ -19,9 +19,14 @@ the vocabulary. An engine (``evalkit run --engine vllm`` or ``llamacpp``) is ano
 its own unquantized run, and where it returns only a top-k its KL row is the proven lower bound,
 named ``kl_lower_bound`` (``kl_bound: true`` in the row's info) instead of ``kl_mean``.
 
-Statistics (:mod:`evalkit.evals.stats`): 95 % paired percentile bootstrap over windows (fixed seed,
-``bootstrap_samples`` resamples) for perplexity, its change, KL and agreement, and a Wilcoxon
-signed-rank p-value over per-window mean NLL. Rows repeat for position buckets within the window
+Statistics (:mod:`evalkit.evals.stats`): 95 % intervals over windows (``interval``: the studentized
+jackknife ``t`` by default, whose coverage holds at 4 windows, or the percentile ``bootstrap``) for
+perplexity, its change, KL and agreement, and a paired t test p-value over per-window mean NLL. With
+``float_noise_seeds`` the row's value is the mean over the float realisations (the unperturbed run and
+the perturbed-weight reruns; :mod:`evalkit.evals.perplexity.float_spread`), the unperturbed run's value
+kept in its info. The overall Δppl row keeps its per-window NLL-change sums of every realisation in
+``info["units"]``, so a report can form the *paired* interval of the difference between two schemes
+(:func:`evalkit.evals.perplexity.float_spread.paired_difference`). Rows repeat for position buckets within the window
 (target index 0-127, 128-511, 512-2047, ... powers of 4 up to the window) with ``labels={"bucket":..}``.
 """
 
@@ -40,10 +45,10 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LogprobsRequest, TokenScores, backend_of, stamp
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.float_noise import DEFAULT_ULPS
-from evalkit.evals.perplexity.float_spread import ci_text, combine
+from evalkit.evals.perplexity.float_spread import ci_text, combine, units_info
 from evalkit.evals.perplexity.windows import plan_windows, position_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.perplexity.workload import perplexity_work
-from evalkit.evals.stats import PVALUE_TEST, paired_bootstrap_ci, paired_pvalue
+from evalkit.evals.stats import PVALUE_TEST, paired_pvalue, parse_method, unit_interval
 
 KL_QUANTILES = {"kl_p50": 50.0, "kl_p99": 99.0, "kl_p999": 99.9, "kl_max": 100.0}  # llama.cpp's KL summary
 
@@ -73,7 +78,15 @@ class PerplexityParams(Params):
     bos: bool | None = param(
         None, "start each window with BOS (default: when the tokenizer adds BOS itself)", baseline=True
     )
-    bootstrap_samples: int = param(2000, "bootstrap resamples (default 2000)", low=100)
+    interval: str = param(
+        "t",
+        "interval over windows: t (studentized jackknife, default; its coverage holds at a few windows) or "
+        "bootstrap (percentile; too narrow below about 20 windows)",
+        parse=parse_method,
+    )
+    bootstrap_samples: int = param(
+        2000, "bootstrap resamples, with --perplexity-interval bootstrap (default 2000)", low=100
+    )
     seed: int = param(0, "bootstrap seed (default 0)")
     float_noise_seeds: int = param(
         0,
@@ -200,11 +213,27 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.kv.vllm_codecs import one_forward_reads_raw
+
+        if one_forward_reads_raw(scheme):
+            return stamp(self._not_measured_rows(scheme), backend_of(self))
         scores = self.token_scores(lm, scheme)
         if artifacts is not None:
             self._write_windows(Path(artifacts), scores)
         noise = backend_of(self).float_noise_scores(self.request, scheme)
         return stamp(self._rows(scores, noise), backend_of(self))
+
+    def _not_measured_rows(self, scheme) -> list[MetricRow]:
+        """A scheme whose engine attends each window's one forward from the raw K/V: every metric "not
+        measured by this protocol" (no value, no interval), never a measured 0; the windows are not run."""
+        self.require_prepared(hasattr(self, "request"))
+        why = (
+            f"not measured by this protocol: {scheme} attends a sequence's first write (here each window's one "
+            "forward) from the raw K/V, so no quantized value is read; the decode evaluation measures its cache"
+        )
+        info = dict(protocol=self.protocol, corpus=self.corpus.name, n_windows=len(self.plan), not_measured=why)
+        names = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "dp_mean")
+        return [MetricRow(name, math.nan, labels={}, info=info) for name in names]
 
     def token_scores(self, lm, scheme) -> TokenScores:
         """``scheme``'s numbers per scored token, from the eval's backend (against its own baseline)."""
@@ -249,7 +278,7 @@ class PerplexityEval(Evaluation):
             n_windows=w,
             bootstrap_samples=p["bootstrap_samples"],
             seed=p["seed"],
-            ci=ci_text(len(noise)),
+            ci=ci_text(p["interval"], len(noise)),
             p_value_test=PVALUE_TEST,
             **scores.info,
         )
@@ -324,26 +353,24 @@ class PerplexityEval(Evaluation):
         rerun_arrays = [(seed, window_sums(*r)) for seed, r in reruns]
         cnt, s_nll, s_base = arrays[:3]
         rows = []
+        p = self.params
         for metric, fn in metric_fns.items():
             value = float(fn(*arrays))
-            low, high = paired_bootstrap_ci(
-                fn, arrays, n_resamples=self.params["bootstrap_samples"], seed=self.params["seed"]
+            low, high = unit_interval(
+                fn, arrays, method=p["interval"], n_resamples=p["bootstrap_samples"], seed=p["seed"]
             )
             ci = (None, None) if math.isnan(low) else (low, high)
             row_info = kl_info if metric == kl_metric else info
             if rerun_arrays:
                 values = [float(fn(*a)) for _, a in rerun_arrays]
-                combined, spread = combine(value, ci, values, [seed for seed, _ in rerun_arrays], DEFAULT_ULPS)
-                row_info = {**row_info, "ci_bootstrap": list(ci), "float_noise": spread}
-                ci = combined
+                value, ci, spread = combine(value, ci, values, [seed for seed, _ in rerun_arrays], DEFAULT_ULPS)
+                row_info = {**row_info, "ci_sampling": list(spread.pop("ci_sampling")), "float_noise": spread}
+            if metric == "ppl_delta_rel" and not labels:  # what a paired comparison of two rows needs
+                row_info = {**row_info, "units": units_info(cnt, s_nll - s_base, rerun_arrays)}
             rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=row_info))
             if metric == "top1_agreement":  # p_value and n_tokens keep their place before dp_mean
-                p_info = {
-                    **info,
-                    "p_value_min": 2.0 / 2 ** len(cnt),
-                }  # smallest exact signed-rank p with this many windows
                 rows.append(
-                    MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=p_info)
+                    MetricRow("p_value", paired_pvalue(s_nll / cnt, s_base / cnt), labels=dict(labels), info=info)
                 )
                 rows.append(MetricRow("n_tokens", float(cnt.sum()), labels=dict(labels), info=info))
         return rows

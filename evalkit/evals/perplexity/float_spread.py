@@ -10,21 +10,32 @@ out claims an order between rows that the data do not resolve.
 What. With ``float_noise_seeds = N`` the eval reruns the baseline AND the scheme on N weight copies
 (:func:`evalkit.evals.float_noise.perturbed_model`, seeds 1..N: every weight moved by a few ulps of
 its own dtype), each scheme scored against the baseline of its own copy (paired, as the unperturbed
-run). Per metric and token group that gives n = N + 1 realisations ``v_0`` (the unperturbed run, the
-row's value) ... ``v_N``, their sample standard deviation ``s`` (n - 1 degrees of freedom), and:
+run). Per metric and token group that gives R = N + 1 realisations ``v_0`` (the unperturbed run)
+... ``v_N``. None of them is privileged (the unperturbed weights are one draw of the rounding, like
+the others), so the row's value is their **mean** ``m``, the unperturbed run's ``v_0`` kept in its
+info. With ``s`` their sample standard deviation (R - 1 degrees of freedom):
 
-    combined interval = v_0 -/+ sqrt(h_lo**2 + (t * s)**2),  sqrt(h_hi**2 + (t * s)**2)
+    combined interval = m -/+ sqrt(h_lo**2 + (t * s * sqrt(1 + 1/R))**2),  (same with h_hi)
 
-where ``h_lo = v_0 - lo`` and ``h_hi = hi - v_0`` are the two half-widths of the 95 % token-bootstrap
-interval and ``t`` is Student's 0.975 quantile with n - 1 degrees of freedom (3.18 for 3 seeds,
-2.78 for 4): the token-sampling and the float-rounding errors are independent and add in quadrature,
-and ``t`` (not 1.96) pays for estimating the float SD from few reruns. The interval therefore says
-where another float realisation of the same scheme on the same tokens would land, not only where the
-mean over windows would. It does not grow with the number of seeds (an extreme over seeds would).
+where ``h_lo``, ``h_hi`` are the half-widths of the 95 % interval over windows of the unperturbed run
+(:mod:`evalkit.evals.stats`) and ``t`` is Student's 0.975 quantile with R - 1 degrees of freedom (3.18
+for 3 seeds): the window-sampling and float-rounding errors are independent and add in quadrature,
+``t`` (not 1.96) pays for estimating the float SD from few reruns, and ``sqrt(1 + 1/R)`` makes it a
+prediction interval for ONE more realisation around the mean of R. The interval therefore says where
+another float realisation of the same scheme (another processor, BLAS, engine: the one an operator
+runs) would land, over the population of windows, not only where the mean over these windows would.
+It does not grow with the number of seeds (an extreme over seeds would).
 
-The row keeps ``v_0`` as its value, the combined interval as ``ci_low``/``ci_high``, and in its info
-``float_noise``: the seeds, their values, ``s``, ``t``, the range over all realisations and the ulps,
-and ``ci_bootstrap``: the token-only interval.
+The row keeps ``m`` as its value, the combined interval as ``ci_low``/``ci_high``, and in its info
+``float_noise``: the seeds, their values, the unperturbed value, ``s``, ``t``, the range over all
+realisations and the ulps, and ``ci_sampling``: the windows-only interval of the unperturbed run.
+
+Paired order of two rows (:func:`paired_difference`): every scheme is scored on the same windows and
+the same weight copies, so the difference of two rows' Δppl is formed per realisation and per window
+(their ``info["units"]``, :func:`units_info`) and gets the same treatment: the mean over realisations,
+an interval over windows (of the realisation-mean per-window changes) widened by the spread of the
+realisations' differences. Two rows are ordered when that interval excludes 0, however much their
+marginal intervals overlap.
 """
 
 from __future__ import annotations
@@ -35,10 +46,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-CI_TEXT = "95% paired percentile bootstrap over windows"
 METHOD = (
-    "token-bootstrap half-widths and t(0.975, n-1) x the SD over the unperturbed run and the perturbed-weight "
-    "reruns, added in quadrature"
+    "the mean of the realisations -/+ the windows interval's half-widths and t(0.975, R-1) x SD x sqrt(1 + 1/R) "
+    "over the unperturbed run and the perturbed-weight reruns, added in quadrature"
 )
 
 
@@ -51,34 +61,85 @@ def t_quantile(n: int) -> float:
 
 def combine(
     value: float, ci: tuple[float | None, float | None], reruns: Sequence[float], seeds: Sequence[int], ulps: float
-) -> tuple[tuple[float | None, float | None], dict]:
-    """(the combined interval, the row's ``float_noise`` info) for a row of value ``value`` (the
-    unperturbed run), token-bootstrap interval ``ci`` and the values ``reruns`` of the perturbed
-    copies ``seeds`` (see the module docstring). Without a bootstrap interval the float term alone
-    makes the interval."""
+) -> tuple[float, tuple[float | None, float | None], dict]:
+    """(the row's value, its combined interval, its ``float_noise`` info with ``ci_sampling``) for a row
+    whose unperturbed run gives ``value`` with the interval over windows ``ci``, and the perturbed
+    copies ``seeds`` give ``reruns`` (see the module docstring). Without an interval over windows the
+    float term alone makes the interval."""
     values = np.array([value, *reruns], dtype=np.float64)
+    info = {"seeds": [int(x) for x in seeds], "values": [float(v) for v in reruns], "unperturbed": float(value)}
+    if not np.all(np.isfinite(values)):  # a NaN realisation (an empty group): no mean, no spread
+        return value, ci, {**info, "sd": None, "ci_sampling": ci}
+    mean = float(values.mean())
     s = float(values.std(ddof=1))
     t = t_quantile(len(values))
     lo, hi = ci
     h_lo = 0.0 if lo is None else value - lo
     h_hi = 0.0 if hi is None else hi - value
-    if not math.isfinite(s):  # a NaN rerun (an empty group): no spread to add
-        return ci, {"seeds": list(seeds), "values": [float(v) for v in reruns], "sd": None}
-    combined = (value - math.hypot(h_lo, t * s), value + math.hypot(h_hi, t * s))
-    info = {
-        "seeds": [int(x) for x in seeds],
-        "values": [float(v) for v in reruns],
-        "sd": s,
-        "t": t,
-        "range": float(values.max() - values.min()),
-        "ulps": float(ulps),
-        "method": METHOD,
+    f = t * s * math.sqrt(1 + 1 / len(values))
+    combined = (mean - math.hypot(h_lo, f), mean + math.hypot(h_hi, f))
+    info.update(
+        sd=s,
+        t=t,
+        range=float(values.max() - values.min()),
+        ulps=float(ulps),
+        method=METHOD,
+        ci_sampling=ci,
+    )
+    return mean, combined, info
+
+
+def units_info(tokens, d_sums, reruns: Sequence[tuple[int, Sequence]] = ()) -> dict:
+    """The per-window numbers of a Δppl row that a paired comparison needs: the scored tokens and,
+    per realisation (seed 0 the unperturbed run, then each rerun's seed), the sum of the NLL change.
+    ``reruns``: (seed, window sums as built by the eval: [count, nll, base, ...])."""
+    rows = [np.asarray(d_sums, np.float64)] + [np.asarray(a[1], np.float64) - np.asarray(a[2]) for _, a in reruns]
+    return {
+        "unit": "window",
+        "tokens": [int(c) for c in np.asarray(tokens)],
+        "seeds": [0, *(int(seed) for seed, _ in reruns)],
+        "d_sum": [[float(x) for x in r] for r in rows],
     }
-    return combined, info
 
 
-def ci_text(n_seeds: int) -> str:
-    """The row's ``info["ci"]``: what its interval is."""
+def _delta(tokens: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return np.expm1(d.sum(-1) / tokens.sum(-1))
+
+
+def paired_difference(units_a: dict, units_b: dict, method: str = "t") -> tuple[float, float, float, dict]:
+    """(difference, low, high, info) of Δppl_a - Δppl_b (fractions) over the same windows and the same
+    realisations (see the module docstring); ValueError when the two rows were not measured on the
+    same windows and weight copies."""
+    from evalkit.evals.stats import interval_text, unit_interval
+
+    if units_a["tokens"] != units_b["tokens"] or units_a["seeds"] != units_b["seeds"]:
+        raise ValueError("the two rows were not measured on the same windows and weight copies: no paired difference")
+    tokens = np.asarray(units_a["tokens"], np.float64)
+    da, db = np.asarray(units_a["d_sum"], np.float64), np.asarray(units_b["d_sum"], np.float64)
+    diffs = _delta(tokens, da) - _delta(tokens, db)  # one per realisation
+    mean_a, mean_b = da.mean(0), db.mean(0)
+    value = float(diffs.mean())
+    base = float(_delta(tokens, mean_a) - _delta(tokens, mean_b))
+    lo, hi = unit_interval(lambda c, x, y: _delta(c, x) - _delta(c, y), [tokens, mean_a, mean_b], method=method)
+    info = {"ci": interval_text(method, "windows"), "realisations": len(diffs)}
+    if np.isnan(lo):
+        return value, lo, hi, info
+    h_lo, h_hi = base - lo, hi - base
+    if len(diffs) < 2:
+        return value, value - h_lo, value + h_hi, info
+    f = t_quantile(len(diffs)) * float(diffs.std(ddof=1)) * math.sqrt(1 + 1 / len(diffs))
+    info["ci"] += f", widened by the float spread of {len(diffs)} realisations"
+    return value, value - math.hypot(h_lo, f), value + math.hypot(h_hi, f), info
+
+
+def ci_text(method: str, n_seeds: int) -> str:
+    """The row's ``info["ci"]``: what its interval is (``method``: :data:`evalkit.evals.stats.METHODS`)."""
+    from evalkit.evals.stats import interval_text
+
+    text = interval_text(method, "windows")
     if not n_seeds:
-        return CI_TEXT
-    return f"{CI_TEXT}, widened by the float spread of {n_seeds} perturbed-weight reruns (t x SD, in quadrature)"
+        return f"{text}, without float spread (float_noise_seeds 0)"
+    return (
+        f"{text}, widened by the float spread of {n_seeds} perturbed-weight reruns (t x SD x sqrt(1 + 1/R), in "
+        f"quadrature); the value is the mean of the {n_seeds + 1} realisations"
+    )

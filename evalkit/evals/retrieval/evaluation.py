@@ -8,7 +8,7 @@ them (:mod:`evalkit.evals.retrieval.scoring`: exact match of the first answer wo
 expected values) and emits rows:
 
 - ``accuracy`` per (task, length, depth) cell, per (task, length), per task, and overall, with a
-  95 % interval (Wilson when scores are 0/1, else bootstrap);
+  95 % interval (Wilson when scores are 0/1, else Student's t);
 - ``accuracy_diff``: the paired difference from the baseline on the same prompts, at the same
   levels (the baseline's answers are computed once and cached per prompt on disk under ``workdir``).
 
@@ -308,7 +308,12 @@ class RetrievalEval(Evaluation):
                         dlo,
                         dhi,
                         labels,
-                        {**where, "n": len(g), "ci": "paired bootstrap", "baseline": float(g["baseline_score"].mean())},
+                        {
+                            **where,
+                            "n": len(g),
+                            "ci": "paired t over samples",
+                            "baseline": float(g["baseline_score"].mean()),
+                        },
                     )
                 )
         return rows

@@ -149,7 +149,11 @@ def provenance(path: str | Path, meta: dict, declared: Declared | None) -> dict:
         if named:
             return meta
         side = sidecar_path(path).name
-        what = f"no sidecar {side}" if not sidecar_path(path).is_file() else f"its sidecar {side} names no format or config hash"
+        what = (
+            f"no sidecar {side}"
+            if not sidecar_path(path).is_file()
+            else f"its sidecar {side} names no format or config hash"
+        )
         raise ScaleError(
             f"static scale file {path} does not say which model and format it was made for ({what}): "
             "re-make it with `python -m evalkit calibrate`, or name them with "

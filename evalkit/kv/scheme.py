@@ -64,6 +64,7 @@ FP4 (whose 8 magnitudes need a scale per small group). NVFP4's per-tensor scale 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass, field
@@ -233,7 +234,9 @@ class Scheme:
         if not any(given):
             return
         if not self.static_path:
-            raise SchemeError("+scales_model= and +scales_format= describe a static table: add +scales=PATH or drop them")
+            raise SchemeError(
+                "+scales_model= and +scales_format= describe a static table: add +scales=PATH or drop them"
+            )
         if not all(given):
             missing = "scales_format" if given[0] else "scales_model"
             raise SchemeError(
@@ -613,6 +616,29 @@ _SCHEME_START = re.compile(
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
     + r")(?:[/+,\s]|$)))"
 )
+
+
+def declare_scales(schemes: list[Scheme], model: str, fmt: str) -> list[Scheme]:
+    """``schemes`` with every static one declaring its table's model and format (``+scales_model=``,
+    ``+scales_format=``; ``--scales-model``/``--scales-format``). SchemeError when none reads a table
+    (the flags would be ignored) or one already declares something else."""
+    out, touched = [], False
+    for s in schemes:
+        if not s.static_path:
+            out.append(s)
+            continue
+        touched = True
+        if s.scales_model is not None and (s.scales_model, s.scales_format) != (model, fmt):
+            raise SchemeError(
+                f"{s} already names its table's model and format: drop --scales-model/--scales-format or those options"
+            )
+        out.append(dataclasses.replace(s, scales_model=model, scales_format=fmt))
+    if not touched:
+        raise SchemeError(
+            "--scales-model/--scales-format describe a static scale table, but no scheme reads one "
+            "(+scales=PATH): drop them"
+        )
+    return out
 
 
 def parse_schemes(text: str | list[str]) -> list[Scheme]:

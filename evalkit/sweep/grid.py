@@ -459,3 +459,18 @@ def with_model(grid: Grid, name: str) -> Grid:
     models = list(dict.fromkeys(r.model for r in runs))
     data = {**grid.data, "models": [asdict(m) for m in models]}
     return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
+
+
+def with_scales_declared(grid: Grid, model: str, fmt: str) -> Grid:
+    """The grid with every static scheme declaring its table's model and format
+    (``+scales_model=MODEL+scales_format=FORMAT``): ``evalkit sweep GRID --scales-model MODEL
+    --scales-format FORMAT``, for tables without their JSON sidecar (:mod:`evalkit.kv.scale_table`).
+    EvalkitError when no scheme of the grid reads a table, or one declares something else."""
+    from dataclasses import replace
+
+    from evalkit.kv.scheme import declare_scales
+
+    schemes = list(dict.fromkeys(r.scheme for r in grid.runs))
+    mapped = dict(zip(schemes, (str(s) for s in declare_scales([parse_scheme(t) for t in schemes], model, fmt))))
+    runs = tuple(dict.fromkeys(replace(r, scheme=mapped[r.scheme]) for r in grid.runs))
+    return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=grid.data)

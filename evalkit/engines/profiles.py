@@ -31,8 +31,7 @@ Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz pla
 exports FP8 KV scales of at least 1.0) are written as a derived table next to nothing shipped:
 under ``out_dir`` (default ``engine-scales/`` in the current folder) as
 ``<table>.<profile>.safetensors``, with the source and the transform in its sidecar. Its path is
-what the scheme names, so the run id names it too (the content of a scale file outside
-``calibration/`` is not hashed: see :mod:`evalkit.sweep.code_identity`).
+what the scheme names, so the run id names it and holds its content (:mod:`evalkit.sweep.run_inputs`).
 
 Profiles map the per-tensor ``kv_cache_dtype`` values (``auto``, ``fp8``, ``fp8_e4m3``,
 ``fp8_e5m2``, and the engines' FP4 dtypes) of standard (MHA/GQA) attention layers onto plain

@@ -27,8 +27,9 @@ of the file (``problems``, one line each; its message is the first, with a count
 string, eval name, the eval's number-deciding parameters) together with the versions of the
 packages that decide the numbers (torch, transformers, lm-eval, Python's major.minor, and for an
 engine run the engine's package and version), the identity of evalkit's own number-deciding code
-(:mod:`evalkit.sweep.code_identity`) and the content of the local corpus files it reads
-(:func:`evalkit.data.corpus_check.input_hashes`), so a
+(:mod:`evalkit.sweep.code_identity`), the content of the local corpus files it reads
+(:func:`evalkit.data.corpus_check.input_hashes`) and of the model's weights and the static scale
+table its scheme reads (:mod:`evalkit.sweep.run_inputs`), so a
 changed setting, a changed library or changed evalkit code yields a new run, never a silently
 reused one.
 """

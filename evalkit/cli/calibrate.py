@@ -61,6 +61,9 @@ def add_parser(sub):
     )
     p.add_argument("--method", default=None, help="amax | percentile:P (e.g. percentile:99.99) | mse")
     p.add_argument("--format", default=None, help="storage format the scales are for (default fp8_e4m3)")
+    from evalkit.cli.scales_flags import add_scales_arguments
+
+    add_scales_arguments(p)  # with --scales: what a table without its sidecar was made for
     p.add_argument(
         "--calib-batch-size", dest="batch_size", type=int, default=None, help="sequences per forward pass (default 4)"
     )
@@ -137,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
         raise EvalkitError(f"{out} already exists: choose another name or pass --force to overwrite it")
     if args.scales is not None and args.import_vllm is not None:
         raise EvalkitError("give --scales or --import-vllm, not both")
+    if args.scales is None and _declared_flags(args):
+        raise EvalkitError(
+            "--scales-model/--scales-format describe a table read with --scales: add --scales or drop them"
+        )
     if args.export_vllm and args.export_vllm.exists() and any(args.export_vllm.iterdir()) and not args.force:
         raise EvalkitError(f"{args.export_vllm} exists and is not empty: choose another folder or pass --force")
     from evalkit.cli.preflight import check_model_device, check_writable
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
         args.model = cfg["model"]
         lm = load_from_args(args)
-        table = load_scale_table(args.scales, lm.layout, config_hash=lm.config_hash)
+        table = load_scale_table(args.scales, lm.layout, config_hash=lm.config_hash, declared=_declared(args))
     else:
         from evalkit.data.corpus_check import check_corpus_params
         from evalkit.scales.calibrate import calibrate
@@ -201,3 +208,20 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"scheme: {table.meta.get('format', 'fp8_e4m3')}/{table.granularity}/static+scales={out}")
     return 0
+
+
+def _declared_flags(args) -> bool:
+    return args.scales_model is not None or args.scales_format is not None
+
+
+def _declared(args):
+    """``--scales-model``/``--scales-format`` as a :class:`evalkit.kv.scale_table.Declared` (None without them)."""
+    from evalkit.cli.scales_flags import declared
+
+    pair = declared(args)
+    if pair is None:
+        return None
+    from evalkit.kv.scale_table import Declared
+    from evalkit.models.loading import model_config_hash
+
+    return Declared(pair[0], pair[1], model_config_hash(pair[0]))

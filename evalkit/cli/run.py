@@ -31,6 +31,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
 
@@ -104,6 +105,7 @@ def _add(sub, names: list[str], with_evals: bool = True):
         "(vllm-cpu, vllm-cuda, vllm-rocm, sglang, tensorrt-llm)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_scales_arguments(p)
     for name in names if with_evals else ():
         get_eval(name).add_arguments(p)
     p.set_defaults(handler=run)
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")  # the machine first: before the model loads, nothing written
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
     check_model_device(args)
-    schemes = parse_schemes(args.schemes)
+    schemes = with_declared(parse_schemes(args.schemes), args)  # --scales-model/--scales-format on static schemes
     if not schemes:  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "

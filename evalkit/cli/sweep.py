@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
+from evalkit.cli.scales_flags import add_scales_arguments, declared
 from evalkit.errors import EvalkitError
 
 
@@ -80,6 +81,7 @@ def add_parser(sub):
         metavar="ID_OR_FOLDER",
         help="replace the grid's models by this one (hub id, folder or 'embedded'; the grid's dtype and device kept)",
     )
+    add_scales_arguments(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -139,6 +141,11 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
             local_folder(args.model)  # a missing folder: one line now, not when the first run loads it
         grid = with_model(grid, args.model)
         text = f"# {path} with --model {args.model}\n" + yaml.safe_dump(grid.data, sort_keys=False)
+    pair = declared(args)
+    if pair is not None:  # --scales-model/--scales-format: on every static scheme of the grid
+        from evalkit.sweep.grid import with_scales_declared
+
+        grid = with_scales_declared(grid, *pair)
     cfg = SweepConfig().with_grid(grid).with_args(args)
     out = Path(cfg.out or Path("results") / grid.name)
     workdir = Path(args.cache_dir) if args.cache_dir is not None else cache_root() / "work"

@@ -31,8 +31,7 @@ Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz pla
 exports FP8 KV scales of at least 1.0) are written as a derived table next to nothing shipped:
 under ``out_dir`` (default ``engine-scales/`` in the current folder) as
 ``<table>.<profile>.safetensors``, with the source and the transform in its sidecar. Its path is
-what the scheme names, so the run id names it too (the content of a scale file outside
-``calibration/`` is not hashed: see :mod:`evalkit.sweep.code_identity`).
+what the scheme names, so the run id names it and holds its content (:mod:`evalkit.sweep.run_inputs`).
 
 Profiles map the per-tensor ``kv_cache_dtype`` values (``auto``, ``fp8``, ``fp8_e4m3``,
 ``fp8_e5m2``, and the engines' FP4 dtypes) of standard (MHA/GQA) attention layers onto plain
@@ -319,7 +318,7 @@ class EngineProfile:
         self.check(mapped)
         if mapped.scales is ScaleSource.STATIC:
             source = self._checkpoint_format(mapped.format)
-            table = self._load_checkpoint_scales(scheme.static_path, source)
+            table = self._load_checkpoint_scales(scheme.static_path, source, _declared(scheme))
             mapped = self._with_engine_scales(mapped, table, source, out_dir)
         return mapped
 
@@ -335,12 +334,13 @@ class EngineProfile:
         return changes
 
     # -- checkpoint scales as the engine uses them ------------------------------------------------------
-    def _load_checkpoint_scales(self, path: str, source_format: str):
-        """The scale table at ``path`` (checkpoint convention: calibrated for ``source_format``)."""
+    def _load_checkpoint_scales(self, path: str, source_format: str, declared=None):
+        """The scale table at ``path`` (checkpoint convention: calibrated for ``source_format``); a table
+        without a sidecar needs ``declared`` (:class:`evalkit.kv.scale_table.Declared`)."""
         from evalkit.data.resources import resolve_calibration_file
         from evalkit.kv.scale_table import load_scale_table
 
-        table = load_scale_table(resolve_calibration_file(path))
+        table = load_scale_table(resolve_calibration_file(path), declared=declared)
         made_for = table.meta.get("format")
         if made_for and made_for != source_format:
             raise SchemeError(
@@ -382,7 +382,7 @@ class EngineProfile:
             Path(out_dir if out_dir is not None else DEFAULT_SCALES_DIR) / f"{Path(path).stem}.{self.name}.safetensors"
         )
         derived = ScaleTable(k, v, meta)
-        if not out.is_file() or not _same_table(load_scale_table(out), derived):
+        if not out.is_file() or not _same_table(load_scale_table(out, declared=_declared(scheme)), derived):
             save_scale_table(out, derived)
         return dataclasses.replace(scheme, static_path=str(out))
 
@@ -675,3 +675,13 @@ def apply_profile(scheme: Scheme | str, name: str | None, *, out_dir: str | Path
     """``scheme`` as engine ``name`` runs it (:meth:`EngineProfile.apply`); no profile: the scheme as given."""
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     return scheme if not name else get_profile(name).apply(scheme, out_dir=out_dir)
+
+
+def _declared(scheme: Scheme):
+    """The scheme's ``+scales_model=``/``+scales_format=`` as a declaration (no model is loaded here,
+    so the model is compared when the run binds the scheme); None without them."""
+    if scheme.scales_model is None:
+        return None
+    from evalkit.kv.scale_table import Declared
+
+    return Declared(scheme.scales_model, scheme.scales_format)

@@ -1,7 +1,9 @@
 """A KV scheme bound to one model's KV layout: what the storage cache needs to know per layer.
 
 :class:`BoundScheme` validates a scheme against a model once (group widths against head_dim,
-skipped layer indices, MLA granularities, a static table's shape, config hash and format), resolves
+skipped layer indices, MLA granularities, a static table's shape, config hash and format: its
+sidecar's, or for a table without one the model and format the scheme declares with
+``+scales_model=``/``+scales_format=``), resolves
 which layers are quantized (``+skip=`` indices or every sliding-window layer) and hands out the
 fixed scale of static and unit sources on the device of the K/V they will scale. A missing static
 scale is an error here, never a quiet 1.0.
@@ -16,7 +18,7 @@ from evalkit.errors import ScaleError, SchemeError
 from evalkit.kv.engine_dtypes import check_layout
 from evalkit.kv.memory import check_mla_scheme
 from evalkit.kv.quantize import check_granularity
-from evalkit.kv.scale_table import ScaleTable, load_scale_table
+from evalkit.kv.scale_table import Declared, ScaleTable, load_scale_table
 from evalkit.kv.scheme import ScaleSource, Scheme
 from evalkit.models.info import KVLayout
 
@@ -53,8 +55,10 @@ class BoundScheme:
                 layout,
                 granularity=scheme.granularity.kind.value,
                 config_hash=config_hash,
+                fmt=scheme.format,
+                declared=declared(scheme, with_config=config_hash is not None),
             )
-            made_for = self.table.meta.get("format")
+            made_for = self.table.meta.get("format")  # a table handed in by the caller (calibration) is checked here
             if made_for and made_for != scheme.format:
                 raise ScaleError(
                     f"static scales in {scheme.static_path} were calibrated for {made_for} (scale = amax / its max), "
@@ -81,6 +85,19 @@ class BoundScheme:
                 scale = self.table.layer_scale(which, layer_idx)
             self._fixed[key] = scale.to(device=device, dtype=torch.float32)
         return self._fixed[key]
+
+
+def declared(scheme: Scheme, with_config: bool = True) -> Declared | None:
+    """The scheme's word on its static table (``+scales_model=``/``+scales_format=``), with the named
+    model's config hash read from its config (``with_config``) so that the table's model is checked."""
+    if scheme.scales_model is None:
+        return None
+    chash = None
+    if with_config:
+        from evalkit.models.loading import model_config_hash
+
+        chash = model_config_hash(scheme.scales_model)
+    return Declared(scheme.scales_model, scheme.scales_format, chash)
 
 
 def _resolve_static_path(path: str) -> str:

@@ -7,6 +7,14 @@ granularity, method, corpus and its hash, evalkit version. Scales multiply codes
 (the vLLM convention). A scale of 0, a negative or non-finite scale, a missing K or V entry, a
 shape that disagrees with the model, or another model's config hash is an error: a missing
 scale never becomes 1.0 quietly. safetensors loads without pickle.
+
+A table must know what it is for: the model (its config hash) and the format its scales were
+calibrated for (scale = amax / that format's max, so an E4M3 table under E5M2 is 128x off). Its
+sidecar says so; a table without one (a bare ``.safetensors``, or a sidecar that names neither) is
+refused on every load unless the user names both explicitly (:class:`Declared`: the scheme options
+``+scales_model=MODEL+scales_format=FORMAT``, from ``--scales-model``/``--scales-format``). Shape,
+format and model are then checked on every load, the declared values standing in for the sidecar's
+(and refused where they contradict it).
 """
 
 from __future__ import annotations
@@ -37,6 +45,17 @@ class ScaleTable:
         return s.reshape(1, -1, 1, 1) if s.dim() == 1 else s.reshape(1, 1, 1, 1)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What the user says a table was made for, in place of its sidecar: the model as ``--model``
+    names it, the format its scales were calibrated for, and that model's config hash where the
+    caller could read it (None: the model is not compared, e.g. where no model is loaded)."""
+
+    model: str
+    format: str
+    config_hash: str | None = None
+
+
 def sidecar_path(path: str | Path) -> Path:
     return Path(str(path) + ".json")
 
@@ -49,9 +68,18 @@ def save_scale_table(path: str | Path, table: ScaleTable) -> None:
 
 
 def load_scale_table(
-    path: str | Path, layout=None, granularity: str | None = None, config_hash: str | None = None
+    path: str | Path,
+    layout=None,
+    granularity: str | None = None,
+    config_hash: str | None = None,
+    *,
+    fmt: str | None = None,
+    declared: Declared | None = None,
 ) -> ScaleTable:
-    """Read and validate a table; ``layout`` is anything with ``num_layers`` and ``num_kv_heads``."""
+    """Read and validate a table; ``layout`` is anything with ``num_layers`` and ``num_kv_heads``;
+    ``fmt``: the scheme's format, which the table must have been calibrated for; ``config_hash``: the
+    model's, which the table must have been made for; ``declared``: the user's word on a table
+    without a sidecar (module docstring). ScaleError (one line) otherwise."""
     path = Path(path)
     if not path.is_file():
         raise ScaleError(
@@ -64,9 +92,7 @@ def load_scale_table(
     missing = [name for name in ("k_scale", "v_scale") if name not in tensors]
     if missing:
         raise ScaleError(f"static scale file {path} has no {' or '.join(missing)} entry: recalibrate or re-export it")
-    meta = {}
-    if sidecar_path(path).is_file():
-        meta = json.loads(sidecar_path(path).read_text())
+    meta = read_sidecar(path)
     table = ScaleTable(tensors["k_scale"].float(), tensors["v_scale"].float(), meta)
     if table.k_scale.shape != table.v_scale.shape:
         raise ScaleError(
@@ -86,9 +112,67 @@ def load_scale_table(
                 f"static scale file {path} has shape {tuple(table.k_scale.shape)} but this model needs {expected} "
                 f"({layout.num_layers} layers, {layout.num_kv_heads} KV heads): it was made for another model"
             )
-    if config_hash is not None and meta.get("config_hash") not in (None, config_hash):
+    meta = provenance(path, meta, declared)
+    table = ScaleTable(table.k_scale, table.v_scale, meta)
+    if fmt is not None and meta["format"] != fmt:
+        raise ScaleError(
+            f"static scales in {path} were calibrated for {meta['format']} (scale = amax / its max), "
+            f"not {fmt}: calibrate for {fmt} or use {meta['format']}"
+        )
+    if config_hash is not None and meta.get("config_hash") != config_hash:
         raise ScaleError(
             f"static scale file {path} was calibrated on model {meta.get('model', '?')} (config {meta.get('config_hash')}), "
             f"not this one (config {config_hash}): calibrate this model"
         )
     return table
+
+
+def read_sidecar(path: str | Path) -> dict:
+    """The table's sidecar as a dict; {} when there is none; ScaleError when it is not a JSON object."""
+    sidecar = sidecar_path(path)
+    if not sidecar.is_file():
+        return {}
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, ValueError) as exc:
+        raise ScaleError(f"the sidecar {sidecar} of static scale file {path} is not readable JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ScaleError(f"the sidecar {sidecar} of static scale file {path} is not a JSON object: re-make the table")
+    return meta
+
+
+def provenance(path: str | Path, meta: dict, declared: Declared | None) -> dict:
+    """``meta`` (the sidecar's) naming the table's model and format: the sidecar's own, else the user's
+    declaration; ScaleError (one line, with the fix) when neither names them or the two disagree."""
+    named = bool(meta.get("format")) and bool(meta.get("config_hash"))
+    if declared is None:
+        if named:
+            return meta
+        side = sidecar_path(path).name
+        what = (
+            f"no sidecar {side}"
+            if not sidecar_path(path).is_file()
+            else f"its sidecar {side} names no format or config hash"
+        )
+        raise ScaleError(
+            f"static scale file {path} does not say which model and format it was made for ({what}): "
+            "re-make it with `python -m evalkit calibrate`, or name them with "
+            "+scales_model=MODEL+scales_format=FORMAT (--scales-model MODEL --scales-format FORMAT)"
+        )
+    if meta.get("format") and meta["format"] != declared.format:
+        raise ScaleError(
+            f"static scale file {path}: its sidecar says format {meta['format']}, not the declared {declared.format}: "
+            "drop --scales-format (+scales_format=) or fix it"
+        )
+    if declared.config_hash and meta.get("config_hash") and meta["config_hash"] != declared.config_hash:
+        raise ScaleError(
+            f"static scale file {path}: its sidecar says model {meta.get('model', '?')} (config {meta['config_hash']}), "
+            f"not the declared {declared.model} (config {declared.config_hash}): drop --scales-model (+scales_model=) or fix it"
+        )
+    return {
+        **meta,
+        "format": meta.get("format") or declared.format,
+        "config_hash": meta.get("config_hash") or declared.config_hash,
+        "model": meta.get("model") or declared.model,
+        "declared": {"model": declared.model, "format": declared.format},
+    }

@@ -27,7 +27,10 @@ default, is not written), ``tensor_scale=fp32`` (a second-level FP32 scale per t
 group scales: NVFP4), ``recipe=sglang`` (SGLang's own FP4 scale rule and zero sign),
 ``recipe=vllm_cpu`` (vLLM's CPU FP8 store: ``x * float32(1 / scale)``, an exact-zero quotient
 stored +0, E4M3 subnormals through float32; with ``+rounding=rtz``, :func:`evalkit.kv.rounding.round_vllm_cpu`),
-``scales=PATH`` (the static table), ``rounding=rtz|rna`` (how ``x / scale`` becomes a code:
+``scales=PATH`` (the static table), ``scales_model=MODEL`` and ``scales_format=FORMAT`` (what a
+static table without its JSON sidecar was made for: the model, named as ``--model`` names it, and
+the format its scales were calibrated for; both or neither, see
+:func:`evalkit.kv.scale_table.load_scale_table`), ``rounding=rtz|rna`` (how ``x / scale`` becomes a code:
 toward zero, or to nearest with ties away from zero, both saturating; ``rne``, to nearest with
 ties to even, is the default and is never written, so strings without the option keep their
 meaning and their run ids; every quantized format takes each mode, see
@@ -61,6 +64,7 @@ FP4 (whose 8 magnitudes need a scale per small group). NVFP4's per-tensor scale 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass, field
@@ -159,6 +163,8 @@ class Scheme:
     tensor_scale: bool = False
     recipe: Recipe = Recipe.STANDARD
     rounding: Rounding = Rounding.RNE
+    scales_model: str | None = None  # the model a sidecar-less static table was made for (+scales_model=)
+    scales_format: str | None = None  # the format it was calibrated for (+scales_format=)
 
     def __post_init__(self):
         fmt = get_format(self.format)
@@ -209,6 +215,7 @@ class Scheme:
                 )
         elif self.static_path:
             raise SchemeError(f"+scales=PATH only goes with static scales, not {self.scales.value}")
+        self._check_scales_declaration()
         if self.scales is not ScaleSource.DYNAMIC and fmt.asymmetric:
             raise SchemeError(
                 f"{fmt.name} needs a zero point, which {self.scales.value} scales do not have: "
@@ -219,6 +226,26 @@ class Scheme:
                 raise SchemeError(f"skip must be a list of layer indices or 'sliding', got {self.skip_layers!r}")
         elif any(i < 0 for i in self.skip_layers) or list(self.skip_layers) != sorted(set(self.skip_layers)):
             raise SchemeError("skip layers must be distinct non-negative indices in increasing order, e.g. skip=0,5")
+
+    def _check_scales_declaration(self) -> None:
+        """``+scales_model=`` and ``+scales_format=`` name a static table's model and format: both or
+        neither, with ``+scales=PATH`` only, the format a known one."""
+        given = (self.scales_model is not None, self.scales_format is not None)
+        if not any(given):
+            return
+        if not self.static_path:
+            raise SchemeError(
+                "+scales_model= and +scales_format= describe a static table: add +scales=PATH or drop them"
+            )
+        if not all(given):
+            missing = "scales_format" if given[0] else "scales_model"
+            raise SchemeError(
+                f"+scales_model= and +scales_format= go together: add +{missing}=... naming what the table was made for"
+            )
+        if self.scales_format not in FORMATS:
+            raise SchemeError(
+                f"scales_format={self.scales_format!r} is not a format: use one of {', '.join(sorted(FORMATS))}"
+            )
 
     def _check_scale_encoding(self, fmt: KVFormat) -> None:
         """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
@@ -356,6 +383,8 @@ class Scheme:
                 text += f"+recipe={self.recipe.value}"
         if self.static_path:
             text += f"+scales={self.static_path}"
+        if self.scales_model is not None:
+            text += f"+scales_model={self.scales_model}+scales_format={self.scales_format}"
         if self.rounding is not Rounding.RNE and not name:  # a named scheme's name says its rounding
             text += f"+rounding={self.rounding.value}"
         if self.skip_layers:
@@ -448,7 +477,18 @@ NAMED_SCHEMES: dict[str, NamedScheme] = {
     ),
 }
 
-_OPTION_KEYS = ("scale_dtype", "tensor_scale", "recipe", "scales", "rounding", "skip", "attn", "rope")
+_OPTION_KEYS = (
+    "scale_dtype",
+    "tensor_scale",
+    "recipe",
+    "scales",
+    "scales_model",
+    "scales_format",
+    "rounding",
+    "skip",
+    "attn",
+    "rope",
+)
 _ROUNDING_CHOICES = (
     "rne (to nearest, ties to even; the default), rtz (toward zero) or rna (to nearest, ties away "
     "from zero), each saturating at the format's max"
@@ -471,6 +511,8 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
             )
         if key == "scales":
             kwargs["static_path"] = value
+        elif key in ("scales_model", "scales_format"):
+            kwargs[key] = value
         elif key == "skip":
             if value == SLIDING:
                 kwargs["skip_layers"] = SLIDING
@@ -574,6 +616,29 @@ _SCHEME_START = re.compile(
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
     + r")(?:[/+,\s]|$)))"
 )
+
+
+def declare_scales(schemes: list[Scheme], model: str, fmt: str) -> list[Scheme]:
+    """``schemes`` with every static one declaring its table's model and format (``+scales_model=``,
+    ``+scales_format=``; ``--scales-model``/``--scales-format``). SchemeError when none reads a table
+    (the flags would be ignored) or one already declares something else."""
+    out, touched = [], False
+    for s in schemes:
+        if not s.static_path:
+            out.append(s)
+            continue
+        touched = True
+        if s.scales_model is not None and (s.scales_model, s.scales_format) != (model, fmt):
+            raise SchemeError(
+                f"{s} already names its table's model and format: drop --scales-model/--scales-format or those options"
+            )
+        out.append(dataclasses.replace(s, scales_model=model, scales_format=fmt))
+    if not touched:
+        raise SchemeError(
+            "--scales-model/--scales-format describe a static scale table, but no scheme reads one "
+            "(+scales=PATH): drop them"
+        )
+    return out
 
 
 def parse_schemes(text: str | list[str]) -> list[Scheme]:

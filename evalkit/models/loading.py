@@ -202,6 +202,23 @@ def model_source(name: str) -> tuple[str, bool]:
     return name, hub_cache_only(name)
 
 
+def model_config_hash(name: str) -> str:
+    """The :func:`evalkit.models.info.config_hash` of the model ``name`` names (an embedded name, a
+    folder or a hub id, as ``--model`` takes it), from its config alone: what a scale table declared
+    for that model (``+scales_model=``) is checked against. EvalkitError (one line) when unreadable."""
+    from transformers import AutoConfig
+
+    source, local_only = model_source(name)
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+    except (OSError, ValueError) as exc:
+        raise EvalkitError(
+            f"cannot read the config of model {name} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
+            "name the scale table's model as --model would (a hub id, a folder or embedded)"
+        ) from None
+    return config_hash(config)
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,

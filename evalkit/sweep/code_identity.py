@@ -47,11 +47,9 @@ intervals, float noise, output heads), ``models/`` (loading, dtypes, architectur
 backends and engine profiles), ``runtime/`` (the BLAS mode), ``sweep/`` (grids, run parameters,
 execution, the store), ``errors.py`` and ``units.py``.
 
-Not covered: the grids (their settings are the run spec itself); scale files outside
-``calibration/`` (a static scheme names its file by path: replacing its content under the same
-name is not detected); local corpora enter each run id by content instead
-(:func:`evalkit.data.corpus_check.input_hashes`); the model weights (the run info records the
-model's path and config hash). Library versions, the Python version and a real engine's package
+Not covered here: the grids (their settings are the run spec itself); scale files outside
+``calibration/``, the model weights and local corpora, which enter each run id by content instead
+(:mod:`evalkit.sweep.run_inputs`, :func:`evalkit.data.corpus_check.input_hashes`). Library versions, the Python version and a real engine's package
 and version enter the run id beside the identity (:func:`evalkit.sweep.grid.versions`).
 
 The git commit (and whether the tree differs from it) is recorded next to the identity in each

@@ -27,8 +27,9 @@ of the file (``problems``, one line each; its message is the first, with a count
 string, eval name, the eval's number-deciding parameters) together with the versions of the
 packages that decide the numbers (torch, transformers, lm-eval, Python's major.minor, and for an
 engine run the engine's package and version), the identity of evalkit's own number-deciding code
-(:mod:`evalkit.sweep.code_identity`) and the content of the local corpus files it reads
-(:func:`evalkit.data.corpus_check.input_hashes`), so a
+(:mod:`evalkit.sweep.code_identity`), the content of the local corpus files it reads
+(:func:`evalkit.data.corpus_check.input_hashes`) and of the model's weights and the static scale
+table its scheme reads (:mod:`evalkit.sweep.run_inputs`), so a
 changed setting, a changed library or changed evalkit code yields a new run, never a silently
 reused one.
 """
@@ -459,3 +460,18 @@ def with_model(grid: Grid, name: str) -> Grid:
     models = list(dict.fromkeys(r.model for r in runs))
     data = {**grid.data, "models": [asdict(m) for m in models]}
     return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
+
+
+def with_scales_declared(grid: Grid, model: str, fmt: str) -> Grid:
+    """The grid with every static scheme declaring its table's model and format
+    (``+scales_model=MODEL+scales_format=FORMAT``): ``evalkit sweep GRID --scales-model MODEL
+    --scales-format FORMAT``, for tables without their JSON sidecar (:mod:`evalkit.kv.scale_table`).
+    EvalkitError when no scheme of the grid reads a table, or one declares something else."""
+    from dataclasses import replace
+
+    from evalkit.kv.scheme import declare_scales
+
+    schemes = list(dict.fromkeys(r.scheme for r in grid.runs))
+    mapped = dict(zip(schemes, (str(s) for s in declare_scales([parse_scheme(t) for t in schemes], model, fmt))))
+    runs = tuple(dict.fromkeys(replace(r, scheme=mapped[r.scheme]) for r in grid.runs))
+    return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=grid.data)

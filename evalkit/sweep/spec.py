@@ -1,6 +1,7 @@
 """The sweep's spec model: a model's settings (:class:`ModelSpec`), one frozen run (:class:`RunSpec`,
 with its content-addressed run id: the SHA-256 of its canonical spec with the versions that decide its
-numbers, :mod:`evalkit.sweep.run_versions`, and the content of the local corpus files it reads), and a
+numbers, :mod:`evalkit.sweep.run_versions`, the content of the local corpus files it reads, and of
+the model's weights and the static scale table it reads, :mod:`evalkit.sweep.run_inputs`), and a
 grid's runs (:class:`Grid`).
 """
 
@@ -80,9 +81,15 @@ class RunSpec:
     @property
     def run_id(self) -> str:
         from evalkit.data.corpus_check import input_hashes
+        from evalkit.sweep.run_inputs import run_inputs
 
         inputs = input_hashes(json.loads(self.params_json))  # local corpus files by content
-        ident = {"spec": self.canonical(), "versions": versions(self.engine), **({"inputs": inputs} if inputs else {})}
+        ident = {
+            "spec": self.canonical(),
+            "versions": versions(self.engine),
+            **({"inputs": inputs} if inputs else {}),
+            **run_inputs(self.model.name, self.scheme),  # the weights and the scale tables, by content
+        }
         text = canonical_json(ident)
         return hashlib.sha256(text.encode()).hexdigest()
 

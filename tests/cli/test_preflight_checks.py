@@ -90,7 +90,7 @@ TABLE_CASES = {  # name -> (how to make it under tmp, the scheme's granularity, 
     ),
     "another model's": (lambda p: table(p, torch.ones(5), torch.ones(5)), "tensor", "made for another model"),
     "another format": (
-        lambda p: table(p, ONES_30, ONES_30, {"format": "fp8_e5m2"}),
+        lambda p: table(p, ONES_30, ONES_30, {"format": "fp8_e5m2", "config_hash": "0123456789abcdef"}),
         "tensor",
         "calibrated for fp8_e5m2",
     ),

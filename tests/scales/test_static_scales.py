@@ -17,7 +17,8 @@ from evalkit.models.info import config_hash, kv_layout
 
 
 def write(path, k, v, meta=None):
-    save_scale_table(path, ScaleTable(k, v, meta or {}))
+    """A table with a sidecar naming ``meta`` (its format fp8_e4m3 unless ``meta`` says otherwise)."""
+    save_scale_table(path, ScaleTable(k, v, {"format": "fp8_e4m3", **(meta or {})}))
     return path
 
 
@@ -103,7 +104,8 @@ def test_table_made_for_another_format_is_refused(tmp_path, tiny):
     from evalkit.integration.binding import BoundScheme
     from evalkit.kv.scheme import parse_scheme
 
-    path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), {"format": "fp8_e4m3"})
+    meta = {"format": "fp8_e4m3", "config_hash": config_hash(tiny.model.config)}
+    path = write(tmp_path / "e4m3.safetensors", torch.ones(2), torch.ones(2), meta)
     BoundScheme(parse_scheme(f"fp8_e4m3/tensor/static+scales={path}"), kv_layout(tiny.model.config))
     with pytest.raises(ScaleError, match="calibrated for fp8_e4m3"):
         BoundScheme(parse_scheme(f"fp8_e5m2/tensor/static+scales={path}"), kv_layout(tiny.model.config))

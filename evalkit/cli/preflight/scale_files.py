@@ -7,8 +7,8 @@ the model has loaded. Here the same file is found as the run finds it
 ``calibration/``) and its safetensors header is read, not its tensors (``safe_open``: names, shapes,
 dtypes): it must parse, hold ``k_scale`` and ``v_scale`` of one shape, per tensor ``(layers,)`` or per
 head ``(layers, kv_heads)`` as the scheme's granularity says, with the shape of each planned model
-whose config is here, and its JSON sidecar (if any) must read and be calibrated for the scheme's
-format. The values (zero, negative, non-finite scales) and the config hash are checked when the
+whose config is here, and its JSON sidecar must read and name the model and format it was made
+for (or the scheme must declare them, ``+scales_model=``/``+scales_format=``), a format the scheme's. The values (zero, negative, non-finite scales) and the config hash are checked when the
 table loads, as before.
 """
 
@@ -84,7 +84,7 @@ def read_header(name: str) -> ScaleHeader:
 
 
 def header_problem(header: ScaleHeader, scheme: Scheme) -> str | None:
-    """Why the table cannot serve ``scheme`` (granularity, calibrated format), in one line; None when it can."""
+    """Why the table cannot serve ``scheme``'s granularity, in one line; None when it can."""
     name = scheme.static_path
     want = scheme.granularity.kind.value
     if header.granularity != want:
@@ -92,8 +92,21 @@ def header_problem(header: ScaleHeader, scheme: Scheme) -> str | None:
             f"static scale file {name} holds {header.granularity} scales but the scheme asks for {want}: "
             f"use a {want} calibration"
         )
-    made_for = header.meta.get("format")
-    if made_for and made_for != scheme.format:
+    return None
+
+
+def format_problem(header: ScaleHeader, scheme: Scheme) -> str | None:
+    """Why the table cannot serve ``scheme``'s format (it names no model and format, by its sidecar or
+    the scheme's ``+scales_model=``/``+scales_format=``, or another format), in one line; None when it can."""
+    from evalkit.kv.scale_table import Declared, provenance
+
+    name = scheme.static_path
+    declared = Declared(scheme.scales_model, scheme.scales_format) if scheme.scales_model is not None else None
+    try:
+        made_for = provenance(header.path, header.meta, declared)["format"]
+    except ScaleError as exc:
+        return str(exc)
+    if made_for != scheme.format:
         return (
             f"static scales in {name} were calibrated for {made_for} (scale = amax / its max), not "
             f"{scheme.format}: calibrate for {scheme.format} or use {made_for}"
@@ -141,7 +154,7 @@ def check_scale_files(runs: Sequence[PlannedRun]) -> list[Problem]:
             continue
         name = run.model.name
         arch = archs.get(name) or archs.setdefault(name, model_arch(name))
-        reason = header_problem(header, scheme) or shape_problem(header, scheme, arch)
+        reason = header_problem(header, scheme) or shape_problem(header, scheme, arch) or format_problem(header, scheme)
         if reason:
             out.append(Problem(run.scheme_key, reason))
     return out

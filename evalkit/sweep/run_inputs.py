@@ -1,0 +1,116 @@
+"""What a run reads besides its spec, the code and the corpora, by content, for its run id: the model's
+weights and the static scale tables its scheme reads.
+
+A run id must change when a checkpoint is re-trained in place or a scale table is rewritten under
+the same path; the spec names both by path only. :func:`run_inputs` adds
+
+* ``weights``: :func:`model_weights_fingerprint`, computed without loading the model (the loaded-model
+  :func:`evalkit.models.info.weights_fingerprint` of the baseline caches needs the weights in memory,
+  too dear at grid expansion for a sweep of large models): for a local folder the SHA-256 of its
+  weight files' names and bytes; for a hub id the blob digests of the weight files in the local
+  Hugging Face cache (their SHA-256, which the hub names them by), ``uncached`` before its download
+  (then the first run's download gives later processes a new id: a re-run, never a stale reuse); for
+  the embedded model the SHA-256 of its GGUF file. A file's digest is kept per process by (path,
+  size, mtime, inode), so a rewritten file is hashed again and an unchanged one once;
+* ``scales``: the SHA-256 of the static table the scheme reads (``+scales=PATH``, found as the run
+  finds it). An engine profile's derived table (``engine-scales/...``) is the file its scheme
+  names, so a rewritten source table, re-derived when the grid is expanded, changes it too. A
+  missing table is ``missing`` (the run is refused before it starts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+_CHUNK = 1 << 20
+_DIGESTS: dict[tuple, str] = {}  # (resolved path, size, mtime_ns, inode) -> sha256 hex
+_HUB: dict[str, str] = {}  # hub id -> its fingerprint, once per process (a mid-sweep download keeps the id)
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 hex of a file's bytes, kept per process while its size, mtime and inode stay."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file())
+
+
+def _folder_fingerprint(folder: Path) -> str:
+    h = hashlib.sha256()
+    for f in _weight_files(folder):
+        h.update(f"{f.relative_to(folder).as_posix()} {file_digest(f)}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _hub_fingerprint(repo_id: str) -> str:
+    if repo_id in _HUB:
+        return _HUB[repo_id]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        config = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001  (not a hub id, or no huggingface_hub: the loader refuses the model)
+        config = None
+    if not isinstance(config, str):
+        _HUB[repo_id] = "uncached"
+        return "uncached"
+    snapshot = Path(config).parent
+    h = hashlib.sha256()
+    for f in _weight_files(snapshot):
+        blob = f.resolve().name if f.is_symlink() else file_digest(f)  # the cache's blobs are named by digest
+        h.update(f"{f.relative_to(snapshot).as_posix()} {blob}\n".encode())
+    _HUB[repo_id] = "sha256:" + h.hexdigest()
+    return _HUB[repo_id]
+
+
+def model_weights_fingerprint(name: str) -> str:
+    """The fingerprint of the weights ``name`` (an embedded name, a local folder or a hub id) loads."""
+    from evalkit.errors import EvalkitError
+    from evalkit.models.loading import embedded_gguf, embedded_name, is_path_like
+
+    embedded = embedded_name(name)
+    if embedded:
+        try:
+            return "sha256:" + file_digest(embedded_gguf(embedded))
+        except EvalkitError:  # its package is missing: the run is refused when it loads the model
+            return "absent"
+    if is_path_like(name):
+        folder = Path(name).expanduser()
+        return _folder_fingerprint(folder) if folder.is_dir() else "absent"
+    return _hub_fingerprint(name)
+
+
+def scale_file_hashes(scheme: str) -> dict[str, str]:
+    """``{path as the scheme names it: "sha256:..."}`` of the static table the scheme reads; {} for none."""
+    from evalkit.data.resources import resolve_calibration_file
+    from evalkit.errors import EvalkitError
+    from evalkit.kv.scheme import parse_scheme
+
+    try:
+        path = parse_scheme(scheme).static_path
+    except EvalkitError:
+        return {}
+    if not path:
+        return {}
+    try:
+        found = resolve_calibration_file(path)
+    except EvalkitError:
+        return {path: "missing"}
+    return {path: "sha256:" + file_digest(found) if found.is_file() else "missing"}
+
+
+def run_inputs(model_name: str, scheme: str) -> dict[str, object]:
+    """What enters the run id beside the spec: the weights' fingerprint and the scale tables' hashes."""
+    scales = scale_file_hashes(scheme)
+    return {"weights": model_weights_fingerprint(model_name), **({"scales": scales} if scales else {})}

@@ -172,8 +172,11 @@ def codec_for(recipe: Recipe) -> Codec:
 def one_forward_reads_raw(scheme) -> bool:
     """Whether a scheme's engine attends a sequence's first write from the raw K/V it was given
     (``prefill_reads_raw``): then an evaluation of one forward per sequence (perplexity windows, lm-eval
-    log-likelihoods) reads nothing quantized, and its numbers are the baseline's, not the cache's cost."""
-    recipe = scheme.kv_format.recipe
+    log-likelihoods) reads nothing quantized, and its numbers are the baseline's, not the cache's cost.
+    ``scheme``: a Scheme or its text."""
+    from evalkit.kv.scheme import parse_scheme
+
+    recipe = parse_scheme(scheme).kv_format.recipe if isinstance(scheme, str) else scheme.kv_format.recipe
     return is_codec(recipe) and codec_for(recipe).prefill_reads_raw
 
 

@@ -102,6 +102,7 @@ def test_params_defaults_flags_and_validation():
         batch_size=8,
         buckets=8,
         bos=None,
+        interval="t",
         bootstrap_samples=2000,
         seed=0,
     )
@@ -114,6 +115,7 @@ def test_params_defaults_flags_and_validation():
         (dict(bos="yes"), "bos must be"),
         (dict(corpus=""), "needs a corpus"),
         (dict(window=3), "unknown decode parameter"),
+        (dict(interval="bca"), "interval method 'bca' is not known: use --decode-interval t or bootstrap"),
     ]:
         with pytest.raises(EvalkitError, match=message) as err:
             DecodeEval(params)

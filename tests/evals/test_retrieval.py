@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -195,10 +196,12 @@ def test_intervals_match_scipy_and_plain_means():
     assert (mean, lo, hi, method) == (pytest.approx(0.75), pytest.approx(ci.low), pytest.approx(ci.high), "wilson")
     frac = [0.25, 0.5, 1.0, 0.75]
     mean, lo, hi, method = accuracy_ci(frac)
-    assert method == "bootstrap" and mean == pytest.approx(0.625) and lo <= mean <= hi and 0.25 <= lo and hi <= 1.0
+    t = stats.t.interval(0.95, 3, loc=0.625, scale=np.std(frac, ddof=1) / 2)  # Student's t, clipped to [0, 1]
+    assert method == "t" and mean == pytest.approx(0.625) and (lo, hi) == pytest.approx((t[0], 1.0)) and t[1] > 1
     assert difference_ci([1, 0, 1], [1, 0, 1]) == (0.0, 0.0, 0.0)
     d, lo, hi = difference_ci([0, 0, 1, 0], [1, 1, 1, 1])
-    assert d == pytest.approx(-0.75) and lo <= d <= hi <= 0.0
+    t = stats.t.interval(0.95, 3, loc=-0.75, scale=0.5 / 2)  # per-prompt differences -1, -1, 0, -1
+    assert d == pytest.approx(-0.75) and (lo, hi) == pytest.approx((-1.0, t[1])) and t[0] < -1
 
 
 # ---- the evaluation end to end ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ word, and surrounding punctuation, quotes and whitespace are dropped).
 A cell's accuracy is the mean score of its samples. Its 95 % interval is the binomial (Wilson)
 interval when every score is 0 or 1, and otherwise (recall tasks) Student's t interval of the
 mean over samples (:func:`evalkit.evals.stats.unit_interval`; a percentile bootstrap covers about 80 %
-at 4 samples). The difference from the baseline is paired over the same prompts: the mean of
+at 4 samples), clipped to [0, 1] where the scores lie. The difference from the baseline is paired over the same prompts: the mean of
 per-sample differences with Student's t interval (exactly [0, 0] when all agree).
 """
 
@@ -63,7 +63,7 @@ def accuracy_ci(scores: Sequence[float], seed: int = 0) -> tuple[float, float, f
         low, high = binomial_ci(int(s.sum()), int(s.size))
         return (mean, low, high, "wilson")
     low, high = unit_interval(lambda x: x.mean(-1), [s], seed=seed)
-    return (mean, low, high, "t")
+    return (mean, max(low, 0.0), min(high, 1.0), "t")  # scores lie in [0, 1]: so does their mean
 
 
 def difference_ci(scores: Sequence[float], baseline: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
@@ -74,4 +74,5 @@ def difference_ci(scores: Sequence[float], baseline: Sequence[float], seed: int 
     if a.size == 0:
         return (math.nan, math.nan, math.nan)
     low, high = unit_interval(lambda x, y: x.mean(-1) - y.mean(-1), [a, b], seed=seed)
+    low, high = max(low, -1.0), min(high, 1.0)  # a difference of scores in [0, 1]
     return (float(a.mean() - b.mean()), low, high)

@@ -189,7 +189,8 @@ class RetrievalEval(Evaluation):
     def _baseline_path(self, lm) -> Path | None:
         """One JSONL file of baseline continuations per model and batch size, keyed per prompt (any grid
         with that batch size reuses them): the batch size decides which prompts share a padded forward,
-        so the generation's floats (as decode's baseline key holds it). None (kept in memory only) without a work folder or for a backend whose baseline is its own run
+        so the generation's floats (as decode's baseline key holds it). None (kept in memory only)
+        without a work folder or for a backend whose baseline is its own run
         (an engine's), not a reusable function of the loaded model."""
         if self.workdir is None or not backend_of(self).capabilities.reusable_baseline:
             return None

@@ -46,6 +46,10 @@ Statistics. 95 % paired percentile bootstrap over sequences (units: sequences, s
 of positions within a sequence is respected; fixed seed, ``bootstrap_samples`` resamples) for
 ``kl_mean``, ``top1_agreement``, ``nll_delta`` and ``free_kl_mean``; ``first_divergence`` (median,
 order-statistic interval) and ``identical_share`` (Wilson) as in :mod:`evalkit.evals.decode.divergence`.
+Per-position KL, its bound and variance, and NLL are kept in float64, as perplexity keeps them. No
+interval here holds float spread (perplexity's ``float_noise_seeds`` reruns on perturbed weights
+have no decode counterpart): every row's ``info["ci"]`` says so (:data:`NO_FLOAT_SPREAD`), so a
+report can show which intervals are sampling-only.
 
 Memory and devices. The loop runs on the model's device; the cache grows linearly with P + T; per
 step only (batch x vocabulary) logits exist (the output head runs on the last hidden state only,
@@ -73,6 +77,8 @@ from evalkit.evals.decode.divergence import censored_median, first_divergence, i
 from evalkit.evals.decode.params import DecodeParams, sequence_starts, step_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.decode.workload import decode_work
 from evalkit.evals.stats import paired_bootstrap_ci
+
+NO_FLOAT_SPREAD = "without float spread (not measured for decode)"  # the tail of every decode row's info["ci"]
 
 
 @register_eval("decode")
@@ -190,7 +196,7 @@ class DecodeEval(Evaluation):
             starts=self.starts,
             bootstrap_samples=p.bootstrap_samples,
             seed=p.seed,
-            ci="95% paired percentile bootstrap over sequences",
+            ci=f"95% paired percentile bootstrap over sequences, {NO_FLOAT_SPREAD}",
             **source,
             positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction",
         )
@@ -221,6 +227,7 @@ class DecodeEval(Evaluation):
             out.append(MetricRow("n_tokens", float(n * (cols.stop - cols.start)), labels=dict(labels), info=info))
         steps = first_divergence(pos["agree"][fr])
         median, low, high, m_info = censored_median(steps, p.decode)
+        m_info = {**m_info, "ci": f"exact order-statistic interval of the median over sequences, {NO_FLOAT_SPREAD}"}
         out.append(MetricRow("first_divergence", median, low, high, info={**info, **m_info, "steps": steps.tolist()}))
         share, s_low, s_high, k = identical_share(steps, p.decode)
         out.append(
@@ -229,7 +236,7 @@ class DecodeEval(Evaluation):
                 share,
                 s_low,
                 s_high,
-                info={**info, "identical": k, "ci": "95% Wilson interval over sequences"},
+                info={**info, "identical": k, "ci": f"95% Wilson interval over sequences, {NO_FLOAT_SPREAD}"},
             )
         )
         return out

@@ -108,8 +108,8 @@ def _budget_value(text: str):
 
 def _add_budget_arguments(p) -> None:
     g = p.add_argument_group(
-        "quality budget of the recommendation (a number, or none to turn a criterion off; see the docs' "
-        "'Reading the recommendation')"
+        "quality budget of the recommendation (a number, or none to turn a criterion off; see "
+        "docs/report.md#the-quality-budget)"
     )
     for name, text in BUDGET_HELP.items():
         g.add_argument(

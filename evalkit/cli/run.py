@@ -2,7 +2,9 @@
 
     python -m evalkit run --model M --schemes bf16,fp8_e4m3/head/dynamic --eval perplexity ...
 
-The baseline (bf16) is always evaluated first, whether listed or not. With ``--out DIR`` the
+The baseline (bf16) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
+:data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
+no scales), a scheme engines run rather than a hypothetical one. With ``--out DIR`` the
 rows also go to a results store, the one ``evalkit sweep`` writes (DIR/results.jsonl through
 :class:`evalkit.sweep.store.ResultStore`: a run per scheme, the same run ids and completion records,
 artifacts under DIR/runs/<id16>/), so ``evalkit report DIR`` reads it; running the same command
@@ -34,6 +36,11 @@ from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
+
+# --schemes left out: the baseline and FP8 E4M3 with unit scales, what vLLM's kv_cache_dtype=fp8 stores when a
+# checkpoint has no scales (vllm-cuda, sglang, tensorrt-llm run it; evalkit.report.engine_fit), not a
+# hypothetical scheme no engine runs
+DEFAULT_SCHEMES = ("bf16", "fp8_e4m3/tensor/unit")
 
 
 def add_parser(sub):
@@ -67,8 +74,9 @@ def _add(sub, names: list[str], with_evals: bool = True):
     add_model_arguments(p)
     p.add_argument(
         "--schemes",
-        default="bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic",
-        help="comma-separated scheme strings (see `evalkit schemes`)",
+        default=",".join(DEFAULT_SCHEMES),
+        help="comma-separated scheme strings (see `evalkit schemes`); default: %(default)s, the baseline and what "
+        "vLLM's kv_cache_dtype=fp8 stores without scales (schemes engines run, not hypothetical ones)",
     )
     p.add_argument("--eval", dest="eval_name", default="perplexity", choices=names)
     p.add_argument(

@@ -14,6 +14,14 @@ perturbation is the same size, in rounding steps, for float32, bfloat16 and floa
 fixed relative change such as ``1 + 1e-7 * N(0, 1)`` is a no-op on bf16 weights, whose ulp is
 2**-8 relative). Zeros stay zero. The perturbation is drawn on the CPU in float64 from a seeded
 generator, so it is the same on every device and platform.
+
+Parameters only, not buffers. A model's floating-point buffers are constants derived from its
+config, not weights: rotary ``inv_freq`` (and ``original_inv_freq``, which dynamic RoPE restores it
+from), attention-mask fills, position tables. Every implementation computes them from the config,
+so they are not where two implementations' weights can differ; moving them would add an error of a
+different kind (an ulp of ``inv_freq`` shifts every rotary angle by an amount that grows with the
+position, the same in every layer; ``inv_freq`` and its original copy would disagree), and a mask
+fill of ``finfo.min`` has an infinite ulp above it (the next step overflows), so it would become NaN.
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ def perturb_(tensor: torch.Tensor, generator: torch.Generator, ulps: float = DEF
 
 
 def perturbed_model(model: torch.nn.Module, seed: int, ulps: float = DEFAULT_ULPS) -> torch.nn.Module:
-    """A deep copy of ``model`` with every floating-point parameter and buffer moved by a few ulps (seeded)."""
+    """A deep copy of ``model`` with every floating-point parameter moved by a few ulps (seeded, in
+    parameter-name order); buffers are copied unchanged (see the module docstring for why)."""
     clone = copy.deepcopy(model)
     g = torch.Generator().manual_seed(int(seed))
     with torch.no_grad():

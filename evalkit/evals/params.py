@@ -152,6 +152,8 @@ class Params:
                 kwargs["type"] = kind
             if f.metadata.get("metavar"):
                 kwargs["metavar"] = f.metadata["metavar"]
+            elif "action" not in kwargs:  # named for the flag, not the dest (--decode-tokens: not DECODE_DECODE)
+                kwargs["metavar"] = cls.flag(f.name).lstrip("-").replace("-", "_").upper()
             g.add_argument(cls.flag(f.name), **kwargs)
 
     @classmethod

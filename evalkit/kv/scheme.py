@@ -611,10 +611,14 @@ _CODEC_RECIPE_VALUES = frozenset(  # evalkit.kv.vllm_codecs.CODEC_RECIPES, by va
         ("vllm_int4", "vllm_turboquant", "vllm_ultraquant", "vllm_fp8_ds_mla", "vllm_nvfp4", _LLAMACPP_RECIPE)
     )
 )
+_IDENT = r"[A-Za-z_]\w*"
 _SCHEME_START = re.compile(
     r",(?=\s*(?:vllm:|llamacpp:|(?:"
     + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
-    + r")(?:[/+,\s]|$)))"
+    + r")(?:[/+,\s]|$)"
+    # a mistyped scheme still starts a new item: NAME/GRANULARITY/SCALES or a bare NAME, up to the next
+    # option, comma or the end (a skip list continues with digits; a scales path with one slash stays put)
+    + rf"|{_IDENT}/[^,+/]*/[^,+/]*(?:[+,]|\s*$)|{_IDENT}\s*(?:[+,]|$)))"
 )
 
 
@@ -644,11 +648,19 @@ def declare_scales(schemes: list[Scheme], model: str, fmt: str) -> list[Scheme]:
 def parse_schemes(text: str | list[str]) -> list[Scheme]:
     """Parse a list: schemes separated by commas (or passed as a list).
 
-    ``skip=0,5`` contains commas, so a comma-separated string is split only at commas that are
-    followed by a format or named-scheme name.
+    ``skip=0,5`` contains commas, so a comma-separated string is split only at commas that start a
+    scheme: a format or named-scheme name, or what has a scheme's shape (``NAME/GRAN/SCALES``, a bare
+    ``NAME``) even when its name is mistyped, so the error names the item that is wrong, not the one
+    before it. A list of several names the item and its position in each error.
     """
-    if isinstance(text, str):
-        pieces = _SCHEME_START.split(text)
-    else:
-        pieces = list(text)
-    return [parse_scheme(p) for p in pieces if p.strip()]
+    pieces = _SCHEME_START.split(text) if isinstance(text, str) else list(text)
+    pieces = [p for p in pieces if p.strip()]
+    out = []
+    for i, piece in enumerate(pieces, 1):
+        try:
+            out.append(parse_scheme(piece))
+        except SchemeError as e:
+            if len(pieces) == 1:
+                raise
+            raise SchemeError(f"scheme {i} of {len(pieces)}, {piece.strip()!r}: {e}") from None
+    return out

@@ -177,6 +177,43 @@ def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
     assert (same == 0).all()  # an identity run: exactly 0, as the emulation's identity KL
 
 
+def test_topk_kl_bound_stays_below_the_kl_where_the_top_k_sums_to_one_or_more():
+    """The scheme's tail (1e-12 of its mass) is below the float32 rounding of its reported log-probs,
+    which sum to >= 1: its tail mass rounds to <= 0. The baseline keeps 5 % outside the top-k. The
+    bound must stay under the full-vocabulary KL (a floor such as 1e-30 for Q_T put it at ~3x)."""
+    from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+
+    vocab, k = 40, 6
+    head = torch.tensor([3.0, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=torch.float64)
+    q_logits = torch.cat([head, torch.full((vocab - k,), -30.0, dtype=torch.float64)])
+    p_logits = torch.cat([head + 0.2 * torch.arange(k), torch.full((vocab - k,), -2.5, dtype=torch.float64)])
+    lq, lp = q_logits.log_softmax(-1), p_logits.log_softmax(-1)
+    exact = float((lp.exp() * (lp - lq)).sum())
+    p_tail = float(lp[k:].exp().sum())
+    assert 0.02 < p_tail < 0.2 and float(lq[k:].exp().sum()) < 1e-11
+
+    def reported(lx):  # vLLM's float32 log-probs, rounded up (as a float32 log-softmax may leave them)
+        r = lx.float()
+        return torch.where(r.double() < lx, torch.nextafter(r, torch.tensor(0.0)), r).double()
+
+    q_rep, p_rep = reported(lq), reported(lp)
+    assert float(q_rep[:k].exp().sum()) >= 1.0  # the case: the scheme's top-k sums to >= 1
+    ids = torch.arange(k)[None]
+    target = torch.tensor([2])
+    base = EngineRun(nll=-p_rep[target], ids=ids, lps=p_rep[None, :k], target=target)
+    run = EngineRun(nll=-q_rep[target], ids=ids, lps=q_rep[None, :k], target=target)
+    _, lower, tail = kl_lower_bound(base, run)
+    assert math.isfinite(float(lower[0])) and 0 < float(lower[0]) <= exact, (float(lower[0]), exact)
+    # the bound in that case is P_S KL(p|S || q|S), from the reported log-probs alone
+    p_s = p_rep[:k].exp() / p_rep[:k].exp().sum()
+    q_s = q_rep[:k].exp() / q_rep[:k].exp().sum()
+    want = float(p_rep[:k].exp().sum() * (p_s * (p_s.log() - q_s.log())).sum())
+    assert float(lower[0]) == pytest.approx(want, rel=1e-9)
+    assert float(tail[0]) == pytest.approx(p_tail, rel=1e-5)
+    _, same, _ = kl_lower_bound(run, run)
+    assert float(same[0]) == 0.0  # an identity run, in this case too: exactly 0
+
+
 # -- through the engine ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prepared(embedded, tmp_path_factory):

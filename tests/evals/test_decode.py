@@ -239,6 +239,14 @@ def test_per_position_kl_top1_nll_match_a_plain_float64_computation(sharp, prepa
     last = by_metric(rows, {"bucket": f"{P + edges[-2]}-{P + T - 1}"})
     assert last["kl_mean"].value == pytest.approx(pos["kl"][:N, edges[-2] :].mean(), rel=1e-12)
     assert sum(r.value for r in rows if r.metric == "n_tokens" and r.labels) == N * T
+    # kept in float64, as perplexity keeps them: not float32-rounded
+    for key in ("kl", "kl_lower"):  # (nll is a float32 log-softmax value, as in perplexity)
+        assert pos[key].dtype == np.float64 and (pos[key].astype(np.float32).astype(np.float64) != pos[key]).any(), key
+    # every interval says it lacks float spread (perplexity's reruns have no decode counterpart)
+    assert all(
+        r.info["ci"].endswith(", without float spread (not measured for decode)") for r in rows if r.ci_low is not None
+    )
+    assert top["first_divergence"].info["ci"].startswith("exact order-statistic interval")
 
 
 def test_greedy_rows_and_first_divergence_match_generate(sharp, prepared):

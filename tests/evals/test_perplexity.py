@@ -2,8 +2,11 @@
 
 Every number the evaluation reports is recomputed here the obvious way: ``model(ids, labels=...)``
 over the same windows for perplexity, full-precision ``log_softmax`` of the full logits for KL (the
-full-vocabulary reference the 2 KB baseline summary is checked against) and argmax agreement, with
-the model hooked by ``quantized_kv`` for a scheme.
+full-vocabulary reference the 2 KB baseline summary is checked against) and argmax agreement. The
+baseline reference is a plain transformers model, loaded here by ``from_pretrained`` and never touched
+by evalkit (no ``quantized_kv``, no hooks), so a fault of evalkit's storage path that also shows for the
+identity scheme cannot hide on both sides; a quantized scheme's reference is the model hooked by
+``quantized_kv`` for it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,22 @@ def tiny(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
+def plain_model(tiny_llama_dir):
+    """The tiny llama as transformers loads it, float32 on CPU, with no evalkit code on it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    hooks = [
+        m
+        for m in model.modules()
+        if m._forward_hooks or m._forward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None)
+    ]
+    assert not hooks and type(model).__module__.startswith("transformers."), hooks
+    return model
+
+
+@pytest.fixture(scope="module")
 def prose(tmp_path_factory):
     """The first 40k characters of the embedded prose as a file corpus (fast to tokenize)."""
     path = tmp_path_factory.mktemp("corpus") / "prose.txt"
@@ -57,25 +76,31 @@ def window_inputs(ev, lm):
     return out
 
 
-def reference(ev, lm, scheme):
+def reference(ev, lm, scheme, plain):
     """The plain way: (scheme ppl, baseline ppl, exact mean KL, top-1 agreement, n tokens), with
-    perplexity from ``model(ids, labels=...)`` and KL from full-precision log-softmax."""
+    perplexity from ``model(ids, labels=...)`` and KL from full-precision log-softmax. The baseline is
+    ``plain`` (transformers' own model, no evalkit hooks); ``scheme`` None: the baseline alone (the
+    scheme's numbers None), else the scheme's from ``lm.model`` under ``quantized_kv``."""
     total, base_total, n, kl, agree = 0.0, 0.0, 0, 0.0, 0
     with torch.inference_mode():
         for x, t0 in window_inputs(ev, lm):
             labels = x.clone()
             labels[:, :t0] = -100
-            out = lm.model(x, labels=labels)
+            out = plain(x, labels=labels)
             base = out.logits[0, t0 - 1 : -1].double().log_softmax(-1)
             m = x.shape[1] - t0
             base_total += float(out.loss) * m
+            n += m
+            if scheme is None:
+                continue
             with quantized_kv(lm.model, scheme):
                 out = lm.model(x, labels=labels)
             total += float(out.loss) * m
-            n += m
             quant = out.logits[0, t0 - 1 : -1].double().log_softmax(-1)
             kl += float((base.exp() * (base - quant)).sum())
             agree += int((base.argmax(-1) == quant.argmax(-1)).sum())
+    if scheme is None:
+        return None, math.exp(base_total / n), None, None, n
     return math.exp(total / n), math.exp(base_total / n), kl / n, agree / n, n
 
 
@@ -152,10 +177,10 @@ def test_summary_fits_2_kb_per_token():
     assert BYTES_PER_POSITION == TOP_K * 6 + TAIL_SAMPLES * 8 + 24 <= 2048
 
 
-def test_baseline_matches_plain_transformers(tiny, tmp_path, prose):
+def test_baseline_matches_plain_transformers(tiny, plain_model, tmp_path, prose):
     ev = PerplexityEval(dict(window=96, stride=40, max_windows=5, corpus=prose, batch_size=2))
     ev.prepare(tiny, tmp_path)
-    ppl, _, _, _, n = reference(ev, tiny, Scheme())
+    _, ppl, _, _, n = reference(ev, tiny, None, plain_model)
     rows = rows_by(ev.evaluate(tiny, Scheme()))
     assert rows["kl_mean"].info["kl_lower_bound"] == 0.0 and rows["kl_mean"].info["kl_sampling_se"] == 0.0
     assert rows["n_tokens"].value == n == 95 + 4 * 40
@@ -169,11 +194,11 @@ def test_baseline_matches_plain_transformers(tiny, tmp_path, prose):
     assert info["bootstrap_samples"] == 2000 and info["seed"] == 0
 
 
-def test_quantized_scheme_matches_plain_computation(tiny, tmp_path, prose):
+def test_quantized_scheme_matches_plain_computation(tiny, plain_model, tmp_path, prose):
     ev = PerplexityEval(dict(window=200, stride=100, max_windows=4, bootstrap_samples=500, corpus=prose))
     ev.prepare(tiny, tmp_path)
     scheme = parse_scheme(QUANT)
-    ppl, base_ppl, kl, agree, n = reference(ev, tiny, scheme)
+    ppl, base_ppl, kl, agree, n = reference(ev, tiny, scheme, plain_model)
     rows = ev.evaluate(tiny, scheme)
     top = rows_by(rows)
     assert top["ppl"].value == pytest.approx(ppl, rel=1e-5)
@@ -306,7 +331,7 @@ def test_embedded_model_baseline_and_fp8(embedded, tmp_path):
     ev = PerplexityEval(dict(window=96, max_windows=2, bootstrap_samples=200, corpus=f"file:{path}"))
     ev.prepare(embedded, tmp_path)
     scheme = parse_scheme("fp8_e4m3/head/dynamic")
-    ppl, base_ppl, kl, agree, n = reference(ev, embedded, scheme)
+    ppl, base_ppl, kl, agree, n = reference(ev, embedded, scheme, embedded.model)  # its own forward, no hooks
     base = rows_by(ev.evaluate(embedded, Scheme()))
     quant = rows_by(ev.evaluate(embedded, scheme))
     assert base["ppl"].value == pytest.approx(base_ppl, rel=1e-5)
@@ -341,6 +366,6 @@ def test_llm_vocabulary_baseline_fits_2_kb_per_token(tiny_tokenizer_dir, tmp_pat
     assert n == 4 * 127 and on_disk / n <= 2048, on_disk / n
     assert rows_by(ev.evaluate(lm, Scheme()))["kl_mean"].value == 0.0
     scheme = parse_scheme("int4/tensor/dynamic")
-    _, _, kl, _, _ = reference(ev, lm, scheme)
+    _, _, kl, _, _ = reference(ev, lm, scheme, lm.model)
     got = rows_by(ev.evaluate(lm, scheme))["kl_mean"]
     assert got.value == pytest.approx(kl, rel=0.01, abs=4 * got.info["kl_sampling_se"])

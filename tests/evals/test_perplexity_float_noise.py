@@ -56,6 +56,32 @@ def test_combine_is_the_mean_with_a_quadrature_prediction_interval():
     assert hi2 - 1.0 == pytest.approx(t_quantile(3) * 0.1 * math.sqrt(4 / 3)) and 1.0 - lo2 == pytest.approx(hi2 - 1.0)
 
 
+def test_perturbed_model_moves_every_parameter_and_no_buffer(tiny):
+    """Parameters move (each tensor, by a few ulps, seeded); buffers such as rotary ``inv_freq`` are
+    config-derived constants and stay bit for bit (float_noise's docstring says why); the original
+    model is untouched."""
+    import torch
+
+    from evalkit.evals.float_noise import perturb_, ulp
+
+    before = {n: p.detach().clone() for n, p in tiny.model.named_parameters()}
+    buffers = {n: b for n, b in tiny.model.named_buffers() if b.is_floating_point()}
+    assert any(n.endswith("inv_freq") for n in buffers)  # the case: a float buffer to leave alone
+    clone, again = perturbed_model(tiny.model, 7), perturbed_model(tiny.model, 7)
+    moved = dict(clone.named_parameters())
+    for n, p in before.items():
+        steps = (moved[n].detach() - p) / ulp(p)
+        assert (steps != 0).any() and steps.abs().max() <= 8, n
+        assert torch.equal(moved[n], dict(again.named_parameters())[n]), n  # seeded
+        assert torch.equal(dict(tiny.model.named_parameters())[n], p), n  # the original unchanged
+    for n, b in clone.named_buffers():
+        if n in buffers:
+            assert torch.equal(b, buffers[n]), n
+    fill = torch.full((64,), torch.finfo(torch.float32).min)  # a mask fill: one ulp up overflows
+    perturb_(fill, torch.Generator().manual_seed(0))
+    assert not fill.isfinite().any()  # why buffers are left alone
+
+
 def test_off_by_default_and_out_of_the_run_id(prose):
     off = PerplexityEval(dict(corpus=prose, **SMALL))
     on = PerplexityEval(dict(corpus=prose, float_noise_seeds=3, **SMALL))

@@ -398,6 +398,18 @@ def test_baseline_answers_are_cached_per_prompt_and_reused_by_other_grids(tiny_l
     assert subset.baseline(tiny_lm) == gens[1:]
 
 
+def test_baseline_cache_key_holds_the_batch_size(tiny_lm, tmp_path):
+    """The batch size decides which prompts share a padded forward, so the baseline's floats: two batch
+    sizes, two baseline files; the same batch size, the same file."""
+    params = {"tasks": "passkey", "lengths": "300", "samples": 1, "haystack": "filler", "depths": "0"}
+    paths = {}
+    for bs in (1, 4, 4):
+        ev = RetrievalEval({**params, "batch_size": bs})
+        ev.prepare(tiny_lm, tmp_path)
+        paths.setdefault(bs, set()).add(ev._baseline_path(tiny_lm))
+    assert len(paths[4]) == 1 and paths[1].isdisjoint(paths[4]) and None not in paths[1] | paths[4]
+
+
 def test_canonical_params_follow_the_task_files(tmp_path):
     import shutil
 

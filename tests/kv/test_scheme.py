@@ -15,6 +15,8 @@ from evalkit.kv.scheme import (
     parse_schemes,
 )
 
+from tests.cli_checks import one_line_exit_2
+
 CANONICAL = [
     "bf16",
     "fp8_e4m3/tensor/dynamic",
@@ -114,6 +116,28 @@ def test_list_parsing_keeps_skip_commas():
         "mxfp8_e4m3+skip=2,3",
         "sglang_fp4",
     ]
+
+
+@pytest.mark.parametrize(
+    "text, bad, why",
+    [
+        (
+            "fp8_e4m3/tensor/unit,fp8_e4m4/tensor/unit",
+            "scheme 2 of 2, 'fp8_e4m4/tensor/unit'",
+            "unknown KV format 'fp8_e4m4'",
+        ),
+        ("bf16,nvfp4,mxfp5", "scheme 3 of 3, 'mxfp5'", "malformed KV scheme 'mxfp5'"),
+        ("bf16,fp9_e5m2/tensor/unit+skip=0,1,nvfp4", "scheme 2 of 3, 'fp9_e5m2/tensor/unit+skip=0,1'", "'fp9_e5m2'"),
+        ("fp8_e4m3/tensor/dynamic+skip=0,1,fp8_e5m2/tensr/unit", "scheme 2 of 2, 'fp8_e5m2/tensr/unit'", "'tensr'"),
+    ],
+)
+def test_a_typo_in_a_later_scheme_is_reported_against_that_scheme(text, bad, why, capsys):
+    with pytest.raises(SchemeError) as err:
+        parse_schemes(text)
+    msg = str(err.value)
+    assert msg.startswith(bad) and why in msg and "\n" not in msg, msg
+    # at the command line: one line, exit 2, naming the bad item (before any model loads)
+    one_line_exit_2(["run", "--schemes", text], capsys, bad, why)
 
 
 @pytest.mark.parametrize(

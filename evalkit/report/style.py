@@ -14,8 +14,9 @@ figure can never contradict its table:
   the marker the granularity (o tensor, s head, D block, v token, ^ group), as :meth:`SchemeStyle.legend_title`
   tells the reader. The baseline is black.
 
-* **Marks.** The table marks a row ``†`` (hypothetical: no engine runs it) and ``≈n`` (its Δppl
-  interval overlaps others'); :meth:`SchemeStyle.with_marks` gives a style the marks of a table
+* **Marks.** The table marks a row ``†`` (hypothetical: no engine runs it), ``‡`` (columns its
+  protocol does not measure) and ``≈n`` (the data do not order it against the other rows of number n:
+  paired Δppl intervals); :meth:`SchemeStyle.with_marks` gives a style the marks of a table
   (:func:`evalkit.report.marks.styled` computes them), and its labels and notes then carry them too.
 
 A style is built from scheme strings only (:meth:`SchemeStyle.of_store`, :meth:`SchemeStyle.of_frame`),
@@ -111,7 +112,7 @@ class SchemeStyle:
         self.schemes = list(dict.fromkeys(str(s) for s in schemes))
         self.dtypes = dict(dtypes or {})
         self.marks = dict(marks or {})  # (model, canonical scheme) -> " † ≈1": what the table's row carries
-        self.mark_notes = dict(mark_notes or {})  # mark symbol ("†", "≈") -> the note explaining it
+        self.mark_notes = dict(mark_notes or {})  # mark symbol ("†", "‡", "≈") -> the note explaining it
         parsed = {s: parse_scheme(s) for s in self.schemes}
         self._parsed = parsed
         paths = sorted({p.static_path for p in parsed.values() if p.static_path})

@@ -17,7 +17,14 @@ raw values in columns instead: the full ``scheme`` string, ``dtype``, ``code``):
   no flips) is listed as not separating the schemes;
 * which code computed the runs, when more than one version did (:func:`evalkit.report.results.provenance_notes`);
 * which decode positions the "decode KL (last bucket)" column covers (the decode evaluation's last
-  position bucket: the error after the longest stretch of generation the run measured).
+  position bucket: the error after the longest stretch of generation the run measured);
+* the marks (:mod:`evalkit.report.marks`): ``†`` hypothetical, ``‡`` a column its protocol does not
+  measure (the cell reads "not measured", never a 0 or a blank), ``≈n`` rows the paired Δppl
+  intervals do not order (:mod:`evalkit.report.order`).
+
+Beside its numbers the frame keeps what their rows say of them (:data:`evalkit.report.evals.INFO_COLUMNS`):
+``ppl_delta_rel_units`` (the per-window numbers the paired order needs), ``<key>_not_measured`` and
+``<key>_ci_text`` (what the interval is); the CSV leaves out the per-window numbers and interval texts.
 """
 
 from __future__ import annotations
@@ -169,7 +176,7 @@ def scheme_labels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     numbered note naming the file (one number per distinct file of the store)."""
     style = SchemeStyle.of_frame(frame)
     labels = [style.label(r["scheme"], r.get("model"), _baseline_of(r)) for _, r in frame.iterrows()]
-    return marks.mark_labels(frame, labels), style.notes(frame["scheme"])  # † hypothetical, ≈n order unresolved
+    return marks.mark_labels(frame, labels), style.notes(frame["scheme"])  # † hypothetical, ‡ not measured, ≈n order
 
 
 def display_frame(frame: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -227,7 +234,9 @@ def constant_columns(table: pd.DataFrame) -> dict[str, str]:
     for col in table.columns:
         if col in NOT_METRICS or str(col).startswith("Δppl on "):  # the prediction column has its own note
             continue
-        values = [str(v).split(" [")[0] for v in table[col] if str(v) not in ("", "baseline")]
+        values = [
+            str(v).split(" [")[0] for v in table[col] if str(v) not in ("", "baseline", report_evals.NOT_MEASURED)
+        ]
         if len(values) >= 2 and len(set(values)) == 1:
             out[col] = values[0]
     return out
@@ -251,7 +260,7 @@ def table_notes(frame: pd.DataFrame, table: pd.DataFrame | None = None) -> list[
             "rows are measured against (its KL is exact: the full vocabulary's logits)"
         )
     notes += prediction.notes(frame, frame.attrs.get("prediction_commands"))
-    notes += marks.notes(frame)  # runs on, † hypothetical, ≈n order unresolved
+    notes += marks.notes(frame)  # runs on, † hypothetical, ‡ not measured, ≈n order (paired Δppl intervals)
     notes += report_evals.notes(frame)  # each evaluation's own notes
     if any(str(c).endswith(" flips %") for c in table.columns):
         notes.append(
@@ -285,6 +294,7 @@ LATEX_ESCAPES = {
     "^": r"\textasciicircum{}",
     "Δ": r"$\Delta$",
     "†": r"$\dagger$",  # the marks (evalkit.report.marks): pdflatex's utf-8 input has no ≈
+    "‡": r"$\ddagger$",
     "≈": r"$\approx$",
 }
 
@@ -294,7 +304,7 @@ def latex_escape(text: str) -> str:
 
 
 def _latex_cell(column: str, value) -> str:
-    if column == "scheme":  # the scheme in typewriter, its marks (†, ≈n) after it in math
+    if column == "scheme":  # the scheme in typewriter, its marks (†, ‡, ≈n) after it in math
         name, mark = marks.split_label(str(value))
         return r"\texttt{" + latex_escape(name) + "}" + latex_escape(mark)
     text = latex_escape(value)
@@ -330,8 +340,10 @@ def to_latex(
 
 def format_table(frame: pd.DataFrame, fmt: str = "md", columns: tuple[str, ...] = ()) -> str:
     """The table as Markdown or LaTeX with its notes under it, or CSV (raw numbers, no notes)."""
-    if fmt == "csv":
-        return frame.to_csv(index=False)
+    if fmt == "csv":  # numbers and their labels; the per-unit numbers and interval texts stay in the store
+        return frame.drop(columns=[c for c in frame.columns if str(c).endswith(report_evals.NOT_DATA)]).to_csv(
+            index=False
+        )
     if fmt not in ("md", "latex"):
         raise EvalkitError(f"unknown table format {fmt!r}: use md, latex or csv")
     table = display_frame(frame, columns)

@@ -122,7 +122,7 @@ def shown_scheme_labels(name: str, fig) -> list[str]:
 def test_figure_labels_are_the_tables(drawn, name):
     """The decode figure used to number the static files in its own order (tensor/static[1] where the
     table said head/static[1]): every figure now shows exactly the table's label of each scheme, its
-    marks included (``†`` hypothetical, ``≈n`` Δppl intervals overlapping), with the notes of the
+    marks included (``†`` hypothetical, ``≈n`` not ordered by the paired Δppl intervals), with the notes of the
     static files and marks it shows."""
     labels, notes, figs, results = drawn
     fig = figs[name]
@@ -130,8 +130,9 @@ def test_figure_labels_are_the_tables(drawn, name):
     table_labels = set(labels.values())
     assert shown and set(shown) <= table_labels, set(shown) - table_labels
     assert len(shown) == len(set(shown))
-    # vllm-cuda runs per-head static scales (on its FA3 path): not hypothetical; its ≈ group is the data's
-    assert re.fullmatch(r"fp8_e4m3/head/static\[1\]( ≈\d+)?", labels[STATIC_HEAD]), labels[STATIC_HEAD]
+    # vllm-cuda runs per-head static scales (on its FA3 path): not hypothetical; its ≈ numbers are the data's
+    # (≈? where the store has no per-window units: its order not assessed)
+    assert re.fullmatch(r"fp8_e4m3/head/static\[1\]( ≈[\d?]+(,[\d?]+)*)?", labels[STATIC_HEAD]), labels[STATIC_HEAD]
     assert labels["fp8_e4m3/tensor/dynamic"].startswith("fp8_e4m3/tensor/dynamic †")  # no engine runs dynamic
     if name.startswith("sensitivity"):
         assert set(shown) == {labels[s] for s in SENSITIVITY_SCHEMES}
@@ -143,10 +144,12 @@ def test_figure_labels_are_the_tables(drawn, name):
     for n in sorted({label.split("[")[1][0] for label in shown if "[" in label}):
         note = next(note for note in notes if note.startswith(f"[{n}] "))
         assert note in figure_text, f"{name} shows [{n}] without its footnote"
-    for symbol, head in (("†", "† hypothetical"), ("≈", "≈n: ")):
+    for symbol, head in (("†", "† hypothetical"), ("≈", "≈")):  # ≈n: and ≈?: each a note of the table
         if any(symbol in label for label in shown):
-            note = next(note for note in notes if note.startswith(head))
-            assert note in figure_text, f"{name} shows {symbol} without the table's note for it"
+            table_notes = [note for note in notes if note.startswith(head)]
+            assert table_notes and all(note in figure_text for note in table_notes), (
+                f"{name} shows {symbol} without the table's note for it"
+            )
 
 
 @pytest.mark.parametrize("name", ["positions_embedded", "decode_kl_embedded", "sensitivity_embedded_kl_mean_one_layer"])

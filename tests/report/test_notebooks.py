@@ -137,7 +137,10 @@ def test_analysis_on_synthetic_store(tmp_path):
     assert (
         "tiny: keep kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype): no quantized scheme" in text
     )
-    assert "; assumes vllm-cuda;" in text and "closest: fp8_e5m2/tensor/unit (fails |Δppl| ≤ 1%: -2.00%" in text
+    assert (
+        "; assumes vllm-cuda;" in text
+        and "closest: fp8_e5m2/tensor/unit (fails |Δppl| ≤ 1%: -2.00 [-2.20, -1.80]%" in text
+    )
     assert "top-1" not in text.split("tiny: keep")[1].split("\n")[0]  # top-1 off, as in `evalkit report`
     assert images(nb) == 4  # pareto, positions, retrieval heatmap, sensitivity
     assert (tmp_path / "plots" / "pareto.svg").is_file()

@@ -5,6 +5,7 @@ The stores here are SYNTHETIC FIXTURES: hand-chosen values written through the s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import pytest
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Criterion
-from evalkit.report import Budget, engine_fit, format_table, load_store, recommend, summary_frame
+from evalkit.report import Budget, engine_fit, format_table, load_store, order, recommend, summary_frame
 from evalkit.report.recommend import _state_of_interval
+
+from tests.report import synthetic
 
 LAYOUT = {
     "model_type": "llama",
@@ -36,14 +39,17 @@ def _row(metric, value, lo=None, hi=None, labels=None, info=None):
     return {"metric": metric, "value": value, "ci_low": lo, "ci_high": hi, "labels": labels or {}, "info": info or {}}
 
 
-def ppl_rows(rel, kl, half=0.002, kl_half=None, seeds=0, backend=None):
-    """Perplexity rows: Δppl ``rel`` ± ``half``, KL ``kl`` ± ``kl_half``; ``seeds`` marks a float spread."""
+def ppl_rows(rel, kl, half=0.002, kl_half=None, seeds=0, backend=None, own=0.001, with_units=True):
+    """Perplexity rows: Δppl ``rel`` ± ``half``, KL ``kl`` ± ``kl_half``; ``seeds`` marks a float spread;
+    per-window units (:mod:`tests.report.synthetic`, noise ``own``) on the Δppl row unless ``with_units`` is off."""
     info = {"backend": backend} if backend else {}
     noise = {**info, "float_noise": {"seeds": list(range(1, seeds + 1)), "sd": half / 3}} if seeds else info
     kh = kl * 0.1 if kl_half is None else kl_half
+    key = int(abs(rel) * 1e6 + kl * 1e4)  # each scheme its own noise draw
+    delta = {**noise, "units": synthetic.units(rel, seeds, own, key)} if with_units else noise
     return [
         _row("ppl", 20 * (1 + rel), info=noise),
-        _row("ppl_delta_rel", rel, rel - half, rel + half, info=noise),
+        _row("ppl_delta_rel", rel, rel - half, rel + half, info=delta),
         _row("kl_mean", kl, kl - kh, kl + kh, info=noise),
         _row("top1_agreement", 0.95, 0.94, 0.96, info=noise),
         _row("dp_mean", -kl / 10, -kl / 10 - 1e-4, -kl / 10 + 1e-4, info=noise),
@@ -153,63 +159,105 @@ def test_only_schemes_the_engine_runs_and_its_kv_cache_dtype(tmp_path):
 
 
 def test_never_a_winner_inside_the_noise(tmp_path):
+    """Equally cheap schemes inside the budget: one is named only when the PAIRED interval of their Δppl
+    difference orders it closer to the baseline; overlapping marginal intervals decide nothing."""
     base = {"bf16": ppl_rows(0, 0, 0, seeds=3)}
-    # overlapping KL intervals (float spread included): both listed, no winner
+    # each scheme's own per-window noise (0.01) swamps their 0.1-point difference: no paired order
     close = write(
-        tmp_path / "close", {**base, UNIT: ppl_rows(0.004, 0.010, seeds=3), STATIC: ppl_rows(0.003, 0.0095, seeds=3)}
+        tmp_path / "close",
+        {**base, UNIT: ppl_rows(0.004, 0.010, seeds=3, own=0.01), STATIC: ppl_rows(0.003, 0.0095, seeds=3, own=0.01)},
     )
     text = line(close)
-    assert f"the data cannot separate {STATIC}, {UNIT} (overlapping KL intervals, float spread included)" in text
-    assert "use any of them" in text
-    # separated intervals: the better one is named
+    assert f"the data cannot separate {STATIC}, {UNIT} (no paired Δppl interval orders a smaller |Δppl|)" in text
+    assert "use any of them" in text and "closer to the baseline" not in text
+    # the same marginal intervals (±0.2 points: they overlap), little noise of their own: the paired interval
+    # orders them, and the line names the better one with the order and its interval
     apart = write(
         tmp_path / "apart",
-        {
-            **base,
-            UNIT: ppl_rows(0.004, 0.010, kl_half=0.0005, seeds=3),
-            STATIC: ppl_rows(0.003, 0.005, kl_half=0.0005, seeds=3),
-        },
+        {**base, UNIT: ppl_rows(0.004, 0.010, seeds=3, own=1e-4), STATIC: ppl_rows(0.003, 0.0095, seeds=3, own=1e-4)},
     )
-    assert "(" + STATIC + ")" in line(apart) and "cannot separate" not in line(apart)
-    # the same but without a measured float spread: no winner, and the way to get one
+    text = line(apart)
+    (claim,) = order.claims(summary_frame(load_store(apart)))
+    assert (claim.lower, claim.higher) == (STATIC, UNIT) and claim.realisations == 4
+    assert "(" + STATIC + ")" in text and "cannot separate" not in text
+    assert f"{STATIC} is closer to the baseline than {UNIT} ({claim.text()})" in text
+    assert re.search(r"Δppl \S+ < \S+: \+0\.10 \[\+0\.\d\d, \+0\.\d\d\] pts, paired, 4 float realisations", text)
+    # without a measured float spread the same rule, on a sampling-only paired interval, and the line says so
     bare = write(
         tmp_path / "bare",
-        {
-            "bf16": ppl_rows(0, 0, 0),
-            UNIT: ppl_rows(0.004, 0.010, kl_half=0.0005),
-            STATIC: ppl_rows(0.003, 0.005, kl_half=0.0005),
-        },
+        {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.004, 0.010, own=1e-4), STATIC: ppl_rows(0.003, 0.0095, own=1e-4)},
     )
     text = line(bare)
-    assert "cannot separate" in text and "float spread not measured: rerun perplexity with float_noise_seeds" in text
-    assert "point estimates, float spread not measured" in text
+    assert "closer to the baseline than" in text and "paired, no float spread" in text
+    assert "intervals without float spread: Δppl, KL, Δp" in text
+    # no per-window units (a store made before they were recorded): the order is not assessed, never guessed
+    old = write(
+        tmp_path / "old",
+        {
+            **base,
+            UNIT: ppl_rows(0.004, 0.010, seeds=3, with_units=False),
+            STATIC: ppl_rows(0.003, 0.0095, seeds=3, with_units=False),
+        },
+    )
+    assert "cannot separate" in line(old) and "their order is not assessed" in line(old)
+
+
+LLAMACPP_Q5 = (0.0096, 0.0042, 0.0147)  # README's llama.cpp q5_1 row: +0.96 % [+0.42, +1.47], no float spread
 
 
 def test_a_budget_the_interval_straddles_is_unresolved(tmp_path):
+    """One rule, whether or not the float spread was measured: an interval across the limit is unresolved."""
     folder = write(
         tmp_path / "s", {"bf16": ppl_rows(0, 0, 0, seeds=3), UNIT: ppl_rows(0.009, 0.01, half=0.004, seeds=3)}
     )
     text = line(folder)
     assert text.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/tensor/unit")
-    assert "|Δppl| ≤ 1% unresolved: +0.90 [+0.50, +1.30]% crosses the limit" in text
+    assert "|Δppl| ≤ 1% unresolved: +0.90 [+0.50, +1.30]% crosses the limit, " in text  # float spread included
     assert "keep kv_cache_dtype=auto" in text
-    # without the float spread the point estimate decides
-    plain = write(tmp_path / "p", {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.009, 0.01, half=0.004)})
-    assert line(plain).startswith("tiny: use kv_cache_dtype=fp8_e4m3")
+    # without the float spread: the same verdict (measuring less buys no firmer answer), and it says the
+    # interval lacks the float spread
+    rel, lo, hi = LLAMACPP_Q5
+    rows = [r for r in ppl_rows(rel, 0.01) if r["metric"] != "ppl_delta_rel"]
+    rows.append(_row("ppl_delta_rel", rel, lo, hi, info={"units": synthetic.units(rel)}))
+    plain = write(tmp_path / "p", {"bf16": ppl_rows(0, 0, 0), UNIT: rows})
+    text = line(plain)
+    assert text.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/tensor/unit")
+    assert "|Δppl| ≤ 1% unresolved: +0.96 [+0.42, +1.47]% crosses the limit (interval without float spread)" in text
+    assert "use " not in text and "intervals without float spread: Δppl" in text
+    # a value without an interval is not judged on its point estimate either
+    rows = [r for r in ppl_rows(0.002, 0.01) if r["metric"] != "ppl_delta_rel"] + [_row("ppl_delta_rel", 0.002)]
+    bare = write(tmp_path / "b", {"bf16": ppl_rows(0, 0, 0), UNIT: rows})
+    assert "|Δppl| ≤ 1% unresolved: +0.20% has no interval" in line(bare)
+
+
+def test_float_spread_is_read_from_the_rows_interval_text():
+    """``info["ci"]`` as the evaluation writes it decides which intervals the line calls sampling-only."""
+    from evalkit.evals.perplexity.float_spread import ci_text
+    from evalkit.report.recommend import has_float_spread
+
+    assert has_float_spread({"kl_mean_ci_text": ci_text("t", 3)}, "kl_mean")
+    assert not has_float_spread({"kl_mean_ci_text": ci_text("t", 0)}, "kl_mean")
+    assert not has_float_spread({"decode_kl_last_ci_text": "95% studentized jackknife"}, "decode_kl_last")
+    assert has_float_spread({"float_noise_seeds": 3.0}, "ppl_delta_rel")  # a store without the text
+    assert not has_float_spread({"float_noise_seeds": 3.0}, "retrieval_diff")
 
 
 def test_defaults_pass_fp8_e4m3_and_fail_what_costs_more(tmp_path):
     """The default budget on numbers like the embedded model's: E4M3 (KL 0.009-0.011, top-1 95 %) passes,
     E5M2 (KL 0.035) fails on KL, with its gap."""
     folder = write(
-        tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.0089, 0.0104), E5: ppl_rows(0.0086, 0.0354)}
+        tmp_path / "s",
+        {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.0089, 0.0104, half=1e-3), E5: ppl_rows(0.0086, 0.0354, half=1e-3)},
     )
     text = line(folder)
     assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3") and "top-1" not in text.split("budget:")[1]
-    e5 = line(write(tmp_path / "e5", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)}))
-    assert "fails mean KL ≤ 0.02 nats: 0.0354 nats, over by 0.0154 nats" in e5
+    e5 = line(write(tmp_path / "e5", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}))
+    assert "fails mean KL ≤ 0.02 nats: 0.0354 [0.0319, 0.0389] nats, over by 0.0154 nats" in e5
     assert "keep kv_cache_dtype=auto" in e5 and "float32" not in e5
-    off = line(write(tmp_path / "off", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)}), Budget(max_kl=None))
+    off = line(
+        write(tmp_path / "off", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}),
+        Budget(max_kl=None),
+    )
     assert off.startswith("tiny: use kv_cache_dtype=fp8_e5m2") and "KL <=" not in off
 
 
@@ -260,15 +308,16 @@ def test_a_llamacpp_store_is_judged_for_llamacpp_and_names_its_flags(tmp_path):
 def test_table_says_who_runs_each_row_and_marks_unresolved_order(tmp_path):
     runs = {
         "bf16": ppl_rows(0, 0, 0, seeds=3),
-        UNIT: ppl_rows(0.004, 0.010, seeds=3),
-        DYN: ppl_rows(0.003, 0.009, seeds=3),
+        UNIT: ppl_rows(0.004, 0.010, seeds=3, own=0.01),  # their own noise swamps their difference
+        DYN: ppl_rows(0.003, 0.009, seeds=3, own=0.01),
         E5: ppl_rows(0.03, 0.035, seeds=3),
     }
     text = format_table(summary_frame(load_store(write(tmp_path / "s", runs))), "md")
     rows = {c[0].strip(): c for c in (ln.strip("|").split("|") for ln in text.splitlines() if ln.startswith("| fp8"))}
     assert set(rows) == {"fp8_e4m3/tensor/dynamic † ≈1", "fp8_e4m3/tensor/unit ≈1", "fp8_e5m2/tensor/unit"}
     assert "| runs on " in text and "hypothetical" in rows["fp8_e4m3/tensor/dynamic † ≈1"][3]
-    assert "† hypothetical: no engine profile" in text and "the data do not resolve their order" in text
+    assert "† hypothetical: no engine profile" in text
+    assert "rows sharing a number are not ordered by the data: the paired 95 % interval of their Δppl" in text
     assert "widened by the float spread of 3 perturbed-weight reruns" in text
 
 
@@ -283,7 +332,7 @@ def test_budget_flags_documented_and_defaults_agree(tmp_path, capsys):
     help_text = capsys.readouterr().out
     for flag in ("--max-ppl-rel", "--max-kl", "--max-dp-drop", "--min-top1", "--max-retrieval-drop", "--max-flip-rate"):
         assert flag in help_text
-    folder = write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354)})
+    folder = write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)})
     assert main(["report", str(folder), "--max-kl", "none"]) == 0
     assert "Recommendation: tiny: use kv_cache_dtype=fp8_e5m2" in capsys.readouterr().out
 
@@ -297,28 +346,118 @@ def test_vllm_dtype_schemes_run_on_cuda_vllm_as_their_kv_cache_dtype(dtype):
     assert skipped == f"kv_cache_dtype={dtype} with kv_cache_dtype_skip_layers=0,5"
 
 
-def test_decode_kl_counts_where_the_prefill_reads_raw_kv(tmp_path):
-    """vLLM's TurboQuant attends a one-chunk prefill from the raw K/V, so its perplexity rows are the
-    baseline's (Δppl 0, KL 0): the decode eval's last-bucket KL decides, against the same KL limit."""
+TQ = "vllm:turboquant_3bit_nc"
+TQ_WHY = (
+    f"not measured by this protocol: {TQ} attends a sequence's first write (here each window's one forward) from "
+    "the raw K/V, so no quantized value is read; the decode evaluation measures its cache"
+)
+
+
+def not_measured_rows(why=TQ_WHY):
+    """The perplexity rows of a scheme the protocol does not measure, as the evaluation writes them."""
+    names = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "dp_mean")
+    return [_row(name, float("nan"), info={"not_measured": why, "n_windows": 8}) for name in names]
+
+
+def _decode_store(folder, tq_kl=(0.202, 0.16, 0.25), tq_ppl=None):
     from evalkit.sweep.store import ResultStore, RunOutcome
 
-    tq = "vllm:turboquant_3bit_nc"
     runs = [
         ("bf16", "perplexity", ppl_rows(0, 0, 0)),
         (UNIT, "perplexity", ppl_rows(0.004, 0.01)),
-        (tq, "perplexity", ppl_rows(0.0, 0.0, 0.0)),
+        (TQ, "perplexity", not_measured_rows() if tq_ppl is None else tq_ppl),
         ("bf16", "decode", [_row("kl_mean", 0.0, labels={"bucket": "0-63"})]),
         (UNIT, "decode", [_row("kl_mean", 0.011, 0.008, 0.014, labels={"bucket": "0-63"})]),
-        (tq, "decode", [_row("kl_mean", 0.202, 0.16, 0.25, labels={"bucket": "0-63"})]),
+        (TQ, "decode", [_row("kl_mean", *tq_kl, labels={"bucket": "0-63"})]),
     ]
-    store = ResultStore(tmp_path / "s")
+    store = ResultStore(folder)
     layout = {**LAYOUT, "num_layers": 40}  # TurboQuant keeps 2 + 2 boundary layers in BF16: still the cheapest
     for i, (scheme, ev, rows) in enumerate(runs):
         info = {"kv_layout": layout, "dtype": "bfloat16", "versions": {"evalkit_code": CODE}}
         spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": ev, "params": {"i": i}}
         store.append(RunOutcome(f"r{i}", spec, True, rows, info=info))
-    text = line(tmp_path / "s")
+    return folder
+
+
+def test_a_scheme_the_protocol_does_not_measure_never_passes(tmp_path):
+    """vLLM's TurboQuant attends a one-chunk prefill from the raw K/V: its perplexity rows are "not measured
+    by this protocol" (no value). Those criteria are never met, so it is never recommended, however good its
+    decode KL (the one measure of its cache, which the line gives); a failing decode KL still fails it."""
+    text = line(_decode_store(tmp_path / "bad"))
     assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3"), text
-    assert "turboquant" not in text.split("(budget:")[0]
-    off = line(tmp_path / "s", Budget(max_kl=None))
-    assert off.startswith("tiny: use kv_cache_dtype=turboquant_3bit_nc"), off
+    assert "turboquant" not in text.split("(budget:")[0]  # cheaper, but outside on its decode KL
+    good = _decode_store(tmp_path / "good", tq_kl=(0.005, 0.004, 0.006))
+    text = line(good)
+    assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3"), text
+    assert (
+        f"cheaper but not measured by this protocol: {TQ} (Δppl, KL, Δp not measured by this protocol; "
+        "decode KL (last bucket) ≤ 0.02 nats: 0.0050 [0.0040, 0.0060] nats, the measure of its cache)"
+    ) in text
+    for budget in (Budget(max_kl=None), Budget(max_kl=None, max_dp_drop=None, max_ppl_rel=1.0)):
+        off = line(good, budget)  # no limit the protocol measures can let it through
+        assert not off.startswith(f"tiny: use kv_cache_dtype={TQ.split(':')[1]}"), off
+    alone = write(tmp_path / "alone", {"bf16": ppl_rows(0, 0, 0), TQ: not_measured_rows()})
+    text = line(alone)
+    assert text.startswith(f"tiny: not measured by this protocol, so not within the budget: {TQ} (Δppl, KL, Δp")
+    assert "decode KL unmeasured: run --eval decode" in text and "keep kv_cache_dtype=auto" in text
+
+
+def test_a_measured_zero_of_an_old_store_is_still_judged(tmp_path):
+    """Stores made before "not measured" existed hold TurboQuant's baseline-equal rows as numbers: judged as
+    numbers (the decode KL decides against the KL limit), as the store says."""
+    text = line(_decode_store(tmp_path / "s", tq_ppl=ppl_rows(0.0, 0.0, 0.0)))
+    assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3"), text
+
+
+def test_the_table_says_not_measured_never_0_or_blank(tmp_path):
+    frame = summary_frame(load_store(_decode_store(tmp_path / "s")))
+    text = format_table(frame, "md")
+    row = next(ln for ln in text.splitlines() if ln.startswith(f"| {TQ}"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = [c.strip() for c in text.splitlines()[0].strip("|").split("|")]
+    assert cells[0] == f"{TQ} ‡"
+    for heading in ("ppl", "Δppl [95% CI]", "KL (nats)", "top-1 %", "Δp %"):
+        assert cells[header.index(heading)] == "not measured", heading
+    assert cells[header.index("decode KL (last bucket)")] == "0.202 [0.16, 0.25]"  # what measures its cache
+    unit = [c.strip() for c in next(ln for ln in text.splitlines() if ln.startswith(f"| {UNIT}")).strip("|").split("|")]
+    base = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
+    assert unit[0] == UNIT and unit[header.index("Δppl [95% CI]")] == "+0.40% [+0.20, +0.60]"  # the others: numbers
+    assert base[header.index("ppl")] == "20.00" and "not measured" not in unit + base
+    assert f"‡ no number, not a 0 (cells 'not measured'): {TQ_WHY}" in text
+    header = format_table(frame, "csv").splitlines()[0].split(",")  # the CSV keeps why, not the per-window numbers
+    assert "ppl_delta_rel_not_measured" in header and not [h for h in header if h.endswith(("_units", "_ci_text"))]
+    tex = format_table(frame, "latex")
+    assert r"$\ddagger$" in tex and all(ord(c) < 128 for c in tex)
+
+
+def test_lmeval_flips_the_protocol_does_not_measure_never_pass(tmp_path):
+    why = f"not measured by this protocol: {TQ} attends a sequence's first write (this task's one forward"
+    nan = float("nan")
+    labels = {"task": "mini_mmlu", "filter": "none"}
+    lm = {
+        "bf16": [_row("mini_mmlu/acc", 0.4, 0.3, 0.5, labels=labels)],
+        UNIT: [
+            _row("mini_mmlu/acc", 0.4, 0.3, 0.5, labels=labels),
+            _row("mini_mmlu/flip_rate", 0.01, 0.0, 0.04, labels=labels),
+        ],
+        TQ: [
+            _row("mini_mmlu/acc", nan, labels=labels, info={"not_measured": why}),
+            _row("mini_mmlu/flip_rate", nan, labels=labels, info={"not_measured": why}),
+        ],
+    }
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    store = ResultStore(tmp_path / "s")
+    runs = [(s, "perplexity", ppl_rows(0.004, 0.01) if s != "bf16" else ppl_rows(0, 0, 0)) for s in (UNIT, TQ, "bf16")]
+    runs += [(s, "lmeval", rows) for s, rows in lm.items()]
+    for i, (scheme, ev, rows) in enumerate(runs):
+        info = {"kv_layout": {**LAYOUT, "num_layers": 40}, "dtype": "bfloat16", "versions": {"evalkit_code": CODE}}
+        spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": ev, "params": {"i": i}}
+        store.append(RunOutcome(f"r{i}", spec, True, rows, info=info))
+    frame = summary_frame(load_store(tmp_path / "s"))
+    tq = frame[frame["scheme"] == TQ].iloc[0].dropna().to_dict()
+    from evalkit.report.recommend import check
+
+    state, notes = check(tq, Budget(max_kl=None))
+    assert state == "not measured" and notes[0] == "mini_mmlu flips not measured by this protocol", notes
+    assert "‡" in format_table(frame, "md")

@@ -17,6 +17,8 @@ from evalkit.errors import EvalkitError
 from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
 from evalkit.report.plots import all_plots, frontier
 
+from tests.report import synthetic
+
 # a tiny layout: 2 layers, 2 KV heads, head_dim 16
 LAYOUT = {
     "model_type": "llama",
@@ -55,10 +57,12 @@ def _row(metric, value, lo=None, hi=None, labels=None):
 def perplexity_rows(scheme):
     rel, kl, top1 = PPL[scheme]
     ppl = BASE_PPL * (1 + rel)
+    delta = _row("ppl_delta_rel", rel, rel - 0.002 if rel else None, rel + 0.002 if rel else None)
+    delta["info"] = {"units": synthetic.units(rel, key=len(scheme))}  # per-window numbers: the paired order
     rows = [
         _row("ppl", ppl, ppl - 0.5, ppl + 0.5),
         _row("ppl_delta", ppl - BASE_PPL, None, None),
-        _row("ppl_delta_rel", rel, rel - 0.002 if rel else None, rel + 0.002 if rel else None),
+        delta,
         _row("kl_mean", kl, kl * 0.9, kl * 1.1),
         _row("top1_agreement", top1, top1 - 0.001, min(1.0, top1 + 0.001)),
         _row("p_value", 0.01 if rel else 1.0),
@@ -82,7 +86,7 @@ def retrieval_rows(scheme):
             rows.append(_row("accuracy", acc, labels={"task": "passkey", "length": length, "depth": depth}))
     mean = sum(accs) / len(accs)
     rows.append(_row("accuracy", mean, mean - 0.05, min(1.0, mean + 0.05)))
-    rows.append(_row("accuracy_diff", mean - 1.0, None, None))
+    rows.append(_row("accuracy_diff", mean - 1.0, mean - 1.001, min(0.0, mean - 0.999)))
     return rows
 
 
@@ -90,7 +94,13 @@ def lmeval_rows(scheme):
     rel = abs(PPL[scheme][0])
     return [
         _row("mini_mmlu/acc", 0.40 - rel, 0.35 - rel, 0.45 - rel, {"task": "mini_mmlu", "filter": "none"}),
-        _row("mini_mmlu/flip_rate", rel * 2, None, None, {"task": "mini_mmlu", "filter": "none"}),
+        _row(
+            "mini_mmlu/flip_rate",
+            rel * 2,
+            max(0.0, rel * 2 - 0.001),
+            rel * 2 + 0.001,
+            {"task": "mini_mmlu", "filter": "none"},
+        ),
         _row("mini_ppl/word_perplexity", 80.0 * (1 + rel), None, None, {"task": "mini_ppl", "filter": "none"}),
         _row("mini_ppl/bits_per_byte", 0.9, None, None, {"task": "mini_ppl", "filter": "none"}),
     ]
@@ -236,11 +246,13 @@ def test_recommendation_is_cheapest_inside_budget(store):
     line = recommend(frame, Budget(), engine=None)["tiny"]
     assert "use fp8_e4m3/tensor/dynamic" in line and "2.00x" in line and "+0.40%" in line
     assert "assumes no engine: hypothetical schemes included" in line
-    # a tighter perplexity budget leaves only block16
-    assert "use fp8_e4m3/block16/dynamic" in recommend(frame, Budget(max_ppl_rel=0.002), engine=None)["tiny"]
-    tight = recommend(frame, Budget(max_ppl_rel=0.0001), engine=None)["tiny"]
-    assert "keep the unquantized baseline (bf16 scheme)" in tight
-    assert "closest: fp8_e4m3/block16/dynamic (fails |Δppl| ≤ 0.01%: +0.10%, over by 0.09 pts" in tight
+    # a tighter perplexity budget leaves only block16: the cheaper tensor row's interval crosses the limit
+    tighter = recommend(frame, Budget(max_ppl_rel=0.0035), engine=None)["tiny"]
+    assert "use fp8_e4m3/block16/dynamic" in tighter and "cheaper but unresolved: fp8_e4m3/tensor/dynamic" in tighter
+    tight = recommend(frame, Budget(max_ppl_rel=0.0001), engine=None)["tiny"]  # block16's +0.10 [-0.10, +0.30]
+    assert tight.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/block16")
+    assert "|Δppl| ≤ 0.01% unresolved: +0.10 [-0.10, +0.30]% crosses the limit (interval without float spread)" in tight
+    assert "keep the unquantized baseline (bf16 scheme) until more windows resolve it" in tight
     # a looser one admits int4 (96 bytes) only if its KL, flips and retrieval pass too
     loose = Budget(max_ppl_rel=0.06, max_kl=0.1)
     assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, loose, engine=None)["tiny"]
@@ -389,17 +401,19 @@ def write_ppl_store(folder: Path, schemes: dict, infos: dict | None = None, cons
             "versions": {"evalkit_code": CODE},
             **(infos or {}).get(scheme, {}),
         }
+        delta = _row("ppl_delta_rel", rel, rel - 0.0005, rel + 0.0005)
+        delta["info"] = {"units": synthetic.units(rel, own=0)}  # no noise of its own: distinct rows are ordered
         rows = [
             _row("ppl", BASE_PPL * (1 + rel)),
-            _row("ppl_delta_rel", rel),
-            _row("kl_mean", rel / 10),
-            _row("top1_agreement", top1),
+            delta,
+            _row("kl_mean", rel / 10, rel / 11, rel / 9),
+            _row("top1_agreement", top1, top1 - 0.001, min(1.0, top1 + 0.001)),
         ]
         spec = {"model": {"name": "tiny"}, "scheme": scheme, "eval": "perplexity", "params": {}}
         store.append(RunOutcome(f"p{i}", spec, True, rows, info=info))
         if constant:
             labels = {"task": "mcq", "filter": "none"}
-            rows = [_row("mcq/acc", 0.25, 0.1, 0.5, labels), _row("mcq/flip_rate", 0.0, None, None, labels)]
+            rows = [_row("mcq/acc", 0.25, 0.1, 0.5, labels), _row("mcq/flip_rate", 0.0, 0.0, 0.01, labels)]
             store.append(RunOutcome(f"l{i}", {**spec, "eval": "lmeval"}, True, rows, info=info))
     return folder
 
@@ -483,16 +497,16 @@ def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
     frame = summary_frame(load_store(folder))
     line = recommend(frame, Budget(min_top1=0.99), engine=None)["tiny"]
     assert line.startswith("tiny: keep the unquantized baseline (bf16 scheme): no quantized scheme")
-    assert "closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40%, short by 3.60 pts" in line
+    assert "closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40 [95.30, 95.50]%, short by 3.60 pts" in line
     line = recommend(frame, Budget(max_ppl_rel=0.001), engine=None)["tiny"]
-    assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40%, over by 0.30 pts" in line
+    assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40 [+0.35, +0.45]%, over by 0.30 pts" in line
     # retrieval and flips say their gap too (the main fixture's int4: drop and 10 % flips)
     frame = summary_frame(load_store(write_store(tmp_path / "full")))
     line = recommend(
         frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, max_kl=None), engine=None
     )["tiny"]
-    assert "fails retrieval drop ≤ 2 pts: 22.5 pts, over by 20.5 pts" in line
-    assert "fails mini_mmlu flips ≤ 5%: 10.0%, over by 5.0 pts" in line
+    assert "fails retrieval drop ≤ 2 pts: 22.5 [22.4, 22.6] pts, over by 20.5 pts" in line
+    assert "fails mini_mmlu flips ≤ 5%: 10.0 [9.9, 10.1]%, over by 5.0 pts" in line
 
 
 def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path, capsys):

@@ -1,0 +1,31 @@
+"""Per-window Δppl units for SYNTHETIC stores (``info["units"]`` of an overall Δppl row, as
+:func:`evalkit.evals.perplexity.float_spread.units_info` writes it), so the report's paired order
+(:mod:`evalkit.report.order`) has something to pair.
+
+Each window's NLL-change sum is ``tokens x (log1p(rel) + COMMON[w] + own x z)``: ``COMMON`` is the same
+for every scheme (hard windows are hard for all of them: it widens the marginal intervals and cancels in
+a paired difference), ``z`` a fixed standard-normal draw per scheme (``key``), realisation and window."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+COMMON = (0.004, -0.003, 0.006, -0.005, 0.002, -0.004, 0.001, -0.001)  # sums to 0
+TOKENS = 100
+
+
+def units(rel: float, seeds: int = 0, own: float = 0.001, key: int = 0, pattern=None) -> dict:
+    """The units of a row whose Δppl is about ``rel``, over ``len(COMMON)`` windows and ``seeds`` + 1
+    float realisations; ``own``: the scheme's own per-window noise (per-token mean NLL change);
+    ``pattern``: a fixed per-window offset of the scheme's own (for a paired difference chosen exactly)."""
+    z = np.random.default_rng(key).standard_normal((seeds + 1, len(COMMON)))
+    extra = np.zeros(len(COMMON)) if pattern is None else np.asarray(pattern, dtype=np.float64)
+    d = TOKENS * (math.log1p(rel) + np.asarray(COMMON) + extra + own * z)
+    return {
+        "unit": "window",
+        "tokens": [TOKENS] * len(COMMON),
+        "seeds": list(range(seeds + 1)),
+        "d_sum": d.tolist(),
+    }

@@ -48,11 +48,11 @@ def _raw_prefill_notes(frame: pd.DataFrame) -> list[str]:
     if not raw:
         return []
     return [
-        f"{', '.join(raw)}: vLLM attends a one-chunk prefill from the raw K/V it was given and keeps the first "
-        "and last two attention layers in the model's dtype, so their perplexity, KL, top-1, Δp and lm-eval "
-        "columns (one forward per window or request) equal the baseline's: what vLLM gives for prompt "
-        "log-probs, not what their cache costs. Their decode KL (every step reads the quantized cache) is "
-        "that cost, and the recommendation holds it to the KL limit"
+        f"{', '.join(raw)}: vLLM attends a one-chunk prefill from the raw K/V it was given (and keeps the first "
+        "and last two attention layers in the model's dtype), so one forward per window or request reads no "
+        "quantized value: their perplexity, KL, top-1, Δp and one-forward lm-eval columns are not measured by "
+        "this protocol (‡), not the baseline's numbers. Their decode KL (every step reads the quantized cache) "
+        "measures their cache; the recommendation never counts the unmeasured criteria as met"
     ]
 
 
@@ -61,11 +61,12 @@ def _float_notes(frame: pd.DataFrame) -> list[str]:
     if seeds and seeds != [0]:
         n = ", ".join(str(s) for s in seeds if s)
         return [
-            f"intervals of ppl, Δppl, KL, top-1 and Δp: 95 % token bootstrap over windows, widened by the float spread "
-            f"of {n} perturbed-weight reruns (every weight moved by a few ulps of its dtype; the bootstrap half-widths "
-            "and t(0.975, n-1) x the SD over the n realisations added in quadrature): where another float realisation "
-            "of the same scheme would land. Rows marked ≈ are not resolved from each other by these intervals. "
-            "The other columns' intervals are sampling-only (their float spread is not measured)"
+            f"intervals of ppl, Δppl, KL, top-1 and Δp: 95 % over windows (the studentized jackknife t unless the "
+            f"row's info.ci says otherwise), widened by the float spread of {n} perturbed-weight reruns (every weight "
+            "moved by a few ulps of its dtype); the value is the mean of the realisations, the interval says where "
+            "another float realisation of the same scheme would land. The ≈ marks come from the paired intervals of "
+            "two rows' Δppl difference, not from these marginal intervals. The other columns' intervals lack float "
+            "spread (not measured for them)"
         ]
     return [
         "intervals: 95 % sampling intervals over one float realisation; the float-rounding spread is not measured "

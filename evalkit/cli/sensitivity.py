@@ -22,6 +22,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 
 
@@ -31,6 +32,7 @@ def add_parser(sub):
     p.add_argument(
         "--scheme", required=True, help="the quantized scheme to study (without +skip=), e.g. fp8_e4m3/tensor/dynamic"
     )
+    add_scales_arguments(p)  # a static scheme's bare scale table: what it was made for
     p.add_argument("--layers", default=None, help="only these layers, e.g. 0,1,29 (default: all)")
     p.add_argument(
         "--target-kl",
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.integration.binding import BoundScheme
     from evalkit.planning.sensitivity import check_scheme, layer_table, metric_rows, perplexity_measure, plot, recommend
 
-    scheme = check_scheme(args.scheme)
+    scheme = with_declared([check_scheme(args.scheme)], args)[0]  # --scales-model/--scales-format on a static one
     layers = None
     if args.layers:
         try:

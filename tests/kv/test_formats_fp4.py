@@ -398,7 +398,8 @@ def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tm
     lm = load_model(str(head32_dir))
     ev = PerplexityEval(dict(window=64, max_windows=3, bootstrap_samples=200, corpus=f"file:{corpus}"))
     ev.prepare(lm, tmp_path)
-    ppl = plain_reference(ev, lm, parse_scheme("nvfp4"))[0]
+    plain = tf.AutoModelForCausalLM.from_pretrained(str(head32_dir), dtype=torch.float32, attn_implementation="sdpa")
+    ppl = plain_reference(ev, lm, parse_scheme("nvfp4"), plain.eval())[0]  # baseline: transformers' model, no hooks
     assert top[("nvfp4", "ppl")] == pytest.approx(ppl, rel=1e-5)
 
 

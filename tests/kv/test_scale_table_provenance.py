@@ -142,3 +142,36 @@ def test_cli_sweep_refuses_a_bare_table_and_runs_it_with_the_flags(tmp_path, tin
     )
     (failed,) = ResultStore(out).read().failed.values()
     assert "not this one" in failed["error"]
+
+
+def test_cli_sensitivity_refuses_a_bare_table_and_reads_it_with_the_flags(tmp_path, tiny_llama_dir, capsys):
+    path = bare(tmp_path / "bare.safetensors")
+    argv = ["sensitivity", "--model", str(tiny_llama_dir), "--scheme", static(path), "--layers", "0"]
+    argv += ["--perplexity-max-windows", "1", "--perplexity-window", "32", "--perplexity-stride", "32"]
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the weights' loading bar: the table is read then
+    assert (
+        err.startswith("evalkit: error:") and "does not say which model and format" in err and "--scales-model" in err
+    )
+    assert main(argv + ["--scales-model", str(tiny_llama_dir), "--scales-format", "fp8_e4m3"]) == 0
+    assert "all layers quantized" in capsys.readouterr().out
+    assert main(argv[:4] + ["fp8_e4m3/tensor/dynamic", "--scales-model", "x", "--scales-format", "fp8_e4m3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no scheme reads one" in err
+
+
+def test_cli_conformance_takes_the_flags_only_where_a_table_is_read(tmp_path, capsys):
+    flags = ["--scales-model", "embedded", "--scales-format", "fp8_e4m3"]
+    for argv, words in (
+        (["conformance", "--engine", "llamacpp", *flags], "conformance --engine llamacpp reads none"),
+        (["conformance", "--from", str(tmp_path), *flags], "--from and --kernel triton read none"),
+        (
+            ["conformance", "--schemes", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", *flags],
+            "no scheme reads one",
+        ),
+        (["conformance", "--scales-model", "embedded"], "go together"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, (argv, err)

@@ -1,4 +1,4 @@
-"""The published llama.cpp table reproduces: the README's ``llamacpp`` block is `report` of the committed
+"""The published llama.cpp table reproduces: the ``llamacpp`` block (docs/llamacpp.md) is `report` of the committed
 store ``published/llamacpp``, the store is the grid ``sweeps/llamacpp.yaml`` (every scheme on the
 emulation and on llama.cpp) from this tree's code with nothing failed, and re-running a perplexity run
 on each side gives the stored rows.

@@ -209,9 +209,7 @@ def engines() -> dict[str, Engine]:
 
 
 def engine_names() -> list[str]:
-    """Every engine's name in alphabetical order: messages and listings read the same whichever
-    engine module a process happened to import first."""
-    return sorted(engines())
+    return list(engines())
 
 
 def choices() -> tuple[str, ...]:

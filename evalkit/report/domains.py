@@ -51,14 +51,12 @@ def clip_interval(metric: str, low: float, high: float) -> tuple[float, float]:
 
 
 def clip_to_domains(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` (metric records) with each ``ci_low``/``ci_high`` held inside its metric's domain."""
-    if rows.empty:
-        return rows
-    bounds = rows["metric"].map(domain)
-    low = bounds.map(lambda b: -math.inf if b is None else b[0])
-    high = bounds.map(lambda b: math.inf if b is None else b[1])
+    """``rows`` (metric records) with each ``ci_low``/``ci_high`` held inside its metric's domain
+    (:func:`clip_interval` on every row with an interval)."""
     out = rows.copy()
-    for col in ("ci_low", "ci_high"):
-        known = out[col].notna()
-        out.loc[known, col] = out.loc[known, col].clip(lower=low[known], upper=high[known])
+    has_interval = out["ci_low"].notna() & out["ci_high"].notna()
+    for i in out.index[has_interval]:
+        out.loc[i, ["ci_low", "ci_high"]] = clip_interval(
+            out.at[i, "metric"], out.at[i, "ci_low"], out.at[i, "ci_high"]
+        )
     return out

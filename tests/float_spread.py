@@ -150,7 +150,7 @@ def kv_stats(arch: str, model=None) -> dict[str, dict]:
     ids, _ = inputs()
     out = {}
     for scheme in GOLDEN["tiny"][arch]:
-        if scheme == "bf16":
+        if scheme == "auto":
             continue
         with torch.inference_mode(), quantized_kv(model, scheme), recorded_appends() as seen:
             cache = output_cache(model(ids, use_cache=True))
@@ -224,16 +224,16 @@ def perplexity_values(lm, workdir: Path) -> dict[str, dict[str, float]]:
 
 
 def lmeval_logliks(lm, workdir: Path) -> dict[str, dict[str, float]]:
-    """{scheme: {doc_id: gold log-likelihood}}; "bf16" is the eval's own unquantized baseline."""
+    """{scheme: {doc_id: gold log-likelihood}}; "auto" is the eval's own unquantized baseline."""
     from evalkit.evals.lmeval.evaluation import LmEvalEval
     from evalkit.evals.lmeval.items import items_from_results
     from evalkit.kv.scheme import parse_scheme
 
     ev = LmEvalEval(dict(LMEVAL_PARAMS))
     ev.prepare(lm, Path(workdir))
-    out = {"bf16": {str(i["doc_id"]): i["gold_loglik"] for i in ev.baseline_items[LMEVAL_TASK]}}
+    out = {"auto": {str(i["doc_id"]): i["gold_loglik"] for i in ev.baseline_items[LMEVAL_TASK]}}
     for scheme in GOLDEN["lmeval"]:
-        if scheme == "bf16":
+        if scheme == "auto":
             continue
         items = items_from_results(ev._run(lm, parse_scheme(scheme)))[LMEVAL_TASK]
         out[scheme] = {str(i["doc_id"]): i["gold_loglik"] for i in items}
@@ -341,13 +341,13 @@ def measure(eps: float = 1e-6, seeds=(0, 1, 2), parts=("tiny", "perplexity", "lm
             lmev = table["lmeval"] = {}
             ref = lmeval_logliks(lm, Path(tmp) / "ref")
             golden["lmeval"] = {
-                s: loglik_deviation(ref[s], want, relative=s == "bf16") for s, want in GOLDEN["lmeval"].items()
+                s: loglik_deviation(ref[s], want, relative=s == "auto") for s, want in GOLDEN["lmeval"].items()
             }
             for seed in seeds:
                 t = time.time()
                 with perturbed(lm.model, eps, seed):
                     got = lmeval_logliks(lm, Path(tmp) / f"lmeval{seed}")
-                dev = {s: loglik_deviation(got[s], ref[s], relative=s == "bf16") for s in ref}
+                dev = {s: loglik_deviation(got[s], ref[s], relative=s == "auto") for s in ref}
                 _fold(table, "lmeval", dev)
                 samples.setdefault("lmeval", []).append(dev)
                 log(f"lmeval seed {seed}: {time.time() - t:.0f} s")
@@ -368,13 +368,13 @@ def print_tables(table: dict) -> None:
     this machine's deviation from the golden file against ``SAFETY`` x the committed tables."""
     from tests.integration import test_storage_golden as t
 
-    ppl = {s: v for s, v in table.get("perplexity", {}).items() if s != "bf16"}
+    ppl = {s: v for s, v in table.get("perplexity", {}).items() if s != "auto"}
     out = {
         "PPL_SPREAD": {s: _up2(v["ppl"]) for s, v in ppl.items()},
         "PPL_DELTA_SPREAD": {s: _up2(v["ppl_delta"]) for s, v in ppl.items()},
         "KL_SPREAD": {s: _up2(v["kl_mean"]) for s, v in ppl.items()},
         "TOP1_SPREAD": {s: f"{round(v['top1_agreement'] * N_SCORED)} / N_SCORED" for s, v in ppl.items()},
-        "LOGLIK_SPREAD": {s: _up2(v) for s, v in table.get("lmeval", {}).items() if s != "bf16"},
+        "LOGLIK_SPREAD": {s: _up2(v) for s, v in table.get("lmeval", {}).items() if s != "auto"},
     }
     kv: dict = {}
     for per_scheme in table.get("kv", {}).values():
@@ -389,11 +389,11 @@ def print_tables(table: dict) -> None:
             print("\n".join(f"    {s!r}: {v}," for s, v in d.items()))
             print("}")
     for s, v in table.get("perplexity", {}).items():
-        if s == "bf16":
+        if s == "auto":
             print(f"unquantized ppl: max relative deviation {v['ppl']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})")
-    if "bf16" in table.get("lmeval", {}):
+    if "auto" in table.get("lmeval", {}):
         print(
-            f"unquantized log-likelihoods: max relative deviation {table['lmeval']['bf16']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})"
+            f"unquantized log-likelihoods: max relative deviation {table['lmeval']['auto']:.1e} (BASELINE_REL {t.BASELINE_REL:.0e})"
         )
     gold = table.get("golden_deviation", {})
     committed = {

@@ -13,7 +13,7 @@ from evalkit.engines.registry import Engine, Option, Plan
 from evalkit.evals.backend import Capabilities
 from evalkit.evals.emulation.backend import EmulationBackend
 
-SCHEMES = ("bf16", "fp8_e4m3/tensor/dynamic", "int8/token/dynamic")
+SCHEMES = ("auto", "fp8_e4m3/tensor/dynamic", "int8/token/dynamic")
 
 
 class ToyBackend(EmulationBackend):

@@ -18,11 +18,11 @@ from evalkit.errors import EvalkitError
 
 DEFAULT_MEMORY = "80GiB"
 DEFAULT_SCHEMES = (
-    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
+    "auto,fp8_e4m3/tensor/dynamic,fp8_e4m3/head/dynamic,fp8_e4m3/block16/dynamic,mxfp8_e4m3,"
     "int4/group32/dynamic,nvfp4,sglang_fp4,mxfp4"
 )
 MLA_SCHEMES = (
-    "bf16,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
+    "auto,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
     "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
 )
 

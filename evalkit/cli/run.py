@@ -1,8 +1,8 @@
 """`evalkit run`: one evaluation, several schemes, one loaded model, a table on stdout.
 
-    python -m evalkit run --model M --schemes bf16,fp8_e4m3/head/dynamic --eval perplexity ...
+    python -m evalkit run --model M --schemes auto,fp8_e4m3/head/dynamic --eval perplexity ...
 
-The baseline (bf16) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
+The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
 no scales), a scheme engines run rather than a hypothetical one. With ``--out DIR`` the
 rows also go to a results store, the one ``evalkit sweep`` writes (DIR/results.jsonl through
@@ -40,7 +40,7 @@ from evalkit.evals import eval_names, get_eval
 # --schemes left out: the baseline and FP8 E4M3 with unit scales, what vLLM's kv_cache_dtype=fp8 stores when a
 # checkpoint has no scales (vllm-cuda, sglang, tensorrt-llm run it; evalkit.report.engine_fit), not a
 # hypothetical scheme no engine runs
-DEFAULT_SCHEMES = ("bf16", "fp8_e4m3/tensor/unit")
+DEFAULT_SCHEMES = ("auto", "fp8_e4m3/tensor/unit")
 
 
 def add_parser(sub):
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if not schemes:  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
-            "(the bf16 baseline is always added; `python -m evalkit schemes` lists them)"
+            "(the auto baseline is always added; `python -m evalkit schemes` lists them)"
         )
     args.engine_option_values = engine_option_values(args)
     from evalkit.cli.preflight.commands import run_problems

@@ -12,7 +12,7 @@ EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group
 GRAMMAR = (
     "FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH][+rounding=rtz|rna]"
     "[+skip=0,5|sliding][+attn=fa3][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or "
-    "vllm:<kv_cache_dtype>[+skip=...] (see --engine vllm), or bf16"
+    "vllm:<kv_cache_dtype>[+skip=...] (see --engine vllm), or auto (the baseline), bf16, fp16"
 )
 
 
@@ -82,9 +82,9 @@ def run(args) -> int:
         "'-': not a valid scheme, or a group that does not divide head_dim):"
     )
     print(f"  {'format':<14}" + "".join(f"{g:>10}" for g in EXAMPLE_GRANULARITIES))
-    print(f"  {'bf16':<14}" + f"{bytes_per_element(Scheme(), args.head_dim):>10.4g}" + "  (baseline)")
+    print(f"  {'auto':<14}" + f"{bytes_per_element(Scheme(), args.head_dim):>10.4g}" + "  (baseline; bf16, fp16 alike)")
     for name, fmt in FORMATS.items():
-        if fmt.is_identity:
+        if fmt.is_unscaled:
             continue
         print(
             f"  {name:<14}"

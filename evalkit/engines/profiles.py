@@ -135,7 +135,7 @@ class EngineProfile:
     def kv_cache_dtype_of(self, scheme: Scheme) -> str | None:
         """The ``kv_cache_dtype`` that stores ``scheme``'s K/V on this engine (the one named like its format,
         ``fp8_e4m3`` rather than ``fp8``), or None for the unquantized baseline and formats it does not store."""
-        if scheme.is_identity:
+        if scheme.is_unscaled:
             return None
         if scheme.name is not None:
             return next((d.name for d in self.kv_cache_dtypes if d.named == scheme.name), None)
@@ -230,7 +230,7 @@ class EngineProfile:
     def check(self, scheme: Scheme, layout=None) -> None:
         """Refuse (one SchemeError line naming what is supported) a scheme this engine cannot run;
         ``layout`` (a :class:`evalkit.models.info.KVLayout`) adds the engine's head_dim requirement."""
-        if scheme.is_identity:
+        if scheme.is_unscaled:
             return
         where = f"{self.name} cannot run {scheme}"
         if scheme.rope_bf16:
@@ -306,7 +306,7 @@ class EngineProfile:
     def apply(self, scheme: Scheme, *, out_dir: str | Path | None = None) -> Scheme:
         """``scheme`` as this engine's kernels run it: the engine's storage format and rounding, its
         treatment of checkpoint scales (a derived table where it changes them); then :meth:`check`."""
-        if scheme.is_identity or scheme.name is not None:
+        if scheme.is_unscaled or scheme.name is not None:
             self.check(scheme)
             return scheme
         fmt = dict(self.format_map).get(scheme.format, scheme.format)

@@ -1,7 +1,7 @@
 """The ``serving`` evaluation: vLLM's measured capacity, admission and speed for a scheme, as sweep rows.
 
 Per scheme, the engine configuration that runs it (:func:`evalkit.engines.vllm_runner.engine_config`:
-``bf16`` -> ``auto``, ``fp8_e4m3/tensor/unit`` -> ``fp8_e4m3``, ...) is measured by
+``auto`` -> ``auto``, ``fp8_e4m3/tensor/unit`` -> ``fp8_e4m3``, ...) is measured by
 :func:`evalkit.engines.vllm_serving.measure` on the loaded model's folder, in the model's dtype, with
 ``budget_gib`` of KV cache and ``max_model_len = context``; with ``load``, admission and prefill/decode
 speed too. The rows are :func:`~evalkit.engines.vllm_serving.serving_rows`' (``kv_tokens``,

@@ -44,7 +44,7 @@ class Work:
     tokens: int  # tokens one scheme's pass processes
     forwards: tuple[Forwards, ...]  # one scheme's pass
     baseline: tuple[Forwards, ...] = ()  # once per model x evaluation (cached afterwards)
-    identity_is_baseline: bool = False  # the bf16 run reuses the baseline pass (retrieval)
+    identity_is_baseline: bool = False  # the auto run reuses the baseline pass (retrieval)
     baseline_bytes: int = 0  # baseline cache, once per model x evaluation (under the cache folder)
     cache_bytes: int = 0  # other caches (tokenized corpus), once per model x evaluation
     store_bytes: int = 0  # results rows and artifacts of one run (under the output folder)

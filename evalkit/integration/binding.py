@@ -31,7 +31,7 @@ class BoundScheme:
         self.layout = layout
         self.fmt = scheme.kv_format
         self.table: ScaleTable | None = None
-        if scheme.is_identity:
+        if scheme.is_unscaled:  # auto, bf16, fp16: no codes, no scales (the storage casts bf16/fp16)
             return
         if layout.is_mla:
             check_mla_scheme(scheme, layout)
@@ -67,8 +67,8 @@ class BoundScheme:
         self._fixed: dict[tuple[str, int, torch.device], torch.Tensor] = {}
 
     def is_active(self, layer_idx: int) -> bool:
-        """Whether this layer's K/V are quantized (not the baseline, not a skipped layer)."""
-        if self.fmt.is_identity:
+        """Whether this layer's K/V are quantized (not an unscaled 16-bit cache, not a skipped layer)."""
+        if self.fmt.is_unscaled:
             return False
         return not self.scheme.skips_layer(layer_idx, self.layout.is_sliding(layer_idx), self.layout.num_layers)
 

@@ -76,6 +76,7 @@ class StaticStoredTensor:
             first.role,
         )
         self.fixed, self.dtype, self.dim = first.fixed, first.dtype, first.dim
+        self.cast = first.cast  # an unscaled 16-bit cache's dtype (bf16, fp16), None for auto
         self.kind = first.kind
         self.per_token = first.per_token
         self.max_len = max_len
@@ -93,7 +94,7 @@ class StaticStoredTensor:
         self.raw = self.codes = self.token_scale = self.token_zero = None
         self.scale, self.zero, self.tensor_scale = first.scale, first.zero, first.tensor_scale
         if not self.quantized:
-            self.raw = _buffer_like(x, self.alloc)
+            self.raw = _buffer_like(x if self.cast is None else x.to(self.cast), self.alloc)
             return
         self.codes = _buffer_like(first.codes, self.alloc)
         if self.per_token:
@@ -128,7 +129,7 @@ class StaticStoredTensor:
         """Store one token per sequence, ``x`` (B, H, 1, D), at position ``length``; tensor ops only."""
         at = self.length.view(1)
         if not self.quantized:
-            self.raw.index_copy_(2, at, x)
+            self.raw.index_copy_(2, at, x if self.cast is None else x.to(self.cast))
         elif self.block:
             self._write_block(x)
         else:
@@ -169,7 +170,8 @@ class StaticStoredTensor:
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """All ``max_len`` positions as attention reads them (positions not written yet hold zero codes)."""
         if not self.quantized:
-            return self.raw[:, :, : self.max_len]
+            raw = self.raw[:, :, : self.max_len]
+            return raw if self.cast is None else raw.to(dtype or self.dtype)
         codes = self.codes[:, :, : self.max_len]
         if self.fixed is not None:
             scale, zero = self.fixed, None

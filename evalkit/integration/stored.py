@@ -178,6 +178,8 @@ class StoredTensor:
         self.dtype: torch.dtype | None = None  # the K/V's dtype: what read() returns
         self.dim: int | None = None  # head_dim (or the MLA part's width)
         self._raw: torch.Tensor | None = None  # unquantized: the K/V as given, concatenated as DynamicCache does
+        # an unscaled 16-bit cache (bf16, fp16): the unquantized K/V are kept in its dtype (auto: None)
+        self.cast = fmt.torch_dtype if fmt.is_unscaled else None
         self._token_scale, self._token_zero = GrowingTensor(), GrowingTensor()  # token / group granularity
         self._scale: torch.Tensor | None = None  # tensor / head (frozen) and block scales
         self._zero: torch.Tensor | None = None
@@ -213,7 +215,9 @@ class StoredTensor:
         (a new tensor: nothing of it is kept), or the K/V themselves for an unquantized layer. Right
         after a sequence's first write, the quantizer's own dequantized values (the same bits)."""
         if not self.quantized:
-            return self._raw
+            if self.cast is None or self._raw is None:
+                return self._raw
+            return self._raw.to(dtype or self.dtype)
         if self.empty:
             return None
         fresh, self._fresh = self._fresh, None
@@ -260,7 +264,7 @@ class StoredTensor:
         valid = self._arrival(x, padding)
         self.dtype, self.dim = x.dtype, x.shape[-1]
         if not self.quantized:
-            self._raw = self._cat(self._raw, x)
+            self._raw = self._cat(self._raw, x if self.cast is None else x.to(self.cast))
         elif self.fixed is not None:
             self._store(
                 quantize(x, self.fmt, self.granularity, scale=self.fixed, valid=valid), x.dtype, per_token=False

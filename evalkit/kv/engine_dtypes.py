@@ -77,9 +77,9 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
     d.name: d
     for d in (
         VllmDtype(
-            "auto", Status.BASELINE, "bf16", "the model's dtype, unquantized", "vllm/config/cache.py", "CacheDType"
+            "auto", Status.BASELINE, "auto", "the model's dtype, unquantized", "vllm/config/cache.py", "CacheDType"
         ),
-        VllmDtype("float16", Status.BASELINE, "bf16", "16-bit, unquantized", "vllm/config/cache.py", "CacheDType"),
+        VllmDtype("float16", Status.BASELINE, "fp16", "16-bit, unquantized", "vllm/config/cache.py", "CacheDType"),
         VllmDtype("bfloat16", Status.BASELINE, "bf16", "16-bit, unquantized", "vllm/config/cache.py", "CacheDType"),
         VllmDtype("fp8", Status.MODELLED, "fp8_e4m3/tensor/unit", _PER_TENSOR, OPS + _PTH, _PER_TENSOR_FN),
         VllmDtype("fp8_e4m3", Status.MODELLED, "fp8_e4m3/tensor/unit", _PER_TENSOR, OPS + _PTH, _PER_TENSOR_FN),
@@ -249,7 +249,7 @@ def vllm_scheme(name: str, options: dict | None = None) -> Scheme:
             **options,
         )
     scheme = parse_scheme(d.scheme)
-    if options and scheme.is_identity:
+    if options and scheme.is_unscaled:
         raise SchemeError(f"vllm:{name} keeps K/V unquantized and takes no options: write just 'vllm:{name}'")
     return dataclasses.replace(scheme, **options)
 

@@ -38,8 +38,11 @@ derived where engines differ; see :mod:`evalkit.kv.microscaling`). The element r
 same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`evalkit.kv.rounding.Rounding`,
 nearest even unless a scheme says ``+rounding=rtz`` or ``rna``).
 
-``bf16`` is the baseline: K/V are stored unquantized in the model's own dtype (BF16 when serving).
-Its byte count is 2 per element whatever dtype the model computes in here.
+``auto`` is the baseline (vLLM's name for "the model's own dtype"): K/V are stored unquantized in the
+model's dtype, the identity. ``bf16`` and ``fp16`` are 16-bit caches without scales: K/V rounded
+to bfloat16 or float16 (nearest even) when written, read back in the model's dtype; on a model that
+computes in that dtype they are the identity too. The three count 2 bytes per element (the serving
+dtype's; a float32 model on this machine is counted as served in 16 bits).
 """
 
 from __future__ import annotations
@@ -142,6 +145,12 @@ class KVFormat:
 
     @property
     def is_identity(self) -> bool:
+        """The baseline ``auto``: K/V stored as the model computed them."""
+        return self.kind is FormatKind.NONE and self.torch_dtype is None
+
+    @property
+    def is_unscaled(self) -> bool:
+        """A 16-bit cache without scales or codes: ``auto``, or a cast to ``bf16``/``fp16``."""
         return self.kind is FormatKind.NONE
 
     @property
@@ -264,9 +273,11 @@ def _int(name: str, bits: int, asymmetric: bool, description: str) -> KVFormat:
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
+        KVFormat("auto", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's own dtype (vLLM's auto)"),
         KVFormat(
-            "bf16", FormatKind.NONE, 16, "unquantized baseline: K/V kept in the model's dtype (BF16 when serving)"
+            "bf16", FormatKind.NONE, 16, "K/V rounded to bfloat16, no scales (auto on a BF16 model)", torch.bfloat16
         ),
+        KVFormat("fp16", FormatKind.NONE, 16, "K/V rounded to float16, no scales (auto on an FP16 model)", torch.float16),
         replace(
             _float8(
                 "fp8_e4m3",

@@ -54,7 +54,7 @@ def tensor_scale_bytes(scheme: Scheme, batch: int) -> int:
 
 def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
     """Scale overhead amortized per element for long sequences (tensor and head scales -> 0)."""
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return 0.0
     if scheme.scales is not ScaleSource.DYNAMIC:
         return 0.0  # static and unit scales are a per-layer constant
@@ -75,7 +75,7 @@ def bytes_per_element(scheme: Scheme, head_dim: int) -> float:
     if is_codec(scheme.recipe):  # a vLLM rotation dtype: its slot (K and V) per 2 * head_dim elements
         c = codec_for(scheme.recipe)
         return (c.width("k", head_dim) + c.width("v", head_dim)) / (2 * head_dim)
-    data = BASELINE_BYTES if scheme.is_identity else scheme.kv_format.bits / 8
+    data = BASELINE_BYTES if scheme.is_unscaled else scheme.kv_format.bits / 8
     return data + scale_bytes_per_element(scheme, head_dim)
 
 
@@ -83,7 +83,7 @@ def layer_cache_bytes(
     scheme: Scheme, batch: int, heads: int, seq: int, head_dim: int, quantized: bool = True, role: str = "k"
 ) -> int:
     """Exact bytes one layer's K (or V: ``role="v"``) takes for ``batch`` sequences of ``seq`` stored tokens."""
-    if not quantized or scheme.is_identity:
+    if not quantized or scheme.is_unscaled:
         return BASELINE_BYTES * batch * heads * seq * head_dim
     from evalkit.kv.vllm_codecs import codec_for, is_codec
 
@@ -116,7 +116,7 @@ MLA_GRANULARITIES = (GranularityKind.TENSOR, GranularityKind.TOKEN, GranularityK
 def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
     """One clear error where a scheme cannot tile a model's cached tensors (MLA rules, or a group
     width that does not divide head_dim)."""
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return
     if layout.is_mla:
         check_mla_scheme(scheme, layout)
@@ -131,7 +131,7 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
 
 
 def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
-    if scheme.is_identity or not layout.is_mla:
+    if scheme.is_unscaled or not layout.is_mla:
         return
     from evalkit.kv.engine_dtypes import check_layout
 
@@ -228,7 +228,7 @@ def model_cache_bytes(
     check_layout_scheme(scheme, layout)
     total = 0
     for i in attention_layers(layout):
-        quantized = not scheme.is_identity and not scheme.skips_layer(i, layout.is_sliding(i), layout.num_layers)
+        quantized = not scheme.is_unscaled and not scheme.skips_layer(i, layout.is_sliding(i), layout.num_layers)
         block = scheme.granularity.size if quantized and scheme.granularity.kind is GranularityKind.BLOCK else 0
         n = stored_tokens(layout, i, seq, window_caps, keep, block)
         if layout.is_mla:

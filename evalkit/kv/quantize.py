@@ -211,8 +211,8 @@ def quantize(
 
     ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x.
     ``role``: ``"k"`` or ``"v"``, for the engine codecs that store K and V differently (vllm_codecs)."""
-    if fmt.is_identity:
-        raise AssertionError("the identity format stores values, not codes")
+    if fmt.is_unscaled:
+        raise AssertionError("an unscaled 16-bit cache stores values, not codes")
     from evalkit.kv.vllm_codecs import codec_for, is_codec
 
     if is_codec(fmt.recipe):  # a vLLM dtype with its own rotation / codebook / packed slot
@@ -298,13 +298,22 @@ def quantize_dequantize(
     zero: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """What a cache returns for ``x`` written in one piece: ``dequantize(quantize(x))`` in x's dtype."""
-    if fmt.is_identity:
-        return x
+    """What a cache returns for ``x`` written in one piece: ``dequantize(quantize(x))`` in x's dtype
+    (for the unscaled 16-bit caches: x itself, or x rounded to bf16/fp16)."""
+    if fmt.is_unscaled:
+        return cast_16bit(x, fmt)
     return dequantize(quantize(x, fmt, granularity, scale=scale, zero=zero, valid=valid), x.dtype)
 
 
 # -- stored bytes --------------------------------------------------------------------------------
+def cast_16bit(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
+    """What an unscaled 16-bit cache returns for ``x``: x itself (``auto``), or x rounded to the
+    cache's dtype (``bf16``, ``fp16``: torch's cast, nearest even) and read back in x's dtype."""
+    if fmt.torch_dtype is None or x.dtype == fmt.torch_dtype:
+        return x
+    return x.to(fmt.torch_dtype).to(x.dtype)
+
+
 def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.uint8)
     return c[..., 0::2] | (c[..., 1::2] << 4)

@@ -6,7 +6,8 @@ same value::
     FORMAT/GRANULARITY/SCALES[+option=value...]
     NAME[+skip=...][+attn=fa3][+rope=bf16]
 
-    bf16                              unquantized baseline (the identity scheme)
+    auto                              unquantized baseline: the model's own dtype (the identity scheme)
+    bf16, fp16                        K/V rounded to 16 bits, no scales (auto on a model of that dtype)
     fp8_e4m3/tensor/dynamic           one scale per layer for K and one for V, from the values
     fp8_e4m3/head/static+scales=calibration/x.safetensors
     fp8_e5m2/tensor/unit              scale 1.0, what engines use when no scale is given
@@ -152,7 +153,7 @@ SLIDING = "sliding"
 
 @dataclass(frozen=True)
 class Scheme:
-    format: str = "bf16"
+    format: str = "auto"
     granularity: Granularity = field(default_factory=lambda: Granularity(GranularityKind.TENSOR))
     scales: ScaleSource = ScaleSource.DYNAMIC
     static_path: str | None = None
@@ -173,7 +174,7 @@ class Scheme:
                 object.__setattr__(self, "rounding", Rounding(self.rounding))
             except ValueError:
                 raise SchemeError(f"rounding={self.rounding!r}: use {_ROUNDING_CHOICES}") from None
-        if fmt.is_identity:
+        if fmt.is_unscaled:
             defaults = (
                 Granularity(GranularityKind.TENSOR),
                 ScaleSource.DYNAMIC,
@@ -199,7 +200,8 @@ class Scheme:
                 self.rounding,
             ) != defaults:
                 raise SchemeError(
-                    "bf16 is the unquantized baseline and takes no granularity, scales or options: write just 'bf16'"
+                    f"{self.format} is an unscaled 16-bit cache and takes no granularity, scales or options: "
+                    f"write just '{self.format}'"
                 )
             return
         self._check_scale_encoding(fmt)
@@ -342,7 +344,13 @@ class Scheme:
 
     @property
     def is_identity(self) -> bool:
+        """The baseline ``auto``: K/V stored as the model computed them."""
         return self.kv_format.is_identity
+
+    @property
+    def is_unscaled(self) -> bool:
+        """A 16-bit cache without scales: ``auto``, ``bf16`` or ``fp16``."""
+        return self.kv_format.is_unscaled
 
     def skips_layer(self, layer_idx: int, is_sliding: bool = False, num_layers: int | None = None) -> bool:
         """Whether the layer is kept unquantized: ``+skip=``, plus the boundary layers an engine dtype keeps
@@ -358,8 +366,8 @@ class Scheme:
 
     # -- canonical string -----------------------------------------------------------------------
     def __str__(self) -> str:
-        if self.is_identity:
-            return "bf16"
+        if self.is_unscaled:
+            return self.format
         name = self.name
         if self.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's own dtype name (evalkit.kv.engine_dtypes)
             from evalkit.kv.engine_dtypes import vllm_name
@@ -559,9 +567,9 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
 
 
 def parse_scheme(text: str) -> Scheme:
-    """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]``, ``NAME[+key=value...]`` or ``bf16`` into a :class:`Scheme`."""
+    """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]``, ``NAME[+key=value...]`` or ``auto`` into a :class:`Scheme`."""
     if not isinstance(text, str) or not text.strip():
-        raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic, nvfp4 or bf16")
+        raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic, nvfp4 or auto")
     text = text.strip()
     head, *options = text.split("+")
     if head.startswith(VLLM_PREFIX):  # an engine's own kv_cache_dtype: vllm:int8_per_token_head
@@ -573,10 +581,10 @@ def parse_scheme(text: str) -> Scheme:
 
         return llamacpp_scheme(head[len(LLAMACPP_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
     parts = head.split("/")
-    if parts == ["bf16"]:
+    if len(parts) == 1 and head in FORMATS and FORMATS[head].is_unscaled:  # auto, bf16, fp16
         if options:
-            raise SchemeError("bf16 is the unquantized baseline and takes no options: write just 'bf16'")
-        return Scheme()
+            raise SchemeError(f"{head} is an unscaled 16-bit cache and takes no options: write just '{head}'")
+        return Scheme(format=head)
     if len(parts) == 1 and head in NAMED_SCHEMES:
         return NAMED_SCHEMES[head].scheme(**_options(text, options, _NAMED_OPTION_KEYS))
     if len(parts) != 3:

@@ -176,8 +176,8 @@ class RankRow:
 def vllm_dtype(scheme: Scheme, layout: KVLayout) -> str | None:
     """The vLLM ``kv_cache_dtype`` that stores this scheme's bytes, or None (no vLLM dtype does)."""
     text = str(scheme)
-    if scheme.is_identity:
-        return "auto"
+    if scheme.is_unscaled:  # auto, or the 16-bit dtype a bf16/fp16 cache names
+        return {"auto": "auto", "bf16": "bfloat16", "fp16": "float16"}[scheme.format]
     if text.startswith("vllm:"):
         return text.split(":", 1)[1].split("+", 1)[0]
     if scheme.name == "nvfp4":
@@ -266,7 +266,7 @@ def memory_fit(
     parallel: Parallel | None = None,
     weights_dtype: str | None = None,
     context: int = 32768,
-    scheme: str = "bf16",
+    scheme: str = "auto",
     utilization: float = 0.9,
     weight_block: int | None = None,
 ) -> list[str]:

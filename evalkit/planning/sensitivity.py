@@ -73,8 +73,8 @@ def with_skip(scheme: Scheme, skip) -> Scheme:
 
 def check_scheme(scheme: Scheme | str) -> Scheme:
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    if scheme.is_identity:
-        raise EvalkitError("sensitivity needs a quantized scheme, not bf16: e.g. --scheme fp8_e4m3/tensor/dynamic")
+    if scheme.is_unscaled:
+        raise EvalkitError(f"sensitivity needs a quantized scheme, not {scheme}: e.g. --scheme fp8_e4m3/tensor/dynamic")
     if scheme.skip_layers:
         raise EvalkitError(
             f"scheme {scheme} already skips layers: give it without +skip=, sensitivity chooses the layers"

@@ -4,7 +4,7 @@ blocks), CSV (``kernel.csv``) or JSON (``conformance.json``), and a stored repor
 (``conformance --from DIR``, and ``evalkit report`` on a folder holding one).
 
 It only reads and prints a report that :mod:`evalkit.cli.conformance` measured and wrote; it never
-computes a number, so it is outside the code identity with the rest of ``report/``.
+computes a number.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _runs(profile: EngineProfile, scheme: Scheme, layout) -> bool:
 
 def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
     """``scheme`` with the engine's storage format, rounding and store recipe (as ``apply`` maps it), or None."""
-    if scheme.is_identity or scheme.name is not None:
+    if scheme.is_unscaled or scheme.name is not None:
         return scheme
     fmt = dict(profile.format_map).get(scheme.format, scheme.format)
     changes: dict = {"format": fmt}
@@ -126,7 +126,7 @@ def runs_on(text: str, layout=None) -> str:
     """The table's "runs on" cell: ``vllm-cuda (A100, L40S, RTX 50), sglang, ~vllm-cpu`` or ``hypothetical``
     (a profile whose GPUs run different attention paths names the GPUs whose path runs the row's)."""
     scheme = parse_scheme(text)
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return "all"
     exact, own = engines_for(text, layout)
     cells = [n + _on_gpus(n, scheme) for n in exact] + [f"~{n}{_on_gpus(n, scheme)}" for n in own]
@@ -205,6 +205,9 @@ def setting(profile_name: str, text: str) -> str:
     profile, scheme = get_profile(profile_name), parse_scheme(text)
     if scheme.is_identity:
         return "kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype)"
+    if scheme.is_unscaled:
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}[scheme.format]
+        return f"kv_cache_dtype={dtype} (the unquantized KV cache in {dtype})"
     if vllm_dtype_of(scheme):
         skip = scheme.skip_layers
         kept = (

@@ -52,7 +52,7 @@ def predicted_scheme(profile, scheme: Scheme, path=None) -> Scheme:
     the scheme's own), then its check (a SchemeError when it cannot run it). Unlike
     :meth:`EngineProfile.apply` it writes no derived scale table: a static scheme keeps its table's path,
     and :func:`_same` compares tables by name."""
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return scheme
     attention = {"attention": path.attention} if path is not None else {}
     if scheme.name is not None:

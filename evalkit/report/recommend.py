@@ -319,7 +319,7 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
     bare = dict.fromkeys(v.name for r in quantized for v in verdicts(r, budget) if v.spread is False)
     spread = f"; intervals without float spread: {', '.join(bare)}" if bare else ""
     tail = f" (budget: {budget.describe()}{assumes}{spread})"
-    keep = f"keep {_kv(engine, str(Scheme()))}" if engine else "keep the unquantized baseline (bf16 scheme)"
+    keep = f"keep {_kv(engine, str(Scheme()))}" if engine else "keep the unquantized baseline (auto scheme)"
     cost = lambda r: (r.get("bytes_per_token", math.inf), parse_scheme(r["scheme"]).kv_format.bits)  # noqa: E731
 
     def unmeasurable(rs):
@@ -350,7 +350,7 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
     bpt = cheapest[0]
     saving = ""
     if base is not None and "bytes_per_token" in base and math.isfinite(bpt):
-        saving = f", {base['bytes_per_token'] / bpt:.2f}x the KV capacity of bf16 ({bpt:,.0f} bytes/token)"
+        saving = f", {base['bytes_per_token'] / bpt:.2f}x the KV capacity of a 16-bit cache ({bpt:,.0f} bytes/token)"
     maybe = [r for r, _ in unresolved if cost(r) < cheapest]
     also = f"; cheaper but unresolved: {', '.join(r['scheme'] for r in maybe)}" if maybe else ""
     cheaper = [r for r in protocol if cost(r) < cheapest]

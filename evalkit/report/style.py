@@ -4,7 +4,7 @@ The table (:mod:`.tables`), every figure (:mod:`.plots`) and the notebooks take 
 :class:`SchemeStyle` built for the whole store, so a label means the same thing everywhere and a
 figure can never contradict its table:
 
-* **Labels.** The baseline (``bf16``: nothing quantized) reads ``baseline (<dtype>)``, the dtype the
+* **Labels.** The baseline (``auto``: nothing quantized) reads ``baseline (<dtype>)``, the dtype the
   model really ran in. A static scheme drops its ``+scales=PATH`` (hundreds of characters) for a
   number, ``fp8_e4m3/head/static[1]``, and footnote ``[1]`` names the file. Numbers go to the
   store's scale files in sorted path order, so they do not depend on which rows a view shows.

@@ -11,7 +11,7 @@ raw values in columns instead: the full ``scheme`` string, ``dtype``, ``code``):
 
 * a static scheme is shown by a short name, ``fp8_e4m3/head/static[1]``, and note ``[1]`` names
   its scale file (the full string is hundreds of characters wide);
-* the baseline row (the ``bf16`` scheme: nothing quantized) is labelled with the dtype the model
+* the baseline row (the ``auto`` scheme: nothing quantized) is labelled with the dtype the model
   really ran in, ``baseline (float32)``, and a note says that bytes and capacity count a bf16 cache;
 * a column whose shown value is the same on every row (retrieval at 100 %, an accuracy at chance,
   no flips) is listed as not separating the schemes;

@@ -253,7 +253,7 @@ def calibrate(
         raise EvalkitError("--samples, --seq-len and --batch-size must be positive")
     method = parse_method(method) if isinstance(method, str) else method
     kv_fmt: KVFormat = get_format(fmt)
-    if kv_fmt.is_identity or kv_fmt.asymmetric:
+    if kv_fmt.is_unscaled or kv_fmt.asymmetric:
         raise EvalkitError(f"static scales exist for symmetric formats (fp8_*, int8, int4), not {fmt}")
     if lm.layout.is_mla:
         raise EvalkitError("static per-layer scales for MLA latents are not supported yet: use dynamic scales")

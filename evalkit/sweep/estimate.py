@@ -7,7 +7,7 @@ default the evaluations' own: compiled on CUDA, eager elsewhere; each speed line
 each run's K/V traffic at its scheme's stored bytes, in the order the sweep runs them
 (:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
-bf16 retrieval run reuses that pass. A run through a real engine (``engine: vllm``) is priced at the
+auto retrieval run reuses that pass. A run through a real engine (``engine: vllm``) is priced at the
 same speed (the emulation's probe: vLLM's CPU prompt and decode rates are of the same order on the
 embedded model, see ``published/engine``) plus the engine's own costs (:data:`ENGINE_COSTS`): its import
 once, and one engine start per run plus one for each evaluation's unquantized baseline; the table's
@@ -211,7 +211,7 @@ def estimate_sweep(
                 continue
             if work.approximate and first:
                 notes.append(f"{spec.name} {run.eval}: {work.approximate}")
-            reuse = work.identity_is_baseline and run.scheme == "bf16"
+            reuse = work.identity_is_baseline and run.scheme == "auto"
             tokens = 0 if reuse else work.tokens
             extras = []
             seconds = None
@@ -229,7 +229,7 @@ def estimate_sweep(
             if i == 0:
                 extras.append("model load")
             import_s, start_s = engine_costs(run.engine, device)
-            starts = int(first) + int(run.scheme != "bf16")  # the baseline's engine (bf16 is it), the scheme's
+            starts = int(first) + int(run.scheme != "auto")  # the baseline's engine (auto is it), the scheme's
             if start_s and starts:
                 extras.append(f"{starts} engine start{'s' if starts > 1 else ''}")
                 if seconds is not None:

@@ -7,7 +7,7 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
     models:
       - embedded                        # or {name: ID_OR_FOLDER, dtype:, device:, device_map:, ...}
     schemes:
-      - bf16
+      - auto
       - fp8_e4m3/head/dynamic
       - expand:                         # formats x granularities x scale sources (+ options)
           formats: [fp8_e4m3, fp8_e5m2]

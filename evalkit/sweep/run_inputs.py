@@ -15,7 +15,11 @@ the same path; the spec names both by path only. :func:`run_inputs` adds
 * ``scales``: the SHA-256 of the static table the scheme reads (``+scales=PATH``, found as the run
   finds it). An engine profile's derived table (``engine-scales/...``) is the file its scheme
   names, so a rewritten source table, re-derived when the grid is expanded, changes it too. A
-  missing table is ``missing`` (the run is refused before it starts).
+  missing table is ``missing`` (the run is refused before it starts);
+* ``tasks``: the shipped task files of the run's evaluation (the folder ``tasks/<eval>``, e.g.
+  ``tasks/lmeval``: lm-eval YAMLs and their Python helpers; ``tasks/retrieval``), each by name and
+  content, so a reworded prompt re-runs that evaluation's runs and a task added for another
+  evaluation re-runs nothing.
 """
 
 from __future__ import annotations
@@ -110,7 +114,33 @@ def scale_file_hashes(scheme: str) -> dict[str, str]:
     return {path: "sha256:" + file_digest(found) if found.is_file() else "missing"}
 
 
-def run_inputs(model_name: str, scheme: str) -> dict[str, object]:
-    """What enters the run id beside the spec: the weights' fingerprint and the scale tables' hashes."""
+TASK_SUFFIXES = (".yaml", ".yml", ".py", ".json", ".jsonl", ".txt", ".jinja")
+
+
+def task_file_hashes(eval_name: str) -> dict[str, str]:
+    """``{"tasks/<eval>/<file>": "sha256:..."}`` of the shipped task folder of an evaluation; {} for none."""
+    from evalkit.data.resources import resource_dir
+    from evalkit.errors import EvalkitError
+
+    try:
+        root = resource_dir("tasks") / eval_name
+    except EvalkitError:  # a broken install: the evaluation refuses to run anyway
+        return {}
+    if not root.is_dir():
+        return {}
+    files = sorted(
+        f for f in root.rglob("*") if f.is_file() and f.suffix in TASK_SUFFIXES and "__pycache__" not in f.parts
+    )
+    return {f"tasks/{eval_name}/{f.relative_to(root).as_posix()}": "sha256:" + file_digest(f) for f in files}
+
+
+def run_inputs(model_name: str, scheme: str, eval_name: str = "") -> dict[str, object]:
+    """What enters the run id beside the spec: the weights' fingerprint, the scale tables' and the
+    evaluation's shipped task files' hashes."""
     scales = scale_file_hashes(scheme)
-    return {"weights": model_weights_fingerprint(model_name), **({"scales": scales} if scales else {})}
+    tasks = task_file_hashes(eval_name) if eval_name else {}
+    return {
+        "weights": model_weights_fingerprint(model_name),
+        **({"scales": scales} if scales else {}),
+        **({"tasks": tasks} if tasks else {}),
+    }

@@ -184,7 +184,7 @@ def plan(runs: list[RunSpec]) -> list[list[RunSpec]]:
     out = []
     for g in groups.values():
         eval_order = list(dict.fromkeys(r.eval_key for r in g))
-        out.append(sorted(g, key=lambda r: (eval_order.index(r.eval_key), r.scheme != "bf16")))
+        out.append(sorted(g, key=lambda r: (eval_order.index(r.eval_key), r.scheme != "auto")))
     return out
 
 

@@ -88,7 +88,7 @@ class RunSpec:
             "spec": self.canonical(),
             "versions": versions(self.engine),
             **({"inputs": inputs} if inputs else {}),
-            **run_inputs(self.model.name, self.scheme),  # the weights and the scale tables, by content
+            **run_inputs(self.model.name, self.scheme, self.eval),  # weights, scale tables, task files
         }
         text = canonical_json(ident)
         return hashlib.sha256(text.encode()).hexdigest()

@@ -156,7 +156,7 @@ def stored_bytes(scheme: str, facts) -> float | None:
         parsed = parse_scheme(scheme)
     except (EvalkitError, ValueError):
         return None
-    return None if parsed.is_identity else bytes_per_element(parsed, facts.head_dim or 128)
+    return None if parsed.is_unscaled else bytes_per_element(parsed, facts.head_dim or 128)
 
 
 def _flops(facts, tokens: int, context: float = 0.0) -> float:

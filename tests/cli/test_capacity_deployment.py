@@ -53,13 +53,13 @@ def test_kimi_k2_on_8_h200_tensor_parallel_8(capsys):
     assert stage["kv_budget"] == budget
     r = rows(data)
     # the whole latent (512 + 64 values x 61 layers) on every rank: BF16 70,272 B, FP8 35,136 B per token
-    assert r["bf16"]["bytes_per_token"] == 61 * 576 * 2
-    assert r["bf16"]["tokens"] == budget // 70_272 == 39_497
+    assert r["auto"]["bytes_per_token"] == 61 * 576 * 2
+    assert r["auto"]["tokens"] == budget // 70_272 == 39_497
     assert r["fp8_e4m3/tensor/dynamic"]["tokens"] == budget // 35_136 == 78_995
-    assert r["bf16"]["sequences"] == budget // (70_272 * 32768) == 1
+    assert r["auto"]["sequences"] == budget // (70_272 * 32768) == 1
     assert r["fp8_e4m3/tensor/dynamic"]["sequences"] == budget // (35_136 * 32768 + 61 * 2 * 4) == 2
     # one TP group: the deployment holds what one rank holds (the latent is replicated, not split)
-    assert r["bf16"]["deployment_tokens"] == r["bf16"]["tokens"]
+    assert r["auto"]["deployment_tokens"] == r["auto"]["tokens"]
     assert r["nvfp4"]["vllm"] == "no" and r["fp8_e4m3/tensor/dynamic"]["vllm"] == "yes: FLASHMLA"
 
 
@@ -79,7 +79,7 @@ def test_kimi_k2_data_parallel_attention_partitions_the_latent(capsys):
     budget = USABLE - weights - reserve
     assert (weights, reserve, budget) == (77_672_806_576, 34_401_681_408, 23_033_371_988)
     assert data["stages"][0]["kv_budget"] == budget
-    bf16 = rows(data)["bf16"]
+    bf16 = rows(data)["auto"]
     assert bf16["tokens"] == budget // 70_272 == 327_774
     assert bf16["deployment_tokens"] == 16 * 327_774  # each DP rank holds its own requests' latents
     assert bf16["sequences"] == budget // (70_272 * 32768) == 10 and bf16["deployment_sequences"] == 160
@@ -106,11 +106,11 @@ def test_llama_70b_on_h200_tensor_parallel(capsys, tp):
     assert data["stages"][0]["kv_budget"] == budget
     r = rows(data)
     per_token = 80 * 2 * kv * 128 * 2  # K and V of this rank's KV heads, 80 layers, BF16
-    assert r["bf16"]["bytes_per_token"] == per_token
-    assert r["bf16"]["tokens"] == budget // per_token == {2: 381_765, 8: 2_819_721}[tp]
+    assert r["auto"]["bytes_per_token"] == per_token
+    assert r["auto"]["tokens"] == budget // per_token == {2: 381_765, 8: 2_819_721}[tp]
     assert r["fp8_e4m3/tensor/dynamic"]["tokens"] == budget // (per_token // 2)
-    assert r["bf16"]["sequences"] == budget // (per_token * 32768) == {2: 11, 8: 86}[tp]
-    assert r["bf16"]["deployment_tokens"] == r["bf16"]["tokens"]
+    assert r["auto"]["sequences"] == budget // (per_token * 32768) == {2: 11, 8: 86}[tp]
+    assert r["auto"]["deployment_tokens"] == r["auto"]["tokens"]
     assert (
         r["nvfp4"]["vllm"] == "yes: FLASHINFER (FA2 path)"
     )  # FlashInfer's FA2 path takes nvfp4 at head_size 128 on SM 9.x
@@ -123,8 +123,8 @@ def test_gqa_kv_heads_replicated_past_tp_8(capsys):
         for n in ("8", "16")
     )
     for data in (tp8, tp16):
-        assert rows(data)["bf16"]["bytes_per_token"] == 32 * 2 * 1 * 128 * 2  # one head per rank either way
-    assert rows(tp16)["bf16"]["tokens"] == rows(tp16)["bf16"]["deployment_tokens"]
+        assert rows(data)["auto"]["bytes_per_token"] == 32 * 2 * 1 * 128 * 2  # one head per rank either way
+    assert rows(tp16)["auto"]["tokens"] == rows(tp16)["auto"]["deployment_tokens"]
 
 
 def test_mla_replicated_under_tp_partitioned_under_dp(capsys):
@@ -134,10 +134,10 @@ def test_mla_replicated_under_tp_partitioned_under_dp(capsys):
     dp = run_json(capsys, *common, "--data-parallel", "8", "--expert-parallel", "8")
     for data in (tp, dp):
         budget = data["stages"][0]["kv_budget"]
-        bf16 = rows(data)["bf16"]
+        bf16 = rows(data)["auto"]
         assert bf16["tokens"] == budget // 70_272
-    assert rows(tp)["bf16"]["deployment_tokens"] == rows(tp)["bf16"]["tokens"]
-    assert rows(dp)["bf16"]["deployment_tokens"] == 8 * rows(dp)["bf16"]["tokens"]
+    assert rows(tp)["auto"]["deployment_tokens"] == rows(tp)["auto"]["tokens"]
+    assert rows(dp)["auto"]["deployment_tokens"] == 8 * rows(dp)["auto"]["tokens"]
 
 
 def test_gpu_memory_overrides_the_gpu_and_units_differ_by_seven_percent(capsys):
@@ -201,7 +201,7 @@ def test_pipeline_stages_each_get_a_budget(capsys):
     first, last = data["stages"]
     assert (first["layers"], last["layers"]) == ([0, 40], [40, 80])
     assert first["reserve"]["sampler"] == 0 and last["reserve"]["sampler"] > 0
-    bf16 = rows(data)["bf16"]
+    bf16 = rows(data)["auto"]
     assert bf16["bytes_per_token"] == 40 * 2 * 2 * 128 * 2  # 40 layers, 2 of 8 KV heads
     assert bf16["tokens"] == min(s["kv_budget"] for s in data["stages"]) // bf16["bytes_per_token"]
 
@@ -269,11 +269,11 @@ def test_with_vllms_own_reserve_the_tokens_match_a_vllm_log(capsys):
     PyTorch activation peak memory takes 1.24GiB; the rest of the memory reserved for KV Cache is 54.62GiB",
     then "GPU KV cache size: 447,088 tokens". Given that reserve (0.35 + 1.24 GiB), the count lands within
     0.2 % (vLLM's weights include the 33.5 MB RoPE cos/sin cache; its cache is whole 16-token blocks)."""
-    data = run_json(capsys, "--preset", "llama-3.1-8b", "--gpu", "h100", "--reserve", "1.59GiB", "--schemes", "bf16")
-    tokens = rows(data)["bf16"]["tokens"]
+    data = run_json(capsys, "--preset", "llama-3.1-8b", "--gpu", "h100", "--reserve", "1.59GiB", "--schemes", "auto")
+    tokens = rows(data)["auto"]["tokens"]
     assert tokens == (math.ceil(round(79.11 * GIB) * 0.9) - 8_030_261_248 * 2 - round(1.59 * GIB)) // 131_072
     assert abs(tokens - 447_088) / 447_088 < 0.002
     # the estimate in its place: the forward is counted low against that log's 1.24 GiB peak (there at
     # max_num_seqs 256), which docs/sizing.md says
-    est = run_json(capsys, "--preset", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "256", "--schemes", "bf16")
+    est = run_json(capsys, "--preset", "llama-3.1-8b", "--gpu", "h100", "--max-num-seqs", "256", "--schemes", "auto")
     assert est["stages"][0]["reserve"]["forward"] == 2 * 8192 * (2 * 4096 + 3 * 14336) < 1.24 * GIB

@@ -307,7 +307,7 @@ def test_several_gpus_named_in_the_message(monkeypatch):
 def grid_file(tmp_path: Path, device_line: str) -> Path:
     path = tmp_path / "g.yaml"
     path.write_text(
-        "name: devgrid\nmodels:\n  - {name: embedded, " + device_line + "}\nschemes: [bf16]\n"
+        "name: devgrid\nmodels:\n  - {name: embedded, " + device_line + "}\nschemes: [auto]\n"
         "evals:\n  perplexity: {window: 64, stride: 64, max_windows: 1}\n"
     )
     return path

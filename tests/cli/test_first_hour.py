@@ -189,7 +189,7 @@ def test_sweep_refuses_a_grid_whose_engine_is_not_installed(capsys, tmp_path):
     assert not out.exists()
     assert time.perf_counter() - start < 60
     grid = tmp_path / "g.yaml"
-    grid.write_text("models: [embedded]\nschemes: [bf16]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
+    grid.write_text("models: [embedded]\nschemes: [auto]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
     one_line_exit_2(["sweep", str(grid), "--out", str(out)], capsys, "engine vllm", "drop the engine")
     assert not out.exists()
 

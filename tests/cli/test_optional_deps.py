@@ -36,7 +36,7 @@ def test_storage_path_runs_without_lm_eval_datasets_gguf():
     "argv, package",
     [
         (
-            ["run", "--eval", "lmeval", "--schemes", "bf16", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "1"],
+            ["run", "--eval", "lmeval", "--schemes", "auto", "--lmeval-tasks", "evalkit_mmlu4", "--lmeval-limit", "1"],
             "lm-eval",
         ),
     ],

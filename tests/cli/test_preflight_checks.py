@@ -216,7 +216,7 @@ def test_a_config_evalkit_cannot_read_or_intercept_is_a_problem(tmp_path):
     falcon = model_dir(tmp_path, "falcon", {**LLAMA, "model_type": "falcon"})
     (problem,) = check_model_fit(runs(broken, "fp8_e4m3/tensor/dynamic"))
     assert not problem.note and "cannot size its KV cache" in problem.message
-    (problem,) = check_model_fit(runs(falcon, "bf16"))
+    (problem,) = check_model_fit(runs(falcon, "auto"))
     assert not problem.note and "AttentionInterface" in problem.message
 
 
@@ -263,7 +263,7 @@ def test_deepseek_v32_is_sparse_and_its_latent_is_never_quantized_as_standard_at
     from evalkit.models.info import MLA_MODEL_TYPES
 
     v32 = model_dir(tmp_path, "v32", DeepseekV32Config(num_hidden_layers=4).to_dict())
-    assert check_model_fit(runs(v32, "bf16")) == []
+    assert check_model_fit(runs(v32, "auto")) == []
     problems = check_model_fit(runs(v32, "vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"))
     if "deepseek_v32" in MLA_MODEL_TYPES:
         assert problems == []

@@ -70,7 +70,7 @@ def test_another_platform_is_named_in_a_warning(tmp_path, capsys):
 def test_the_engine_joins_the_platform_line(tmp_path, capsys):
     recs = records()
     run_id = next(
-        r["run_id"] for r in recs if r["type"] == "complete" and r["eval"] == "perplexity" and r["scheme"] != "bf16"
+        r["run_id"] for r in recs if r["type"] == "complete" and r["eval"] == "perplexity" and r["scheme"] != "auto"
     )
     for r in recs:
         if r["type"] == "metric" and r["run_id"] == run_id:
@@ -139,7 +139,7 @@ def test_kl_columns_only_when_asked_and_present(capsys):
     titles = [c.strip() for c in header.strip("|").split("|")]
     for title, metric in zip(("KL p50", "KL p99", "KL p99.9", "KL max"), KL_QUANTILES):
         assert cells[titles.index(title)] == format(values[("fp8_e4m3/tensor/dynamic", metric)], ".3g")
-    quantized = {s for s, _ in values} - {"bf16"}
+    quantized = {s for s, _ in values} - {"auto"}
     for s in quantized:  # order statistics: p50 <= p99 <= p99.9 <= max
         assert values[(s, "kl_p50")] <= values[(s, "kl_p99")] <= values[(s, "kl_p999")] <= values[(s, "kl_max")]
     assert "KL p50 / p99 / p99.9 / max: median, 99th and 99.9th percentiles" in out
@@ -163,7 +163,7 @@ def test_pareto_csv_holds_the_points_and_their_kl_percentiles(tmp_path, capsys):
     values = kl_quantiles()
     out, _ = report([str(STORE), "--plots", str(tmp_path / "plots")], capsys)
     data = pd.read_csv(tmp_path / "plots" / "pareto.csv")
-    assert "bf16" not in set(data["scheme"]) and len(data) == 12
+    assert "auto" not in set(data["scheme"]) and len(data) == 12
     r = data.set_index("scheme").loc["fp8_e4m3/tensor/dynamic"]
     assert r["kl_p99"] == pytest.approx(values[("fp8_e4m3/tensor/dynamic", "kl_p99")], rel=1e-12)
     assert r["memory_saved_pct"] == pytest.approx(100 * (1 - 1 / r["capacity_x"]))

@@ -86,7 +86,7 @@ def test_attention_paths_default_to_hopper_and_name_what_was_not_read():
     assert cuda.path_of(parse_scheme("fp8_e4m3/tensor/unit")).attention.value == "fa3"
     assert cuda.path_of(parse_scheme("fp8_e5m2/tensor/unit"), "a100").tag == "K/V"
     assert cuda.path_of(parse_scheme("fp8_e5m2/tensor/unit"), "hopper").tag == "K/V, approx."
-    assert cuda.path_of(parse_scheme("bf16")) is None and cuda.attention_path("fp8_e5m2", "b200") is None
+    assert cuda.path_of(parse_scheme("auto")) is None and cuda.attention_path("fp8_e5m2", "b200") is None
     # every generation has a path for an E4M3 cache; the profiles of other engines record none
     assert all(cuda.attention_path("fp8_e4m3", g) is not None for g in GENERATIONS)
     assert all(get_profile(n).attention_path("fp8", "hopper") is None for n in PROFILES if n != "vllm-cuda")
@@ -102,7 +102,7 @@ def test_attention_paths_default_to_hopper_and_name_what_was_not_read():
         ("fp8_e4m3", "b200", "fp8_e4m3/tensor/unit+attn=fa3"),
         ("fp8", "a100", "fp8_e4m3/tensor/unit"),
         ("fp8_e5m2", "hopper", "fp8_e5m2/tensor/unit"),
-        ("auto", "hopper", "bf16"),
+        ("auto", "hopper", "auto"),
     ],
 )
 def test_scheme_for_a_gpu_takes_its_attention_path(dtype, gpu, expected):
@@ -165,7 +165,7 @@ def test_attention_path_citations_name_code_in_the_vllm_wheels(version):
 @pytest.mark.parametrize(
     "profile, dtype, expected",
     [
-        ("vllm-cpu", "auto", "bf16"),
+        ("vllm-cpu", "auto", "auto"),
         ("vllm-cpu", "fp8", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cpu", "fp8_e4m3", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cpu", "fp8_e5m2", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
@@ -291,7 +291,7 @@ def test_check_refuses_in_one_line_naming_what_is_supported(profile, text, fragm
 @pytest.mark.parametrize(
     "profile, text",
     [
-        ("vllm-cpu", "bf16"),
+        ("vllm-cpu", "auto"),
         ("vllm-cpu", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
         ("vllm-cpu", "fp8_e4m3/tensor/static+recipe=vllm_cpu+scales=s.safetensors+rounding=rtz+skip=0,5"),
         ("vllm-cpu", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz+skip=sliding"),
@@ -314,7 +314,7 @@ def test_check_with_a_layout_adds_the_head_dim_requirement():
     odd = KVLayout("llama", 2, 2, 80, 80, (), None, 2048)
     assert "head_dim divisible by 32" in one_line_error(cpu.check, scheme, odd)
     get_profile("vllm-cuda").check(parse_scheme("fp8_e4m3/tensor/unit"), odd)
-    cpu.check(parse_scheme("bf16"), odd)  # the unquantized baseline runs anywhere
+    cpu.check(parse_scheme("auto"), odd)  # the unquantized baseline runs anywhere
 
 
 # -- emulation scheme -> the engine's kernels --------------------------------------------------------------
@@ -329,7 +329,7 @@ def test_check_with_a_layout_adds_the_head_dim_requirement():
             f"fp8_e4m3/tensor/static+recipe=vllm_cpu+scales={TENSOR_TABLE}+rounding=rtz+skip=0",
         ),
         ("vllm-cpu", "fp8_e5m2/tensor/unit", "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"),
-        ("vllm-cpu", "bf16", "bf16"),
+        ("vllm-cpu", "auto", "auto"),
         ("vllm-cuda", "fp8_e4m3/tensor/unit+rounding=rtz", "fp8_e4m3/tensor/unit"),
         (
             "vllm-cuda",
@@ -384,7 +384,7 @@ GRID = """\
 name: g
 models: [tiny]
 schemes:
-  - bf16
+  - auto
   - fp8_e4m3/tensor/unit
   - fp8_e5m2/tensor/unit
 engine_profile: {profile}
@@ -400,7 +400,7 @@ def test_grid_engine_profile_key(tmp_path, toy_eval):
     path.write_text(GRID.format(profile="vllm-cpu"))
     grid = parse_grid(path)
     assert [r.scheme for r in grid.runs] == [
-        "bf16",
+        "auto",
         "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz",
         "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz",
     ]

@@ -66,7 +66,7 @@ def plain_scores(type_k: str, type_v: str) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("scheme, types", [("llamacpp:q4_0", ("q4_0", "q4_0")), ("bf16", ("f16", "f16"))])
+@pytest.mark.parametrize("scheme, types", [("llamacpp:q4_0", ("q4_0", "q4_0")), ("auto", ("f16", "f16"))])
 def test_backend_scores_are_a_plain_reading_of_llamacpps_logits(scheme, types):
     backend = LlamaCppBackend(n_threads=2)
     try:
@@ -83,7 +83,7 @@ def test_backend_scores_are_a_plain_reading_of_llamacpps_logits(scheme, types):
     np.testing.assert_array_equal(got.agree.numpy(), want["agree"])
     np.testing.assert_allclose(got.kl.numpy(), np.maximum(want["kl"], 0), rtol=1e-6, atol=1e-10)
     assert got.info["type_k"] == types[0] and got.info["kl_method"].startswith("exact")
-    if scheme == "bf16":
+    if scheme == "auto":
         assert not got.kl.any() and got.agree.all()
     else:
         assert float(got.kl.mean()) > 1e-3 and (got.nll != got.base_nll).any()
@@ -106,7 +106,7 @@ def test_backend_decode_is_a_plain_reading_of_llamacpps_steps():
         inputs = backend.prepare_decode(request, Embedded(), None)
         scheme = "llamacpp:q4_0"
         pos = backend.decode_positions(dataclasses.replace(request, inputs=inputs), Embedded(), scheme)
-        same = backend.decode_positions(dataclasses.replace(request, inputs=inputs), Embedded(), "bf16")
+        same = backend.decode_positions(dataclasses.replace(request, inputs=inputs), Embedded(), "auto")
     finally:
         backend.close()
     assert torch.equal(inputs[:2], request.inputs[:2]) and torch.equal(inputs[2:, :12], request.inputs[2:, :12])

@@ -47,7 +47,7 @@ def test_the_toy_engine_in_a_grid_with_its_option_in_the_run_id(toy_engine, tmp_
     def grid(extra: str):
         path = tmp_path / "g.yaml"
         path.write_text(
-            f"models: ['{tiny_llama_dir}']\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+            f"models: ['{tiny_llama_dir}']\nschemes: [auto, fp8_e4m3/tensor/dynamic]\n"
             "evals: {perplexity: {max_windows: 1, window: 32, stride: 32}}\n" + extra
         )
         return parse_grid(path)
@@ -114,7 +114,7 @@ def test_run_engine_toy_gives_the_emulations_numbers_under_its_name(toy_engine, 
 
 def test_conformance_and_capacity_reach_the_toy_engine(toy_engine, capsys):
     capsys.readouterr()
-    assert main(["conformance", "--engine", "toy", "--schemes", "bf16"]) == 0
+    assert main(["conformance", "--engine", "toy", "--schemes", "auto"]) == 0
     assert "toy conformance: schemes bf16" in capsys.readouterr().out
     assert main(["capacity", "--engine", "toy", "--model", "embedded"]) == 0
     assert "toy capacity: model embedded" in capsys.readouterr().out
@@ -133,8 +133,8 @@ def test_an_unknown_engine_is_one_line(argv, capsys):
 
 
 def test_engine_options_are_refused_in_one_line(toy_engine, capsys):
-    one_line_exit_2(["run", "--schemes", "bf16", "--engine-option", "workers=2"], capsys, "add --engine NAME")
+    one_line_exit_2(["run", "--schemes", "auto", "--engine-option", "workers=2"], capsys, "add --engine NAME")
     one_line_exit_2(
-        ["run", "--engine", "toy", "--schemes", "bf16", "--engine-option", "nope=1"], capsys, "no option 'nope'"
+        ["run", "--engine", "toy", "--schemes", "auto", "--engine-option", "nope=1"], capsys, "no option 'nope'"
     )
-    one_line_exit_2(["run", "--engine", "toy", "--schemes", "bf16", "--engine-option", "workers"], capsys, "KEY=VALUE")
+    one_line_exit_2(["run", "--engine", "toy", "--schemes", "auto", "--engine-option", "workers"], capsys, "KEY=VALUE")

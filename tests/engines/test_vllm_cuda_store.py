@@ -160,6 +160,6 @@ def test_perplexity_through_vllm_on_cuda(tmp_path, capsys):
     argv += ["--perplexity-window", "128", "--perplexity-stride", "128", "--perplexity-max-windows", "2"]
     assert main([*argv, "--no-progress", "--cache-dir", str(tmp_path)]) == 0
     rows = json.loads(capsys.readouterr().out)
-    info = next(r["info"] for r in rows if r["scheme"] != "bf16")
+    info = next(r["info"] for r in rows if r["scheme"] != "auto")
     assert info["engine_profile"] == "vllm-cuda" and info["engine_package"] == "vllm"
     assert info["attention_backend"] and info["kv_cache_dtype"] == "fp8_e4m3"

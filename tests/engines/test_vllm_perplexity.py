@@ -33,7 +33,7 @@ PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstra
 def test_schemes_map_through_the_vllm_cpu_profile():
     from evalkit.engines.vllm_runner import engine_config
 
-    assert engine_config("bf16").kv_cache_dtype == "auto"
+    assert engine_config("auto").kv_cache_dtype == "auto"
     unit = engine_config("fp8_e4m3/tensor/unit")
     assert (unit.kv_cache_dtype, unit.scales, unit.emulation) == (
         "fp8_e4m3",
@@ -239,7 +239,7 @@ def test_unquantized_engine_equals_the_emulation(prepared, embedded):
     diff = (base.nll - emu_base["nll"].double()).abs()
     assert float(diff.mean()) < 2e-5 and float(diff.max()) < 5e-4, (float(diff.mean()), float(diff.max()))
     assert float((base.ids[:, 0] == emu_base["argmax"]).double().mean()) > 0.99
-    rows = {r.metric: r for r in eng.evaluate(embedded, "bf16") if not r.labels}
+    rows = {r.metric: r for r in eng.evaluate(embedded, "auto") if not r.labels}
     assert rows["ppl_delta"].value == 0 and rows["kl_lower_bound"].value == 0 and rows["top1_agreement"].value == 1
     assert "kl_mean" not in rows and rows["kl_lower_bound"].info["kl_bound"] is True
 
@@ -336,7 +336,7 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
         for r in (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
         if r["type"] == "metric"
     ]
-    static = [r for r in rows if r["scheme"] != "bf16"]
+    static = [r for r in rows if r["scheme"] != "auto"]
     assert {r["metric"] for r in static if not r["labels"]} == {
         "ppl",
         "ppl_delta",
@@ -357,5 +357,5 @@ def test_run_engine_vllm_rows_carry_the_engine(tmp_path, capsys):
     from evalkit.sweep.store import ResultStore
 
     store = ResultStore(out)  # the results store a sweep writes, artifacts under runs/<id16>/
-    run_id = next(i for i, rec in store.read().complete.items() if rec["scheme"] != "bf16")
+    run_id = next(i for i, rec in store.read().complete.items() if rec["scheme"] != "auto")
     assert (store.artifact_dir(run_id) / "perplexity_windows.csv").is_file()

@@ -123,7 +123,7 @@ def _measurement(kvd, bpt, scheme, admitted=None):
 
 def test_rows_and_table():
     ms = [
-        _measurement("auto", BF16_BPT, "bf16", 5),
+        _measurement("auto", BF16_BPT, "auto", 5),
         _measurement("fp8_e4m3", BF16_BPT // 2, "fp8_e4m3/tensor/unit", 10),
     ]
     rows = vs.serving_rows(ms)

@@ -396,7 +396,7 @@ def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
         "--model",
         str(sharp_dir),
         "--schemes",
-        f"bf16,{QUANT}",
+        f"auto,{QUANT}",
         "--eval",
         "decode",
         "--decode-corpus",
@@ -418,7 +418,7 @@ def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
-    assert plain[("bf16", "kl_mean")]["value"] == 0.0 and plain[("bf16", "identical_share")]["value"] == 1.0
+    assert plain[("auto", "kl_mean")]["value"] == 0.0 and plain[("auto", "identical_share")]["value"] == 1.0
     assert plain[(QUANT, "kl_mean")]["value"] > 0 and plain[(QUANT, "n_tokens")]["value"] == 16
     assert set(DecodeEval.summary_metrics) <= {m for _, m in plain}
     import pandas as pd
@@ -435,7 +435,7 @@ def test_cli_run_writes_rows_and_positions(sharp_dir, tmp_path, capsys, prose):
 def test_grid_accepts_decode(tmp_path):
     from evalkit.sweep.grid import parse_grid
 
-    text = "name: g\nmodels: [embedded]\nschemes: [bf16]\nevals:\n  decode: {prefill: 64, decode: 32, sequences: 2}\n"
+    text = "name: g\nmodels: [embedded]\nschemes: [auto]\nevals:\n  decode: {prefill: 64, decode: 32, sequences: 2}\n"
     grid = parse_grid(tmp_path / "g.yaml", text)
     (run,) = grid.runs
     assert run.eval == "decode" and run.params["decode"] == 32
@@ -461,7 +461,7 @@ def test_grid_accepts_decode(tmp_path):
             "fewer than 40 sequences",
         ),
         (["--decode-tokens", "0"], "decode = 0 is too small"),
-        (["--schemes", "bf16,fp8_e4m3/group48/dynamic"], "group48 does not divide head_dim 16"),
+        (["--schemes", "auto,fp8_e4m3/group48/dynamic"], "group48 does not divide head_dim 16"),
         (["--schemes", "fp8_e4m3/head/dynamic+rope=bf16"], "multi-head latent attention"),
     ],
 )
@@ -509,7 +509,7 @@ def decode_store(folder):
 
     store = ResultStore(folder)
     info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": CODE}}
-    kls = {"bf16": 0.0, "fp8_e4m3/tensor/dynamic": 0.002, "fp8_e5m2/head/unit": 0.03}
+    kls = {"auto": 0.0, "fp8_e4m3/tensor/dynamic": 0.002, "fp8_e5m2/head/unit": 0.03}
     for n, (scheme, kl) in enumerate(kls.items()):
         rows = [_row("kl_mean", kl, kl * 0.8, kl * 1.2)]
         for i, bucket in enumerate(["16-19", "20-23", "24-27"]):  # KL grows with the position

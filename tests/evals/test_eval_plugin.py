@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = {"EVALKIT_EVALS": "tests.evals.plugin_eval", "EVALKIT_PROGRESS": "0"}
-SCHEMES = "bf16,fp8_e5m2/tensor/unit"
+SCHEMES = "auto,fp8_e5m2/tensor/unit"
 
 
 def evalkit(*args, plugin: bool = True) -> subprocess.CompletedProcess:

@@ -266,7 +266,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
     art = tmp_path_factory.mktemp("lmeval_art")
     rows = {
         s: ev.evaluate(lm, parse_scheme(s), art / s.replace("/", "_"))
-        for s in ("bf16", "int4/tensor/dynamic", "fp8_e4m3/tensor/unit")
+        for s in ("auto", "int4/tensor/dynamic", "fp8_e4m3/tensor/unit")
     }
     return lm, ev, work, art, rows
 
@@ -278,7 +278,7 @@ def _by_metric(rows):
 @pytest.mark.slow
 def test_identity_scheme_equals_the_baseline_exactly(tiny_run):
     lm, ev, work, art, rows = tiny_run
-    got = _by_metric(rows["bf16"])
+    got = _by_metric(rows["auto"])
     base = ev.baseline_summary["results"]
     for task in TINY_TASKS.split(","):
         for key, value in base[task].items():
@@ -288,7 +288,7 @@ def test_identity_scheme_equals_the_baseline_exactly(tiny_run):
         if name.split("/")[1].startswith(("flip_", "gold_loglik")):
             assert row.value == 0.0, name
     assert got["evalkit_mmlu4/gold_loglik_abs_delta"].info["n_changed"] == 0
-    saved = json.loads((art / "bf16" / "lmeval_samples.json").read_text())["items"]
+    saved = json.loads((art / "auto" / "lmeval_samples.json").read_text())["items"]
     assert saved == ev.baseline_items  # per-item predictions and log-likelihoods identical
 
 
@@ -383,12 +383,12 @@ def test_cli_run_with_tasks_fewshot_and_limit(tiny_llama_dir, tmp_path, capsys):
         for r in (json.loads(x) for x in ((tmp_path / "out") / "results.jsonl").read_text().splitlines())
         if r["type"] == "metric"
     ]  # the results store
-    assert [r["scheme"] for r in rows][0] == "bf16" and {r["scheme"] for r in rows} == {"bf16", "int4/tensor/dynamic"}
+    assert [r["scheme"] for r in rows][0] == "auto" and {r["scheme"] for r in rows} == {"auto", "int4/tensor/dynamic"}
     acc = {r["scheme"]: r for r in rows if r["metric"] == "evalkit_mmlu4/acc"}
-    assert acc["bf16"]["info"]["n_shot"] == 1 and acc["bf16"]["info"]["n_items"] == 3
-    assert acc["bf16"]["info"]["config"]["num_fewshot"] == 1
+    assert acc["auto"]["info"]["n_shot"] == 1 and acc["auto"]["info"]["n_items"] == 3
+    assert acc["auto"]["info"]["config"]["num_fewshot"] == 1
     flips = {r["scheme"]: r["value"] for r in rows if r["metric"] == "evalkit_passkey/flip_rate"}
-    assert flips["bf16"] == 0.0
+    assert flips["auto"] == 0.0
     assert list(tmp_path.joinpath("out").rglob("lmeval_samples.json"))
 
 

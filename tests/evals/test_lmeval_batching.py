@@ -16,7 +16,7 @@ from evalkit import quantized_kv
 from evalkit.errors import EvalkitError
 
 SCHEMES = [
-    "bf16",
+    "auto",
     "fp8_e4m3/tensor/dynamic",
     "fp8_e4m3/head/dynamic",
     "fp8_e4m3/block16/dynamic",

@@ -289,7 +289,7 @@ def test_cli_run_json_and_exit_code(tiny_llama_dir, tmp_path, capsys, prose):
         "--model",
         str(tiny_llama_dir),
         "--schemes",
-        "bf16,fp8_e4m3/head/dynamic",
+        "auto,fp8_e4m3/head/dynamic",
         "--eval",
         "perplexity",
         "--perplexity-corpus",
@@ -311,7 +311,7 @@ def test_cli_run_json_and_exit_code(tiny_llama_dir, tmp_path, capsys, prose):
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     plain = {(r["scheme"], r["metric"]): r for r in rows if not r["labels"]}
-    assert plain[("bf16", "kl_mean")]["value"] == 0.0
+    assert plain[("auto", "kl_mean")]["value"] == 0.0
     assert plain[("fp8_e4m3/head/dynamic", "n_tokens")]["value"] == 63 + 2 * 32
     assert set(PerplexityEval.summary_metrics) <= {m for _, m in plain}
     from evalkit.sweep.store import ResultStore

@@ -145,7 +145,7 @@ def test_dp_mean_is_the_mean_change_of_the_correct_token_probability(tiny, tmp_p
         "n_tokens",
         "dp_mean",
     ]
-    identity = overall(ev.evaluate(tiny, parse_scheme("bf16")))["dp_mean"]
+    identity = overall(ev.evaluate(tiny, parse_scheme("auto")))["dp_mean"]
     assert identity.value == 0.0
 
 

@@ -345,7 +345,7 @@ def _cli(*args):
 def test_cli_bad_input_exits_2_with_one_line(tiny_llama_dir, capsys, args, match):
     from evalkit.cli import main
 
-    code = main(["run", "--eval", "retrieval", "--model", str(tiny_llama_dir), "--schemes", "bf16", *args])
+    code = main(["run", "--eval", "retrieval", "--model", str(tiny_llama_dir), "--schemes", "auto", *args])
     err = capsys.readouterr().err
     assert code == 2
     lines = [x for x in err.splitlines() if x.startswith("evalkit:")]
@@ -380,7 +380,7 @@ def test_cli_runs_and_writes_rows(tiny_llama_dir, tmp_path):
         if r["type"] == "metric"
     ]  # the results store
     cells = [r for r in rows if r["metric"] == "accuracy" and set(r["labels"]) == {"task", "length", "depth"}]
-    assert {r["scheme"] for r in cells} == {"bf16", "fp8_e4m3/tensor/dynamic"} and len(cells) == 4
+    assert {r["scheme"] for r in cells} == {"auto", "fp8_e4m3/tensor/dynamic"} and len(cells) == 4
     assert all(0.0 <= r["value"] <= 1.0 and not math.isnan(r["value"]) for r in cells)
     assert len(list(tmp_path.glob("runs/*/retrieval_accuracy.png"))) == 2
 

@@ -43,7 +43,7 @@ def test_identity_is_bit_exact_in_bf16_on_cuda(llama_bf16):
     ids, mask = batch("cuda")
     ref = llama_bf16(ids, attention_mask=mask).logits
     gen = llama_bf16.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-    with quantized_kv(llama_bf16, "bf16"):
+    with quantized_kv(llama_bf16, "auto"):
         assert torch.equal(llama_bf16(ids, attention_mask=mask).logits, ref)
         assert torch.equal(llama_bf16.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False), gen)
 

@@ -44,10 +44,10 @@ def test_identity_is_bit_exact(mla):
     ids, mask = inputs()
     ref = mla(ids, attention_mask=mask).logits
     ref_gen = mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
-    with quantized_kv(mla, "bf16"):
+    with quantized_kv(mla, "auto"):
         assert torch.equal(mla(ids, attention_mask=mask).logits, ref)
         assert torch.equal(mla.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False), ref_gen)
-    with quantized_kv(mla, "bf16") as session:
+    with quantized_kv(mla, "auto") as session:
         out = mla.generate(
             ids, attention_mask=mask, max_new_tokens=5, do_sample=False, **cache_inputs(mla, session.new_cache(mask))
         )
@@ -190,7 +190,7 @@ def test_perplexity_eval_runs_unchanged_on_mla(tmp_path, tiny_tokenizer_dir):
     lm = load_model(str(make_model_dir(tmp_path / "tiny_deepseek", "deepseek_v3", tiny_tokenizer_dir)))
     ev = PerplexityEval({"corpus": "embedded", "window": 64, "stride": 64, "max_windows": 3, "bootstrap_samples": 200})
     ev.prepare(lm, tmp_path / "work")
-    base = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("bf16")) if not r.labels}
+    base = {r.metric: r.value for r in ev.evaluate(lm, parse_scheme("auto")) if not r.labels}
     fp8 = {
         r.metric: r.value for r in ev.evaluate(lm, parse_scheme("fp8_e4m3/group16/dynamic+rope=bf16")) if not r.labels
     }

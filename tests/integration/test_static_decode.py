@@ -25,7 +25,7 @@ from tests.tiny_models import ds_mla_512, llama_head64, tiny_model
 B, P, L = 2, 13, 23
 
 SCHEMES = [  # one per scheme kind: granularities, scale sources, 4-bit formats, engine codecs
-    "bf16",
+    "auto",
     "fp8_e4m3/tensor/dynamic",
     "fp8_e4m3/head/dynamic",
     "fp8_e4m3/tensor/unit",
@@ -165,8 +165,8 @@ def test_with_gqa_compiled_and_eager_store_the_same_bytes(gqa):
     repeats K/V under dynamo (``sdpa_attention_forward``): the attention's float rounding differs
     there, for the plain model as for every scheme (float32 noise unquantized). The bytes stored
     from the same K/V do not differ (layer 0, whose K/V come from the tokens alone)."""
-    eager, _ = static_run(gqa, "bf16", compiled=False)
-    compiled, _ = static_run(gqa, "bf16", compiled=True)
+    eager, _ = static_run(gqa, "auto", compiled=False)
+    compiled, _ = static_run(gqa, "auto", compiled=True)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     _, eager_cache = static_run(gqa, "fp8_e4m3/tensor/dynamic", compiled=False)
     _, compiled_cache = static_run(gqa, "fp8_e4m3/tensor/dynamic", compiled=True)
@@ -202,7 +202,7 @@ def test_identity_equals_transformers_static_cache_generate(gqa, pad):
             output_logits=True,
             return_dict_in_generate=True,
         )
-        with quantized_kv(gqa, "bf16") as session:
+        with quantized_kv(gqa, "auto") as session:
             tokens, logits = greedy_generate(session, gqa, ids, mask, n, [], 0, compiled=False)
     assert torch.equal(tokens, ref.sequences[:, P:])
     assert all(torch.equal(a, b.float()) for a, b in zip(logits, ref.logits, strict=True))
@@ -233,7 +233,7 @@ def test_identity_compiled_equals_transformers_static_cache_compiled(gqa):
         for t in range(P, L - 1):
             m = (torch.arange(L - 1)[None, None, None, :] <= t) & mask[:, None, None, : L - 1].bool()
             ref.append(step(ids[:, t : t + 1], pos[:, t : t + 1], m, where(t, 1))[:, -1].clone())
-    logits, _ = static_run(gqa, "bf16", compiled=True, pad=False)
+    logits, _ = static_run(gqa, "auto", compiled=True, pad=False)
     head = gqa.get_output_embeddings()
     with torch.inference_mode():
         assert all(torch.equal(head(r), got) for r, got in zip(ref, logits[1:], strict=True))

@@ -104,7 +104,7 @@ SEMANTIC_SCHEMES = [
 @pytest.mark.parametrize("scheme", SEMANTIC_SCHEMES)
 def test_layer0_stores_what_an_engine_stores(llama, scheme):
     ids, mask = inputs()
-    raw = teacher_forced(llama, "bf16", ids, mask).layers[0].k.values
+    raw = teacher_forced(llama, "auto", ids, mask).layers[0].k.values
     cache = teacher_forced(llama, scheme, ids, mask)
     expected = reference_layer0(raw, scheme, mask, PREFILL)
     got = cache.layers[0].k.values
@@ -119,7 +119,7 @@ def test_layer0_stores_what_an_engine_stores_unpadded_blocks(llama, scheme):
     """Without padding every sequence's blocks start together, and the cache takes its one-piece
     block path (StoredTensor._extend_blocks): still what the step-by-step reference stores."""
     ids, mask = inputs(pad=False)
-    raw = teacher_forced(llama, "bf16", ids, mask).layers[0].k.values
+    raw = teacher_forced(llama, "auto", ids, mask).layers[0].k.values
     cache = teacher_forced(llama, scheme, ids, mask)
     assert torch.equal(cache.layers[0].k.values, reference_layer0(raw, scheme, mask, PREFILL))
 
@@ -160,7 +160,7 @@ def test_one_piece_block_path_equals_the_per_sequence_path(scheme, dtype):
     assert torch.equal(fast.values, expected)
 
 
-@pytest.mark.parametrize("scheme", SEMANTIC_SCHEMES + ["int4/group8/dynamic", "fp8_e4m3fnuz/head/dynamic", "bf16"])
+@pytest.mark.parametrize("scheme", SEMANTIC_SCHEMES + ["int4/group8/dynamic", "fp8_e4m3fnuz/head/dynamic", "auto"])
 def test_values_attention_reads_equal_the_decoded_stored_bytes(llama, scheme):
     ids, mask = inputs()
     cache = teacher_forced(llama, scheme, ids, mask)
@@ -202,7 +202,7 @@ MICRO_SCHEMES = [
 @pytest.mark.parametrize("arch,scheme", MICRO_SCHEMES)
 def test_layer0_stores_what_an_engine_stores_microscaling(models, arch, scheme):
     ids, mask = inputs()
-    raw = teacher_forced(models[arch], "bf16", ids, mask).layers[0].k.values
+    raw = teacher_forced(models[arch], "auto", ids, mask).layers[0].k.values
     cache = teacher_forced(models[arch], scheme, ids, mask)
     expected = reference_layer0(raw, scheme, mask, PREFILL)
     got = cache.layers[0].k.values
@@ -291,7 +291,7 @@ def generate(model, ids, mask, scheme):
 @pytest.mark.parametrize(
     "scheme",
     [
-        "bf16",
+        "auto",
         "fp8_e4m3/tensor/dynamic",
         "fp8_e4m3/head/dynamic",
         "fp8_e4m3/block16/dynamic",
@@ -328,7 +328,7 @@ def test_sliding_window_layers_are_capped():
     ids, mask = inputs(pad=False, length=21)
     layout = kv_layout(model.config)
     seq = ids.shape[1] + NEW_TOKENS - 1
-    for scheme in ("fp8_e4m3/token/dynamic", "fp8_e4m3/head/dynamic", "bf16"):
+    for scheme in ("fp8_e4m3/token/dynamic", "fp8_e4m3/head/dynamic", "auto"):
         _, cache = generate(model, ids, mask, scheme)
         stored = lambda layer: min(seq, layout.sliding_window - 1) if layout.is_sliding(layer) else seq  # noqa: E731
         assert cache.nbytes() == expected_bytes(model, scheme, 2, stored)
@@ -340,7 +340,7 @@ def test_sliding_window_layers_are_capped():
         output_scores=True,
         return_dict_in_generate=True,
     )
-    ours, _ = generate(model, ids, mask, "bf16")
+    ours, _ = generate(model, ids, mask, "auto")
     assert all(torch.equal(a, b) for a, b in zip(plain.scores, ours.scores))
 
 
@@ -369,7 +369,7 @@ def test_bfloat16_identity_is_exact_and_fp8_is_close_to_float32():
     ids, mask = inputs()
     with torch.no_grad():
         ref16 = model16(ids, attention_mask=mask).logits
-        with quantized_kv(model16, "bf16"):
+        with quantized_kv(model16, "auto"):
             assert torch.equal(model16(ids, attention_mask=mask).logits, ref16)
         for scheme in ("fp8_e4m3/tensor/dynamic", "fp8_e4m3/block16/dynamic", "int8/token/dynamic"):
             with quantized_kv(model16, scheme):

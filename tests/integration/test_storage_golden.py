@@ -66,7 +66,7 @@ from tests.float_spread import (
 )
 
 KV_GOLDEN = json.loads(KV_GOLDEN_PATH.read_text())
-IDENTITY = "bf16"
+IDENTITY = "auto"
 
 
 class NotChecked(UserWarning):

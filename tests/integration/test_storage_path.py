@@ -63,7 +63,7 @@ def test_identity_is_bit_exact_prefill_padding_generate(model):
     ref = model(ids, attention_mask=mask).logits
     ref_gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     impl_before = model.config._attn_implementation
-    with quantized_kv(model, "bf16"):
+    with quantized_kv(model, "auto"):
         out = model(ids, attention_mask=mask, use_cache=False)  # the storage cache is installed all the same
         assert isinstance(output_cache(out), StorageCache)
         gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)

@@ -367,7 +367,7 @@ def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tm
 
     corpus = tmp_path / "prose.txt"
     corpus.write_text(load_corpus("embedded").text[:20_000], encoding="utf-8")
-    schemes = "bf16,fp8_e4m3/tensor/dynamic,nvfp4,mxfp4,mxfp8_e4m3,sglang_fp4"
+    schemes = "auto,fp8_e4m3/tensor/dynamic,nvfp4,mxfp4,mxfp8_e4m3,sglang_fp4"
     argv = [
         "run",
         "--model",

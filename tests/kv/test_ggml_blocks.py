@@ -363,7 +363,7 @@ def _llama(head_dim: int, layers: int = 2, kv_heads: int = 2):
 def test_the_storage_cache_holds_the_codecs_bytes(scheme, head_dim):
     model = _llama(head_dim)
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-    with quantized_kv(model, "bf16"):
+    with quantized_kv(model, "auto"):
         base = model(ids[:, :9])
         raw = [(layer.k.values.clone(), layer.v.values.clone()) for layer in output_cache(base).layers]
     s = parse_scheme(scheme)

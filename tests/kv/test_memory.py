@@ -36,7 +36,7 @@ def llama_layout(layers=3, heads=8, kv_heads=8, head_dim=16):
 def test_mla_bytes_per_token_match_the_engine_layouts(name):
     layout = preset_layout(name)
     assert (layout.num_layers, layout.mla_latent_dim, layout.mla_rope_dim) == (61, 512, 64)
-    assert bytes_per_token(layout, P("bf16")) == 61 * (512 + 64) * 2 == 70_272
+    assert bytes_per_token(layout, P("auto")) == 61 * (512 + 64) * 2 == 70_272
     assert bytes_per_token(layout, P("fp8_e4m3/tensor/dynamic")) == 61 * (512 + 64) == 35_136
     # FP8 latent, 4 float32 tile scales per 512 values, RoPE key in BF16: 656 bytes per layer
     assert bytes_per_token(layout, P("fp8_e4m3/group128/dynamic+rope=bf16")) == 61 * (512 + 4 * 4 + 64 * 2) == 40_016
@@ -60,7 +60,7 @@ def test_mla_fp4_bytes_per_token():
 def test_dense_fp4_and_mx_bytes_per_token():
     layout = preset_layout("llama-3.1-8b")
     elems = 32 * 2 * 8 * 128  # layers x (K, V) x KV heads x head_dim
-    assert bytes_per_token(layout, P("bf16")) == 2 * elems == 131_072
+    assert bytes_per_token(layout, P("auto")) == 2 * elems == 131_072
     assert bytes_per_token(layout, P("nvfp4")) == elems * (0.5 + 1 / 16) == 36_864
     assert bytes_per_token(layout, P("sglang_fp4")) == 36_864  # SGLang's docs: 4.5 bits per value, 3.56x BF16
     assert bytes_per_token(layout, P("mxfp4")) == elems * (0.5 + 1 / 32) == 34_816
@@ -96,7 +96,7 @@ def test_mla_skipped_layers_are_bf16():
 def test_full_attention_bytes_per_token(kv_heads):
     layout = llama_layout(layers=3, heads=8, kv_heads=kv_heads, head_dim=16)
     elems = 3 * 2 * kv_heads * 16  # layers x (K, V) x heads x head_dim
-    assert bytes_per_token(layout, P("bf16")) == 2 * elems
+    assert bytes_per_token(layout, P("auto")) == 2 * elems
     assert bytes_per_token(layout, P("fp8_e4m3/tensor/dynamic")) == elems
     assert bytes_per_token(layout, P("fp8_e4m3/head/static+scales=x.safetensors")) == elems
     assert bytes_per_token(layout, P("fp8_e4m3/token/dynamic")) == elems + 3 * 2 * kv_heads * 4
@@ -107,8 +107,8 @@ def test_full_attention_bytes_per_token(kv_heads):
 
 
 def test_preset_dense_models():
-    assert bytes_per_token(preset_layout("llama-3.1-8b"), P("bf16")) == 32 * 2 * 8 * 128 * 2 == 131_072
-    assert bytes_per_token(preset_layout("llama-3.1-70b"), P("bf16")) == 80 * 2 * 8 * 128 * 2 == 327_680
+    assert bytes_per_token(preset_layout("llama-3.1-8b"), P("auto")) == 32 * 2 * 8 * 128 * 2 == 131_072
+    assert bytes_per_token(preset_layout("llama-3.1-70b"), P("auto")) == 80 * 2 * 8 * 128 * 2 == 327_680
     assert bytes_per_token(preset_layout("qwen3-32b"), P("fp8_e4m3/tensor/dynamic")) == 64 * 2 * 8 * 128 == 131_072
 
 
@@ -124,8 +124,8 @@ def test_sequence_bytes_exact_with_partial_blocks_and_per_sequence_scales():
         bits = 4 if fixed.startswith("int4") else 8
         assert model_cache_bytes(layout, P(fixed), 17, batch=3) == data * bits // 8 + 2 * 2 * 4
     assert model_cache_bytes(layout, P("fp8_e4m3/head/dynamic"), 17, batch=3) == data + 2 * 2 * 3 * 2 * 4
-    assert model_cache_bytes(layout, P("bf16"), 17, batch=3) == 2 * data
-    assert bytes_per_token_at(layout, P("bf16"), 17) == 2 * 2 * 2 * 2 * 16
+    assert model_cache_bytes(layout, P("auto"), 17, batch=3) == 2 * data
+    assert bytes_per_token_at(layout, P("auto"), 17) == 2 * 2 * 2 * 2 * 16
 
 
 def test_sliding_window_layers_are_capped_by_their_window():
@@ -144,9 +144,9 @@ def test_sliding_window_layers_are_capped_by_their_window():
     per_layer_token = 2 * 2 * 16 * 2  # K,V x heads x head_dim x BF16
     for seq in (5, 8, 100):
         want = per_layer_token * (3 * min(seq, 8) + seq)
-        assert model_cache_bytes(layout, P("bf16"), seq) == want
+        assert model_cache_bytes(layout, P("auto"), seq) == want
     # long-context rate: all four layers store a token up to the window
-    assert bytes_per_token(layout, P("bf16")) == 4 * per_layer_token
+    assert bytes_per_token(layout, P("auto")) == 4 * per_layer_token
     # skip=sliding keeps the sliding layers in BF16, the full layer in FP8
     fp8 = model_cache_bytes(layout, P("fp8_e4m3/tensor/unit+skip=sliding"), 100)
     assert fp8 == per_layer_token * 3 * 8 + (per_layer_token // 2) * 100 + 2 * 4
@@ -164,7 +164,7 @@ def test_per_tensor_scales_are_a_per_sequence_constant():
     """Kimi K2 FP8 with per-tensor scales: 35,136 B per token plus one float32 scale per cached tensor and layer."""
     layout, scheme = preset_layout("kimi-k2"), P("fp8_e4m3/tensor/dynamic")
     assert model_cache_bytes(layout, scheme, 4096) == 35_136 * 4096 + 61 * 2 * 4
-    assert model_cache_bytes(layout, P("bf16"), 4096) == 70_272 * 4096
+    assert model_cache_bytes(layout, P("auto"), 4096) == 70_272 * 4096
 
 
 def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
@@ -185,7 +185,7 @@ def test_bf16_bytes_equal_what_transformers_dynamic_cache_holds():
     elems = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
     seq = cache.get_seq_length()
     assert seq == 7 + 4 - 1
-    assert model_cache_bytes(kv_layout(model.config), P("bf16"), seq, batch=2) == 2 * elems
+    assert model_cache_bytes(kv_layout(model.config), P("auto"), seq, batch=2) == 2 * elems
 
 
 # -- against the real storage cache (evalkit.integration.storage) after generate() ---------------------------
@@ -240,7 +240,7 @@ CACHE_CASES = [
     ("llama", "fp8_e4m3/token/dynamic"),
     ("llama", "int4_asym/group8/dynamic"),
     ("llama", "fp8_e5m2/tensor/unit+skip=0"),
-    ("llama", "bf16"),
+    ("llama", "auto"),
     ("gemma3", "fp8_e4m3/tensor/dynamic"),
     ("gemma3", "fp8_e4m3/head/dynamic"),
     ("gemma3", "fp8_e4m3/block16/dynamic"),
@@ -249,7 +249,7 @@ CACHE_CASES = [
     ("mla", "fp8_e4m3/token/dynamic"),
     ("mla", "fp8_e4m3/group16/dynamic"),
     ("mla", "fp8_e4m3/group16/dynamic+rope=bf16"),
-    ("mla", "bf16"),
+    ("mla", "auto"),
     ("llama", "nvfp4"),
     ("llama", "sglang_fp4"),
     ("llama", "fp4_e2m1/group8/dynamic+scale_dtype=e4m3+skip=0"),

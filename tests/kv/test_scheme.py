@@ -18,7 +18,7 @@ from evalkit.kv.scheme import (
 from tests.cli_checks import one_line_exit_2
 
 CANONICAL = [
-    "bf16",
+    "auto",
     "fp8_e4m3/tensor/dynamic",
     "fp8_e4m3/head/dynamic",
     "fp8_e5m2/tensor/unit",
@@ -102,12 +102,12 @@ def test_fields_and_defaults():
     s = parse_scheme("fp8_e4m3/head/static+scales=a.safetensors+skip=5,0+attn=fa3")
     assert s.scales is ScaleSource.STATIC and s.static_path == "a.safetensors"
     assert s.skip_layers == (0, 5) and s.attention is AttentionPrecision.FA3
-    assert parse_scheme("bf16") == Scheme() and Scheme().is_identity
+    assert parse_scheme("auto") == Scheme() and Scheme().is_identity
 
 
 def test_list_parsing_keeps_skip_commas():
-    schemes = parse_schemes("bf16,fp8_e4m3/tensor/dynamic+skip=0,1,int4/token/dynamic")
-    assert [str(s) for s in schemes] == ["bf16", "fp8_e4m3/tensor/dynamic+skip=0,1", "int4/token/dynamic"]
+    schemes = parse_schemes("auto,fp8_e4m3/tensor/dynamic+skip=0,1,int4/token/dynamic")
+    assert [str(s) for s in schemes] == ["auto", "fp8_e4m3/tensor/dynamic+skip=0,1", "int4/token/dynamic"]
     schemes = parse_schemes("nvfp4+skip=0,1,mxfp4,fp4_e2m1/group16/dynamic,mxfp8_e4m3+skip=2,3,sglang_fp4")
     assert [str(s) for s in schemes] == [
         "nvfp4+skip=0,1",
@@ -126,8 +126,8 @@ def test_list_parsing_keeps_skip_commas():
             "scheme 2 of 2, 'fp8_e4m4/tensor/unit'",
             "unknown KV format 'fp8_e4m4'",
         ),
-        ("bf16,nvfp4,mxfp5", "scheme 3 of 3, 'mxfp5'", "malformed KV scheme 'mxfp5'"),
-        ("bf16,fp9_e5m2/tensor/unit+skip=0,1,nvfp4", "scheme 2 of 3, 'fp9_e5m2/tensor/unit+skip=0,1'", "'fp9_e5m2'"),
+        ("auto,nvfp4,mxfp5", "scheme 3 of 3, 'mxfp5'", "malformed KV scheme 'mxfp5'"),
+        ("auto,fp9_e5m2/tensor/unit+skip=0,1,nvfp4", "scheme 2 of 3, 'fp9_e5m2/tensor/unit+skip=0,1'", "'fp9_e5m2'"),
         ("fp8_e4m3/tensor/dynamic+skip=0,1,fp8_e5m2/tensr/unit", "scheme 2 of 2, 'fp8_e5m2/tensr/unit'", "'tensr'"),
     ],
 )

@@ -79,9 +79,10 @@ def test_scheme_strings_round_trip_and_resolve_as_the_profile_maps_fp8():
     cuda = get_profile("vllm-cuda")
     for d in ("fp8", "fp8_e4m3", "fp8_e5m2"):
         assert parse_scheme(f"vllm:{d}") == cuda.scheme_for(d)
-    assert parse_scheme("vllm:auto").is_identity and parse_scheme("vllm:bfloat16").is_identity
-    got = [str(s) for s in parse_schemes("bf16,vllm:int8_per_token_head+skip=0,1,vllm:fp8,nvfp4")]
-    assert got == ["bf16", "vllm:int8_per_token_head+skip=0,1", "fp8_e4m3/tensor/unit", "nvfp4"]
+    assert parse_scheme("vllm:auto").is_identity and str(parse_scheme("vllm:bfloat16")) == "bf16"
+    assert str(parse_scheme("vllm:float16")) == "fp16" and parse_scheme("vllm:float16").is_unscaled
+    got = [str(s) for s in parse_schemes("auto,vllm:int8_per_token_head+skip=0,1,vllm:fp8,nvfp4")]
+    assert got == ["auto", "vllm:int8_per_token_head+skip=0,1", "fp8_e4m3/tensor/unit", "nvfp4"]
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,7 @@ def test_per_token_head_refuses_small_heads_and_mla():
 def test_the_storage_path_stores_the_kernels_codes_for_prefill_and_decode(name, int8):
     model = _llama(32)
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-    with quantized_kv(model, "bf16"):
+    with quantized_kv(model, "auto"):
         raw = output_cache(model(ids)).layers[0].k.values  # layer 0's K is unchanged by quantization
     with quantized_kv(model, name):
         cache = output_cache(model(ids[:, :9]))

@@ -306,7 +306,7 @@ def test_the_storage_path_stores_the_kernels_bytes_and_reads_them_back(name):
     if name == "ultraquant_4bit":
         model = model.to(torch.bfloat16)
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-    with quantized_kv(model, "bf16"):
+    with quantized_kv(model, "auto"):
         base = model(ids[:, :9])
         raw = [layer.k.values.clone() for layer in output_cache(base).layers]
     scheme = parse_scheme(f"vllm:{name}")

@@ -24,7 +24,7 @@ def test_local_folder_loads_and_identity_is_exact(tiny_llama_dir):
     ids = lm.tokenizer("The quick brown fox", return_tensors="pt").input_ids
     with torch.no_grad():
         ref = lm.model(ids).logits
-        with quantized_kv(lm.model, "bf16"):
+        with quantized_kv(lm.model, "auto"):
             assert torch.equal(lm.model(ids).logits, ref)
 
 

@@ -92,7 +92,7 @@ def test_plan_numbers_for_kimi_k2_on_16x80gb():
     budget = kv_budget(80 * 10**9, gpus=16, utilization=0.9, weights=int(1.03e12))
     assert budget == int(16 * 80e9 * 0.9) - int(1.03e12)
     rows = plan(layout, parse_schemes("fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16"), budget, 32768)
-    assert [r.scheme for r in rows][0] == "bf16"  # the reference is added and put first
+    assert [r.scheme for r in rows][0] == "auto"  # the reference is added and put first
     bf16, fp8, tiles = rows
     assert (bf16.bytes_per_token, fp8.bytes_per_token, tiles.bytes_per_token) == (70_272, 35_136, 40_016)
     assert bf16.tokens == budget // 70_272 and fp8.tokens == budget // 35_136
@@ -301,7 +301,7 @@ def test_default_schemes_a_model_cannot_tile_are_left_out_with_a_note(capsys, tm
 @pytest.mark.parametrize(
     "preset,text,dtype",
     [
-        ("llama-3.1-8b", "bf16", "auto"),
+        ("llama-3.1-8b", "auto", "auto"),
         ("llama-3.1-8b", "fp8_e4m3/tensor/unit", "fp8_e4m3"),
         ("llama-3.1-8b", "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3"),
         ("llama-3.1-8b", "fp8_e5m2/tensor/dynamic", "fp8_e5m2"),

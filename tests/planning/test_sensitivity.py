@@ -92,13 +92,13 @@ def test_recommendation_is_the_smallest_greedy_set_with_exact_memory():
     )
     assert not unreachable.reached and unreachable.keep == (1, 3)
     everything = recommend(lm, "fp8_e4m3/tensor/dynamic", measure, table, full, target_kl=0.0, context=1000)
-    assert everything.reached and everything.keep == (0, 1, 2, 3, 4) and everything.scheme == "bf16"
+    assert everything.reached and everything.keep == (0, 1, 2, 3, 4) and everything.scheme == "auto"
 
 
 def test_bad_input(tiny):
     m = Additive([1.0, 1.0])
-    with pytest.raises(EvalkitError, match="not bf16"):
-        layer_table(tiny, "bf16", m)
+    with pytest.raises(EvalkitError, match="not auto"):
+        layer_table(tiny, "auto", m)
     with pytest.raises(EvalkitError, match="already skips"):
         layer_table(tiny, "fp8_e4m3/tensor/dynamic+skip=0", m)
     with pytest.raises(EvalkitError, match="not attention layers"):
@@ -147,12 +147,12 @@ def test_perplexity_measure_and_cli_outputs(tiny, tiny_llama_dir, tmp_path, caps
     text = capsys.readouterr().out
     assert "keep layers [" in text and "all layers quantized" in text
     rec = json.loads((out / "recommendation.json").read_text())
-    assert rec["reached"] and rec["scheme"] == "bf16"  # KL 0 needs every layer kept
+    assert rec["reached"] and rec["scheme"] == "auto"  # KL 0 needs every layer kept
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert {r["labels"]["layer"] for r in rows} == {0, 1} and all(r["eval"] == "sensitivity" for r in rows)
     assert (out / "sensitivity.png").is_file() and (out / "sensitivity.csv").is_file()
     assert main(args) == 2  # refuses to overwrite
-    assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", "bf16"]) == 2
+    assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", "auto"]) == 2
     assert main(["sensitivity", "--model", str(tiny_llama_dir), "--scheme", SCHEME, "--target-kl-fraction", "2"]) == 2
     assert "--target-kl-fraction must be in [0, 1]" in capsys.readouterr().err
 

@@ -139,7 +139,7 @@ def test_figure_labels_are_the_tables(drawn, name):
     elif name.startswith("retrieval"):
         assert set(shown) == table_labels  # the baseline has a panel too
     else:
-        assert set(shown) == table_labels - {labels["bf16"]}
+        assert set(shown) == table_labels - {labels["auto"]}
     figure_text = " ".join(" ".join(t.get_text().split()) for t in fig.texts)  # footnotes wrap
     for n in sorted({label.split("[")[1][0] for label in shown if "[" in label}):
         note = next(note for note in notes if note.startswith(f"[{n}] "))
@@ -281,7 +281,7 @@ def test_style_numbers_files_alike_whatever_the_order():
     order, so a view in any order (or one showing fewer rows) numbers a file as the table does."""
     a = "fp8_e4m3/tensor/static+scales=calibration/b-tensor.safetensors"
     b = "fp8_e4m3/head/static+scales=calibration/a-head.safetensors"
-    forward, backward = SchemeStyle(["bf16", a, b, "nvfp4", "mxfp4"]), SchemeStyle(["mxfp4", b, "nvfp4", a, "bf16"])
+    forward, backward = SchemeStyle(["auto", a, b, "nvfp4", "mxfp4"]), SchemeStyle(["mxfp4", b, "nvfp4", a, "auto"])
     for style in (forward, backward):
         assert style.label(a) == "fp8_e4m3/tensor/static[2]" and style.label(b) == "fp8_e4m3/head/static[1]"
         assert style.notes([a]) == ["[2] static scales from calibration/b-tensor.safetensors"]

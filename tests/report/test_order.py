@@ -27,7 +27,7 @@ def rows(rel, pattern=None, half=0.003, seeds=0, units=True):
 def chain_frame(tmp_path):
     """A (+0.3 %), B (+0.4 %, its own wiggle), C (+0.5 %): A-B and B-C not resolved, A-C resolved, though
     all three marginal intervals overlap (chaining would have made them one group)."""
-    runs = {"bf16": ppl_rows(0, 0, 0), DYN: rows(0.003), UNIT: rows(0.004, WIGGLE), STATIC: rows(0.005)}
+    runs = {"auto": ppl_rows(0, 0, 0), DYN: rows(0.003), UNIT: rows(0.004, WIGGLE), STATIC: rows(0.005)}
     return summary_frame(load_store(write(tmp_path / "s", runs)))
 
 
@@ -50,7 +50,7 @@ def test_not_resolved_is_not_transitive(tmp_path):
 
 def test_marks_and_claims_are_the_same_relation(tmp_path):
     """Two rows of one bytes/token share a number exactly when the data make no claim about their order."""
-    runs = {"bf16": ppl_rows(0, 0, 0, seeds=3)}
+    runs = {"auto": ppl_rows(0, 0, 0, seeds=3)}
     for scheme, rel in ((DYN, 0.002), (UNIT, 0.0035), (STATIC, 0.004), ("fp8_e4m3/head/dynamic", 0.009)):
         runs[scheme] = ppl_rows(rel, 0.01, seeds=3, own=0.002)
     runs[E5] = ppl_rows(0.03, 0.04, seeds=3)
@@ -58,7 +58,7 @@ def test_marks_and_claims_are_the_same_relation(tmp_path):
     assessed = order.assess(frame)
     numbers = {frame.at[i, "scheme"]: set(assessed.numbers(i)) for i in frame.index}
     claimed = {frozenset((c.lower, c.higher)) for c in order.claims(frame)}
-    quantized = [s for s in frame["scheme"] if s != "bf16"]
+    quantized = [s for s in frame["scheme"] if s != "auto"]
     assert len(claimed) >= 1 and len(quantized) == 5
     for k, a in enumerate(quantized):
         for b in quantized[k + 1 :]:
@@ -74,7 +74,7 @@ def test_marks_and_claims_are_the_same_relation(tmp_path):
 def test_every_order_the_reading_claims_is_one_the_marks_show(tmp_path):
     """The recommendation names one of equally cheap schemes only with the paired order behind it, and every
     claim it writes ("Δppl A < B: ...") is one of order.claims, for rows the table does not mark ≈ together."""
-    runs = {"bf16": ppl_rows(0, 0, 0, seeds=3)}
+    runs = {"auto": ppl_rows(0, 0, 0, seeds=3)}
     runs[UNIT] = rows(0.004, WIGGLE, half=0.001, seeds=3)
     runs[STATIC] = rows(0.003, half=0.001, seeds=3)
     runs[E5] = rows(0.006, half=0.001, seeds=3)
@@ -98,7 +98,7 @@ def test_every_order_the_reading_claims_is_one_the_marks_show(tmp_path):
 
 
 def test_without_units_the_order_is_not_assessed_never_chained(tmp_path):
-    runs = {"bf16": ppl_rows(0, 0, 0), DYN: rows(0.003, units=False), UNIT: rows(0.004, units=False), E5: rows(0.03)}
+    runs = {"auto": ppl_rows(0, 0, 0), DYN: rows(0.003, units=False), UNIT: rows(0.004, units=False), E5: rows(0.03)}
     frame = summary_frame(load_store(write(tmp_path / "s", runs)))
     m = _marks(frame)
     assert (m[DYN], m[UNIT]) == (" † ≈?", " ≈?") and m[E5] == " ≈?"  # one bytes/token: E5M2's pairs too
@@ -111,13 +111,13 @@ def test_without_units_the_order_is_not_assessed_never_chained(tmp_path):
 def test_rows_of_other_windows_are_not_paired(tmp_path):
     other = rows(0.004)
     other[-1]["info"]["units"]["tokens"] = [99] * 8
-    frame = summary_frame(load_store(write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), DYN: rows(0.003), UNIT: other})))
+    frame = summary_frame(load_store(write(tmp_path / "s", {"auto": ppl_rows(0, 0, 0), DYN: rows(0.003), UNIT: other})))
     assert order.claims(frame) == [] and _marks(frame)[UNIT] == " ≈?"
     assert "were not measured on the same windows and weight copies" in "\n".join(marks.notes(frame))
 
 
 def test_only_rows_of_one_bytes_per_token_and_backend_are_compared(tmp_path):
-    runs = {"bf16": ppl_rows(0, 0, 0), UNIT: rows(0.004), "int4/token/dynamic": rows(0.004)}
+    runs = {"auto": ppl_rows(0, 0, 0), UNIT: rows(0.004), "int4/token/dynamic": rows(0.004)}
     frame = summary_frame(load_store(write(tmp_path / "s", runs)))
     assert order.assess(frame).pairs == {} and set(marks.row_marks(frame)) <= {"", " †"}
 

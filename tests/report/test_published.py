@@ -185,14 +185,14 @@ def check_reruns(tmp_path: Path, store: Path, grid_file: Path, schemes: tuple[st
         if same_platform(done["info"].get("platform"), platform_record()):
             assert {k: fresh[k] for k in stored} == stored, run.scheme
         else:
-            bad = foreign_disagreements(rows, fresh, run.scheme == "bf16")
+            bad = foreign_disagreements(rows, fresh, run.scheme == "auto")
             assert not bad, (run.scheme, bad)
 
 
 @pytest.mark.slow
 def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
     """Three of the store's perplexity runs reproduce (:func:`check_reruns`)."""
-    check_reruns(tmp_path, STORE, ROOT / "sweeps" / "default.yaml", ("bf16", "fp8_e4m3/tensor/dynamic", "nvfp4"))
+    check_reruns(tmp_path, STORE, ROOT / "sweeps" / "default.yaml", ("auto", "fp8_e4m3/tensor/dynamic", "nvfp4"))
 
 
 def test_the_off_platform_check_holds_ppl_and_its_change_to_the_rows_float_spread():

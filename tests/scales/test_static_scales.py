@@ -80,7 +80,7 @@ def test_static_scheme_uses_exactly_the_table(tmp_path, tiny):
     with torch.no_grad():
         with quantized_kv(tiny.model, f"fp8_e4m3/tensor/static+scales={path}"):
             stored = output_cache(tiny.model(ids))
-        with quantized_kv(tiny.model, "bf16"):
+        with quantized_kv(tiny.model, "auto"):
             raw = output_cache(tiny.model(ids))
     fmt, tensor = FORMATS["fp8_e4m3"], Granularity.parse("tensor")
     # layer 0 sees the same input in both passes: its K/V are exactly the table-scaled quantization

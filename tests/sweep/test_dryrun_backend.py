@@ -18,7 +18,7 @@ from tests.cli_checks import one_line_exit_2
 from tests.engines.vllm_env import MISSING
 
 REPO = Path(__file__).resolve().parents[2]
-GRID = "models: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/unit+rounding=rtz]\nengine: {engine}\nevals:\n  perplexity: {{window: 128, max_windows: 2}}\n"
+GRID = "models: [embedded]\nschemes: [auto, fp8_e4m3/tensor/unit+rounding=rtz]\nengine: {engine}\nevals:\n  perplexity: {{window: 128, max_windows: 2}}\n"
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -56,7 +56,7 @@ def test_engine_runs_pay_the_engines_import_once_and_a_start_per_engine(tmp_path
     grid = parse_grid(tmp_path / "g.yaml", GRID.format(engine="[emulation, vllm]"))
     speed = T.Speed(1e12, 1e12, 0.0, 0.0, "probe", "fixed")
     est = estimate_sweep(grid, grid.runs, tmp_path, tmp_path, speed_for=lambda spec, facts, speeds: speed)
-    by = {(r.engine, r.scheme == "bf16"): r for r in est.runs}  # the engine's scheme string is its profile's
+    by = {(r.engine, r.scheme == "auto"): r for r in est.runs}  # the engine's scheme string is its profile's
     imp, start = ENGINE_COSTS["vllm"]["cpu"]
     # the baseline's engine and the import on the first engine run, one start on the scheme's
     assert by["vllm", True].seconds == pytest.approx(by["emulation", True].seconds + imp + start)

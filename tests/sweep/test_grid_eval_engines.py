@@ -11,7 +11,7 @@ from evalkit.cli import main
 
 GRID = """
 models: [embedded]
-schemes: [bf16, fp8_e4m3/tensor/unit]
+schemes: [auto, fp8_e4m3/tensor/unit]
 evals:
   perplexity: {{window: 64, max_windows: 1}}
   serving: {{budget_gib: 0.0164794921875, context: 256}}

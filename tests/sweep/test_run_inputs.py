@@ -20,7 +20,7 @@ from evalkit.sweep.store import ResultStore
 from tests.tiny_models import make_model_dir
 
 
-def spec(model: str, scheme: str = "bf16") -> RunSpec:
+def spec(model: str, scheme: str = "auto") -> RunSpec:
     return RunSpec(ModelSpec(model), scheme, "toy", "{}")
 
 

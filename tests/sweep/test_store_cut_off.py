@@ -25,7 +25,7 @@ def outcome(run_id: str, n: int, scheme: str = "fp8_e4m3/tensor/unit", payload: 
 def torn_store(tmp_path, keep) -> ResultStore:
     """Run A whole, then run B's single write cut after ``keep(bytes of B)`` bytes (SIGKILL mid-write)."""
     st = ResultStore(tmp_path / "store")
-    st.append(outcome(RUN_A, 2, scheme="bf16"))
+    st.append(outcome(RUN_A, 2, scheme="auto"))
     scratch = ResultStore(tmp_path / "scratch")
     scratch.append(outcome(RUN_B, 3))
     piece = scratch.results.read_bytes()
@@ -73,7 +73,7 @@ def test_a_fragment_of_the_older_sorted_line_format_is_matched_by_its_attempt(tm
     """Stores written before the identity keys led (json sort_keys): a fragment holding only the attempt
     id and the eval still joins the rows of its attempt."""
     st = ResultStore(tmp_path)
-    row = {"type": "metric", "run_id": RUN_B, "attempt": "f00d", "model": "tiny", "scheme": "bf16", "eval": "decode"}
+    row = {"type": "metric", "run_id": RUN_B, "attempt": "f00d", "model": "tiny", "scheme": "auto", "eval": "decode"}
     whole = json.dumps({**row, "metric": "m", "value": 1.0, "labels": {}, "info": {}}, sort_keys=True)
     torn = json.dumps({**row, "metric": "n", "value": 2.0, "labels": {}, "info": {}}, sort_keys=True)[:40]
     assert '"attempt": "f00d"' in torn and RUN_B not in torn
@@ -108,7 +108,7 @@ def test_the_sweep_reruns_the_run_a_torn_line_cut_off(tmp_path, tiny_llama_dir, 
 
     grid_file = tmp_path / "g.yaml"
     grid_file.write_text(
-        f"models: [{{name: '{tiny_llama_dir}'}}]\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\nevals: {{toy: {{}}}}\n"
+        f"models: [{{name: '{tiny_llama_dir}'}}]\nschemes: [auto, fp8_e4m3/tensor/dynamic]\nevals: {{toy: {{}}}}\n"
     )
     grid = parse_grid(grid_file)
     store = ResultStore(tmp_path / "out")

@@ -62,7 +62,7 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
 def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
     grid = tmp_path / "bad.yaml"
     grid.write_text(
-        "models: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\n"
+        "models: [embedded]\nschemes:\n  - auto\n  - fp8_e4m3/head/dynamc\n"
         "evals:\n  perplexity: {window: 1}\n  bogus: {}\n"
     )
     assert main(["sweep", str(grid), "--dry-run", "--out", str(tmp_path / "o")]) == 2
@@ -77,7 +77,7 @@ def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
 
-SMALL = "name: small\nmodels: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
+SMALL = "name: small\nmodels: [embedded]\nschemes: [auto, fp8_e4m3/tensor/dynamic]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
 
 
 @pytest.mark.parametrize("dry", [True, False])
@@ -115,7 +115,7 @@ def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
     assert {r.model.name for r in grid.runs} == {"meta-llama/Llama-3.1-8B-Instruct"}
     assert {r.model.dtype for r in grid.runs} == {"bfloat16"} and {r.model.device for r in grid.runs} == {"cuda"}
     assert {r.eval for r in grid.runs} == {"perplexity", "retrieval", "decode", "lmeval"}
-    assert {"bf16", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {
+    assert {"auto", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {
         r.scheme for r in grid.runs
     }
     # vLLM's path on H100/H200 (FlashAttention 3: Q and P in FP8 too) beside the K/V-only row

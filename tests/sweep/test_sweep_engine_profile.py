@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from evalkit.cli import main
 
-GRID = "name: small\nmodels: [embedded]\nschemes: [bf16, {scheme}]\nevals:\n  decode: {{prefill: 16, decode: 16, sequences: 1}}\n"
+GRID = "name: small\nmodels: [embedded]\nschemes: [auto, {scheme}]\nevals:\n  decode: {{prefill: 16, decode: 16, sequences: 1}}\n"
 
 
 def test_the_profile_rewrites_the_grids_schemes(tmp_path, capsys):

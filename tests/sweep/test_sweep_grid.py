@@ -21,7 +21,7 @@ models:
   - tiny
   - {name: other, dtype: float32}
 schemes:
-  - bf16
+  - auto
   - fp8_e4m3/head/dynamic
   - expand:
       formats: [fp8_e4m3, fp8_e5m2]
@@ -43,7 +43,7 @@ def test_expansion_and_run_ids(tmp_path, toy_eval):
     schemes = list(dict.fromkeys(r.scheme for r in g.runs))
     # bf16 + head/dynamic (duplicate of one expansion) + 2 x 3 x 2 expansions, deduplicated
     assert len(schemes) == 1 + 12
-    assert schemes[:2] == ["bf16", "fp8_e4m3/head/dynamic"]
+    assert schemes[:2] == ["auto", "fp8_e4m3/head/dynamic"]
     assert "fp8_e5m2/block16/unit" in schemes
     assert len(g.runs) == 2 * 13
     ids = [r.run_id for r in g.runs]
@@ -89,35 +89,35 @@ def test_seeds_expand_runs(tmp_path, toy_eval):
 @pytest.mark.parametrize(
     "text,line,key,words",
     [
-        ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {max_tokens: 8\n", 5, "", "malformed YAML"),
-        ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nmodles: [b]\n", 4, "modles", "unknown key"),
+        ("models: [a]\nschemes: [auto]\nevals:\n  toy: {max_tokens: 8\n", 5, "", "malformed YAML"),
+        ("models: [a]\nschemes: [auto]\nevals: {toy: {}}\nmodles: [b]\n", 4, "modles", "unknown key"),
         (
-            "models: [a]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\nevals: {toy: {}}\n",
+            "models: [a]\nschemes:\n  - auto\n  - fp8_e4m3/head/dynamc\nevals: {toy: {}}\n",
             4,
             "schemes[1]",
             "scale source",
         ),
         (
-            "models: [a]\nschemes:\n  - bf16\n  - fp9/head/dynamic\nevals: {toy: {}}\n",
+            "models: [a]\nschemes:\n  - auto\n  - fp9/head/dynamic\nevals: {toy: {}}\n",
             4,
             "schemes[1]",
             "unknown KV format",
         ),
-        ("models: [a]\nschemes: [bf16]\nevals:\n  toy: {}\n  nonsense: {}\n", 5, "evals.nonsense", "unknown eval"),
+        ("models: [a]\nschemes: [auto]\nevals:\n  toy: {}\n  nonsense: {}\n", 5, "evals.nonsense", "unknown eval"),
         (
-            "models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 8\n    bogus: 1\n",
+            "models: [a]\nschemes: [auto]\nevals:\n  toy:\n    max_tokens: 8\n    bogus: 1\n",
             6,
             "evals.toy.bogus",
             "unknown toy parameter",
         ),
-        ("models: [a]\nschemes: [bf16]\nevals:\n  toy:\n    max_tokens: 2\n", 5, "evals.toy.max_tokens", ">= 4"),
+        ("models: [a]\nschemes: [auto]\nevals:\n  toy:\n    max_tokens: 2\n", 5, "evals.toy.max_tokens", ">= 4"),
         (
-            "models:\n  - {name: a, dtipe: x}\nschemes: [bf16]\nevals: {toy: {}}\n",
+            "models:\n  - {name: a, dtipe: x}\nschemes: [auto]\nevals: {toy: {}}\n",
             2,
             "models[0].dtipe",
             "unknown model setting",
         ),
-        ("models: [a]\nschemes: [bf16]\nschemes: [bf16]\nevals: {toy: {}}\n", 3, "schemes", "duplicate key"),
+        ("models: [a]\nschemes: [auto]\nschemes: [auto]\nevals: {toy: {}}\n", 3, "schemes", "duplicate key"),
         (
             "models: [a]\nschemes:\n  - expand: {formats: [fp8_e4m3], scales: [unit]}\nevals: {toy: {}}\n",
             3,
@@ -130,8 +130,8 @@ def test_seeds_expand_runs(tmp_path, toy_eval):
             "schemes[0].expand",
             "unknown granularity",
         ),
-        ("models: [a]\nschemes: [bf16]\nevals: {toy: {}}\nseeds: [x]\n", 4, "seeds", "integers"),
-        ("schemes: [bf16]\nevals: {toy: {}}\n", 1, "(top level)", "missing 'models'"),
+        ("models: [a]\nschemes: [auto]\nevals: {toy: {}}\nseeds: [x]\n", 4, "seeds", "integers"),
+        ("schemes: [auto]\nevals: {toy: {}}\n", 1, "(top level)", "missing 'models'"),
     ],
 )
 def test_bad_grids_name_file_line_key(tmp_path, toy_eval, text, line, key, words):
@@ -196,7 +196,7 @@ def test_named_grids_parse():
     """sweeps/default.yaml and sweeps/quick.yaml are valid against the evals they name."""
     for name in ("quick", "default"):
         g = parse_grid(resolve_grid(name))
-        assert g.runs and "bf16" in {r.scheme for r in g.runs}
+        assert g.runs and "auto" in {r.scheme for r in g.runs}
     default = parse_grid(resolve_grid("default"))
     schemes = {r.scheme for r in default.runs}
     for fmt in ("fp8_e4m3", "fp8_e5m2"):
@@ -223,7 +223,7 @@ models:
   - {name: c, gpus: 2, device: cpu}
   - {name: d, gpus: 2, device_map: balanced}
   - e
-schemes: [bf16]
+schemes: [auto]
 evals:
   toy: {}
 """

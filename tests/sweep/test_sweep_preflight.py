@@ -58,7 +58,7 @@ def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys):
 def test_profile_problems_are_all_listed_by_a_real_sweep(tmp_path, capsys):
     grid = tmp_path / "g.yaml"
     grid.write_text(
-        "name: g\nmodels: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamic\n  - fp8_e4m3/tensor/unit\n"
+        "name: g\nmodels: [embedded]\nschemes:\n  - auto\n  - fp8_e4m3/head/dynamic\n  - fp8_e4m3/tensor/unit\n"
         "  - nvfp4\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
     )
     out = tmp_path / "out"
@@ -71,7 +71,7 @@ def test_profile_problems_are_all_listed_by_a_real_sweep(tmp_path, capsys):
 MIXED = """name: mixed
 models: [embedded]
 schemes:
-  - bf16
+  - auto
   - fp8_e4m3/tensor/static+scales={scales}
   - vllm:fp8_ds_mla
   - expand:
@@ -109,7 +109,7 @@ def test_a_clean_grid_passes_and_a_hub_model_without_config_is_a_note(tmp_path, 
     grid = tmp_path / "g.yaml"
     grid.write_text(
         "name: g\nmodels: [embedded, example-org/not-a-cached-model]\n"
-        "schemes: [bf16, fp8_e4m3/tensor/dynamic, vllm:int8_per_token_head]\n"
+        "schemes: [auto, fp8_e4m3/tensor/dynamic, vllm:int8_per_token_head]\n"
         "evals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
     )
     argv = ["sweep", str(grid), "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "out")]
@@ -129,7 +129,7 @@ def test_an_engine_that_cannot_start_here_is_a_note_in_a_dry_run(tmp_path, capsy
 
     monkeypatch.setattr("evalkit.cli.preflight.engines.engine_ready", missing)
     grid = tmp_path / "g.yaml"
-    grid.write_text("models: [embedded]\nschemes: [bf16]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
+    grid.write_text("models: [embedded]\nschemes: [auto]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
     out = tmp_path / "out"
     assert main(["sweep", str(grid), "--dry-run", "--assume-device", "h200", "--out", str(out)]) == 0
     err = capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_one_more_check_is_one_more_entry(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(commands, "COMMON_CHECKS", [*commands.COMMON_CHECKS, no_fp4_on_hopper])
     grid = tmp_path / "g.yaml"
     grid.write_text(
-        "models: [embedded]\nschemes: [bf16, nvfp4]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
+        "models: [embedded]\nschemes: [auto, nvfp4]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
     )
     assert main(["sweep", str(grid), "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 2
     assert errors(capsys.readouterr().err) == [
@@ -171,7 +171,7 @@ def test_a_grid_engine_profile_key_places_each_problem_once_at_its_entry(tmp_pat
     from evalkit.sweep.grid import GridError, parse_grid
 
     text = (
-        "models: [embedded]\nschemes:\n  - bf16\n  - fp8_bogus/tensor/unit\n  - fp8_e4m3/head/dynamic\n"
+        "models: [embedded]\nschemes:\n  - auto\n  - fp8_bogus/tensor/unit\n  - fp8_e4m3/head/dynamic\n"
         "engine_profile: vllm-cpu\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
     )
     with pytest.raises(GridError) as err:

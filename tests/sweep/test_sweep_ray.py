@@ -33,7 +33,7 @@ pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
 GATE_PATH = "tests.sweep.test_sweep_ray:GateEval"
 SCHEMES = [
-    "bf16",
+    "auto",
     "fp8_e4m3/tensor/dynamic",
     "fp8_e4m3/head/dynamic",
     "fp8_e5m2/tensor/unit",
@@ -132,7 +132,7 @@ def test_unreachable_address_fails_fast(tmp_path, tiny_llama_dir):
     from ray._private.services import find_gcs_addresses
 
     grid = tmp_path / "g.yaml"
-    grid.write_text(f"models: ['{tiny_llama_dir}']\nschemes: [bf16]\nevals: {{toy: {{max_tokens: 16}}}}\n")
+    grid.write_text(f"models: ['{tiny_llama_dir}']\nschemes: [auto]\nevals: {{toy: {{max_tokens: 16}}}}\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     addresses = ["ray://127.0.0.1:1", f"127.0.0.1:{closed_port()}"]
@@ -294,6 +294,6 @@ def test_dead_worker_fails_its_run_and_is_replaced(tmp_path, cluster, tiny_llama
     view = ResultStore(tmp_path / "out").read()
     assert len(view.complete) == 2 and len(view.failed) == 1
     (failed,) = view.failed.values()
-    assert failed["scheme"] == "bf16" and failed["error"].startswith("Ray worker failed: ")
+    assert failed["scheme"] == "auto" and failed["error"].startswith("Ray worker failed: ")
     assert {r["scheme"] for r in view.complete.values()} == set(SCHEMES[1:3])
     assert len({r["info"]["ray"]["worker"] for r in view.complete.values()}) == 1  # the replacement took both

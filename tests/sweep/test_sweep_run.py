@@ -22,7 +22,7 @@ from evalkit.sweep.store import ResultStore
 from tests.toy_eval import SUBPROCESS_MAIN, token_ids, toy_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMES = ["bf16", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "int4/group16/dynamic"]
+SCHEMES = ["auto", "fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/unit", "int4/group16/dynamic"]
 
 
 def make_grid(tmp_path: Path, model_dir, extra: str = "", schemes=SCHEMES, name="g.yaml") -> Path:
@@ -83,7 +83,7 @@ def test_local_sweep_numbers_loads_once_resume_rerun(tmp_path, tiny_llama_dir, t
         assert rec["spec"]["scheme"] == rec["scheme"] and rec["rows"] == 4
         art = json.loads((out / "runs" / rec["run_id"][:16] / "toy.json").read_text())
         assert art == {"scheme": rec["scheme"], "nll": rows[("nll", None)]["value"]}
-        if rec["scheme"] == "bf16":
+        if rec["scheme"] == "auto":
             assert rows[("kl", None)]["value"] == 0.0
         else:
             assert rows[("kl", None)]["value"] > 0
@@ -123,7 +123,7 @@ def test_model_load_failure_fails_its_runs_only(tmp_path, tiny_llama_dir, toy_ev
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
     text = (
-        f"models:\n  - '{broken}'\n  - '{tiny_llama_dir}'\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+        f"models:\n  - '{broken}'\n  - '{tiny_llama_dir}'\nschemes: [auto, fp8_e4m3/tensor/dynamic]\n"
         "evals: {toy: {max_tokens: 8}}\n"
     )
     (tmp_path / "g.yaml").write_text(text)
@@ -150,7 +150,7 @@ def test_shards_merged_equal_unsharded(tmp_path, tiny_llama_dir, toy_eval, capsy
     # merging again adds nothing; the merged folder also refuses another grid's sweep
     assert main(["merge", str(tmp_path / "merged"), str(tmp_path / "s0"), str(tmp_path / "s1")]) == 0
     assert "0 runs added, 5 already present" in capsys.readouterr().out
-    other = make_grid(tmp_path, tiny_llama_dir, schemes=["bf16"], name="other.yaml")
+    other = make_grid(tmp_path, tiny_llama_dir, schemes=["auto"], name="other.yaml")
     before = (tmp_path / "merged" / "results.jsonl").read_bytes()
     assert main(["sweep", str(other), "--out", str(tmp_path / "merged"), "--no-progress"]) == 2
     assert "belongs to a different grid" in capsys.readouterr().err
@@ -200,7 +200,7 @@ def test_ray_executor_equals_local(tmp_path, tiny_llama_dir, toy_eval):
     # can only start once the first is released
     text = (
         f"models:\n  - '{tiny_llama_dir}'\n  - {{name: '{tiny_llama_dir}', dtype: float32}}\n"
-        "schemes: [bf16, fp8_e4m3/head/dynamic]\nevals: {toy: {max_tokens: 16}}\n"
+        "schemes: [auto, fp8_e4m3/head/dynamic]\nevals: {toy: {max_tokens: 16}}\n"
     )
     (tmp_path / "g.yaml").write_text(text)
     grid = parse_grid(tmp_path / "g.yaml")
@@ -292,7 +292,7 @@ def test_lmeval_warnings_and_bars_go_to_the_runs_log(tmp_path, tiny_llama_dir, c
 
     handlers = {n: list(logging.getLogger(n).handlers) for n in ("lm_eval", "lm-eval")}
     text = (
-        f"models: ['{tiny_llama_dir}']\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\n"
+        f"models: ['{tiny_llama_dir}']\nschemes: [auto, fp8_e4m3/tensor/dynamic]\n"
         "evals: {lmeval: {tasks: [evalkit_topics_ppl], limit: 2, bootstrap_iters: 0}}\n"
     )
     (tmp_path / "g.yaml").write_text(text)

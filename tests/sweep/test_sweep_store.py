@@ -14,7 +14,7 @@ from evalkit.sweep.store import ResultStore, RunOutcome, merge_stores, read_reco
 
 
 def outcome(run_id: str, n: int, value: float = 1.0, ok: bool = True, payload: int = 0) -> RunOutcome:
-    spec = {"model": {"name": "m"}, "scheme": "bf16", "eval": "toy", "params": {}}
+    spec = {"model": {"name": "m"}, "scheme": "auto", "eval": "toy", "params": {}}
     rows = [
         {
             "metric": f"m{i}",
@@ -77,7 +77,7 @@ from evalkit.sweep.store import ResultStore, RunOutcome
 folder, tag, go = sys.argv[1], sys.argv[2], sys.argv[3]
 st = ResultStore(folder)
 open(go + "." + tag, "w").close()  # ready: imports done
-spec = {"model": {"name": "m"}, "scheme": "bf16", "eval": "toy", "params": {}}
+spec = {"model": {"name": "m"}, "scheme": "auto", "eval": "toy", "params": {}}
 while not os.path.exists(go):
     time.sleep(0.01)
 for i in range(40):
@@ -117,7 +117,7 @@ def test_two_writer_processes_no_torn_lines(tmp_path):
     assert tags.count("p") == 40 and tags.count("q") == 40
 
 
-GRID = "models: [m]\nschemes: [bf16]\nevals: {toy: {max_tokens: %d}}\n"
+GRID = "models: [m]\nschemes: [auto]\nevals: {toy: {max_tokens: %d}}\n"
 
 
 def test_foreign_folder_refused_untouched(tmp_path, toy_eval):

@@ -29,7 +29,7 @@ def test_grid_parses_with_every_eval_and_the_contrast_rows(grid):
     assert {r.model.name for r in grid.runs} == {"embedded"}
     assert {r.eval for r in grid.runs} == {"perplexity", "decode", "retrieval", "lmeval"}
     schemes = list(dict.fromkeys(r.scheme for r in grid.runs))
-    assert schemes[0] == "bf16" and len(grid.runs) == 4 * len(schemes)
+    assert schemes[0] == "auto" and len(grid.runs) == 4 * len(schemes)
     # vllm:fp8 / fp8_e4m3 / fp8_e5m2 are evalkit's per-tensor unit rows, which the grid lists by their own names
     for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
         assert str(vllm_scheme(name)) in schemes, name

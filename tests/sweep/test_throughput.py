@@ -108,7 +108,7 @@ def test_kv_traffic_per_cached_element():
 
 def test_stored_bytes_of_a_scheme():
     facts = ModelFacts("toy", head_dim=128)
-    assert T.stored_bytes("bf16", facts) is None  # the model's own dtype: a plain cache
+    assert T.stored_bytes("auto", facts) is None  # the model's own dtype: a plain cache
     assert T.stored_bytes("fp8_e4m3/tensor/dynamic", facts) == 1.0
     assert T.stored_bytes("nvfp4", facts) == 0.5 + 1 / 16
     assert T.stored_bytes("not a scheme at all", facts) is None
@@ -117,7 +117,7 @@ def test_stored_bytes_of_a_scheme():
 GRID = """name: paths
 models:
   - {name: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16, device: cuda}
-schemes: [bf16, fp8_e4m3/tensor/dynamic]
+schemes: [auto, fp8_e4m3/tensor/dynamic]
 evals:
   decode: {prefill: 2048, decode: 256, sequences: 4, batch_size: 8}
 """

@@ -31,7 +31,7 @@ def vllm_dtype(run: PlannedRun) -> str | None:
         scheme = parse_scheme(run.scheme)
     except EvalkitError:
         return None  # the grid (or --schemes) reports it
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return None
     name = str(scheme)
     if name.startswith("vllm:"):

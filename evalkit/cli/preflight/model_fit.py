@@ -77,7 +77,7 @@ def model_arch(name: str) -> Arch:
 def architecture_problem(scheme: Scheme, layout: KVLayout, sparse: bool = False) -> str | None:
     """Why ``scheme`` cannot run on a model of ``layout`` (``sparse``: its attention is sparse), in one
     line; None when it fits."""
-    if scheme.is_identity:
+    if scheme.is_unscaled:
         return None
     from evalkit.kv.memory import check_layout_scheme
 
@@ -144,7 +144,7 @@ def _unread_mla(arch: Arch) -> str:
     return (
         f"its config caches a compressed latent (kv_lora_rank {arch.latent}), but evalkit reads model type "
         f"{arch.layout.model_type} as standard attention (its MLA types: {', '.join(sorted(MLA_MODEL_TYPES))}), "
-        "so no quantized scheme would store what the model caches: run bf16 only, or a model of those types"
+        "so no quantized scheme would store what the model caches: run auto only, or a model of those types"
     )
 
 

@@ -137,7 +137,7 @@ class LlamaCppBackend(Backend):
 
         same = cache_types(scheme) == BASELINE_TYPES  # the baseline itself: one context, zero change
         if self._base_ctx is None:
-            self._base_ctx = self.context("bf16", self.window_ctx)
+            self._base_ctx = self.context("auto", self.window_ctx)
         base_ctx = self._base_ctx
         with self.context(scheme, self.window_ctx) as ctx:
             for ids, t0 in self.windows:
@@ -169,7 +169,7 @@ class LlamaCppBackend(Backend):
         stopping it, as the eval's loop generates exactly T); returns the rows with it in N..2N-1."""
         self.open(lm.name)
         self.decode_ctx = request.length + 1
-        with self.context("bf16", self.decode_ctx) as ctx:
+        with self.context("auto", self.decode_ctx) as ctx:
             self.decode_generated = self._greedy(ctx, request)
         inputs = request.inputs.clone()
         inputs[request.sequences :, request.prefill :] = torch.from_numpy(self.decode_generated)
@@ -191,7 +191,7 @@ class LlamaCppBackend(Backend):
         n, prefill = request.sequences, request.prefill
         out = {k: np.empty((rows, steps)) for k in ("kl", "nll", "base_nll")}
         agree = np.empty((rows, steps), dtype=bool)
-        with self.context("bf16", self.decode_ctx) as base_ctx, self.context(scheme, self.decode_ctx) as ctx:
+        with self.context("auto", self.decode_ctx) as base_ctx, self.context(scheme, self.decode_ctx) as ctx:
             own = self._greedy(ctx, request)
             for r, row in enumerate(request.inputs.tolist()):
                 prompt, teacher = row[:prefill], row[prefill:]

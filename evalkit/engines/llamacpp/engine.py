@@ -31,15 +31,17 @@ DEFAULTS = {"n_threads": 2, "n_ctx": None, "n_batch": 512, "flash_attn": True}
 
 
 def cache_types(scheme) -> tuple[str, str]:
-    """``(type_k, type_v)`` llama.cpp runs for ``scheme`` (a Scheme or its string): ``bf16`` (the
-    unquantized baseline) is llama.cpp's default f16 cache; anything but ``llamacpp:<k>[/<v>]`` is
-    refused in one line."""
+    """``(type_k, type_v)`` llama.cpp runs for ``scheme`` (a Scheme or its string): ``auto`` (the
+    unquantized baseline) is llama.cpp's default f16 cache, ``bf16`` and ``fp16`` its bf16 and f16
+    types; anything but ``llamacpp:<k>[/<v>]`` is refused in one line."""
     from evalkit.errors import SchemeError
     from evalkit.kv.scheme import parse_scheme
 
     text = str(parse_scheme(str(scheme)))
-    if text == "bf16":
+    if text == "auto":
         return BASELINE_TYPES
+    if text in ("bf16", "fp16"):
+        return ("bf16", "bf16") if text == "bf16" else ("f16", "f16")
     head = text.split("+", 1)[0]
     if not head.startswith(PREFIX) or "+" in text:
         raise SchemeError(

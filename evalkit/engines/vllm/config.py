@@ -52,7 +52,7 @@ class EngineConfig:
     kv_cache_dtype: str  # auto | fp8_e4m3 | fp8_e5m2 | (on CUDA) another of vLLM's kv_cache_dtypes
     scales: str | None = None  # evalkit scale table (tensor granularity) for a static checkpoint
     skip_layers: tuple[str, ...] = ()  # vLLM's kv_cache_dtype_skip_layers (indices, or sliding_window)
-    emulation: str = "bf16"  # the scheme evalkit runs for the same cache (the device's profile applied)
+    emulation: str = "auto"  # the scheme evalkit runs for the same cache (the device's profile applied)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,8 +75,8 @@ def engine_config(scheme, profile: str = PROFILE) -> EngineConfig:
     from evalkit.kv.scheme import AttentionPrecision, parse_scheme
 
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    if scheme.is_identity:
-        return EngineConfig("auto")
+    if scheme.is_unscaled:  # auto, or vLLM's 16-bit cache dtypes
+        return EngineConfig({"auto": "auto", "bf16": "bfloat16", "fp16": "float16"}[scheme.format])
     if scheme.attention is not AttentionPrecision.KV:
         raise EvalkitError(
             f"{profile} cannot be told to run {scheme}: the engine runs the attention path vLLM selects on its "

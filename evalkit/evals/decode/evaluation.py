@@ -22,7 +22,7 @@ batch of 2N rows (``batch_size`` rows per forward):
   first token where the scheme's own greedy generation differs (:mod:`evalkit.evals.decode.divergence`,
   which also defines the censored median of that step and the share identical through T).
 
-Baseline. The same loop under ``bf16`` (identity storage, bit-identical to the plain model), run
+Baseline. The same loop under ``auto`` (identity storage, bit-identical to the plain model), run
 once per model x corpus x protocol by the emulation backend (:mod:`evalkit.evals.emulation.decode`,
 which :meth:`DecodeEval.prepare` asks with a plain :class:`~evalkit.evals.protocol.DecodeRequest`) and
 cached under ``workdir/decode/<key>/``: per row and position its NLL and argmax and the 2 KB summary of its

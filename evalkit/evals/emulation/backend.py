@@ -47,7 +47,7 @@ class EmulationBackend(Backend):
     def float_noise_scores(self, request: LogprobsRequest, scheme) -> list[tuple[int, TokenScores]]:
         return self._prepared(self.perplexity, request).noise_scores(scheme)
 
-    # (b): the decode loop through the storage cache, the cached bf16 baseline
+    # (b): the decode loop through the storage cache, the cached baseline (auto)
     def prepare_decode(self, request: DecodeRequest, lm, workdir: Path) -> torch.Tensor:
         self.decode = DecodeEmulation(request, lm, Path(workdir))
         return self.decode.inputs
@@ -79,7 +79,7 @@ class EmulationBackend(Backend):
             return
         # on the static paths the baseline generates through the identity storage cache (bit for bit the
         # plain model's static-cache decoding), as every scheme does through its own
-        with quantized_kv(lm.model, "bf16" if scheme is None else scheme) as session:
+        with quantized_kv(lm.model, "auto" if scheme is None else scheme) as session:
             with self.hflm.decode_through(session, path):
                 yield self.hflm
 

@@ -1,7 +1,7 @@
 """The emulation's answer to a decode request: the decode loop through evalkit's storage cache and the
-cached bf16 baseline.
+cached baseline (auto).
 
-Baseline. The same loop under ``bf16`` (identity storage, bit-identical to the plain model), run once
+Baseline. The same loop under ``auto`` (identity storage, bit-identical to the plain model), run once
 per model x corpus x protocol by :class:`DecodeEmulation` and cached under ``workdir/decode/<key>/``:
 per row and position its NLL and argmax and the 2 KB summary of its next-token distribution that
 perplexity stores too (:mod:`evalkit.evals.kl_topk`), plus every row's tokens (the greedy rows'

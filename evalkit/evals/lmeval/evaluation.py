@@ -1,7 +1,7 @@
 """``lmeval``: lm-evaluation-harness tasks under each KV scheme, on one loaded model, with flip rates.
 
     python -m evalkit run --eval lmeval --tasks evalkit_mmlu4,evalkit_passkey --limit 50 \\
-        --schemes bf16,fp8_e4m3/tensor/unit,int4/tensor/dynamic
+        --schemes auto,fp8_e4m3/tensor/unit,int4/tensor/dynamic
 
 The numbers are lm-eval's own (``simple_evaluate`` on an ``HFLM`` around the in-memory model; see
 :mod:`evalkit.evals.lmeval.adapter`). ``prepare`` runs the baseline on the plain model (no hook), keeps

@@ -1,7 +1,7 @@
 """The retrieval evaluation's size for ``sweep --dry-run``, from its parameters and the model's facts.
 
 Tasks x lengths x depths x samples prompts of exactly ``length`` tokens, plus each sample's answer
-budget (the evaluation's own ``max_new_tokens`` rule on the seeded answers); the bf16 run reuses
+budget (the evaluation's own ``max_new_tokens`` rule on the seeded answers); the auto run reuses
 the baseline's answers.
 """
 

@@ -1,0 +1,297 @@
+"""The codec fingerprint: every KV codec evalkit has, on fixed inputs, hashed to the bit.
+
+What runs, enumerated from evalkit's own tables rather than listed by hand (so a new format, option
+or engine dtype joins by itself, and changes the fingerprint until it is pinned):
+
+* **formats**: every quantizing format of :data:`evalkit.kv.formats.FORMATS` (the unscaled ones,
+  ``FormatKind.NONE``, store values, not codes: the storage fingerprint holds them) x granularity
+  (tensor, head, block16, block64, token, group16, group32) x scale source (dynamic, unit, a given
+  static scale per tensor or head) x scale dtype (fp32, e4m3, e8m0) x ``tensor_scale`` x recipe
+  (standard, sglang, vllm_cpu) x rounding (rne, rtz, rna): every combination that
+  :func:`~evalkit.kv.scheme.parse_scheme` accepts, each once under its canonical string (the
+  :data:`~evalkit.kv.scheme.NAMED_SCHEMES` among them); dynamic ones also with a padding mask;
+* **vllm**: every ``vllm:<kv_cache_dtype>`` of :data:`evalkit.kv.engine_dtypes.VLLM_DTYPES` that
+  parses to a quantizing scheme on standard attention, K and V;
+* **llamacpp**: every ``llamacpp:<k>/<v>`` pair of llama.cpp's cache types, K and V;
+* **mla**: the DeepSeek MLA rows (codecs marked ``mla``), on a 512-value latent (role K) and a
+  64-value RoPE key (role V).
+
+Hashed (SHA-256, exact bytes): codes, scales, zero points, NVFP4's tensor scale, the NaN flag, the
+stored tensor, the stored tensor read back (``decode``, or an engine codec's own ``decode``), and
+the dequantized values in float32 and bfloat16, for inputs in float32 and in bfloat16. Inputs are
+exact (:func:`tests.numerics.exact.exact_values`) and the arithmetic is elementwise or an exact
+reduction (amax, :mod:`evalkit.kv.device_exact`), so the hashes are the same on every processor.
+
+If this test fails, a codec's numbers changed: when that is meant, bump
+``evalkit.sweep.code_identity.NUMERICS_VERSION`` and re-pin with ``python -m tests.numerics --write`` (from
+the repository root; ``python -m tests.numerics.test_codec_fingerprint`` prints this file's entries); when it is
+not meant, the change is a bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+from collections.abc import Iterable
+
+import torch
+
+from evalkit.errors import SchemeError
+from evalkit.kv import formats as kv_formats
+from evalkit.kv.engine_dtypes import VLLM_DTYPES
+from evalkit.kv.formats import LLAMACPP_TYPES
+from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
+from evalkit.kv.scheme import NAMED_SCHEMES, ScaleSource, parse_scheme
+from evalkit.kv.vllm_codecs import codec_for, is_codec
+
+from tests.numerics.exact import TensorHash, check_pins, exact_values, one_thread, pin_entry, reference
+
+PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
+    # before this file, tests/sweep/test_numerics_fingerprint.py hashed 16 schemes and 16 engine codecs into one
+    # pin: a0441bc39a540a5ab574b40de47b3cfeaad97e5493c6f68288eacd064578539c at version 1,
+    # d074a49c9d61d7118be4de781e86ba4478eec4996ee88a364f893033c2c6b289 at version 2
+    2: {
+        "fp8_e4m3": "66d8340641293dbdca905e856e4ca8a3bf33ca1583698a389dc32eb834dcb2bf",
+        "fp8_e4m3fnuz": "d82a881f07a53bec7dc56d4908358938a59aade15e6dd705842c7f035c43b401",
+        "fp8_e5m2": "ce3766d65a85a73fe0ce3b6f88667e6109dc3a56281663a0bc2405206218be2e",
+        "int8": "f0159ec4ba9cff0f31e98f814d6c2de0ca7b42f18114f8766eca5f938f986efa",
+        "int8_asym": "06f9a8ac34b496d8e50b489d07fdc404f757e0c50c12c39ab741bf05190105bc",
+        "int4": "ca76016fd21b1fd29ee0cbd1e520fa69d5f1c0c18656a6bed83ddc830960b288",
+        "int4_asym": "191e3471145b1ca377a59d0a497d3700c5f33ad4f32632f4034ffa10056796fe",
+        "fp4_e2m1": "5e6a1595ee7c23134a0c3d1678c65a3098afe29db42a0fda1b08fb46e3cb16c4",
+        "vllm": "cbdb60ec61654ae0635b7cd10af5ebd56e6cbda14c274a9798e27aa60761568b",
+        "llamacpp": "2f7f4a0a53b38e7f9a27a17a1361f97f17f4350fe36eb55c077d2fcc0e41aaba",
+        "mla": "ad7cf50560b40c3f429f65ace624d087590280c0dc7cb8ec422f2364939baedf",
+    },
+}
+
+SHAPE = (2, 3, 40, 64)  # (batch, KV heads, tokens, head_dim)
+MLA_SHAPES = {"k": (2, 1, 40, 512), "v": (2, 1, 40, 64)}  # the latent and the RoPE key (DeepSeek V3.2 widths)
+GRANULARITIES = ("tensor", "head", "block16", "block64", "token", "group16", "group32")  # block64: one block
+SOURCES = ("dynamic", "unit", "static")
+OPTIONS = (  # each a choice of one scheme option ("" leaves it out)
+    ("", "+scale_dtype=e4m3", "+scale_dtype=e8m0"),
+    ("", "+tensor_scale=fp32"),
+    ("", "+recipe=sglang", "+recipe=vllm_cpu"),
+    ("", "+rounding=rtz", "+rounding=rna"),
+)
+STATIC_PATH = "fingerprint.safetensors"  # named by the scheme only: the scale below is handed in, never read
+STATIC_TENSOR = 0.0123  # a given per-tensor scale: outliers saturate
+STATIC_HEADS = (0.0123, 0.25, 1.5)  # a given scale per KV head
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def inputs(seed: int = 0, shape: tuple[int, ...] = SHAPE) -> torch.Tensor:
+    return exact_values(shape, seed)
+
+
+def padding_mask(batch: int, tokens: int) -> torch.Tensor:
+    """Real tokens (B, S): row 1 left-padded by 5 tokens."""
+    valid = torch.ones(batch, tokens, dtype=torch.bool)
+    valid[1, :5] = False
+    return valid
+
+
+# -- what runs ----------------------------------------------------------------------------------------
+def format_schemes() -> dict[str, list[str]]:
+    """Per quantizing format, the canonical strings of every scheme on it that parses (see the module doc)."""
+    out: dict[str, dict[str, None]] = {}
+    for name, fmt in kv_formats.FORMATS.items():
+        if fmt.is_identity:
+            continue
+        found: dict[str, None] = {}
+        for gran, source, *opts in itertools.product(GRANULARITIES, SOURCES, *OPTIONS):
+            text = f"{name}/{gran}/{source}" + "".join(opts)
+            if source == "static":
+                text += f"+scales={STATIC_PATH}"
+            try:
+                found[str(parse_scheme(text))] = None
+            except SchemeError:
+                continue
+        out[name] = found
+    for named in NAMED_SCHEMES:  # every named scheme is reached by its long form above; listed again, harmlessly
+        out[parse_scheme(named).format][named] = None
+    return {name: list(found) for name, found in out.items()}
+
+
+def vllm_schemes() -> list[str]:
+    """Every ``vllm:`` dtype that parses to a quantizing scheme for standard attention (MLA rows: ``mla_schemes``)."""
+    out = []
+    for name in VLLM_DTYPES:
+        try:
+            scheme = parse_scheme(f"vllm:{name}")
+        except SchemeError:  # refused or not modelled: nothing to fingerprint
+            continue
+        if scheme.is_identity or (is_codec(scheme.recipe) and codec_for(scheme.recipe).mla):
+            continue
+        out.append(f"vllm:{name}")
+    return out
+
+
+def llamacpp_schemes() -> list[str]:
+    return [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES]
+
+
+def mla_schemes() -> list[str]:
+    out = []
+    for name in VLLM_DTYPES:
+        try:
+            scheme = parse_scheme(f"vllm:{name}")
+        except SchemeError:
+            continue
+        if not scheme.is_identity and is_codec(scheme.recipe) and codec_for(scheme.recipe).mla:
+            out.append(f"vllm:{name}")
+    return out
+
+
+def groups() -> dict[str, list[str]]:
+    """Group name -> the scheme strings it fingerprints (built afresh: a patched table takes effect)."""
+    return {**format_schemes(), "vllm": vllm_schemes(), "llamacpp": llamacpp_schemes(), "mla": mla_schemes()}
+
+
+# -- hashing ----------------------------------------------------------------------------------------
+def given_scale(scheme) -> torch.Tensor | None:
+    """The scale a static or unit scheme is handed (None: dynamic)."""
+    if scheme.scales is ScaleSource.UNIT:
+        return torch.ones(1, 1, 1, 1)
+    if scheme.scales is ScaleSource.STATIC:
+        if scheme.granularity.kind.value == "head":
+            return torch.tensor(STATIC_HEADS, dtype=torch.float32).reshape(1, -1, 1, 1)
+        return torch.tensor(STATIC_TENSOR, dtype=torch.float32).reshape(1, 1, 1, 1)
+    return None
+
+
+def _hash_quantized(h: TensorHash, q, fmt, dtype: torch.dtype, role: str, dim: int) -> None:
+    for part in (q.codes, q.scale, q.zero, q.tensor_scale, q.nonfinite):
+        h.tensor(part)
+    stored = encode_quantized(q, fmt)
+    h.tensor(stored)
+    if is_codec(fmt.recipe):  # the engine's bytes read back by the codec itself
+        h.tensor(codec_for(fmt.recipe).decode(stored, role, dim))
+    else:
+        h.tensor(decode(stored, fmt))
+    h.tensor(dequantize(q, torch.float32))
+    h.tensor(dequantize(q, dtype))
+
+
+def hash_scheme(h: TensorHash, text: str) -> None:
+    """Everything one scheme makes of the fixed inputs, in float32 and bfloat16."""
+    scheme = parse_scheme(text)
+    fmt, gran = scheme.kv_format, scheme.granularity
+    codec = codec_for(fmt.recipe) if is_codec(fmt.recipe) else None
+    for dtype in DTYPES:
+        for role in ("k", "v") if codec is not None else ("k",):
+            shape = MLA_SHAPES[role] if codec is not None and codec.mla else SHAPE
+            x = inputs(seed=0 if role == "k" else 1, shape=shape).to(dtype)
+            h.label(f"{text} {role} {dtype}")
+            if codec is not None:
+                _hash_quantized(h, quantize(x, fmt, gran, role=role), fmt, dtype, role, shape[-1])
+                continue
+            scale = given_scale(scheme)
+            q = quantize(x, fmt, gran, scale=scale)
+            _hash_quantized(h, q, fmt, dtype, role, shape[-1])
+            if scale is None and dtype == torch.float32:  # padding left out of every amax
+                h.label(f"{text} padded")
+                valid = padding_mask(shape[0], shape[2])
+                _hash_quantized(h, quantize(x, fmt, gran, valid=valid), fmt, dtype, role, shape[-1])
+
+
+def fingerprints(only: Iterable[str] | None = None) -> dict[str, str]:
+    """Group -> SHA-256 over its schemes' strings and everything :func:`hash_scheme` hashes."""
+    out = {}
+    for group, schemes in groups().items():
+        if only is not None and group not in only:
+            continue
+        h = TensorHash()
+        with one_thread():
+            for text in schemes:
+                hash_scheme(h, text)
+        out[group] = h.hexdigest()
+    return out
+
+
+# -- tests ------------------------------------------------------------------------------------------
+def test_the_codec_fingerprints_are_pinned_with_the_numerics_version():
+    check_pins(PINNED, fingerprints(), "test_codec_fingerprint", "the KV codecs' numbers")
+
+
+def test_the_inputs_are_fixed_bits():
+    x = inputs(seed=0)
+    assert x.shape == SHAPE and x.dtype == torch.float32
+    assert hashlib.sha256(x.numpy().tobytes()).hexdigest() == INPUTS_SHA256  # the first fingerprint's inputs
+    assert (x == 0).sum() > 0 and torch.signbit(x[x == 0]).any() and x.abs().max() < 128
+
+
+INPUTS_SHA256 = "d4bea4af3a365a26118c38cca5272053f579f03d527f1ff9e473c6e8838eaada"
+
+
+def test_the_enumeration_reaches_every_codec_family():
+    """Every quantizing format, every named scheme, scale dtype, rounding and recipe, every modelled
+    vLLM dtype and llama.cpp pair is fingerprinted (a table entry the enumeration missed would go unguarded)."""
+    g = groups()
+    quantizing = [n for n, f in kv_formats.FORMATS.items() if not f.is_identity]
+    assert sorted(n for n in g if n not in ("vllm", "llamacpp", "mla")) == sorted(quantizing)
+    texts = [t for n in quantizing for t in g[n]]
+    assert set(NAMED_SCHEMES) <= set(texts)
+    for needle in ("+scale_dtype=e8m0", "+rounding=rtz", "+rounding=rna", "+recipe=vllm_cpu", "/unit", "/static"):
+        assert any(needle in t for t in texts), needle
+    fp8 = [parse_scheme(t) for t in g["fp8_e4m3"]]  # a format with fp32 scales: every granularity and source
+    assert {str(s.granularity) for s in fp8} == set(GRANULARITIES)
+    assert {s.scales for s in fp8} == set(ScaleSource)
+    modelled = {n for n, d in VLLM_DTYPES.items() if d.status.value == "modelled"}
+    assert {t.removeprefix("vllm:") for t in g["vllm"] + g["mla"]} == modelled
+    assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
+    assert {"vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"} <= set(g["mla"])
+
+
+def assert_changed(group: str, unpatched: str, patched: str) -> None:
+    """A mutation's fingerprint differs from the unpatched one and from the pin (the pin test holds the two equal)."""
+    assert patched != unpatched
+    assert patched != reference(PINNED, group, lambda: unpatched)
+
+
+def test_a_changed_fp8_max_changes_the_fingerprint(monkeypatch):
+    """Mutation: E4M3's largest finite value taken as 440 instead of 448 (a scale rule's constant)."""
+    unpatched = fingerprints(["fp8_e4m3"])["fp8_e4m3"]
+    fmt = kv_formats.FORMATS["fp8_e4m3"]
+    monkeypatch.setitem(kv_formats.FORMATS, "fp8_e4m3", dataclasses.replace(fmt, max=440.0))
+    assert_changed("fp8_e4m3", unpatched, fingerprints(["fp8_e4m3"])["fp8_e4m3"])
+
+
+def test_a_changed_integer_rounding_changes_the_fingerprint(monkeypatch):
+    """Mutation: integer codes rounded half away from zero where nearest-even was meant."""
+    import evalkit.kv.quantize as quantize_module
+    from evalkit.kv.rounding import Rounding, round_integer
+
+    def half_away(y, rounding=Rounding.RNE):
+        return round_integer(y, Rounding.RNA if rounding is Rounding.RNE else rounding)
+
+    unpatched = fingerprints(["int8"])["int8"]
+    monkeypatch.setattr(quantize_module, "round_integer", half_away)
+    assert_changed("int8", unpatched, fingerprints(["int8"])["int8"])
+
+
+def test_a_changed_llamacpp_block_encoder_changes_the_fingerprint(monkeypatch):
+    """Mutation: an engine codec's bytes (ggml's q8_0 block scale off by one ulp)."""
+    from evalkit.kv import ggml_blocks
+
+    real = ggml_blocks.encode
+
+    def encode(type_name, rows):
+        out = real(type_name, rows)
+        if type_name == "q8_0":
+            out = out.clone()
+            out[..., 0] ^= 1  # the low byte of each row's first block scale (fp16)
+        return out
+
+    unpatched = fingerprints(["llamacpp"])["llamacpp"]
+    monkeypatch.setattr(ggml_blocks, "encode", encode)
+    assert_changed("llamacpp", unpatched, fingerprints(["llamacpp"])["llamacpp"])
+
+
+if __name__ == "__main__":
+    from tests.numerics.exact import prepare_process
+
+    prepare_process()
+    print(f"PINNED entry:\n{pin_entry(fingerprints())}")

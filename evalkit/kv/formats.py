@@ -277,7 +277,9 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat(
             "bf16", FormatKind.NONE, 16, "K/V rounded to bfloat16, no scales (auto on a BF16 model)", torch.bfloat16
         ),
-        KVFormat("fp16", FormatKind.NONE, 16, "K/V rounded to float16, no scales (auto on an FP16 model)", torch.float16),
+        KVFormat(
+            "fp16", FormatKind.NONE, 16, "K/V rounded to float16, no scales (auto on an FP16 model)", torch.float16
+        ),
         replace(
             _float8(
                 "fp8_e4m3",

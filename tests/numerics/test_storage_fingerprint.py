@@ -56,6 +56,13 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "mla/dynamic": "e94461c1b47f319d466e1e45f71c914c030696ab26ae4c50d38a7db499fc5c8d",
         "mla/static": "0cd576af9bb68d38b8ab04400c78c6efc8c6c240a18ac40a7056dbded6121554",
     },
+    3: {
+        "standard/dynamic": "4f8b022445ca152aaf27d96c45c6a117d0a5d199e69aa67dfa22f0d14a5b9fba",
+        "standard/static": "66743a865f9d3193942b0e32d7cd4d400ca4593dde88229fe88eac0fc14383b1",
+        "sliding/dynamic": "0067b22fc9adc4aaae0373a704f5eeb606530f34b5a749b066daeea66c8a1514",
+        "mla/dynamic": "ad22f55ef00d3b234a52b588590eba1ccda6874766c5698e006c523ce7577b41",
+        "mla/static": "2110d3420a7734319914336037c20a38485a8cd5ce6c1b007f9a438f7f50a985",
+    },
 }
 
 BATCH, PREFILL, STEPS = 2, 40, 9  # 9 steps: block8 and block16 blocks fill and new ones open
@@ -67,7 +74,7 @@ TABLE = "fingerprint.safetensors"  # named by the scheme; the table itself is ha
 def identity_schemes() -> list[str]:
     """Every unscaled format (FormatKind.NONE) that is a scheme by its name, and every vLLM baseline dtype."""
     out = []
-    for text in [name for name, f in FORMATS.items() if f.is_identity] + [
+    for text in [name for name, f in FORMATS.items() if f.is_unscaled] + [
         f"vllm:{name}" for name, d in VLLM_DTYPES.items() if d.status is Status.BASELINE
     ]:
         try:
@@ -176,8 +183,8 @@ class Layout:
 def layouts() -> dict[str, Layout]:
     return {
         "standard": Layout(standard_config, (*identity_schemes(), *STANDARD), ("dynamic", "static")),
-        "sliding": Layout(sliding_config, ("bf16", *SLIDING), ("dynamic",)),
-        "mla": Layout(ds_mla_config, ("bf16", *MLA), ("dynamic", "static")),
+        "sliding": Layout(sliding_config, ("auto", "bf16", "fp16", *SLIDING), ("dynamic",)),
+        "mla": Layout(ds_mla_config, ("auto", "bf16", *MLA), ("dynamic", "static")),
     }
 
 

@@ -28,7 +28,7 @@ import torch
 from tests.numerics.exact import exact_normal
 
 DTYPE = torch.float64  # see the module docstring
-SCHEMES = ("bf16", "fp8_e4m3/tensor/dynamic", "int4_asym/group16/dynamic", "nvfp4")
+SCHEMES = ("auto", "bf16", "fp8_e4m3/tensor/dynamic", "int4_asym/group16/dynamic", "nvfp4")
 PERPLEXITY = dict(window=64, max_windows=4, batch_size=2, bootstrap_samples=100)
 DECODE = dict(prefill=16, decode=16, sequences=6, buckets=2, batch_size=12, bootstrap_samples=100)
 WEIGHT_SCALE = 0.25  # exact_normal's spread is 0.58 x this: sharp next-token distributions, some greedy flips
@@ -99,7 +99,7 @@ def scale(key: str, want: dict) -> float:
     their changes, 10 for a p-value (a t test of differences of per-window NLL), 1 for nats, shares, counts."""
     evaluation, _, metric = key.split("|")
     if metric in ("ppl", "ppl_delta"):
-        return abs(want[f"{evaluation}|bf16|ppl"][0])
+        return abs(want[f"{evaluation}|auto|ppl"][0])
     return 10.0 if metric == "p_value" else 1.0
 
 

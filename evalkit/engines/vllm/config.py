@@ -76,7 +76,8 @@ def engine_config(scheme, profile: str = PROFILE) -> EngineConfig:
 
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     if scheme.is_unscaled:  # auto, or vLLM's 16-bit cache dtypes
-        return EngineConfig({"auto": "auto", "bf16": "bfloat16", "fp16": "float16"}[scheme.format])
+        dtype = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16"}[scheme.format]
+        return EngineConfig(dtype, emulation=str(scheme))
     if scheme.attention is not AttentionPrecision.KV:
         raise EvalkitError(
             f"{profile} cannot be told to run {scheme}: the engine runs the attention path vLLM selects on its "

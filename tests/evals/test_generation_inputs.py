@@ -200,3 +200,13 @@ def test_samples_are_seeded_per_request_where_the_model_takes_a_seed():
     assert evaluate_options(p, kwargs, 7, request_seed=True)["gen_kwargs"] == {**kwargs, "seed": 7}
     greedy = {"do_sample": False, "temperature": 0.0}
     assert evaluate_options(p, greedy, 7, request_seed=True)["gen_kwargs"] == greedy
+
+
+def test_evalkits_own_generation_tasks_need_no_network():
+    from evalkit.evals.generation.params import tasks_dir
+    from evalkit.evals.generation.serving import offline_own
+    from evalkit.evals.lmeval.adapter import resolve_tasks
+
+    tasks = resolve_tasks(["evalkit_arith"], (str(tasks_dir()),))
+    assert tasks.external == ("evalkit_arith",)  # not one of tasks/lmeval's
+    assert offline_own(tasks).external == ()  # its data lie beside its YAML: no hub probe

@@ -185,3 +185,58 @@ def test_a_reasoning_task_without_its_data_names_the_dataset(chat_tiny, monkeypa
         "lm-eval task gsm8k_cot_zeroshot has no local data (gsm8k_cot_zeroshot reads openai/gsm8k (main))"
     )
     assert "fetch it once online" in message and "\n" not in message
+
+
+def test_an_engine_backend_gets_the_same_settings_and_a_seed_per_request(chat_tiny, tmp_path):
+    """Through a backend whose lm-eval model is not the transformers one (as vLLM's: lm-eval's VLLM, not
+    installed here), the tasks run with the same chat template, system prompt and sampling settings, each
+    sample's seed in the request (vLLM's SamplingParams.seed), and the backend's own baseline run."""
+    import contextlib
+
+    from lm_eval.api.model import LM
+
+    from evalkit.evals.backend import use_backend
+    from evalkit.evals.protocol import Backend, Capabilities
+
+    seen = []
+
+    class RecordingLM(LM):  # answers every request "The answer is 7", recording what it was asked
+        batch_size, max_gen_toks, tokenizer_name = 1, 256, "recording"
+
+        def apply_chat_template(self, chat_history, add_generation_prompt=True):
+            return "".join(f"[{m['role']}]{m['content']}" for m in chat_history) + "[assistant]"
+
+        def generate_until(self, requests, disable_tqdm=False):
+            seen.extend(r.args for r in requests)
+            return ["The answer is 7"] * len(requests)
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            raise AssertionError("generation asks for generations only")
+
+        loglikelihood_rolling = loglikelihood
+
+    class Engine(Backend):
+        capabilities = Capabilities("engine 1.0", kl="bound", requests=frozenset({"lmeval"}))
+        runs: list = []
+
+        def prepare_lmeval(self, request, lm):
+            pass
+
+        @contextlib.contextmanager
+        def lmeval_model(self, request, lm, scheme):
+            self.runs.append(scheme)
+            yield RecordingLM()
+
+    params = {"limit": 2, "temperature": 0.6, "top_p": 0.9, "samples": 2, "seed": 3, "system_prompt": "Be brief."}
+    ev = use_backend(get_eval("generation")(params), Engine())
+    ev.prepare(chat_tiny, tmp_path)
+    rows = ev.evaluate(chat_tiny, parse_scheme("fp8_e4m3/tensor/dynamic"))
+    assert [str(s) if s else None for s in ev.backend.runs] == [None, "fp8_e4m3/tensor/dynamic"]  # baseline, scheme
+    assert len(seen) == 2 * 2 * 2  # 2 items x 2 samples, baseline and scheme
+    seeds = sorted({kwargs["seed"] for _, kwargs in seen})
+    assert seeds == [3, 4] and all("top_k" not in kwargs for _, kwargs in seen)
+    for context, kwargs in seen:
+        assert context.startswith("[system]Be brief.[user]Solve the problem.") and context.endswith("[assistant]")
+        assert kwargs["do_sample"] is True and kwargs["temperature"] == 0.6 and kwargs["top_p"] == 0.9
+    values = {r.metric: r.value for r in rows if "bucket" not in r.labels}
+    assert values["evalkit_arith/flip_rate[last-number]"] == 0.0 and rows[0].info["backend"] == "engine 1.0"

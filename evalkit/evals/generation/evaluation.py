@@ -83,7 +83,7 @@ class GenerationEval(Evaluation):
     # ---- per model --------------------------------------------------------------------------
 
     def prepare(self, lm, workdir: Path) -> None:
-        from evalkit.evals.generation.serving import check_model, check_task_types
+        from evalkit.evals.generation.serving import check_model, check_task_types, offline_own
 
         p = self.params
         check_model(lm, p)
@@ -98,7 +98,7 @@ class GenerationEval(Evaluation):
             from evalkit.evals.lmeval.adapter import resolve_tasks
 
             metadata = {"pretrained": str(lm.path)}
-            self._tasks = resolve_tasks(p["tasks"], (str(tasks_dir()), *p["include"]), metadata)
+            self._tasks = offline_own(resolve_tasks(p["tasks"], (str(tasks_dir()), *p["include"]), metadata))
             check_task_types(self._tasks)
             self.request = LmevalRequest(batch_size=p["batch_size"])
             backend.prepare_lmeval(self.request, lm)

@@ -79,6 +79,18 @@ def settings_info(p: dict, gen_kwargs: dict) -> dict:
     }
 
 
+def offline_own(tasks):
+    """``tasks`` with evalkit's own generate-until tasks (``tasks/generation``, data beside their YAML) not
+    counted as needing the network, so running only them never probes the hub."""
+    import dataclasses
+
+    from evalkit.evals.generation.params import tasks_dir
+    from evalkit.evals.lmeval.adapter import task_manager
+
+    ours = set(task_manager((str(tasks_dir()),), False).all_tasks)
+    return dataclasses.replace(tasks, external=tuple(n for n in tasks.external if n not in ours))
+
+
 def check_task_types(tasks) -> None:
     """EvalkitError, before any data loads, for a named task whose YAML declares another output type than
     generate_until (groups are checked on their results)."""

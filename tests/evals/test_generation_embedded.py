@@ -14,12 +14,14 @@ import pytest
 import yaml
 
 from evalkit.cli import main
+from evalkit.kv.scheme import Scheme
 from evalkit.sweep.grid import resolve_grid
 from evalkit.sweep.store import ResultStore
 
 from tests.evals import generation_checks as C
 
 QUANTIZED = "fp8_e5m2/tensor/unit"
+IDENTITY = str(Scheme())  # the unquantized scheme, whatever its name
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def sweep(tmp_path_factory):
     params = grid["evals"]["generation"]
     assert params["chat_template"] is True and params["samples"] == 2 and params["temperature"] > 0
     params.update(limit=4, max_gen_toks=24)
-    grid["schemes"] = ["bf16", QUANTIZED]
+    grid["schemes"] = [IDENTITY, QUANTIZED]
     (tmp / "g.yaml").write_text(yaml.safe_dump(grid))
     out, cache = tmp / "out", tmp / "cache"
     argv = ["sweep", str(tmp / "g.yaml"), "--out", str(out), "--no-progress", "--cache-dir", str(cache)]
@@ -98,13 +100,13 @@ def test_every_number_equals_a_plain_recomputation(sweep, embedded):
 @pytest.mark.slow
 def test_identity_scheme_gives_no_flip_and_no_divergence(sweep):
     out, rows, items, baseline, params = sweep
-    assert [[s["ids"] for s in r["samples"]] for r in items["bf16"]["traces"]] == [
+    assert [[s["ids"] for s in r["samples"]] for r in items[IDENTITY]["traces"]] == [
         [s["ids"] for s in r["samples"]] for r in baseline["traces"]
     ]
     for task, records in baseline["tasks"].items():
-        ours = items["bf16"]["tasks"][task]
+        ours = items[IDENTITY]["tasks"][task]
         assert [[s["text"] for s in r["samples"]] for r in ours] == [[s["text"] for s in r["samples"]] for r in records]
-    values = {r["metric"]: r["value"] for r in rows["bf16"] if "bucket" not in r["labels"]}
+    values = {r["metric"]: r["value"] for r in rows[IDENTITY] if "bucket" not in r["labels"]}
     for prefix, suffix in (("evalkit_arith", "[last-number]"), ("traces", "")):
         for stat in ("flip_rate", "flip_right_to_wrong", "flip_wrong_to_right", "divergence_share", "accuracy_delta"):
             assert values[f"{prefix}/{stat}{suffix}"] == 0.0

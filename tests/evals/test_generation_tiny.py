@@ -15,7 +15,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import get_eval
-from evalkit.kv.scheme import parse_scheme
+from evalkit.kv.scheme import Scheme, parse_scheme
 
 from tests.evals import generation_checks as C
 
@@ -36,6 +36,7 @@ PARAMS = {
     "batch_size": 4,
 }
 QUANTIZED = "int4/tensor/dynamic"
+IDENTITY = str(Scheme())  # the unquantized scheme, whatever its name
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def runs(chat_tiny, tmp_path_factory):
     ev = get_eval("generation")(PARAMS)
     ev.prepare(chat_tiny, tmp_path_factory.mktemp("work"))
     out = {}
-    for scheme in ("bf16", QUANTIZED):
+    for scheme in (IDENTITY, QUANTIZED):
         folder = tmp_path_factory.mktemp(scheme.replace("/", "_"))
         rows = ev.evaluate(chat_tiny, parse_scheme(scheme), folder)
         out[scheme] = (rows, json.loads((folder / "generation_items.json").read_text()))
@@ -61,7 +62,7 @@ def runs(chat_tiny, tmp_path_factory):
 
 def test_identity_scheme_reproduces_the_baseline_bit_for_bit(runs):
     ev, out = runs
-    rows, items = out["bf16"]
+    rows, items = out[IDENTITY]
     base = ev.baseline
     for task, records in items["tasks"].items():
         assert [[s["text"] for s in r["samples"]] for r in records] == [
@@ -131,11 +132,11 @@ def test_traces_kl_is_the_full_vocabulary_kl_along_the_baseline_continuation(run
     for prompt, record in zip(ev._prompts, ev.baseline["traces"]):
         ids = torch.tensor([prompt + record["samples"][0]["ids"]])
         logp = {}
-        for scheme in ("bf16", QUANTIZED):
+        for scheme in (IDENTITY, QUANTIZED):
             with quantized_kv(chat_tiny.model, scheme) as session, torch.inference_mode():
                 steps = decode_logits(chat_tiny.model, head, session, ids, torch.ones_like(ids), len(prompt))
                 logp[scheme] = torch.stack([torch.log_softmax(s[0].double(), -1) for s in steps])
-        p, q = logp["bf16"], logp[QUANTIZED]
+        p, q = logp[IDENTITY], logp[QUANTIZED]
         per_line.append(float((p.exp() * (p - q)).sum(-1).mean()))
     kl = next(r for r in rows if r.metric == "traces/kl_mean")
     assert kl.value == pytest.approx(np.mean(per_line), rel=0.05) and kl.value > 0

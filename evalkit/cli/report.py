@@ -84,6 +84,7 @@ BUDGET_DEFAULTS = {
     "min_top1": None,
     "max_retrieval_drop": 0.02,
     "max_flip_rate": 0.05,
+    "max_task_drop": None,
 }
 BUDGET_HELP = {
     "max_ppl_rel": "|Δppl|/ppl at most this (default 0.01: Q5_K_M weights cost Llama-3-8B +0.9 %% in llama.cpp)",
@@ -94,6 +95,7 @@ BUDGET_HELP = {
     "min_top1": "top-1 agreement at least this (default none: even FP8 E4M3 agrees on ~95 %% of tokens)",
     "max_retrieval_drop": "retrieval accuracy drop at most this (default 0.02 = 2 points)",
     "max_flip_rate": "lm-eval answers changed at most this share, per task (default 0.05: one in twenty)",
+    "max_task_drop": "generation task accuracy drop at most this, paired at 95 %% (default none; 0.01 = one point)",
 }
 
 

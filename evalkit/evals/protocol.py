@@ -35,7 +35,13 @@ import torch
 from evalkit.errors import EvalkitError
 
 REQUESTS = ("logprobs", "decode", "generate", "lmeval")  # (a), (b), (c), (d)
-EVAL_REQUESTS = {"perplexity": "logprobs", "decode": "decode", "retrieval": "generate", "lmeval": "lmeval"}
+EVAL_REQUESTS = {
+    "perplexity": "logprobs",
+    "decode": "decode",
+    "retrieval": "generate",
+    "lmeval": "lmeval",
+    "generation": "lmeval",  # its tasks through lm-eval's model; its traces need the emulation (it says so itself)
+}
 
 
 @dataclass(frozen=True)

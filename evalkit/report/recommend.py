@@ -11,6 +11,8 @@ Budget (defaults, each a ``report`` flag; ``none`` turns one off):
   the embedded model: a 99 % bar fails every FP8 row, and no operator budgets it).
 * retrieval accuracy drop ``<= max_retrieval_drop`` (2 points) and lm-eval flip rate ``<=
   max_flip_rate`` (5 %, one answer in twenty changed), where measured.
+* the generation evaluation's accuracy drop per task ``<= max_task_drop`` (paired, at 95 %), where
+  measured; off unless set (``--max-task-drop 0.01``: at most one point).
 * the decode evaluation's KL in its last position bucket ``<= max_kl`` too, where measured: the
   same per-token KL(baseline || scheme), read through the stored cache in generation. It is the one
   measure of the engine dtypes whose first-chunk prefill attends the raw K/V (vLLM's TurboQuant and
@@ -80,6 +82,7 @@ class Budget:
     min_top1: float | None = None
     max_retrieval_drop: float | None = 0.02
     max_flip_rate: float | None = 0.05
+    max_task_drop: float | None = None  # the generation evaluation's accuracy drop per task (off by default)
 
     def describe(self) -> str:
         parts = {
@@ -89,6 +92,7 @@ class Budget:
             "min_top1": lambda v: f"top-1 >= {_pct(v)}%",
             "max_retrieval_drop": lambda v: f"retrieval drop <= {_pct(v)} pts",
             "max_flip_rate": lambda v: f"lm-eval flips <= {_pct(v)}%",
+            "max_task_drop": lambda v: f"task accuracy drop <= {_pct(v)} pts",
         }
         return ", ".join(
             parts[f.name](getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None

@@ -189,9 +189,10 @@ LOG_NAME = "lmeval.log"
 
 
 def run_lm_eval(
-    hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None, bootstrap_iters: int = 100000
+    hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None, bootstrap_iters: int = 100000, **options
 ) -> dict[str, Any]:
-    """One call of lm-eval's evaluator with per-item samples logged and no request cache.
+    """One call of lm-eval's evaluator with per-item samples logged and no request cache; ``options``:
+    more of ``simple_evaluate``'s arguments (the generation evaluation's chat template, ``gen_kwargs``, seeds).
 
     Inside a sweep run (:func:`evalkit.runtime.runlog.run_folder`), lm-eval's log records (task-config
     warnings and all), its progress bars and any other stderr output of the call go to
@@ -213,6 +214,7 @@ def run_lm_eval(
             cache_requests=False,
             bootstrap_iters=bootstrap_iters,
             verbosity=None if log else "WARNING",
+            **options,
         )  # None: lm-eval leaves the logging set-up to_log made alone
     if results is None:
         raise EvalkitError("lm-eval returned no results (non-zero rank?): run evalkit in a single process")

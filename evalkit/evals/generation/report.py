@@ -1,0 +1,86 @@
+"""What ``evalkit report`` shows of the generation evaluation (declared in its ReportSpec): per task (and
+filter) its accuracy, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
+first divergence, and for a traces file its decode KL, as summary-frame columns ``<task>/gen_<stat>``
+(with ``_lo`` / ``_hi`` bounds). The budget criterion ``--max-task-drop`` reads ``<task>/gen_acc_delta``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from evalkit.units import value_with_interval
+
+COLUMNS = {  # row metric -> summary column suffix
+    "accuracy": "gen_acc",
+    "accuracy_delta": "gen_acc_delta",
+    "flip_right_to_wrong": "gen_r2w",
+    "flip_wrong_to_right": "gen_w2r",
+    "mcnemar_p": "gen_mcnemar_p",
+    "divergence_share": "gen_diverged",
+    "first_divergence": "gen_first_div",
+    "kl_mean": "gen_kl",
+}
+
+
+def _prefix(labels: dict) -> str:
+    filt = labels.get("filter", "none") or "none"
+    return labels["task"] if filt == "none" else f"{labels['task']}[{filt}]"
+
+
+def frame(rows: pd.DataFrame, slot) -> None:
+    """Each task's (and the traces') unbucketed rows into ``slot(model, scheme)``."""
+    for _, r in rows.iterrows():
+        labels = r["labels"] or {}
+        if "task" not in labels or "bucket" in labels:
+            continue
+        stat = str(r["metric"]).split("/", 1)[1].split("[", 1)[0]
+        suffix = COLUMNS.get(stat) or (f"gen_{stat}" if stat.startswith("pass@") else None)
+        if suffix is None:
+            continue
+        out = slot(r["model"], r["scheme"])
+        key = f"{_prefix(labels)}/{suffix}"
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = r["value"], r["ci_low"], r["ci_high"]
+
+
+def _missing(v) -> bool:
+    return v is None or pd.isna(v)
+
+
+def display(r: dict, base: bool) -> dict[str, str]:
+    """``{heading: text}`` per task: accuracy [CI], Δ points [CI], flips right->wrong / wrong->right in %,
+    McNemar p, pass@k, first divergence (median token, share of item-samples diverging)."""
+    prefixes = list(
+        dict.fromkeys(c.rsplit("/", 1)[0] for c in r if str(c).endswith("/gen_acc") or str(c).endswith("/gen_diverged"))
+    )
+    out = {}
+    for t in prefixes:
+        if not _missing(r.get(f"{t}/gen_acc")):
+            out[f"{t} acc"] = value_with_interval(r, f"{t}/gen_acc", 1.0, ".3f")
+        for key in (k for k in r if str(k).startswith(f"{t}/gen_pass@") and not str(k).endswith(("_lo", "_hi"))):
+            out[f"{t} {key.rsplit('_', 1)[1]}"] = value_with_interval(r, key, 1.0, ".3f")
+        if base:
+            continue
+        if not _missing(r.get(f"{t}/gen_acc_delta")):
+            out[f"{t} Δacc pts"] = value_with_interval(r, f"{t}/gen_acc_delta", 100.0, "+.1f")
+            out[f"{t} r→w/w→r %"] = f"{100 * r[f'{t}/gen_r2w']:.1f}/{100 * r[f'{t}/gen_w2r']:.1f}"
+            out[f"{t} McNemar p"] = format(r[f"{t}/gen_mcnemar_p"], ".3g")
+        if not _missing(r.get(f"{t}/gen_diverged")):
+            first = r.get(f"{t}/gen_first_div")
+            head = "-" if _missing(first) else format(first, ".0f")
+            out[f"{t} first div."] = f"{head} ({100 * r[f'{t}/gen_diverged']:.0f}% diverge)"
+        if not _missing(r.get(f"{t}/gen_kl")):
+            out[f"{t} KL"] = value_with_interval(r, f"{t}/gen_kl", 1.0, ".3g")
+    return out
+
+
+def notes(frame: pd.DataFrame) -> list[str]:
+    """What the generation columns are, when the frame has any."""
+    if not any(str(c).endswith(("/gen_acc", "/gen_diverged")) for c in frame.columns):
+        return []
+    return [
+        "generation: acc = share of item-samples answered right (95 % Wilson); Δacc = paired change from the "
+        "baseline in points (95 % t over items); r→w/w→r = item-samples whose answer flipped each way; McNemar p = "
+        "exact test of those flips; first div. = median index of the first generated token that differs from the "
+        "baseline's, over the item-samples that diverge (and their share); traces KL = mean KL(baseline || scheme) "
+        "along the baseline's own continuation"
+    ]

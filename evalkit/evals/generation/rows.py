@@ -1,0 +1,291 @@
+"""The generation evaluation's metric rows: per task and filter, and for a traces file (statistics:
+:mod:`evalkit.evals.generation.paired`).
+
+Per task and lm-eval filter (metric ``<task>/<stat>``, ``[<filter>]`` appended unless the filter is
+``none``; labels ``task`` and ``filter``):
+
+* ``accuracy`` (Wilson), ``pass@k`` for k = the samples per item (from 2 samples; every k's value in
+  its info), ``output_tokens`` (mean, t over items) and ``truncated_share`` (answers cut off at the
+  output budget, Wilson);
+* against the baseline's answers to the same items and samples: ``accuracy_delta`` (paired, t over
+  items), ``mcnemar_p``, ``flip_right_to_wrong``, ``flip_wrong_to_right``, ``flip_rate`` (the
+  extracted answer changed), ``divergence_share`` and ``first_divergence`` (its median over the
+  item-samples that diverge; no row when none does);
+* ``accuracy_by_length`` per output-length bucket of the baseline's answers (label ``bucket``), with
+  the baseline's accuracy on the same item-samples in its info.
+
+A traces file gives the same comparisons under the task name ``traces`` (label ``file``): with
+references, ``accuracy`` and its paired rows over the lines that have one; ``flip_rate`` (the
+generated text differs from the baseline's), the divergence rows (on the generated token ids
+themselves), and ``kl_mean`` / ``top1_agreement``: per line the mean KL(baseline || scheme) and argmax
+agreement along the baseline's own continuation, averaged over lines (t interval over lines).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from evalkit.evals.generation import paired as P
+from evalkit.evals.rows import MetricRow
+
+UNITS_CI = "95% Student's t over items"
+WILSON_CI = "95% Wilson over item-samples"
+
+
+def metric_name(task: str, stat: str, filt: str = "none") -> str:
+    return f"{task}/{stat}" if filt == "none" else f"{task}/{stat}[{filt}]"
+
+
+def _row(name: str, value, low=None, high=None, labels=None, info=None) -> MetricRow:
+    clean = [None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x) for x in (low, high)]
+    return MetricRow(name, float(value), clean[0], clean[1], labels=dict(labels or {}), info=dict(info or {}))
+
+
+def _matrix(records: list[dict], key: str) -> np.ndarray:
+    return np.array([[float(s[key]) for s in r["samples"]] for r in records], dtype=np.float64)
+
+
+def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: dict, info: dict) -> list[MetricRow]:
+    """accuracy, pass@k and the paired comparisons of two 0/1 matrices (items x samples)."""
+    n_items, k = correct.shape
+    trials = {**info, "n_items": n_items, "samples": k, "n_item_samples": int(correct.size)}
+    acc, lo, hi = P.proportion(int(correct.sum()), correct.size)
+    rows = [_row(name("accuracy"), acc, lo, hi, labels, {**trials, "n_correct": int(correct.sum()), "ci": WILSON_CI})]
+    if k >= 2:
+        every = {str(j): P.mean_pass_at_k(correct, j)[0] for j in range(1, k + 1)}
+        value, lo, hi = P.mean_pass_at_k(correct, k)
+        rows.append(
+            _row(
+                name(f"pass@{k}"),
+                value,
+                lo,
+                hi,
+                labels,
+                {**trials, "pass_at": every, "ci": UNITS_CI, "estimator": "1 - C(n-c,k)/C(n,k)"},
+            )
+        )
+    delta, lo, hi = P.accuracy_delta(base_correct, correct)
+    rows.append(_row(name("accuracy_delta"), delta, lo, hi, labels, {**trials, "ci": f"paired, {UNITS_CI}"}))
+    p, b, c = P.mcnemar(base_correct, correct)
+    rows.append(
+        _row(
+            name("mcnemar_p"),
+            p,
+            None,
+            None,
+            labels,
+            {
+                **trials,
+                "right_to_wrong": b,
+                "wrong_to_right": c,
+                "test": "exact McNemar (binomtest of the discordant pairs)",
+            },
+        )
+    )
+    for stat, count in (("flip_right_to_wrong", b), ("flip_wrong_to_right", c)):
+        value, lo, hi = P.proportion(count, correct.size)
+        rows.append(_row(name(stat), value, lo, hi, labels, {**trials, "n_flipped": count, "ci": WILSON_CI}))
+    return rows
+
+
+def divergence_rows(name, steps: list, labels: dict, info: dict) -> list[MetricRow]:
+    summary = P.divergence_summary(steps)
+    value, lo, hi = summary["share"]
+    out = [
+        _row(
+            name("divergence_share"),
+            value,
+            lo,
+            hi,
+            labels,
+            {**info, "n_item_samples": summary["n"], "n_diverged": summary["diverged"], "ci": WILSON_CI},
+        )
+    ]
+    if "median" in summary:
+        median, lo, hi = summary["median"]
+        out.append(
+            _row(
+                name("first_divergence"),
+                median,
+                lo,
+                hi,
+                labels,
+                {
+                    **info,
+                    "n_diverged": summary["diverged"],
+                    "median": "lower median over the item-samples that diverge",
+                    "ci": "exact order-statistic interval (none below 6 diverging)",
+                    "coverage": summary["coverage"],
+                    "steps": [s for s in steps if s is not None],
+                },
+            )
+        )
+    return out
+
+
+def length_rows(name, tokens: np.ndarray, truncated: np.ndarray, labels: dict, info: dict) -> list[MetricRow]:
+    mean, lo, hi = P.mean_t(tokens.mean(1), 0.0)
+    k = int(truncated.sum())
+    share, slo, shi = P.proportion(k, truncated.size)
+    return [
+        _row(name("output_tokens"), mean, lo, hi, labels, {**info, "max": int(tokens.max()), "ci": UNITS_CI}),
+        _row(name("truncated_share"), share, slo, shi, labels, {**info, "n_truncated": k, "ci": WILSON_CI}),
+    ]
+
+
+def bucket_rows(name, base_tokens: np.ndarray, base_correct: np.ndarray, correct: np.ndarray, labels: dict, info: dict):
+    """accuracy_by_length: the item-samples of each bucket of the baseline's output length."""
+    buckets = np.array([P.length_bucket(int(t)) for t in base_tokens.ravel()])
+    out = []
+    for bucket in sorted({tuple(b) for b in buckets}):
+        sel = np.all(buckets == bucket, axis=1)
+        mine, theirs = correct.ravel()[sel], base_correct.ravel()[sel]
+        value, lo, hi = P.proportion(int(mine.sum()), int(sel.sum()))
+        out.append(
+            _row(
+                name("accuracy_by_length"),
+                value,
+                lo,
+                hi,
+                {**labels, "bucket": P.bucket_label(bucket)},
+                {
+                    **info,
+                    "n_item_samples": int(sel.sum()),
+                    "baseline_accuracy": float(theirs.mean()),
+                    "bucketed_by": "the baseline's output tokens",
+                    "ci": WILSON_CI,
+                },
+            )
+        )
+    return out
+
+
+def task_rows(
+    base: dict[str, list[dict]], items: dict[str, list[dict]], tokenizer, info: dict[str, Any]
+) -> list[MetricRow]:
+    """Every task's rows (see the module docstring); ``info`` per task, merged into its rows."""
+    from evalkit.evals.generation.items import filters, paired
+
+    rows = []
+    ids = _token_ids(tokenizer)
+    for task, records in items.items():
+        pairs_all = paired(base[task], records, task)
+        for filt in filters(records):
+            pairs = [(b, o) for b, o in pairs_all if o["filter"] == filt]
+            b_recs, o_recs = [b for b, _ in pairs], [o for _, o in pairs]
+            labels = {"task": task, "filter": filt}
+            meta = dict(info.get(task, {}))
+            name = lambda stat, f=filt, t=task: metric_name(t, stat, f)  # noqa: E731
+            if all(s["correct"] is not None for r in b_recs + o_recs for s in r["samples"]):
+                base_c, mine = _matrix(b_recs, "correct"), _matrix(o_recs, "correct")
+                rows += outcome_rows(name, base_c, mine, labels, meta)
+                rows += bucket_rows(name, _matrix(b_recs, "tokens"), base_c, mine, labels, meta)
+            changed = [bs["answer"] != os_["answer"] for b, o in pairs for bs, os_ in zip(b["samples"], o["samples"])]
+            value, lo, hi = P.proportion(sum(changed), len(changed))
+            rows.append(
+                _row(name("flip_rate"), value, lo, hi, labels, {**meta, "n_flipped": sum(changed), "ci": WILSON_CI})
+            )
+            steps = [
+                P.first_divergence(ids(bs["text"]), ids(os_["text"]))
+                for b, o in pairs
+                for bs, os_ in zip(b["samples"], o["samples"])
+            ]
+            rows += divergence_rows(
+                name, steps, labels, {**meta, "tokens": "generated text re-encoded by the tokenizer"}
+            )
+            rows += length_rows(name, _matrix(o_recs, "tokens"), _matrix(o_recs, "truncated"), labels, meta)
+    return rows
+
+
+def _token_ids(tokenizer):
+    cache: dict[str, list[int]] = {}
+
+    def ids(text: str) -> list[int]:
+        if text not in cache:
+            cache[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return cache[text]
+
+    return ids
+
+
+def trace_records(traces, tokenizer, gens: list[list[list[int]]], seeds: list[int], budget: int) -> list[dict]:
+    """Per traces line, per sample: the generation (text and ids), its length and, with a reference,
+    whether it is right (:func:`evalkit.evals.generation.traces.matches_reference`)."""
+    from evalkit.evals.generation.trace_decode import output_length
+    from evalkit.evals.generation.traces import matches_reference
+
+    eos = tokenizer.eos_token_id
+    eos = set([eos] if isinstance(eos, int) else (eos or []))
+    out = []
+    for trace, samples in zip(traces, gens):
+        record = {"line": trace.line, "id": trace.id, "reference": trace.reference, "samples": []}
+        for seed, tokens in zip(seeds, samples):
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            n = output_length(tokens, eos)
+            record["samples"].append(
+                {
+                    "seed": seed,
+                    "ids": tokens,
+                    "text": text,
+                    "tokens": n,
+                    "truncated": n >= budget,
+                    "correct": None if trace.reference is None else float(matches_reference(text, trace.reference)),
+                }
+            )
+        out.append(record)
+    return out
+
+
+def trace_rows(base: list[dict], records: list[dict], kl: list[dict] | None, info: dict) -> list[MetricRow]:
+    """The traces file's rows (see the module docstring)."""
+    labels = {"task": "traces", "file": info.get("file", {}).get("name")}
+    name = lambda stat: f"traces/{stat}"  # noqa: E731
+    rows = []
+    judged = [k for k, r in enumerate(records) if r["reference"] is not None]
+    if judged:
+        base_c = _matrix([base[k] for k in judged], "correct")
+        mine = _matrix([records[k] for k in judged], "correct")
+        meta = {**info, "n_with_reference": len(judged), "match": "the reference as a whole phrase, case-insensitive"}
+        rows += outcome_rows(name, base_c, mine, labels, meta)
+        rows += bucket_rows(name, _matrix([base[k] for k in judged], "tokens"), base_c, mine, labels, meta)
+    pairs = [(bs, os_) for b, o in zip(base, records) for bs, os_ in zip(b["samples"], o["samples"])]
+    changed = sum(bs["ids"] != os_["ids"] for bs, os_ in pairs)
+    value, lo, hi = P.proportion(changed, len(pairs))
+    rows.append(
+        _row(
+            name("flip_rate"),
+            value,
+            lo,
+            hi,
+            labels,
+            {**info, "n_flipped": changed, "flip": "generation differs from the baseline's", "ci": WILSON_CI},
+        )
+    )
+    steps = [P.first_divergence(bs["ids"], os_["ids"]) for bs, os_ in pairs]
+    rows += divergence_rows(name, steps, labels, {**info, "tokens": "the generated token ids"})
+    rows += length_rows(name, _matrix(records, "tokens"), _matrix(records, "truncated"), labels, info)
+    if kl is not None:
+        per_line = [(float(k["kl"].mean()), float(k["kl_lower"].mean()), float(k["agree"].mean())) for k in kl]
+        tokens = int(sum(len(k["kl"]) for k in kl))
+        along = {**info, "n_lines": len(kl), "n_tokens": tokens, "along": "the baseline's first sample, teacher-forced"}
+        value, lo, hi = P.mean_t([x[0] for x in per_line], 0.0)
+        rows.append(
+            _row(
+                name("kl_mean"),
+                value,
+                lo,
+                hi,
+                labels,
+                {
+                    **along,
+                    "kl_lower_bound": float(np.mean([x[1] for x in per_line])),
+                    "ci": "95% Student's t over lines",
+                },
+            )
+        )
+        value, lo, hi = P.mean_t([x[2] for x in per_line], 0.0, 1.0)
+        rows.append(_row(name("top1_agreement"), value, lo, hi, labels, {**along, "ci": "95% Student's t over lines"}))
+    return rows

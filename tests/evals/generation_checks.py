@@ -1,0 +1,160 @@
+"""Plain re-computations of the generation evaluation's rows from its stored per-item answers (the
+``generation_items.json`` of a run and the baseline's), written out with loops and the textbook formulas,
+for the tests on the tiny and the embedded model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+Z = 1.959963984540054
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    centre = (k + Z * Z / 2) / (n + Z * Z)
+    half = Z * math.sqrt(k * (n - k) / n + Z * Z / 4) / (n + Z * Z)
+    return centre - half, centre + half
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    n = b + c
+    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n)
+
+
+def pass_at(row: list[float], k: int) -> float:
+    subsets = list(itertools.combinations(range(len(row)), k))
+    return sum(any(row[i] == 1.0 for i in s) for s in subsets) / len(subsets)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    i = 0
+    while i < len(a) and i < len(b) and a[i] == b[i]:
+        i += 1
+    return None if i == len(a) == len(b) else i
+
+
+def bucket(tokens: int) -> str:
+    low, high = 0, 31
+    while tokens > high:
+        low, high = high + 1, 2 * high + 1
+    return f"{low}-{high}"
+
+
+def by_metric(rows) -> dict:
+    """{(metric, bucket label or None): row} of MetricRow objects or store row dicts."""
+    out = {}
+    for r in rows:
+        d = r if isinstance(r, dict) else r.to_dict()
+        out[(d["metric"], (d["labels"] or {}).get("bucket"))] = d
+    return out
+
+
+def check_outcomes(rows: dict, prefix: str, base: list[dict], mine: list[dict]) -> None:
+    """accuracy, pass@k, accuracy_delta, McNemar, flips and accuracy by length, from per-item records
+    (base and mine in the same item order, samples in the same seed order)."""
+    n_items, k = len(mine), len(mine[0]["samples"])
+    right = [[s["correct"] for s in r["samples"]] for r in mine]
+    base_right = [[s["correct"] for s in r["samples"]] for r in base]
+    total = sum(map(sum, right))
+    acc = rows[(f"{prefix}accuracy", None)]
+    assert acc["value"] == pytest.approx(total / (n_items * k), abs=1e-12)
+    assert (acc["ci_low"], acc["ci_high"]) == pytest.approx(wilson(int(total), n_items * k), abs=1e-9)
+    if k >= 2:
+        per_item = [pass_at(r, k) for r in right]
+        assert rows[(f"{prefix}pass@{k}", None)]["value"] == pytest.approx(np.mean(per_item), abs=1e-12)
+    b = sum(x == 1 and y == 0 for br, r in zip(base_right, right) for x, y in zip(br, r))
+    c = sum(x == 0 and y == 1 for br, r in zip(base_right, right) for x, y in zip(br, r))
+    assert rows[(f"{prefix}mcnemar_p", None)]["value"] == pytest.approx(mcnemar_p(b, c), abs=1e-12)
+    assert rows[(f"{prefix}flip_right_to_wrong", None)]["value"] == pytest.approx(b / (n_items * k), abs=1e-12)
+    assert rows[(f"{prefix}flip_wrong_to_right", None)]["value"] == pytest.approx(c / (n_items * k), abs=1e-12)
+    d = [np.mean(r) - np.mean(br) for br, r in zip(base_right, right)]
+    delta = rows[(f"{prefix}accuracy_delta", None)]
+    assert delta["value"] == pytest.approx(np.mean(d), abs=1e-12)
+    if n_items >= 2 and np.std(d) > 0:
+        half = stats.t.ppf(0.975, n_items - 1) * np.std(d, ddof=1) / math.sqrt(n_items)
+        assert delta["ci_low"] == pytest.approx(max(np.mean(d) - half, -1), abs=1e-9)
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for br, r in zip(base, mine):
+        for bs, s in zip(br["samples"], r["samples"]):
+            groups.setdefault(bucket(bs["tokens"]), []).append((s["correct"], bs["correct"]))
+    buckets = {label for (metric, label) in rows if metric == f"{prefix}accuracy_by_length"}
+    assert buckets == set(groups)
+    for label, pairs in groups.items():
+        row = rows[(f"{prefix}accuracy_by_length", label)]
+        assert row["value"] == pytest.approx(np.mean([p[0] for p in pairs]), abs=1e-12)
+        assert row["info"]["baseline_accuracy"] == pytest.approx(np.mean([p[1] for p in pairs]), abs=1e-12)
+        assert row["info"]["n_item_samples"] == len(pairs)
+
+
+def check_divergence(rows: dict, prefix: str, steps: list[int | None]) -> None:
+    diverged = sorted(s for s in steps if s is not None)
+    share = rows[(f"{prefix}divergence_share", None)]
+    assert share["value"] == pytest.approx(len(diverged) / len(steps), abs=1e-12)
+    if diverged:
+        assert rows[(f"{prefix}first_divergence", None)]["value"] == diverged[math.ceil(len(diverged) / 2) - 1]
+    else:
+        assert (f"{prefix}first_divergence", None) not in rows
+
+
+def check_lengths(rows: dict, prefix: str, mine: list[dict]) -> None:
+    per_item = [np.mean([s["tokens"] for s in r["samples"]]) for r in mine]
+    assert rows[(f"{prefix}output_tokens", None)]["value"] == pytest.approx(np.mean(per_item), abs=1e-9)
+    cut = [s["truncated"] for r in mine for s in r["samples"]]
+    assert rows[(f"{prefix}truncated_share", None)]["value"] == pytest.approx(np.mean(cut), abs=1e-12)
+
+
+def check_task(rows_list, task: str, filt: str, base: list[dict], mine: list[dict], tokenizer) -> None:
+    """Every row of one task and filter against the stored per-item answers."""
+    rows = by_metric(rows_list)
+    suffix = "" if filt == "none" else f"[{filt}]"
+    rows = {
+        (m.removesuffix(suffix), b): r for (m, b), r in rows.items() if m.startswith(f"{task}/") and m.endswith(suffix)
+    }
+    base = sorted((r for r in base if r["filter"] == filt), key=lambda r: r["doc_id"])
+    mine = sorted((r for r in mine if r["filter"] == filt), key=lambda r: r["doc_id"])
+    assert [r["doc_id"] for r in base] == [r["doc_id"] for r in mine]
+    for r in mine:  # the stored extraction: the last number of the text, lm-eval's regex filter
+        for s in r["samples"]:
+            assert s["tokens"] == len(tokenizer(s["text"], add_special_tokens=False)["input_ids"])
+    prefix = f"{task}/"
+    check_outcomes(rows, prefix, base, mine)
+    changed = [bs["answer"] != s["answer"] for br, r in zip(base, mine) for bs, s in zip(br["samples"], r["samples"])]
+    assert rows[(f"{prefix}flip_rate", None)]["value"] == pytest.approx(np.mean(changed), abs=1e-12)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    steps = [
+        first_difference(ids(bs["text"]), ids(s["text"]))
+        for br, r in zip(base, mine)
+        for bs, s in zip(br["samples"], r["samples"])
+    ]
+    check_divergence(rows, prefix, steps)
+    check_lengths(rows, prefix, mine)
+
+
+def check_traces(rows_list, base: list[dict], mine: list[dict], reference_of) -> None:
+    """The traces rows against the stored generations; ``reference_of(record)`` the line's reference."""
+    rows = {k: v for k, v in by_metric(rows_list).items() if k[0].startswith("traces/")}
+    for r in mine:
+        for s in r["samples"]:
+            ref = reference_of(r)
+            if ref is not None:  # the reference as a whole phrase, case-insensitive
+                text = " ".join(s["text"].lower().split())
+                hits = [i for i in range(len(text)) if text.startswith(ref.lower(), i)]
+                whole = any(
+                    (i == 0 or not text[i - 1].isalnum())
+                    and (i + len(ref) == len(text) or not text[i + len(ref)].isalnum())
+                    for i in hits
+                )
+                assert s["correct"] == float(whole)
+    judged = [k for k, r in enumerate(mine) if r["reference"] is not None]
+    if judged:
+        check_outcomes(rows, "traces/", [base[k] for k in judged], [mine[k] for k in judged])
+    pairs = [(bs, s) for br, r in zip(base, mine) for bs, s in zip(br["samples"], r["samples"])]
+    assert rows[("traces/flip_rate", None)]["value"] == pytest.approx(
+        np.mean([bs["ids"] != s["ids"] for bs, s in pairs]), abs=1e-12
+    )
+    check_divergence(rows, "traces/", [first_difference(bs["ids"], s["ids"]) for bs, s in pairs])
+    check_lengths(rows, "traces/", mine)

@@ -35,7 +35,13 @@ import torch
 from evalkit.errors import EvalkitError
 
 REQUESTS = ("logprobs", "decode", "generate", "lmeval")  # (a), (b), (c), (d)
-EVAL_REQUESTS = {"perplexity": "logprobs", "decode": "decode", "retrieval": "generate", "lmeval": "lmeval"}
+EVAL_REQUESTS = {
+    "perplexity": "logprobs",
+    "decode": "decode",
+    "retrieval": "generate",
+    "lmeval": "lmeval",
+    "longcontext": "lmeval",  # lm-eval's RULER / LongBench v2 through the same lm-eval model
+}
 
 
 @dataclass(frozen=True)

@@ -234,3 +234,30 @@ def test_parameters_and_their_one_line_errors():
         with pytest.raises(EvalkitError, match=match) as exc:
             ev.validate(bad)
         assert "\n" not in str(exc.value)
+
+
+# ---- backends and schemes that read no quantized value --------------------------------------
+
+
+def test_backends_are_asked_for_lm_evals_requests():
+    from evalkit.evals.backend import use_backend
+    from evalkit.evals.longcontext.evaluation import LongContextEval
+
+    from tests.evals.test_backend import KnownBackend  # serves log-probs and decode only
+
+    with pytest.raises(EvalkitError, match="lm-eval's loglikelihood") as exc:
+        use_backend(LongContextEval({}), KnownBackend())
+    assert "\n" not in str(exc.value)
+
+
+def test_one_forward_tasks_are_not_measured_under_raw_prefill_schemes():
+    from evalkit.evals.base import MetricRow
+    from evalkit.evals.longcontext.evaluation import not_measured
+    from evalkit.kv.scheme import parse_scheme
+
+    results = {"configs": {"lb": {"output_type": "multiple_choice"}, "niah": {"output_type": "generate_until"}}}
+    groups = {"both": ["lb", "niah"]}
+    rows = [MetricRow(f"{t}/score", 0.5, 0.4, 0.6, labels={"task": t, "length": "all"}) for t in ("lb", "niah", "both")]
+    marked = not_measured(parse_scheme("vllm:turboquant_k8v4"), results, groups, rows)
+    assert [math.isnan(r.value) for r in marked] == [True, False, True] and "raw K/V" in marked[0].info["not_measured"]
+    assert not_measured(parse_scheme("fp8_e4m3/tensor/unit"), results, groups, rows) == rows

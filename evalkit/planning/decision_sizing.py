@@ -10,7 +10,8 @@ at 95 % with 80 % power (and an unpaired comparison's, per arm), the items the d
 runs, the drop the grid's items resolve, and the time one scheme's pass over the needed items and over
 the planned ones takes on the priced device (the sweep's own speed: the datasheet of
 ``--assume-device``, or the probe / measured device), each item priced as its prompt's prefill and
-``samples`` x its generation budget in decode steps, batched as lm-eval batches them.
+``samples`` x its generation budget in decode steps, batched as lm-eval batches them. A grid of several
+models is priced on its first model (the decisions are the same tasks; only their times differ).
 """
 
 from __future__ import annotations

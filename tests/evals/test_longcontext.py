@@ -261,3 +261,17 @@ def test_one_forward_tasks_are_not_measured_under_raw_prefill_schemes():
     marked = not_measured(parse_scheme("vllm:turboquant_k8v4"), results, groups, rows)
     assert [math.isnan(r.value) for r in marked] == [True, False, True] and "raw K/V" in marked[0].info["not_measured"]
     assert not_measured(parse_scheme("fp8_e4m3/tensor/unit"), results, groups, rows) == rows
+
+
+# ---- existing grids ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["default", "engine", "llamacpp", "vllm-dtypes"])
+def test_published_grids_ask_for_the_same_runs(store):
+    """Adding longcontext left every existing evaluation's canonical parameters as they were: each published
+    grid still asks for exactly the runs its store records (the grid identity hashes every run's canonical
+    spec, eval parameters included; library versions and evalkit's code identity are not part of it)."""
+    from evalkit.sweep.grid import parse_grid
+
+    spec = json.loads((ROOT / "published" / store / "spec.json").read_text())
+    assert parse_grid(ROOT / "published" / store / "grid.yaml").identity == spec["grid_identity"]

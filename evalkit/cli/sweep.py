@@ -163,6 +163,11 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
             grid, select(grid.runs, shard), out, workdir, assume_device=args.assume_device, free_space=free_space
         )
         print(estimate.text(), flush=True)
+        from evalkit.planning.decision_sizing import decision_text  # accuracy tasks: items to resolve a drop
+
+        decisions = decision_text(grid, estimate.priced, out, args.assume_device or "as priced above")
+        if decisions:
+            print(decisions, flush=True)
         code = print_problems(problems, locate)
         check_disk(estimate)  # a grid that does not fit: the report's last line
         return code

@@ -41,6 +41,7 @@ EVAL_REQUESTS = {
     "retrieval": "generate",
     "lmeval": "lmeval",
     "generation": "lmeval",  # its tasks through lm-eval's model; its traces need the emulation (it says so itself)
+    "longcontext": "lmeval",  # lm-eval's RULER / LongBench v2 through the same lm-eval model
 }
 
 

@@ -91,6 +91,7 @@ class SweepEstimate:
     disk: list[DiskNeed]
     unsized: list[str] = field(default_factory=list)  # evaluations that could not be sized, and why
     free_space: Callable[[Path], int] = disk_free
+    priced: dict = field(default_factory=dict)  # model name -> (its facts, the Speed its runs were priced at)
 
     @property
     def tokens(self) -> int:
@@ -185,12 +186,14 @@ def estimate_sweep(
     notes: list[str] = []
     unsized: list[str] = []
     disk = {"baselines": 0, "store": 0, "download": 0}
+    priced: dict = {}
     for group in plan(list(runs)):
         spec = group[0].model
         facts = model_facts(spec.name, spec.dtype, spec.device)
         unsized += facts.notes
         choose = speed_for or (lambda spec, facts, speeds: _speed(spec, facts, assume_device, speeds, compile_decode))
         speed = choose(spec, facts, speeds) if timing and facts.known else None
+        priced[spec.name] = (facts, speed)
         disk["download"] += facts.download_bytes
         works: dict[str, object] = {}
         imported: set[str] = set()
@@ -252,7 +255,14 @@ def estimate_sweep(
     if disk["download"]:
         needs.append(DiskNeed(_hub_cache(), "model download", disk["download"]))
     return SweepEstimate(
-        grid.name, estimates, speeds, list(dict.fromkeys(notes)), needs, list(dict.fromkeys(unsized)), free_space
+        grid.name,
+        estimates,
+        speeds,
+        list(dict.fromkeys(notes)),
+        needs,
+        list(dict.fromkeys(unsized)),
+        free_space,
+        priced,
     )
 
 

@@ -62,7 +62,7 @@ def test_default_dry_run_counts_tokens_from_the_params_and_writes_nothing(tmp_pa
 def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
     grid = tmp_path / "bad.yaml"
     grid.write_text(
-        "models: [embedded]\nschemes:\n  - auto\n  - fp8_e4m3/head/dynamc\n"
+        "models: [embedded]\nschemes:\n  - bf16\n  - fp8_e4m3/head/dynamc\n"
         "evals:\n  perplexity: {window: 1}\n  bogus: {}\n"
     )
     assert main(["sweep", str(grid), "--dry-run", "--out", str(tmp_path / "o")]) == 2
@@ -77,7 +77,7 @@ def test_every_grid_problem_is_listed_with_file_and_line(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
 
-SMALL = "name: small\nmodels: [embedded]\nschemes: [auto, fp8_e4m3/tensor/dynamic]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
+SMALL = "name: small\nmodels: [embedded]\nschemes: [bf16, fp8_e4m3/tensor/dynamic]\nevals:\n  decode: {prefill: 16, decode: 16, sequences: 1}\n"
 
 
 @pytest.mark.parametrize("dry", [True, False])
@@ -109,50 +109,90 @@ def test_assume_device_needs_dry_run(capsys):
     assert "--dry-run" in capsys.readouterr().err
 
 
+GPU_SCHEMES = [
+    "auto",
+    "fp8_e4m3/tensor/unit+attn=fa3",
+    "fp8_e5m2/tensor/unit",
+    "vllm:fp8_per_token_head",
+    "vllm:int8_per_token_head",
+    "vllm:int4_per_token_head",
+    "vllm:turboquant_k8v4",
+    "vllm:turboquant_4bit_nc",
+    "vllm:turboquant_k3v4_nc",
+    "vllm:turboquant_3bit_nc",
+    "vllm:ultraquant_4bit",
+]
+
+
 @pytest.mark.slow
-def test_gpu_preset_sizes_to_about_an_hour_on_an_h200(tmp_path, capsys):
+def test_gpu_preset_runs_the_decision_evaluations_on_an_h200(tmp_path, capsys, generation_standin):
+    """sweeps/gpu.yaml, rewritten around the long-context and reasoning evaluations (this test pinned the older
+    mmlu/gsm8k/retrieval preset of about an hour before): Llama-3.1-8B-Instruct on one GPU under the KV cache
+    dtypes vLLM runs on an H100/H200, RULER at 4k-128k and LongBench v2 by their lm-eval names."""
     grid = parse_grid(resolve_grid("gpu"))
     assert {r.model.name for r in grid.runs} == {"meta-llama/Llama-3.1-8B-Instruct"}
     assert {r.model.dtype for r in grid.runs} == {"bfloat16"} and {r.model.device for r in grid.runs} == {"cuda"}
-    assert {r.eval for r in grid.runs} == {"perplexity", "retrieval", "decode", "lmeval"}
-    assert {"auto", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "fp8_e4m3/tensor/unit", "nvfp4"} <= {
-        r.scheme for r in grid.runs
-    }
-    # vLLM's path on H100/H200 (FlashAttention 3: Q and P in FP8 too) beside the K/V-only row
-    assert "fp8_e4m3/tensor/unit+attn=fa3" in {r.scheme for r in grid.runs}
+    assert {r.eval for r in grid.runs} == {"perplexity", "decode", "longcontext", "lmeval", "generation"}
+    assert list(dict.fromkeys(r.scheme for r in grid.runs)) == GPU_SCHEMES
+    lc = next(r.params for r in grid.runs if r.eval == "longcontext")
+    assert lc["tasks"] == ["ruler", "longbench2"] and lc["lengths"] == [4096, 8192, 16384, 32768, 65536, 131072]
+    assert lc["limit"] == 25 and lc["limits"] == {"longbench2": None}
+    gen = next(r.params for r in grid.runs if r.eval == "generation")
+    assert gen["tasks"] == ["gsm8k_cot_llama", "minerva_math500", "gpqa_diamond_cot_zeroshot", "aime24", "aime25"]
     est = estimate_sweep(grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200")
-    eager = estimate_sweep(
-        grid, grid.runs, tmp_path / "out", tmp_path / "cache", assume_device="h200", compile_decode=False
-    )
-    # about an hour on either decode path (sweeps/gpu.yaml and docs/sizing.md state both: 1 h 06 min compiled,
-    # the default on CUDA, 1 h 15 min eager); the decode-bound evals are what the path changes
-    assert 0.75 * 3600 < est.seconds < eager.seconds < 1.4 * 3600
     assert len(est.speeds) == 1 and "H200" in est.speeds[0] and "datasheet" in est.speeds[0]
-    assert "decode path compiled" in est.speeds[0] and "decode path eager" in eager.speeds[0]
-    ppl_s = [sum(r.seconds for r in e.runs if r.eval == "perplexity") for e in (est, eager)]
-    assert ppl_s[0] == ppl_s[1]  # prefill only: eager on both paths
-    # not cached here: wikitext-2 from its known Llama-3 count, mmlu/gsm8k from the documented sizes
-    assert any("wikitext-2" in n for n in est.notes) and any("mmlu" in n and "gsm8k" in n for n in est.notes)
-    assert any(d.what == "model download" and 15e9 < d.bytes < 17e9 for d in est.disk)
-    ppl = [r for r in est.runs if r.eval == "perplexity"]
-    assert ppl[1].tokens == 71 * 4096  # ~289k tokens in windows of 4096 (BOS first): all of the split
+    # about two days on one H200 (docs/long-context.md states it): RULER at 64k-128k is most of it
+    assert 40 * 3600 < est.seconds < 60 * 3600
+    per_eval = {e: sum(r.seconds for r in est.runs if r.eval == e) for e in ("longcontext", "generation")}
+    assert per_eval["longcontext"] > 0.7 * est.seconds and per_eval["generation"] > 3600
     assert main(["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
-    assert len(table_rows(text)) == 32 and "approximate (~)" in text and not (tmp_path / "o").exists()
+    assert len(table_rows(text)) == 55 and not (tmp_path / "o").exists()  # 11 schemes x 5 evals
 
 
 @pytest.mark.slow
-def test_gpu_preset_with_another_model(tmp_path, capsys):
+def test_gpu_preset_dry_run_prints_items_needed_and_time(tmp_path, capsys, generation_standin):
+    """The decision table: per accuracy task the paired and unpaired items a 1-point drop needs and their time
+    on the H200, its figures recomputed here from evalkit.planning.decision and the datasheet speed."""
+    from evalkit.models.facts import model_facts
+    from evalkit.planning import decision as D
+    from evalkit.planning.decision_sizing import item_forwards
+    from evalkit.sweep.throughput import datasheet
+    from evalkit.units import format_seconds
+
+    assert main(["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert "decision sizing: items to resolve a 1-point drop at 95 % (two-sided) with 80 % power" in text
+    lines = {line.split()[0]: re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if "  " in line}
+    for label in ("ruler@4096", "ruler@131072", "longbench2", "mmlu", "gsm8k_cot_llama", "aime25"):
+        assert label in lines, label
+    # ruler at 128k: baseline 0.770 (RULER's Llama3.1-8B mean), prior psi = 0.1 x 2p(1-p), 13 tasks x 25 items
+    row = lines["ruler@131072"]
+    psi = 0.1 * 2 * 0.77 * 0.23
+    assert row[2] == "0.770" and row[3] == f"{psi:.4f}" and row[4] == f"{D.items_paired(0.01, psi):,}"
+    assert row[5] == f"{D.items_unpaired(0.77, 0.01):,}" and row[6] == "6,500" and row[7] == "325"
+    assert row[8] == f"{100 * D.detectable_drop(325, psi):.1f} pts"
+    # its time: the needed items' prefill of 131,072 - 99 tokens and 99 decode steps, at the H200's speed
+    facts = model_facts("meta-llama/Llama-3.1-8B-Instruct", "bfloat16", "cuda")
+    speed = datasheet(facts, "h200")
+    n = D.items_paired(0.01, psi)
+    assert row[9] == format_seconds(sum(speed.seconds(f, facts) for f in item_forwards(n, 131072 - 99, 99, 1, 32)))
+    assert "> items" in lines["longbench2"][4]  # 1,646 needed, 503 exist
+    assert "not sized" not in text
+
+
+@pytest.mark.slow
+def test_gpu_preset_with_another_model(tmp_path, capsys, generation_standin):
     """--model replaces the grid's models (dtype and device kept): the embedded model on gpu.yaml,
-    its CUDA device absent here, is timed analytically from this CPU; retrieval's 16k/32k
-    contexts exceed its 8k maximum and are reported as not sized."""
+    its CUDA device absent here, is timed analytically from this CPU; RULER's 16k-128k contexts exceed
+    its 8k maximum and are reported as not sized."""
     out = tmp_path / "o"
     assert main(["sweep", "gpu", "--dry-run", "--model", "embedded", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     rows = table_rows(text)
-    assert len(rows) == 32 and all(r[0] == "embedded" for r in rows) and "meta-llama" not in text
+    assert len(rows) == 55 and all(r[0] == "embedded" for r in rows) and "meta-llama" not in text
     assert "measured on this machine's cpu (the grid's cuda is not here)" in text
-    assert "not sized: embedded retrieval: context length 16384 is above the model's maximum" in text
+    assert "not sized: embedded longcontext: context length 16384 is above the model's maximum" in text
     assert not out.exists()
 
 

@@ -38,16 +38,27 @@ def errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("evalkit: error: ")]
 
 
-def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys):
-    """The issue's case: five of the gpu grid's seven schemes are not vllm-cuda's; all five, each at its line."""
+def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys, generation_standin):
+    """The issue's case: the vllm-cuda profile (the rounding of vLLM's FP8 per-tensor store) runs the gpu
+    grid's two FP8 rows only; its eight vllm: rows are vLLM's other store kernels themselves (this test
+    listed the older preset's five evalkit-only schemes before); all eight, each at its line."""
     grid = REPO / "sweeps" / "gpu.yaml"
     out = tmp_path / "out"
     argv = ["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--engine-profile", "vllm-cuda"]
     assert main([*argv, "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 2
     captured = capsys.readouterr()
-    assert "dry run of sweep gpu" in captured.out and "total: 32 runs" in captured.out  # the estimate too
+    assert "dry run of sweep gpu" in captured.out and "total: 55 runs" in captured.out  # the estimate too
     lines = errors(captured.err)
-    refused = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/tensor/dynamic", "nvfp4", "mxfp4"]
+    refused = [
+        "vllm:fp8_per_token_head",
+        "vllm:int8_per_token_head",
+        "vllm:int4_per_token_head",
+        "vllm:turboquant_k8v4",
+        "vllm:turboquant_4bit_nc",
+        "vllm:turboquant_k3v4_nc",
+        "vllm:turboquant_3bit_nc",
+        "vllm:ultraquant_4bit",
+    ]
     assert len(lines) == len(refused), captured.err
     for line, scheme in zip(lines, refused):
         assert line.startswith(f"evalkit: error: {grid}:{line_of(grid, '- ' + scheme)}: schemes["), line

@@ -189,10 +189,21 @@ LOG_NAME = "lmeval.log"
 
 
 def run_lm_eval(
-    hflm, tasks: TaskSet, *, num_fewshot: int | None, limit: int | None, bootstrap_iters: int = 100000, **options
+    hflm,
+    tasks: TaskSet,
+    *,
+    num_fewshot: int | None,
+    limit: int | None,
+    bootstrap_iters: int = 100000,
+    loaded: list | None = None,
+    samples: dict[str, list[int]] | None = None,
+    **options,
 ) -> dict[str, Any]:
     """One call of lm-eval's evaluator with per-item samples logged and no request cache; ``options``:
     more of ``simple_evaluate``'s arguments (the generation evaluation's chat template, ``gen_kwargs``, seeds).
+
+    ``loaded``: lm-eval Task objects built once (run instead of ``tasks.names``, which then only name
+    them in messages); ``samples``: lm-eval's per-task document indices (instead of ``limit``).
 
     Inside a sweep run (:func:`evalkit.runtime.runlog.run_folder`), lm-eval's log records (task-config
     warnings and all), its progress bars and any other stderr output of the call go to
@@ -205,9 +216,10 @@ def run_lm_eval(
     with network_guard(tasks), _without_env_report(), to_log(log, LOGGERS, f"lm-eval {', '.join(tasks.names)}"):
         results = lm_eval.simple_evaluate(
             model=hflm,
-            tasks=list(tasks.names),
+            tasks=list(loaded) if loaded is not None else list(tasks.names),
             num_fewshot=num_fewshot,
             limit=limit,
+            samples=samples,
             task_manager=tasks.manager,
             log_samples=True,
             use_cache=None,

@@ -1,0 +1,390 @@
+"""``longcontext``: lm-eval's RULER and LongBench v2 under each KV scheme, every score per context length,
+each paired item by item with the baseline.
+
+    python -m evalkit run --eval longcontext                       # the offline stand-ins (tasks/longcontext)
+    python -m evalkit run --eval longcontext --longcontext-tasks ruler,longbench2 \\
+        --longcontext-lengths 4k,8k,16k,32k,64k,128k --longcontext-limit 50 --model meta-llama/Llama-3.1-8B-Instruct
+
+lm-eval builds the tasks once per model (RULER generates its items with the model's tokenizer at
+every length of ``lengths``, lm-eval's ``max_seq_lengths`` metadata) and runs them with its own
+evaluator on the backend's lm-eval model (the emulation's ``HFLM`` inside ``quantized_kv``, as the
+``lmeval`` eval; :mod:`evalkit.evals.lmeval.adapter`). ``limit`` takes the first N documents of each
+task **at each length** (:func:`evalkit.evals.longcontext.items.select_documents`). The baseline's
+per-item scores are cached on disk (keyed by the weights, parameters, task files and library
+versions), as the lmeval eval caches its own.
+
+Rows, for every leaf task, every group asked for (its leaves' items pooled), at each length and over
+all lengths (``labels``: task, length; :mod:`evalkit.evals.longcontext.paired` says how each is
+computed):
+
+* ``<task>/score``: the mean per-item score (RULER's share of expected values found, LongBench v2's
+  accuracy), 95 % interval; ``info`` holds lm-eval's own aggregate of that length for a leaf task;
+* ``<task>/score_diff``: mean paired difference from the baseline, 95 % paired-bootstrap interval, its
+  test and p-value in ``info`` (exact McNemar for 0/1 scores, else the paired bootstrap);
+* ``<task>/p_value``: that p-value as a row of its own; ``<task>/discordance``: share of items whose
+  score changed (Wilson interval), the measured ``p_disc`` of :mod:`evalkit.planning.decision`.
+
+Under a scheme whose engine attends a first write from the raw K/V (TurboQuant, UltraQuant), a
+one-forward task (LongBench v2's log-likelihoods) reads no quantized value: its rows are marked not
+measured, as the lmeval eval marks them (:func:`evalkit.evals.lmeval.evaluation.not_measured_under`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from evalkit.errors import EvalkitError
+from evalkit.evals.backend import LmevalRequest, backend_of, stamp
+from evalkit.evals.base import Evaluation, MetricRow, Params, ReportSpec, param, register_eval
+from evalkit.evals.longcontext.items import length_order, pair, records_from_results, select_documents
+from evalkit.evals.longcontext.paired import RESAMPLES, compare, finite
+from evalkit.evals.longcontext.tasks import DEFAULT_TASKS
+
+BASELINE_FORMAT = 1
+
+
+def _tasks(value, flag: str) -> list:
+    names = value.split(",") if isinstance(value, str) else list(value or [])
+    names = list(dict.fromkeys(n.strip() for n in names if n and str(n).strip()))
+    if not names:
+        raise EvalkitError(f"longcontext needs at least one task: {flag} ruler,longbench2 (or the offline stand-ins)")
+    return names
+
+
+def _lengths(value, flag: str) -> list | None:
+    if value is None:
+        return None
+    from evalkit.evals.retrieval.grid import parse_length
+
+    values = value.split(",") if isinstance(value, str) else list(value)
+    lengths = sorted({parse_length(v) for v in values if str(v).strip()})
+    if not lengths:
+        raise EvalkitError(f"longcontext lengths ({flag}) is empty: give e.g. 4k,8k,16k")
+    return lengths
+
+
+def _limit(value, flag: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EvalkitError(f"longcontext limit ({flag}) must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _limits(value, flag: str) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise EvalkitError(f"longcontext limits ({flag}) is not valid JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in value.values()
+    ):
+        raise EvalkitError(
+            f"longcontext limits ({flag}) maps task names to a whole number >= 1 or null (all), "
+            "e.g. '{\"longbench2\": null}'"
+        )
+    return {str(k): v for k, v in value.items()}
+
+
+def _include(value, flag: str) -> list:
+    include = [value] if isinstance(value, str) else list(value or [])
+    return [str(Path(p).resolve()) for p in include]
+
+
+def _batch_size(value, flag: str):
+    from evalkit.evals.lmeval.batching import parse_batch_size
+
+    return parse_batch_size(value)
+
+
+@dataclass(frozen=True)
+class LongContextParams(Params):
+    """The longcontext evaluation's parameters: grid keys are the field names, CLI flags ``--longcontext-<field>``."""
+
+    tasks: list = param(
+        help="comma-separated lm-eval tasks or groups (ruler, niah_single_1, ..., longbench2, longbench2_*) "
+        f"or the offline stand-ins in tasks/longcontext (default {','.join(DEFAULT_TASKS)})",
+        parse=_tasks,
+        factory=lambda: list(DEFAULT_TASKS),
+    )
+    lengths: list | None = param(
+        None,
+        "RULER context lengths in tokens, e.g. 4k,8k,16k,32k,64k,128k (lm-eval's max_seq_lengths; "
+        "default: the task's own, 4096 for RULER, every length for the stand-ins)",
+        parse=_lengths,
+    )
+    limit: int | None = param(None, "the first N items of each task at each length (default: all)", parse=_limit)
+    limits: dict = param(
+        help="per asked-for task or group, its own limit (JSON; null: all), e.g. '{\"longbench2\": null}'",
+        parse=_limits,
+        factory=dict,
+    )
+    batch_size: int | str | None = param(
+        None, "HFLM batch size, a whole number or 'auto' (default: auto on CUDA, 8 on CPU)", parse=_batch_size
+    )
+    include: list = param(
+        help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list
+    )
+    resamples: int = param(RESAMPLES, "paired-bootstrap resamples over items (default 2000)", low=100)
+    seed: int = param(0, "seed of the paired bootstrap", low=0)
+
+    def check(self) -> None:
+        from evalkit.evals.longcontext.tasks import resolve
+
+        unknown = sorted(set(self.limits) - set(self.tasks))
+        if unknown:
+            raise EvalkitError(f"longcontext limits names {', '.join(unknown)}, not among its tasks: fix limits")
+        resolve(self.tasks, tuple(self.include))  # unknown names fail here, before any model work
+
+
+@register_eval("longcontext")
+class LongContextEval(Evaluation):
+    Params = LongContextParams
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
+    report = ReportSpec(
+        frames=("evalkit.evals.longcontext.report:frame",),
+        displays=("evalkit.evals.longcontext.report:display",),
+        order=45,
+    )
+
+    @classmethod
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.longcontext.workload import longcontext_work
+
+        return longcontext_work(params, facts, device)
+
+    # ---- per model --------------------------------------------------------------------------
+
+    def _metadata(self, lm) -> dict:
+        meta = {"pretrained": str(lm.path)}  # RULER sizes its items with this tokenizer
+        if self.params["lengths"]:
+            meta["max_seq_lengths"] = list(self.params["lengths"])
+        return meta
+
+    def prepare(self, lm, workdir: Path) -> None:
+        from evalkit.evals.longcontext.tasks import load_tasks, resolve
+
+        p = self.params
+        longest = getattr(lm.model.config, "max_position_embeddings", None)
+        too_long = [n for n in p["lengths"] or () if longest and n > longest]
+        if too_long:  # lm-eval's HFLM would cut such prompts from the left, silently
+            raise EvalkitError(
+                f"longcontext length {too_long[0]} is above {lm.name}'s maximum context {longest}: drop it from lengths"
+            )
+        self._taskset = resolve(p["tasks"], tuple(p["include"]), self._metadata(lm))
+        loaded = load_tasks(self._taskset, p["tasks"])
+        self._loaded, self._groups = loaded["tasks"], loaded["groups"]
+        per_leaf = {leaf: p["limits"][name] for name in p["limits"] for leaf in loaded["members"][name]}
+        self._samples = select_documents(self._loaded, p["limit"], per_leaf)
+        backend = backend_of(self)
+        self.request = LmevalRequest(batch_size=p["batch_size"])
+        backend.prepare_lmeval(self.request, lm)
+        self._model = lm.model
+        if not backend.capabilities.reusable_baseline:
+            self.baseline = records_from_results(self._run(lm, None))
+            return
+        key = self._baseline_key(lm)
+        path = Path(workdir) / "longcontext" / key[:20] / "baseline.json"
+        stored = _read_baseline(path, key)
+        if stored is not None:
+            self.baseline = stored
+            return
+        self.baseline = records_from_results(self._run(lm, None))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "format": BASELINE_FORMAT, "items": self.baseline}))
+        tmp.replace(path)
+
+    def _run(self, lm, scheme) -> dict:
+        from evalkit.evals.lmeval.adapter import run_lm_eval
+
+        with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
+            self._batch_size = model.batch_size
+            return run_lm_eval(
+                model,
+                self._taskset,
+                num_fewshot=None,
+                limit=None,
+                bootstrap_iters=0,
+                loaded=list(self._loaded.values()),
+                samples=self._samples,
+            )
+
+    def _baseline_key(self, lm) -> str:
+        import torch
+        import transformers
+
+        from evalkit.evals.lmeval.adapter import lm_eval_version
+        from evalkit.evals.longcontext.tasks import task_files_digest
+        from evalkit.models.info import hash_weights
+
+        h = hashlib.sha256()
+        hash_weights(h, lm.model)
+        task_files_digest(h, tuple(self.params["include"]))
+        meta = {
+            "format": BASELINE_FORMAT,
+            "name": lm.name,
+            "path": str(lm.path),
+            "config": lm.config_hash,
+            "device": str(lm.device.type),
+            "params": self.canonical_params(),
+            "lm_eval": lm_eval_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }
+        h.update(json.dumps(meta, sort_keys=True, default=str).encode())
+        return h.hexdigest()
+
+    # ---- per scheme -------------------------------------------------------------------------
+
+    def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.evals.longcontext.tasks import to_json
+
+        self.require_prepared(getattr(self, "_model", None) is lm.model)
+        results = self._run(lm, scheme)
+        records = records_from_results(results)
+        if artifacts is not None:
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            (Path(artifacts) / "longcontext_items.json").write_text(
+                json.dumps({"scheme": str(scheme), "items": records, "baseline": self.baseline})
+            )
+        info = {
+            "lm_eval_version": _lm_eval_version(),
+            "lengths": self.params["lengths"],
+            "limit": self.params["limit"],
+            "batch_size": self._batch_size,
+            "configs": {t: to_json(results["configs"][t]) for t in results.get("configs", {})},
+        }
+        rows = paired_rows(
+            pair(self.baseline, records),
+            self._groups,
+            results,
+            info,
+            resamples=self.params["resamples"],
+            seed=self.params["seed"],
+        )
+        return stamp(not_measured(scheme, results, self._groups, rows), backend_of(self))
+
+
+def _lm_eval_version() -> str:
+    from evalkit.evals.lmeval.adapter import lm_eval_version
+
+    return lm_eval_version()
+
+
+def _read_baseline(path: Path, key: str) -> list | None:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    ok = isinstance(stored, dict) and stored.get("key") == key and stored.get("format") == BASELINE_FORMAT
+    return stored["items"] if ok and isinstance(stored.get("items"), list) else None
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+
+def _lm_eval_value(results: dict, task: str, length: str) -> float | None:
+    """lm-eval's own aggregate of leaf ``task`` at ``length``: RULER's metric named by that length; over
+    ``all`` lengths of a task whose metric is not named by length (LongBench v2), its first metric."""
+    metrics = results.get("results", {}).get(task, {})
+    value = metrics.get(f"{length},none")
+    if value is None and length == "all":
+        names = [k for k in metrics if k.endswith(",none") and "_stderr" not in k and not k.split(",")[0].isdigit()]
+        value = metrics[names[0]] if names else None
+    return float(value) if isinstance(value, (int, float)) and value != -1 else None
+
+
+def paired_rows(pairs, groups: dict, results: dict, info: dict, resamples: int, seed: int) -> list[MetricRow]:
+    """Rows of every leaf task and group, at each length and over all lengths (module docstring)."""
+    by_task: dict[str, list] = {}
+    for b, s in pairs:
+        by_task.setdefault(b["task"], []).append((b, s))
+    units = {t: [t] for t in by_task}
+    for group in groups:
+        leaves = _leaves(group, groups)
+        if len(leaves) > 1 and all(t in by_task for t in leaves):
+            units[group] = leaves
+    rows = []
+    for unit, leaves in units.items():
+        unit_pairs = [p for t in leaves for p in by_task[t]]
+        lengths = sorted({b["length"] for b, _ in unit_pairs}, key=length_order)
+        for length in [*lengths, *(["all"] if len(lengths) > 1 else [])]:
+            chosen = [(b, s) for b, s in unit_pairs if length in ("all", b["length"])]
+            stats = compare([s["score"] for _, s in chosen], [b["score"] for b, _ in chosen], resamples, seed)
+            labels = {"task": unit, "length": length}
+            extra = {**info, "n_items": stats.n, "binary": stats.binary, "subtasks": leaves}
+            if unit in by_task:
+                extra["lm_eval_value"] = _lm_eval_value(results, unit, length)
+            extra["configs"] = {t: info["configs"].get(t) for t in leaves}
+            rows += [
+                MetricRow(f"{unit}/score", stats.score, *stats.score_ci, labels=labels, info=extra),
+                MetricRow(
+                    f"{unit}/score_diff",
+                    stats.diff,
+                    *stats.diff_ci,
+                    labels=labels,
+                    info={
+                        **extra,
+                        "baseline_score": stats.baseline,
+                        "baseline_ci": list(stats.baseline_ci),
+                        "test": stats.test,
+                        "p_value": stats.p_value,
+                        "right_to_wrong": stats.right_to_wrong,
+                        "wrong_to_right": stats.wrong_to_right,
+                        "resamples": resamples,
+                        "seed": seed,
+                    },
+                ),
+                MetricRow(
+                    f"{unit}/p_value", stats.p_value, None, None, labels=labels, info={**extra, "test": stats.test}
+                ),
+                MetricRow(
+                    f"{unit}/discordance",
+                    stats.discordance,
+                    *stats.discordance_ci,
+                    labels=labels,
+                    info={**extra, "n_changed": stats.right_to_wrong + stats.wrong_to_right},
+                ),
+            ]
+    return [_finite(r) for r in rows]
+
+
+def _finite(row: MetricRow) -> MetricRow:
+    return MetricRow(row.metric, row.value, finite(row.ci_low), finite(row.ci_high), labels=row.labels, info=row.info)
+
+
+def _leaves(name: str, groups: dict) -> list[str]:
+    members = groups.get(name)
+    if not members:
+        return [name]
+    return [leaf for m in members for leaf in _leaves(m, groups)]
+
+
+def not_measured(scheme, results: dict, groups: dict, rows: list[MetricRow]) -> list[MetricRow]:
+    """``rows`` with those of one-forward tasks (and groups holding one) marked not measured when
+    ``scheme``'s engine attends a first write from the raw K/V (see the module docstring)."""
+    from evalkit.evals.lmeval.evaluation import ONE_FORWARD_TYPES
+    from evalkit.kv.vllm_codecs import one_forward_reads_raw
+
+    if not one_forward_reads_raw(scheme):
+        return rows
+    types = {t: (c or {}).get("output_type") for t, c in results.get("configs", {}).items()}
+    why = (
+        f"not measured by this protocol: {scheme} attends a sequence's first write (this task's one forward per "
+        "request) from the raw K/V, so no quantized value is read"
+    )
+    out = []
+    for r in rows:
+        task = r.labels.get("task")
+        if any(types.get(leaf) in ONE_FORWARD_TYPES for leaf in _leaves(task, groups)):
+            r = MetricRow(r.metric, math.nan, None, None, labels=r.labels, info={**r.info, "not_measured": why})
+        out.append(r)
+    return out

@@ -1,0 +1,180 @@
+"""The dry run's decision table: per accuracy task of a grid, the items that resolve a drop, and their time.
+
+    python -m evalkit sweep gpu --dry-run --assume-device h200
+
+prints, under the run table, one line per accuracy decision (:mod:`evalkit.planning.decision_tasks`: a
+RULER task at each length, LongBench v2 per length class, each reasoning task): the baseline accuracy
+assumed, the discordance psi and where it comes from (a prior, or measured in the grid's own results
+store by an earlier run), the items a paired test needs to resolve :data:`~evalkit.planning.decision.DROP`
+at 95 % with 80 % power (and an unpaired comparison's, per arm), the items the dataset has and the grid
+runs, the drop the grid's items resolve, and the time one scheme's pass over the needed items and over
+the planned ones takes on the priced device (the sweep's own speed: the datasheet of
+``--assume-device``, or the probe / measured device), each item priced as its prompt's prefill and
+``samples`` x its generation budget in decode steps, batched as lm-eval batches them. A grid of several
+models is priced on its first model (the decisions are the same tasks; only their times differ).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalkit.evals.sizing import Forwards
+from evalkit.planning import decision as D
+from evalkit.planning.decision_tasks import TaskPlan, accuracy_tasks
+from evalkit.units import format_seconds
+
+AUTO_BATCH = 32  # lm-eval's batch size "auto", as evalkit.evals.lmeval.workload assumes it
+KV_TOKENS_PER_BATCH = 262_144  # prompt + generation tokens one batch holds (32 GiB of Llama-3.1-8B bf16 K/V)
+
+
+def item_forwards(n: int, prompt: int, gen: int, samples: int, batch: int) -> list[Forwards]:
+    """The forward calls of ``n`` items (``samples`` generations each), batched as lm-eval batches them."""
+    rows = max(1, min(batch, KV_TOKENS_PER_BATCH // max(1, prompt + gen)))
+    out = []
+    full, rest = divmod(n * samples, rows)
+    for calls, r in ((full, rows), (1, rest)):
+        if calls and r:
+            out.append(Forwards(calls, r, prompt))
+            if gen > 1:
+                out.append(Forwards(calls * (gen - 1), r, 1, prompt + gen / 2, prompt + gen))
+    return out
+
+
+def measured_discordance(out: Path | None) -> dict[str, float]:
+    """Per task label, the largest discordance any scheme showed in the grid's results store (if any)."""
+    if out is None or not (Path(out) / "results.jsonl").is_file():
+        return {}
+    from evalkit.sweep.store import ResultStore
+
+    found: dict[str, float] = {}
+    flips: dict[tuple, float] = {}
+    for row in ResultStore(out).read().rows:
+        metric, value, labels = str(row.get("metric")), row.get("value"), row.get("labels") or {}
+        if not isinstance(value, (int, float)) or math.isnan(value) or row.get("scheme") == "bf16":
+            continue
+        task, _, stat = metric.rpartition("/")
+        if stat == "discordance" and row.get("eval") == "longcontext":
+            length = labels.get("length", "all")
+            key = task if length == "all" else f"{task}@{length}"
+            found[key] = max(found.get(key, 0.0), float(value))
+        elif stat in ("flip_right_to_wrong", "flip_wrong_to_right") and labels.get("filter", "none") == "none":
+            k = (row.get("run_id"), task)
+            flips[k] = flips.get(k, 0.0) + float(value)
+    for (_, task), value in flips.items():
+        found[task] = max(found.get(task, 0.0), value)
+    return found
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: TaskPlan
+    need: D.Requirement | None
+    psi_source: str
+    seconds_needed: float | None
+    seconds_planned: float | None
+
+
+def decisions(grid, speeds: dict, out: Path | None, drop: float = D.DROP) -> list[Decision]:
+    """One :class:`Decision` per accuracy task of each model of ``grid`` (``speeds``: model -> (facts, Speed))."""
+    evals: dict[str, dict] = {}
+    batches: dict[str, object] = {}
+    for run in grid.runs:
+        evals.setdefault(run.eval, run.params)
+        batches.setdefault(run.eval, run.params.get("batch_size"))
+    measured = measured_discordance(out)
+    model = grid.runs[0].model.name if grid.runs else None
+    facts, speed = speeds.get(model, (None, None))
+    result = []
+    for plan in accuracy_tasks(evals):
+        if plan.facts is None:
+            result.append(Decision(plan, None, "", None, None))
+            continue
+        f = plan.facts
+        if plan.label in measured or plan.task in measured:
+            psi = measured.get(plan.label, measured.get(plan.task))
+            source = f"measured in {out}"
+        else:
+            psi = D.discordance_prior(f.baseline, drop, f.kind)
+            source = f"prior r={D.REDRAW_SHARE[f.kind]:g} ({f.kind})"
+        need = D.requirement(f.baseline, psi, plan.planned, drop)
+        batch = batches.get(plan.eval)
+        batch = AUTO_BATCH if batch in (None, "auto") else int(batch)
+        timed = [_seconds(speed, facts, plan, n, batch) for n in (min(need.paired, f.docs), plan.planned)]
+        result.append(Decision(plan, need, source, *timed))
+    return result
+
+
+def _seconds(speed, facts, plan: TaskPlan, n: int, batch: int) -> float | None:
+    """One scheme's pass over ``n`` items of ``plan`` at ``speed`` (None: the model is not priced)."""
+    if speed is None or facts is None:
+        return None
+    fw = item_forwards(n, plan.facts.prompt_tokens, plan.gen_tokens, plan.samples, batch)
+    return sum(speed.seconds(x, facts) for x in fw)
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def decision_text(grid, speeds: dict, out: Path | None, device: str, drop: float = D.DROP) -> str:
+    """The table the dry run prints (module docstring); "" when the grid runs no accuracy task."""
+    every = decisions(grid, speeds, out, drop)
+    rows = [d for d in every if d.need is not None]
+    unsized = [d.plan.label for d in every if d.need is None]
+    if not rows:
+        return ""  # no task evalkit knows the size of (evalkit's own offline tasks): no table
+    header = (
+        "task",
+        "eval",
+        "base acc",
+        "psi",
+        "paired n",
+        "unpaired n",
+        "items",
+        "planned",
+        "resolves",
+        f"time paired n ({device})",
+        "time planned",
+    )
+    cells = []
+    for d in rows:
+        p = d.plan
+        f, need = p.facts, d.need
+        short = need.paired > f.docs
+        cells.append(
+            (
+                p.label,
+                p.eval,
+                f"{f.baseline:.3f}",
+                f"{need.psi:.4f}",
+                _n(need.paired) + (" > items" if short else ""),
+                _n(need.unpaired),
+                _n(f.docs),
+                _n(p.planned) + (f" x{p.samples}" if p.samples > 1 else ""),
+                "-" if math.isinf(need.detectable_at_planned) else f"{100 * need.detectable_at_planned:.1f} pts",
+                format_seconds(d.seconds_needed) + (" (all items)" if short else ""),
+                format_seconds(d.seconds_planned),
+            )
+        )
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *cells)]
+
+    def line(row) -> str:
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    sources = sorted({f"{d.plan.label.split('@')[0]}: {d.psi_source}; baseline: {d.plan.facts.source}" for d in rows})
+    lines = [
+        "",
+        f"decision sizing: items to resolve a {100 * drop:g}-point drop at 95 % (two-sided) with "
+        f"{100 * D.POWER:.0f} % power, paired (exact McNemar) vs unpaired (per arm); time of one scheme's pass",
+        "  paired n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2, psi the discordant share "
+        "(prior psi = max(d, r 2p(1-p)); docs/long-context.md#sizing-a-decision)",
+        "",
+        line(header),
+        *(line(c) for c in cells),
+        "",
+        *(f"psi and baseline of {s}" for s in sources),
+        *([f"not sized (no item count known here): {', '.join(unsized)}"] if unsized else []),
+    ]
+    return "\n".join(lines)

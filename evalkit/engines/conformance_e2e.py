@@ -162,8 +162,7 @@ def end_to_end(
     from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config, profile_for
     from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
-    from evalkit.kv.formats import Recipe
-    from evalkit.kv.rounding import Rounding
+    from evalkit.kv.formats import Recipe, Rounding
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import cache_root, load_model
 

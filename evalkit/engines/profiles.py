@@ -50,8 +50,7 @@ from pathlib import Path
 
 from evalkit.engines.attention_paths import GENERATIONS, VLLM_CUDA_PATHS, AttentionPath, Fact, path_for
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import Recipe, ScaleDType
-from evalkit.kv.rounding import Rounding
+from evalkit.kv.formats import Recipe, Rounding, ScaleDType
 from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 DEFAULT_SCALES_DIR = "engine-scales"

@@ -223,9 +223,8 @@ def evalkit_codes(x: torch.Tensor, scale: float, format_name: str, rounding: str
     """evalkit's stored codes of ``x`` (tokens, kv_heads, head_dim) under a per-tensor static ``scale``
     (float8, same order): :func:`evalkit.kv.quantize.quantize` on the (1, kv_heads, tokens, head_dim) view.
     ``rounding``: rne, rtz, rna, or :data:`VLLM_CPU` (rtz with ``+recipe=vllm_cpu``)."""
-    from evalkit.kv.formats import Recipe, get_format
+    from evalkit.kv.formats import Recipe, Rounding, get_format
     from evalkit.kv.quantize import encode_quantized, quantize
-    from evalkit.kv.rounding import Rounding
     from evalkit.kv.scheme import Granularity
 
     mode, _, recipe = rounding.partition("+recipe=")

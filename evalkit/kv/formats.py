@@ -35,7 +35,7 @@ OCP MX shared scale). The element table says which dtypes a format takes; a sche
 counts read one value (``Scheme.kv_format``). Two more scale facts ride along: ``tensor_scale``
 (a second-level FP32 scale per tensor, NVFP4) and ``recipe`` (:class:`Recipe`: how scales are
 derived where engines differ; see :mod:`evalkit.kv.microscaling`). The element rounding is bound the
-same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`evalkit.kv.rounding.Rounding`,
+same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`Rounding`, done by :mod:`evalkit.kv.rounding`;
 nearest even unless a scheme says ``+rounding=rtz`` or ``rna``).
 
 ``auto`` is the baseline (vLLM's name for "the model's own dtype"): K/V are stored unquantized in the
@@ -54,7 +54,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv.rounding import Rounding
 
 
 class FormatKind(str, enum.Enum):
@@ -81,6 +80,20 @@ SCALE_DTYPE_HELP = {
     ScaleDType.E8M0: "power-of-two exponent byte, 1 byte: 2**(floor(log2 amax) - emax), the OCP MX rule",
 }
 
+
+class Rounding(str, enum.Enum):
+    """How ``x / scale`` becomes a code: the scheme option ``+rounding=`` (see :mod:`evalkit.kv.rounding`)."""
+
+    RNE = "rne"  # to nearest, ties to even (the default; never written in a scheme string)
+    RTZ = "rtz"  # toward zero, then saturate
+    RNA = "rna"  # to nearest, ties away from zero, then saturate
+
+
+ROUNDING_HELP = {
+    Rounding.RNE: "to nearest, ties to even (the default): torch's casts, CUDA's satfinite cast, vLLM on GPU",
+    Rounding.RTZ: "toward zero, then saturate at the format's max: vLLM's CPU KV store (cpu_attn_reshape_and_cache)",
+    Rounding.RNA: "to nearest, ties away from zero, then saturate: SGLang's fp4_e2m1 KV (sglang_fp4)",
+}
 
 # llama.cpp's --cache-type-k/-v choices (common/arg.cpp kv_cache_types), in its order
 LLAMACPP_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

@@ -112,8 +112,8 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.device_exact import divide, log2_ceil, power_of_two
-from evalkit.kv.formats import FORMATS
-from evalkit.kv.rounding import Rounding, round_to_grid
+from evalkit.kv.formats import FORMATS, Rounding
+from evalkit.kv.rounding import round_to_grid
 
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # 6 = 1.5 * 2**2

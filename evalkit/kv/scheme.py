@@ -71,9 +71,8 @@ import re
 from dataclasses import dataclass, field
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import FORMATS, KVFormat, Recipe, ScaleDType, get_format
+from evalkit.kv.formats import FORMATS, KVFormat, Recipe, Rounding, ScaleDType, get_format
 from evalkit.kv.microscaling import MX_BLOCK, NVFP4_BLOCK, SGLANG_FP4_BLOCK, SGLANG_FP4_SCALE_DTYPE
-from evalkit.kv.rounding import Rounding
 
 
 class GranularityKind(str, enum.Enum):

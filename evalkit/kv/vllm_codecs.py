@@ -37,9 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import Recipe, ScaleDType
+from evalkit.kv.formats import Recipe, Rounding, ScaleDType
 from evalkit.kv.quantize import Quantized
-from evalkit.kv.rounding import Rounding
 from evalkit.kv.scheme import Granularity, GranularityKind, ScaleSource
 
 TOKEN = Granularity(GranularityKind.TOKEN)

@@ -88,19 +88,6 @@ def test_the_test_tree_mirrors_the_package():
 # import cycles of any length that predate the rule (strongly connected components, sorted names); each
 # step of breaking them removes its entry, and none may be added
 KNOWN_CIRCLES: set[tuple[str, ...]] = {
-    ("evalkit.engines.triton_ds_mla", "evalkit.engines.triton_rotations", "evalkit.engines.triton_store"),
-    (
-        "evalkit.engines.vllm.api_check",
-        "evalkit.engines.vllm.api_uses",
-        "evalkit.engines.vllm.cuda_store",
-        "evalkit.engines.vllm.engine",
-        "evalkit.engines.vllm.versions",
-        "evalkit.engines.vllm_backend",
-        "evalkit.engines.vllm_decode",
-        "evalkit.engines.vllm_kernel",
-        "evalkit.engines.vllm_lmeval",
-        "evalkit.engines.vllm_runner",
-    ),
     (
         "evalkit.kv.ds_mla",
         "evalkit.kv.engine_dtypes",

@@ -3,7 +3,7 @@
 
 The writer is ``vllm/models/deepseek_v32/common/kernels.py`` ``fused_norm_rope`` /
 ``_fused_norm_rope_kernel`` (RMS norm of the latent, RoPE of the key, and the cache write in one
-program per token), loaded with the real Triton by :func:`evalkit.engines.triton_store.load_with_triton`.
+program per token), loaded with the real Triton by :func:`evalkit.engines.triton_base.load_with_triton`.
 :func:`fp8_ds_mla_conformance` writes seeded latents (magnitudes 1e-3 to 1e2, one all-zero token) and
 RoPE keys into a paged ``fp8_ds_mla`` cache, takes the kernel's own normed latent and rotated key
 (``kv_c_out`` / ``k_pe_out``, float32, what its registers held), encodes them with evalkit's codec
@@ -13,7 +13,7 @@ and compares the 656-byte rows:
   arithmetic, equal, every one;
 - the 512 E4M3 codes: held to round-to-nearest-even with saturation (``cvt.rn.satfinite``); the
   interpreter's own float8 cast differs, each difference named by class
-  (:data:`evalkit.engines.triton_store.FP8_CLASSES`);
+  (:data:`evalkit.engines.triton_base.FP8_CLASSES`);
 - the 64 bf16 RoPE values: the GPU casts with ``cvt.rn.bf16.f32`` (nearest even); the interpreter
   truncates (class ``bf16_truncated``).
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.engines.triton_store import StoreConformance, _fp8_classes, load_with_triton
+from evalkit.engines.triton_base import StoreConformance, fp8_classes, load_with_triton
 
 KERNEL_FILE = "vllm/models/deepseek_v32/common/kernels.py"
 TOKENS, BLOCK, Q_DIM, ROPE_POSITIONS = 64, 16, 64, 4096
@@ -97,7 +97,7 @@ def fp8_ds_mla_conformance(seed: int = 0, device: str = "cpu") -> StoreConforman
     theirs_codes = rows[:, :512].contiguous().view(torch.float8_e4m3fn)
     our_codes = ours[:, :512].contiguous().view(torch.float8_e4m3fn)
     y = (latent.reshape(TOKENS, 4, 128) / scales[..., None]).reshape(TOKENS, 512)
-    classes = _fp8_classes(theirs_codes, our_codes, y.clamp(-448.0, 448.0))
+    classes = fp8_classes(theirs_codes, our_codes, y.clamp(-448.0, 448.0))
     rope_theirs = rows[:, 528:].contiguous().view(torch.bfloat16)
     rope_ours = ours[:, 528:].contiguous().view(torch.bfloat16)
     rope_differ = rope_theirs.view(torch.int16) != rope_ours.view(torch.int16)

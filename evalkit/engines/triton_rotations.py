@@ -1,7 +1,7 @@
 """vLLM's rotation-dtype Triton stores (INT4 per token and head, TurboQuant, UltraQuant) run by
 Triton's interpreter on CPU tensors, against evalkit's codecs (:mod:`evalkit.kv.vllm_codecs`).
 
-Each check writes :func:`evalkit.engines.triton_store.sample` K/V (several magnitudes, an all-zero
+Each check writes :func:`evalkit.engines.triton_base.sample` K/V (several magnitudes, an all-zero
 head, exact halves) through vLLM's own launcher into a paged cache at scattered slots, reads each
 (token, head) slot back and compares it with the codec's bytes for the same K/V, part by part:
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.engines.triton_store import BLOCK, StoreConformance, _fp8_classes, load_with_triton, sample
+from evalkit.engines.triton_base import BLOCK, StoreConformance, fp8_classes, load_with_triton, sample
 
 OPS = "vllm/v1/attention/ops/"
 INT4_FILE = OPS + "int4_per_token_head.py"
@@ -138,7 +138,7 @@ def turboquant_conformance(name: str, seed: int = 0, device: str = "cpu") -> Sto
         differ = _count(result, ok, slot[..., :kps], scales=False)
         if bool(differ.any()):
             got, want = slot[..., :kps].view(torch.float8_e4m3fn), ok.view(torch.float8_e4m3fn)
-            for k, n in _fp8_classes(got, want, key.clamp(-448, 448)).items():
+            for k, n in fp8_classes(got, want, key.clamp(-448, 448)).items():
                 _add(classes, k, n)
     else:
         bits, n = cfg.key_mse_bits, -(-d * cfg.key_mse_bits // 8)

@@ -24,7 +24,8 @@ runs over GPUs with its executors (docs/sweeps.md).
 
 from __future__ import annotations
 
-from evalkit.engines.registry import Engine, Option, Plan, register_engine
+from evalkit.engines.registry import Engine, Plan, register_engine
+from evalkit.engines.vllm.options import OPTIONS
 
 
 def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
@@ -146,20 +147,6 @@ ENGINE = register_engine(
         conformance="evalkit.cli.conformance:run_vllm",
         capacity="evalkit.cli.capacity:run_engine",
         profiles=("vllm-cpu", "vllm-cuda", "vllm-rocm"),
-        options=(
-            Option("tensor_parallel_size", int, 1, "ranks the model's layers are split across (vLLM's TP)"),
-            Option("pipeline_parallel_size", int, 1, "pipeline stages (vLLM's PP)"),
-            Option("data_parallel_size", int, 1, "replicas (vLLM's DP): 1 only, evalkit runs vLLM in its own process"),
-            Option("enable_expert_parallel", bool, False, "MoE experts split across the TP x DP ranks (vLLM's EP)"),
-            Option("distributed_executor_backend", str, None, "ray (a Ray cluster) or mp (processes on one node)"),
-            Option("max_model_len", int, None, "the engine's context (default: the evaluation's longest request)"),
-            Option(
-                "gpu_memory_utilization",
-                float,
-                None,
-                "CUDA: the share of each GPU vLLM may use, and then sizes its KV cache from (default: a fixed 4 GiB "
-                "KV cache, and the free share at start-up for vLLM's check)",
-            ),
-        ),
+        options=OPTIONS,
     )
 )

@@ -1,5 +1,5 @@
 """vLLM's DeepSeek V3.2 MLA cache writer run by Triton's interpreter on CPU tensors, against
-:mod:`evalkit.kv.ds_mla`.
+:mod:`evalkit.kv.codecs.vllm.ds_mla`.
 
 The writer is ``vllm/models/deepseek_v32/common/kernels.py`` ``fused_norm_rope`` /
 ``_fused_norm_rope_kernel`` (RMS norm of the latent, RoPE of the key, and the cache write in one
@@ -87,7 +87,7 @@ def run_writer(seed: int = 0, device: str = "cpu") -> tuple[torch.Tensor, torch.
 
 
 def fp8_ds_mla_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
-    from evalkit.kv import ds_mla
+    from evalkit.kv.codecs.vllm import ds_mla
 
     rows, latent, rope = run_writer(seed, device)
     codec = next(c for c in ds_mla.CODECS if c.name == "fp8_ds_mla")

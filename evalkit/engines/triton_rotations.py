@@ -1,5 +1,5 @@
 """vLLM's rotation-dtype Triton stores (INT4 per token and head, TurboQuant, UltraQuant) run by
-Triton's interpreter on CPU tensors, against evalkit's codecs (:mod:`evalkit.kv.vllm_codecs`).
+Triton's interpreter on CPU tensors, against evalkit's codecs (:mod:`evalkit.kv.codecs.slot`).
 
 Each check writes :func:`evalkit.engines.triton_base.sample` K/V (several magnitudes, an all-zero
 head, exact halves) through vLLM's own launcher into a paged cache at scattered slots, reads each
@@ -91,7 +91,7 @@ def int4_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
     result = StoreConformance("int4_per_token_head", 0, 0, 0, 0)
     for role, x, cache, scale in (("k", key, caches[0], scales[0]), ("v", value, caches[1], scales[1])):
         ours = _ours("int4_per_token_head", x, role)
-        from evalkit.kv.vllm_codecs import unpack_nibbles
+        from evalkit.kv.packing import unpack_nibbles
 
         theirs_codes = unpack_nibbles(cache.reshape(-1, heads, d // 2)[slots])
         theirs_scale = scale.reshape(-1, heads)[slots].contiguous().view(torch.int32)
@@ -105,8 +105,8 @@ def turboquant_conformance(name: str, seed: int = 0, device: str = "cpu") -> Sto
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
     from vllm.v1.attention.backends.turboquant_attn import _build_hadamard
 
-    from evalkit.kv import turboquant as tq
-    from evalkit.kv.vllm_codecs import unpack_3bit, unpack_nibbles
+    from evalkit.kv.codecs.slot import unpack_3bit, unpack_nibbles
+    from evalkit.kv.codecs.vllm import turboquant as tq
 
     mod = load_with_triton(TQ_FILE, device)
     key, value = sample(seed)
@@ -166,8 +166,8 @@ def turboquant_conformance(name: str, seed: int = 0, device: str = "cpu") -> Sto
 def ultraquant_conformance(seed: int = 0, device: str = "cpu") -> StoreConformance:
     from vllm.v1.attention.ops.ultraquant.format import slot_size
 
-    from evalkit.kv.ultraquant import width
-    from evalkit.kv.vllm_codecs import unpack_nibbles
+    from evalkit.kv.codecs.vllm.ultraquant import width
+    from evalkit.kv.packing import unpack_nibbles
 
     mod = load_with_triton(UQ_FILE, device)
     key, value = (t.to(torch.bfloat16) for t in sample(seed))

@@ -12,7 +12,7 @@ with the real Triton (the installed package is not edited, its code is not copie
 :func:`per_token_head_conformance` writes seeded random K/V (several magnitudes, plus exact
 rounding halves and an all-zero head) through vLLM's launcher
 ``triton_reshape_and_cache_flash_per_token_head_quant`` into a paged cache, reads codes and scales
-back by slot, and compares them with :func:`evalkit.kv.per_token_head.quantize_per_token_head`:
+back by slot, and compares them with :func:`evalkit.kv.codecs.vllm.per_token_head.quantize_per_token_head`:
 
 - float32 scales and INT8 codes: integer or float32 arithmetic, so they must be equal, every one;
 - FP8 codes: evalkit rounds to nearest even with saturation, the GPU's rule (PTX
@@ -92,7 +92,7 @@ def run_per_token_head_store(kv_cache_dtype: str, key: torch.Tensor, value: torc
 
 def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
     """vLLM's Triton store (on ``device``) against evalkit's per-token-head encoder on :func:`sample` values."""
-    from evalkit.kv.per_token_head import SCALE_MIN, qmax, quantize_per_token_head
+    from evalkit.kv.codecs.vllm.per_token_head import SCALE_MIN, qmax, quantize_per_token_head
     from evalkit.kv.quantize import encode_quantized
     from evalkit.kv.scheme import parse_scheme
 

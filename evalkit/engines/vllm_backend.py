@@ -95,7 +95,7 @@ class VllmBackend(Backend):
         if layout is not None:
             for c in configs:
                 scheme = parse_scheme(c.emulation)
-                if not c.emulation.startswith("vllm:"):  # vllm:<dtype>: its own layout check (kv.engine_dtypes)
+                if not c.emulation.startswith("vllm:"):  # vllm:<dtype>: its own layout check (kv.codecs.vllm)
                     get_profile(self.profile).check(scheme, layout)
         return configs
 

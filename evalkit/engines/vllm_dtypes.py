@@ -2,7 +2,7 @@
 kernel it was read from, the backend that serves it and its bytes per token on a model.
 
 The per-dtype facts (scheme or one-line reason, kernel file and function, architecture) are
-:data:`evalkit.kv.engine_dtypes.VLLM_DTYPES`: they sit in ``kv`` because ``vllm:<dtype>`` must parse
+:data:`evalkit.kv.codecs.vllm.dtypes.VLLM_DTYPES`: they sit in ``kv`` because ``vllm:<dtype>`` must parse
 wherever a scheme does, without vLLM. This module adds what needs vLLM itself:
 
 - :func:`installed_dtypes`: the ``CacheDType`` values of the installed vLLM, read at run time
@@ -20,7 +20,8 @@ import typing
 from dataclasses import asdict, dataclass
 
 from evalkit.errors import SchemeError
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status, VllmDtype, vllm_scheme
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status, VllmDtype
+from evalkit.kv.codecs.vllm.family import vllm_scheme
 from evalkit.models.info import KVLayout
 
 _B = "vllm.v1.attention.backends."
@@ -131,6 +132,6 @@ def rows(layout: KVLayout, pages: bool = True) -> list[Row]:
     if unknown:
         raise SchemeError(
             f"the installed vLLM has kv_cache_dtype(s) evalkit does not know: {', '.join(unknown)}: "
-            "add them to evalkit/kv/engine_dtypes.py and evalkit/engines/vllm_dtypes.py (modelled or refused)"
+            "add them to evalkit/kv/codecs/vllm/dtypes.py and evalkit/engines/vllm_dtypes.py (modelled or refused)"
         )
     return [row(name, layout, pages) for name in installed_dtypes()]

@@ -1,5 +1,5 @@
 """DeepSeek V3.2's fp8_ds_mla cache writer (deepseek_v32/common/kernels.py, Triton) run by Triton's
-interpreter against evalkit.kv.ds_mla: float32 tile scales equal, every one; E4M3 codes held to
+interpreter against evalkit.kv.codecs.vllm.ds_mla: float32 tile scales equal, every one; E4M3 codes held to
 round-to-nearest-even and bf16 RoPE values to nearest even, each difference in a named class."""
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evalkit.kv import hadamard, turboquant, ultraquant
+from evalkit.kv import hadamard
+from evalkit.kv.codec import codec_for
+from evalkit.kv.codecs.vllm import turboquant, ultraquant
 from evalkit.kv.scheme import parse_scheme
-from evalkit.kv.vllm_codecs import codec_for
 
 from tests.engines.vllm_env import needs_vllm
 

@@ -2,7 +2,7 @@
 
 Kernel level: ggml's own CPU quantizers (the ``from_float`` of each cache type, which the KV-cache
 write calls, reached through ctypes: :mod:`evalkit.engines.llamacpp.ggml_lib`) and evalkit's encoder
-(:mod:`evalkit.kv.ggml_blocks`) are fed the same float32 rows: synthetic rows (several magnitudes,
+(:mod:`evalkit.kv.codecs.llamacpp.ggml_blocks`) are fed the same float32 rows: synthetic rows (several magnitudes,
 exact ties, zeros, tiny and fp16-overflowing values) and the embedded model's own post-RoPE K and V
 (captured from the emulation's storage cache). Their bytes are compared block by block and every
 difference is reported by class.

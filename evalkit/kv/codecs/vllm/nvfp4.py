@@ -43,9 +43,9 @@ import functools
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv import vllm_codecs as vc
+from evalkit.kv.codecs.slot import Codec, packed
 from evalkit.kv.device_exact import tree_sum
-from evalkit.kv.formats import Recipe, ScaleDType
+from evalkit.kv.formats import CodecRecipe, ScaleDType
 from evalkit.kv.microscaling import code_to_e2m1, e2m1_to_code, pack_fp4, round_to_e2m1, unpack_fp4
 from evalkit.kv.scheme import Granularity, GranularityKind
 
@@ -116,7 +116,7 @@ def _encoder(four_over_six: bool):
             [pack_fp4(e2m1_to_code(q, check=False)), sf.to(torch.float8_e4m3fn).view(torch.uint8)], dim=-1
         )
         values = _values(q.reshape(*q.shape[:-1], -1, GROUP), sf[..., None], _global(x.device)).reshape(q.shape)
-        return vc.packed(q, stored, values, ~torch.isfinite(x.float()).all())
+        return packed(q, stored, values, ~torch.isfinite(x.float()).all())
 
     return encode
 
@@ -128,7 +128,7 @@ def decode(stored: torch.Tensor, role: str, head_size: int) -> torch.Tensor:
 
 
 CODECS = tuple(
-    vc.Codec(
+    Codec(
         name=name,
         recipe=recipe,
         format="fp4_e2m1",
@@ -140,5 +140,5 @@ CODECS = tuple(
         check_head_size=check_head_size,
         roles_alike=True,  # unit k_scale and v_scale: K and V by the same arithmetic
     )
-    for name, recipe in (("nvfp4", Recipe.VLLM_NVFP4), ("nvfp4_4over6", Recipe.VLLM_NVFP4_4OVER6))
+    for name, recipe in (("nvfp4", CodecRecipe("vllm_nvfp4")), ("nvfp4_4over6", CodecRecipe("vllm_nvfp4_4over6")))
 )

@@ -52,9 +52,10 @@ import math
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv import vllm_codecs as vc
+from evalkit.kv import packing
+from evalkit.kv.codecs.slot import TOKEN, Codec, packed
 from evalkit.kv.device_exact import divide, sqrt, tree_norm, tree_sum
-from evalkit.kv.formats import Recipe
+from evalkit.kv.formats import CodecRecipe
 from evalkit.kv.hadamard import fwht_orthonormal, is_power_of_two
 from evalkit.kv.quantize import Quantized
 
@@ -145,11 +146,11 @@ def _check(name: str, head_dim: int) -> None:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    return vc.pack_nibbles(codes) if bits == 4 else vc.pack_3bit(codes)
+    return packing.pack_nibbles(codes) if bits == 4 else packing.pack_3bit(codes)
 
 
 def unpack_codes(b: torch.Tensor, bits: int) -> torch.Tensor:
-    return (vc.unpack_nibbles(b) if bits == 4 else vc.unpack_3bit(b)).long()
+    return (packing.unpack_nibbles(b) if bits == 4 else packing.unpack_3bit(b)).long()
 
 
 def key_rotated(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,17 +192,17 @@ def _encode(name: str, x: torch.Tensor, role: str) -> Quantized:
     if role == "v":
         codes, scale, lo = value_codes(xf, vb)
         s16, z16 = scale.to(torch.float16), lo.to(torch.float16)
-        stored = torch.cat([pack_codes(codes, vb), vc.float16_bytes(s16), vc.float16_bytes(z16)], dim=-1)
-        return vc.packed(codes, stored, codes * s16.float() + z16.float(), nonfinite)
+        stored = torch.cat([pack_codes(codes, vb), packing.float16_bytes(s16), packing.float16_bytes(z16)], dim=-1)
+        return packed(codes, stored, codes * s16.float() + z16.float(), nonfinite)
     if kb == 8:
         fp8 = xf.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        return vc.packed(fp8.float(), fp8.view(torch.uint8), fp8.float(), nonfinite)
+        return packed(fp8.float(), fp8.view(torch.uint8), fp8.float(), nonfinite)
     c, mid = codebook(d, kb, x.device)
     y, norm = key_rotated(xf)
     idx = key_indices(y, mid)
     n16 = norm.to(torch.float16)
-    stored = torch.cat([pack_codes(idx, kb), vc.float16_bytes(n16)], dim=-1)
-    return vc.packed(idx.float(), stored, key_values(idx, n16.float(), c, nc), nonfinite)
+    stored = torch.cat([pack_codes(idx, kb), packing.float16_bytes(n16)], dim=-1)
+    return packed(idx.float(), stored, key_values(idx, n16.float(), c, nc), nonfinite)
 
 
 def _decode(name: str, stored: torch.Tensor, role: str, d: int) -> torch.Tensor:
@@ -209,22 +210,22 @@ def _decode(name: str, stored: torch.Tensor, role: str, d: int) -> torch.Tensor:
     if role == "v":
         n = math.ceil(d * vb / 8)
         codes = unpack_codes(stored[..., :n], vb).float()
-        s, z = vc.bytes_float16(stored[..., n : n + 2]), vc.bytes_float16(stored[..., n + 2 : n + 4])
+        s, z = packing.bytes_float16(stored[..., n : n + 2]), packing.bytes_float16(stored[..., n + 2 : n + 4])
         return codes * s + z
     if kb == 8:
         return stored.contiguous().view(torch.float8_e4m3fn).float()
     n = math.ceil(d * kb / 8)
     c, _ = codebook(d, kb, stored.device)
-    return key_values(unpack_codes(stored[..., :n], kb), vc.bytes_float16(stored[..., n : n + 2]), c, nc)
+    return key_values(unpack_codes(stored[..., :n], kb), packing.bytes_float16(stored[..., n : n + 2]), c, nc)
 
 
-def _codec(name: str) -> vc.Codec:
+def _codec(name: str) -> Codec:
     kb = PRESETS[name][0]
-    return vc.Codec(
+    return Codec(
         name=name,
-        recipe=Recipe("vllm_" + name),
+        recipe=CodecRecipe("vllm_" + name),
         format="fp8_e4m3" if kb == 8 else "int4_asym",
-        granularity=vc.TOKEN,
+        granularity=TOKEN,
         encode=functools.partial(_encode, name),
         decode=functools.partial(_decode, name),
         width=lambda role, d: key_width(name, d) if role == "k" else value_width(name, d),

@@ -18,7 +18,7 @@ q4_1, q5_1            q8_1 (q8_0's codes plus the block's scaled sum, for the ze
 When K is rotated (a quantized K with head_dim % 64 == 0), Q was rotated by the same Walsh-Hadamard
 transform after RoPE, so the block quantization applies to ``H q``. In the unrotated space the score
 llama.cpp computes is ``q_hat . k_hat`` with ``q_hat = H dequant(q8_0(H q))`` and ``k_hat`` as the
-storage cache keeps it (:mod:`evalkit.kv.llamacpp_codecs`); :func:`round_query` returns ``q_hat``.
+storage cache keeps it (:mod:`evalkit.kv.codecs.llamacpp.family`); :func:`round_query` returns ``q_hat``.
 
 Approximate: q8_1 is modelled by q8_0's codes and scale (the q4_1/q5_1 dot adds ``m_k * s_q`` with
 ``s_q`` the fp16-rounded ``d_q * sum(q)``, where this uses the exact sum of the dequantized codes);
@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.kv import ggml_blocks as gb
-from evalkit.kv.llamacpp_codecs import rotation
+from evalkit.kv.codecs.llamacpp import ggml_blocks as gb
 
 VEC_DOT_TYPE = {
     "f32": "f32",
@@ -55,7 +54,7 @@ def round_query(q: torch.Tensor, type_k: str, head_dim: int) -> torch.Tensor:
         return q
     if target in ("f16", "bf16"):
         return q.to(torch.float16 if target == "f16" else torch.bfloat16).to(q.dtype)
-    n = rotation(type_k, "k", head_dim)
+    n = gb.rotation(type_k, "k", head_dim)
     x = q.float()
     if n:
         x = gb.fwht_llamacpp(x, n)

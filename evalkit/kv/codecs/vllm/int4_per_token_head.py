@@ -44,9 +44,10 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv import vllm_codecs as vc
+from evalkit.kv import packing
+from evalkit.kv.codecs.slot import TOKEN, Codec, packed
 from evalkit.kv.device_exact import divide
-from evalkit.kv.formats import Recipe
+from evalkit.kv.formats import CodecRecipe
 from evalkit.kv.hadamard import single_rht, single_rht_inverse
 from evalkit.kv.quantize import Quantized
 
@@ -108,25 +109,25 @@ def encode(x: torch.Tensor, role: str = "k") -> Quantized:
     y = rotate(x)
     codes, scale, zp = quantize_rotated(y)
     stored_scale = stego_scale(scale, zp)
-    stored = torch.cat([vc.pack_nibbles(codes), vc.float32_bytes(stored_scale)], dim=-1)
+    stored = torch.cat([packing.pack_nibbles(codes), packing.float32_bytes(stored_scale)], dim=-1)
     s, z = read_scale(stored_scale)
     values = single_rht_inverse((codes - z) * s)
     nonfinite = ~torch.isfinite(y).all()
-    return vc.packed(codes, stored, values, nonfinite)
+    return packed(codes, stored, values, nonfinite)
 
 
 def decode(stored: torch.Tensor, role: str, head_size: int) -> torch.Tensor:
     """The stored bytes (..., D/2 + 4) -> the values attention reads, float32 (original space)."""
-    codes = vc.unpack_nibbles(stored[..., : head_size // 2]).float()
-    s, z = read_scale(vc.bytes_float32(stored[..., head_size // 2 :]))
+    codes = packing.unpack_nibbles(stored[..., : head_size // 2]).float()
+    s, z = read_scale(packing.bytes_float32(stored[..., head_size // 2 :]))
     return single_rht_inverse((codes - z) * s)
 
 
-CODEC = vc.Codec(
+CODEC = Codec(
     name=NAME,
-    recipe=Recipe.VLLM_INT4_PER_TOKEN_HEAD,
+    recipe=CodecRecipe("vllm_int4_per_token_head"),
     format="int4_asym",
-    granularity=vc.TOKEN,
+    granularity=TOKEN,
     encode=encode,
     decode=decode,
     width=width,

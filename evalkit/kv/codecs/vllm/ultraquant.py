@@ -41,9 +41,10 @@ import functools
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv import vllm_codecs as vc
+from evalkit.kv import packing
+from evalkit.kv.codecs.slot import Codec, packed
 from evalkit.kv.device_exact import log2_round_half_up, power_of_two
-from evalkit.kv.formats import Recipe, ScaleDType
+from evalkit.kv.formats import CodecRecipe, ScaleDType
 from evalkit.kv.hadamard import fwht_orthonormal_stagewise, is_power_of_two
 from evalkit.kv.scheme import Granularity, GranularityKind
 
@@ -123,21 +124,21 @@ def encode(x: torch.Tensor, role: str = "k"):
     xf = x.float()
     y = fwht_orthonormal_stagewise(xf) if role == "k" else xf
     bits, byte, idx = snap(y.reshape(*y.shape[:-1], d // GROUP, GROUP))
-    stored = torch.cat([vc.pack_nibbles(bits.reshape(*y.shape[:-1], d)), byte], dim=-1)
+    stored = torch.cat([packing.pack_nibbles(bits.reshape(*y.shape[:-1], d)), byte], dim=-1)
     levels = _tables(str(x.device))[1][idx]  # = _bits_value(bits): the sorted index names the same level
     values = _unrotated(levels * _scale_value(byte)[..., None], role)
-    return vc.packed(bits.reshape(y.shape).float(), stored, values, ~torch.isfinite(xf).all())
+    return packed(bits.reshape(y.shape).float(), stored, values, ~torch.isfinite(xf).all())
 
 
 def decode(stored: torch.Tensor, role: str, head_size: int) -> torch.Tensor:
-    bits = vc.unpack_nibbles(stored[..., : head_size // 2]).long()
+    bits = packing.unpack_nibbles(stored[..., : head_size // 2]).long()
     byte = stored[..., head_size // 2 :]
     return _values(bits.reshape(*bits.shape[:-1], -1, GROUP), byte, role)
 
 
-CODEC = vc.Codec(
+CODEC = Codec(
     name=NAME,
-    recipe=Recipe.VLLM_ULTRAQUANT_4BIT,
+    recipe=CodecRecipe("vllm_ultraquant_4bit"),
     format="fp4_e2m1",
     granularity=Granularity(GranularityKind.GROUP, GROUP),
     scale_dtype=ScaleDType.E8M0,

@@ -28,7 +28,7 @@ Dequantization (what attention reads) is ``code * scale``. There is no frozen sc
 depends on other tokens, so prefill and decode store a token alike. Bytes per token and head:
 ``head_size`` codes plus one float32 scale, for K and for V (vLLM's ``TritonAttentionBackend.
 customize_spec``: ``(hs_k + hs_v) * 1 + 2 * 4``). The scheme names are ``vllm:int8_per_token_head``
-and ``vllm:fp8_per_token_head`` (:mod:`evalkit.kv.engine_dtypes`).
+and ``vllm:fp8_per_token_head`` (:mod:`evalkit.kv.codecs.vllm.family`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.device_exact import times_reciprocal
-from evalkit.kv.formats import FormatKind, KVFormat
+from evalkit.kv.formats import CodecRecipe, FormatKind, KVFormat
 from evalkit.kv.quantize import Quantized
 from evalkit.kv.scheme import Granularity, GranularityKind
 
+RECIPE = CodecRecipe("vllm_per_token_head")  # +recipe=vllm_per_token_head: int8 or fp8_e4m3, token/dynamic
+DTYPES = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8_e4m3"}  # kv_cache_dtype -> evalkit format
 SCALE_MIN = 1e-6  # the kernel's floor on each scale (a float32 constant there, as here)
 INT8_RANGE = (-128.0, 127.0)  # _PER_TOKEN_HEAD_QUANT_PARAMS[torch.int8]
 INT8_QMAX = 127.0

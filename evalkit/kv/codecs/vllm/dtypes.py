@@ -14,29 +14,27 @@ Resolution:
   profile maps them to without checkpoint scales (``fp8_e4m3/tensor/unit``, ``fp8_e5m2/tensor/unit``;
   a test holds the two equal). On the CPU backend run ``--engine-profile vllm-cpu`` (toward-zero
   rounding); with checkpoint scales use the profile's ``scheme_for``.
-- ``int8_per_token_head`` / ``fp8_per_token_head``: :mod:`evalkit.kv.per_token_head`, printed back
-  as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
-- ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``: the codecs of
-  :mod:`evalkit.kv.vllm_codecs` (rotation, codebook, packed slot), printed back as ``vllm:<dtype>``.
-- ``nvfp4`` / ``nvfp4_4over6``: codecs of :mod:`evalkit.kv.nvfp4_kv` (unit k_scale/v_scale).
-- ``fp8_ds_mla`` / ``nvfp4_ds_mla``: DeepSeek MLA rows, codecs of :mod:`evalkit.kv.ds_mla` (MLA models with
-  a 512-value latent and 64-value RoPE key only; refused on standard attention).
+- ``int8_per_token_head`` / ``fp8_per_token_head``: :mod:`evalkit.kv.codecs.vllm.per_token_head`,
+  printed back as ``vllm:<dtype>`` (its own canonical string; ``+skip=`` may follow).
+- ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``: slot codecs
+  (:mod:`evalkit.kv.codecs.slot`: rotation, codebook, packed slot), printed back as ``vllm:<dtype>``.
+- ``nvfp4`` / ``nvfp4_4over6``: codecs of :mod:`evalkit.kv.codecs.vllm.nvfp4` (unit k_scale/v_scale).
+- ``fp8_ds_mla`` / ``nvfp4_ds_mla``: DeepSeek MLA rows, codecs of :mod:`evalkit.kv.codecs.vllm.ds_mla` (MLA
+  models with a 512-value latent and 64-value RoPE key only; refused on standard attention).
 - the rest: refused with what the kernel does and where it is, until modelled.
 
-Which architecture a dtype applies to (:class:`Arch`) is checked when a scheme meets a model
-(:func:`check_layout`): per-token-head dtypes exist on vLLM's Triton attention backend only (no MLA
-backend lists them) and need head_size >= 32.
+The family that parses, prints and checks them is :mod:`evalkit.kv.codecs.vllm.family`. Which
+architecture a dtype applies to (:class:`Arch`) is checked when a scheme meets a model: per-token-head
+dtypes exist on vLLM's Triton attention backend only (no MLA backend lists them) and need
+head_size >= 32.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import Recipe
-from evalkit.kv.scheme import Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 OPS = "vllm/v1/attention/ops/"
 
@@ -216,8 +214,6 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
     )
 }
 
-_PER_TOKEN_HEAD = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8_e4m3"}
-
 
 def get_dtype(name: str) -> VllmDtype:
     try:
@@ -227,83 +223,3 @@ def get_dtype(name: str) -> VllmDtype:
             f"vLLM has no kv_cache_dtype {name!r} (vLLM 0.32): use one of {', '.join(VLLM_DTYPES)} "
             "(see `python -m evalkit schemes --engine vllm`)"
         ) from None
-
-
-def vllm_scheme(name: str, options: dict | None = None) -> Scheme:
-    """The scheme that models ``--kv-cache-dtype name``; ``options`` are ``skip``/``attn``/``rope`` fields."""
-    d = get_dtype(name)
-    options = options or {}
-    if d.status in (Status.NOT_MODELLED, Status.REFUSED):
-        label = "is not modelled yet" if d.status is Status.NOT_MODELLED else "is refused"
-        raise SchemeError(f"vllm:{name} {label}: {d.what} ({d.source}, {d.function})")
-    from evalkit.kv.vllm_codecs import by_name, scheme_for
-
-    if by_name(name) is not None:  # rotation dtypes: evalkit.kv.vllm_codecs
-        return scheme_for(name, **options)
-    if name in _PER_TOKEN_HEAD:
-        return Scheme(
-            format=_PER_TOKEN_HEAD[name],
-            granularity=Granularity(GranularityKind.TOKEN),
-            scales=ScaleSource.DYNAMIC,
-            recipe=Recipe.VLLM_PER_TOKEN_HEAD,
-            **options,
-        )
-    scheme = parse_scheme(d.scheme)
-    if options and scheme.is_unscaled:
-        raise SchemeError(f"vllm:{name} keeps K/V unquantized and takes no options: write just 'vllm:{name}'")
-    return dataclasses.replace(scheme, **options)
-
-
-def vllm_name(scheme: Scheme) -> str:
-    """``vllm:<dtype>`` of a per-token-head scheme (its canonical string's head)."""
-    dtype = next(n for n, f in _PER_TOKEN_HEAD.items() if f == scheme.format)
-    return f"vllm:{dtype}"
-
-
-def check_layout(scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> None:
-    """Refuse, in one line, a vLLM per-token-head scheme on a model vLLM would not run it for."""
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    if is_codec(scheme.recipe):
-        codec = codec_for(scheme.recipe)
-        if codec.mla:  # a DeepSeek MLA row: evalkit.kv.ds_mla (head_dims: latent and RoPE widths on MLA)
-            from evalkit.kv.ds_mla import check_layout as check_mla_row
-
-            check_mla_row(codec.name, is_mla, head_dims, scheme.rope_bf16)
-            return
-        if codec.engine == "llamacpp":  # llama.cpp's cache types (evalkit.kv.llamacpp_codecs)
-            from evalkit.kv.llamacpp_codecs import check_layout as check_llamacpp
-
-            check_llamacpp(codec, is_mla, head_dims)
-            return
-        _check_codec_layout(codec, is_mla, head_dims)
-        return
-    if scheme.recipe is not Recipe.VLLM_PER_TOKEN_HEAD:
-        return
-    name = vllm_name(scheme)
-    if is_mla:
-        raise SchemeError(
-            f"{name} is a per-token-head dtype of vLLM's Triton attention backend; no MLA backend of vLLM 0.32 "
-            "takes it: use vllm:fp8 (a per-tensor latent) for this multi-head latent attention model"
-        )
-    from evalkit.kv.per_token_head import check_head_size
-
-    for d in head_dims:
-        check_head_size(d)
-
-
-def _check_codec_layout(codec, is_mla: bool, head_dims: tuple[int, ...]) -> None:
-    """A rotation dtype on a model vLLM would not run it for: MLA, a head size its kernels refuse, K and V
-    of different widths (one head_size per slot)."""
-    if is_mla:
-        raise SchemeError(
-            f"vllm:{codec.name} is a standard-attention dtype of vLLM; no MLA backend of vLLM 0.32 takes it: use "
-            "vllm:fp8 (a per-tensor latent) for this multi-head latent attention model"
-        )
-    if len(set(head_dims)) > 1:
-        raise SchemeError(
-            f"vllm:{codec.name} stores K and V of one head_size per slot, not K {head_dims[0]} and V {head_dims[1]}: "
-            "use vllm:fp8 for this model"
-        )
-    for d in dict.fromkeys(head_dims):
-        codec.check_head_size(d)

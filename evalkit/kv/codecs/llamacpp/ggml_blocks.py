@@ -365,6 +365,13 @@ def v_rotation(head_dim: int) -> int:
     return 64 if head_dim % 64 == 0 else 0
 
 
+def rotation(type_name: str, role: str, head_dim: int) -> int:
+    """The rotation size llama.cpp applies before storing ``role`` (``"k"``/``"v"``) of ``type_name`` (0: none)."""
+    if not block_type(type_name).quantized:
+        return 0
+    return k_rotation(head_dim) if role == "k" else v_rotation(head_dim)
+
+
 def hadamard_matrix(n: int) -> torch.Tensor:
     """The normalised Sylvester matrix ``(-1)**popcount(i & j) / sqrt(n)`` (float64; for tests and notes)."""
     i = torch.arange(n)

@@ -52,8 +52,9 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv import vllm_codecs as vc
-from evalkit.kv.formats import Recipe, ScaleDType
+from evalkit.kv import packing
+from evalkit.kv.codecs.slot import Codec, packed
+from evalkit.kv.formats import CodecRecipe, ScaleDType
 from evalkit.kv.microscaling import code_to_e2m1, e2m1_to_code, pack_fp4, round_to_e2m1, unpack_fp4
 from evalkit.kv.scheme import Granularity, GranularityKind
 
@@ -92,10 +93,10 @@ def _fp8_encode(x: torch.Tensor, role: str = "k"):
     xf = x.float()
     if role == "v":  # the RoPE tail: bf16, not quantized
         rope = x.to(torch.bfloat16)
-        return vc.packed(rope.float(), rope.contiguous().view(torch.uint8), rope.float(), ~torch.isfinite(xf).all())
+        return packed(rope.float(), rope.contiguous().view(torch.uint8), rope.float(), ~torch.isfinite(xf).all())
     codes, s = fp8_tiles(x)
-    stored = torch.cat([codes.view(torch.uint8), vc.float32_bytes(s)], dim=-1)
-    return vc.packed(codes.float(), stored, _fp8_values(codes, s), ~torch.isfinite(xf).all())
+    stored = torch.cat([codes.view(torch.uint8), packing.float32_bytes(s)], dim=-1)
+    return packed(codes.float(), stored, _fp8_values(codes, s), ~torch.isfinite(xf).all())
 
 
 def _fp8_values(codes: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -107,7 +108,7 @@ def _fp8_decode(stored: torch.Tensor, role: str, dim: int) -> torch.Tensor:
     if role == "v":
         return stored.contiguous().view(torch.bfloat16).float()
     codes = stored[..., :LATENT].contiguous().view(torch.float8_e4m3fn)
-    return _fp8_values(codes, vc.bytes_float32(stored[..., LATENT:]))
+    return _fp8_values(codes, packing.bytes_float32(stored[..., LATENT:]))
 
 
 def _fp8_width(role: str, dim: int) -> int:
@@ -137,11 +138,11 @@ def _nvfp4_encode(x: torch.Tensor, role: str = "k"):
     xf = x.float()
     if role == "v":  # the RoPE tail: E4M3, unscaled
         rope = e4m3(xf)
-        return vc.packed(rope.float(), rope.view(torch.uint8), rope.float(), ~torch.isfinite(xf).all())
+        return packed(rope.float(), rope.view(torch.uint8), rope.float(), ~torch.isfinite(xf).all())
     q, sf = fp4_groups(x)
     sf_bytes = sf.to(torch.float8_e4m3fn).view(torch.uint8)  # exact: sf is already an E4M3 value
     stored = torch.cat([pack_fp4(e2m1_to_code(q, check=False)), _permute(sf_bytes)], dim=-1)
-    return vc.packed(q, stored, _nvfp4_values(q, sf), ~torch.isfinite(xf).all())
+    return packed(q, stored, _nvfp4_values(q, sf), ~torch.isfinite(xf).all())
 
 
 def _nvfp4_values(q: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
@@ -190,9 +191,9 @@ def _no_head_size(d: int) -> None:  # MLA rows are checked by check_layout (late
 
 
 CODECS = (
-    vc.Codec(
+    Codec(
         name="fp8_ds_mla",
-        recipe=Recipe.VLLM_FP8_DS_MLA,
+        recipe=CodecRecipe("vllm_fp8_ds_mla"),
         format="fp8_e4m3",
         granularity=Granularity(GranularityKind.GROUP, FP8_TILE),
         encode=_fp8_encode,
@@ -201,9 +202,9 @@ CODECS = (
         check_head_size=_no_head_size,
         mla=True,
     ),
-    vc.Codec(
+    Codec(
         name="nvfp4_ds_mla",
-        recipe=Recipe.VLLM_NVFP4_DS_MLA,
+        recipe=CodecRecipe("vllm_nvfp4_ds_mla"),
         format="fp4_e2m1",
         granularity=Granularity(GranularityKind.GROUP, FP4_GROUP),
         scale_dtype=ScaleDType.E4M3,

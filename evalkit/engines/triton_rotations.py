@@ -105,8 +105,8 @@ def turboquant_conformance(name: str, seed: int = 0, device: str = "cpu") -> Sto
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
     from vllm.v1.attention.backends.turboquant_attn import _build_hadamard
 
-    from evalkit.kv.codecs.slot import unpack_3bit, unpack_nibbles
     from evalkit.kv.codecs.vllm import turboquant as tq
+    from evalkit.kv.packing import unpack_3bit, unpack_nibbles
 
     mod = load_with_triton(TQ_FILE, device)
     key, value = sample(seed)

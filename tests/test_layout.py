@@ -10,6 +10,7 @@ command line. Imports inside a function count too: a lazy import is still a depe
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,59 @@ def test_no_modules_import_each_other_around_a_loop():
     assert not circles, "modules importing each other around a loop (open one import of each): " + "; ".join(
         " <-> ".join(c) for c in circles
     )
+
+
+HOOK = re.compile(r"^(evalkit(?:\.\w+)+):[\w.]+$")  # "module:function", resolved when used
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_no_hook_string_reaches_a_floor_above(path: Path):
+    """A ``"module:function"`` string (an engine's hooks, an evaluation's report hooks) is an import made
+    later: it names nothing above its module's floor. What a lower floor needs from a higher one is
+    registered from above (the report's figures by name: evalkit.report.evals.FIGURES)."""
+    top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    if top in ENTRY_POINTS:
+        return
+    above = [
+        f"line {node.lineno}: {node.value}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and HOOK.match(node.value)
+        if floor_of(HOOK.match(node.value).group(1).split(".")[1]) > floor_of(top)
+    ]
+    assert not above, f"{path.relative_to(ROOT)} (floor {top}) names hooks above it: {above}"
+
+
+# the module the `evalkit.evals` entry point of environments installed before the serving evaluation moved
+# to engines/vllm/ names; pyproject.toml names the new module, so it goes once no such environment is left
+ENTRY_POINT_STUBS = {"evalkit.engines.serving_eval"}
+
+
+def names_vllm(name: str) -> bool:
+    return "vllm" in name.split(".")[-1] or any(part == "vllm" or part.startswith("vllm_") for part in name.split("."))
+
+
+def test_only_vllms_folder_names_vllm():
+    """vLLM has one home, evalkit/engines/vllm/ (as llama.cpp has engines/llamacpp/). No other module under
+    evalkit/engines/ *names* vLLM: its own module name contains no ``vllm``, and none of its imports
+    (function-local ones included) names a module whose dotted path does (``import vllm...``, ``from vllm...``,
+    ``from evalkit.engines.vllm... import``). Strings are data, not names: a profile called ``vllm-cuda``, a
+    vLLM source file a profile cites."""
+    assert names_vllm("vllm.v1.attention") and names_vllm("evalkit.engines.vllm.kernel")
+    assert names_vllm("evalkit.engines.vllm_kernel") and not names_vllm("evalkit.engines.llamacpp.runtime")
+    names = module_names()
+    outside = [n for n in names if n.startswith("evalkit.engines") and not n.startswith("evalkit.engines.vllm")]
+    assert "evalkit.engines.profiles" in outside and "evalkit.engines.llamacpp.engine" in outside
+    found = []
+    for name in outside:
+        if name in ENTRY_POINT_STUBS:
+            continue
+        if names_vllm(name):
+            found.append(f"{name}: its name")
+        for node in ast.walk(ast.parse(names[name].read_text())):
+            imported = []
+            if isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found += [f"{name} line {node.lineno}: imports {m}" for m in imported if names_vllm(m)]
+    assert not found, f"vLLM named outside evalkit/engines/vllm/: {found}"

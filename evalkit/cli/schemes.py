@@ -138,8 +138,8 @@ def run_engine(args) -> int:
     """``schemes --engine vllm``: every kv_cache_dtype of the installed vLLM, as evalkit models it."""
     import json
 
-    from evalkit.engines.vllm_dtypes import rows
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm.dtypes import rows
+    from evalkit.engines.vllm.kernel import check_vllm_available
 
     check_vllm_available()
     label, layout = _engine_layout(args.model)

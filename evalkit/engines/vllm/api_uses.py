@@ -98,7 +98,7 @@ RUNTIME: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
     ("method", "vllm.platforms.interface.Platform.is_rocm", (), 0),
     ("name", "vllm.model_executor.layers.quantization.turboquant.config.TurboQuantConfig.slot_size_aligned", (), 0),
 )
-RUNTIME_WHERE = "evalkit/engines (objects vLLM returns: vllm_runner, vllm_serving, vllm_lmeval, triton_rotations)"
+RUNTIME_WHERE = "evalkit/engines (objects vLLM returns: vllm/runner, vllm/serving, vllm/lmeval, vllm/triton_rotations)"
 # lm-eval's VLLM model hands the keywords it does not take itself to vllm.LLM (lm_eval/models/vllm_causallms.py)
 FORWARDS_TO_LLM = {"lm_eval.models.vllm_causallms.VLLM": "vllm.LLM"}
 

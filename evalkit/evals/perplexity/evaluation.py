@@ -138,7 +138,7 @@ class PerplexityEval(Evaluation):
         ),
         frames=("evalkit.evals.perplexity.report:float_noise_frame",),
         notes=("evalkit.evals.perplexity.report:notes",),
-        plots=("evalkit.report.plots:positions_figures",),
+        plots=("positions",),
         criteria=(
             Criterion(
                 "Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True

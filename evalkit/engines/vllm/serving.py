@@ -1,7 +1,7 @@
 """Serving capacity measured from vLLM itself: the KV tokens its allocator fits, how many requests it
 admits at once, and its prefill and decode speed, per ``kv_cache_dtype``, next to evalkit's count.
 
-For each ``kv_cache_dtype`` one in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`)
+For each ``kv_cache_dtype`` one in-process engine (:class:`~evalkit.engines.vllm.runner.VllmRunner`)
 is started on the model with the same KV budget (``kv_cache_memory_bytes``: on the CPU what
 ``VLLM_CPU_KVCACHE_SPACE`` sets, on CUDA the alternative to ``gpu_memory_utilization``) and
 ``max_model_len`` = the context. Read from the engine's own objects, not its log:
@@ -95,7 +95,7 @@ class Allocation:
 
 
 def read_allocation(runner, budget_bytes: int, context: int) -> Allocation:
-    """The :class:`Allocation` of a started :class:`~evalkit.engines.vllm_runner.VllmRunner`."""
+    """The :class:`Allocation` of a started :class:`~evalkit.engines.vllm.runner.VllmRunner`."""
     engine = runner.llm.llm_engine
     scheduler = _scheduler(runner)
     kcc = scheduler.kv_cache_config
@@ -351,7 +351,7 @@ def measure(
 ) -> list[Measurement]:
     """Start one engine per kv_cache_dtype on ``model_dir`` with ``budget_bytes`` of KV cache and
     ``max_model_len = context``; read its allocation, and with ``load`` run batch 1 and the load run."""
-    from evalkit.engines.vllm_runner import VllmRunner, _import_vllm
+    from evalkit.engines.vllm.runner import VllmRunner, _import_vllm
     from evalkit.kv.memory import bytes_per_token
 
     _import_vllm()

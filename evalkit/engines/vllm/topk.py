@@ -3,7 +3,7 @@ NLL of the actual next token and the engine's top-k ids and log-probs) and :func
 kl_topk's proven lower bound of KL(baseline || scheme) from two such runs (and, where the scheme's
 reported top-k probabilities sum to >= 1 so its tail mass is not known, the part of that bound that
 needs no tail mass). Shared by the perplexity and
-decode paths of the vLLM backend (:mod:`evalkit.engines.vllm_backend`, :mod:`evalkit.engines.vllm_decode`).
+decode paths of the vLLM backend (:mod:`evalkit.engines.vllm.backend`, :mod:`evalkit.engines.vllm.decode`).
 """
 
 from __future__ import annotations

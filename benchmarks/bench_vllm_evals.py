@@ -9,7 +9,7 @@ by round, best round each:
 
 - decode (embedded corpus, 4 sequences, P = 128, T = 64): plain = ``LLM.generate`` greedy (T tokens,
   EOS ignored) then ``LLM.generate(prompt_logprobs=20)`` over the P + T rows, NLL read from vLLM's
-  ``{token_id: Logprob}`` dicts; evalkit = :func:`evalkit.engines.vllm_decode.decode_run` and
+  ``{token_id: Logprob}`` dicts; evalkit = :func:`evalkit.engines.vllm.decode.decode_run` and
   ``decode_positions`` against the engine baseline, then the eval's rows (bootstrap intervals,
   first divergence);
 - retrieval (passkey at 512 tokens, 3 depths x 2 samples): plain = ``LLM.generate`` greedy with EOS
@@ -56,9 +56,9 @@ def report(name: str, tp: list[float], te: list[float]) -> None:
 def bench_decode(lm, work, scheme, rounds):
     from vllm import SamplingParams
 
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_decode import decode_positions, decode_run
-    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.decode import decode_positions, decode_run
+    from evalkit.engines.vllm.runner import DEFAULT_TOP_K, engine_config
     from evalkit.evals.backend import use_backend
     from evalkit.evals.decode.evaluation import DecodeEval
 
@@ -94,9 +94,9 @@ def bench_decode(lm, work, scheme, rounds):
 def bench_retrieval(lm, work, scheme, rounds):
     from vllm import SamplingParams
 
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_decode import generate_texts
-    from evalkit.engines.vllm_runner import engine_config
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.decode import generate_texts
+    from evalkit.engines.vllm.runner import engine_config
     from evalkit.evals.backend import use_backend
     from evalkit.evals.retrieval import grid as G
     from evalkit.evals.retrieval.evaluation import RetrievalEval
@@ -134,9 +134,9 @@ def bench_retrieval(lm, work, scheme, rounds):
 def bench_lmeval(lm, work, scheme, rounds):
     import lm_eval
 
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_lmeval import lmeval_vllm
-    from evalkit.engines.vllm_runner import engine_config
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.lmeval import lmeval_vllm
+    from evalkit.engines.vllm.runner import engine_config
     from evalkit.evals.backend import use_backend
     from evalkit.evals.lmeval.adapter import run_lm_eval
     from evalkit.evals.lmeval.evaluation import LmEvalEval, flip_rows, metric_rows

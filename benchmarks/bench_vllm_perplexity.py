@@ -53,8 +53,8 @@ def main() -> None:
     numerics.configure()
     import torch
 
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_runner import DEFAULT_TOP_K, engine_config
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.runner import DEFAULT_TOP_K, engine_config
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.models.loading import cache_root, load_model
 

@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-    from evalkit.engines import vllm_serving as vs
+    from evalkit.engines.vllm import serving as vs
     from evalkit.models.info import kv_layout
     from evalkit.models.loading import model_source
     from evalkit.models.presets import config_namespace

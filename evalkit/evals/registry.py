@@ -9,11 +9,11 @@ to its workers, so evals registered at run time resolve the same way there.
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
+from evalkit.runtime.plugins import import_once, plugin_modules
 
 # ---- registry ----------------------------------------------------------------------------------
 PLUGINS_ENV = "EVALKIT_EVALS"  # comma-separated modules that register evaluations
@@ -61,24 +61,12 @@ def _builtin() -> dict[str, str]:
 
 def _load_plugins() -> None:
     """Import the modules named in EVALKIT_EVALS and the ``evalkit.evals`` entry points (each once)."""
-    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    try:
-        from importlib.metadata import entry_points
-
-        names += [ep.value.partition(":")[0] for ep in entry_points(group=ENTRY_POINTS)]
-    except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
-        pass
-    for module in names:
-        if module in _loaded_plugins:
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise EvalkitError(
-                f"evaluation module {module!r} (from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points) "
-                f"cannot be imported ({type(exc).__name__}: {exc}): fix the name or install it"
-            ) from None
-        _loaded_plugins.add(module)
+    import_once(
+        plugin_modules(PLUGINS_ENV, ENTRY_POINTS),
+        _loaded_plugins,
+        "evaluation",
+        f"from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points",
+    )
 
 
 def registry() -> dict[str, str]:

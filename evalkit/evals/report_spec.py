@@ -1,6 +1,7 @@
 """What the report shows of an evaluation, declared by the evaluation: its summary :class:`Column` s,
-budget :class:`Criterion` s and plots, frames and notes as ``"module:function"`` strings
-(:class:`ReportSpec`, resolved with :func:`resolve`), so an evaluation never imports the report.
+budget :class:`Criterion` s, frames and notes as ``"module:function"`` strings of its own modules
+(:class:`ReportSpec`, resolved with :func:`resolve`), and its plots by the names of the report's figures,
+so an evaluation never imports, nor names, the report.
 """
 
 from __future__ import annotations
@@ -68,13 +69,16 @@ class Criterion:
 class ReportSpec:
     """What ``evalkit report`` shows of an evaluation, iterated over by the report (never by name).
 
-    ``columns``: summary-table columns (:class:`Column`); ``frames`` / ``displays`` / ``notes`` /
-    ``plots``: ``"module:function"`` strings resolved by the report, for what a plain column cannot
-    say: ``frame(rows, slot)`` adds summary-frame columns from this eval's rows (``slot(model,
-    scheme)`` is that row's dict), ``display(row, is_baseline)`` returns ``{heading: text}``,
-    ``note(frame)`` returns lines printed under the table, ``plot(results, style=..., bands=...)``
-    draws from a view of the store holding this eval's rows only and returns ``{name: figure}``
-    (the report saves each as PNG and SVG; it passes only the options the function accepts). ``criteria``: budget criteria (:class:`Criterion`).
+    ``columns``: summary-table columns (:class:`Column`); ``frames`` / ``displays`` / ``notes``:
+    ``"module:function"`` strings of the evaluation's own modules, resolved by the report, for what a plain
+    column cannot say: ``frame(rows, slot)`` adds summary-frame columns from this eval's rows (``slot(model,
+    scheme)`` is that row's dict), ``display(row, is_baseline)`` returns ``{heading: text}``, ``note(frame)``
+    returns lines printed under the table. ``plots``: the names of the figures the report draws of this
+    eval's rows (``"positions"``, ``"decode"``, ``"retrieval"``: :data:`evalkit.report.evals.FIGURES`, so that
+    no evaluation names a module of a floor above it), or a ``"module:function"`` of its own,
+    ``plot(results, style=..., bands=...)``, which draws from a view of the store holding this eval's rows
+    only and returns ``{name: figure}`` (the report saves each as PNG and SVG; it passes only the options
+    the function accepts). ``criteria``: budget criteria (:class:`Criterion`).
     ``order``: where the eval's columns, notes and plots sit among the others (lowest first)."""
 
     columns: tuple[Column, ...] = ()

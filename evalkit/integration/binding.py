@@ -15,7 +15,7 @@ import torch
 
 from evalkit.data.resources import resolve_calibration_file
 from evalkit.errors import ScaleError, SchemeError
-from evalkit.kv.engine_dtypes import check_layout
+from evalkit.kv.codec import check_layout
 from evalkit.kv.memory import check_mla_scheme
 from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scale_table import Declared, ScaleTable, load_scale_table

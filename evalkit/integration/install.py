@@ -15,8 +15,9 @@ after every forward that wrote more than one token; a one-token decode step only
 the device (no host synchronisation inside a decode step), read when the next longer forward comes,
 when a decode loop calls :meth:`KVSession.check_finite`, and at the latest when the block ends.
 
-A ``llamacpp:`` scheme routes attention through its Q rounding (:func:`evalkit.kv.llamacpp_attention.round_query`:
-Q converted to the K type's dot type, as llama.cpp's CPU kernels do) on the layers it quantizes.
+A scheme whose codec family models what its engine's attention does to Q (``llamacpp:``: Q converted to
+the K type's dot type, as llama.cpp's CPU kernels do; :meth:`evalkit.kv.codec.CodecFamily.query_rounding`)
+routes attention through that rounding on the layers it quantizes.
 ``+attn=fa3`` additionally routes attention through :func:`~evalkit.integration.fa3.fa3_attention`
 (queries and softmax probabilities in FP8 over the stored K/V) for quantized layers.
 
@@ -38,6 +39,7 @@ from evalkit.integration.fa3 import fa3_attention
 from evalkit.integration.hf_compat import cache_keyword, check_transformers, take_cache
 from evalkit.integration.static_cache import StaticStorageCache
 from evalkit.integration.storage import StorageCache
+from evalkit.kv.codec import family_of
 from evalkit.kv.scale_table import ScaleTable
 from evalkit.kv.scheme import AttentionPrecision, Scheme, parse_scheme
 from evalkit.models.info import check_supported, config_hash, kv_layout
@@ -149,11 +151,10 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     fa3 = scheme.attention is AttentionPrecision.FA3 and not scheme.is_identity
     if fa3 and layout.is_mla:
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
-    llamacpp = scheme.recipe.value.startswith("llamacpp_") and not scheme.is_identity
-    if llamacpp and fa3:
-        raise SchemeError(
-            "a llamacpp: scheme models llama.cpp's own attention (Q in the K type's dot type), not FA3: drop +attn=fa3"
-        )
+    family = family_of(scheme.recipe)
+    round_query = None if family is None or scheme.is_identity else family.query_rounding(scheme)
+    if round_query is not None and fa3:
+        raise SchemeError(f"a {family.prefix}: scheme models {family.own_attention}, not FA3: drop +attn=fa3")
     if model in _ACTIVE:
         raise EvalkitError(
             "quantized_kv blocks cannot be nested on one model: leave the first block before entering another"
@@ -163,8 +164,8 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     with contextlib.ExitStack() as stack:
         if fa3:
             stack.enter_context(attention_handler(model, _fa3_handler(binding)))
-        if llamacpp:
-            stack.enter_context(attention_handler(model, _llamacpp_handler(binding, scheme)))
+        if round_query is not None:
+            stack.enter_context(attention_handler(model, _query_handler(binding, round_query)))
         handles = [
             decoder.register_forward_pre_hook(session._pre_forward, with_kwargs=True),
             decoder.register_forward_hook(session._post_forward, with_kwargs=True),
@@ -179,12 +180,8 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
                 h.remove()
 
 
-def _llamacpp_handler(binding: BoundScheme, scheme: Scheme):
-    """Q as llama.cpp's CPU attention reads it (evalkit.kv.llamacpp_attention) on the quantized layers."""
-    from evalkit.kv.llamacpp_attention import round_query
-    from evalkit.kv.llamacpp_codecs import types_of
-
-    type_k = types_of(scheme)[0]
+def _query_handler(binding: BoundScheme, round_query):
+    """Q as the engine's attention reads it (its codec family's ``query_rounding``) on the quantized layers."""
 
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
         layer = getattr(module, "layer_idx", None)
@@ -193,7 +190,7 @@ def _llamacpp_handler(binding: BoundScheme, scheme: Scheme):
                 f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
             )
         if binding.is_active(layer):
-            query = round_query(query, type_k, query.shape[-1])
+            query = round_query(query)
         return inner(module, query, key, value, attention_mask, **kwargs)
 
     return handler

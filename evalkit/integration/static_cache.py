@@ -39,6 +39,7 @@ from evalkit.errors import NonFiniteKVError, SchemeError
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.hf_compat import cache_layer_specs
 from evalkit.integration.stored import Padding, StoredTensor, dequantize_stored
+from evalkit.kv.codec import is_codec
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.kv.quantize import encode_quantized, quantize
 from evalkit.kv.scheme import GranularityKind
@@ -148,8 +149,6 @@ class StaticStoredTensor:
         self.length.add_(1)
 
     def _role(self) -> dict:
-        from evalkit.kv.vllm_codecs import is_codec
-
         return {"role": self.role} if is_codec(self.fmt.recipe) else {}
 
     def _write_block(self, x: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.hf_compat import cache_layer_specs
 from evalkit.integration.stored import Padding, StoredTensor, append_pair
+from evalkit.kv.codec import codec_for
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.models.info import text_config
 
@@ -82,10 +83,9 @@ class _StorageLayerMixin:
 
 
 def _prefill_reads_raw(binding: BoundScheme) -> bool:
-    """Whether the engine dtype attends a sequence's first write from the raw K/V (kv.vllm_codecs)."""
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    return is_codec(binding.fmt.recipe) and codec_for(binding.fmt.recipe).prefill_reads_raw
+    """Whether the engine dtype attends a sequence's first write from the raw K/V (its slot codec)."""
+    codec = codec_for(binding.fmt.recipe)
+    return codec is not None and codec.prefill_reads_raw
 
 
 class StorageLayer(_StorageLayerMixin, DynamicLayer):

@@ -51,6 +51,7 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.kv.codec import codec_for, is_codec
 from evalkit.kv.formats import KVFormat
 from evalkit.kv.memory import BASELINE_BYTES, SCALE_BYTES
 from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
@@ -75,10 +76,9 @@ def dequantize_stored(
     (B|1, H|1, 1, 1), a token's (B, H, S, 1), a group's (B, H, S, D/N), or for blocks one per
     position (B, H, S), already taken from each position's block. An engine codec's slot bytes are
     read by the codec itself (``dim``: its head_dim). The one place both storage caches read from."""
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    if is_codec(fmt.recipe):  # the engine's packed slot bytes, read by the codec
-        return codec_for(fmt.recipe).decode(codes, role, dim)
+    codec = codec_for(fmt.recipe)
+    if codec is not None:  # the engine's packed slot bytes, read by the codec
+        return codec.decode(codes, role, dim)
     values = decode(codes, fmt)
     if granularity.kind is GranularityKind.GROUP and scale.shape[-1] != 1:
         b, h, s, d = values.shape
@@ -168,9 +168,7 @@ class StoredTensor:
         role: str = "k",
     ):
         self.fmt, self.granularity, self.quantized = fmt, granularity, quantized
-        self.role = role  # "k" or "v": the vLLM rotation dtypes store the two differently (kv.vllm_codecs)
-        from evalkit.kv.vllm_codecs import is_codec
-
+        self.role = role  # "k" or "v": the vLLM rotation dtypes store the two differently (kv.codecs)
         self._role = {"role": role} if is_codec(fmt.recipe) else {}  # passed to quantize() for those only
         self.fixed = fixed_scale  # static or unit scale: one per layer (or per head), never changes
         self._codes = GrowingTensor()  # stored bytes (B, H, S, D * bits / 8)
@@ -483,9 +481,8 @@ def _joinable(k: StoredTensor, v: StoredTensor, key: torch.Tensor, value: torch.
         return False
     if (k.tensor_scale is None) != (v.tensor_scale is None):
         return False
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    return not is_codec(k.fmt.recipe) or codec_for(k.fmt.recipe).roles_alike
+    codec = codec_for(k.fmt.recipe)
+    return codec is None or codec.roles_alike
 
 
 def append_pair(k: StoredTensor, v: StoredTensor, key: torch.Tensor, value: torch.Tensor, padding: Padding | None):

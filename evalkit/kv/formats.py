@@ -35,7 +35,7 @@ OCP MX shared scale). The element table says which dtypes a format takes; a sche
 counts read one value (``Scheme.kv_format``). Two more scale facts ride along: ``tensor_scale``
 (a second-level FP32 scale per tensor, NVFP4) and ``recipe`` (:class:`Recipe`: how scales are
 derived where engines differ; see :mod:`evalkit.kv.microscaling`). The element rounding is bound the
-same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`evalkit.kv.rounding.Rounding`,
+same way (:meth:`KVFormat.with_rounding`, ``rounding``: a :class:`Rounding`, done by :mod:`evalkit.kv.rounding`;
 nearest even unless a scheme says ``+rounding=rtz`` or ``rna``).
 
 ``auto`` is the baseline (vLLM's name for "the model's own dtype"): K/V are stored unquantized in the
@@ -54,7 +54,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from evalkit.errors import SchemeError
-from evalkit.kv.rounding import Rounding
 
 
 class FormatKind(str, enum.Enum):
@@ -82,44 +81,42 @@ SCALE_DTYPE_HELP = {
 }
 
 
-# llama.cpp's --cache-type-k/-v choices (common/arg.cpp kv_cache_types), in its order
-LLAMACPP_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+class Rounding(str, enum.Enum):
+    """How ``x / scale`` becomes a code: the scheme option ``+rounding=`` (see :mod:`evalkit.kv.rounding`)."""
+
+    RNE = "rne"  # to nearest, ties to even (the default; never written in a scheme string)
+    RTZ = "rtz"  # toward zero, then saturate
+    RNA = "rna"  # to nearest, ties away from zero, then saturate
+
+
+ROUNDING_HELP = {
+    Rounding.RNE: "to nearest, ties to even (the default): torch's casts, CUDA's satfinite cast, vLLM on GPU",
+    Rounding.RTZ: "toward zero, then saturate at the format's max: vLLM's CPU KV store (cpu_attn_reshape_and_cache)",
+    Rounding.RNA: "to nearest, ties away from zero, then saturate: SGLang's fp4_e2m1 KV (sglang_fp4)",
+}
 
 
 class Recipe(str, enum.Enum):
     """Where engines derive scales differently from the standard rules (element rounding is its own
-    option, ``rounding``)."""
+    option, ``rounding``). An engine's own cache type carries its codec's :class:`CodecRecipe` instead."""
 
     STANDARD = "standard"  # amax / max rounded to the scale dtype; E8M0 by OCP MX
     SGLANG = "sglang"  # SGLang's fp4_e2m1 KV: E8M0 exponent ceil(log2(amax / 6)), sign bit v < 0 (-0.0 -> +0)
-    # vLLM's int8/fp8_per_token_head store: max(amax / QMAX, 1e-6) per token and head, x * (1 / scale),
-    # INT8 +-0.5 then truncation to [-128, 127] (evalkit.kv.per_token_head; named vllm:<kv_cache_dtype>)
-    VLLM_PER_TOKEN_HEAD = "vllm_per_token_head"
     # vLLM's CPU FP8 store (cpu_attn_reshape_and_cache): x * float32(1 / scale), an exact-zero quotient stored +0,
     # E4M3 below 2**-6 through a float32 subnormal (evalkit.kv.rounding.round_vllm_cpu); with +rounding=rtz
     VLLM_CPU = "vllm_cpu"
-    # vLLM's rotation-based dtypes, one recipe per kv_cache_dtype (evalkit.kv.vllm_codecs; named vllm:<dtype>):
-    # INT4 per token and head after a randomized Hadamard rotation, TurboQuant's Lloyd-Max keys and uniform
-    # values in one packed slot, UltraQuant's FP4 with UE8M0 scales per 32 and Hadamard-rotated keys
-    VLLM_INT4_PER_TOKEN_HEAD = "vllm_int4_per_token_head"
-    VLLM_TURBOQUANT_K8V4 = "vllm_turboquant_k8v4"
-    VLLM_TURBOQUANT_4BIT_NC = "vllm_turboquant_4bit_nc"
-    VLLM_TURBOQUANT_K3V4_NC = "vllm_turboquant_k3v4_nc"
-    VLLM_TURBOQUANT_3BIT_NC = "vllm_turboquant_3bit_nc"
-    VLLM_ULTRAQUANT_4BIT = "vllm_ultraquant_4bit"
-    # vLLM's DeepSeek MLA rows (evalkit.kv.ds_mla; named vllm:<dtype>): fp8_ds_mla's E4M3 latent with a
-    # power-of-two float32 scale per 128 and a bf16 RoPE tail; nvfp4_ds_mla's E2M1 latent, E4M3 scales per 16, E4M3 RoPE
-    VLLM_FP8_DS_MLA = "vllm_fp8_ds_mla"
-    VLLM_NVFP4_DS_MLA = "vllm_nvfp4_ds_mla"
-    # vLLM's nvfp4 / nvfp4_4over6 on standard attention (evalkit.kv.nvfp4_kv): E2M1 + E4M3 scale per 16 per slot
-    VLLM_NVFP4 = "vllm_nvfp4"
-    VLLM_NVFP4_4OVER6 = "vllm_nvfp4_4over6"
-    # llama.cpp's cache types, one recipe per (type_k, type_v) pair, LLAMACPP_Q8_0_Q4_0 = "llamacpp_q8_0_q4_0"
-    # (evalkit.kv.llamacpp_codecs; named llamacpp:<k>[/<v>]): ggml's blocks as its CPU cache write stores them
-    _ignore_ = ("_k", "_v")
-    for _k in LLAMACPP_TYPES:
-        for _v in LLAMACPP_TYPES:
-            vars()[f"LLAMACPP_{_k.upper()}_{_v.upper()}"] = f"llamacpp_{_k}_{_v}"
+
+
+@dataclass(frozen=True)
+class CodecRecipe:
+    """The recipe of an engine's own cache type (vLLM's ``int4_per_token_head``, llama.cpp's ``q8_0/q4_0``):
+    its codec family's store arithmetic (:mod:`evalkit.kv.codec`), made by that family and compared by
+    ``value``, which is what ``+recipe=`` writes (``vllm_int4_per_token_head``, ``llamacpp_q8_0_q4_0``)."""
+
+    value: str
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -139,7 +136,7 @@ class KVFormat:
     # the scale encoding bound by Scheme.kv_format (defaults: today's float32 scales)
     scale_dtype: ScaleDType = ScaleDType.FP32
     tensor_scale: bool = False
-    recipe: Recipe = Recipe.STANDARD
+    recipe: Recipe | CodecRecipe = Recipe.STANDARD
     rounding: Rounding = Rounding.RNE
     recipes: tuple[Recipe, ...] = (Recipe.STANDARD,)  # the recipes this format's scales may follow
 
@@ -200,7 +197,10 @@ class KVFormat:
         return self.scale_dtype.nbytes
 
     def with_scales(
-        self, scale_dtype: ScaleDType = ScaleDType.FP32, tensor_scale: bool = False, recipe: Recipe = Recipe.STANDARD
+        self,
+        scale_dtype: ScaleDType = ScaleDType.FP32,
+        tensor_scale: bool = False,
+        recipe: Recipe | CodecRecipe = Recipe.STANDARD,
     ) -> KVFormat:
         """This element format with its scales stored as ``scale_dtype`` (checked by the scheme)."""
         return replace(self, scale_dtype=scale_dtype, tensor_scale=tensor_scale, recipe=recipe)
@@ -287,7 +287,7 @@ FORMATS: dict[str, KVFormat] = {
                 "FP8 E4M3 (OCP 'fn': max 448, no inf), the engines' usual KV format",
                 (ScaleDType.FP32, ScaleDType.E8M0),
             ),
-            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD, Recipe.VLLM_CPU),
+            recipes=(Recipe.STANDARD, Recipe.VLLM_CPU),
         ),
         _float8("fp8_e4m3fnuz", torch.float8_e4m3fnuz, "FP8 E4M3 'fnuz' as on AMD MI300 (max 240, no -0, no inf)"),
         replace(
@@ -299,10 +299,7 @@ FORMATS: dict[str, KVFormat] = {
             ),
             recipes=(Recipe.STANDARD, Recipe.VLLM_CPU),
         ),
-        replace(
-            _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
-            recipes=(Recipe.STANDARD, Recipe.VLLM_PER_TOKEN_HEAD),
-        ),
+        _int("int8", 8, False, "INT8 symmetric, codes -127..127 (reference point)"),
         _int("int8_asym", 8, True, "INT8 asymmetric, codes 0..255 with a zero point (reference point)"),
         _int("int4", 4, False, "INT4 symmetric, codes -7..7, two per byte (KIVI-style reference point)"),
         _int("int4_asym", 4, True, "INT4 asymmetric, codes 0..15 with a zero point, two per byte (KIVI-style)"),

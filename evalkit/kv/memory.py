@@ -35,6 +35,8 @@ import math
 from fractions import Fraction
 
 from evalkit.errors import SchemeError
+from evalkit.kv.codec import check_layout, codec_for, is_codec
+from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme
 from evalkit.models.info import KVLayout
 
@@ -70,10 +72,8 @@ def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
 
 
 def bytes_per_element(scheme: Scheme, head_dim: int) -> float:
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    if is_codec(scheme.recipe):  # a vLLM rotation dtype: its slot (K and V) per 2 * head_dim elements
-        c = codec_for(scheme.recipe)
+    c = codec_for(scheme.recipe)
+    if c is not None:  # an engine's slot codec: its slot (K and V) per 2 * head_dim elements
         return (c.width("k", head_dim) + c.width("v", head_dim)) / (2 * head_dim)
     data = BASELINE_BYTES if scheme.is_unscaled else scheme.kv_format.bits / 8
     return data + scale_bytes_per_element(scheme, head_dim)
@@ -85,10 +85,9 @@ def layer_cache_bytes(
     """Exact bytes one layer's K (or V: ``role="v"``) takes for ``batch`` sequences of ``seq`` stored tokens."""
     if not quantized or scheme.is_unscaled:
         return BASELINE_BYTES * batch * heads * seq * head_dim
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    if is_codec(scheme.recipe):  # a vLLM rotation dtype: its packed bytes per (token, head), scales inside
-        return batch * heads * seq * codec_for(scheme.recipe).width(role, head_dim)
+    c = codec_for(scheme.recipe)
+    if c is not None:  # an engine's slot codec: its packed bytes per (token, head), scales inside
+        return batch * heads * seq * c.width(role, head_dim)
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
     if scheme.scales is not ScaleSource.DYNAMIC:
@@ -121,9 +120,6 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if layout.is_mla:
         check_mla_scheme(scheme, layout)
         return
-    from evalkit.kv.engine_dtypes import check_layout
-    from evalkit.kv.quantize import check_granularity
-
     check_layout(scheme, False, (layout.head_dim, layout.v_head_dim))
 
     for dim in dict.fromkeys((layout.head_dim, layout.v_head_dim)):
@@ -133,8 +129,6 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
 def check_mla_scheme(scheme: Scheme, layout: KVLayout) -> None:
     if scheme.is_unscaled or not layout.is_mla:
         return
-    from evalkit.kv.engine_dtypes import check_layout
-
     check_layout(scheme, True, (layout.mla_latent_dim, layout.mla_rope_dim))
     if scheme.granularity.kind not in MLA_GRANULARITIES:
         raise SchemeError(
@@ -166,9 +160,7 @@ def mla_rope_granularity(scheme: Scheme, layout: KVLayout):
 def _part_bytes(scheme: Scheme, batch: int, seq: int, dim: int, quantized: bool, role: str = "k") -> int:
     """One single-head MLA part (latent or RoPE key: ``role="v"``); a group wider than the part has one scale
     per token."""
-    from evalkit.kv.vllm_codecs import is_codec
-
-    if quantized and is_codec(scheme.recipe):  # a vLLM MLA row (kv.ds_mla): its bytes for this side
+    if quantized and is_codec(scheme.recipe):  # a vLLM MLA row (kv.codecs.vllm.ds_mla): its bytes for this side
         return layer_cache_bytes(scheme, batch, 1, seq, dim, quantized, role)
     if quantized and scheme.granularity.kind is GranularityKind.GROUP and dim % scheme.granularity.size:
         data = batch * seq * math.ceil(dim * scheme.kv_format.bits / 8)

@@ -112,8 +112,9 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.device_exact import divide, log2_ceil, power_of_two
-from evalkit.kv.formats import FORMATS
-from evalkit.kv.rounding import Rounding, round_to_grid
+from evalkit.kv.formats import FORMATS, Rounding
+from evalkit.kv.packing import pack_nibbles, unpack_nibbles
+from evalkit.kv.rounding import round_to_grid
 
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # 6 = 1.5 * 2**2
@@ -219,15 +220,14 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
         raise SchemeError(
             f"FP4 stores two values per byte along head_dim, so head_dim must be even; it is {codes.shape[-1]}"
         )
-    codes = codes.to(torch.uint8)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return pack_nibbles(codes)
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of ``pack_fp4``: uint8 [..., n] -> codes uint8 [..., 2n]."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"unpack_fp4 takes uint8 bytes, not {packed.dtype}")
-    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+    return unpack_nibbles(packed)
 
 
 def e8m0_scale(amax: torch.Tensor, elem_emax: int) -> torch.Tensor:

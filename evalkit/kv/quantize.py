@@ -72,8 +72,10 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
+from evalkit.kv.codec import family_of
 from evalkit.kv.device_exact import divide
 from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
+from evalkit.kv.packing import pack_nibbles, unpack_nibbles
 from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid, round_vllm_cpu, vllm_cpu_quotient
 from evalkit.kv.scheme import Granularity, GranularityKind
 
@@ -102,7 +104,7 @@ class Quantized:
     stored: torch.Tensor | None = (
         None  # the stored tensor of ``codes`` where rounding made it anyway (see encode_quantized)
     )
-    values: torch.Tensor | None = None  # an engine codec's dequantized values (evalkit.kv.vllm_codecs)
+    values: torch.Tensor | None = None  # an engine codec's dequantized values (evalkit.kv.codecs.slot)
 
 
 def check_granularity(granularity: Granularity, head_dim: int) -> None:
@@ -210,17 +212,12 @@ def quantize(
     """Quantize ``x`` (B, H, S, D) under ``fmt``: dynamic scales per ``granularity``, or the given ``scale``.
 
     ``tensor_scale``: NVFP4's per-sequence scale (B, 1, 1, 1) to reuse instead of computing it from x.
-    ``role``: ``"k"`` or ``"v"``, for the engine codecs that store K and V differently (vllm_codecs)."""
+    ``role``: ``"k"`` or ``"v"``, for the engine codecs that store K and V differently (:mod:`evalkit.kv.codec`)."""
     if fmt.is_unscaled:
         raise AssertionError("an unscaled 16-bit cache stores values, not codes")
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
-
-    if is_codec(fmt.recipe):  # a vLLM dtype with its own rotation / codebook / packed slot
-        return codec_for(fmt.recipe).encode(x, role)
-    if fmt.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's per-token-head store kernel, modelled on its own
-        from evalkit.kv.per_token_head import quantize_per_token_head
-
-        return quantize_per_token_head(x, fmt)
+    family = family_of(fmt.recipe)
+    if family is not None:  # an engine's own cache type: its store kernel (a rotation, a codebook, a packed slot)
+        return family.quantize(x, fmt, role)
     xf = x.float()
     if scale is not None:
         if fmt.scale_dtype is not ScaleDType.FP32 or fmt.group_scaled:
@@ -276,7 +273,7 @@ def _nvfp4_global(xf: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(codes - zero) * scale`` broadcast back over x's shape, cast to ``dtype``."""
-    if q.values is not None:  # an engine codec computed what its attention reads (vllm_codecs)
+    if q.values is not None:  # an engine codec computed what its attention reads (evalkit.kv.codecs.slot)
         return q.values.to(dtype)
     codes = q.codes
     if q.granularity is None:
@@ -314,27 +311,17 @@ def cast_16bit(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     return x.to(fmt.torch_dtype).to(x.dtype)
 
 
-def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
-
-
-def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    out = torch.stack((packed & 0xF, packed >> 4), dim=-1)
-    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-
-
 def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Float32 codes (already on the format's grid) -> the stored tensor: float8, int8, uint8 or
     4-bit codes packed two per byte along head_dim (low nibble first; FP4 in the OCP bit layout
     S E E M). Exact."""
     if fmt.own_codes:
         stored = mx.float_to_code(codes, fmt, check=False)  # no host read-back: runs in every layer
-        return _pack_nibbles(stored) if fmt.packed else stored
+        return pack_nibbles(stored) if fmt.packed else stored
     if fmt.kind is FormatKind.FLOAT:
         return codes.to(fmt.storage_dtype)
     if fmt.packed:
-        return _pack_nibbles(codes if fmt.asymmetric else codes + 8)
+        return pack_nibbles(codes if fmt.asymmetric else codes + 8)
     return codes.to(fmt.storage_dtype)
 
 
@@ -351,6 +338,6 @@ def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     if fmt.kind is FormatKind.FLOAT:
         return stored.to(torch.float32)
     if fmt.packed:
-        c = _unpack_nibbles(stored).to(torch.float32)
+        c = unpack_nibbles(stored).to(torch.float32)
         return c if fmt.asymmetric else c - 8
     return stored.to(torch.float32)

@@ -1,6 +1,6 @@
 """Rounding to a float format, and to integer codes, in one of three modes: the one place that rounds.
 
-Modes (:class:`Rounding`, the scheme option ``+rounding=``; every quantized format takes each):
+Modes (:class:`evalkit.kv.formats.Rounding`, the scheme option ``+rounding=``; every quantized format takes each):
 
 * ``rne`` (the default, never written in a scheme string): to nearest, ties to even, what torch's
   float8 casts, ml_dtypes, the OCP MX conversion and CUDA's ``__nv_cvt_float_to_fp8(...,
@@ -73,28 +73,9 @@ and large random tensors.
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:  # formats.py imports Rounding from here
-    from evalkit.kv.formats import KVFormat
-
-
-class Rounding(str, enum.Enum):
-    """How ``x / scale`` becomes a code: the scheme option ``+rounding=`` (see the module docstring)."""
-
-    RNE = "rne"  # to nearest, ties to even (the default; never written in a scheme string)
-    RTZ = "rtz"  # toward zero, then saturate
-    RNA = "rna"  # to nearest, ties away from zero, then saturate
-
-
-ROUNDING_HELP = {
-    Rounding.RNE: "to nearest, ties to even (the default): torch's casts, CUDA's satfinite cast, vLLM on GPU",
-    Rounding.RTZ: "toward zero, then saturate at the format's max: vLLM's CPU KV store (cpu_attn_reshape_and_cache)",
-    Rounding.RNA: "to nearest, ties away from zero, then saturate: SGLang's fp4_e2m1 KV (sglang_fp4)",
-}
+from evalkit.kv.formats import KVFormat, Rounding
 
 SMALL = 16384  # below this many elements (a decode step's K or V) the cast's two kernels beat seven passes
 

@@ -5,6 +5,7 @@ same value::
 
     FORMAT/GRANULARITY/SCALES[+option=value...]
     NAME[+skip=...][+attn=fa3][+rope=bf16]
+    PREFIX:NAME[+skip=...][+attn=fa3][+rope=bf16]   an engine's own cache type (vllm:, llamacpp:)
 
     auto                              unquantized baseline: the model's own dtype (the identity scheme)
     bf16, fp16                        K/V rounded to 16 bits, no scales (auto on a model of that dtype)
@@ -38,6 +39,10 @@ meaning and their run ids; every quantized format takes each mode, see
 :mod:`evalkit.kv.rounding`), ``skip=0,5`` or ``skip=sliding`` (layers kept unquantized),
 ``attn=fa3`` (attention precision), ``rope=bf16`` (MLA models: keep the RoPE key unquantized).
 
+``PREFIX:NAME`` is handed to the codec family registered for the prefix (:mod:`evalkit.kv.codec`),
+which says what scheme it is; such a scheme carries the family's recipe, and its canonical string, its
+checks and its store are the family's. This module knows no family.
+
 Named schemes (:data:`NAMED_SCHEMES`) are the standard combinations. A named scheme's canonical
 string is its name (plus ``skip``/``attn``/``rope`` options), and its long form parses to the same
 value, so ``fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32`` prints as ``nvfp4``:
@@ -67,13 +72,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 
 from evalkit.errors import SchemeError
-from evalkit.kv.formats import FORMATS, KVFormat, Recipe, ScaleDType, get_format
+from evalkit.kv import codec as codecs
+from evalkit.kv.formats import FORMATS, CodecRecipe, KVFormat, Recipe, Rounding, ScaleDType, get_format
 from evalkit.kv.microscaling import MX_BLOCK, NVFP4_BLOCK, SGLANG_FP4_BLOCK, SGLANG_FP4_SCALE_DTYPE
-from evalkit.kv.rounding import Rounding
 
 
 class GranularityKind(str, enum.Enum):
@@ -162,7 +168,7 @@ class Scheme:
     rope_bf16: bool = False
     scale_dtype: ScaleDType = ScaleDType.FP32
     tensor_scale: bool = False
-    recipe: Recipe = Recipe.STANDARD
+    recipe: Recipe | CodecRecipe = Recipe.STANDARD  # an engine codec family's own (evalkit.kv.codec)
     rounding: Rounding = Rounding.RNE
     scales_model: str | None = None  # the model a sidecar-less static table was made for (+scales_model=)
     scales_format: str | None = None  # the format it was calibrated for (+scales_format=)
@@ -251,10 +257,9 @@ class Scheme:
 
     def _check_scale_encoding(self, fmt: KVFormat) -> None:
         """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
-        if self.recipe.value in _CODEC_RECIPE_VALUES:  # a vLLM rotation dtype fixes all of it (vllm_codecs)
-            from evalkit.kv.vllm_codecs import check_scheme
-
-            check_scheme(self)
+        family = codecs.family_of(self.recipe)
+        if family is not None:  # an engine's own cache type fixes all of it (its codec family)
+            family.check(self)
             return
         if self.scale_dtype not in fmt.scale_dtypes:
             if len(fmt.scale_dtypes) == 1:
@@ -288,13 +293,6 @@ class Scheme:
                 f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
                 f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}"
             )
-        if self.recipe is Recipe.VLLM_PER_TOKEN_HEAD:
-            fixed = (GranularityKind.TOKEN, ScaleSource.DYNAMIC, ScaleDType.FP32, False, Rounding.RNE)
-            if (self.granularity.kind, self.scales, self.scale_dtype, self.tensor_scale, self.rounding) != fixed:
-                raise SchemeError(
-                    "recipe=vllm_per_token_head is vLLM's per-token-head store, which fixes token/dynamic float32 "
-                    "scales and its own rounding: write vllm:int8_per_token_head or vllm:fp8_per_token_head"
-                )
         if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
             return
         needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
@@ -355,11 +353,9 @@ class Scheme:
     def skips_layer(self, layer_idx: int, is_sliding: bool = False, num_layers: int | None = None) -> bool:
         """Whether the layer is kept unquantized: ``+skip=``, plus the boundary layers an engine dtype keeps
         (vLLM's TurboQuant/UltraQuant: the first and last two; needs ``num_layers``)."""
-        if self.recipe.value in _CODEC_RECIPE_VALUES and num_layers is not None:
-            from evalkit.kv.vllm_codecs import codec_for
-
-            if layer_idx in codec_for(self.recipe).boundary(num_layers):
-                return True
+        codec = codecs.codec_for(self.recipe) if num_layers is not None else None
+        if codec is not None and layer_idx in codec.boundary(num_layers):
+            return True
         if self.skip_layers == SLIDING:
             return is_sliding
         return layer_idx in self.skip_layers
@@ -368,17 +364,8 @@ class Scheme:
     def __str__(self) -> str:
         if self.is_unscaled:
             return self.format
-        name = self.name
-        if self.recipe is Recipe.VLLM_PER_TOKEN_HEAD:  # vLLM's own dtype name (evalkit.kv.engine_dtypes)
-            from evalkit.kv.engine_dtypes import vllm_name
-
-            name = vllm_name(self)
-        elif self.recipe.value.startswith(_LLAMACPP_RECIPE):  # llama.cpp's pair prints as llamacpp:<k>[/<v>]
-            from evalkit.kv.llamacpp_codecs import scheme_name
-
-            name = scheme_name(self.recipe)
-        elif self.recipe.value in _CODEC_RECIPE_VALUES:  # recipe vllm_<dtype> prints as vllm:<dtype>
-            name = VLLM_PREFIX + self.recipe.value.removeprefix("vllm_")
+        family = codecs.family_of(self.recipe)
+        name = self.name if family is None else family.scheme_name(self)  # vllm:int4_per_token_head
         if name:
             text = name
         else:
@@ -550,14 +537,7 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
                 raise SchemeError(f"tensor_scale={value!r}: use tensor_scale=fp32 (NVFP4's per-tensor FP32 scale)")
             kwargs["tensor_scale"] = value == "fp32"
         elif key == "recipe":
-            try:
-                kwargs["recipe"] = Recipe(value)
-            except ValueError:
-                raise SchemeError(
-                    f"recipe={value!r}: use one of "
-                    f"{', '.join(r.value for r in Recipe if not r.value.startswith(_LLAMACPP_RECIPE))} "
-                    "(llama.cpp's cache types: write llamacpp:<k>[/<v>])"
-                ) from None
+            kwargs["recipe"] = _recipe(value)
         elif key == "rounding":
             try:
                 kwargs["rounding"] = Rounding(value)
@@ -566,20 +546,29 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
     return kwargs
 
 
+def _recipe(value: str) -> Recipe | CodecRecipe:
+    """``+recipe=value``: one of evalkit's recipes or a codec family's; SchemeError listing them otherwise."""
+    if value in Recipe._value2member_map_:
+        return Recipe(value)
+    recipe = codecs.recipe_named(value)
+    if recipe is not None:
+        return recipe
+    families = codecs.families().values()
+    listed = [r.value for r in Recipe] + [r.value for f in families if f.recipe_hint is None for r in f.recipes()]
+    hints = "".join(f" ({f.recipe_hint})" for f in families if f.recipe_hint is not None)
+    raise SchemeError(f"recipe={value!r}: use one of {', '.join(listed)}{hints}")
+
+
 def parse_scheme(text: str) -> Scheme:
     """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]``, ``NAME[+key=value...]`` or ``auto`` into a :class:`Scheme`."""
     if not isinstance(text, str) or not text.strip():
         raise SchemeError("empty KV scheme: write e.g. fp8_e4m3/tensor/dynamic, nvfp4 or auto")
     text = text.strip()
     head, *options = text.split("+")
-    if head.startswith(VLLM_PREFIX):  # an engine's own kv_cache_dtype: vllm:int8_per_token_head
-        from evalkit.kv.engine_dtypes import vllm_scheme
-
-        return vllm_scheme(head[len(VLLM_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
-    if head.startswith(LLAMACPP_PREFIX):  # llama.cpp's cache types: llamacpp:q8_0, llamacpp:q8_0/q4_0
-        from evalkit.kv.llamacpp_codecs import llamacpp_scheme
-
-        return llamacpp_scheme(head[len(LLAMACPP_PREFIX) :], _options(text, options, _NAMED_OPTION_KEYS))
+    prefix, colon, name = head.partition(":")
+    family = codecs.family_for_prefix(prefix) if colon else None
+    if family is not None:  # an engine's own cache type: vllm:int8_per_token_head, llamacpp:q8_0/q4_0
+        return family.parse(name, _options(text, options, _NAMED_OPTION_KEYS))
     parts = head.split("/")
     if len(parts) == 1 and head in FORMATS and FORMATS[head].is_unscaled:  # auto, bf16, fp16
         if options:
@@ -609,25 +598,32 @@ def parse_scheme(text: str) -> Scheme:
     return Scheme(format=fmt, granularity=granularity, scales=source, **_options(text, options, _OPTION_KEYS))
 
 
-VLLM_PREFIX = "vllm:"  # vllm:<kv_cache_dtype> names the scheme that models that vLLM dtype
-LLAMACPP_PREFIX = "llamacpp:"  # llamacpp:<k>[/<v>] names llama.cpp's --cache-type-k/-v pair
-_LLAMACPP_RECIPE = "llamacpp_"  # the recipes of those pairs (evalkit.kv.llamacpp_codecs)
-_CODEC_RECIPE_VALUES = frozenset(  # evalkit.kv.vllm_codecs.CODEC_RECIPES, by value (no import cycle)
-    r.value
-    for r in Recipe
-    if r.value.startswith(
-        ("vllm_int4", "vllm_turboquant", "vllm_ultraquant", "vllm_fp8_ds_mla", "vllm_nvfp4", _LLAMACPP_RECIPE)
-    )
-)
 _IDENT = r"[A-Za-z_]\w*"
-_SCHEME_START = re.compile(
-    r",(?=\s*(?:vllm:|llamacpp:|(?:"
-    + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
-    + r")(?:[/+,\s]|$)"
-    # a mistyped scheme still starts a new item: NAME/GRANULARITY/SCALES or a bare NAME, up to the next
-    # option, comma or the end (a skip list continues with digits; a scales path with one slash stays put)
-    + rf"|{_IDENT}/[^,+/]*/[^,+/]*(?:[+,]|\s*$)|{_IDENT}\s*(?:[+,]|$)))"
-)
+
+
+@functools.lru_cache(maxsize=4)
+def _scheme_start(prefixes: tuple[str, ...]) -> re.Pattern:
+    """A comma that starts a scheme: a codec family's ``prefix:``, a format or named-scheme name, or what has a
+    scheme's shape (see :func:`parse_schemes`)."""
+    return re.compile(
+        r",(?=\s*(?:"
+        + "".join(f"{re.escape(p)}:|" for p in prefixes)
+        + "(?:"
+        + "|".join(re.escape(n) for n in sorted([*FORMATS, *NAMED_SCHEMES], key=len, reverse=True))
+        + r")(?:[/+,\s]|$)"
+        # a mistyped scheme still starts a new item: NAME/GRANULARITY/SCALES or a bare NAME, up to the next
+        # option, comma or the end (a skip list continues with digits; a scales path with one slash stays put)
+        + rf"|{_IDENT}/[^,+/]*/[^,+/]*(?:[+,]|\s*$)|{_IDENT}\s*(?:[+,]|$)))"
+    )
+
+
+def one_forward_reads_raw(scheme: Scheme | str) -> bool:
+    """Whether a scheme's engine attends a sequence's first write from the raw K/V it was given (its slot
+    codec's ``prefill_reads_raw``): then an evaluation of one forward per sequence (perplexity windows, lm-eval
+    log-likelihoods) reads nothing quantized, and its numbers are the baseline's, not the cache's cost."""
+    scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    codec = codecs.codec_for(scheme.kv_format.recipe)
+    return codec is not None and codec.prefill_reads_raw
 
 
 def declare_scales(schemes: list[Scheme], model: str, fmt: str) -> list[Scheme]:
@@ -661,7 +657,7 @@ def parse_schemes(text: str | list[str]) -> list[Scheme]:
     ``NAME``) even when its name is mistyped, so the error names the item that is wrong, not the one
     before it. A list of several names the item and its position in each error.
     """
-    pieces = _SCHEME_START.split(text) if isinstance(text, str) else list(text)
+    pieces = _scheme_start(tuple(codecs.families())).split(text) if isinstance(text, str) else list(text)
     pieces = [p for p in pieces if p.strip()]
     out = []
     for i, piece in enumerate(pieces, 1):

@@ -66,7 +66,7 @@ def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
         return None
 
 
-# vLLM's own kv_cache_dtype schemes (``vllm:<dtype>``, evalkit.kv.engine_dtypes: per-token-head, TurboQuant,
+# vLLM's own kv_cache_dtype schemes (``vllm:<dtype>``, evalkit.kv.codecs.vllm: per-token-head, TurboQuant,
 # UltraQuant, NVFP4, the MLA layouts) model GPU vLLM's store kernels: CUDA vLLM runs them as they are
 VLLM_DTYPE_PROFILE = "vllm-cuda"
 
@@ -77,7 +77,7 @@ def vllm_dtype_of(scheme: Scheme) -> str | None:
     return text.split(":", 1)[1].split("+", 1)[0] if text.startswith("vllm:") else None
 
 
-# llama.cpp's cache types (``llamacpp:<k>[/<v>]``, evalkit.kv.llamacpp_codecs) model its CPU build's cache write
+# llama.cpp's cache types (``llamacpp:<k>[/<v>]``, evalkit.kv.codecs.llamacpp.family) model its CPU build's cache write
 LLAMACPP_ENGINE = "llama.cpp"
 
 

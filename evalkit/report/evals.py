@@ -142,6 +142,15 @@ def criteria() -> list[Criterion]:
     return [c for _, spec in specs() for c in spec.criteria]
 
 
+# The figures the report draws, by the name an evaluation's ReportSpec.plots gives them; a plot that is not
+# one of these names is a "module:function" of the evaluation's own (a plugin's figures).
+FIGURES = {
+    "positions": "evalkit.report.plots:positions_figures",  # per token-position bucket (perplexity)
+    "decode": "evalkit.report.plots:decode_figures",  # KL per decode step (decode)
+    "retrieval": "evalkit.report.plots:retrieval_figures",  # heatmaps per depth and length (retrieval)
+}
+
+
 def figures(results, **options) -> dict:
     """name -> figure of every evaluation's declared plots, each called on a view of the store
     holding that evaluation's rows only, with the ``options`` its signature accepts (style, bands)."""
@@ -153,7 +162,7 @@ def figures(results, **options) -> dict:
         if view.rows.empty:
             continue
         for hook in spec.plots:
-            fn = resolve(hook)
+            fn = resolve(FIGURES.get(hook, hook))
             params = inspect.signature(fn).parameters
             takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
             out.update(fn(view, **{k: v for k, v in options.items() if takes_any or k in params}))
@@ -165,6 +174,7 @@ def names() -> list[str]:
 
 
 def declaring(results, plot: str):
-    """A view of ``results`` holding the rows of the evaluations whose ReportSpec declares ``plot``."""
+    """A view of ``results`` holding the rows of the evaluations whose ReportSpec declares ``plot`` (a name of
+    :data:`FIGURES` or a ``module:function``)."""
     names = [name for name, spec in specs() if plot in spec.plots]
     return replace(results, rows=results.rows[results.rows["eval"].isin(names)])

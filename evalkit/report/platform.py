@@ -9,7 +9,7 @@ vendor/family/model/stepping), the instruction set torch dispatched to, MKL's re
 and whether matrix products were batch-invariant, the device for GPU runs, the torch and
 transformers versions, and the engine where one computed the log-probs (a row ``backend`` other
 than ``emulation``, with the ``engine*`` keys of its info: e.g. ``evalkit run --engine vllm``). :func:`platform_lines` gives one line per distinct
-platform (with its run count); :func:`describe_info` the platform of one computation.
+platform (with its run count); :func:`evalkit.runtime.platform.describe_info` the platform of one computation.
 
 :func:`published_warnings` compares the store with the published ones of the source checkout, like
 with like: an engine's runs with the published runs of the same engine (``published/engine`` for vLLM,
@@ -29,11 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit.report.results import RESULTS_FILE, Results
-
-PLATFORM_KEYS = ("cpu", "cpu_id", "machine", "cpu_capability", "mkl", "mkl_cbwr")  # as runtime.numerics.same_platform
-VERSION_KEYS = ("torch", "transformers")
-ENGINE_KEYS = ("engine_package", "engine_version", "attention_backend")
-
+from evalkit.runtime.platform import PLATFORM_KEYS, VERSION_KEYS, describe, platform_key
 
 PUBLISHED = ("default", "engine", "llamacpp")  # published/<name>: the emulation's store, the engine grids
 
@@ -52,20 +48,6 @@ def published_stores() -> dict[str, Path]:
 def published_store() -> Path | None:
     """The published store of the emulation (``published/default``; None from an installed copy)."""
     return published_stores().get("default")
-
-
-def _key(info: dict, engine: dict | None = None) -> tuple:
-    """What decides the floats of one run, as a hashable key (missing fields are None)."""
-    p = info.get("platform") if isinstance(info.get("platform"), dict) else {}
-    v = info.get("versions") if isinstance(info.get("versions"), dict) else {}
-    e = engine or {}
-    return (
-        tuple(p.get(k) for k in PLATFORM_KEYS),
-        p.get("blas_batch_invariant"),
-        str(info.get("device") or "cpu"),
-        tuple(v.get(k) for k in VERSION_KEYS),
-        tuple(e.get(k) for k in ENGINE_KEYS) if e else None,
-    )
 
 
 def _engine_of(info: dict) -> dict | None:
@@ -111,36 +93,9 @@ def platforms(results: Results) -> dict[tuple, int]:
     for run_id, rec in results.complete.items():
         info = rec.get("info") or {}
         if isinstance(info.get("platform"), dict):
-            key = _key(info, engines.get(run_id))
+            key = platform_key(info, engines.get(run_id))
             counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def describe(key: tuple) -> str:
-    """A platform key in words: CPU, BLAS mode, device, library versions, engine."""
-    (cpu, cpu_id, machine, capability, mkl, cbwr), invariant, device, (torch, transformers), engine = key
-    where = f"CPU {cpu} [{cpu_id or machine}], {capability}"
-    blas = (f"MKL, MKL_CBWR={cbwr or 'unset'}" if mkl else "BLAS without MKL") + (
-        ", batch-invariant products" if invariant else ", products NOT batch-invariant" if invariant is False else ""
-    )
-    text = (
-        f"{where}; {blas}"
-        + ("" if device == "cpu" else f"; device {device}")
-        + f"; torch {torch}, transformers {transformers}"
-    )
-    if engine:
-        package, version, backend = engine
-        text += f"; engine {package}" + (f" {version}" if version else "") + (f" ({backend})" if backend else "")
-    return text
-
-
-def describe_info(info: dict, engine: dict | None = None) -> str:
-    """The platform of one computation in words, from an info dict as runs record it (``platform``:
-    :func:`evalkit.runtime.numerics.platform_record`; ``versions``; ``device``) and the engine's keys
-    (:data:`ENGINE_KEYS`): what ``evalkit conformance`` prints of its own run."""
-    if not isinstance(info.get("platform"), dict):
-        return "not recorded (written by an evalkit that did not record one)"
-    return describe(_key(info, engine))
 
 
 def platform_lines(results: Results) -> list[str]:
@@ -162,7 +117,7 @@ def _published_keys(store: Path) -> set[tuple]:
     view = read_records(store / RESULTS_FILE)
     engines = _engines_of_rows((r["run_id"], r.get("info") or {}) for r in view.rows)
     return {
-        _key(rec["info"], engines.get(run_id))
+        platform_key(rec["info"], engines.get(run_id))
         for run_id, rec in view.complete.items()
         if isinstance((rec.get("info") or {}).get("platform"), dict)
     }

@@ -265,12 +265,13 @@ def _label_column(fig, ax, g: pd.DataFrame, fontsize: float = 7.5) -> None:
         )
 
 
-def _declaring(results: Results, function: str) -> Results:
-    """The store's rows of the evaluations that declare this module's ``function`` among their plots
-    (what the report's dispatch hands it), for a direct call on a whole store."""
+def _declaring(results: Results, figure: str) -> Results:
+    """The store's rows of the evaluations that declare the report's ``figure`` (a name of
+    :data:`evalkit.report.evals.FIGURES`) among their plots (what the report's dispatch hands the figure's
+    function), for a direct call on a whole store."""
     from evalkit.report.evals import declaring
 
-    return declaring(results, f"{__name__}:{function}")
+    return declaring(results, figure)
 
 
 def _bucket_start(text: str) -> float:
@@ -283,7 +284,7 @@ def positions(
 ) -> list[Path]:
     """Δppl % and mean KL per token-position bucket, one line per quantized scheme, two panels per
     model. ``bands``: draw the 95 % intervals (default: only when at most :data:`MAX_BANDS` series)."""
-    return _write(positions_figures(_declaring(results, "positions_figures"), _style(results, style), bands), out_dir)
+    return _write(positions_figures(_declaring(results, "positions"), _style(results, style), bands), out_dir)
 
 
 def positions_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
@@ -337,7 +338,7 @@ def decode(
     y: mean KL on a log axis); one figure per model. ``bands``: the 95 % intervals (default: only when
     at most :data:`MAX_BANDS` series). Buckets whose KL is not above zero cannot sit on a log axis
     and are left out."""
-    return _write(decode_figures(_declaring(results, "decode_figures"), _style(results, style), bands), out_dir)
+    return _write(decode_figures(_declaring(results, "decode"), _style(results, style), bands), out_dir)
 
 
 def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
@@ -377,7 +378,7 @@ def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bo
 def retrieval(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
     """Accuracy heatmaps (needle depth x context length), one figure per model and task, one panel
     per scheme on a grid of at most four columns; the title says how many samples each cell holds."""
-    return _write(retrieval_figures(_declaring(results, "retrieval_figures"), _style(results, style)), out_dir)
+    return _write(retrieval_figures(_declaring(results, "retrieval"), _style(results, style)), out_dir)
 
 
 def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dict:

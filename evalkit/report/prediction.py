@@ -34,7 +34,7 @@ import shlex
 import pandas as pd
 
 from evalkit.errors import SchemeError
-from evalkit.kv.rounding import Rounding
+from evalkit.kv.formats import Rounding
 from evalkit.kv.scheme import Scheme, parse_scheme
 
 DEFAULT_PROFILE = "vllm-cuda"

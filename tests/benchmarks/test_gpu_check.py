@@ -329,7 +329,7 @@ def run_vllm_section(gc):
 
 def test_vllm_section_covers_every_modelled_dtype_and_records_its_casts(gc):
     from evalkit.kv import microscaling
-    from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status
+    from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status
 
     grid = microscaling.round_to_grid
     checks = run_vllm_section(gc)

@@ -73,8 +73,8 @@ def test_eval_flags_still_parse_after_the_light_check(capsys):
 @pytest.fixture
 def no_engine(monkeypatch):
     """vLLM counts as installed (the checks after it are the ones under test); starting one fails the test."""
-    import evalkit.engines.vllm_kernel as vk
-    import evalkit.engines.vllm_serving as vs
+    import evalkit.engines.vllm.kernel as vk
+    import evalkit.engines.vllm.serving as vs
 
     monkeypatch.setattr(vk, "check_vllm_available", lambda flags=None: None)
 
@@ -127,7 +127,7 @@ def test_capacity_engine_refuses_a_context_longer_than_the_model(capsys, tmp_pat
 
 
 def test_capacity_engine_refuses_a_budget_beyond_memory(capsys, tmp_path, no_engine):
-    from evalkit.cli.capacity import available_memory, check_memory
+    from evalkit.engines.vllm.capacity import available_memory, check_memory
 
     folder = _folder(tmp_path, json.dumps(LLAMA))
     one_line_exit_2(
@@ -158,7 +158,7 @@ class FakeValidationError(ValueError):
 
 
 def test_startup_errors_are_their_cause_in_the_callers_flags():
-    from evalkit.engines.vllm_runner import startup_error
+    from evalkit.engines.vllm.runner import startup_error
 
     too_long = FakeValidationError(
         "Value error, User-specified max_model_len (10000000) is greater than the derived max_model_len "
@@ -195,8 +195,8 @@ def test_sweep_refuses_a_grid_whose_engine_is_not_installed(capsys, tmp_path):
 
 
 def test_sweep_engine_check_names_a_broken_environment(monkeypatch):
-    import evalkit.engines.vllm_install as vi
-    import evalkit.engines.vllm_kernel as vk
+    import evalkit.engines.vllm.install as vi
+    import evalkit.engines.vllm.kernel as vk
     from evalkit.cli.preflight.engines import check_engines, engine_ready
     from evalkit.cli.preflight.planned import PlannedRun
     from evalkit.sweep.grid import parse_grid
@@ -237,7 +237,7 @@ def fake_companions(tmp_path, monkeypatch):
 
 
 def test_broken_companions_are_found_with_their_fix(fake_companions):
-    from evalkit.engines import vllm_install as vi
+    from evalkit.engines.vllm import install as vi
 
     broken = vi.broken_companions()
     assert list(broken) == ["torchvision"] and "torchvision::nms does not exist" in broken["torchvision"]
@@ -247,7 +247,7 @@ def test_broken_companions_are_found_with_their_fix(fake_companions):
 
 
 def test_multiprocessing_is_set_in_process_or_refused(monkeypatch):
-    from evalkit.engines import vllm_install as vi
+    from evalkit.engines.vllm import install as vi
 
     monkeypatch.delenv(vi.MULTIPROCESSING, raising=False)
     vi.set_in_process()

@@ -63,7 +63,7 @@ def evaluation_imports(source: str) -> set[str]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         found |= {n for n in names if n.startswith("evalkit.evals.") and n.endswith((".evaluation", ".base"))}
-        found |= {n for n in names if n.startswith("evalkit.engines.serving_eval")}
+        found |= {n for n in names if n.startswith("evalkit.engines.vllm.serving_eval")}
     return found
 
 
@@ -98,7 +98,7 @@ def evaluation_modules() -> list[Path]:
     """The evaluations: every ``evals/<eval>/evaluation.py``, the base class, and the serving eval."""
     return sorted(PACKAGE.glob("evals/*/evaluation.py")) + [
         PACKAGE / "evals" / "base.py",
-        PACKAGE / "engines" / "serving_eval.py",
+        PACKAGE / "engines" / "vllm" / "serving_eval.py",
     ]
 
 
@@ -108,7 +108,7 @@ def test_the_backends_are_found():
         "evalkit/evals/emulation/backend.py",
         "evalkit/evals/emulation/perplexity.py",
         "evalkit/evals/emulation/decode.py",
-        "evalkit/engines/vllm_backend.py",
+        "evalkit/engines/vllm/backend.py",
         "evalkit/engines/llamacpp/backend.py",
         "evalkit/evals/protocol.py",
         "tests/toy_engine.py",
@@ -145,7 +145,7 @@ def test_the_parsers_see_a_leak():
         "evalkit.evals.decode.evaluation"
     }
     source = (
-        "from evalkit.engines.vllm_backend import X\n"
+        "from evalkit.engines.vllm.backend import X\n"
         "def f(self, b):\n"
         "    if backend_of(self).name == 'vllm':\n"
         "        return isinstance(b, VllmBackend)\n"
@@ -154,7 +154,7 @@ def test_the_parsers_see_a_leak():
         "backend_of(self).name == 'vllm'",
         "isinstance(b, VllmBackend)",
         "VllmBackend",
-        "from evalkit.engines.vllm_backend import ...",
+        "from evalkit.engines.vllm.backend import ...",
     }
     assert backend_branches("def f(self):\n    return backend_of(self).capabilities.float_noise\n") == set()
     assert backend_branches("def f(b):\n    raise E(f'backend {b.name} cannot')\n") == set()  # a message is no branch

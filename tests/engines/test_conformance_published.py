@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.cli import main
-from evalkit.report.conformance import load_report
+from evalkit.engines.vllm.conformance_report import load_report
 
 from tests.doc_blocks import doc_block
 
@@ -82,7 +82,7 @@ def test_from_a_folder_without_a_report_is_one_line(tmp_path, capsys):
 def test_the_stored_run_says_where_it_was_made():
     """The run records the platform that decides the emulation's floats (CPU, instruction set, MKL mode,
     torch and transformers), and both printed forms end with it, as a report's Platform line does."""
-    from evalkit.report.conformance import FORMATS
+    from evalkit.engines.vllm.conformance_report import FORMATS
 
     report = load_report(STORED)
     platform, versions = report["platform"], report["versions"]
@@ -95,7 +95,7 @@ def test_the_stored_run_says_where_it_was_made():
 
 
 def test_a_run_that_recorded_no_platform_says_so():
-    from evalkit.report.conformance import render_markdown
+    from evalkit.engines.vllm.conformance_report import render_markdown
 
     report = {k: v for k, v in load_report(STORED).items() if k not in ("platform", "versions")}
     assert render_markdown(report).strip().splitlines()[-1] == (

@@ -1,4 +1,4 @@
-"""evalkit's ggml block encoder (evalkit.kv.ggml_blocks) against the installed llama.cpp's own CPU
+"""evalkit's ggml block encoder (evalkit.kv.codecs.llamacpp.ggml_blocks) against the installed llama.cpp's own CPU
 ``from_float`` and ``to_float`` (evalkit.engines.llamacpp.ggml_lib, ctypes): byte for byte on the
 synthetic rows for every cache type, every difference in a named class, and ggml's row sizes equal to
 the codecs' widths. Skipped where llama-cpp-python is not installed."""
@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[llamacpp]')")
 
 from evalkit.engines.llamacpp import ggml_lib  # noqa: E402
-from evalkit.kv import ggml_blocks as gb  # noqa: E402
+from evalkit.kv.codecs.llamacpp import ggml_blocks as gb  # noqa: E402
 from evalkit.kv.scheme import parse_scheme  # noqa: E402
 
 TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "f32"]
@@ -56,7 +56,7 @@ def test_dequantization_equals_ggmls_to_float(name):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_row_size_equals_the_codec_width(name):
-    from evalkit.kv.vllm_codecs import codec_for
+    from evalkit.kv.codec import codec_for
 
     c = codec_for(parse_scheme(f"llamacpp:{name}/{name}").recipe)
     for d in (64, 128, 256):

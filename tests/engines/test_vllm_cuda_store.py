@@ -17,8 +17,8 @@ import types
 import pytest
 import torch
 
-from evalkit.engines import vllm_kernel as vk
 from evalkit.engines.vllm import cuda_store
+from evalkit.engines.vllm import kernel as vk
 
 
 def _cuda_vllm() -> str | None:
@@ -138,7 +138,7 @@ def test_reshape_and_cache_flash_against_evalkits_quantizer():
 @pytest.mark.gpu
 @needs_cuda_vllm
 def test_vllms_triton_stores_compiled_for_the_gpu():
-    from evalkit.engines.triton_store import conformance, triton_dtypes
+    from evalkit.engines.vllm.triton_store import conformance, triton_dtypes
 
     results = conformance(triton_dtypes(), device="cuda")
     assert [r.kv_cache_dtype for r in results] == list(triton_dtypes())

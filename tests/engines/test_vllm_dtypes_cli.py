@@ -21,7 +21,7 @@ def test_model_and_json_need_the_engine(capsys):
 @needs_vllm
 @pytest.mark.parametrize("model", [None, "deepseek-v3"])
 def test_schemes_engine_vllm_json_lists_every_installed_dtype(capsys, model):
-    from evalkit.engines.vllm_dtypes import installed_dtypes
+    from evalkit.engines.vllm.dtypes import installed_dtypes
 
     argv = ["schemes", "--engine", "vllm", "--json"] + (["--model", model] if model else [])
     capsys.readouterr()

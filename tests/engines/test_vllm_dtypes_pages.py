@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import transformers as tf
 
-from evalkit.engines.vllm_dtypes import BACKENDS, installed_dtypes, rows, unknown_dtypes
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status
+from evalkit.engines.vllm.dtypes import BACKENDS, installed_dtypes, rows, unknown_dtypes
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status
 from evalkit.models.info import kv_layout
 from evalkit.models.presets import config_namespace, get_preset
 

@@ -26,7 +26,7 @@ def test_triton_kernel_takes_only_the_triton_stored_dtypes(capsys):
 @needs_vllm
 @pytest.mark.slow
 def test_per_token_head_store_through_the_interpreter_equals_evalkit(capsys):
-    from evalkit.engines.triton_store import FP8_CLASSES, conformance
+    from evalkit.engines.vllm.triton_store import FP8_CLASSES, conformance
 
     before = sys.modules.get("vllm.triton_utils")
     int8, fp8 = conformance(("int8_per_token_head", "fp8_per_token_head"))

@@ -188,7 +188,7 @@ def work(tmp_path_factory):
 
 
 def _engine(ev):
-    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm.backend import VllmBackend
     from evalkit.evals.backend import use_backend
 
     return use_backend(ev, VllmBackend())
@@ -260,7 +260,7 @@ def test_lmeval_through_lm_evals_own_vllm_model(embedded, work):
 
 @needs_vllm
 def test_an_architecture_vllm_does_not_implement_is_one_line():
-    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm.backend import VllmBackend
 
     lm = SimpleNamespace(
         name="made-up", model=SimpleNamespace(config=SimpleNamespace(architectures=["NoSuchForCausalLM"]))
@@ -278,7 +278,7 @@ def test_an_architecture_vllm_does_not_implement_is_one_line():
 def test_lm_eval_finds_vllm_by_its_distribution_name():
     import importlib.metadata as md
 
-    from evalkit.engines.vllm_lmeval import vllm_distribution
+    from evalkit.engines.vllm.lmeval import vllm_distribution
 
     with vllm_distribution():
         assert md.version("vllm") == __import__("vllm").__version__

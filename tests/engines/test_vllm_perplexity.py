@@ -31,7 +31,7 @@ PARAMS = dict(corpus="embedded", window=128, stride=128, max_windows=2, bootstra
 
 # -- without the engine ------------------------------------------------------------------------------
 def test_schemes_map_through_the_vllm_cpu_profile():
-    from evalkit.engines.vllm_runner import engine_config
+    from evalkit.engines.vllm.runner import engine_config
 
     assert engine_config("auto").kv_cache_dtype == "auto"
     unit = engine_config("fp8_e4m3/tensor/unit")
@@ -63,7 +63,7 @@ def test_schemes_map_through_the_vllm_cpu_profile():
     ],
 )
 def test_schemes_the_engine_cannot_run_are_one_line(scheme, needle):
-    from evalkit.engines.vllm_runner import engine_config
+    from evalkit.engines.vllm.runner import engine_config
 
     with pytest.raises(EvalkitError) as info:
         engine_config(scheme)
@@ -95,9 +95,9 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
 
 
 def test_without_vllm_the_runner_is_one_line(monkeypatch):
-    import evalkit.engines.vllm_kernel as kernel
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_runner import VllmRunner
+    import evalkit.engines.vllm.kernel as kernel
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.runner import VllmRunner
 
     monkeypatch.setattr(kernel, "vllm_installed", lambda: False)
     for make in (lambda: VllmBackend(), lambda: VllmRunner("unused")):
@@ -124,7 +124,7 @@ def _flat(prompt, rows):
 
 
 def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
-    from evalkit.engines.vllm_runner import _read_prompt_logprobs
+    from evalkit.engines.vllm.runner import _read_prompt_logprobs
 
     prompt = [5, 7, 9]
     rows = [([7, 1], [-0.5, -1.5], -0.5), ([2, 3], [-0.1, -2.0], -4.0)]  # position 2: actual token 9 not in the top 2
@@ -145,7 +145,7 @@ def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
 
 
 def _run(logits, targets, k):
-    from evalkit.engines.vllm_topk import EngineRun
+    from evalkit.engines.vllm.topk import EngineRun
 
     lp = torch.log_softmax(logits.double(), -1).float().double()
     top = lp.topk(k, -1)
@@ -153,7 +153,7 @@ def _run(logits, targets, k):
 
 
 def test_topk_kl_bound_is_kl_topk_bound_and_never_above_the_kl():
-    from evalkit.engines.vllm_topk import kl_lower_bound
+    from evalkit.engines.vllm.topk import kl_lower_bound
 
     g = torch.Generator().manual_seed(0)
     rows, vocab, k = 64, 500, 8
@@ -181,7 +181,7 @@ def test_topk_kl_bound_stays_below_the_kl_where_the_top_k_sums_to_one_or_more():
     """The scheme's tail (1e-12 of its mass) is below the float32 rounding of its reported log-probs,
     which sum to >= 1: its tail mass rounds to <= 0. The baseline keeps 5 % outside the top-k. The
     bound must stay under the full-vocabulary KL (a floor such as 1e-30 for Q_T put it at ~3x)."""
-    from evalkit.engines.vllm_topk import EngineRun, kl_lower_bound
+    from evalkit.engines.vllm.topk import EngineRun, kl_lower_bound
 
     vocab, k = 40, 6
     head = torch.tensor([3.0, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=torch.float64)
@@ -218,7 +218,7 @@ def test_topk_kl_bound_stays_below_the_kl_where_the_top_k_sums_to_one_or_more():
 @pytest.fixture(scope="module")
 def prepared(embedded, tmp_path_factory):
     """The emulation and the engine prepared on the same 2 windows of 128 tokens (engine baseline: kv auto)."""
-    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm.backend import VllmBackend
     from evalkit.evals.perplexity.evaluation import PerplexityEval
 
     work = tmp_path_factory.mktemp("work")
@@ -249,7 +249,7 @@ def test_unquantized_engine_equals_the_emulation(prepared, embedded):
 @pytest.mark.parametrize("scheme", ["fp8_e4m3/tensor/unit", "fp8_e5m2/tensor/unit"])
 def test_fp8_through_the_engine_follows_the_rtz_emulation(prepared, embedded, scheme):
     from evalkit.engines.conformance_e2e import delta_pct, pearson
-    from evalkit.engines.vllm_runner import engine_config
+    from evalkit.engines.vllm.runner import engine_config
 
     emu, eng = prepared
     config = engine_config(scheme)
@@ -266,7 +266,7 @@ def test_fp8_through_the_engine_follows_the_rtz_emulation(prepared, embedded, sc
 @pytest.mark.slow
 def test_static_scales_are_used_and_a_checkpoint_at_one_is_refused(tmp_path, embedded):
     from evalkit.data.resources import resolve_calibration_file
-    from evalkit.engines.vllm_runner import VllmRunner, static_checkpoint
+    from evalkit.engines.vllm.runner import VllmRunner, static_checkpoint
     from evalkit.kv.scale_table import load_scale_table
 
     table = load_scale_table(resolve_calibration_file("calibration/smollm2-135m-tensor-amax.safetensors"))
@@ -295,7 +295,7 @@ def test_static_scales_are_used_and_a_checkpoint_at_one_is_refused(tmp_path, emb
 @needs_vllm
 @pytest.mark.slow
 def test_skipped_layers_stay_unquantized(embedded):
-    from evalkit.engines.vllm_runner import VllmRunner, engine_config
+    from evalkit.engines.vllm.runner import VllmRunner, engine_config
 
     config = engine_config("fp8_e4m3/tensor/unit+skip=0,5")
     with VllmRunner(

@@ -25,8 +25,8 @@ class Counter:
 def test_stepped_requests_equal_llm_generate_and_count_every_token():
     from vllm import SamplingParams
 
-    from evalkit.engines.vllm_decode import greedy_tokens
-    from evalkit.engines.vllm_runner import VllmRunner, _read_prompt_logprobs
+    from evalkit.engines.vllm.decode import greedy_tokens
+    from evalkit.engines.vllm.runner import VllmRunner, _read_prompt_logprobs
     from evalkit.models.loading import embedded_dense_dir, ensure_embedded
 
     ensure_embedded("smollm2-135m")

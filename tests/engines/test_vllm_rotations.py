@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evalkit.kv import hadamard, turboquant, ultraquant
+from evalkit.kv import hadamard
+from evalkit.kv.codec import codec_for
+from evalkit.kv.codecs.vllm import turboquant, ultraquant
 from evalkit.kv.scheme import parse_scheme
-from evalkit.kv.vllm_codecs import codec_for
 
 from tests.engines.vllm_env import needs_vllm
 
@@ -71,7 +72,7 @@ def test_the_slots_are_vllms(d):
 
 @needs_vllm
 def test_rotation_bytes_per_token_on_the_embedded_model_equal_vllms_pages():
-    from evalkit.engines.vllm_dtypes import rows
+    from evalkit.engines.vllm.dtypes import rows
 
     from tests.engines.test_vllm_dtypes_pages import layouts
 
@@ -92,8 +93,8 @@ def test_rotation_bytes_per_token_on_the_embedded_model_equal_vllms_pages():
 @needs_vllm
 @pytest.mark.slow
 def test_rotation_stores_through_the_interpreter_equal_evalkit():
-    from evalkit.engines.triton_rotations import CLASSES, CONFORMANCE
-    from evalkit.engines.triton_store import FP8_CLASSES, conformance
+    from evalkit.engines.vllm.triton_rotations import CLASSES, CONFORMANCE
+    from evalkit.engines.vllm.triton_store import FP8_CLASSES, conformance
 
     results = {r.kv_cache_dtype: r for r in conformance(tuple(CONFORMANCE))}
     assert set(results) == set(ROTATIONS)

@@ -18,7 +18,7 @@ from fractions import Fraction
 import pytest
 
 from evalkit.cli import main
-from evalkit.engines import vllm_serving as vs
+from evalkit.engines.vllm import serving as vs
 from evalkit.errors import EvalkitError
 
 from tests.cli_checks import one_line_exit_2
@@ -266,7 +266,7 @@ def test_cli_end_to_end_json_and_out(capsys, tmp_path):
 
 # -- the serving evaluation ------------------------------------------------------------------------------
 def test_serving_eval_registers_and_checks_its_params():
-    from evalkit.engines.serving_eval import ServingEval
+    from evalkit.engines.vllm.serving_eval import ServingEval
     from evalkit.evals.base import get_eval
 
     assert get_eval("serving") is ServingEval and ServingEval.name == "serving"
@@ -288,7 +288,7 @@ def test_serving_eval_measures_the_scheme_through_its_engine_config(embedded):
 
     import torch
 
-    from evalkit.engines.serving_eval import ServingEval
+    from evalkit.engines.vllm.serving_eval import ServingEval
 
     folder, layout = embedded
     lm = SimpleNamespace(path=folder, layout=layout, model=torch.nn.Linear(1, 1).to(torch.bfloat16))

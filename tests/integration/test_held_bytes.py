@@ -20,8 +20,8 @@ from evalkit import quantized_kv
 from evalkit.evals.decode.loop import position_ids
 from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.stored import GrowingTensor
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Arch, Status
-from evalkit.kv.llamacpp_codecs import CODECS as LLAMACPP_CODECS
+from evalkit.kv.codecs.llamacpp.family import CODECS as LLAMACPP_CODECS
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Arch, Status
 from evalkit.models.info import kv_layout
 
 from tests.tiny_models import ds_mla_512, llama_head64, tiny_model

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from evalkit.kv import device_exact as de
+from evalkit.kv.codecs.vllm.per_token_head import SCALE_MIN, scales
 from evalkit.kv.formats import FORMATS
-from evalkit.kv.per_token_head import SCALE_MIN, scales
 
 F32 = np.float32
 

@@ -1,4 +1,4 @@
-"""llama.cpp's cache types (evalkit.kv.ggml_blocks, evalkit.kv.llamacpp_codecs) without llama.cpp: every
+"""llama.cpp's cache types (evalkit.kv.codecs.llamacpp.ggml_blocks, evalkit.kv.codecs.llamacpp.family) without llama.cpp: every
 block type against a plain numpy reading of ggml's block layout and quantizer arithmetic (loops over
 blocks and elements, float32 step by step), round trips, hand-checked bytes, the scheme strings and
 refusals, and the storage cache of a tiny model holding exactly the codec's bytes."""
@@ -13,7 +13,7 @@ import transformers as tf
 from evalkit import quantized_kv
 from evalkit.errors import SchemeError
 from evalkit.integration.hf_compat import output_cache
-from evalkit.kv import ggml_blocks as gb
+from evalkit.kv.codecs.llamacpp import ggml_blocks as gb
 from evalkit.kv.memory import bytes_per_token, check_layout_scheme, model_cache_bytes
 from evalkit.kv.scheme import parse_scheme, parse_schemes
 from evalkit.models.info import kv_layout
@@ -325,7 +325,7 @@ def test_head_dim_and_mla_refusals():
         check_layout_scheme(parse_scheme("llamacpp:q8_0"), layout)
     assert "\n" not in str(e.value)
     check_layout_scheme(parse_scheme("llamacpp:f16"), layout)  # unquantized types take any head_dim
-    from evalkit.kv.engine_dtypes import check_layout
+    from evalkit.kv.codec import check_layout
 
     with pytest.raises(SchemeError, match="multi-head latent attention"):
         check_layout(parse_scheme("llamacpp:q8_0"), True, (512, 64))

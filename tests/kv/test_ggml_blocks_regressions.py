@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from evalkit.kv.ggml_blocks import encode
+from evalkit.kv.codecs.llamacpp.ggml_blocks import encode
 
 
 def test_q8_0_divides_127_by_amax_once():

@@ -1,4 +1,4 @@
-"""llama.cpp's Q rounding (evalkit.kv.llamacpp_attention) against a plain computation, and in attention."""
+"""llama.cpp's Q rounding (evalkit.kv.codecs.llamacpp.attention) against a plain computation, and in attention."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from evalkit.kv.ggml_blocks import hadamard_matrix
-from evalkit.kv.llamacpp_attention import VEC_DOT_TYPE, round_query
+from evalkit.kv.codecs.llamacpp.attention import VEC_DOT_TYPE, round_query
+from evalkit.kv.codecs.llamacpp.ggml_blocks import hadamard_matrix
 
 
 def q8_0_plain(x: np.ndarray) -> np.ndarray:
@@ -58,10 +58,10 @@ def test_attention_reads_the_rounded_q_on_quantized_layers_only(tiny_llama_dir):
     lm = load_model(str(tiny_llama_dir), dtype="float32")
     ids = torch.arange(1, 40)[None]
     seen = []
-    original = install._llamacpp_handler
+    original = install._query_handler
 
-    def spy(binding, scheme):
-        inner_handler = original(binding, scheme)
+    def spy(binding, round_query):
+        inner_handler = original(binding, round_query)
 
         def handler(module, query, key, value, attention_mask, inner, **kwargs):
             def record(m, qq, *a, **k):
@@ -72,12 +72,12 @@ def test_attention_reads_the_rounded_q_on_quantized_layers_only(tiny_llama_dir):
 
         return handler
 
-    install._llamacpp_handler = spy
+    install._query_handler = spy
     try:
         with torch.inference_mode(), quantized_kv(lm.model, parse_scheme("llamacpp:f16+skip=0")):
             lm.model(input_ids=ids)
     finally:
-        install._llamacpp_handler = original
+        install._query_handler = original
     unchanged = dict(seen)
     assert unchanged[0] is True  # the skipped layer keeps its Q
     assert any(v is False for layer, v in unchanged.items() if layer != 0)  # the others read f16-rounded Q

@@ -28,7 +28,7 @@ NUMBER_TYPES = {"int", "float"}
 
 # Divisions by a Python number whose result is the same bits on every device, or never stored, each with why.
 ALLOWED: dict[str, dict[str, str]] = {
-    "ggml_blocks.py": {
+    "codecs/llamacpp/ggml_blocks.py": {
         "_signed_max(xb) / nmax": "nmax is -8 (q4_0) or -16 (q5_0): a power of two, so x / c and x * fl(1/c) are equal",
         "(1 - 2 * (pop % 2)).double() / math.sqrt(n)": "hadamard_matrix: a float64 reference matrix for tests, never "
         "stored",
@@ -179,14 +179,14 @@ def scalar_divisions(path: Path, functions: set[str], fields: set[str]) -> list[
 
 def kv_annotations() -> tuple[set[str], set[str]]:
     functions, fields = set(), set()
-    for path in KV.glob("*.py"):
+    for path in KV.rglob("*.py"):
         f, a = annotated_numbers(ast.parse(path.read_text()))
         functions |= f
         fields |= a
     return functions, fields
 
 
-MODULES = sorted(p.name for p in KV.glob("*.py"))
+MODULES = sorted(p.relative_to(KV).as_posix() for p in KV.rglob("*.py"))  # the codec families' modules too
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -21,9 +21,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Arch, Status, vllm_scheme
+from evalkit.kv.codec import codec_for, is_codec
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Arch, Status
+from evalkit.kv.codecs.vllm.family import vllm_scheme
 from evalkit.kv.quantize import dequantize, encode_quantized, quantize
-from evalkit.kv.vllm_codecs import codec_for, is_codec
 
 PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")  # one scale per layer: no reduction, no division by design
 DTYPES = [n for n, d in VLLM_DTYPES.items() if d.status is Status.MODELLED and n not in PER_TENSOR]

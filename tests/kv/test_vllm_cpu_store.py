@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalkit.engines import vllm_kernel as vk
+from evalkit.engines.vllm import kernel as vk
 from evalkit.errors import SchemeError
 from evalkit.kv.scheme import parse_scheme
 

@@ -16,7 +16,7 @@ import transformers as tf
 from evalkit import quantized_kv
 from evalkit.errors import SchemeError
 from evalkit.integration.hf_compat import cache_inputs
-from evalkit.kv import ds_mla
+from evalkit.kv.codecs.vllm import ds_mla
 from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.microscaling import round_to_e2m1
 from evalkit.kv.scheme import parse_scheme

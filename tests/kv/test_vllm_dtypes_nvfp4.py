@@ -13,7 +13,7 @@ import transformers as tf
 from evalkit import quantized_kv
 from evalkit.errors import SchemeError
 from evalkit.integration.hf_compat import cache_inputs
-from evalkit.kv import nvfp4_kv
+from evalkit.kv.codecs.vllm import nvfp4
 from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.scheme import parse_scheme
 from evalkit.models.info import kv_layout
@@ -21,7 +21,7 @@ from evalkit.models.info import kv_layout
 from tests.kv.test_vllm_dtypes_ds_mla import E2M1, E4M3, ref_e2m1_code, ref_e4m3_code
 from tests.tiny_models import tiny_model
 
-CODECS = {c.name: c for c in nvfp4_kv.CODECS}
+CODECS = {c.name: c for c in nvfp4.CODECS}
 
 
 def ref_group(g: np.ndarray, divisor: float) -> tuple[list[int], int, np.ndarray]:
@@ -71,7 +71,7 @@ def sample(d: int = 128) -> torch.Tensor:
 def test_slot_bytes_equal_an_independent_reading_of_the_kernel(name):
     x = sample()
     q = CODECS[name].encode(x, "k")
-    assert q.stored.shape == (6, nvfp4_kv.width("k", 128)) == (6, 72)
+    assert q.stored.shape == (6, nvfp4.width("k", 128)) == (6, 72)
     for i in range(6):
         got = q.stored[i].numpy().tobytes()
         assert got == ref_slot(x[i].numpy(), name == "nvfp4_4over6"), i
@@ -81,8 +81,8 @@ def test_slot_bytes_equal_an_independent_reading_of_the_kernel(name):
 
 def test_4over6_takes_each_scale_somewhere():
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(9))
-    q6, sf6 = nvfp4_kv.quantize_groups(x, False)
-    q, sf = nvfp4_kv.quantize_groups(x, True)
+    q6, sf6 = nvfp4.quantize_groups(x, False)
+    q, sf = nvfp4.quantize_groups(x, True)
     changed = (sf != sf6).float().mean()
     assert 0.05 < changed < 0.95, changed
     err = lambda q, sf: (x.reshape(64, -1, 16) - q.reshape(64, -1, 16) * sf[..., None]).square().sum()  # noqa: E731

@@ -17,10 +17,10 @@ from scipy import stats
 from evalkit import quantized_kv
 from evalkit.errors import SchemeError
 from evalkit.integration.hf_compat import output_cache
+from evalkit.kv.codecs.vllm.turboquant import codebook
 from evalkit.kv.memory import bytes_per_token, check_layout_scheme, model_cache_bytes
 from evalkit.kv.quantize import dequantize, quantize
 from evalkit.kv.scheme import parse_scheme
-from evalkit.kv.turboquant import codebook
 from evalkit.models.info import kv_layout
 
 F32 = np.float32
@@ -206,7 +206,7 @@ def test_the_codebook_meets_the_lloyd_max_conditions_for_n_0_1_over_d(d, bits):
 
 @pytest.mark.parametrize("name", ALL)
 def test_the_read_values_decode_the_bytes_and_approximate_the_input(name):
-    from evalkit.kv.vllm_codecs import codec_for
+    from evalkit.kv.codec import codec_for
 
     s = parse_scheme(f"vllm:{name}")
     x = torch.randn(2, 3, 7, 64, generator=torch.Generator().manual_seed(2))

@@ -10,7 +10,7 @@ or engine dtype joins by itself, and changes the fingerprint until it is pinned)
   (standard, sglang, vllm_cpu) x rounding (rne, rtz, rna): every combination that
   :func:`~evalkit.kv.scheme.parse_scheme` accepts, each once under its canonical string (the
   :data:`~evalkit.kv.scheme.NAMED_SCHEMES` among them); dynamic ones also with a padding mask;
-* **vllm**: every ``vllm:<kv_cache_dtype>`` of :data:`evalkit.kv.engine_dtypes.VLLM_DTYPES` that
+* **vllm**: every ``vllm:<kv_cache_dtype>`` of :data:`evalkit.kv.codecs.vllm.dtypes.VLLM_DTYPES` that
   parses to a quantizing scheme on standard attention, K and V;
 * **llamacpp**: every ``llamacpp:<k>/<v>`` pair of llama.cpp's cache types, K and V;
 * **mla**: the DeepSeek MLA rows (codecs marked ``mla``), on a 512-value latent (role K) and a
@@ -39,11 +39,11 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import formats as kv_formats
-from evalkit.kv.engine_dtypes import VLLM_DTYPES
-from evalkit.kv.formats import LLAMACPP_TYPES
+from evalkit.kv.codec import codec_for, is_codec
+from evalkit.kv.codecs.llamacpp.family import LLAMACPP_TYPES
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES
 from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import NAMED_SCHEMES, ScaleSource, parse_scheme
-from evalkit.kv.vllm_codecs import codec_for, is_codec
 
 from tests.numerics.exact import TensorHash, check_pins, exact_values, one_thread, pin_entry, reference
 
@@ -287,7 +287,7 @@ def test_a_changed_integer_rounding_changes_the_fingerprint(monkeypatch):
 
 def test_a_changed_llamacpp_block_encoder_changes_the_fingerprint(monkeypatch):
     """Mutation: an engine codec's bytes (ggml's q8_0 block scale off by one ulp)."""
-    from evalkit.kv import ggml_blocks
+    from evalkit.kv.codecs.llamacpp import ggml_blocks
 
     real = ggml_blocks.encode
 

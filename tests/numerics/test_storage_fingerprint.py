@@ -39,7 +39,7 @@ import transformers as tf
 
 from evalkit.errors import SchemeError
 from evalkit.integration.install import quantized_kv
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status
 from evalkit.kv.formats import FORMATS
 from evalkit.kv.scale_table import ScaleTable
 from evalkit.kv.scheme import ScaleSource, parse_scheme

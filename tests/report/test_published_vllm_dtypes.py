@@ -38,7 +38,8 @@ def test_store_holds_the_grid_from_the_current_code():
 def test_every_applicable_vllm_dtype_is_in_the_store():
     """Every vLLM dtype evalkit models that applies to the embedded model's layout has rows in every eval."""
     from evalkit.errors import SchemeError
-    from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status, vllm_scheme
+    from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status
+    from evalkit.kv.codecs.vllm.family import vllm_scheme
     from evalkit.kv.memory import check_layout_scheme
     from evalkit.models.info import kv_layout
     from evalkit.models.presets import config_namespace, get_preset

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from evalkit.errors import SchemeError
-from evalkit.kv.engine_dtypes import VLLM_DTYPES, Status, check_layout, vllm_scheme
+from evalkit.kv.codec import check_layout
+from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status
+from evalkit.kv.codecs.vllm.family import vllm_scheme
 from evalkit.kv.scheme import parse_scheme
 from evalkit.sweep.estimate import estimate_sweep
 from evalkit.sweep.grid import parse_grid, resolve_grid

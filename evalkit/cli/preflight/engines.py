@@ -102,8 +102,8 @@ def engine_ready(name: str) -> None:
 
     engine = get_engine(name)
     if name == "vllm":  # the package (with its install line) and beyond
-        from evalkit.engines.vllm_install import check_companions, check_multiprocessing
-        from evalkit.engines.vllm_kernel import check_vllm_available
+        from evalkit.engines.vllm.install import check_companions, check_multiprocessing
+        from evalkit.engines.vllm.kernel import check_vllm_available
 
         check_vllm_available()
         check_multiprocessing()

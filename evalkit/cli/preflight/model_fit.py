@@ -102,12 +102,10 @@ def architecture_problem(scheme: Scheme, layout: KVLayout, sparse: bool = False)
 
 def _mla_row(scheme: Scheme) -> str | None:
     """The vLLM dtype of a DeepSeek MLA row scheme (``fp8_ds_mla``, ``nvfp4_ds_mla``), else None."""
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
+    from evalkit.kv.codec import codec_for
 
-    if not is_codec(scheme.recipe):
-        return None
     codec = codec_for(scheme.recipe)
-    return codec.name if codec.mla else None
+    return codec.name if codec is not None and codec.mla else None
 
 
 def check_model_fit(runs: Sequence[PlannedRun]) -> list[Problem]:

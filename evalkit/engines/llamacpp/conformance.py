@@ -2,7 +2,7 @@
 
 Kernel level: ggml's own CPU quantizers (the ``from_float`` of each cache type, which the KV-cache
 write calls, reached through ctypes: :mod:`evalkit.engines.llamacpp.ggml_lib`) and evalkit's encoder
-(:mod:`evalkit.kv.ggml_blocks`) are fed the same float32 rows: synthetic rows (several magnitudes,
+(:mod:`evalkit.kv.codecs.llamacpp.ggml_blocks`) are fed the same float32 rows: synthetic rows (several magnitudes,
 exact ties, zeros, tiny and fp16-overflowing values) and the embedded model's own post-RoPE K and V
 (captured from the emulation's storage cache). Their bytes are compared block by block and every
 difference is reported by class.
@@ -194,14 +194,12 @@ def end_to_end(
 # -- the command ------------------------------------------------------------------------------------
 def run_cli(args: argparse.Namespace) -> int:
     """``conformance --engine llamacpp [--schemes S,...] [--kernel-only] [--out DIR] [--from DIR]``."""
-    from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES as VLLM_DEFAULT
-
     if args.stored is not None:
         sys.stdout.write(render(load_report(args.stored), args.output_format))
         return 0
     if getattr(args, "kernel", "cpu") != "cpu":
         raise EvalkitError("--kernel triton runs vLLM's Triton stores: drop it for --engine llamacpp")
-    text = ",".join(DEFAULT_SCHEMES) if args.schemes == VLLM_DEFAULT else args.schemes
+    text = args.schemes or ",".join(DEFAULT_SCHEMES)  # --schemes not given: llama.cpp's own
     schemes = schemes_of(text)
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:
         raise EvalkitError(

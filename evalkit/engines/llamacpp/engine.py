@@ -1,7 +1,7 @@
 """llama.cpp, declared as an engine (:mod:`evalkit.engines.registry`).
 
 Local users run llama.cpp with ``--cache-type-k/-v`` one of ``f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0
-q5_1``. evalkit names each pair as a scheme, ``llamacpp:<k>[/<v>]`` (:mod:`evalkit.kv.llamacpp_codecs`,
+q5_1``. evalkit names each pair as a scheme, ``llamacpp:<k>[/<v>]`` (:mod:`evalkit.kv.codecs.llamacpp.family`,
 ggml's blocks exactly as the CPU cache write stores them), which the emulation runs through its storage
 cache and ``--engine llamacpp`` runs through llama.cpp itself (llama-cpp-python, built from source by
 pip: ``pip install -e ".[llamacpp]"``) on the same GGUF weights:

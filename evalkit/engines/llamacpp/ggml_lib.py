@@ -1,5 +1,5 @@
 """ggml's own block quantizers, reached through ctypes in the installed llama-cpp-python, and the
-kernel conformance of evalkit's encoder (:mod:`evalkit.kv.ggml_blocks`) against them.
+kernel conformance of evalkit's encoder (:mod:`evalkit.kv.codecs.llamacpp.ggml_blocks`) against them.
 
 llama.cpp's CPU KV-cache write calls ``ggml_get_type_traits_cpu(type)->from_float`` once per token
 row (``libggml-cpu.so``); that, not ``ggml_quantize_chunk`` (the model-file quantizer, which differs for
@@ -84,7 +84,7 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 
 
 def _type(name: str) -> int:
-    from evalkit.kv.ggml_blocks import block_type
+    from evalkit.kv.codecs.llamacpp.ggml_blocks import block_type
 
     return block_type(name).ggml_type
 
@@ -114,7 +114,7 @@ def from_float(type_name: str, rows_f32: np.ndarray) -> np.ndarray:
 
 def to_float(type_name: str, data: np.ndarray) -> np.ndarray:
     """ggml bytes (..., row_size(n)) -> float32 (..., n) through the type's ``to_float``."""
-    from evalkit.kv.ggml_blocks import block_type
+    from evalkit.kv.codecs.llamacpp.ggml_blocks import block_type
 
     bt = block_type(type_name)
     data = np.ascontiguousarray(data, dtype=np.uint8)
@@ -156,7 +156,7 @@ def synthetic_rows(seed: int = 0, rows: int = 64, n: int = 256) -> np.ndarray:
 # -- conformance -----------------------------------------------------------------------------------
 def _classify(type_name: str, x: np.ndarray, got: np.ndarray, want: np.ndarray) -> str:
     """The class of one differing block: its input ``x`` (32,), evalkit's and ggml's bytes."""
-    from evalkit.kv.ggml_blocks import GROUP_MAX_EPS
+    from evalkit.kv.codecs.llamacpp.ggml_blocks import GROUP_MAX_EPS
 
     if not np.isfinite(x).all():
         return NONFINITE
@@ -168,11 +168,11 @@ def _classify(type_name: str, x: np.ndarray, got: np.ndarray, want: np.ndarray) 
 
 def kernel_conformance(types, rows: np.ndarray) -> list[dict]:
     """Per type: ``{"type", "blocks", "equal", "differences": {class: count}, "examples": [...]}``,
-    ggml's ``from_float`` against :func:`evalkit.kv.ggml_blocks.encode` on the same float32 rows (R, n)
+    ggml's ``from_float`` against :func:`evalkit.kv.codecs.llamacpp.ggml_blocks.encode` on the same float32 rows (R, n)
     (``n`` a multiple of 32); ``examples`` names up to 3 differing blocks of each class (row, block)."""
     import torch
 
-    from evalkit.kv.ggml_blocks import QK, block_type, encode
+    from evalkit.kv.codecs.llamacpp.ggml_blocks import QK, block_type, encode
 
     rows = _rows2d(rows)
     if rows.shape[-1] % QK:

@@ -98,7 +98,7 @@ RUNTIME: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
     ("method", "vllm.platforms.interface.Platform.is_rocm", (), 0),
     ("name", "vllm.model_executor.layers.quantization.turboquant.config.TurboQuantConfig.slot_size_aligned", (), 0),
 )
-RUNTIME_WHERE = "evalkit/engines (objects vLLM returns: vllm_runner, vllm_serving, vllm_lmeval, triton_rotations)"
+RUNTIME_WHERE = "evalkit/engines (objects vLLM returns: vllm/runner, vllm/serving, vllm/lmeval, vllm/triton_rotations)"
 # lm-eval's VLLM model hands the keywords it does not take itself to vllm.LLM (lm_eval/models/vllm_causallms.py)
 FORWARDS_TO_LLM = {"lm_eval.models.vllm_causallms.VLLM": "vllm.LLM"}
 
@@ -250,16 +250,14 @@ def source_uses(root: Path, package: str = "evalkit") -> list[Use]:
 
 
 def engine_option_uses() -> list[Use]:
-    """The vLLM engine options of the registry (:mod:`evalkit.engines.vllm.engine`) and the memory arguments
+    """The vLLM engine options of the registry (:mod:`evalkit.engines.vllm.options`) and the memory arguments
     of :func:`evalkit.engines.vllm.gpu.start_memory`: keywords of ``vllm.LLM`` (evalkit spreads them into its
     calls, and lm-eval's, as ``**`` arguments)."""
-    from evalkit.engines.vllm.engine import ENGINE
     from evalkit.engines.vllm.gpu import MEMORY_ARGUMENTS
+    from evalkit.engines.vllm.options import OPTIONS
 
     return [
-        Use(
-            "call", "vllm.LLM", tuple(o.name for o in ENGINE.options), None, "evalkit/engines/vllm/engine.py (options)"
-        ),
+        Use("call", "vllm.LLM", tuple(o.name for o in OPTIONS), None, "evalkit/engines/vllm/options.py (OPTIONS)"),
         Use("call", "vllm.LLM", MEMORY_ARGUMENTS, None, "evalkit/engines/vllm/gpu.py (start_memory)"),
     ]
 

@@ -3,7 +3,7 @@
 The engine profile follows the device vLLM runs on (:data:`PROFILES`): ``vllm-cpu`` on the CPU (FP8 E4M3
 or E5M2, one scale per layer, ``x * float32(1 / scale)`` rounded toward zero) and ``vllm-cuda`` on CUDA
 (the same per-tensor FP8 dtypes rounded to nearest even, plus vLLM's own ``vllm:<kv_cache_dtype>``
-schemes, :mod:`evalkit.kv.engine_dtypes`, which model CUDA vLLM's store kernels as they are).
+schemes, :mod:`evalkit.kv.codecs.vllm`, which model CUDA vLLM's store kernels as they are).
 :func:`engine_config` maps a scheme through its device's profile (:mod:`evalkit.engines.profiles`) into
 an :class:`EngineConfig` and refuses, in one line, what that engine cannot run:
 
@@ -71,7 +71,7 @@ def engine_config(scheme, profile: str = PROFILE) -> EngineConfig:
     """The configuration that runs ``scheme`` (a Scheme or its string) on the engine of ``profile``
     (``vllm-cpu`` or ``vllm-cuda``; see the module docstring for what is refused)."""
     from evalkit.engines.profiles import get_profile
-    from evalkit.kv.rounding import Rounding
+    from evalkit.kv.formats import Rounding
     from evalkit.kv.scheme import AttentionPrecision, parse_scheme
 
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme

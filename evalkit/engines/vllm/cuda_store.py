@@ -9,8 +9,8 @@ K and V as (blocks, block_size, kv_heads, head_dim). :func:`write_cache` builds 
 writes K and V through the op at the slots given (scattered by default, as the scheduler's blocks
 are) with per-tensor ``k_scale``/``v_scale`` tensors (the layer's ``_k_scale``/``_v_scale``), and
 reads the codes back by slot: (tokens, kv_heads, head_dim) float8 on the CPU, in the order of
-:func:`evalkit.engines.vllm_kernel.write_cache`, the CPU store's reader, so that the kernel table
-(:func:`evalkit.engines.vllm_kernel.kernel_conformance`) holds either store against evalkit's quantizer.
+:func:`evalkit.engines.vllm.kernel.write_cache`, the CPU store's reader, so that the kernel table
+(:func:`evalkit.engines.vllm.kernel.kernel_conformance`) holds either store against evalkit's quantizer.
 
 vLLM is imported only here, on a machine with its CUDA build (:func:`require_store`); without one,
 :class:`~evalkit.errors.EngineUnavailableError` says so in one line.
@@ -31,8 +31,8 @@ def require_store(device: str = "cuda") -> None:
     """vLLM's CUDA build checked (:func:`evalkit.engines.vllm.versions.check_build`, a visible GPU) and its
     cache-write op registered (importing ``vllm._custom_ops`` registers it), or EngineUnavailableError in one line."""
     from evalkit.engines.vllm.gpu import check_cuda
+    from evalkit.engines.vllm.install import set_in_process
     from evalkit.engines.vllm.versions import check_build
-    from evalkit.engines.vllm_install import set_in_process
 
     check_build("cuda")
     check_cuda()

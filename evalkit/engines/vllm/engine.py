@@ -1,14 +1,14 @@
 """vLLM, declared as an engine (:mod:`evalkit.engines.registry`): on CUDA (``vllm``) and on the CPU (``vllm-cpu``).
 
-Every evaluation's requests go through vLLM's own KV cache (:class:`evalkit.engines.vllm_backend.VllmBackend`).
+Every evaluation's requests go through vLLM's own KV cache (:class:`evalkit.engines.vllm.backend.VllmBackend`).
 The device is the model's (``--device``, a grid's ``device:``) and decides the build and the engine
 profile (:mod:`evalkit.engines.vllm.config`): ``vllm-cuda`` on ``cuda`` (vllm 0.33 or 0.32), ``vllm-cpu``
 on ``cpu`` (vllm-cpu 0.32); the installed build and its version are checked when the engine starts,
 and by the plan when a build is installed (:mod:`evalkit.engines.vllm.versions`). ``vllm:<kv_cache_dtype>``
-names every dtype vLLM accepts (:mod:`evalkit.kv.engine_dtypes`; on CUDA the engine runs them as they
+names every dtype vLLM accepts (:mod:`evalkit.kv.codecs.vllm`, the codec family; on CUDA the engine runs them as they
 are). ``conformance --engine vllm [--device cuda]`` holds evalkit's quantizer against the engine's
-own cache-write op and vLLM's own perplexity change (:mod:`evalkit.cli.conformance`); ``capacity
---engine vllm`` measures admission from vLLM's own allocator (:mod:`evalkit.engines.vllm_serving`).
+own cache-write op and vLLM's own perplexity change (:mod:`evalkit.engines.vllm.conformance`); ``capacity
+--engine vllm`` measures admission from vLLM's own allocator (:mod:`evalkit.engines.vllm.capacity`).
 
 Scale-out options reach ``vllm.LLM`` unchanged and enter the run id when set:
 ``tensor_parallel_size``, ``pipeline_parallel_size``, ``enable_expert_parallel``,
@@ -24,7 +24,8 @@ runs over GPUs with its executors (docs/sweeps.md).
 
 from __future__ import annotations
 
-from evalkit.engines.registry import Engine, Option, Plan, register_engine
+from evalkit.engines.registry import Engine, Plan, register_engine
+from evalkit.engines.vllm.options import OPTIONS
 
 
 def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
@@ -129,7 +130,7 @@ def _build_problem(device: str) -> str | None:
 
 
 def backend(options: dict):
-    from evalkit.engines.vllm_backend import VllmBackend
+    from evalkit.engines.vllm.backend import VllmBackend
 
     return VllmBackend(engine_args=options)
 
@@ -143,23 +144,9 @@ ENGINE = register_engine(
         backend="evalkit.engines.vllm.engine:backend",
         plan="evalkit.engines.vllm.engine:plan",
         devices=("cuda", "cpu"),
-        conformance="evalkit.cli.conformance:run_vllm",
-        capacity="evalkit.cli.capacity:run_engine",
+        conformance="evalkit.engines.vllm.conformance:run",
+        capacity="evalkit.engines.vllm.capacity:run",
         profiles=("vllm-cpu", "vllm-cuda", "vllm-rocm"),
-        options=(
-            Option("tensor_parallel_size", int, 1, "ranks the model's layers are split across (vLLM's TP)"),
-            Option("pipeline_parallel_size", int, 1, "pipeline stages (vLLM's PP)"),
-            Option("data_parallel_size", int, 1, "replicas (vLLM's DP): 1 only, evalkit runs vLLM in its own process"),
-            Option("enable_expert_parallel", bool, False, "MoE experts split across the TP x DP ranks (vLLM's EP)"),
-            Option("distributed_executor_backend", str, None, "ray (a Ray cluster) or mp (processes on one node)"),
-            Option("max_model_len", int, None, "the engine's context (default: the evaluation's longest request)"),
-            Option(
-                "gpu_memory_utilization",
-                float,
-                None,
-                "CUDA: the share of each GPU vLLM may use, and then sizes its KV cache from (default: a fixed 4 GiB "
-                "KV cache, and the free share at start-up for vLLM's check)",
-            ),
-        ),
+        options=OPTIONS,
     )
 )

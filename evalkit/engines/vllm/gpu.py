@@ -23,7 +23,7 @@ first on SM100) and keeps it on the layer (``Attention.attn_backend``,
 (``vllm/v1/attention/backends/fa_utils.py`` ``get_flash_attn_version``: FA3 on Hopper, FA4 on SM100
 where supported), held as ``FlashAttentionImpl.vllm_flash_attn_version``; a layer whose backend takes
 FP8 queries with an FP8 cache quantizes Q (``Attention.query_quant``). :func:`attention_record` turns the
-per-layer readings (:func:`evalkit.engines.vllm_runner._attention_layers`) into the row's fields.
+per-layer readings (:func:`evalkit.engines.vllm.runner._attention_layers`) into the row's fields.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class DecodeEval(Evaluation):
         frames=("evalkit.evals.decode.report:engine_frame",),
         displays=("evalkit.evals.decode.report:engine_display",),
         notes=("evalkit.evals.decode.report:notes", "evalkit.evals.decode.report:engine_notes"),
-        plots=("evalkit.report.plots:decode_figures",),
+        plots=("decode",),
         order=20,
     )
 

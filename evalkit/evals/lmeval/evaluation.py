@@ -264,7 +264,7 @@ def not_measured_under(scheme, results: dict, rows: list[MetricRow]) -> list[Met
     this protocol" (no value, no interval) when ``scheme``'s engine attends a first write from the raw
     K/V: such a task reads no quantized value, and its 0-flip, baseline-equal rows would pass a budget
     vacuously. Generation tasks (``generate_until``) read the cache in decode and keep their numbers."""
-    from evalkit.kv.vllm_codecs import one_forward_reads_raw
+    from evalkit.kv.scheme import one_forward_reads_raw
 
     if not one_forward_reads_raw(scheme):
         return rows

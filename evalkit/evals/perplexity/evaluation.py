@@ -138,7 +138,7 @@ class PerplexityEval(Evaluation):
         ),
         frames=("evalkit.evals.perplexity.report:float_noise_frame",),
         notes=("evalkit.evals.perplexity.report:notes",),
-        plots=("evalkit.report.plots:positions_figures",),
+        plots=("positions",),
         criteria=(
             Criterion(
                 "Δppl", "ppl_delta_rel", "max_ppl_rel", True, "|Δppl|", transform="abs", signed=True, required=True
@@ -213,7 +213,7 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
-        from evalkit.kv.vllm_codecs import one_forward_reads_raw
+        from evalkit.kv.scheme import one_forward_reads_raw
 
         if one_forward_reads_raw(scheme):
             return stamp(self._not_measured_rows(scheme), backend_of(self))

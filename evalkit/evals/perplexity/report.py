@@ -23,14 +23,12 @@ def float_noise_frame(rows: pd.DataFrame, slot) -> None:
 
 
 def raw_prefill_schemes(frame: pd.DataFrame) -> list[str]:
-    """The frame's schemes whose engine attends a one-chunk prefill from the raw K/V (kv.vllm_codecs)."""
-    from evalkit.kv.scheme import parse_scheme
-    from evalkit.kv.vllm_codecs import codec_for, is_codec
+    """The frame's schemes whose engine attends a one-chunk prefill from the raw K/V (their slot codec's)."""
+    from evalkit.kv.scheme import one_forward_reads_raw
 
     out = []
     for text in sorted(set(frame["scheme"])) if "scheme" in frame else ():
-        recipe = parse_scheme(text).kv_format.recipe
-        if is_codec(recipe) and codec_for(recipe).prefill_reads_raw:
+        if one_forward_reads_raw(text):
             out.append(text)
     return out
 

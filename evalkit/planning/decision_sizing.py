@@ -2,7 +2,7 @@
 
     python -m evalkit sweep gpu --dry-run --assume-device h200
 
-prints, under the run table, one line per accuracy decision (:mod:`evalkit.planning.decision_tasks`: a
+prints, under the run table, one line per accuracy decision (:mod:`evalkit.evals.accuracy_tasks`: a
 RULER task at each length, LongBench v2 per length class, each reasoning task): the baseline accuracy
 assumed, the discordance psi and where it comes from (a prior, or measured in the grid's own results
 store by an earlier run), the items a paired test needs to resolve :data:`~evalkit.planning.decision.DROP`
@@ -19,26 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evalkit.evals.sizing import Forwards
+from evalkit.evals.accuracy_tasks import TaskPlan, accuracy_tasks
+from evalkit.evals.sizing import AUTO_BATCH, item_forwards
 from evalkit.planning import decision as D
-from evalkit.planning.decision_tasks import TaskPlan, accuracy_tasks
 from evalkit.units import format_seconds
-
-AUTO_BATCH = 32  # lm-eval's batch size "auto", as evalkit.evals.lmeval.workload assumes it
-KV_TOKENS_PER_BATCH = 262_144  # prompt + generation tokens one batch holds (32 GiB of Llama-3.1-8B bf16 K/V)
-
-
-def item_forwards(n: int, prompt: int, gen: int, samples: int, batch: int) -> list[Forwards]:
-    """The forward calls of ``n`` items (``samples`` generations each), batched as lm-eval batches them."""
-    rows = max(1, min(batch, KV_TOKENS_PER_BATCH // max(1, prompt + gen)))
-    out = []
-    full, rest = divmod(n * samples, rows)
-    for calls, r in ((full, rows), (1, rest)):
-        if calls and r:
-            out.append(Forwards(calls, r, prompt))
-            if gen > 1:
-                out.append(Forwards(calls * (gen - 1), r, 1, prompt + gen / 2, prompt + gen))
-    return out
 
 
 def measured_discordance(rows) -> dict[str, float]:

@@ -216,7 +216,7 @@ def test_list_gpus_and_the_dry_run_fit(capsys):
 
     lines = memory_fit(PRESETS["llama-3.1-70b"]["config"], "h200", parallel=Parallel(tp=8), weights_dtype="bf16")
     assert lines[0].startswith("memory fit on 8 x H200 (TP 8, 125.8 GiB usable per GPU): weights 16.4 GiB")
-    assert "bf16: 2,819,721 tokens per rank, 86 sequences of 32,768 tokens per replica" in lines[1]
+    assert "auto: 2,819,721 tokens per rank, 86 sequences of 32,768 tokens per replica" in lines[1]
     assert "vLLM on H200: yes: FLASH_ATTN" in lines[1]
     kimi = memory_fit(
         PRESETS["kimi-k2"]["config"], "h200", parallel=Parallel(dp=8, ep=8), weights_dtype="fp8", weight_block=128
@@ -240,7 +240,7 @@ def test_the_docs_block_is_the_command_output(capsys):
         "--context",
         "32k",
     ]
-    assert main([*argv, "--schemes", "bf16,fp8_e4m3/tensor/unit,nvfp4+rope=bf16,mxfp4+rope=bf16"]) == 0
+    assert main([*argv, "--schemes", "fp8_e4m3/tensor/unit,nvfp4+rope=bf16,mxfp4+rope=bf16"]) == 0
     out = capsys.readouterr().out
     assert doc_block("capacity-kimi-h200-tp8").strip().removeprefix("```").removesuffix("```").strip() == out.strip()
 

@@ -39,7 +39,7 @@ def test_empty_schemes_are_refused_before_anything_runs(schemes, tmp_path, capsy
         capsys,
         "--schemes",
         "names no scheme",
-        "the bf16 baseline is always added",
+        "the auto baseline is always added",
     )
     assert not (tmp_path / "out").exists()
 

@@ -18,7 +18,7 @@ from evalkit.errors import EvalkitError
 
 GRID = """name: lc
 models: [embedded]
-schemes: [bf16, int4/tensor/dynamic]
+schemes: [auto, int4/tensor/dynamic]
 evals:
   longcontext: {tasks: [longctx_ruler_niah_single_1, longctx_longbench2], limit: 1}
 """
@@ -34,11 +34,11 @@ def test_standins_run_through_the_grid_with_paired_tests(tmp_path):
     rows = [r for r in rows if r.get("type") == "metric"]
     by = {(r["scheme"], r["metric"], r["labels"]["length"]): r for r in rows}
     lengths = {"longctx_ruler_niah_single_1": ["256", "512", "all"], "longctx_longbench2": ["short", "medium", "all"]}
-    for scheme in ("bf16", "int4/tensor/dynamic"):
+    for scheme in ("auto", "int4/tensor/dynamic"):
         run_id = next(r["run_id"] for r in rows if r["scheme"] == scheme)
         art = json.loads((out / "runs" / run_id[:16] / "longcontext_items.json").read_text())
         items, base = art["items"], art["baseline"]
-        if scheme == "bf16":  # the identity scheme: every item as the baseline's, answer and score
+        if scheme == "auto":  # the identity scheme: every item as the baseline's, answer and score
             assert [(i["score"], i["prediction"]) for i in items] == [(b["score"], b["prediction"]) for b in base]
         for task, labels in lengths.items():
             for length in labels:
@@ -58,7 +58,7 @@ def test_standins_run_through_the_grid_with_paired_tests(tmp_path):
                 lm = score["info"].get("lm_eval_value")  # lm-eval's own aggregate where it has one
                 if task.endswith("niah_single_1") and length != "all" or length == "all" and "longbench" in task:
                     assert lm == pytest.approx(score["value"])
-                if scheme == "bf16":
+                if scheme == "auto":
                     assert (
                         d["value"] == 0
                         and p["value"] == 1

@@ -285,7 +285,7 @@ def test_style_numbers_files_alike_whatever_the_order():
     for style in (forward, backward):
         assert style.label(a) == "fp8_e4m3/tensor/static[2]" and style.label(b) == "fp8_e4m3/head/static[1]"
         assert style.notes([a]) == ["[2] static scales from calibration/b-tensor.safetensors"]
-        assert style.label("bf16", dtype="float32") == "baseline (float32)" and style.color("bf16") == "black"
+        assert style.label("auto", dtype="float32") == "baseline (float32)" and style.color("auto") == "black"
         assert style.family_label("fp4_e2m1") == "fp4_e2m1 (nvfp4, mxfp4)"
         assert style.line(a).linestyle == ":" and style.line("nvfp4").linestyle == "-"
     assert [forward.color(s) for s in (a, b, "nvfp4", "mxfp4")] == [backward.color(s) for s in (a, b, "nvfp4", "mxfp4")]

@@ -147,7 +147,7 @@ def test_analysis_on_synthetic_store(tmp_path):
     # with no engine assumed, the hypothetical per-tensor dynamic scheme is the cheapest inside the budget
     nb = execute("analysis.ipynb", STORE=str(store), PLOTS=str(tmp_path / "plots"), ENGINE_PROFILE="any")
     text = text_of(nb)
-    assert "tiny: use fp8_e4m3/tensor/dynamic, 2.00x the KV capacity of bf16 (128 bytes/token)" in text
+    assert "tiny: use fp8_e4m3/tensor/dynamic, 2.00x the KV capacity of a 16-bit cache (128 bytes/token)" in text
     assert "assumes no engine: hypothetical schemes included" in text
 
 

@@ -114,7 +114,8 @@ def test_head_dim_requirement_counts():
 def test_engine_settings():
     assert engine_fit.setting("vllm-cuda", UNIT) == "kv_cache_dtype=fp8_e4m3 without checkpoint scales (scale 1.0)"
     assert "with the checkpoint's per-tensor k_scale/v_scale" in engine_fit.setting("vllm-cuda", STATIC)
-    assert engine_fit.setting("vllm-cpu", "bf16").startswith("kv_cache_dtype=auto")
+    assert engine_fit.setting("vllm-cpu", "auto").startswith("kv_cache_dtype=auto")
+    assert engine_fit.setting("vllm-cpu", "bf16") == "kv_cache_dtype=bfloat16 (the unquantized KV cache in bfloat16)"
     assert engine_fit.setting("tensorrt-llm", "nvfp4") == "kv_cache_dtype=nvfp4"
 
 

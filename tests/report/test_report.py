@@ -252,7 +252,7 @@ def test_recommendation_is_cheapest_inside_budget(store):
     tight = recommend(frame, Budget(max_ppl_rel=0.0001), engine=None)["tiny"]  # block16's +0.10 [-0.10, +0.30]
     assert tight.startswith("tiny: the data cannot tell whether these are within the budget: fp8_e4m3/block16")
     assert "|Δppl| ≤ 0.01% unresolved: +0.10 [-0.10, +0.30]% crosses the limit (interval without float spread)" in tight
-    assert "keep the unquantized baseline (bf16 scheme) until more windows resolve it" in tight
+    assert "keep the unquantized baseline (auto scheme) until more windows resolve it" in tight
     # a looser one admits int4 (96 bytes) only if its KL, flips and retrieval pass too
     loose = Budget(max_ppl_rel=0.06, max_kl=0.1)
     assert "use fp8_e4m3/tensor/dynamic" in recommend(frame, loose, engine=None)["tiny"]
@@ -460,7 +460,7 @@ def test_baseline_row_names_the_dtype_the_model_ran_in(tmp_path):
     old = write_ppl_store(
         tmp_path / "old",
         {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995)},
-        infos={"bf16": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}},
+        infos={"auto": {"dtype": None}, "fp8_e4m3/tensor/dynamic": {"dtype": None}},
     )
     text = format_table(summary_frame(load_store(old)), "md")
     assert "baseline" in md_rows(text)[1] and "(float32)" not in text
@@ -496,7 +496,7 @@ def test_recommendation_says_which_criterion_failed_and_by_how_much(tmp_path):
     )
     frame = summary_frame(load_store(folder))
     line = recommend(frame, Budget(min_top1=0.99), engine=None)["tiny"]
-    assert line.startswith("tiny: keep the unquantized baseline (bf16 scheme): no quantized scheme")
+    assert line.startswith("tiny: keep the unquantized baseline (auto scheme): no quantized scheme")
     assert "closest: fp8_e4m3/tensor/dynamic (fails top-1 ≥ 99%: 95.40 [95.30, 95.50]%, short by 3.60 pts" in line
     line = recommend(frame, Budget(max_ppl_rel=0.001), engine=None)["tiny"]
     assert "closest: fp8_e4m3/tensor/dynamic (fails |Δppl| ≤ 0.1%: +0.40 [+0.35, +0.45]%, over by 0.30 pts" in line

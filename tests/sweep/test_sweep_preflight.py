@@ -38,7 +38,7 @@ def errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("evalkit: error: ")]
 
 
-def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys, generation_standin):
+def test_gpu_grid_lists_every_scheme_vllm_cuda_cannot_run(tmp_path, capsys):
     """The issue's case: the vllm-cuda profile (the rounding of vLLM's FP8 per-tensor store) runs the gpu
     grid's two FP8 rows only; its eight vllm: rows are vLLM's other store kernels themselves (this test
     listed the older preset's five evalkit-only schemes before); all eight, each at its line."""

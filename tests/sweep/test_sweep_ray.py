@@ -286,7 +286,7 @@ def test_dead_worker_fails_its_run_and_is_replaced(tmp_path, cluster, tiny_llama
     """A worker process that dies fails the run it held (one failed record, the sweep goes on); its
     model's remaining runs go to a new worker."""
     grid = write_grid(
-        tmp_path, f"{{name: '{tiny_llama_dir}', gpus: 4, device: cpu}}", SCHEMES[:3], extra=", crash_scheme: bf16"
+        tmp_path, f"{{name: '{tiny_llama_dir}', gpus: 4, device: cpu}}", SCHEMES[:3], extra=", crash_scheme: auto"
     )
     assert sweep(tmp_path, grid, tmp_path / "out") == 1
     captured = capsys.readouterr()

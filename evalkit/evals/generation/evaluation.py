@@ -2,7 +2,7 @@
 
     python -m evalkit run --eval generation --generation-tasks gsm8k_cot_llama --generation-max-gen-toks 2048 \\
         --generation-temperature 0.6 --generation-top-p 0.95 --generation-samples 4 \\
-        --schemes bf16,fp8_e4m3/tensor/dynamic
+        --schemes auto,fp8_e4m3/tensor/dynamic
 
 Public reports of FP8 KV caches hurting models are about long outputs (chain-of-thought maths,
 AIME, GPQA): an error stored in the cache is read by every later token, and a changed token changes
@@ -44,10 +44,9 @@ from typing import Any, ClassVar
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Criterion, Evaluation, MetricRow, ReportSpec, register_eval
-from evalkit.evals.generation.params import GenerationParams, file_identity, gen_kwargs, tasks_dir
+from evalkit.evals.generation.params import TRACE_BUDGET, GenerationParams, file_identity, gen_kwargs, tasks_dir
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's contents change shape
-TRACE_BUDGET = 256  # traces' output budget when max_gen_toks is not set (lm-eval's default for tasks)
 
 
 @register_eval("generation")
@@ -72,6 +71,12 @@ class GenerationEval(Evaluation):
         ),
         order=45,
     )
+
+    @classmethod
+    def workload(cls, params: dict[str, Any], facts, device: str = "cpu"):
+        from evalkit.evals.generation.workload import generation_work
+
+        return generation_work(params, facts, device)
 
     def canonical_params(self) -> dict[str, Any]:
         """The parameters, the traces file by its name and content rather than where it lies."""

@@ -20,6 +20,7 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.params import Params, param
 
 DEFAULT_TASKS = ("evalkit_arith",)
+TRACE_BUDGET = 256  # traces' output budget when max_gen_toks is not set (lm-eval's default for tasks)
 
 
 def tasks_dir() -> Path:

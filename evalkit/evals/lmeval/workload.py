@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evalkit.evals.sizing import CHARS_PER_TOKEN, Forwards, Work, count_tokens
+from evalkit.evals.sizing import AUTO_BATCH, CHARS_PER_TOKEN, Forwards, Work, count_tokens
 
 LMEVAL_ROW_BYTES = 2500  # lm-eval rows carry the task config in their info
-AUTO_BATCH_ASSUMED = 32  # lm-eval's batch size "auto" searches down from 64 on the device: 32 assumed
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def lmeval_work(params: dict, facts, device: str) -> Work:
 
     batch = params["batch_size"] or default_batch_size(device)
     if batch == "auto":
-        batch = AUTO_BATCH_ASSUMED
+        batch = AUTO_BATCH
     max_length = facts.max_length or 2048  # HFLM's: the config's maximum, else 2048
     ours = set(task_manager((str(TASKS_DIR),), False).all_tasks)
     own = [t for t in params["tasks"] if t in ours or t not in LMEVAL_TASK_SIZES]

@@ -372,7 +372,7 @@ def not_measured(scheme, results: dict, groups: dict, rows: list[MetricRow]) -> 
     """``rows`` with those of one-forward tasks (and groups holding one) marked not measured when
     ``scheme``'s engine attends a first write from the raw K/V (see the module docstring)."""
     from evalkit.evals.lmeval.evaluation import ONE_FORWARD_TYPES
-    from evalkit.kv.vllm_codecs import one_forward_reads_raw
+    from evalkit.kv.scheme import one_forward_reads_raw
 
     if not one_forward_reads_raw(scheme):
         return rows

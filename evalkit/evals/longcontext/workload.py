@@ -1,10 +1,10 @@
 """The longcontext evaluation's size for ``sweep --dry-run``, from its parameters and the model's facts.
 
 Real tasks (RULER at each length, LongBench v2 per length class) from their documented sizes
-(:mod:`evalkit.planning.decision_tasks`): a RULER item fills its length less its generation budget,
+(:mod:`evalkit.evals.accuracy_tasks`): a RULER item fills its length less its generation budget,
 which it decodes in full (``until: []``: an upper bound); a LongBench v2 item is one forward of its
 prompt (four one-token choices share it). The offline stand-ins from their shipped items, counted with
-the model's tokenizer. Batches as :func:`evalkit.planning.decision_sizing.item_forwards` forms them.
+the model's tokenizer. Batches as :func:`evalkit.evals.sizing.item_forwards` forms them.
 RULER generates its items on the CPU when the tasks load (seconds to minutes per length): not timed.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from evalkit.errors import EvalkitError
-from evalkit.evals.sizing import ROW_BYTES, Work, count_tokens
+from evalkit.evals.sizing import AUTO_BATCH, ROW_BYTES, Work, count_tokens, item_forwards
 
 FIXTURE_GEN = {"longctx_ruler_niah_single_1": 32, "longctx_ruler_vt": 30, "longctx_longbench2": 0}
 FIXTURE_FILES = {
@@ -45,9 +45,8 @@ def _fixture_items(task: str, params: dict, facts) -> list[tuple[int, int]]:
 
 
 def longcontext_work(params: dict, facts, device: str) -> Work:
+    from evalkit.evals.accuracy_tasks import longcontext_plans
     from evalkit.evals.longcontext.tasks import STANDINS
-    from evalkit.planning.decision_sizing import AUTO_BATCH, item_forwards
-    from evalkit.planning.decision_tasks import longcontext_plans
 
     too_long = [n for n in params["lengths"] or () if facts.max_length and n > facts.max_length]
     if too_long:

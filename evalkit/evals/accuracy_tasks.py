@@ -3,12 +3,13 @@
 :func:`accuracy_tasks` reads a grid's evaluations and lists each accuracy task it runs (a RULER task
 once per context length, since each length is a decision of its own) as a :class:`TaskPlan`: the
 items the dataset has and the items the grid runs, the prompt and generation tokens of one item, the
-kind of task (which sets the discordance prior of :mod:`evalkit.planning.decision`) and the baseline
+kind of task (a key of the discordance priors, ``evalkit.planning.decision.REDRAW_SHARE``) and the baseline
 accuracy assumed for Llama-3.1-8B-Instruct, with its source. Sizes are for a Llama-3-style tokenizer.
 
 Three evaluations are read: ``longcontext`` (RULER, LongBench v2, their offline stand-ins), ``lmeval``
-(lm-eval's ``mmlu`` and ``gsm8k`` as sized in :mod:`evalkit.evals.lmeval.workload`), and ``generation``,
-the reasoning evaluation built beside this one, through the one marked block below.
+(lm-eval's ``mmlu`` and ``gsm8k`` as sized in :mod:`evalkit.evals.lmeval.workload`), and ``generation``
+(its reasoning tasks). The dry run's decision table (:mod:`evalkit.planning.decision_sizing`) and the
+evaluations' own sizes (``workload``) both read these plans: they live on the evaluations' floor.
 """
 
 from __future__ import annotations
@@ -38,11 +39,8 @@ class TaskFacts:
     source: str
 
 
-# ==== COUPLING WITH THE `generation` EVALUATION (evalkit/evals/generation, branch gen) ==============
-# The reasoning tasks of sweeps/gpu.yaml run under the grid key `generation` with the parameters
-# `tasks`, `limit`, `samples`, `max_gen_toks`, `apply_chat_template` (an assumption made before the two
-# branches meet: adjust GENERATION_EVAL, the parameter names in generation_plans() and this table here
-# if the evaluation names them otherwise). Task names are lm-eval 0.4.13's.
+# The reasoning tasks of the `generation` evaluation (evalkit.evals.generation), by lm-eval 0.4.13's names;
+# generation_plans() reads its parameters `tasks`, `limit`, `samples` and `max_gen_toks`.
 GENERATION_EVAL = "generation"
 REASONING_TASKS = {
     "gsm8k_cot_llama": TaskFacts(
@@ -80,9 +78,6 @@ def generation_plans(params: dict) -> list[TaskPlan]:
             )
         )
     return plans
-
-
-# ==== end of the coupling ============================================================================
 
 
 @dataclass(frozen=True)

@@ -40,3 +40,41 @@ def doc_block(name: str) -> str:
     begin, end = markers(name)
     text = doc_block_page(name).read_text()
     return text[text.index(begin) + len(begin) : text.index(end)]
+
+
+# ---- re-writing the store-backed blocks (maintainers, after re-making a store) ----------------------------
+STORE_BLOCKS = {  # block -> the command whose output it is (docs/reproducibility.md, "Re-making the published stores")
+    "results": ["report", "published/default", "--format", "md"],
+    "engine": ["report", "published/engine", "--format", "md"],
+    "vllm-dtypes": ["report", "published/vllm-dtypes", "--format", "md"],
+    "llamacpp": ["report", "published/llamacpp", "--format", "md"],
+    "conformance": ["conformance", "--from", "published/conformance", "--format", "md"],
+    "conformance-bf16": ["conformance", "--from", "published/conformance-bf16", "--format", "md"],
+}
+
+
+def write_block(name: str, body: str) -> None:
+    """Replace block ``name``'s text on its page with ``body`` (one newline after the begin marker)."""
+    page = doc_block_page(name)
+    begin, end = markers(name)
+    text = page.read_text()
+    head, tail = text[: text.index(begin) + len(begin)], text[text.index(end) :]
+    page.write_text(f"{head}\n{body.strip(chr(10))}\n{tail}")
+
+
+def main(argv=None) -> None:
+    """``python -m tests.doc_blocks [NAME ...]``: re-write the named store-backed blocks (default: all) from
+    their commands' output, run as the tests run them."""
+    import subprocess
+    import sys
+
+    names = (argv if argv is not None else sys.argv[1:]) or list(STORE_BLOCKS)
+    for name in names:
+        cmd = [sys.executable, "-m", "evalkit", *STORE_BLOCKS[name]]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        write_block(name, out)
+        print(f"{name}: {doc_block_page(name).relative_to(ROOT)} <- {' '.join(cmd[2:])}")
+
+
+if __name__ == "__main__":
+    main()

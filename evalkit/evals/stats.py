@@ -175,3 +175,12 @@ def binomial_ci(k: int, n: int, confidence: float = 0.95, method: str = "wilson"
         raise ValueError(f"k={k} must lie in [0, n={n}]")
     ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method=method)
     return (float(ci.low), float(ci.high))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p of paired 0/1 outcomes: a binomial test of ``b`` (right -> wrong) of the
+    ``b + c`` discordant pairs at 1/2 (``scipy.stats.binomtest``); 1 with no discordant pair. The one
+    McNemar test of the paired evaluations (generation, longcontext)."""
+    if b + c == 0:
+        return 1.0
+    return float(stats.binomtest(int(b), int(b + c), 0.5).pvalue)

@@ -440,16 +440,20 @@ def test_no_progress_silences_lm_evals_request_bars(tiny_llama_dir, monkeypatch,
 
 
 def test_cached_baseline_that_is_damaged_or_stale_is_a_miss(tmp_path):
-    from evalkit.evals.lmeval.evaluation import _read_baseline
+    """The one lm-eval baseline cache (lmeval, longcontext, generation): a miss, never an error, for a
+    file that is missing, cut, foreign-keyed or of another layout; written whole and read back."""
+    from evalkit.evals.lmeval.baseline_cache import read_baseline, write_baseline
 
+    fields = {"items": dict, "summary": dict}
     path = tmp_path / "baseline.json"
-    assert _read_baseline(path, "k") is None  # missing
+    assert read_baseline(path, "k", fields) is None  # missing
     path.write_text('{"key": "k", "items": {')  # cut by a kill
-    assert _read_baseline(path, "k") is None
+    assert read_baseline(path, "k", fields) is None
     path.write_text(json.dumps({"key": "other", "items": {}, "summary": {}}))
-    assert _read_baseline(path, "k") is None
+    assert read_baseline(path, "k", fields) is None
     path.write_text(json.dumps({"key": "k", "items": [], "summary": {}}))  # another layout
-    assert _read_baseline(path, "k") is None
-    good = {"key": "k", "items": {"t": [1]}, "summary": {"results": {}}}
-    path.write_text(json.dumps(good))
-    assert _read_baseline(path, "k") == good
+    assert read_baseline(path, "k", fields) is None
+    good = {"items": {"t": [1]}, "summary": {"results": {}}}
+    write_baseline(tmp_path / "sub" / "baseline.json", "k", good)
+    assert read_baseline(tmp_path / "sub" / "baseline.json", "k", fields) == good
+    assert [f.name for f in (tmp_path / "sub").iterdir()] == ["baseline.json"]  # no temporary file left

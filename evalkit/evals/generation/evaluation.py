@@ -35,9 +35,7 @@ and ``report --max-task-drop 0.01`` budgets the accuracy drop per task at 95 %.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -113,8 +111,16 @@ class GenerationEval(Evaluation):
         if not backend.capabilities.reusable_baseline:
             self.baseline = self._run(lm, None)
         else:
-            path = Path(workdir) / "generation" / self._baseline_key(lm)[:20] / "baseline.json"
-            self.baseline = _read_baseline(path, self._key) or self._write_baseline(path, self._run(lm, None))
+            from evalkit.evals.lmeval import baseline_cache as cache
+            from evalkit.evals.lmeval.adapter import include_paths
+
+            folders = include_paths((str(tasks_dir()), *p["include"]))
+            key = cache.baseline_key(lm, format=BASELINE_FORMAT, params=self.canonical_params(), task_folders=folders)
+            path = cache.baseline_file(workdir, "generation", key)
+            self.baseline = cache.read_baseline(path, key, {"tasks": dict, "task_info": dict, "traces": list})
+            if self.baseline is None:
+                self.baseline = self._run(lm, None)
+                cache.write_baseline(path, key, self.baseline)
         if p["traces"] is not None:
             from evalkit.evals.generation.trace_decode import check_memory, teacher_forced
             from evalkit.kv.scheme import Scheme
@@ -158,39 +164,6 @@ class GenerationEval(Evaluation):
             out["traces"] = trace_records(self._traces, lm.tokenizer, gens, seeds(p), self._budget)
         return out
 
-    def _baseline_key(self, lm) -> str:
-        import torch
-        import transformers
-
-        from evalkit.evals.lmeval.adapter import include_paths, lm_eval_version
-        from evalkit.evals.output_head import baseline_key
-
-        h = hashlib.sha256()
-        for folder in include_paths((str(tasks_dir()), *self.params["include"])):
-            for f in sorted(Path(folder).rglob("*")):
-                if f.is_file() and f.suffix in (".yaml", ".yml", ".py", ".json", ".jsonl", ".txt", ".jinja"):
-                    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
-        key = baseline_key(
-            lm,
-            format=BASELINE_FORMAT,
-            path=str(lm.path),
-            decode_path=getattr(lm, "decode_path", "eager"),
-            params=self.canonical_params(),
-            task_files=h.hexdigest(),
-            lm_eval=lm_eval_version(),
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-        )
-        self._key = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-        return self._key
-
-    def _write_baseline(self, path: Path, baseline: dict) -> dict:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # this process's own: workers may share the cache
-        tmp.write_text(json.dumps({"key": self._key, **baseline}))
-        tmp.replace(path)  # the complete file appears last
-        return baseline
-
     # ---- per scheme -------------------------------------------------------------------------
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
@@ -222,16 +195,3 @@ class GenerationEval(Evaluation):
                 json.dumps({"scheme": str(scheme), "settings": info, **run}, indent=None)
             )
         return stamp(rows, backend_of(self))
-
-
-def _read_baseline(path: Path, key: str) -> dict | None:
-    """The cached baseline for ``key``, or None (a cache miss) when missing, unreadable or stale."""
-    if not path.is_file():
-        return None
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(stored, dict) or stored.get("key") != key or not {"tasks", "task_info", "traces"} <= set(stored):
-        return None
-    return {k: stored[k] for k in ("tasks", "task_info", "traces")}

@@ -36,10 +36,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 from scipy.special import comb
 
-from evalkit.evals.stats import binomial_ci, unit_interval
+from evalkit.evals.stats import binomial_ci, mcnemar_exact, unit_interval
 
 BUCKET_START = 32  # the first bucket is 0-31 tokens, then 32-63, 64-127, ...
 
@@ -83,8 +82,7 @@ def mcnemar(base: np.ndarray, other: np.ndarray) -> tuple[float, int, int]:
     """(exact two-sided McNemar p, b right -> wrong, c wrong -> right) over paired 0/1 outcomes."""
     base, other = np.asarray(base, dtype=bool).ravel(), np.asarray(other, dtype=bool).ravel()
     b, c = int((base & ~other).sum()), int((~base & other).sum())
-    p = 1.0 if b + c == 0 else float(stats.binomtest(b, b + c, 0.5).pvalue)
-    return p, b, c
+    return mcnemar_exact(b, c), b, c
 
 
 def accuracy_delta(base: np.ndarray, other: np.ndarray) -> tuple[float, float, float]:

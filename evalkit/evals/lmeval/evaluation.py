@@ -28,10 +28,8 @@ bit on CPU): padding is kept out of the KV scales and attention (:mod:`evalkit.e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -173,9 +171,17 @@ class LmEvalEval(Evaluation):
             self.baseline_items = items_from_results(results)
             self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
             return
-        key = self._baseline_key(lm)
-        self.baseline_path = Path(workdir) / "lmeval" / key[:20] / "baseline.json"
-        stored = _read_baseline(self.baseline_path, key)
+        from evalkit.evals.lmeval import baseline_cache as cache
+        from evalkit.evals.lmeval.adapter import include_paths
+
+        key = cache.baseline_key(
+            lm,
+            format=BASELINE_FORMAT,
+            params=self.canonical_params(),
+            task_folders=include_paths(self.params["include"]),
+        )
+        self.baseline_path = cache.baseline_file(workdir, "lmeval", key)
+        stored = cache.read_baseline(self.baseline_path, key, {"items": dict, "summary": dict})
         if stored is not None:
             self.baseline_items = stored["items"]
             self.baseline_summary = stored["summary"]
@@ -183,21 +189,12 @@ class LmEvalEval(Evaluation):
         results = self._run(lm, None)
         self.baseline_items = items_from_results(results)
         self.baseline_summary = _jsonable({k: v for k, v in results.items() if k != "samples"})
-        self.baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.baseline_path.with_name(
-            f"{self.baseline_path.name}.{os.getpid()}.tmp"
-        )  # this process's own: workers of one model may share the cache
-        tmp.write_text(
-            json.dumps(
-                {
-                    "key": key,
-                    "items": self.baseline_items,
-                    "summary": self.baseline_summary,
-                    "samples": _jsonable(results["samples"]),
-                }
-            )
-        )
-        tmp.replace(self.baseline_path)  # complete file appears last
+        payload = {
+            "items": self.baseline_items,
+            "summary": self.baseline_summary,
+            "samples": _jsonable(results["samples"]),
+        }
+        cache.write_baseline(self.baseline_path, key, payload)
 
     def _run(self, lm, scheme) -> dict:
         """lm-eval's evaluator on the backend's lm-eval model for ``scheme`` (None: the baseline run)."""
@@ -209,33 +206,6 @@ class LmEvalEval(Evaluation):
             return run_lm_eval(
                 model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"]
             )
-
-    def _baseline_key(self, lm) -> str:
-        import torch
-        import transformers
-
-        from evalkit.evals.lmeval.adapter import include_paths, lm_eval_version
-        from evalkit.models.info import hash_weights
-
-        h = hashlib.sha256()
-        hash_weights(h, lm.model)  # the weights themselves: the same bytes as every evaluation's fingerprint
-        for folder in include_paths(tuple(self.params["include"])):
-            for f in sorted(Path(folder).rglob("*")):
-                if f.suffix in (".yaml", ".yml", ".py", ".json", ".txt", ".jinja") and f.is_file():
-                    h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
-        meta = {
-            "format": BASELINE_FORMAT,
-            "name": lm.name,
-            "path": str(lm.path),
-            "config": lm.config_hash,
-            "device": str(lm.device.type),
-            "params": self.canonical_params(),
-            "lm_eval": lm_eval_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        }
-        h.update(json.dumps(meta, sort_keys=True, default=str).encode())
-        return h.hexdigest()
 
     # ---- per scheme -------------------------------------------------------------------------
 
@@ -283,24 +253,6 @@ def not_measured_under(scheme, results: dict, rows: list[MetricRow]) -> list[Met
 
 
 BASELINE_FORMAT = 1  # bump when the cached baseline's items or summary change shape
-
-
-def _read_baseline(path: Path, key: str) -> dict | None:
-    """The cached baseline for ``key``, or None (a cache miss) when missing, unreadable or stale."""
-    if not path.is_file():
-        return None
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if (
-        not isinstance(stored, dict)
-        or stored.get("key") != key
-        or not isinstance(stored.get("items"), dict)
-        or not isinstance(stored.get("summary"), dict)
-    ):
-        return None
-    return stored
 
 
 # ---- rows ------------------------------------------------------------------------------------

@@ -31,10 +31,8 @@ measured, as the lmeval eval marks them (:func:`evalkit.evals.lmeval.evaluation.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -190,17 +188,18 @@ class LongContextEval(Evaluation):
         if not backend.capabilities.reusable_baseline:
             self.baseline = records_from_results(self._run(lm, None))
             return
-        key = self._baseline_key(lm)
-        path = Path(workdir) / "longcontext" / key[:20] / "baseline.json"
-        stored = _read_baseline(path, key)
+        from evalkit.evals.lmeval import baseline_cache as cache
+        from evalkit.evals.longcontext.tasks import TASKS_DIR
+
+        folders = (TASKS_DIR, *p["include"])
+        key = cache.baseline_key(lm, format=BASELINE_FORMAT, params=self.canonical_params(), task_folders=folders)
+        path = cache.baseline_file(workdir, "longcontext", key)
+        stored = cache.read_baseline(path, key, {"items": list})
         if stored is not None:
-            self.baseline = stored
+            self.baseline = stored["items"]
             return
         self.baseline = records_from_results(self._run(lm, None))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "format": BASELINE_FORMAT, "items": self.baseline}))
-        tmp.replace(path)
+        cache.write_baseline(path, key, {"items": self.baseline})
 
     def _run(self, lm, scheme) -> dict:
         from evalkit.evals.lmeval.adapter import run_lm_eval
@@ -216,31 +215,6 @@ class LongContextEval(Evaluation):
                 loaded=list(self._loaded.values()),
                 samples=self._samples,
             )
-
-    def _baseline_key(self, lm) -> str:
-        import torch
-        import transformers
-
-        from evalkit.evals.lmeval.adapter import lm_eval_version
-        from evalkit.evals.longcontext.tasks import task_files_digest
-        from evalkit.models.info import hash_weights
-
-        h = hashlib.sha256()
-        hash_weights(h, lm.model)
-        task_files_digest(h, tuple(self.params["include"]))
-        meta = {
-            "format": BASELINE_FORMAT,
-            "name": lm.name,
-            "path": str(lm.path),
-            "config": lm.config_hash,
-            "device": str(lm.device.type),
-            "params": self.canonical_params(),
-            "lm_eval": lm_eval_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        }
-        h.update(json.dumps(meta, sort_keys=True, default=str).encode())
-        return h.hexdigest()
 
     # ---- per scheme -------------------------------------------------------------------------
 
@@ -277,15 +251,6 @@ def _lm_eval_version() -> str:
     from evalkit.evals.lmeval.adapter import lm_eval_version
 
     return lm_eval_version()
-
-
-def _read_baseline(path: Path, key: str) -> list | None:
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    ok = isinstance(stored, dict) and stored.get("key") == key and stored.get("format") == BASELINE_FORMAT
-    return stored["items"] if ok and isinstance(stored.get("items"), list) else None
 
 
 # ---- rows ------------------------------------------------------------------------------------

@@ -73,18 +73,9 @@ def bootstrap_means(d: np.ndarray, resamples: int = RESAMPLES, seed: int = SEED)
     return d[idx].mean(axis=1)
 
 
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: binomial test of ``b`` of ``b + c`` discordant pairs at 1/2."""
-    if b + c == 0:
-        return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(b, b + c, 0.5).pvalue)
-
-
 def compare(scheme, baseline, resamples: int = RESAMPLES, seed: int = SEED) -> Paired:
     """Paired statistics of ``scheme`` against ``baseline`` scores, item i against item i."""
-    from evalkit.evals.stats import binomial_ci
+    from evalkit.evals.stats import binomial_ci, mcnemar_exact
 
     s, b = np.asarray(scheme, np.float64), np.asarray(baseline, np.float64)
     if s.shape != b.shape or s.ndim != 1 or len(s) == 0:

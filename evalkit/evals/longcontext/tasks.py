@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 from evalkit.data.resources import resource_dir
 from evalkit.errors import EvalkitError
@@ -126,14 +125,6 @@ def resolve(names: list[str], include: tuple[str, ...], metadata: dict | None = 
     found = resolve_tasks(list(names), (str(TASKS_DIR), *include), metadata)
     external = tuple(n for n in found.external if n not in STANDINS)
     return TaskSet(found.names, found.manager, external)
-
-
-def task_files_digest(h, include: tuple[str, ...]) -> None:
-    """Feed every task file of ``tasks/longcontext`` and ``include`` into the hash ``h`` (the baseline's key)."""
-    for folder in (TASKS_DIR, *map(Path, include)):
-        for f in sorted(Path(folder).rglob("*")):
-            if f.is_file() and f.suffix in (".yaml", ".yml", ".py", ".json", ".jsonl", ".txt", ".jinja"):
-                h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
 
 
 def to_json(obj):

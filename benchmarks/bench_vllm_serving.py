@@ -35,6 +35,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
     from evalkit.engines.vllm import serving as vs
+    from evalkit.engines.vllm import serving_results as vr
     from evalkit.models.info import kv_layout
     from evalkit.models.loading import model_source
     from evalkit.models.presets import config_namespace
@@ -47,7 +48,7 @@ def main() -> None:
     budget = vs.check_budget(args.budget_gib)
     ms = vs.measure(folder, layout, None, budget, args.context)
     print(f"## 1. capacity: {args.budget_gib:g} GiB KV budget, context {args.context:,}, model dtype bfloat16")
-    print(vs.format_serving_table(vs.serving_table(vs.serving_rows(ms)), "md"))
+    print(vr.format_serving_table(vr.serving_table(vr.serving_rows(ms)), "md"))
     auto, fp8 = ms[0], ms[1]
     engine = fp8.allocation.kv_tokens / auto.allocation.kv_tokens
     counted = float(auto.comparison.computed_bytes_per_token / fp8.comparison.computed_bytes_per_token)
@@ -57,7 +58,7 @@ def main() -> None:
     )
     if not args.no_float32:
         f32 = vs.measure(folder, layout, ["auto"], budget, args.context, dtype="float32")
-        print(f"\nauto in float32: {vs.format_serving_table(vs.serving_table(vs.serving_rows(f32)), 'md')}")
+        print(f"\nauto in float32: {vr.format_serving_table(vr.serving_table(vr.serving_rows(f32)), 'md')}")
 
     load_budget = vs.check_budget(args.load_budget_gib)
     loads = vs.measure(
@@ -73,7 +74,7 @@ def main() -> None:
         f"\n## 2. admission and speed: {args.load_budget_gib:g} GiB KV budget, requests of {args.load_context:,} tokens "
         f"({args.load_context - args.decode_tokens} prompt + {args.decode_tokens} generated)"
     )
-    print(vs.format_serving_table(vs.serving_table(vs.serving_rows(loads)), "md"))
+    print(vr.format_serving_table(vr.serving_table(vr.serving_rows(loads)), "md"))
     for m in loads:
         print(
             f"- {m.allocation.kv_cache_dtype}: {m.allocation.num_blocks} blocks of {m.allocation.block_size} "

@@ -37,8 +37,9 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from evalkit.errors import NonFiniteKVError, SchemeError
 from evalkit.integration.binding import BoundScheme
+from evalkit.integration.growing import Padding
 from evalkit.integration.hf_compat import cache_layer_specs
-from evalkit.integration.stored import Padding, StoredTensor, dequantize_stored
+from evalkit.integration.stored import StoredTensor, dequantize_stored
 from evalkit.kv.codec import is_codec
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.kv.quantize import encode_quantized, quantize

@@ -27,8 +27,9 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, D
 
 from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
+from evalkit.integration.growing import Padding
 from evalkit.integration.hf_compat import cache_layer_specs
-from evalkit.integration.stored import Padding, StoredTensor, append_pair
+from evalkit.integration.stored import StoredTensor, append_pair
 from evalkit.kv.codec import codec_for
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.models.info import text_config

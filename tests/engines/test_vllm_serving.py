@@ -19,6 +19,7 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.engines.vllm import serving as vs
+from evalkit.engines.vllm import serving_results as vr
 from evalkit.errors import EvalkitError
 
 from tests.cli_checks import one_line_exit_2
@@ -29,7 +30,7 @@ BF16_BPT = 30 * 2 * 3 * 64 * 2  # the embedded model: 30 layers, K and V, 3 KV h
 
 def alloc(kvd="auto", budget=2 << 30, bpt=BF16_BPT, block=128, context=2048, null=1):
     blocks = budget // (bpt * block)
-    return vs.Allocation(
+    return vr.Allocation(
         kvd,
         budget,
         context,
@@ -44,40 +45,40 @@ def alloc(kvd="auto", budget=2 << 30, bpt=BF16_BPT, block=128, context=2048, nul
 
 # -- without the engine ------------------------------------------------------------------------------
 def test_split_tokens_prefill_then_decode_and_recompute():
-    assert vs.split_tokens(0, 248, 248) == (248, 0)  # the prompt in one step
-    assert vs.split_tokens(248, 249, 248) == (0, 1)  # one decode token
-    assert vs.split_tokens(128, 256, 200) == (72, 56)  # a chunk crossing the prompt's end
-    assert vs.split_tokens(250, 251, 248) == (0, 1)
-    assert vs.split_tokens(252, 251, 248) == (248, 3)  # preempted, then recomputed from 0 in the step
+    assert vr.split_tokens(0, 248, 248) == (248, 0)  # the prompt in one step
+    assert vr.split_tokens(248, 249, 248) == (0, 1)  # one decode token
+    assert vr.split_tokens(128, 256, 200) == (72, 56)  # a chunk crossing the prompt's end
+    assert vr.split_tokens(250, 251, 248) == (0, 1)
+    assert vr.split_tokens(252, 251, 248) == (248, 3)  # preempted, then recomputed from 0 in the step
 
 
 def test_speeds_and_admission_from_steps():
     steps = [
-        vs.Step(2.0, 4, 3, 4 * 100, 0, 0, 4),  # the prompts of 4 requests, 3 left waiting
-        vs.Step(0.5, 4, 3, 0, 4, 0, 4),
-        vs.Step(0.5, 0, 3, 0, 4, 0, 4),
-        vs.Step(1.0, 3, 0, 300, 0, 0, 3),
-        vs.Step(0.25, 3, 0, 0, 3, 0, 3),
+        vr.Step(2.0, 4, 3, 4 * 100, 0, 0, 4),  # the prompts of 4 requests, 3 left waiting
+        vr.Step(0.5, 4, 3, 0, 4, 0, 4),
+        vr.Step(0.5, 0, 3, 0, 4, 0, 4),
+        vr.Step(1.0, 3, 0, 300, 0, 0, 3),
+        vr.Step(0.25, 3, 0, 0, 3, 0, 3),
     ]
-    run = vs.LoadRun(7, 100, 2, steps)
+    run = vr.LoadRun(7, 100, 2, steps)
     assert run.admitted == 4 and run.peak_running == 4 and run.preemptions == 0
-    prefill, decode = vs.speeds(steps)
+    prefill, decode = vr.speeds(steps)
     assert prefill == pytest.approx(700 / 3.0) and decode == pytest.approx(11 / 1.25)
-    assert vs.speeds(steps, running=4) == (pytest.approx(700 / 3.0), pytest.approx(8 / 1.0))
-    assert vs.LoadRun(1, 100, 2, [vs.Step(1.0, 1, 0, 100, 0, 0, 1)]).admitted is None  # no queue: nothing measured
-    assert vs.speeds([]) == (None, None)
+    assert vr.speeds(steps, running=4) == (pytest.approx(700 / 3.0), pytest.approx(8 / 1.0))
+    assert vr.LoadRun(1, 100, 2, [vr.Step(1.0, 1, 0, 100, 0, 0, 1)]).admitted is None  # no queue: nothing measured
+    assert vr.speeds([]) == (None, None)
 
 
 def test_compare_exact_block_rounding_and_storage_terms():
-    exact = vs.compare(alloc(), Fraction(BF16_BPT))
+    exact = vr.compare(alloc(), Fraction(BF16_BPT))
     assert not exact.flagged and exact.terms == () and exact.computed_tokens == (2 << 30) // BF16_BPT
     assert exact.ratio == pytest.approx(93184 / 93206)
 
-    tiny = vs.compare(alloc(budget=32 << 20), Fraction(BF16_BPT))  # 11 blocks of 128 where 1,456 tokens fit
+    tiny = vr.compare(alloc(budget=32 << 20), Fraction(BF16_BPT))  # 11 blocks of 128 where 1,456 tokens fit
     assert tiny.flagged and len(tiny.terms) == 1 and tiny.terms[0].startswith("block rounding: whole blocks of 128")
     assert "48 of 1,456 tokens" in tiny.terms[0]
 
-    f32 = vs.compare(alloc(bpt=2 * BF16_BPT, block=32), Fraction(BF16_BPT), engine_dtype="float32")
+    f32 = vr.compare(alloc(bpt=2 * BF16_BPT, block=32), Fraction(BF16_BPT), engine_dtype="float32")
     assert f32.flagged and f32.ratio == pytest.approx(0.5, abs=1e-3)
     assert f32.terms[0].startswith("per-token storage: the engine stores 46,080.00 B/token, evalkit counts 23,040.00")
     assert "model dtype float32" in f32.terms[0] and not any(t.startswith("unexplained") for t in f32.terms)
@@ -106,16 +107,16 @@ def test_kv_cache_dtypes_budget_and_refusal_lines():
 
 def _measurement(kvd, bpt, scheme, admitted=None):
     a = alloc(kvd, budget=32 << 20, bpt=bpt, context=256)
-    m = vs.Measurement(a, vs.compare(a, Fraction(bpt)), scheme, {"engine": "vllm", "engine_block_size": 128})
+    m = vr.Measurement(a, vr.compare(a, Fraction(bpt)), scheme, {"engine": "vllm", "engine_block_size": 128})
     if admitted:
-        m.single = vs.LoadRun(1, 248, 8, [vs.Step(2.0, 1, 0, 248, 0, 0, 1), vs.Step(0.1, 0, 0, 0, 1, 0, 1)])
-        m.load = vs.LoadRun(
+        m.single = vr.LoadRun(1, 248, 8, [vr.Step(2.0, 1, 0, 248, 0, 0, 1), vr.Step(0.1, 0, 0, 0, 1, 0, 1)])
+        m.load = vr.LoadRun(
             admitted + 2,
             248,
             8,
             [
-                vs.Step(4.0, admitted, 2, 248 * admitted, 0, 0, admitted),
-                vs.Step(0.2, admitted, 2, 0, admitted, 0, admitted),
+                vr.Step(4.0, admitted, 2, 248 * admitted, 0, 0, admitted),
+                vr.Step(0.2, admitted, 2, 0, admitted, 0, admitted),
             ],
         )
     return m
@@ -126,7 +127,7 @@ def test_rows_and_table():
         _measurement("auto", BF16_BPT, "auto", 5),
         _measurement("fp8_e4m3", BF16_BPT // 2, "fp8_e4m3/tensor/unit", 10),
     ]
-    rows = vs.serving_rows(ms)
+    rows = vr.serving_rows(ms)
     by = {(r.metric, r.labels["kv_cache_dtype"], r.labels.get("batch")): r for r in rows}
     assert by[("kv_tokens", "fp8_e4m3", None)].value == 22 * 128
     assert by[("capacity_vs_auto", "fp8_e4m3", None)].value == 2.0
@@ -138,11 +139,11 @@ def test_rows_and_table():
     assert flagged.info["flagged"] and flagged.info["mismatch_terms"][0].startswith("block rounding")
     assert all(r.labels["budget_bytes"] == 32 << 20 and r.labels["context"] == 256 for r in rows)
     json.dumps([r.to_dict() for r in rows])  # storable as they are
-    table = vs.serving_table(rows)
+    table = vr.serving_table(rows)
     assert list(table["kv_cache_dtype"]) == ["auto", "fp8_e4m3"] and list(table["admitted"]) == [5, 10]
-    md = vs.format_serving_table(table, "md")
+    md = vr.format_serving_table(table, "md")
     assert "| auto" in md and "2,816" in md and "block rounding" in md
-    assert vs.format_serving_table(table, "csv").splitlines()[0].startswith("kv_cache_dtype,KV tokens,")
+    assert vr.format_serving_table(table, "csv").splitlines()[0].startswith("kv_cache_dtype,KV tokens,")
 
 
 def test_cli_refuses_engine_input_in_one_line(capsys, tmp_path):
@@ -218,7 +219,7 @@ def test_admission_and_speed_under_a_tiny_budget(embedded):
         assert sum(s.prefill_tokens for s in m.load.steps) == m.load.requests * 252
     auto, fp8 = ms
     assert fp8.load.admitted >= 2 * auto.load.admitted
-    rows = vs.serving_rows(ms)
+    rows = vr.serving_rows(ms)
     speed = [r for r in rows if r.metric in ("prefill_tok_s", "decode_tok_s")]
     assert {r.labels["batch"] for r in speed} == {1, auto.load.admitted, fp8.load.admitted} and all(
         r.value > 0 for r in speed

@@ -18,8 +18,8 @@ import torch
 
 from evalkit import quantized_kv
 from evalkit.evals.decode.loop import position_ids
+from evalkit.integration.growing import GrowingTensor
 from evalkit.integration.hf_compat import cache_inputs
-from evalkit.integration.stored import GrowingTensor
 from evalkit.kv.codecs.llamacpp.family import CODECS as LLAMACPP_CODECS
 from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Arch, Status
 from evalkit.models.info import kv_layout

@@ -133,7 +133,8 @@ def test_one_piece_block_path_equals_the_per_sequence_path(scheme, dtype):
     an unpadded batch (the one-piece path) and as row 1 of a batch whose first write left-pads it
     by 5 tokens (blocks start per sequence: the per-region path), over a prefill, single-token steps
     across block boundaries and multi-token writes."""
-    from evalkit.integration.stored import Padding, StoredTensor
+    from evalkit.integration.growing import Padding
+    from evalkit.integration.stored import StoredTensor
 
     s, pad = parse_scheme(scheme), 5
     g = torch.Generator().manual_seed(3)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalkit.integration.stored import Padding, StoredTensor
+from evalkit.integration.growing import Padding
+from evalkit.integration.stored import StoredTensor
 from evalkit.kv.quantize import dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import parse_scheme
 

@@ -327,7 +327,7 @@ def test_a_changed_read_of_the_stored_bytes_changes_the_fingerprint(monkeypatch)
 
 def test_padding_counted_in_the_scales_changes_the_fingerprint(monkeypatch):
     """Mutation: the cache ignores the prefill's padding mask (padded positions enter every amax)."""
-    from evalkit.integration.stored import Padding
+    from evalkit.integration.growing import Padding
 
     real = Padding.__init__
 

@@ -46,7 +46,7 @@ def grid_problems(
     each (``FILE:LINE: KEY:`` from the grid file's ``text``). ``engine_profile``: a profile still to be
     applied to the runs (``sweep --engine-profile``); ``gpu``: the GPU the runs are planned for;
     ``here``: whether they run on this machine."""
-    from evalkit.sweep.grid import scheme_entries
+    from evalkit.sweep.grid_entries import scheme_entries
     from evalkit.sweep.located_yaml import Located
 
     doc = Located(grid.path, text)

@@ -29,16 +29,8 @@ from evalkit.runtime.folders import check_writable
 
 def run(args: argparse.Namespace) -> int:
     """``capacity --engine vllm``: measure (see the module docstring), print the table, write --out."""
-    from evalkit.engines.vllm.serving import (
-        DEFAULT_CONTEXT,
-        DEFAULT_DECODE_TOKENS,
-        DEFAULT_DTYPE,
-        check_budget,
-        format_serving_table,
-        measure,
-        serving_rows,
-        serving_table,
-    )
+    from evalkit.engines.vllm.serving import DEFAULT_CONTEXT, DEFAULT_DECODE_TOKENS, check_budget, measure
+    from evalkit.engines.vllm.serving_results import DEFAULT_DTYPE, format_serving_table, serving_rows, serving_table
 
     if not args.model:
         raise EvalkitError(

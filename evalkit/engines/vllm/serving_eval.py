@@ -4,7 +4,7 @@ Per scheme, the engine configuration that runs it (:func:`evalkit.engines.vllm.r
 ``auto`` -> ``auto``, ``fp8_e4m3/tensor/unit`` -> ``fp8_e4m3``, ...) is measured by
 :func:`evalkit.engines.vllm.serving.measure` on the loaded model's folder, in the model's dtype, with
 ``budget_gib`` of KV cache and ``max_model_len = context``; with ``load``, admission and prefill/decode
-speed too. The rows are :func:`~evalkit.engines.vllm.serving.serving_rows`' (``kv_tokens``,
+speed too. The rows are :func:`~evalkit.engines.vllm.serving_results.serving_rows`' (``kv_tokens``,
 ``max_concurrency``, ``computed_bytes_per_token``, ``capacity_ratio_vs_computed``, ``admitted_requests``,
 ``prefill_tok_s``, ``decode_tok_s``, ...), with the engine's profile, version and platform in ``info``.
 
@@ -64,7 +64,8 @@ class ServingEval(Evaluation):
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.engines.vllm.runner import engine_config, profile_for
-        from evalkit.engines.vllm.serving import measure, serving_rows
+        from evalkit.engines.vllm.serving import measure
+        from evalkit.engines.vllm.serving_results import serving_rows
         from evalkit.engines.vllm.versions import installed_build
 
         self.require_prepared(getattr(self, "folder", None) == lm.path)

@@ -11,23 +11,31 @@ a trace adds the teacher-forced forward its decode KL takes. The baseline pass r
 from __future__ import annotations
 
 import json
+import re
 
 from evalkit.evals.generation.params import TRACE_BUDGET, tasks_dir
 from evalkit.evals.sizing import AUTO_BATCH, CHARS_PER_TOKEN, ROW_BYTES, Work, count_tokens, item_forwards
 
-ARITH_PROMPT = 'Solve the problem. Think step by step, then end with "The answer is N".\nProblem: {}\nSolution:'
-ARITH_GEN = 64  # tasks/generation/evalkit_arith.yaml: generation_kwargs.max_gen_toks
 ITEM_BYTES = 1_500  # generation_items.json per item and sample: prompt once, text, answer, tokens
 
 
-def _arith_items(params: dict, facts) -> list[tuple[int, int]]:
+def _arith_task() -> tuple[str, int]:
+    """The offline task's prompt template and output budget, read from its YAML (``doc_to_text`` is a
+    double-quoted string; the file's ``!function`` tag keeps a plain YAML loader off it)."""
+    text = (tasks_dir() / "evalkit_arith.yaml").read_text()
+    prompt = json.loads(re.search(r'^doc_to_text: (".*")$', text, re.M).group(1))
+    return prompt, int(re.search(r"^\s+max_gen_toks: (\d+)$", text, re.M).group(1))
 
+
+def _arith_items(params: dict, facts) -> list[tuple[int, int]]:
+    template, budget = _arith_task()
     data = json.loads((tasks_dir() / "arith.json").read_text())
     shots = min(params.get("num_fewshot") or 0, len(data["train"]))
     fewshot = sum(count_tokens(facts.tokenizer, d["question"] + d["solution"]) for d in data["train"][:shots])
     test = data["test"][: params["limit"]] if params["limit"] else data["test"]
-    gen = params["max_gen_toks"] or ARITH_GEN
-    return [(fewshot + count_tokens(facts.tokenizer, ARITH_PROMPT.format(d["question"])), gen) for d in test]
+    gen = params["max_gen_toks"] or budget
+    prompt = [template.replace("{{question}}", d["question"]) for d in test]
+    return [(fewshot + count_tokens(facts.tokenizer, x), gen) for x in prompt]
 
 
 def _trace_items(params: dict, facts) -> list[tuple[int, int]]:

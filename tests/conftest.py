@@ -61,3 +61,20 @@ def toy_eval(monkeypatch):
     monkeypatch.setitem(base._REGISTRY, "toy", TOY_PATH)
     ToyEval.prepare_calls.clear()
     return ToyEval
+
+
+@pytest.fixture
+def network_lookups(monkeypatch):
+    """Every host name looked up during the test, each lookup refused at once (as on a machine without
+    network): a test that a failure comes "fast" counts the attempts a retry loop would make, instead of
+    timing them on a shared machine."""
+    import socket
+
+    hosts: list[str] = []
+
+    def refuse(host, *args, **kwargs):
+        hosts.append(str(host))
+        raise socket.gaierror(socket.EAI_NONAME, "name does not resolve (test)")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return hosts

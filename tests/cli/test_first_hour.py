@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -48,13 +47,11 @@ def test_run_argparse_errors_come_before_torch_is_imported():
         "    try:\n        rc = main(argv)\n    except SystemExit as e:\n        rc = e.code\n"
         "    print(rc, 'torch' in sys.modules)\n"
     )
-    start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.split("\n")[:3] == ["2 False"] * 3, (out.stdout, out.stderr)
     lines = out.stderr.splitlines()
     assert len(lines) == 3 and all(line.startswith("evalkit: error: ") for line in lines), out.stderr
     assert "--bogus" in lines[0] and "invalid choice: 'nope'" in lines[1] and "--bogus" in lines[2]
-    assert time.perf_counter() - start < 60  # 1-2 s; generous for a loaded machine
 
 
 def test_eval_flags_still_parse_after_the_light_check(capsys):
@@ -93,10 +90,8 @@ def _folder(tmp_path, text: str) -> Path:
 
 def test_capacity_engine_refuses_an_unwritable_out_at_once(capsys, tmp_path, no_engine):
     folder = _folder(tmp_path, json.dumps(LLAMA))
-    start = time.perf_counter()
     argv = ["capacity", "--engine", "vllm", "--model", str(folder), "--out", "/proc/x"]
     one_line_exit_2(argv, capsys, "cannot write to /proc/x", "--out")
-    assert time.perf_counter() - start < 5
 
 
 @pytest.mark.skipif(MISSING is None, reason="vLLM is installed here: the unpatched check passes")
@@ -106,11 +101,9 @@ def test_capacity_engine_out_is_checked_before_vllm_is_looked_for(capsys):
 
 def test_capacity_engine_refuses_a_corrupt_config_in_one_line(capsys, tmp_path, no_engine):
     folder = _folder(tmp_path, '{"model_type": "llama", "hidden_size": ')
-    start = time.perf_counter()
     one_line_exit_2(
         ["capacity", "--engine", "vllm", "--model", str(folder)], capsys, "is not a JSON config", "config.json"
     )
-    assert time.perf_counter() - start < 5
     (folder / "config.json").write_text("[1, 2]")
     one_line_exit_2(["capacity", "--engine", "vllm", "--model", str(folder)], capsys, "not a config object")
 
@@ -184,10 +177,8 @@ def test_startup_errors_are_their_cause_in_the_callers_flags():
 @pytest.mark.skipif(MISSING is None, reason="vLLM is installed here")
 def test_sweep_refuses_a_grid_whose_engine_is_not_installed(capsys, tmp_path):
     out = tmp_path / "out"
-    start = time.perf_counter()
     one_line_exit_2(["sweep", "engine", "--out", str(out)], capsys, "run(s) on engine vllm", "cannot run here", MISSING)
     assert not out.exists()
-    assert time.perf_counter() - start < 60
     grid = tmp_path / "g.yaml"
     grid.write_text("models: [embedded]\nschemes: [auto]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
     one_line_exit_2(["sweep", str(grid), "--out", str(out)], capsys, "engine vllm", "drop the engine")

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need the test extras: pip install -e '.[test]'")
+pytest.importorskip("nbclient", reason="the notebook tests need the test extras: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"

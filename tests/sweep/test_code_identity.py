@@ -10,7 +10,6 @@ texts folder pointed at it), never on the real tree.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -70,8 +69,7 @@ def test_a_frozen_text_or_the_numerics_version_changes_the_identity(fake, monkey
 def test_the_real_identity():
     names = {n for n, _ in ci.data_files()}
     assert {"texts/pydoc_topics.json", "texts/stdlib_docs.json"} <= names
-    start = time.perf_counter()
-    assert ci.code_identity().startswith("sha256:") and time.perf_counter() - start < 5
+    assert ci.code_identity().startswith("sha256:")
 
 
 def test_code_record_names_the_numerics_version():

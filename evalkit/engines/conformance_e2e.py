@@ -72,6 +72,33 @@ def compare_scheme(arrays: dict[str, np.ndarray], ids: np.ndarray, settings: Set
     return out
 
 
+def prepared_emulation(params: dict, workdir: Path, lm):
+    """evalkit's perplexity evaluation over the conformance windows (``params``), prepared on ``lm``
+    (the loaded model, or its weight copy moved by a few ulps)."""
+    from evalkit.evals.perplexity.evaluation import PerplexityEval
+
+    ev = PerplexityEval(params)
+    ev.prepare(lm, workdir)
+    return ev
+
+
+def noise_changes(lm, schemes, noise_seeds, ulps: float, params: dict, workdir: Path, say) -> list[np.ndarray]:
+    """Per scheme, the emulation's per-token change on each weight copy moved by ``ulps``
+    (:func:`evalkit.evals.float_noise.perturbed_model`), one row per noise seed: the float noise an
+    engine's gap is held against. Each copy is dropped before the next is made."""
+    from evalkit.evals.float_noise import perturbed_model
+
+    noise = [[] for _ in schemes]
+    for seed in noise_seeds:
+        say(f"noise seed {seed}: baseline and {len(schemes)} schemes on weights moved by {ulps:g} ulp")
+        loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
+        ev = prepared_emulation(params, workdir, loaded)
+        for i, scheme in enumerate(schemes):
+            noise[i].append(_change(ev.token_scores(loaded, scheme)))
+        del loaded, ev
+    return [np.stack(n) for n in noise]
+
+
 def save_tokens(path: Path, schemes, per_scheme, offsets, settings: Settings, meta: dict) -> None:
     """Per-token changes of every run, float32, in a safetensors file (loads without pickle)."""
     import torch

@@ -76,6 +76,9 @@ METHOD = (
     f"samples (unbiased, >= the bound); {BYTES_PER_POSITION} B per token stored"
 )
 SUMMARY_KEYS = ("head", "w", "t", "log_tail", "tail", "tail_lp")
+# the summary's per-position arrays as a cached baseline stores them (.npy memory maps, numpy dtype strings);
+# the scalars (SCALAR_DTYPES) go to safetensors
+ARRAY_DTYPES = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}
 
 
 def tail_logmass(lp: torch.Tensor, head: torch.Tensor) -> torch.Tensor:

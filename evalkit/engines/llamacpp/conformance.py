@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from evalkit.engines.conformance_table import COMPARISON_HEADERS, comparison_cells
 from evalkit.errors import EvalkitError
 from evalkit.evals import paired_stats as ps
 
@@ -110,12 +111,10 @@ def end_to_end(
     lm=None,
 ) -> list[dict[str, Any]]:
     """One row per scheme (see the module docstring)."""
-    import dataclasses
 
-    from evalkit.engines.conformance_e2e import Settings, _change, save_tokens
+    from evalkit.engines.conformance_e2e import Settings, _change, noise_changes, prepared_emulation, save_tokens
     from evalkit.engines.llamacpp.backend import LlamaCppBackend
     from evalkit.engines.llamacpp.engine import cache_types
-    from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import cache_root, load_model
@@ -131,23 +130,11 @@ def end_to_end(
     params = dict(corpus=corpus, window=length, stride=length, max_windows=windows, bootstrap_samples=100)
     parsed = [parse_scheme(s) for s in schemes]
 
-    def emulation(loaded):
-        ev = PerplexityEval(params)
-        ev.prepare(loaded, workdir)
-        return ev
-
     say("emulation baseline")
-    emu = emulation(lm)
+    emu = prepared_emulation(params, workdir, lm)
     emu_scores = [emu.token_scores(lm, s) for s in parsed]
     per = [{"profile": _change(sc)} for sc in emu_scores]
-    noise = [[] for _ in parsed]
-    for seed in noise_seeds:
-        say(f"noise seed {seed}: baseline and {len(parsed)} schemes on weights moved by {ulps:g} ulp")
-        loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
-        ev = emulation(loaded)
-        for i, s in enumerate(parsed):
-            noise[i].append(_change(ev.token_scores(loaded, s)))
-        del loaded, ev
+    noise = noise_changes(lm, parsed, noise_seeds, ulps, params, workdir, say)
     say("llama.cpp: f16 baseline and each scheme")
     eng = PerplexityEval(params, backend=backend)
     eng.prepare(lm, workdir)
@@ -158,7 +145,7 @@ def end_to_end(
             say(f"{s}: llama.cpp")
             e = eng.token_scores(lm, s)
             per[i]["engine"] = _change(e)
-            per[i]["noise"] = np.stack(noise[i])
+            per[i]["noise"] = noise[i]
             q_gap, q_r, gaps, rs = ps.noise_quantiles(per[i]["profile"], per[i]["noise"])
             boot = ps.BlockBootstrap(ids, settings.resamples, settings.seed)
             c = ps.compare(per[i]["profile"], per[i]["engine"], q_gap, q_r, boot, settings.tolerance).as_dict()
@@ -280,17 +267,7 @@ def load_report(folder: Path) -> dict:
 
 
 KERNEL_HEADERS = ("rows", "type", "blocks", "byte-equal", "differences by class")
-E2E_HEADERS = (
-    "scheme",
-    "engine Δppl %",
-    "emulation Δppl %",
-    "gap pp [95% CI]",
-    "r [95% CI]",
-    "noise: gap q95, r q05",
-    "verdict",
-    "KL engine / emulation",
-    "top-1 engine / emulation",
-)
+E2E_HEADERS = (*COMPARISON_HEADERS, "KL engine / emulation", "top-1 engine / emulation")
 
 
 def kernel_cells(row: dict) -> list[str]:
@@ -299,17 +276,8 @@ def kernel_cells(row: dict) -> list[str]:
 
 
 def e2e_cells(row: dict) -> list[str]:
-    def interval(v, lo, hi, fmt):
-        return f"{row[v]:{fmt}} [{row[lo]:{fmt}}, {row[hi]:{fmt}}]"
-
     return [
-        row["scheme"],
-        f"{row['engine_dppl_pct']:+.2f}",
-        f"{row['emulation_dppl_pct']:+.2f}",
-        interval("gap_pp", "gap_low", "gap_high", "+.2f"),
-        interval("r", "r_low", "r_high", ".3f"),
-        f"{row['noise_gap_pp']:.2f}, {row['noise_r']:.3f}",
-        row["verdict"],
+        *comparison_cells(row),
         f"{row['engine_kl']:.4f} / {row['emulation_kl']:.4f}",
         f"{row['engine_top1']:.3f} / {row['emulation_top1']:.3f}",
     ]

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+from evalkit.engines.conformance_table import COMPARISON_HEADERS, comparison_cells, interval_cell
 from evalkit.errors import EvalkitError
 from evalkit.runtime.platform import describe_info
 
@@ -167,13 +168,7 @@ def _table(report: dict) -> str:
 
 
 E2E_HEADERS = (
-    "scheme",
-    "engine Δppl %",
-    "emulation Δppl %",
-    "gap pp [95% CI]",
-    "r [95% CI]",
-    "noise: gap q95, r q05",
-    "verdict",
+    *COMPARISON_HEADERS,
     "n for 0.25 pp",
     "rne Δppl %",
     "rne gap pp [95% CI]",
@@ -182,31 +177,15 @@ E2E_HEADERS = (
 )
 
 
-def _interval(row: dict, key: str, fmt: str, prefix: str = "") -> str:
-    value, low, high = (row.get(prefix + key + tail) for tail in ("", "_low", "_high"))
-    if key == "gap":
-        value, low, high = (row.get(prefix + k) for k in ("gap_pp", "gap_low", "gap_high"))
-    if value is None:
-        return ""
-    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if low is not None else f"{value:{fmt}}"
-
-
 def e2e_cells(row: dict) -> list[str]:
     """One end-to-end row as the printed table's cells (E2E_HEADERS); rows of an older evalkit
     (no intervals) print what they have."""
-    noise = row.get("noise_gap_pp", row.get("noise_pp"))
     return [
-        row["scheme"],
-        f"{row['engine_dppl_pct']:+.2f}",
-        f"{row['emulation_dppl_pct']:+.2f}",
-        _interval(row, "gap", "+.2f"),
-        _interval(row, "r", ".3f"),
-        "" if noise is None else f"{noise:.2f}, {row.get('noise_r'):.3f}",
-        str(row.get("verdict", "")),
+        *comparison_cells(row),
         f"{row['n_to_resolve']:,}" if "n_to_resolve" in row else "",
         f"{row['emulation_rne_dppl_pct']:+.2f}",
-        _interval(row, "gap", "+.2f", "rne_"),
-        _interval(row, "r", ".3f", "rne_"),
+        interval_cell(row, "gap", "+.2f", "rne_"),
+        interval_cell(row, "r", ".3f", "rne_"),
         str(row.get("rne_verdict", "")),
     ]
 

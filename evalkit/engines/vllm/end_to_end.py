@@ -23,9 +23,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from evalkit.engines.conformance_e2e import NOISE_SEEDS, NOISE_ULPS, Settings, _change, compare_scheme, save_tokens
+from evalkit.engines.conformance_e2e import (
+    NOISE_SEEDS,
+    NOISE_ULPS,
+    Settings,
+    _change,
+    compare_scheme,
+    noise_changes,
+    prepared_emulation,
+    save_tokens,
+)
 from evalkit.errors import EvalkitError
 from evalkit.evals import paired_stats as ps
 
@@ -62,7 +69,6 @@ def end_to_end(
     ``tokens_path``: where the per-token arrays go (:func:`save_tokens`)."""
     from evalkit.engines.vllm.backend import VllmBackend
     from evalkit.engines.vllm.runner import DEFAULT_TOP_K, engine_config, profile_for
-    from evalkit.evals.float_noise import perturbed_model
     from evalkit.evals.perplexity.evaluation import PerplexityEval
     from evalkit.kv.formats import Recipe, Rounding
     from evalkit.kv.scheme import parse_scheme
@@ -90,14 +96,9 @@ def end_to_end(
     workdir = Path(workdir) if workdir is not None else cache_root() / "work"
     params = dict(corpus=corpus, window=length, stride=length, max_windows=windows, bootstrap_samples=100)
 
-    def emulation(loaded):
-        ev = PerplexityEval(params)
-        ev.prepare(loaded, workdir)
-        return ev
-
     profile = [parse_scheme(c.emulation) for c in configs]
     say("emulation baseline")
-    emu = emulation(lm)
+    emu = prepared_emulation(params, workdir, lm)
     per = [{} for _ in configs]
     for i, scheme in enumerate(profile):
         say(f"{scheme}: emulation (profile, rne)")
@@ -106,14 +107,7 @@ def end_to_end(
         per[i]["rne"] = _change(
             emu.token_scores(lm, dataclasses.replace(scheme, rounding=Rounding.RNE, recipe=Recipe.STANDARD))
         )
-    noise = [[] for _ in configs]
-    for seed in noise_seeds:
-        say(f"noise seed {seed}: baseline and {len(profile)} schemes on weights moved by {ulps:g} ulp")
-        loaded = dataclasses.replace(lm, model=perturbed_model(lm.model, seed, ulps))
-        ev = emulation(loaded)
-        for i, scheme in enumerate(profile):
-            noise[i].append(_change(ev.token_scores(loaded, scheme)))
-        del loaded, ev
+    noise = noise_changes(lm, profile, noise_seeds, ulps, params, workdir, say)
     say("engine baseline (kv_cache_dtype auto)")
     eng = PerplexityEval(params, backend=backend)
     eng.prepare(lm, workdir)
@@ -124,7 +118,7 @@ def end_to_end(
         say(f"{scheme}: engine")
         e = eng.token_scores(lm, scheme)
         per[i]["engine"] = _change(e)
-        per[i]["noise"] = np.stack(noise[i])
+        per[i]["noise"] = noise[i]
         rows.append(_row(scheme, config, per[i], compare_scheme(per[i], ids, settings), e, base_gap, dtype))
     if tokens_path is not None:
         meta = {"noise_seeds": [int(s) for s in noise_seeds], "ulps": ulps, "dtype": dtype, "windows": windows}

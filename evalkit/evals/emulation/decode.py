@@ -26,6 +26,7 @@ import torch
 
 from evalkit.evals.decode.loop import decode_logits
 from evalkit.evals.kl_topk import (
+    ARRAY_DTYPES,
     BYTES_PER_POSITION,
     METHOD,
     SCALAR_DTYPES,
@@ -51,7 +52,7 @@ FORMAT_VERSION = (
     3  # bump when the cached baseline's contents change (2: the 2 KB top-k + tail summary; 3: log P_T in float64)
 )
 SCALARS = tuple(SCALAR_DTYPES)  # (rows, T) each, in baseline.safetensors with the rows' "tokens"
-ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # (rows, T, width) each, as .npy memory maps
+ARRAYS = ARRAY_DTYPES  # (rows, T, width) each, as .npy memory maps
 SAMPLE_SEED = 0  # the tail samples' stratified offsets (drawn in step order)
 
 

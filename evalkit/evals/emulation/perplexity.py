@@ -38,6 +38,7 @@ import torch
 
 from evalkit.evals.float_noise import DEFAULT_ULPS, perturbed_model
 from evalkit.evals.kl_topk import (
+    ARRAY_DTYPES,
     BYTES_PER_POSITION,
     METHOD,
     SCALAR_DTYPES,
@@ -63,7 +64,7 @@ FORMAT_VERSION = (
     4  # bump when the cached baseline's contents change (3: the 2 KB top-k + tail summary; 4: log P_T in float64)
 )
 BASELINE_KEYS = frozenset(SCALAR_DTYPES)  # one value per scored token (safetensors)
-ARRAYS = {"head": "<i4", "w": "<f2", "tail": "<i4", "tail_lp": "<f4"}  # a row per scored token (.npy)
+ARRAYS = ARRAY_DTYPES  # a row per scored token (.npy)
 SAMPLE_SEED = 0  # the tail samples' stratified offsets
 
 

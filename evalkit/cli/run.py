@@ -310,7 +310,7 @@ def _outcome(args: argparse.Namespace, lm, run, rows: list[dict], seconds: float
     from evalkit.sweep.runner import run_info
     from evalkit.sweep.store import RunOutcome
 
-    info = {**run_info(lm, run.engine), "command": "evalkit run", "engine": args.engine}
+    info = {**run_info(lm, run.engine, run), "command": "evalkit run", "engine": args.engine}
     if getattr(args, "engine_profile", None):
         info["engine_profile"] = args.engine_profile
     return RunOutcome(run.run_id, run.to_dict(), True, rows, seconds=seconds, info=info)

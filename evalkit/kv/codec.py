@@ -57,6 +57,9 @@ class CodecFamily:
     grammar: str = ""  # how its schemes are written, e.g. "vllm:<kv_cache_dtype>[+skip=...]"
     recipe_hint: str | None = None
     own_attention: str | None = None
+    # bumped by hand when a commit means to change this family's numbers: re-keys only its runs
+    # (evalkit.sweep.code_identity.components), its fingerprint group pinned under the new version
+    numerics_version: int = 0
 
     def recipes(self) -> tuple[CodecRecipe, ...]:
         """Every recipe this family's schemes carry."""

@@ -270,6 +270,11 @@ def _int(name: str, bits: int, asymmetric: bool, description: str) -> KVFormat:
     )
 
 
+# A format's numerics version (evalkit.sweep.code_identity.components): 0 until a commit means to change the
+# numbers of that format alone; bumping it re-keys only the runs of schemes on that format (and its codec
+# fingerprint group is pinned under the new version, tests/numerics).
+FORMAT_NUMERICS: dict[str, int] = {}
+
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (

@@ -14,7 +14,14 @@ It is a SHA-256 over
   bumped version changes every run id; the rerun checks of the published stores' sampled rows
   (``tests/report/test_published*.py``) hold the stores to what the code gives today;
 * the frozen texts (``evalkit/data/texts/*.json``: the embedded corpus and the calibration text,
-  :mod:`evalkit.data.frozen`), which every default run reads, by name and bytes.
+  :mod:`evalkit.data.frozen`), which every default run reads, by name and bytes;
+* the numerics versions of the components the run's numbers go through (:func:`components`): its codec
+  family (:attr:`evalkit.kv.codec.CodecFamily.numerics_version`; evalkit's own formats by
+  :data:`evalkit.kv.formats.FORMAT_NUMERICS`) and its evaluation
+  (:attr:`evalkit.evals.base.Evaluation.numerics_version`). A component's version starts at 0 and enters
+  the hash only once bumped, so bumping one re-keys the runs that use it and no others, as lm-eval keeps a
+  version per task. :data:`NUMERICS_VERSION` stays for what every run shares (the storage path, the
+  statistics every evaluation uses); the fingerprints pin each component's groups under its own version.
 
 What each run reads besides these enters its own run id by content (:mod:`evalkit.sweep.run_inputs`):
 the model's weights, the static scale tables its scheme names, the shipped task files of its
@@ -51,13 +58,44 @@ def identity_parts() -> dict[str, object]:
     return {"numerics_version": NUMERICS_VERSION, "data": data}
 
 
-@lru_cache(maxsize=1)
-def code_identity() -> str:
-    """``sha256:<hex>`` of :func:`identity_parts` (see the module docstring)."""
+def components(scheme: str | None = None, eval_name: str | None = None) -> dict[str, int]:
+    """``component -> numerics version`` of what a run of ``scheme`` and ``eval_name`` goes through, the
+    bumped ones only (version 0 adds nothing to the identity): ``codec:<prefix>`` for a scheme of an engine
+    codec family (``vllm:``, ``llamacpp:``; what the family's fingerprint group pins), ``format:<name>`` for evalkit's own formats, ``eval:<name>`` for the evaluation."""
+    out: dict[str, int] = {}
+    if scheme is not None:
+        from evalkit.kv.codec import family_of
+        from evalkit.kv.formats import FORMAT_NUMERICS
+        from evalkit.kv.scheme import parse_scheme
+
+        parsed = parse_scheme(scheme)
+        family = family_of(parsed.recipe)  # an engine family's recipe: its fingerprint group pins the scheme
+        if family is not None:
+            out[f"codec:{family.prefix}"] = int(family.numerics_version)
+        elif not parsed.is_identity:
+            out[f"format:{parsed.format}"] = int(FORMAT_NUMERICS.get(parsed.format, 0))
+    if eval_name is not None:
+        from evalkit.evals.base import get_eval, registry
+
+        if eval_name in registry():  # one that is not registered cannot run (a grid refuses it in one line)
+            out[f"eval:{eval_name}"] = int(get_eval(eval_name).numerics_version)
+    return {name: version for name, version in sorted(out.items()) if version}
+
+
+def code_identity(parts: dict[str, int] | None = None) -> str:
+    """``sha256:<hex>`` of :func:`identity_parts` and the bumped component versions ``parts``
+    (:func:`components`; see the module docstring)."""
+    return _identity(tuple(sorted((parts or {}).items())))
+
+
+@lru_cache(maxsize=64)
+def _identity(bumped: tuple[tuple[str, int], ...]) -> str:
     parts = identity_parts()
     h = hashlib.sha256(f"numerics {parts['numerics_version']}\n".encode())
     for name, digest in parts["data"].items():
         h.update(f"data {name} {digest}\n".encode())
+    for name, version in bumped:
+        h.update(f"component {name} {version}\n".encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -85,14 +123,16 @@ def git_provenance() -> dict[str, object]:
     return {"commit": commit, "dirty": bool(status.strip())} if commit else {}
 
 
-def code_record() -> dict[str, object]:
-    """What a run records about its code: the identity, the numerics version, evalkit's release
-    version and, in a checkout, the git commit."""
+def code_record(parts: dict[str, int] | None = None) -> dict[str, object]:
+    """What a run records about its code: the identity (with the bumped component versions ``parts`` of
+    its scheme and evaluation, :func:`components`), the numerics version, the component versions,
+    evalkit's release version and, in a checkout, the git commit."""
     import evalkit
 
     return {
-        "identity": code_identity(),
+        "identity": code_identity(parts),
         "numerics_version": NUMERICS_VERSION,
+        **({"components": dict(parts)} if parts else {}),
         "evalkit_version": evalkit.__version__,
         **git_provenance(),
     }

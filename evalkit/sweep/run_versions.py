@@ -56,15 +56,16 @@ def _module_distributions() -> dict[str, list[str]]:
     return dict(importlib.metadata.packages_distributions())
 
 
-def versions(engine: str = "emulation") -> dict[str, str]:
+def versions(engine: str = "emulation", parts: dict[str, int] | None = None) -> dict[str, str]:
     """What decides a run's numbers besides its spec; part of its run id: the library and Python
     versions, ``evalkit_code``, the identity of evalkit's number-deciding code and data
     (:mod:`evalkit.sweep.code_identity`, which includes its declared numerics version), and for a run
     a real engine computes (``engine``: ``vllm``), the engine's package and version (``engine_package``),
     so a resumed engine sweep never reuses an older engine's rows. An emulation run's versions do not
-    depend on which engines are installed. evalkit's release version is not among them (it changes
+    depend on which engines are installed. ``parts``: the bumped component versions of the run's
+    scheme and evaluation (:func:`evalkit.sweep.code_identity.components`). evalkit's release version is not among them (it changes
     without the numbers; the run info records it)."""
-    out = {**_library_versions(), "evalkit_code": code_identity.code_identity()}
+    out = {**_library_versions(), "evalkit_code": code_identity.code_identity(parts)}
     if engine != "emulation":
         out["engine_package"] = engine_version(engine)
     return out

@@ -40,10 +40,11 @@ def _cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
-def run_info(lm, engine: str = "emulation") -> dict:
+def run_info(lm, engine: str = "emulation", run: RunSpec | None = None) -> dict:
     """What a completion record says about the loaded model a run used: its path, config hash,
     device, dtype, library versions, evalkit's code identity, the platform, and the KV layout (so the
-    report sizes bytes per token without the model's files)."""
+    report sizes bytes per token without the model's files). ``run``: the run it records, whose codec
+    family's and evaluation's bumped numerics versions enter its code identity."""
     from dataclasses import asdict
 
     from evalkit.models.info import kv_layout
@@ -55,7 +56,7 @@ def run_info(lm, engine: str = "emulation") -> dict:
         device=str(lm.device),
         dtype=_dtype(lm.model),
         versions=versions(engine),
-        code=code_identity.code_record(),
+        code=code_identity.code_record(run.components if run is not None else None),
         platform=platform_record(),
         kv_layout=asdict(kv_layout(lm.model.config)),
         decode_path=getattr(lm, "decode_path", "eager"),
@@ -147,7 +148,7 @@ class ModelSession:
         from evalkit.kv.scheme import parse_scheme
 
         lm = self._model()
-        info.update(run_info(lm, run.engine))
+        info.update(run_info(lm, run.engine, run))
         ev = self._prepared(run, lm)
         devices = _cuda_devices(lm.model)
         if devices:

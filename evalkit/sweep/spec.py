@@ -79,6 +79,14 @@ class RunSpec:
         return json.loads(self.engine_options_json)
 
     @property
+    def components(self) -> dict[str, int]:
+        """The bumped numerics versions of this run's codec family (or format) and evaluation
+        (:func:`evalkit.sweep.code_identity.components`): in its run id and its completion record."""
+        from evalkit.sweep.code_identity import components
+
+        return components(self.scheme, self.eval)
+
+    @property
     def run_id(self) -> str:
         from evalkit.data.corpus_check import input_hashes
         from evalkit.sweep.run_inputs import run_inputs
@@ -86,7 +94,7 @@ class RunSpec:
         inputs = input_hashes(json.loads(self.params_json))  # local corpus files by content
         ident = {
             "spec": self.canonical(),
-            "versions": versions(self.engine),
+            "versions": versions(self.engine, self.components),
             **({"inputs": inputs} if inputs else {}),
             **run_inputs(self.model.name, self.scheme, self.eval),  # weights, scale tables, task files
         }

@@ -304,6 +304,70 @@ def lmeval_group() -> dict:
     return out
 
 
+def generation_group() -> dict:
+    """evalkit.evals.generation: the paired statistics (proportion, pass@k, McNemar, the accuracy change, first
+    divergence) and the rows a task gives from fixed per-item outcomes, lengths and divergence steps."""
+    from evalkit.evals.generation import paired as gp
+    from evalkit.evals.generation import rows as gr
+
+    n, k = 10, 2
+    base = exact_uniform((n, k), seed=800) > 0.4
+    other = exact_uniform((n, k), seed=801) > 0.5
+    tokens = np.floor(exact_uniform((n, k), seed=802) * 3000).astype(int) + 1
+    truncated = exact_uniform((n, k), seed=803) > 0.8
+    steps = [None if v > 0.7 else int(v * 40) for v in exact_uniform((n * k,), seed=804)]
+    labels, info = {"task": "fixed", "filter": "none"}, {"fixed": True}
+
+    def name(stat: str) -> str:
+        return gr.metric_name("fixed", stat)
+
+    return {
+        "proportion": [gp.proportion(c, m) for c, m in ((0, 8), (3, 8), (8, 8), (11, 20))],
+        "pass_at_k": [gp.pass_at_k(8, c, kk) for c in (0, 1, 4, 8) for kk in (1, 2, 4)],
+        "mean_pass_at_k": gp.mean_pass_at_k(other, 2),
+        "mcnemar": gp.mcnemar(base.ravel(), other.ravel()),
+        "accuracy_delta": gp.accuracy_delta(base, other),
+        "divergence": gp.divergence_summary(steps),
+        "outcome_rows": [_row(r) for r in gr.outcome_rows(name, base, other, labels, info)],
+        "divergence_rows": [_row(r) for r in gr.divergence_rows(name, steps, labels, info)],
+        "length_rows": [_row(r) for r in gr.length_rows(name, tokens, truncated, labels, info)],
+        "bucket_rows": [_row(r) for r in gr.bucket_rows(name, tokens, base, other, labels, info)],
+    }
+
+
+def longcontext_group() -> dict:
+    """evalkit.evals.longcontext.paired: paired statistics of fixed yes/no and graded per-item scores."""
+    from evalkit.evals.longcontext import paired as lp
+
+    binary = [(exact_uniform((m,), seed=900 + m) > 0.3).astype(float) for m in (8, 25)]
+    flipped = [np.where(exact_uniform(b.shape, seed=950 + len(b)) > 0.8, 1 - b, b) for b in binary]
+    graded = np.floor(exact_uniform((25,), seed=990) * 5) / 4
+    graded_other = np.clip(graded - np.floor(exact_uniform((25,), seed=991) * 2) / 4, 0, 1)
+    out = {f"binary{len(b)}": dataclasses.asdict(lp.compare(f, b)) for b, f in zip(binary, flipped)}
+    out["same"] = dataclasses.asdict(lp.compare(binary[0], binary[0]))
+    out["graded"] = dataclasses.asdict(lp.compare(graded_other, graded))
+    return out
+
+
+def serving_group() -> dict:
+    """The serving evaluation's arithmetic on fixed engine figures (evalkit.engines.vllm.serving_results):
+    an allocation held against evalkit's count and the rows it gives, with and without an auto row."""
+    from fractions import Fraction
+
+    from evalkit.engines.vllm import serving_results as sr
+
+    def measured(dtype: str, blocks: int, bpt: Fraction) -> sr.Measurement:
+        alloc = sr.Allocation(dtype, 2 << 30, 2048, blocks, 16, blocks * 16 * int(bpt), 3.5, blocks - 1, 30)
+        return sr.Measurement(alloc, sr.compare(alloc, bpt), f"scheme-{dtype}", {"fixed": True})
+
+    auto, fp8 = measured("auto", 2912, Fraction(46080)), measured("fp8_e4m3", 5825, Fraction(23040))
+    off = measured("fp8_e5m2", 5000, Fraction(23040))
+    return {
+        "rows": [_row(r) for r in sr.serving_rows([auto, fp8, off])],
+        "alone": [_row(r) for r in sr.serving_rows([fp8])],
+    }
+
+
 GROUPS = {
     "stats": stats_group,
     "paired_stats": paired_stats_group,
@@ -314,4 +378,8 @@ GROUPS = {
     "decode": decode_group,
     "retrieval": retrieval_group,
     "lmeval": lmeval_group,
+    "generation": generation_group,
+    "longcontext": longcontext_group,
+    "serving": serving_group,
 }
+SHARED = ("stats", "paired_stats", "float_noise", "float_spread", "kl_topk")  # every evaluation's; the rest: one each

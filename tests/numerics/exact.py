@@ -151,27 +151,48 @@ def pin_entry(got: Mapping) -> str:
 REPIN = "`python -m tests.numerics --write` (from the repository root) puts every file's new entries in place"
 
 
+def pin_name(group: str, version: int) -> str:
+    """The key a group's fingerprint is pinned under: its name, with its component's numerics version once
+    that is bumped (``retrieval@v1``: :func:`evalkit.sweep.code_identity.components`), so bumping one
+    codec family or evaluation re-pins its groups alone and leaves every other pin, and run id, as it was."""
+    return group if not version else f"{group}@v{version}"
+
+
+def versioned(got: Mapping[str, str], version_of) -> dict[str, str]:
+    """``got`` (group -> fingerprint) keyed by :func:`pin_name`, ``version_of(group)`` giving the version."""
+    return {pin_name(group, version_of(group)): value for group, value in got.items()}
+
+
 def check_pins(pinned: Mapping[int, Mapping], got: Mapping, module: str, what: str) -> None:
-    """Assert that ``got`` (group -> fingerprint) equals the pins of the current NUMERICS_VERSION."""
+    """Assert that ``got`` (pin name -> fingerprint) equals the pins of the current NUMERICS_VERSION; a group
+    that is enumerated (a registered codec family or evaluation) but has no pin is named as such."""
     if NUMERICS_VERSION not in pinned:
         raise AssertionError(
             f"NUMERICS_VERSION {NUMERICS_VERSION} has no pinned fingerprints of {what} in "
             f"tests/numerics/{module}.py: {REPIN} (`python -m tests.numerics.{module}` prints this file's)"
         )
     want = pinned[NUMERICS_VERSION]
+    unpinned = sorted(set(got) - set(want))
+    if unpinned:
+        raise AssertionError(
+            f"{what}: registered but not pinned: {', '.join(unpinned)} (NUMERICS_VERSION {NUMERICS_VERSION}): a new "
+            f"codec family, codec version or evaluation gets its pins with {REPIN}"
+        )
     changed = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
     if changed:
         raise AssertionError(
             f"{what} changed in: {', '.join(changed)} (NUMERICS_VERSION {NUMERICS_VERSION}). If the change is "
-            f"meant, bump NUMERICS_VERSION in evalkit/sweep/code_identity.py and re-pin: {REPIN}. If it is not "
+            "meant, bump the numerics version of the component it belongs to (a codec family's numerics_version, "
+            "evalkit.kv.formats.FORMAT_NUMERICS, an evaluation's numerics_version; NUMERICS_VERSION in "
+            f"evalkit/sweep/code_identity.py for what every run shares) and re-pin: {REPIN}. If it is not "
             "meant, it is a bug: published results would no longer be what this code computes"
         )
 
 
-def reference(pinned: Mapping[int, Mapping], group: str, compute) -> str:
-    """The pinned fingerprint of ``group`` for the current version, or (not pinned yet) ``compute()``:
-    what a mutation test compares a patched fingerprint against."""
-    return pinned.get(NUMERICS_VERSION, {}).get(group) or compute()
+def reference(pinned: Mapping[int, Mapping], group: str, compute, version: int = 0) -> str:
+    """The pinned fingerprint of ``group`` (at its component's ``version``) for the current NUMERICS_VERSION,
+    or (not pinned yet) ``compute()``: what a mutation test compares a patched fingerprint against."""
+    return pinned.get(NUMERICS_VERSION, {}).get(pin_name(group, version)) or compute()
 
 
 def prepare_process() -> None:

@@ -10,11 +10,16 @@ or engine dtype joins by itself, and changes the fingerprint until it is pinned)
   (standard, sglang, vllm_cpu) x rounding (rne, rtz, rna): every combination that
   :func:`~evalkit.kv.scheme.parse_scheme` accepts, each once under its canonical string (the
   :data:`~evalkit.kv.scheme.NAMED_SCHEMES` among them); dynamic ones also with a padding mask;
-* **vllm**: every ``vllm:<kv_cache_dtype>`` of :data:`evalkit.kv.codecs.vllm.dtypes.VLLM_DTYPES` that
-  parses to a quantizing scheme on standard attention, K and V;
-* **llamacpp**: every ``llamacpp:<k>/<v>`` pair of llama.cpp's cache types, K and V;
-* **mla**: the DeepSeek MLA rows (codecs marked ``mla``), on a 512-value latent (role K) and a
-  64-value RoPE key (role V).
+* **every registered codec family** (:func:`evalkit.kv.codec.families`: vLLM's, llama.cpp's, and any a
+  plugin registers), one group named by its prefix: every ``<prefix>:<name>`` of the family's own
+  :meth:`~evalkit.kv.codec.CodecFamily.names` that parses to a quantizing scheme on standard attention
+  (every ``<k>/<v>`` pair where the family's grammar takes K and V types apart, as llama.cpp's does), K and
+  V; its MLA codecs (codecs marked ``mla``: vLLM's DeepSeek rows) in a group of their own (``mla`` for vLLM,
+  ``<prefix>_mla`` for another family), on a 512-value latent (role K) and a 64-value RoPE key (role V).
+
+Each group is pinned under its component's numerics version (:func:`tests.numerics.exact.pin_name`): a
+format's :data:`evalkit.kv.formats.FORMAT_NUMERICS`, a family's ``numerics_version``. A registered family
+without a pin fails the pin test with a line naming it.
 
 Hashed (SHA-256, exact bytes): codes, scales, zero points, NVFP4's tensor scale, the NaN flag, the
 stored tensor, the stored tensor read back (``decode``, or an engine codec's own ``decode``), and
@@ -22,8 +27,8 @@ the dequantized values in float32 and bfloat16, for inputs in float32 and in bfl
 exact (:func:`tests.numerics.exact.exact_values`) and the arithmetic is elementwise or an exact
 reduction (amax, :mod:`evalkit.kv.device_exact`), so the hashes are the same on every processor.
 
-If this test fails, a codec's numbers changed: when that is meant, bump
-``evalkit.sweep.code_identity.NUMERICS_VERSION`` and re-pin with ``python -m tests.numerics --write`` (from
+If this test fails, a codec's numbers changed: when that is meant, bump its format's or its family's
+numerics version (see above) and re-pin with ``python -m tests.numerics --write`` (from
 the repository root; ``python -m tests.numerics.test_codec_fingerprint`` prints this file's entries); when it is
 not meant, the change is a bug.
 """
@@ -39,13 +44,11 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv import formats as kv_formats
-from evalkit.kv.codec import codec_for, is_codec
-from evalkit.kv.codecs.llamacpp.family import LLAMACPP_TYPES
-from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES
+from evalkit.kv.codec import codec_for, families, family_for_prefix, is_codec
 from evalkit.kv.quantize import decode, dequantize, encode_quantized, quantize
 from evalkit.kv.scheme import NAMED_SCHEMES, ScaleSource, parse_scheme
 
-from tests.numerics.exact import TensorHash, check_pins, exact_values, one_thread, pin_entry, reference
+from tests.numerics.exact import TensorHash, check_pins, exact_values, one_thread, pin_entry, reference, versioned
 
 PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
     # before this file, tests/sweep/test_numerics_fingerprint.py hashed 16 schemes and 16 engine codecs into one
@@ -128,39 +131,47 @@ def format_schemes() -> dict[str, list[str]]:
     return {name: list(found) for name, found in out.items()}
 
 
-def vllm_schemes() -> list[str]:
-    """Every ``vllm:`` dtype that parses to a quantizing scheme for standard attention (MLA rows: ``mla_schemes``)."""
-    out = []
-    for name in VLLM_DTYPES:
+def family_schemes(prefix: str) -> tuple[list[str], list[str]]:
+    """(standard-attention schemes, MLA schemes) of the registered family ``prefix``: each name of its own
+    listing that parses to a quantizing scheme (every K/V pair where its grammar takes ``<k>/<v>``)."""
+    family = family_for_prefix(prefix)
+    names = family.names()
+    texts = [f"{k}/{v}" for k in names for v in names] if "<k>[/<v>]" in family.grammar else names
+    standard, mla = [], []
+    for name in texts:
         try:
-            scheme = parse_scheme(f"vllm:{name}")
+            scheme = parse_scheme(f"{prefix}:{name}")
         except SchemeError:  # refused or not modelled: nothing to fingerprint
             continue
-        if scheme.is_unscaled or (is_codec(scheme.recipe) and codec_for(scheme.recipe).mla):
+        if scheme.is_unscaled:
             continue
-        out.append(f"vllm:{name}")
+        is_mla = is_codec(scheme.recipe) and codec_for(scheme.recipe).mla
+        (mla if is_mla else standard).append(f"{prefix}:{name}")
+    return standard, mla
+
+
+def family_groups() -> dict[str, list[str]]:
+    """Group -> schemes of every registered codec family (MLA codecs apart: ``mla`` for vLLM's)."""
+    out = {}
+    for prefix in families():
+        standard, mla = family_schemes(prefix)
+        out[prefix] = standard
+        if mla:
+            out["mla" if prefix == "vllm" else f"{prefix}_mla"] = mla
     return out
 
 
-def llamacpp_schemes() -> list[str]:
-    return [f"llamacpp:{k}/{v}" for k in LLAMACPP_TYPES for v in LLAMACPP_TYPES]
-
-
-def mla_schemes() -> list[str]:
-    out = []
-    for name in VLLM_DTYPES:
-        try:
-            scheme = parse_scheme(f"vllm:{name}")
-        except SchemeError:
-            continue
-        if not scheme.is_unscaled and is_codec(scheme.recipe) and codec_for(scheme.recipe).mla:
-            out.append(f"vllm:{name}")
-    return out
+def group_version(group: str) -> int:
+    """The numerics version of the component a group belongs to: its format or its codec family."""
+    if group in kv_formats.FORMATS:
+        return int(kv_formats.FORMAT_NUMERICS.get(group, 0))
+    prefix = "vllm" if group == "mla" else group.removesuffix("_mla")
+    return int(family_for_prefix(prefix).numerics_version)
 
 
 def groups() -> dict[str, list[str]]:
     """Group name -> the scheme strings it fingerprints (built afresh: a patched table takes effect)."""
-    return {**format_schemes(), "vllm": vllm_schemes(), "llamacpp": llamacpp_schemes(), "mla": mla_schemes()}
+    return {**format_schemes(), **family_groups()}
 
 
 # -- hashing ----------------------------------------------------------------------------------------
@@ -211,7 +222,8 @@ def hash_scheme(h: TensorHash, text: str) -> None:
 
 
 def fingerprints(only: Iterable[str] | None = None) -> dict[str, str]:
-    """Group -> SHA-256 over its schemes' strings and everything :func:`hash_scheme` hashes."""
+    """Pin name (the group at its component's version) -> SHA-256 over its schemes' strings and everything
+    :func:`hash_scheme` hashes."""
     out = {}
     for group, schemes in groups().items():
         if only is not None and group not in only:
@@ -221,7 +233,7 @@ def fingerprints(only: Iterable[str] | None = None) -> dict[str, str]:
             for text in schemes:
                 hash_scheme(h, text)
         out[group] = h.hexdigest()
-    return out
+    return versioned(out, group_version)
 
 
 # -- tests ------------------------------------------------------------------------------------------
@@ -252,6 +264,9 @@ def test_the_enumeration_reaches_every_codec_family():
     fp8 = [parse_scheme(t) for t in g["fp8_e4m3"]]  # a format with fp32 scales: every granularity and source
     assert {str(s.granularity) for s in fp8} == set(GRANULARITIES)
     assert {s.scales for s in fp8} == set(ScaleSource)
+    from evalkit.kv.codecs.llamacpp.family import LLAMACPP_TYPES
+    from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES
+
     modelled = {n for n, d in VLLM_DTYPES.items() if d.status.value == "modelled"}
     assert {t.removeprefix("vllm:") for t in g["vllm"] + g["mla"]} == modelled
     assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
@@ -308,3 +323,29 @@ if __name__ == "__main__":
 
     prepare_process()
     print(f"PINNED entry:\n{pin_entry(fingerprints())}")
+
+
+def test_a_registered_family_without_a_pin_is_named():
+    """A codec family registered without its pin (here the test-only ``toy`` family) fails the pin test with
+    a line naming it; a bumped family version asks for its group's pin under the new version."""
+    import pytest
+
+    from evalkit.kv import codec
+
+    from tests.toy_codec import TOY_FAMILY
+
+    codec.register_family(TOY_FAMILY)
+    try:
+        assert "toy" in groups()
+        with pytest.raises(AssertionError, match="registered but not pinned: toy"):
+            check_pins(PINNED, fingerprints(only=["toy"]), "test_codec_fingerprint", "the KV codecs' numbers")
+    finally:
+        codec.unregister_family("toy")
+    family = family_for_prefix("llamacpp")
+    family.numerics_version = 1
+    try:
+        assert set(fingerprints(only=["llamacpp"])) == {"llamacpp@v1"}
+        with pytest.raises(AssertionError, match="registered but not pinned: llamacpp@v1"):
+            check_pins(PINNED, fingerprints(only=["llamacpp"]), "test_codec_fingerprint", "the KV codecs' numbers")
+    finally:
+        family.numerics_version = 0

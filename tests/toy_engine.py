@@ -26,8 +26,8 @@ class ToyBackend(EmulationBackend):
         self.options = options
         self.capabilities = Capabilities("toy-engine 1.0", requests=frozenset({"logprobs"}))
 
-    def check_eval(self, eval_name: str, params: dict) -> None:
-        super(EmulationBackend, self).check_eval(eval_name, params)
+    def check_eval(self, eval_name: str, params: dict, request: str | None) -> None:
+        super(EmulationBackend, self).check_eval(eval_name, params, request)
 
 
 def backend(options: dict):

@@ -15,7 +15,6 @@ import dataclasses
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.protocol import (  # noqa: F401 (re-exported: the protocol's names)
-    EVAL_REQUESTS,
     REQUESTS,
     Backend,
     Capabilities,
@@ -57,7 +56,7 @@ def use_backend(ev, backend: Backend | None):
                 f"run it with --engine {engines[0]} (in a grid: engine: {engines[0]})"
             )
     elif backend is not None:
-        backend.check_eval(ev.name, ev.params)
+        backend.check_eval(ev.name, ev.params, ev.request)
     ev.backend = emulation_backend() if backend is None else backend
     return ev
 

@@ -72,6 +72,10 @@ class Evaluation(ABC):
     # task): re-keys only its runs (evalkit.sweep.code_identity.components); its fingerprint groups are
     # pinned under the new version (tests/numerics)
     numerics_version: ClassVar[int] = 0
+    # the kind of request it asks a backend for (evalkit.evals.protocol.REQUESTS: "logprobs", "decode",
+    # "generate", "lmeval"); None: it computes on the emulation itself, so no engine can give its numbers.
+    # A backend's refusal reads this (Backend.check_eval), never a list of evaluation names.
+    request: ClassVar[str | None] = None
 
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = self.validate(dict(params or {}))

@@ -34,15 +34,7 @@ import torch
 
 from evalkit.errors import EvalkitError
 
-REQUESTS = ("logprobs", "decode", "generate", "lmeval")  # (a), (b), (c), (d)
-EVAL_REQUESTS = {
-    "perplexity": "logprobs",
-    "decode": "decode",
-    "retrieval": "generate",
-    "lmeval": "lmeval",
-    "generation": "lmeval",  # its tasks through lm-eval's model; its traces need the emulation (it says so itself)
-    "longcontext": "lmeval",  # lm-eval's RULER / LongBench v2 through the same lm-eval model
-}
+REQUESTS = ("logprobs", "decode", "generate", "lmeval")  # (a), (b), (c), (d); an evaluation declares its own
 
 
 @dataclass(frozen=True)
@@ -187,9 +179,10 @@ class Backend:
     def check_model(self, lm) -> None:
         """EvalkitError (one line) for a model this backend cannot load."""
 
-    def check_eval(self, eval_name: str, params: dict) -> None:
-        """EvalkitError (one line) for an evaluation, or an option of it, this backend cannot honour."""
-        need = EVAL_REQUESTS.get(eval_name)
+    def check_eval(self, eval_name: str, params: dict, request: str | None) -> None:
+        """EvalkitError (one line) for an evaluation, or an option of it, this backend cannot honour;
+        ``request``: the kind of request the evaluation declares it asks (``Evaluation.request``)."""
+        need = request
         if need is None:  # an eval that computes on the emulation itself: never a row labelled with another backend
             raise EvalkitError(
                 f"--eval {eval_name} does not ask a backend for its numbers, so backend {self.name} cannot "

@@ -27,6 +27,7 @@ from evalkit.evals.backend import (
     backend_of,
     use_backend,
 )
+from evalkit.evals.base import get_eval
 from evalkit.evals.emulation.backend import EmulationBackend
 from evalkit.kv.scheme import Scheme
 
@@ -141,8 +142,8 @@ def test_a_request_the_backend_does_not_serve_is_one_line():
         text = str(info.value)
         assert needle in text and "test-backend" in text and "--engine emulation" in text and "\n" not in text
     with pytest.raises(EvalkitError, match="does not ask a backend"):  # an eval that computes on the emulation itself
-        KnownBackend().check_eval("sensitivity", {})
-    EmulationBackend().check_eval("sensitivity", {})  # the emulation runs every eval
+        KnownBackend().check_eval("sensitivity", {}, None)
+    EmulationBackend().check_eval("sensitivity", {}, None)  # the emulation runs every eval
 
 
 def test_per_step_distributions_the_backend_cannot_return_are_refused():
@@ -201,3 +202,27 @@ def test_emulation_decode_identity_is_bit_exact(tiny, tmp_path, prose):
     ev.prepare(tiny, tmp_path)
     pos = backend_of(ev).decode_positions(ev.request, tiny, Scheme())
     assert np.array_equal(pos["nll"], pos["base_nll"]) and pos["agree"].all() and (pos["kl"] == 0).all()
+
+
+def test_the_refusal_reads_the_evaluations_own_declaration():
+    """No list of evaluation names: an evaluation (here a test-only subclass, registered nowhere) declares the
+    request it asks for, and a backend accepts or refuses it by that declaration alone."""
+    from evalkit.evals.retrieval.evaluation import RetrievalEval
+
+    class ScoredRetrieval(RetrievalEval):
+        request = "logprobs"  # a variant that asks for log-probs: the test backend serves those
+
+    class OwnNumbers(RetrievalEval):
+        request = None  # computes on the emulation itself
+
+    assert use_backend(ScoredRetrieval({"tasks": "passkey"}), KnownBackend()).backend.name == "test-backend"
+    with pytest.raises(EvalkitError, match="greedy generation"):
+        use_backend(RetrievalEval({"tasks": "passkey"}), KnownBackend())
+    with pytest.raises(EvalkitError, match="does not ask a backend"):
+        use_backend(OwnNumbers({"tasks": "passkey"}), KnownBackend())
+    assert {e: get_eval(e).request for e in ("perplexity", "decode", "retrieval", "lmeval")} == {
+        "perplexity": "logprobs",
+        "decode": "decode",
+        "retrieval": "generate",
+        "lmeval": "lmeval",
+    }

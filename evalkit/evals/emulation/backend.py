@@ -34,7 +34,7 @@ class EmulationBackend(Backend):
         self.decode: DecodeEmulation | None = None
         self.hflm = None
 
-    def check_eval(self, eval_name: str, params: dict) -> None:
+    def check_eval(self, eval_name: str, params: dict, request: str | None) -> None:
         """Every evaluation runs on the emulation."""
 
     # (a): the 2 KB-summary baseline and its scored chunks

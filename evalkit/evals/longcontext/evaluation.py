@@ -144,6 +144,7 @@ class LongContextParams(Params):
 
 @register_eval("longcontext")
 class LongContextEval(Evaluation):
+    request = "lmeval"  # lm-eval's RULER / LongBench v2 through lm-eval's model
     Params = LongContextParams
     summary_metrics: ClassVar[tuple[str, ...]] = ()
     report = ReportSpec(

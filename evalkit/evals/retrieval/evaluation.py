@@ -104,6 +104,7 @@ class RetrievalParams(Params):
 
 @register_eval("retrieval")
 class RetrievalEval(Evaluation):
+    request = "generate"
     Params = RetrievalParams
     summary_metrics = ("accuracy", "accuracy_diff")
     report = ReportSpec(

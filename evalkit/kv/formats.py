@@ -21,7 +21,10 @@ reads only the fields below, never a format's name. Fields:
 
 Adding a format, the whole checklist: (1) its row in :data:`FORMATS` (a helper below builds FP8
 rows from ``torch.finfo``, integer rows from the bit count; a sub-byte minifloat is written out
-like :func:`_fp4_e2m1`); (2) its row in the tests' format tables (``tests/kv/test_rounding_modes.py``
+like :func:`_fp4_e2m1`). evalkit's own store holds 8-bit codes and 4-bit codes two per byte
+(:func:`storable`); a row of another width is refused by :func:`evalkit.kv.quantize.encode` in one line,
+and belongs to a codec family, which packs its codes in its own slot and registers its element format
+with :func:`register_format`; (2) its row in the tests' format tables (``tests/kv/test_rounding_modes.py``
 ``FLOATS`` or ``INTS``; a float row names the ``ml_dtypes`` reference type it is checked against, bit for bit); (3) for a
 named scheme on top of it (``nvfp4``, ``mxfp4``), a :data:`evalkit.kv.scheme.NAMED_SCHEMES` row.
 Rounding, encoding, byte counts, scheme checks and error messages read the fields; engine
@@ -313,8 +316,41 @@ FORMATS: dict[str, KVFormat] = {
 }
 
 
+# Element formats a codec family brings for its own cache types (register_format): an engine's INT6 or
+# other width whose codes its slot codec packs itself. Scheme strings of evalkit's own grammar never name
+# them (only FORMATS); a family's scheme does, through its codec.
+FAMILY_FORMATS: dict[str, KVFormat] = {}
+
+
+def register_format(fmt: KVFormat) -> KVFormat:
+    """Add a codec family's own element format (see :data:`FAMILY_FORMATS`); its codes are stored by the
+    family's slot codec, since :func:`evalkit.kv.quantize.encode` holds only the widths :func:`storable`
+    says. Re-registering the same row is a no-op; another row under a taken name is refused."""
+    taken = FORMATS.get(fmt.name) or FAMILY_FORMATS.get(fmt.name)
+    if taken is not None and taken != fmt:
+        raise SchemeError(f"KV format {fmt.name!r} is taken: give the family's format a name of its own")
+    FAMILY_FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def storable(fmt: KVFormat) -> str | None:
+    """None when evalkit's own store (:func:`evalkit.kv.quantize.encode`) holds ``fmt``'s codes as they are
+    (8-bit codes in int8, uint8 with a zero point or a float8 dtype; 4-bit codes two per byte; E2M1's own
+    codes), else why not, in words: a wider range than the storage dtype, or a width it cannot pack."""
+    if fmt.is_unscaled or fmt.own_codes:
+        return None
+    if fmt.kind is FormatKind.FLOAT:
+        return None if fmt.torch_dtype is not None and fmt.torch_dtype.is_floating_point else "no float dtype"
+    if fmt.bits == 4:
+        return None
+    if fmt.bits == 8 and fmt.torch_dtype == (torch.uint8 if fmt.asymmetric else torch.int8):
+        return None
+    sign = "asymmetric (unsigned)" if fmt.asymmetric else "signed"
+    return f"{fmt.bits}-bit {sign} codes in {str(fmt.torch_dtype).removeprefix('torch.')}"
+
+
 def get_format(name: str) -> KVFormat:
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise SchemeError(f"unknown KV format {name!r}: use one of {', '.join(FORMATS)}") from None
+    fmt = FORMATS.get(name) or FAMILY_FORMATS.get(name)
+    if fmt is None:
+        raise SchemeError(f"unknown KV format {name!r}: use one of {', '.join(FORMATS)}")
+    return fmt

@@ -74,7 +74,7 @@ from evalkit.errors import SchemeError
 from evalkit.kv import microscaling as mx
 from evalkit.kv.codec import family_of
 from evalkit.kv.device_exact import divide
-from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType
+from evalkit.kv.formats import FormatKind, KVFormat, Recipe, ScaleDType, storable
 from evalkit.kv.packing import pack_nibbles, unpack_nibbles
 from evalkit.kv.rounding import round_integer, round_to_fp8_stored, round_to_grid, round_vllm_cpu, vllm_cpu_quotient
 from evalkit.kv.scheme import Granularity, GranularityKind
@@ -311,10 +311,21 @@ def cast_16bit(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     return x.to(fmt.torch_dtype).to(x.dtype)
 
 
+def _check_storable(fmt: KVFormat) -> None:
+    why = storable(fmt)
+    if why is not None:
+        raise SchemeError(
+            f"KV format {fmt.name}: evalkit's store holds 8-bit codes and 4-bit codes two per byte, not {why}: "
+            "store such a format in a codec family's own slot (evalkit.kv.codecs.slot) and register it there "
+            "(evalkit.kv.formats.register_format)"
+        )
+
+
 def encode(codes: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Float32 codes (already on the format's grid) -> the stored tensor: float8, int8, uint8 or
     4-bit codes packed two per byte along head_dim (low nibble first; FP4 in the OCP bit layout
-    S E E M). Exact."""
+    S E E M). Exact. A width or signedness this store cannot hold (``storable``) is refused in one line."""
+    _check_storable(fmt)
     if fmt.own_codes:
         stored = mx.float_to_code(codes, fmt, check=False)  # no host read-back: runs in every layer
         return pack_nibbles(stored) if fmt.packed else stored
@@ -332,7 +343,8 @@ def encode_quantized(q: Quantized, fmt: KVFormat) -> torch.Tensor:
 
 
 def decode(stored: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """The stored tensor -> float32 codes (inverse of :func:`encode`)."""
+    """The stored tensor -> float32 codes (inverse of :func:`encode`; the same refusal)."""
+    _check_storable(fmt)
     if fmt.own_codes:
         return mx.code_to_float(mx.unpack_fp4(stored) if fmt.packed else stored, fmt, check=False)
     if fmt.kind is FormatKind.FLOAT:

@@ -175,6 +175,11 @@ class Scheme:
 
     def __post_init__(self):
         fmt = get_format(self.format)
+        if self.format not in FORMATS and isinstance(self.recipe, Recipe):
+            raise SchemeError(
+                f"{self.format} is a codec family's own element format: write that family's scheme "
+                "(`python -m evalkit schemes` lists them)"
+            )
         if not isinstance(self.rounding, Rounding):  # Scheme(rounding="rtz") reads as Rounding.RTZ
             try:
                 object.__setattr__(self, "rounding", Rounding(self.rounding))
@@ -587,7 +592,8 @@ def parse_scheme(text: str) -> Scheme:
             f"or a named scheme ({', '.join(NAMED_SCHEMES)}) (see `python -m evalkit schemes`)"
         )
     fmt, gran, scales = parts
-    get_format(fmt)
+    if fmt not in FORMATS:  # evalkit's own grammar: its own formats (a codec family's come through its scheme)
+        raise SchemeError(f"unknown KV format {fmt!r}: use one of {', '.join(FORMATS)}")
     granularity = Granularity.parse(gran)
     try:
         source = ScaleSource(scales)

@@ -73,12 +73,11 @@ class ReportSpec:
     ``"module:function"`` strings of the evaluation's own modules, resolved by the report, for what a plain
     column cannot say: ``frame(rows, slot)`` adds summary-frame columns from this eval's rows (``slot(model,
     scheme)`` is that row's dict), ``display(row, is_baseline)`` returns ``{heading: text}``, ``note(frame)``
-    returns lines printed under the table. ``plots``: the names of the figures the report draws of this
-    eval's rows (``"positions"``, ``"decode"``, ``"retrieval"``: :data:`evalkit.report.evals.FIGURES`, so that
-    no evaluation names a module of a floor above it), or a ``"module:function"`` of its own,
-    ``plot(results, style=..., bands=...)``, which draws from a view of the store holding this eval's rows
-    only and returns ``{name: figure}`` (the report saves each as PNG and SVG; it passes only the options
-    the function accepts). ``criteria``: budget criteria (:class:`Criterion`).
+    returns lines printed under the table. ``plots``: the figures of this eval's rows: a ``"module:function"`` of the evaluation's own, in its folder
+    (``evals/<name>/plots.py``), ``plot(results, style=..., bands=...)``, which draws from a view of the store
+    holding this eval's rows only and returns ``{name: figure}`` (the report saves each as PNG and SVG; it
+    passes only the options the function accepts), or the name of a figure the report itself draws
+    (``"positions"``: :data:`evalkit.report.evals.FIGURES`). ``criteria``: budget criteria (:class:`Criterion`).
     ``order``: where the eval's columns, notes and plots sit among the others (lowest first)."""
 
     columns: tuple[Column, ...] = ()

@@ -142,12 +142,11 @@ def criteria() -> list[Criterion]:
     return [c for _, spec in specs() for c in spec.criteria]
 
 
-# The figures the report draws, by the name an evaluation's ReportSpec.plots gives them; a plot that is not
-# one of these names is a "module:function" of the evaluation's own (a plugin's figures).
+# The figures the report itself draws, by the name an evaluation's ReportSpec.plots gives them; every other
+# plot is a "module:function" of the evaluation's own, in its folder (evals/decode/plots.py,
+# evals/retrieval/plots.py, a plugin's figures).
 FIGURES = {
     "positions": "evalkit.report.plots:positions_figures",  # per token-position bucket (perplexity)
-    "decode": "evalkit.report.plots:decode_figures",  # KL per decode step (decode)
-    "retrieval": "evalkit.report.plots:retrieval_figures",  # heatmaps per depth and length (retrieval)
 }
 
 

@@ -7,10 +7,9 @@
   whose one-chunk prefill reads raw K/V (vLLM's TurboQuant, UltraQuant), which sit at zero in the first.
 * :func:`positions` -- Δppl % and KL by token-position bucket (``labels.bucket``), one line per scheme:
   where in the context the damage happens.
-* :func:`decode` -- the decode evaluation's KL(baseline || scheme) against the position of the
-  generated token (position buckets, log y), one line per scheme: how the error grows over a generation.
-* :func:`retrieval` -- accuracy heatmaps (needle depth x context length) per model and task, one
-  panel per scheme on a grid of at most four columns, with the samples each cell holds.
+* :func:`decode` and :func:`retrieval` -- the decode and retrieval evaluations' own figures (drawn in their
+  folders, :mod:`evalkit.evals.decode.plots`, :mod:`evalkit.evals.retrieval.plots`), saved from a whole
+  store with the report's style.
 * :func:`sensitivity` -- per-layer sensitivity: any metric with a ``labels.layer`` (e.g. the KL of
   quantizing one layer at a time), one line per scheme.
 
@@ -39,14 +38,21 @@ import pandas as pd  # noqa: E402
 
 from evalkit.errors import EvalkitError  # noqa: E402
 from evalkit.evals.decode.report import LAST as DECODE_KL  # noqa: E402  (the decode eval's last-bucket KL column)
+from evalkit.evals.figures import (  # noqa: E402
+    MAX_BANDS,  # noqa: F401 (re-exported: the report's figures and the evaluations' share it)
+    add_footnote,
+    band_note,
+    legend_outside,
+    metric_label,
+    metric_scale,
+    ordered,
+    slug,
+)
+from evalkit.evals.figures import bands as draw_bands  # noqa: E402
 from evalkit.kv.scheme import Scheme  # noqa: E402
 from evalkit.report import marks  # noqa: E402
 from evalkit.report.results import Results  # noqa: E402
-from evalkit.report.style import SchemeStyle, add_footnote, metric_label, metric_scale, wrap  # noqa: E402
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+from evalkit.report.style import SchemeStyle  # noqa: E402
 
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
@@ -58,9 +64,6 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
         fig.savefig(p, dpi=150, bbox_inches="tight", pad_inches=0.08)  # nothing outside the canvas is cut
     plt.close(fig)
     return paths
-
-
-MAX_BANDS = 6  # more interval bands than this blur into one another: drawn only when asked
 
 
 def _write(figs: dict, out_dir: str | Path) -> list[Path]:
@@ -87,38 +90,6 @@ def report_style(results: Results, frame: pd.DataFrame | None = None) -> SchemeS
 
 def _style(results: Results, style: SchemeStyle | None) -> SchemeStyle:
     return style if style is not None else report_style(results)
-
-
-def _ordered(style: SchemeStyle, schemes) -> list[str]:
-    """``schemes`` in the style's order (baseline, then format, granularity, scale source), so every
-    figure lists them alike."""
-    have = set(schemes)
-    return [s for s in style.schemes if s in have] + sorted(have - set(style.schemes))
-
-
-def _bands(bands: bool | None, n_series: int) -> bool:
-    return n_series <= MAX_BANDS if bands is None else bool(bands)
-
-
-def _band_note(drawn: bool, n_series: int, where: str) -> list[str]:
-    if drawn:
-        return ["bands: 95 % intervals, as the table's"]
-    return [f"95 % intervals not drawn ({n_series} series would blur together; {where} draws them with bands=True)"]
-
-
-def _legend_outside(fig, handles, labels, title: str, ncols: int = 1):
-    """The figure's one legend, right of the panels (constrained layout makes room for it)."""
-    return fig.legend(
-        handles,
-        labels,
-        loc="outside right center",
-        fontsize=7,
-        ncols=ncols,
-        title=title,
-        title_fontsize=6.5,
-        frameon=False,
-        alignment="left",
-    )
 
 
 def frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -301,8 +272,8 @@ def positions_figures(results: Results, style: SchemeStyle | None = None, bands:
     df = df.assign(start=df["bucket"].map(_bucket_start))
     figures = {}
     for model, g in df.groupby("model", sort=False):
-        schemes = _ordered(style, g["scheme"])
-        drawn = _bands(bands, len(schemes))
+        schemes = ordered(style, g["scheme"])
+        drawn = draw_bands(bands, len(schemes))
         buckets = sorted(set(g["bucket"]), key=_bucket_start)
         where = {b: i for i, b in enumerate(buckets)}
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
@@ -324,10 +295,10 @@ def positions_figures(results: Results, style: SchemeStyle | None = None, bands:
             ax.grid(alpha=0.3)
         axes[0].axhline(0, color="k", lw=0.8)
         handles, labels = axes[0].get_legend_handles_labels()
-        _legend_outside(fig, handles, labels, style.legend_title(schemes))
+        legend_outside(fig, handles, labels, style.legend_title(schemes))
         fig.suptitle(f"{model}: degradation by token position", fontsize=11)
-        add_footnote(fig, style.notes(schemes, model) + _band_note(drawn, len(schemes), "plots.positions"))
-        figures[f"positions_{_slug(model)}"] = fig
+        add_footnote(fig, style.notes(schemes, model) + band_note(drawn, len(schemes), "plots.positions"))
+        figures[f"positions_{slug(model)}"] = fig
     return figures
 
 
@@ -338,79 +309,17 @@ def decode(
     y: mean KL on a log axis); one figure per model. ``bands``: the 95 % intervals (default: only when
     at most :data:`MAX_BANDS` series). Buckets whose KL is not above zero cannot sit on a log axis
     and are left out."""
-    return _write(decode_figures(_declaring(results, "decode"), _style(results, style), bands), out_dir)
+    from evalkit.evals.decode.plots import PLOT, decode_figures
 
-
-def decode_figures(results: Results, style: SchemeStyle | None = None, bands: bool | None = None) -> dict:
-    """name -> figure of :func:`decode`."""
-    df = results.rows
-    df = df[(df["metric"] == "kl_mean") & df["labels"].map(lambda d: "bucket" in (d or {}))]  # decode's rows
-    df = df[(df["scheme"] != str(Scheme())) & (df["value"] > 0)]
-    if df.empty:
-        return {}
-    style = _style(results, style)
-    bounds = df["labels"].map(lambda d: [float(v) for v in re.findall(r"\d+", d["bucket"])[:2]])
-    df = df.assign(mid=bounds.map(lambda b: (b[0] + b[-1]) / 2))
-    figures = {}
-    for model, g in df.groupby("model", sort=False):
-        schemes = _ordered(style, g["scheme"])
-        drawn = _bands(bands, len(schemes))
-        fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
-        for scheme in schemes:
-            s = g[g["scheme"] == scheme].sort_values("mid")
-            line = style.line(scheme, model)
-            ax.plot(s["mid"], s["value"], ms=4, lw=1.4, **line.kw())
-            band = s[s["ci_low"].notna() & (s["ci_low"] > 0)]
-            if drawn and len(band) > 1:
-                ax.fill_between(band["mid"], band["ci_low"], band["ci_high"], color=line.color, alpha=0.12, lw=0)
-        ax.set_yscale("log")
-        ax.set_xlabel("position of the generated token (middle of its bucket)")
-        ax.set_ylabel("mean KL(baseline || scheme), nats/token")
-        ax.set_title(f"{model}: decode-time KL by position (teacher-forced through the stored KV cache)", fontsize=11)
-        ax.grid(alpha=0.3, which="both")
-        handles, labels = ax.get_legend_handles_labels()
-        _legend_outside(fig, handles, labels, style.legend_title(schemes))
-        add_footnote(fig, style.notes(schemes, model) + _band_note(drawn, len(schemes), "plots.decode"))
-        figures[f"decode_kl_{_slug(model)}"] = fig
-    return figures
+    return _write(decode_figures(_declaring(results, PLOT), _style(results, style), bands), out_dir)
 
 
 def retrieval(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
     """Accuracy heatmaps (needle depth x context length), one figure per model and task, one panel
     per scheme on a grid of at most four columns; the title says how many samples each cell holds."""
-    return _write(retrieval_figures(_declaring(results, "retrieval"), _style(results, style)), out_dir)
+    from evalkit.evals.retrieval.plots import PLOT, retrieval_figures
 
-
-def retrieval_figures(results: Results, style: SchemeStyle | None = None) -> dict:
-    """name -> figure of :func:`retrieval`."""
-    from evalkit.evals.retrieval.plots import heatmap_grid, samples_text
-
-    df = results.rows
-    df = df[
-        (df["metric"] == "accuracy")  # retrieval's rows
-        & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))
-    ]
-    if df.empty:
-        return {}
-    style = _style(results, style)
-    df = df.assign(
-        task=df["labels"].map(lambda d: d["task"]),
-        length=df["labels"].map(lambda d: int(d["length"])),
-        depth=df["labels"].map(lambda d: float(d["depth"])),
-        n=df["info"].map(lambda d: (d or {}).get("n", math.nan)),
-    )
-    figures = {}
-    for (model, task), g in df.groupby(["model", "task"], sort=False):
-        schemes = _ordered(style, g["scheme"])
-        panels = {wrap(style.label(s, model), 26): g[g["scheme"] == s] for s in schemes}
-        fig = heatmap_grid(
-            panels,
-            f"{model}: {task} retrieval accuracy by needle depth and context length",
-            subtitle=samples_text(g["n"]),
-        )
-        add_footnote(fig, style.notes(schemes, model))
-        figures[f"retrieval_{_slug(model)}_{_slug(task)}"] = fig
-    return figures
+    return _write(retrieval_figures(_declaring(results, PLOT), _style(results, style)), out_dir)
 
 
 def sensitivity(results: Results, out_dir: str | Path, style: SchemeStyle | None = None) -> list[Path]:
@@ -428,7 +337,7 @@ def sensitivity_figures(results: Results, style: SchemeStyle | None = None) -> d
     df = df.assign(layer=df["labels"].map(lambda d: int(d["layer"])))
     figures = {}
     for (model, metric), g in df.groupby(["model", "metric"], sort=False):
-        schemes = _ordered(style, g["scheme"])
+        schemes = ordered(style, g["scheme"])
         scale = metric_scale(metric)
         fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
         for scheme in schemes:
@@ -440,9 +349,9 @@ def sensitivity_figures(results: Results, style: SchemeStyle | None = None) -> d
         ax.set_title(f"{model}: per-layer sensitivity", fontsize=11)
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
-        _legend_outside(fig, handles, labels, style.legend_title(schemes))
+        legend_outside(fig, handles, labels, style.legend_title(schemes))
         add_footnote(fig, style.notes(schemes, model))
-        figures[f"sensitivity_{_slug(model)}_{_slug(metric)}"] = fig
+        figures[f"sensitivity_{slug(model)}_{slug(metric)}"] = fig
     return figures
 
 

@@ -26,10 +26,17 @@ figure reports.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from evalkit.evals.figures import (  # noqa: F401 (the figure kit lives with the evaluations' figures; re-exported)
+    METRIC_LABELS,
+    PERCENT_METRICS,
+    add_footnote,
+    metric_label,
+    metric_scale,
+    wrap,
+)
 from evalkit.kv.scheme import GranularityKind, ScaleSource, Scheme, parse_scheme
 
 FAMILY_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "YlOrBr", "PuRd", "Greys")
@@ -52,27 +59,6 @@ MARKER_NAMES = {
     GranularityKind.GROUP: "△ group",
 }
 SHADES = (0.42, 0.92)  # the part of each sequential map used: light enough to tell apart, dark enough to see
-
-# readable axis labels for the metrics the figures draw (others fall back to the metric name)
-METRIC_LABELS = {
-    "kl_mean": "mean KL to baseline (nats/token)",
-    "ppl_delta_rel": "Δ perplexity vs baseline (%)",
-    "kl_mean_one_layer": "mean KL (nats/token),\nonly this layer quantized",
-    "kl_mean_all_but_one": "mean KL (nats/token),\nall layers but this one quantized",
-    "ppl_delta_rel_one_layer": "Δ perplexity (%),\nonly this layer quantized",
-    "ppl_delta_rel_all_but_one": "Δ perplexity (%),\nall layers but this one quantized",
-}
-PERCENT_METRICS = ("ppl_delta_rel", "ppl_delta_rel_one_layer", "ppl_delta_rel_all_but_one")
-
-
-def metric_label(metric: str) -> str:
-    """The axis label of a metric, e.g. ``kl_mean_one_layer`` -> ``mean KL (nats/token), only this layer quantized``."""
-    return METRIC_LABELS.get(metric, metric.replace("_", " "))
-
-
-def metric_scale(metric: str) -> float:
-    """What a metric's stored value is multiplied by on an axis labelled by :func:`metric_label` (100 for %)."""
-    return 100.0 if metric in PERCENT_METRICS else 1.0
 
 
 @dataclass(frozen=True)
@@ -250,48 +236,3 @@ def _order_key(text: str) -> tuple:
     fam = family(scheme)
     rank = FAMILY_ORDER.index(fam) if fam in FAMILY_ORDER else len(FAMILY_ORDER)
     return (not scheme.is_identity, rank, fam, _member_key(scheme))
-
-
-def add_footnote(fig, notes: list[str], fontsize: float = 7.0, width: int = 160, legend=None) -> None:
-    """Notes under a constrained-layout figure, inside it: the panels shrink to leave them room.
-
-    ``legend``: (handles, labels, kwargs) of a figure legend to set in one row above the notes,
-    under the panels (off the data)."""
-    lines = [w for note in notes for w in textwrap.wrap(note, width)]
-    if not lines and legend is None:
-        return
-    height = fig.get_size_inches()[1]
-    note_frac = (len(lines) * fontsize * 1.35 + 6) / 72 / height if lines else 0.0
-    legend_frac = 0.0
-    if legend is not None:
-        handles, labels, kw = legend
-        title_lines = len(str(kw.get("title") or "").splitlines())
-        legend_frac = (title_lines * kw.get("title_fontsize", 7) * 1.4 + kw.get("fontsize", 8) * 2.0 + 8) / 72 / height
-        fig.legend(
-            handles,
-            labels,
-            loc="lower center",
-            bbox_to_anchor=(0.5, note_frac),
-            frameon=False,
-            ncols=len(handles),
-            **kw,
-        )
-    frac = min(0.45, note_frac + legend_frac)
-    engine = fig.get_layout_engine()
-    if engine is not None:
-        engine.set(rect=(0, frac, 1, 1 - frac))
-    if lines:
-        fig.text(0.01, 0.005, "\n".join(lines), fontsize=fontsize, color="0.3", va="bottom", ha="left")
-
-
-def wrap(text: str, width: int = 28) -> str:
-    """A panel title on lines of at most ``width`` characters (split after ``/`` or ``+`` where it can)."""
-    if len(text) <= width:
-        return text
-    parts, line = [], ""
-    for piece in text.replace("/", "/\u0000").replace("+", "\u0000+").split("\u0000"):
-        if line and len(line) + len(piece) > width:
-            parts.append(line)
-            line = ""
-        line += piece
-    return "\n".join(parts + [line])

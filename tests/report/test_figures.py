@@ -24,8 +24,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from evalkit.evals.decode.plots import decode_figures  # noqa: E402
 from evalkit.report import load_store, summary_frame  # noqa: E402
-from evalkit.report.plots import MAX_BANDS, decode_figures, figures  # noqa: E402
+from evalkit.report.plots import MAX_BANDS, figures, report_style  # noqa: E402
 from evalkit.report.results import add_rows_file  # noqa: E402
 from evalkit.report.style import SchemeStyle  # noqa: E402
 from evalkit.report.tables import display_frame, table_notes  # noqa: E402
@@ -256,7 +257,7 @@ def test_bands_off_by_default_beyond_six_series(drawn):
     assert len(series(fig)) > MAX_BANDS
     assert not fig.axes[0].collections
     assert any("intervals not drawn" in t.get_text() for t in fig.texts)
-    banded = decode_figures(results, bands=True)["decode_kl_embedded"]
+    banded = decode_figures(results, report_style(results), bands=True)["decode_kl_embedded"]
     assert len(banded.axes[0].collections) == len(series(banded))
     plt.close(banded)
 

@@ -102,7 +102,7 @@ class DecodeEval(Evaluation):
         frames=("evalkit.evals.decode.report:engine_frame",),
         displays=("evalkit.evals.decode.report:engine_display",),
         notes=("evalkit.evals.decode.report:notes", "evalkit.evals.decode.report:engine_notes"),
-        plots=("decode",),
+        plots=("evalkit.evals.decode.plots:decode_figures",),
         order=20,
     )
 

@@ -114,7 +114,7 @@ class RetrievalEval(Evaluation):
             ),
             Column("accuracy_diff", key="retrieval_diff"),
         ),
-        plots=("retrieval",),
+        plots=("evalkit.evals.retrieval.plots:retrieval_figures",),
         criteria=(
             Criterion(
                 "retrieval",

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalkit.evals.figures import add_footnote, ordered, slug, wrap
+
 MAX_COLUMNS = 4
+
+
+PLOT = "evalkit.evals.retrieval.plots:retrieval_figures"  # how the evaluation declares this figure (ReportSpec.plots)
 
 
 def samples_text(counts) -> str:
@@ -110,3 +115,36 @@ def heatmap(cells: pd.DataFrame, path: Path, title: str, diff: bool = False) -> 
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def retrieval_figures(results, style) -> dict:
+    """name -> figure: accuracy heatmaps (needle depth x context length), one figure per model and task,
+    one panel per scheme on a grid of at most four columns, the title saying how many samples each cell
+    holds, from the store's retrieval rows (``results.rows``); ``style``: the report's scheme style."""
+    import math
+
+    df = results.rows
+    df = df[
+        (df["metric"] == "accuracy")  # retrieval's rows
+        & df["labels"].map(lambda d: {"task", "length", "depth"} <= set(d))
+    ]
+    if df.empty:
+        return {}
+    df = df.assign(
+        task=df["labels"].map(lambda d: d["task"]),
+        length=df["labels"].map(lambda d: int(d["length"])),
+        depth=df["labels"].map(lambda d: float(d["depth"])),
+        n=df["info"].map(lambda d: (d or {}).get("n", math.nan)),
+    )
+    figures = {}
+    for (model, task), g in df.groupby(["model", "task"], sort=False):
+        schemes = ordered(style, g["scheme"])
+        panels = {wrap(style.label(s, model), 26): g[g["scheme"] == s] for s in schemes}
+        fig = heatmap_grid(
+            panels,
+            f"{model}: {task} retrieval accuracy by needle depth and context length",
+            subtitle=samples_text(g["n"]),
+        )
+        add_footnote(fig, style.notes(schemes, model))
+        figures[f"retrieval_{slug(model)}_{slug(task)}"] = fig
+    return figures

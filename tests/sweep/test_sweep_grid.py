@@ -61,7 +61,7 @@ def test_run_id_includes_versions(tmp_path, toy_eval, monkeypatch):
     g = parse_grid(write(tmp_path, GRID))
     before = g.runs[0].run_id
     fake = {**grid_mod.versions(), "torch": "0.0.1"}
-    monkeypatch.setattr(spec_mod, "versions", lambda engine="emulation": fake)  # what RunSpec.run_id reads
+    monkeypatch.setattr(spec_mod, "versions", lambda engine="emulation", parts=None: fake)  # what RunSpec.run_id reads
     assert g.runs[0].run_id != before
     assert set(fake) == {"torch", "transformers", "lm_eval", "python", "evalkit_code"}
 
@@ -74,7 +74,7 @@ def test_run_id_changes_with_the_code_identity(tmp_path, toy_eval, monkeypatch):
     g = parse_grid(write(tmp_path, GRID))
     before, identity = [r.run_id for r in g.runs], g.identity
     assert grid_mod.versions()["evalkit_code"] == code_identity.code_identity()
-    monkeypatch.setattr(code_identity, "code_identity", lambda: "sha256:" + "0" * 64)
+    monkeypatch.setattr(code_identity, "code_identity", lambda parts=None: "sha256:" + "0" * 64)
     after = [r.run_id for r in parse_grid(write(tmp_path, GRID)).runs]
     assert not set(after) & set(before) and len(set(after)) == len(after)
     assert parse_grid(write(tmp_path, GRID)).identity == identity

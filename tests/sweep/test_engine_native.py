@@ -149,3 +149,29 @@ def test_a_model_with_no_config_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(EvalkitError, match="could not read model"):
         open_model(str(tmp_path / "empty"))
+
+
+def test_run_hands_the_sweeps_runner_the_grid_a_sweep_makes_of_the_same_inputs(tiny_llama_dir, tmp_path, monkeypatch):
+    """One execution path: ``run`` builds a one-model grid whose runs (and so run ids) are those of the
+    equivalent grid file, and the sweep's runner executes it."""
+    import evalkit.sweep.runner as runner
+    from evalkit.sweep.grid import parse_grid
+
+    handed = []
+    real = runner.run_model
+
+    def spy(grid, *args, **kwargs):
+        handed.append(grid)
+        return real(grid, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_model", spy)
+    argv = _argv(tiny_llama_dir, tmp_path)
+    assert main(argv) == 0
+    (grid,) = handed
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        f"models: ['{tiny_llama_dir}']\nschemes: [auto, fp8_e4m3/tensor/dynamic, int8/token/dynamic]\n"
+        "evals: {perplexity: {max_windows: 2, window: 32, stride: 32}}\n"
+    )
+    assert [r.run_id for r in grid.runs] == [r.run_id for r in parse_grid(path).runs]
+    assert [r.scheme for r in grid.runs][0] == "auto" and {r.eval for r in grid.runs} == {"perplexity"}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 from evalkit.errors import EvalkitError
 
@@ -25,75 +24,6 @@ MLA_SCHEMES = (
     "auto,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
     "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
 )
-
-
-def load_config(args) -> tuple[dict, str, dict | None]:
-    """(config fields, label, preset or None)."""
-    from evalkit.models.presets import get_preset
-
-    if args.preset:
-        preset = get_preset(args.preset)
-        return preset["config"], f"{args.preset} ({preset['hub_id']})", preset
-    if args.config:
-        try:
-            return json.loads(args.config.read_text()), str(args.config), None
-        except FileNotFoundError:
-            raise EvalkitError(f"config file {args.config} does not exist") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EvalkitError(f"{args.config} is not a JSON config: {exc}") from None
-    from evalkit.models.loading import model_source
-
-    path, local_only = model_source(args.model)  # a missing folder or an offline uncached id: one line, at once
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local_only)
-    except (OSError, ValueError) as exc:
-        raise EvalkitError(
-            f"could not read the config of {args.model!r}: {str(exc).splitlines()[0]} "
-            "(check the name, or use --config FILE / --preset NAME offline)"
-        ) from None
-    return cfg.to_dict(), args.model, None
-
-
-def _model_folder(name: str) -> Path:
-    from evalkit.models.loading import embedded_dense_dir, embedded_name
-
-    embedded = embedded_name(name)
-    return embedded_dense_dir(embedded) if embedded else Path(name)
-
-
-def weights_source(args, preset, fields, arch) -> tuple[str | None, int | None, int | None, str]:
-    """(dtype of the decoder linears, block size of their scales, total bytes given, how they were found)."""
-    from evalkit.models.presets import DTYPE_BYTES, weights_bytes
-    from evalkit.units import format_bytes, parse_bytes
-
-    dtype = args.weights_dtype or (preset or {}).get("weights_dtype")
-    if dtype is not None and dtype not in DTYPE_BYTES:
-        weights_bytes(1, dtype)  # one line naming the dtypes
-    block = (preset or {}).get("weight_block") if dtype == (preset or {}).get("weights_dtype") else None
-    shipped = str(fields.get("torch_dtype") or fields.get("dtype") or "")
-    if args.weights_bytes:
-        n = parse_bytes(args.weights_bytes)
-        return dtype or shipped or None, block, n, f"{format_bytes(n)} (given)"
-    params = float(args.params) if args.params else None
-    if params and dtype:
-        n = weights_bytes(params, dtype)
-        return dtype, block, n, f"{format_bytes(n)} ({params / 1e9:,.1f}B params x {dtype})"
-    folder = _model_folder(args.model) if args.model else None
-    files = list(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
-    if files:
-        n = sum(f.stat().st_size for f in files)
-        return dtype or shipped or "bf16", block, n, f"{format_bytes(n)} (size of {len(files)} safetensors file(s))"
-    dtype = dtype or (shipped if shipped in DTYPE_BYTES else None)
-    if arch is not None and dtype:
-        scales = f" + one float32 scale per {block}x{block} block" if block else ""
-        rest = "BF16" if DTYPE_BYTES[dtype] < 2 else dtype
-        parts = "embeddings, LM head, norms, router" if arch.experts else "embeddings, LM head, norms"
-        return dtype, block, None, f"decoder linears {dtype}{scales}; {parts} {rest}"
-    raise EvalkitError(
-        "the weight footprint is unknown: give --weights-bytes SIZE, or --params N with --weights-dtype bf16|fp8|int4"
-    )
 
 
 def fitting(layout, schemes) -> tuple[list, list[str]]:
@@ -174,6 +104,7 @@ def _reserve_line(stage, dep) -> str:
 
 def count(args: argparse.Namespace) -> int:
     from evalkit.kv.scheme import parse_schemes
+    from evalkit.models.folder import load_config, weights_source
     from evalkit.models.info import kv_layout
     from evalkit.models.presets import config_namespace
     from evalkit.planning.capacity import format_ranks, layout_notes, parse_count, plan_ranks

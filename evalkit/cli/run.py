@@ -1,7 +1,12 @@
-"""`evalkit run`: one evaluation, several schemes, one loaded model, a table on stdout.
+"""`evalkit run`: one evaluation, several schemes, one model, a table on stdout.
 
     python -m evalkit run --model M --schemes auto,fp8_e4m3/head/dynamic --eval perplexity ...
 
+`run` is a one-model, one-eval grid handed to the sweep's runner (:func:`evalkit.sweep.runner.run_model`):
+this module checks the flags and the schemes (parsed once, here, into :class:`~evalkit.kv.scheme.Scheme`
+values), builds the grid's run specs and prints the rows; the runner alone loads the model, prepares the
+evaluation and writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
+and evalkit reads the model's config and tokenizer (:mod:`evalkit.models.handle`).
 The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
 no scales), a scheme engines run rather than a hypothetical one. With ``--out DIR`` the
@@ -28,11 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
-from evalkit.cli.common import add_model_arguments, load_from_args
+from evalkit.cli.common import add_model_arguments
 from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import eval_names, get_eval
@@ -120,6 +124,10 @@ def _add(sub, names: list[str], with_evals: bool = True):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check everything that can be checked before a model loads (one line each, exit 2), build the
+    one-model, one-eval grid of the schemes, and hand it to the sweep's runner
+    (:func:`evalkit.sweep.runner.run_model`), which loads the model (its weightless handle for an engine),
+    prepares the evaluation, writes the store and returns the rows printed here."""
     from evalkit.cli.preflight import check_model_device, check_writable
     from evalkit.kv.scheme import Scheme, parse_schemes
     from evalkit.models.loading import cache_root
@@ -155,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         backend, schemes = engine_backend(args, schemes)
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())
-    schemes.sort(key=lambda s: not s.is_identity)
+    schemes = sorted(dict.fromkeys(schemes), key=lambda s: not s.is_identity)  # the baseline first, each once
     cls = get_eval(args.eval_name)
     from evalkit.evals.backend import use_backend
 
@@ -165,38 +173,35 @@ def run(args: argparse.Namespace) -> int:
     check_corpus_params(
         getattr(ev, "params", None), args.eval_name
     )  # a bad corpus spec: one line, before the model loads
-    store, grid, runs = _store(args, ev, schemes)  # --out: refused here, before the model loads, if it holds other runs
-    lm = load_from_args(args)
-    # validate every scheme against the model before spending time on the baseline
-    from evalkit.integration.binding import BoundScheme
-
-    for scheme in schemes:
-        BoundScheme(scheme, lm.layout, lm.config_hash)
-        if profile is not None:
-            profile.check(scheme, lm.layout)
-    if backend is not None:
-        backend.check(schemes, lm.layout)
-        backend.check_model(lm)
+    grid = _grid(args, ev, schemes)
+    store = _store(args, grid)  # --out: refused here, before the model loads, if it holds other runs
     workdir = args.cache_dir or cache_root() / "work"
-    _size_note(args, cls, ev.params, schemes, lm, workdir)  # a run over 10 min here: its estimate and the CPU sizes
-    from evalkit.runtime.runlog import log_sizes, logs_written, run_folder
+
+    def check_loaded(lm) -> None:
+        """Every scheme against the model (its handle for an engine) before time goes to the baseline."""
+        from evalkit.integration.binding import BoundScheme
+
+        for scheme in schemes:
+            BoundScheme(scheme, lm.layout, lm.config_hash)
+            if profile is not None:
+                profile.check(scheme, lm.layout)
+        if backend is not None:
+            backend.check(schemes, lm.layout)
+        _size_note(args, cls, ev.params, schemes, lm, workdir)  # over 10 min here: its estimate and the CPU sizes
+
+    from evalkit.runtime.runlog import log_sizes, logs_written
+    from evalkit.sweep.runner import run_model
 
     logs = args.out or Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes to a log here
     before = log_sizes(logs)
-    all_rows = []
-    with run_folder(logs):
-        ev.prepare(lm, workdir)
-        if store is not None:  # after the last check (prepare's): bad input leaves no store behind
-            store.claim(grid)
-        for scheme in schemes:
-            run = runs.get(str(scheme))
-            artifacts = store.artifact_dir(run.run_id) if store is not None else None
-            start = time.perf_counter()
-            rows = [row.to_dict() for row in ev.evaluate(lm, scheme, artifacts)]
-            if store is not None:  # each scheme as it completes, as a sweep writes it: a stopped run keeps its rows
-                store.append(_outcome(args, lm, run, rows, time.perf_counter() - start))
-            for d in rows:
-                all_rows.append({**d, "model": lm.name, "scheme": str(scheme), "eval": args.eval_name})
+    info = {"command": "evalkit run", "engine": args.engine}
+    if profile is not None:
+        info["engine_profile"] = args.engine_profile
+    done = run_model(grid, store, workdir, before=check_loaded, info=info, logs=logs)
+    from evalkit.models.loading import embedded_name
+
+    name = embedded_name(args.model) or args.model  # as the loaded model names itself
+    all_rows = [{**d, "model": name, "scheme": spec.scheme, "eval": spec.eval} for spec, rows in done for d in rows]
     if args.json:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
@@ -269,14 +274,9 @@ def engine_backend(args: argparse.Namespace, schemes: list) -> tuple:
     return backend, [parse_scheme(s) for s in plan.schemes]
 
 
-def _store(args: argparse.Namespace, ev, schemes: list):
-    """(the results store of ``--out``, its grid and its run per scheme string; Nones without ``--out``): the runs are those
-    of a one-model, one-eval grid, so their run ids and records are a sweep's; a folder holding
-    other runs (another grid, another command's) is refused before anything is written."""
-    if not args.out:
-        return None, None, {}
+def _grid(args: argparse.Namespace, ev, schemes: list):
+    """The one-model, one-eval grid of ``run``: a run per scheme, with the run ids and records of a sweep's."""
     from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json
-    from evalkit.sweep.store import ResultStore
 
     model = ModelSpec(
         name=args.model,
@@ -289,31 +289,31 @@ def _store(args: argparse.Namespace, ev, schemes: list):
     )
     canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
     options = canonical_json(args.engine_option_values)
-    runs = {str(s): RunSpec(model, str(s), args.eval_name, canonical, params, args.engine, options) for s in schemes}
+    runs = [
+        RunSpec.of(model, s, args.eval_name, canonical, params, engine=args.engine, engine_options_json=options)
+        for s in schemes
+    ]
     data = {
         "name": f"run-{args.eval_name}",
         "models": [args.model],
-        "schemes": list(runs),
+        "schemes": [r.scheme for r in runs],
         "evals": {args.eval_name: ev.params},
         "command": "evalkit run",
         "engine": args.engine,
     }
-    store, grid = (
-        ResultStore(args.out),
-        Grid(name=data["name"], path="evalkit run", runs=tuple(runs.values()), data=data),
-    )
+    return Grid(name=data["name"], path="evalkit run", runs=tuple(runs), data=data)
+
+
+def _store(args: argparse.Namespace, grid):
+    """The results store of ``--out`` (None without it); a folder holding other runs (another grid, another
+    command's) is refused before anything is written."""
+    if not args.out:
+        return None
+    from evalkit.sweep.store import ResultStore
+
+    store = ResultStore(args.out)
     store.check(grid)
-    return store, grid, runs
-
-
-def _outcome(args: argparse.Namespace, lm, run, rows: list[dict], seconds: float):
-    from evalkit.sweep.runner import run_info
-    from evalkit.sweep.store import RunOutcome
-
-    info = {**run_info(lm, run.engine, run), "command": "evalkit run", "engine": args.engine}
-    if getattr(args, "engine_profile", None):
-        info["engine_profile"] = args.engine_profile
-    return RunOutcome(run.run_id, run.to_dict(), True, rows, seconds=seconds, info=info)
+    return store
 
 
 def _cell(row: dict) -> str:

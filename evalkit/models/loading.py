@@ -62,6 +62,16 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights (and so of the unquantized KV cache)."""
+        return next(self.model.parameters()).dtype
+
+    @property
+    def config(self):
+        """The model's transformers config (a weightless :class:`~evalkit.models.handle.ModelHandle` has it too)."""
+        return self.model.config
+
+    @property
     def max_length(self) -> int | None:
         return self.layout.max_positions
 

@@ -27,38 +27,37 @@ from evalkit.sweep.shard import select
 from evalkit.sweep.store import ResultStore, RunOutcome
 
 
-def _dtype(model) -> str:
-    """The dtype the model's weights (and so its unquantized KV cache) are in, e.g. ``float32``."""
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def _cuda_devices(model) -> list[int]:
+def _cuda_devices(lm) -> list[int]:
+    """The CUDA devices the weights evalkit loaded are on (none for a weightless engine run)."""
+    if lm.model is None:
+        return []
     import torch
 
     if not torch.cuda.is_available():
         return []
-    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    return sorted({p.device.index or 0 for p in lm.model.parameters() if p.device.type == "cuda"})
 
 
 def run_info(lm, engine: str = "emulation", run: RunSpec | None = None) -> dict:
-    """What a completion record says about the loaded model a run used: its path, config hash,
-    device, dtype, library versions, evalkit's code identity, the platform, and the KV layout (so the
-    report sizes bytes per token without the model's files). ``run``: the run it records, whose codec
-    family's and evaluation's bumped numerics versions enter its code identity."""
+    """What a completion record says about the model a run used (loaded, or the weightless handle of an
+    engine run): its path, config hash, device, dtype, library versions, evalkit's code identity, the
+    platform, and the KV layout (so the report sizes bytes per token without the model's files). ``run``:
+    the run it records, whose codec family's and evaluation's bumped numerics versions enter its code
+    identity."""
+    parts = run.components if run is not None else None
     from dataclasses import asdict
 
-    from evalkit.models.info import kv_layout
     from evalkit.runtime.numerics import platform_record
 
     return dict(
         model_path=lm.path,
         config_hash=lm.config_hash,
         device=str(lm.device),
-        dtype=_dtype(lm.model),
-        versions=versions(engine),
-        code=code_identity.code_record(run.components if run is not None else None),
+        dtype=str(lm.dtype).removeprefix("torch."),
+        versions=versions(engine, parts),
+        code=code_identity.code_record(parts),
         platform=platform_record(),
-        kv_layout=asdict(kv_layout(lm.model.config)),
+        kv_layout=asdict(lm.layout),
         decode_path=getattr(lm, "decode_path", "eager"),
     )
 
@@ -75,29 +74,43 @@ def _use_engine(ev, engine: str, lm, options: dict | None = None) -> None:
 
 
 class ModelSession:
-    """One loaded model, its prepared evaluations, and the runs evaluated on it."""
+    """One model, its prepared evaluations, and the runs evaluated on it.
+
+    An emulation run loads the model's weights (:func:`evalkit.models.loading.load_model_with`); a run
+    through a real engine opens only its weightless handle (:func:`evalkit.models.handle.open_model_with`:
+    config, tokenizer, KV layout), and the engine loads the weights itself. Each is made once, when a run
+    first needs it."""
 
     def __init__(self, model: ModelSpec, workdir: str | Path, registry: dict[str, str] | None = None):
         self.spec = model
         self.workdir = Path(workdir)
         self.registry = registry
-        self._lm = None
-        self._load_error: BaseException | None = None
+        self._models: dict[bool, object] = {}  # weightless? -> the model (or the exception making it raised)
         self._evals: dict[str, object] = {}  # eval_key -> prepared Evaluation or the exception preparing raised
 
-    def _model(self):
-        if self._lm is None and self._load_error is None:
-            from evalkit.models.loading import load_model_with
-
+    def model(self, run: RunSpec):
+        """The model ``run`` evaluates: the loaded weights for the emulation, the weightless handle for an
+        engine. Made once; a failure is raised again for every run that needs it."""
+        weightless = run.engine != "emulation"
+        if weightless not in self._models:
             try:
-                self._lm = load_model_with(self.spec.name, self.spec)
-            except Exception as exc:  # recorded for every run of this model
-                self._load_error = exc
-        if self._load_error is not None:
-            raise self._load_error
-        return self._lm
+                if weightless:
+                    from evalkit.models.handle import open_model_with
 
-    def _prepared(self, run: RunSpec, lm):
+                    self._models[weightless] = open_model_with(self.spec.name, self.spec)
+                else:
+                    from evalkit.models.loading import load_model_with
+
+                    self._models[weightless] = load_model_with(self.spec.name, self.spec)
+            except Exception as exc:  # recorded for every run of this model
+                self._models[weightless] = exc
+        found = self._models[weightless]
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+    def prepared(self, run: RunSpec, lm):
+        """``run``'s evaluation prepared on ``lm`` (once per evaluation key); a failure is raised again."""
         key = run.eval_key
         if key not in self._evals:
             try:
@@ -113,25 +126,29 @@ class ModelSession:
             raise ev
         return ev
 
-    def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
-        """Evaluate one run; an exception becomes a failed outcome. Libraries' chatter during the run
-        (lm-eval's warnings and progress bars) goes to a log in ``artifacts`` (:mod:`evalkit.runtime.runlog`)."""
+    def rows(self, run: RunSpec, artifacts: Path | None, info: dict, logs: Path | None = None) -> tuple[list, float]:
+        """Evaluate one run: (its rows as dicts, seconds); an exception propagates (``info`` keeps what was
+        learnt before it). Libraries' chatter during the run (lm-eval's warnings and progress bars) goes
+        to a log in ``logs``, by default ``artifacts`` (:mod:`evalkit.runtime.runlog`)."""
         from evalkit.runtime.runlog import run_folder
 
         start, cpu = time.perf_counter(), time.process_time()
+        with run_folder(artifacts if logs is None else logs):
+            rows = self._evaluate(run, artifacts, info)
+        info["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process, all threads
+        return [r.to_dict() for r in rows], time.perf_counter() - start
+
+    def outcome(self, run: RunSpec, artifacts: Path | None, info: dict, logs: Path | None = None) -> RunOutcome:
+        """:meth:`rows` as the store records them; an exception propagates."""
+        rows, seconds = self.rows(run, artifacts, info, logs)
+        return RunOutcome(run.run_id, run.to_dict(), True, rows, seconds=seconds, info=info)
+
+    def run(self, run: RunSpec, artifacts: Path | None) -> RunOutcome:
+        """Evaluate one run as a sweep does: an exception becomes a failed outcome."""
+        start = time.perf_counter()
         info: dict = {}
         try:
-            with run_folder(artifacts):
-                rows = self._evaluate(run, artifacts, info)
-            info["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process, all threads
-            return RunOutcome(
-                run.run_id,
-                run.to_dict(),
-                True,
-                [r.to_dict() for r in rows],
-                seconds=time.perf_counter() - start,
-                info=info,
-            )
+            return self.outcome(run, artifacts, info)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
             return RunOutcome(
@@ -145,18 +162,16 @@ class ModelSession:
             )
 
     def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
-        from evalkit.kv.scheme import parse_scheme
-
-        lm = self._model()
+        lm = self.model(run)
         info.update(run_info(lm, run.engine, run))
-        ev = self._prepared(run, lm)
-        devices = _cuda_devices(lm.model)
+        ev = self.prepared(run, lm)
+        devices = _cuda_devices(lm)
         if devices:
             import torch
 
             for d in devices:
                 torch.cuda.reset_peak_memory_stats(d)
-        rows = ev.evaluate(lm, parse_scheme(run.scheme), artifacts)
+        rows = ev.evaluate(lm, run.scheme_value, artifacts)
         if devices:
             info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
         return rows
@@ -172,7 +187,7 @@ class ModelSession:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def close(self) -> None:
-        self._lm = None
+        self._models.clear()
         self._evals.clear()
         gc.collect()
 
@@ -187,6 +202,54 @@ def plan(runs: list[RunSpec]) -> list[list[RunSpec]]:
         eval_order = list(dict.fromkeys(r.eval_key for r in g))
         out.append(sorted(g, key=lambda r: (eval_order.index(r.eval_key), r.scheme != "auto")))
     return out
+
+
+def run_model(
+    grid: Grid,
+    store: ResultStore | None,
+    workdir: str | Path,
+    *,
+    before=None,
+    info: dict | None = None,
+    logs: Path | None = None,
+    registry: dict[str, str] | None = None,
+) -> list[tuple[RunSpec, list[dict]]]:
+    """Execute a one-model grid as ``evalkit run`` does: the first error propagates (the command line
+    prints it as one line), and nothing is written before the model is loaded, ``before(lm)`` (the
+    command's checks against the loaded model) has passed and the evaluation is prepared, so bad input
+    leaves no store behind. Then each run in :func:`plan`'s order, its outcome (``info`` added to its
+    record) appended to ``store`` as it completes, as a sweep writes it. Returns each run with its rows.
+    ``logs``: where libraries' chatter goes (default: each run's artifacts folder)."""
+    (group,) = plan(list(grid.runs))  # one model: one group
+    session = ModelSession(group[0].model, workdir, registry)
+    try:
+        with _logs_to(logs):
+            lm = session.model(group[0])
+            if before is not None:
+                before(lm)
+            for run in group:
+                session.prepared(run, lm)
+        if store is not None:
+            store.claim(grid)
+        done = []
+        for run in group:
+            if store is None:  # no record: no run id (it hashes the weight files) and no artifacts
+                rows, _ = session.rows(run, None, {}, logs)
+            else:  # each run as it completes: a stopped command keeps its rows
+                outcome = session.outcome(run, store.artifact_dir(run.run_id), {}, logs)
+                outcome.info.update(info or {})
+                store.append(outcome)
+                rows = outcome.rows
+            done.append((run, rows))
+        return done
+    finally:
+        session.close()
+
+
+def _logs_to(folder: Path | None):
+    from evalkit.runtime.runlog import run_folder
+
+    return run_folder(folder)
 
 
 def _short(value) -> str:

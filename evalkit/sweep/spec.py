@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from evalkit.sweep.run_versions import versions
@@ -57,6 +58,21 @@ class RunSpec:
     run_params_json: str = "{}"  # every parameter the eval gets (canonical ones plus e.g. output paths)
     engine: str = "emulation"  # who computes the numbers (evalkit.engines.registry); in the run id unless the emulation
     engine_options_json: str = "{}"  # the engine's scale-out options the grid sets; in the run id when any
+
+    @classmethod
+    def of(
+        cls, model: ModelSpec, scheme, eval: str, params_json: str, run_params_json: str = "{}", **engine
+    ) -> RunSpec:
+        """The run of a :class:`~evalkit.kv.scheme.Scheme` value: its canonical string (what the run id
+        hashes) is written here, once, from the value; :attr:`scheme_value` gives the value back."""
+        return cls(model, str(scheme), eval, params_json, run_params_json, **engine)
+
+    @cached_property
+    def scheme_value(self):
+        """The run's :class:`~evalkit.kv.scheme.Scheme` (parsed once from its canonical string)."""
+        from evalkit.kv.scheme import parse_scheme
+
+        return parse_scheme(self.scheme)
 
     @property
     def params(self) -> dict[str, Any]:

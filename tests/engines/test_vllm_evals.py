@@ -262,9 +262,7 @@ def test_lmeval_through_lm_evals_own_vllm_model(embedded, work):
 def test_an_architecture_vllm_does_not_implement_is_one_line():
     from evalkit.engines.vllm.backend import VllmBackend
 
-    lm = SimpleNamespace(
-        name="made-up", model=SimpleNamespace(config=SimpleNamespace(architectures=["NoSuchForCausalLM"]))
-    )
+    lm = SimpleNamespace(name="made-up", model=None, config=SimpleNamespace(architectures=["NoSuchForCausalLM"]))
     with pytest.raises(EvalkitError) as info:
         VllmBackend().check_model(lm)
     assert (

@@ -24,54 +24,13 @@ profile, the profile's own check with the model's head size (``head_dim_multiple
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from evalkit.cli.preflight.engines import applied, profile_or_none
 from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.models.folder import Arch, model_arch
 from evalkit.models.info import NO_INTERFACE_MODEL_TYPES, KVLayout
-
-
-@dataclass(frozen=True)
-class Arch:
-    """A model's attention as its config describes it: its KV layout and whether it is sparse, or why
-    there is none (``fatal``: the config is here but the run would refuse it too)."""
-
-    name: str
-    source: str
-    layout: KVLayout | None = None
-    sparse: bool = False
-    why: str = ""
-    fatal: bool = False
-    latent: int = 0  # kv_lora_rank in the config: a latent cache, whether or not evalkit reads the type as MLA
-
-    def describe(self) -> str:
-        lay = self.layout
-        if lay.is_mla:
-            kind = "sparse (index_topk)" if self.sparse else "dense"
-            return f"{lay.model_type}: {kind} multi-head latent attention, latent {lay.mla_latent_dim} + RoPE key {lay.mla_rope_dim}"
-        v = f", V {lay.v_head_dim}" if lay.v_head_dim != lay.head_dim else ""
-        return f"{lay.model_type}: {lay.num_kv_heads} KV heads of head_dim {lay.head_dim}{v}"
-
-
-def model_arch(name: str) -> Arch:
-    """The architecture of model ``name`` from its config, without weights or the network."""
-    from evalkit.models.facts import read_config, sparse_attention, text_fields
-    from evalkit.models.info import kv_layout
-    from evalkit.models.presets import config_namespace
-
-    config, source = read_config(name)
-    if config is None:
-        return Arch(name, source, why=source)
-    try:
-        layout = kv_layout(config_namespace(config))
-    except EvalkitError as exc:
-        return Arch(name, source, why=str(exc), fatal=True)
-    except (TypeError, ValueError, ZeroDivisionError) as exc:  # a config.json missing the fields that size attention
-        return Arch(name, source, why=f"its config ({source}) does not describe its attention ({exc})", fatal=True)
-    latent = int(text_fields(config).get("kv_lora_rank") or 0)
-    return Arch(name, source, layout, sparse_attention(config), latent=latent)
 
 
 def architecture_problem(scheme: Scheme, layout: KVLayout, sparse: bool = False) -> str | None:

@@ -101,7 +101,8 @@ class VllmBackend(Backend):
 
     def check_model(self, lm) -> None:
         """EvalkitError (one line) when the model is on another device than this environment's vLLM runs on, or
-        vLLM implements none of its architectures."""
+        vLLM implements none of its architectures (read from its config: ``lm`` is the weightless
+        :class:`~evalkit.models.handle.ModelHandle` of an engine run, or a loaded model)."""
         from evalkit.engines.vllm.runner import _import_vllm
 
         on = getattr(getattr(lm, "device", None), "type", None) or str(getattr(lm, "device", "cpu")).split(":")[0]
@@ -113,7 +114,7 @@ class VllmBackend(Backend):
         _import_vllm(self.device)
         from vllm.model_executor.models import ModelRegistry
 
-        archs = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
+        archs = list(getattr(lm.config, "architectures", None) or [lm.layout.model_type])
         supported = set(ModelRegistry.get_supported_archs())
         if not any(a in supported for a in archs):
             raise EvalkitError(
@@ -123,7 +124,7 @@ class VllmBackend(Backend):
 
     def _model(self, lm) -> None:
         self.model_dir = lm.path
-        self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+        self.dtype = str(lm.dtype).removeprefix("torch.")  # the handle's (a weightless run) or the loaded weights'
 
     def prepare(self, request: LogprobsRequest, lm, workdir: Path) -> None:
         """Perplexity: the engine's own unquantized run (kv_cache_dtype auto, the model's dtype), the baseline."""

@@ -60,7 +60,7 @@ class ServingEval(Evaluation):
 
         check_vllm_available()
         self.folder, self.layout = lm.path, lm.layout
-        self.dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+        self.dtype = str(lm.dtype).removeprefix("torch.")
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.engines.vllm.runner import engine_config, profile_for

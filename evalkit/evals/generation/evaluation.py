@@ -171,7 +171,7 @@ class GenerationEval(Evaluation):
         from evalkit.evals.generation.rows import task_rows, trace_rows
         from evalkit.evals.generation.serving import settings_info
 
-        self.require_prepared(getattr(self, "_model", None) is lm.model)
+        self.require_prepared(hasattr(self, "_model") and self._model is lm.model)  # lm.model: None for an engine
         p = self.params
         run = self._run(lm, scheme)
         info = settings_info(p, self.gen_kwargs)

@@ -213,7 +213,7 @@ class LmEvalEval(Evaluation):
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.evals.lmeval.items import items_from_results
 
-        self.require_prepared(getattr(self, "_model", None) is lm.model)
+        self.require_prepared(hasattr(self, "_model") and self._model is lm.model)  # lm.model: None for an engine
         results = self._run(lm, scheme)
         items = items_from_results(results)
         if artifacts is not None:

@@ -171,7 +171,7 @@ class LongContextEval(Evaluation):
         from evalkit.evals.longcontext.tasks import load_tasks, resolve
 
         p = self.params
-        longest = getattr(lm.model.config, "max_position_embeddings", None)
+        longest = getattr(lm.config, "max_position_embeddings", None)
         too_long = [n for n in p["lengths"] or () if longest and n > longest]
         if too_long:  # lm-eval's HFLM would cut such prompts from the left, silently
             raise EvalkitError(
@@ -222,7 +222,7 @@ class LongContextEval(Evaluation):
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.evals.longcontext.tasks import to_json
 
-        self.require_prepared(getattr(self, "_model", None) is lm.model)
+        self.require_prepared(hasattr(self, "_model") and self._model is lm.model)  # lm.model: None for an engine
         results = self._run(lm, scheme)
         records = records_from_results(results)
         if artifacts is not None:

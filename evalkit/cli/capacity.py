@@ -198,6 +198,7 @@ def count_declared(args: argparse.Namespace, engine, engine_only: dict) -> int:
         )
     runs = declared_schemes(engine)
     pairs = ", ".join(f"{name} = {scheme}" for scheme, name in runs.items())
-    print(f"engine {engine.name} {version_of(engine).version} (counted from its declaration): {pairs}")
+    if not args.json:  # JSON output stays one document
+        print(f"engine {engine.name} {version_of(engine).version} (counted from its declaration): {pairs}")
     args.schemes = ",".join(runs)
     return count(args)

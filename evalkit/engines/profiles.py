@@ -6,7 +6,12 @@ A profile (:class:`EngineProfile`) is a small frozen table of one engine's KV-ca
 (checkpoint ``k_scale``/``v_scale``, 1.0 when there are none, never a runtime estimate), what it
 does to checkpoint scales, and its requirements. Each fact carries its source in the engine's public
 repository (:class:`Fact`), marked ``verified=False`` where it was stated elsewhere (an issue, a
-changelog) rather than read in the code or measured. Three operations:
+changelog) rather than read in the code or measured. This module says what a profile is; each engine
+declares its own in its folder (``evalkit/engines/vllm/profiles.py``: vllm-cpu, vllm-cuda, vllm-rocm;
+``engines/sglang/engine.py``; ``engines/tensorrt_llm/engine.py``; a plugin's or a test's engine likewise),
+and :data:`PROFILES` reads them from the engine registry. A profile may also name the dtypes of its
+engine that no scheme models (``not_modelled``, refused in one line saying why) and the names an earlier
+release used (``renamed``: SGLang 0.5.23's ``fp4_mx_block16`` was ``fp4_e2m1``). Three operations:
 
 - :meth:`EngineProfile.scheme_for` turns the engine's settings into the evalkit scheme that models
   them: ``get_profile("vllm-cpu").scheme_for("fp8_e4m3")`` is

@@ -147,6 +147,13 @@ class Engine:
         ``setting``). ``plan`` is :meth:`plan_for`: the declaration's checks, then the engine's own."""
         if what == "plan" and self.runnable:
             return self.plan_for
+        if what in ("backend", "plan") and not self.runnable:
+            profiles = ", ".join(p.name for p in self.profiles)
+            measure = f" (measure its numerics with --engine-profile {profiles})" if profiles else ""
+            raise EvalkitError(
+                f"evalkit models engine {self.name} but does not run it{measure}: run with one of "
+                f"{', '.join(engine_names())}"
+            )
         path = getattr(self, what)
         if path is None:
             raise EvalkitError(

@@ -120,7 +120,9 @@ def test_sglang_0_5_23_declares_its_eight_dtypes_and_refuses_fp4_e2m1_in_one_lin
     assert table["renamed"] == {"fp4_e2m1": "fp4_mx_block16"}
     assert all(r["source"] for r in table["dtypes"])
     one_line_exit_2(["schemes", "--engine", "sglang", "--engine-version", "0.4"], capsys, "declares versions 0.5.23")
-    one_line_exit_2(["run", "--engine", "sglang", "--schemes", "auto"], capsys, "engine")
+    one_line_exit_2(
+        ["run", "--engine", "sglang", "--schemes", "auto"], capsys, "does not run it", "--engine-profile sglang"
+    )
 
 
 # -- no prefix tests outside an engine's folder ------------------------------------------------------------------

@@ -219,8 +219,10 @@ def setting(profile_name: str, text: str) -> str:
         dtype = {"bf16": "bfloat16", "fp16": "float16"}[scheme.format]
         return f"kv_cache_dtype={dtype} (the unquantized KV cache in {dtype})"
     family_engine = _family_engine(scheme)
-    if family_engine is not None:
-        return family_engine.hook("setting")(text)
+    if family_engine is not None:  # its own flags where it declares how to write them, else its cache type's name
+        if family_engine.setting is not None:
+            return family_engine.hook("setting")(text)
+        return f"kv_cache_dtype={family_engine.cache_type(scheme)}"
     if scheme.name is not None:
         d = next((d for d in profile.kv_cache_dtypes if d.named == scheme.name), None)
         return f"kv_cache_dtype={d.name}" if d else f"{scheme.name} (no kv_cache_dtype of {profile_name})"

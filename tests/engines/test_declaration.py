@@ -68,11 +68,8 @@ def test_the_profiles_keep_their_names_order_and_schemes_and_live_in_their_engin
         if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "EngineProfile"
     ]
     assert not constructed, "engines/profiles.py declares no engine's facts: they live in the engine's folder"
-    assert {"sglang", "tensorrt_llm"} <= set(registry.engines()) and registry.choices() == (
-        "emulation",
-        "llamacpp",
-        "vllm",
-    )
+    assert {"sglang", "tensorrt_llm"} <= set(registry.engines())  # declared, modelled, not run:
+    assert {"emulation", "llamacpp", "vllm"} <= set(registry.choices()) and "sglang" not in registry.choices()
 
 
 def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
@@ -84,7 +81,10 @@ def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
         "engine vllm runs on cuda or cpu, not xpu"
     )
     assert version_of(vllm).version == "0.33" and version_of(vllm, "0.32.0").version == "0.32"
-    assert len(version_of(vllm, "0.32").kv_cache_dtypes) == 19 and len(version_of(vllm).kv_cache_dtypes) == 22
+    v032, v033 = version_of(vllm, "0.32").names(), version_of(vllm).names()
+    assert len(v032) == 19 and len(v033) == 22 and set(v033) - set(v032) == {
+        "octave_k3v4", "octave_k3v3", "octave_k3v3_compact"
+    }  # fmt: skip
     with pytest.raises(SchemeError, match="declares versions 0.33, 0.32, not 0.31"):
         version_of(vllm, "0.31")
     assert cache_type(vllm, "int8_per_token_head").scheme == "vllm:int8_per_token_head"
@@ -216,6 +216,7 @@ def test_the_toy_engine_shows_up_in_the_reports_runs_on_column(toy_engine):
     assert "toy-cpu" in engine_fit.runs_on("fp8_e4m3/tensor/unit+rounding=rtz").split(", ")  # as measured
     assert "~toy-cpu" in engine_fit.runs_on("fp8_e4m3/tensor/unit").split(", ")
     assert engine_fit.setting("toy-cpu", "fp8_e4m3/tensor/unit+rounding=rtz").startswith("kv_cache_dtype=fp8_e4m3")
+    assert engine_fit.setting("toy-cpu", "toy:i8h") == "kv_cache_dtype=i8h"
 
 
 def test_without_the_toy_engine_its_cache_type_is_hypothetical(toy_engine):

@@ -21,16 +21,19 @@ def _row(d) -> CacheType:
     return CacheType(d.name, scheme, d.what, f"{d.source} ({d.function})")
 
 
-V032 = tuple(_row(d) for d in VLLM_DTYPES.values())
+OCTAVE_NAMES = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")  # new in 0.33 (vllm/config/cache.py)
+V032 = tuple(_row(d) for d in VLLM_DTYPES.values() if d.name not in OCTAVE_NAMES)
 OCTAVE = tuple(
-    CacheType(
+    _row(VLLM_DTYPES[name])
+    if name in VLLM_DTYPES  # where evalkit's dtype table has a row for it, that row
+    else CacheType(
         name,
         None,
         "ROCm Octave cache (random sign flips, Walsh-Hadamard rotation, Lloyd-Max codebooks, fp16 scales): "
         "not modelled",
         "vllm/v1/attention/ops/rocm_octave.py (OctaveFormat, reference_quantize)",
     )
-    for name in ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
+    for name in OCTAVE_NAMES
 )
 
 VERSIONS = (

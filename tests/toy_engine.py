@@ -1,26 +1,59 @@
 """A test-only engine, declared here and nowhere else, to show the engine registry at work.
 
 ``toy`` answers perplexity through evalkit's emulation under another name (so its rows are the
-emulation's numbers, labelled ``toy-engine 1.0``). Like a real engine it loads the weights itself:
-evalkit hands it the weightless model handle (:class:`evalkit.models.handle.ModelHandle`), and the
-backend loads the model from the handle's folder through its own reference to the loader, taken when
-this module is imported (so a test can make evalkit's own loader raise and see the run succeed). It runs
-only on the CPU and only the schemes of
-``SCHEMES``, takes one scale-out option (``workers``), and has conformance and capacity commands that
-print what they were asked. Tests register it with :func:`evalkit.engines.registry.register_engine`
-(the ``toy_engine`` fixture); nothing in the package knows it.
+emulation's numbers, labelled ``toy-engine 1.0``) and takes one scale-out option (``workers``). Like a real
+engine it loads the weights itself: evalkit hands it the weightless model handle
+(:class:`evalkit.models.handle.ModelHandle`), and the backend loads the model from the handle's folder
+through its own reference to the loader, taken when this module is imported (so a test can make evalkit's
+own loader raise and see the run succeed). Everything
+else is its declaration, which nothing in the package knows and nothing outside this file repeats:
+
+- its device (the CPU) and its one version, ``1.0``, with the ``kv_cache_dtype`` values it takes, each
+  mapped to the scheme that models it (``i8h`` is the test-only codec family's ``toy:i8h``,
+  :mod:`tests.toy_codec`, whose prefix it declares as its own; ``int4`` is declared and not modelled);
+- its engine profile, ``toy-cpu``: FP8 E4M3 per tensor, rounded toward zero, checkpoint scales or 1.0.
+
+No plan and no capacity command: the registry's validator checks devices and schemes against the
+declaration, and ``capacity --engine toy`` counts its declared dtypes. It shows up in ``run --engine``,
+grids, ``schemes --engine toy``, ``schemes --engine-profile toy-cpu``, ``capacity --engine toy``, the
+report's "runs on" column and pre-flight. Tests register it with :func:`registered` (the ``toy_engine``
+fixtures).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 
-from evalkit.engines.registry import Engine, Option, Plan
+from evalkit.engines.attention_paths import Fact
+from evalkit.engines.declaration import CacheType, EngineVersion
+from evalkit.engines.profiles import EngineProfile, KVDtype
+from evalkit.engines.registry import Engine, Option, register_engine, unregister_engine
 from evalkit.evals.backend import Capabilities
 from evalkit.evals.emulation.backend import EmulationBackend
+from evalkit.kv.codec import register_family
+from evalkit.kv.formats import Rounding
 from evalkit.models.loading import load_model as _engine_loads
 
-SCHEMES = ("auto", "fp8_e4m3/tensor/dynamic", "int8/token/dynamic")
+from tests.toy_codec import TOY_FAMILY
+
+DTYPES = (
+    CacheType("auto", "auto", "unquantized", "tests/toy_engine.py"),
+    CacheType(
+        "fp8", "fp8_e4m3/tensor/dynamic", "FP8 E4M3, one scale per layer from the prefill", "tests/toy_engine.py"
+    ),
+    CacheType("int8", "int8/token/dynamic", "INT8 per token", "tests/toy_engine.py"),
+    CacheType("i8h", "toy:i8h", "int8 codes and a float16 scale per token and head", "tests/toy_codec.py"),
+    CacheType("int4", None, "the toy's INT4 store was never read", "tests/toy_engine.py"),
+)
+SCHEMES = tuple(d.scheme for d in DTYPES if d.scheme)
+
+TOY_PROFILE = EngineProfile(
+    name="toy-cpu",
+    description="the toy engine's FP8 cache, per tensor, rounded toward zero",
+    kv_cache_dtypes=(KVDtype("auto", None), KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ)),
+    facts=(Fact("x / scale rounded toward zero", "tests/toy_engine.py"),),
+)
 
 
 class ToyBackend(EmulationBackend):
@@ -58,29 +91,8 @@ def backend(options: dict):
     return ToyBackend(options)
 
 
-def plan(schemes, models, engine_profile, options) -> Plan:
-    from evalkit.kv.scheme import parse_scheme
-
-    out = Plan()
-    for i, m in enumerate(models):
-        if m.device != "cpu":
-            out.problem(("models", i), f"engine toy runs on the CPU only: run {m.name} on device cpu")
-    for text in schemes:
-        canonical = str(parse_scheme(text))
-        if canonical in SCHEMES:
-            out.schemes.append(canonical)
-        else:
-            out.problem(("schemes",), f"engine toy cannot run {canonical}: use one of {', '.join(SCHEMES)}")
-    return out
-
-
 def conformance(args) -> int:
     print(f"toy conformance: schemes {args.schemes}")
-    return 0
-
-
-def capacity(args) -> int:
-    print(f"toy capacity: model {args.model}")
     return 0
 
 
@@ -90,8 +102,22 @@ TOY_ENGINE = Engine(
     install="nothing to install",
     description="a test-only engine",
     backend="tests.toy_engine:backend",
-    plan="tests.toy_engine:plan",
     conformance="tests.toy_engine:conformance",
-    capacity="tests.toy_engine:capacity",
     options=(Option("workers", int, 1, "worker count"),),
+    devices=("cpu",),
+    versions=(EngineVersion("1.0", ("cpu",), DTYPES),),
+    profiles=(TOY_PROFILE,),
+    codec_family=TOY_FAMILY.prefix,
 )
+
+
+@contextmanager
+def registered():
+    """The toy engine (and its codec family, which an earlier test's teardown may have taken away) registered
+    for the block, forgotten after it."""
+    register_family(TOY_FAMILY)
+    register_engine(TOY_ENGINE)
+    try:
+        yield TOY_ENGINE
+    finally:
+        unregister_engine(TOY_ENGINE.name)

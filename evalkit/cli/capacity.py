@@ -167,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     if args.engine:
         from evalkit.engines.registry import get_engine
 
+        engine = get_engine(args.engine)
+        if engine.capacity is None and engine.versions:  # nothing to measure with: count what it declares
+            return count_declared(args, engine, engine_only)
         given = [flag for flag, value in counted_only.items() if value is not None]
         if given:
             raise EvalkitError(
@@ -177,4 +180,25 @@ def run(args: argparse.Namespace) -> int:
     given = [flag for flag, value in engine_only.items() if value is not None]
     if given:
         raise EvalkitError(f"{given[0]} is for measuring with an engine: add --engine vllm, or drop {given[0]}")
+    return count(args)
+
+
+def count_declared(args: argparse.Namespace, engine, engine_only: dict) -> int:
+    """``capacity --engine NAME`` for an engine with no measuring command: the counted table over the
+    schemes its newest version's ``kv_cache_dtype`` values map to (its folder's declaration)."""
+    from evalkit.cli.capacity_count import count
+    from evalkit.engines.declaration import declared_schemes, version_of
+
+    given = [flag for flag, value in engine_only.items() if value is not None]
+    if given:
+        raise EvalkitError(f"{given[0]} is for measuring with an engine; {engine.name} is counted: drop {given[0]}")
+    if args.schemes is not None:
+        raise EvalkitError(
+            f"--schemes and --engine {engine.name}: the engine's declared dtypes are the schemes: drop one"
+        )
+    runs = declared_schemes(engine)
+    pairs = ", ".join(f"{name} = {scheme}" for scheme, name in runs.items())
+    if not args.json:  # JSON output stays one document
+        print(f"engine {engine.name} {version_of(engine).version} (counted from its declaration): {pairs}")
+    args.schemes = ",".join(runs)
     return count(args)

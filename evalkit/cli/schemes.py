@@ -26,10 +26,19 @@ def add_parser(sub):
     )
     p.add_argument(
         "--engine",
-        choices=("vllm",),
         default=None,
-        help="list the installed engine's own kv_cache_dtypes: the vllm:<dtype> scheme modelling each (or why "
-        "none does), its bytes per token on --model as the engine allocates them, and the kernel it was read from",
+        help="list an engine's own kv_cache_dtypes as its folder declares them (vllm, llamacpp, sglang, ...): the "
+        "scheme modelling each (or why none does), its bytes per token on --model, and the source it was read in; "
+        "with vLLM installed, vLLM's own allocation beside evalkit's",
+    )
+    p.add_argument(
+        "--engine-version", default=None, help="with --engine: the declared version to list (default: the newest)"
+    )
+    p.add_argument(
+        "--engine-profile",
+        default=None,
+        help="list an engine profile's kv_cache_dtypes (vllm-cpu, vllm-cuda, sglang, ...): the scheme each is, "
+        "what is not modelled and why, and the profile's facts with their sources",
     )
     p.add_argument(
         "--model",
@@ -55,10 +64,14 @@ def _cell(text: str, head_dim: int) -> str:
 
 
 def run(args) -> int:
+    if args.engine and args.engine_profile:
+        raise SchemeError("--engine and --engine-profile list different tables: give one of them")
+    if args.engine_profile:
+        return run_profile(args)
     if args.engine:
         return run_engine(args)
-    if args.model or args.json:
-        raise SchemeError("--model and --json go with --engine vllm: add --engine vllm, or drop them")
+    if args.model or args.json or args.engine_version:
+        raise SchemeError("--model, --json and --engine-version go with --engine NAME: add --engine vllm, or drop them")
     if args.head_dim < 1:
         raise SchemeError(f"--head-dim must be a positive number of channels, got {args.head_dim}")
     print(f"Scheme string: {GRAMMAR}\n")
@@ -134,8 +147,92 @@ def _engine_layout(model: str | None):
         raise SchemeError(f"could not read the config of {name!r}: {str(exc).splitlines()[0]}") from None
 
 
+def _declared_engine(name: str):
+    """The engine called ``name`` when it declares kv_cache_dtype values; SchemeError (one line) otherwise."""
+    from evalkit.engines.registry import get_engine, in_order
+
+    declaring = [e.name for e in in_order() if e.versions]
+    if name not in declaring:
+        engine = get_engine(name)  # an unknown name: one line naming the engines
+        raise SchemeError(f"engine {engine.name} declares no kv_cache_dtype values: use one of {', '.join(declaring)}")
+    return get_engine(name)
+
+
 def run_engine(args) -> int:
-    """``schemes --engine vllm``: every kv_cache_dtype of the installed vLLM, as evalkit models it."""
+    """``schemes --engine NAME``: every kv_cache_dtype the engine's version declares, as evalkit models it;
+    vLLM's own table (its allocation beside evalkit's) when vLLM is installed and no version is named."""
+    engine = _declared_engine(args.engine)
+    if engine.name == "vllm" and args.engine_version is None and engine.installed():
+        return run_vllm(args)
+    return run_declared(args, engine)
+
+
+def run_declared(args, engine) -> int:
+    """The declaration's table: name, scheme (or why none), bytes per token on --model counted by evalkit, source."""
+    import json
+
+    from evalkit.engines.declaration import version_of
+    from evalkit.kv.memory import bytes_per_token
+    from evalkit.kv.scheme import parse_scheme
+
+    version = version_of(engine, args.engine_version)
+    label, layout = _engine_layout(args.model)
+    rows = []
+    for d in version.kv_cache_dtypes:
+        per_token = None
+        if d.modelled:
+            try:
+                per_token = float(bytes_per_token(layout, parse_scheme(d.scheme)))
+            except SchemeError as exc:  # a cache type this model's attention does not take (MLA rows, head sizes)
+                per_token, note = None, str(exc)
+            else:
+                note = d.note
+        else:
+            note = f"not modelled: {d.note}"
+        rows.append({"kv_cache_dtype": d.name, "scheme": d.scheme, "bytes_per_token": per_token, "note": note})
+        rows[-1]["source"] = d.source
+    if args.json:
+        out = {"engine": engine.name, "version": version.version, "model": label, "dtypes": rows}
+        out["renamed"] = dict(version.renamed)
+        print(json.dumps(out, indent=1))
+        return 0
+    print(
+        f"{engine.name} {version.version} kv_cache_dtypes, as declared in evalkit/engines/{engine.name}/ "
+        f"(bytes per token on {label}: all layers, counted by evalkit):"
+    )
+    print(f"  {'kv_cache_dtype':<20} {'B/token':>10}  scheme, or why none")
+    for r in rows:
+        size = f"{r['bytes_per_token']:>10.0f}" if r["bytes_per_token"] is not None else f"{'-':>10}"
+        print(f"  {r['kv_cache_dtype']:<20} {size}  {r['scheme'] or r['note']}")
+        print(f"  {'':<20} {'':>10}  source: {r['source']}")
+    for old, new in version.renamed:
+        print(f"  {old:<20} {'-':>10}  not taken by {engine.name} {version.version}: use {new}")
+    return 0
+
+
+def run_profile(args) -> int:
+    """``schemes --engine-profile NAME``: the profile's kv_cache_dtypes (the scheme each is; those not modelled,
+    and why; names an earlier release used), then its facts with their sources."""
+    from evalkit.engines.profiles import get_profile
+
+    if args.model or args.json or args.engine_version:
+        raise SchemeError("--model, --json and --engine-version go with --engine NAME, not --engine-profile: drop them")
+    profile = get_profile(args.engine_profile)
+    print(f"{profile.name}: {profile.description}")
+    print(f"  {'kv_cache_dtype':<16} scheme (no checkpoint scales), or why none")
+    for d in profile.kv_cache_dtypes:
+        print(f"  {d.name:<16} {profile.scheme_for(d.name)}")
+    for name, why in profile.not_modelled:
+        print(f"  {name:<16} not modelled: {why}")
+    for old, new in profile.renamed:
+        print(f"  {old:<16} not taken by {profile.release or profile.name}: use {new}")
+    print(profile.summary().split("\n", 1)[1] if profile.facts or profile.attention_paths else "")
+    return 0
+
+
+def run_vllm(args) -> int:
+    """``schemes --engine vllm`` with vLLM installed: every kv_cache_dtype of the installed vLLM, as evalkit
+    models it, beside vLLM's own allocation."""
     import json
 
     from evalkit.engines.vllm.dtypes import rows

@@ -6,7 +6,12 @@ A profile (:class:`EngineProfile`) is a small frozen table of one engine's KV-ca
 (checkpoint ``k_scale``/``v_scale``, 1.0 when there are none, never a runtime estimate), what it
 does to checkpoint scales, and its requirements. Each fact carries its source in the engine's public
 repository (:class:`Fact`), marked ``verified=False`` where it was stated elsewhere (an issue, a
-changelog) rather than read in the code or measured. Three operations:
+changelog) rather than read in the code or measured. This module says what a profile is; each engine
+declares its own in its folder (``evalkit/engines/vllm/profiles.py``: vllm-cpu, vllm-cuda, vllm-rocm;
+``engines/sglang/engine.py``; ``engines/tensorrt_llm/engine.py``; a plugin's or a test's engine likewise),
+and :data:`PROFILES` reads them from the engine registry. A profile may also name the dtypes of its
+engine that no scheme models (``not_modelled``, refused in one line saying why) and the names an earlier
+release used (``renamed``: SGLang 0.5.23's ``fp4_mx_block16`` was ``fp4_e2m1``). Three operations:
 
 - :meth:`EngineProfile.scheme_for` turns the engine's settings into the evalkit scheme that models
   them: ``get_profile("vllm-cpu").scheme_for("fp8_e4m3")`` is
@@ -45,10 +50,11 @@ vLLM's store kernel as it is, so they need no profile mapping (the report lists 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.engines.attention_paths import GENERATIONS, VLLM_CUDA_PATHS, AttentionPath, Fact, path_for
+from evalkit.engines.attention_paths import GENERATIONS, AttentionPath, Fact, path_for
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import Recipe, Rounding, ScaleDType
 from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
@@ -92,12 +98,26 @@ class EngineProfile:
     # prediction assumes when none is named
     attention_paths: tuple[AttentionPath, ...] = field(default=(), compare=False)
     default_gpu: str | None = None
+    # the engine's dtypes that no evalkit scheme models (name, why), and names an earlier version used
+    # ((old, new): refused in one line naming the new one)
+    not_modelled: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    renamed: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    release: str | None = None  # the release its kv_cache_dtype values were read in ("SGLang 0.5.23")
 
     # -- lookups --------------------------------------------------------------------------------
     def dtype(self, kv_cache_dtype: str) -> KVDtype:
         for d in self.kv_cache_dtypes:
             if d.name == kv_cache_dtype:
                 return d
+        why = dict(self.not_modelled).get(kv_cache_dtype)
+        if why is not None:
+            raise SchemeError(f"{self.name}'s kv_cache_dtype {kv_cache_dtype} is not modelled: {why}")
+        new = dict(self.renamed).get(kv_cache_dtype)
+        if new is not None:
+            raise SchemeError(
+                f"{self.release or self.name} has no kv_cache_dtype {kv_cache_dtype}: it takes {new} "
+                f"instead (--kv-cache-dtype {new})"
+            )
         raise SchemeError(
             f"{self.name} has no kv_cache_dtype {kv_cache_dtype!r}: use one of "
             f"{', '.join(d.name for d in self.kv_cache_dtypes)}"
@@ -106,7 +126,11 @@ class EngineProfile:
     @property
     def formats(self) -> tuple[str, ...]:
         """The evalkit formats this engine stores K/V in (plain schemes, not named ones)."""
-        return tuple(dict.fromkeys(d.format for d in self.kv_cache_dtypes if d.format and not d.named))
+        return tuple(
+            dict.fromkeys(
+                d.format for d in self.kv_cache_dtypes if d.format and not d.named and not _unscaled(d.format)
+            )
+        )
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -170,10 +194,10 @@ class EngineProfile:
         takes them). ``attention="fa3"``: the engine's FlashAttention-3 FP8 path (vllm-cuda); ``gpu``
         (``hopper``, ``h200``...): the attention precision of the path the engine runs on that GPU."""
         d = self.dtype(kv_cache_dtype)
-        if d.format is None:
+        if d.format is None or _unscaled(d.format):
             if scales is not None:
                 raise SchemeError(f"kv_cache_dtype {d.name} keeps K/V unquantized: scales do not apply")
-            return Scheme()
+            return Scheme() if d.format is None else parse_scheme(d.format)
         if gpu is not None and attention is None:
             attention = self._gpu_attention(d.name, gpu)
         precision = AttentionPrecision(attention) if attention else AttentionPrecision.KV
@@ -409,265 +433,52 @@ _ROUNDING_WORDS = {
 }
 
 
+def _unscaled(fmt: str) -> bool:
+    """Whether format ``fmt`` keeps K/V unquantized (bf16, fp16): a dtype storing it takes no scales."""
+    from evalkit.kv.formats import FORMATS
+
+    return FORMATS[fmt].is_unscaled
+
+
 def _same_table(a, b) -> bool:
     import torch
 
     return a.meta == b.meta and torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
 
 
-# -- the table ------------------------------------------------------------------------------------------
-_VLLM_KV_CACHE = "vllm/model_executor/layers/quantization/kv_cache.py (BaseKVCacheMethod.process_weights_after_loading)"
-_VLLM_NO_ESTIMATE = Fact(
-    "no runtime scale estimate: calculate_kv_scales was deprecated and removed, so scales come from the checkpoint "
-    "or are 1.0 (evalkit's dynamic scales have no vLLM counterpart)",
-    "vllm-project/vllm PR #37201 (deprecation) and PR #49389 (removal)",
-)
-_VLLM_SKIP = Fact(
-    "kv_cache_dtype_skip_layers keeps layers unquantized, by index or 'sliding_window' (evalkit's +skip=0,5 / +skip=sliding)",
-    "vllm/config/cache.py (CacheConfig.kv_cache_dtype_skip_layers)",
-)
-_VLLM_PER_TENSOR = Fact(
-    "one float scale per layer for K and one for V: 'Only support per-tensor scaling factor for fp8 KV cache'; "
-    "k_scale/v_scale from the checkpoint (compressed-tensors kv_cache_scheme, ModelOpt), else 1.0 with a warning",
-    _VLLM_KV_CACHE,
-)
-_VLLM_E5M2 = Fact(
-    "fp8_e5m2 refuses quantized checkpoints ('fp8_e5m2 kv-cache is not supported with fp8 checkpoints'), so E5M2 "
-    "always runs with scale 1.0",
-    "vllm/model_executor/layers/attention/attention.py (_init_kv_cache_quant)",
-)
+class _Profiles(Mapping):
+    """Every engine profile, read from the engines' declarations (each engine's folder declares its own,
+    :func:`evalkit.engines.registry.profiles`) each time it is read, so an engine registered later (a
+    plugin, a test-only engine) is in it; in the engines' listing order."""
 
-PROFILES: dict[str, EngineProfile] = {
-    p.name: p
-    for p in (
-        EngineProfile(
-            name="vllm-cpu",
-            description="vLLM's CPU backend (CPU_ATTN) with an FP8 KV cache (vllm-cpu 0.32.0)",
-            kv_cache_dtypes=(
-                KVDtype("auto", None),
-                KVDtype("fp8", "fp8_e4m3", Rounding.RTZ, recipe=Recipe.VLLM_CPU),
-                KVDtype("fp8_e4m3", "fp8_e4m3", Rounding.RTZ, recipe=Recipe.VLLM_CPU),
-                KVDtype("fp8_e5m2", "fp8_e5m2", Rounding.RTZ, checkpoint_scales=False, recipe=Recipe.VLLM_CPU),
-            ),
-            skip_layers=True,
-            head_dim_multiple=32,
-            requirements=(
-                "x86 with AVX-512 or AMX",
-                "head_dim divisible by 32",
-                "block size a multiple of 32 (AMX path)",
-            ),
-            facts=(
-                Fact(
-                    "kv_cache_dtype auto, fp8, fp8_e4m3, fp8_e5m2 (FP8 KV on CPU since PR #39445)",
-                    "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackend.supported_kv_cache_dtypes); "
-                    "vllm-project/vllm PR #39445",
-                ),
-                _VLLM_PER_TENSOR,
-                _VLLM_NO_ESTIMATE,
-                _VLLM_E5M2,
-                Fact(
-                    "x / scale is rounded toward zero, then saturated at ±max: the store clamps to ±448 (±57344) and keeps "
-                    "the leading mantissa bits; every one of 73,728 codes written by torch.ops._C.cpu_attn_reshape_and_cache "
-                    "equalled a round-toward-zero cast (36-48 % differ from nearest even)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar, float_to_fp8e5m2_scalar); measured on "
-                    "vllm-cpu 0.32.0 (evalkit issue 22)",
-                ),
-                Fact(
-                    "the store multiplies by the reciprocal scale (v *= inv_scale, inv_scale = float32(1 / scale)), where "
-                    "evalkit's plain schemes divide: with a static scale x * (1/s) can differ from x / s in the last float32 "
-                    "bit, which moves a toward-zero code; modeled by +recipe=vllm_cpu, which the profile maps every scheme to "
-                    "(the kernel table: 100 % of edge and random codes with it, 99.44-99.99 % of edge codes without)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar(v, inv_scale)); measured on vllm-cpu 0.32.0 "
-                    "(python -m evalkit conformance --engine vllm --kernel-only)",
-                ),
-                Fact(
-                    "a ±0 input is stored as code 0 (if (v == 0.0f) return 0): -0.0 becomes +0 (modeled by "
-                    "+recipe=vllm_cpu; plain schemes keep -0: equal values, one differing byte)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
-                ),
-                Fact(
-                    "E4M3 below its smallest normal: the scalar store multiplies by 2**-120 before truncating the bits, so "
-                    "the product is a float32 subnormal that the FPU rounds first (modeled by +recipe=vllm_cpu; every "
-                    "edge code equal on this machine's vector path)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (float_to_fp8e4m3_scalar)",
-                ),
-                Fact(
-                    "FP8 KV needs x86 AVX-512 or AMX ('FP8 KV cache on CPU requires x86 with AVX-512 or AMX') and "
-                    "head_size divisible by 32 ('FP8 KV cache requires head_size divisible by 32 on CPU')",
-                    "vllm/v1/attention/backends/cpu_attn.py (_get_attn_isa)",
-                ),
-                Fact(
-                    "the AMX FP8 store needs a block size divisible by 32 (paging only: per-tensor scales do not see blocks)",
-                    "csrc/cpu/cpu_attn_fp8.hpp (reshape_and_cache_fp8_amx_impl)",
-                ),
-                Fact(
-                    "prefill attends from the cache: forward writes K/V with cpu_attn_reshape_and_cache, then "
-                    "cpu_attention_with_kv_cache reads every token from it, as evalkit's storage cache does",
-                    "vllm/v1/attention/backends/cpu_attn.py (CPUAttentionBackendImpl.forward)",
-                ),
-                _VLLM_SKIP,
-            ),
-        ),
-        EngineProfile(
-            name="vllm-cuda",
-            description="vLLM on NVIDIA GPUs (FlashAttention, FlashInfer, FlashAttention-3 backends) with an FP8 KV cache",
-            kv_cache_dtypes=(
-                KVDtype("auto", None),
-                KVDtype("fp8", "fp8_e4m3"),
-                KVDtype("fp8_e4m3", "fp8_e4m3"),
-                KVDtype("fp8_e5m2", "fp8_e5m2", checkpoint_scales=False),
-            ),
-            head_scales=AttentionPrecision.FA3.value,
-            attention=(AttentionPrecision.KV, AttentionPrecision.FA3),
-            skip_layers=True,
-            attention_paths=VLLM_CUDA_PATHS,
-            default_gpu="hopper",
-            facts=(
-                Fact(
-                    "kv_cache_dtype auto, fp8 (E4M3 on CUDA), fp8_e4m3, fp8_e5m2; the newer int8/fp8_per_token_head, "
-                    "nvfp4 and TurboQuant dtypes are not modeled",
-                    "vllm/config/cache.py (CacheConfig.cache_dtype)",
-                ),
-                Fact(
-                    "x / scale is rounded to nearest even with saturation: __nv_cvt_float_to_fp8(x / scale, "
-                    "__NV_SATFINITE, ...) in the cache store",
-                    "csrc/quantization/fp8/nvidia/quant_utils.cuh (scaled_vec_conversion), csrc/cache_kernels.cu "
-                    "(reshape_and_cache_flash); as evalkit issue 22 states",
-                    verified=False,
-                ),
-                _VLLM_PER_TENSOR,
-                _VLLM_NO_ESTIMATE,
-                _VLLM_E5M2,
-                Fact(
-                    "per-attention-head (attn_head) scales only with the FlashAttention backend (FA3), from "
-                    "llm-compressor calibration; its FP8 path also quantizes Q and P, evalkit's +attn=fa3 (the "
-                    "attention paths below say which GPU runs which kernel)",
-                    "docs/features/quantization/quantized_kvcache.md; vllm/v1/attention/backends/flash_attn.py "
-                    "(FlashAttentionBackend.supports_per_head_quant_scales)",
-                ),
-                Fact(
-                    "NVFP4 KV takes its per-tensor global scale from the checkpoint's k_scale/v_scale; evalkit's nvfp4 "
-                    "takes it from each sequence's first write, so it is not offered here",
-                    "vllm-project/vllm PRs #37332 and #40177 (csrc/.../nvfp4_kv_cache_kernels.cu)",
-                ),
-                _VLLM_SKIP,
-            ),
-        ),
-        EngineProfile(
-            name="vllm-rocm",
-            description="vLLM on AMD MI300 (gfx942): FP8 KV stored as E4M3-fnuz (max 240)",
-            kv_cache_dtypes=(
-                KVDtype("auto", None),
-                KVDtype("fp8", "fp8_e4m3fnuz"),
-                KVDtype("fp8_e4m3", "fp8_e4m3fnuz"),
-            ),
-            skip_layers=True,
-            format_map=(("fp8_e4m3", "fp8_e4m3fnuz"),),
-            checkpoint_scale_factor=2.0,
-            facts=(
-                Fact(
-                    "gfx94x (MI300) is an fnuz platform: fp8_dtype() is torch.float8_e4m3fnuz (MI350, gfx950, is OCP "
-                    "E4M3: use vllm-cuda's numerics)",
-                    "vllm/platforms/rocm.py (is_fp8_fnuz, fp8_dtype)",
-                ),
-                Fact(
-                    "checkpoint k_scale/v_scale are multiplied by 2 on fnuz platforms (OCP-calibrated amax/448 becomes "
-                    "amax/224, inside fnuz's 240); the 1.0 used without scales is not doubled",
-                    _VLLM_KV_CACHE,
-                ),
-                Fact(
-                    "x / scale is rounded to nearest even with saturation",
-                    "csrc/quantization/fp8/amd/quant_utils.cuh; as evalkit issue 22 states",
-                    verified=False,
-                ),
-                Fact("fp8_e5m2 on ROCm is not modeled", "not read", verified=False),
-                _VLLM_PER_TENSOR,
-                _VLLM_NO_ESTIMATE,
-                _VLLM_SKIP,
-            ),
-        ),
-        EngineProfile(
-            name="sglang",
-            description="SGLang with --kv-cache-dtype fp8_e4m3, fp8_e5m2 or fp4_e2m1",
-            kv_cache_dtypes=(
-                KVDtype("auto", None),
-                KVDtype("fp8_e4m3", "fp8_e4m3"),
-                KVDtype("fp8_e5m2", "fp8_e5m2"),
-                KVDtype("fp4_e2m1", "fp4_e2m1", Rounding.RNA, named="sglang_fp4", checkpoint_scales=False),
-            ),
-            facts=(
-                Fact(
-                    "per-tensor k_scale/v_scale from the checkpoint, else 1.0 (BaseKVCacheMethod adapted from vLLM's)",
-                    "python/sglang/srt/layers/quantization/kv_cache.py",
-                ),
-                Fact(
-                    "the FP8 store divides by the scale and casts with torch (.to(float8)): nearest even; nothing clamps "
-                    "before the cast, so values beyond the format's range get whatever torch's cast gives there "
-                    "(evalkit saturates)",
-                    "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool.set_kv_buffer)",
-                ),
-                Fact(
-                    "no runtime scale estimate (calculate-kv-scales was asked for, not added)",
-                    "sgl-project/sglang issue #6518",
-                    verified=False,
-                ),
-                Fact(
-                    "fp4_e2m1: E2M1 in 16-element groups with an E8M0 scale 2**ceil(log2(amax / 6)), elements rounded "
-                    "half away from zero, sign bit v < 0: evalkit's sglang_fp4; a checkpoint k_scale dividing the values "
-                    "first is not modeled",
-                    "python/sglang/srt/layers/quantization/kvfp4_tensor.py, "
-                    "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPoolFP4)",
-                ),
-            ),
-        ),
-        EngineProfile(
-            name="tensorrt-llm",
-            description="TensorRT-LLM with an FP8 KV cache (ModelOpt-calibrated scales) or NVFP4 KV on Blackwell",
-            kv_cache_dtypes=(
-                KVDtype("auto", None),
-                KVDtype("fp8", "fp8_e4m3"),
-                KVDtype("nvfp4", "fp4_e2m1", named="nvfp4", checkpoint_scales=False),
-            ),
-            checkpoint_scale_floor=1.0,
-            facts=(
-                Fact(
-                    "FP8 KV with one scale per layer for K and one for V, from ModelOpt calibration "
-                    "(kv_cache_scaling_factor)",
-                    "NVIDIA/TensorRT-LLM (kv_cache_quant_algo FP8)",
-                    verified=False,
-                ),
-                Fact(
-                    "ModelOpt exports FP8 KV scales of at least 1.0 (torch.max(factor, 1.0): 'For FP8, we recommend "
-                    "default kv cache scaling factor to be 1'), so amax/448 below 1 becomes 1.0",
-                    "NVIDIA/TensorRT-Model-Optimizer modelopt/torch/export/quant_utils.py (get_kv_cache_scaling_factor)",
-                ),
-                Fact(
-                    "x / scale rounded to nearest even with saturation (CUDA's satfinite FP8 conversion)",
-                    "not read in TensorRT-LLM's kernels",
-                    verified=False,
-                ),
-                Fact(
-                    "NVFP4 KV (kv_cache_quant_algo NVFP4) on Blackwell: evalkit's nvfp4, whose per-tensor scale comes "
-                    "from each sequence's first write; where TensorRT-LLM's comes from is not read",
-                    "NVIDIA/TensorRT-LLM",
-                    verified=False,
-                ),
-                Fact(
-                    "INT8 KV (ModelOpt KV_CACHE_INT8) is not modeled",
-                    "modelopt/torch/export/quant_utils.py (get_kv_cache_dtype)",
-                ),
-            ),
-        ),
-    )
-}
+    def _table(self) -> dict[str, EngineProfile]:
+        from evalkit.engines.registry import profiles
+
+        return profiles()
+
+    def __getitem__(self, name: str) -> EngineProfile:
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"PROFILES({', '.join(self)})"
+
+
+PROFILES: Mapping[str, EngineProfile] = _Profiles()
 
 
 def get_profile(name: str) -> EngineProfile:
     """The engine profile called ``name`` (SchemeError listing the names otherwise)."""
+    table = dict(PROFILES)
     try:
-        return PROFILES[name]
+        return table[name]
     except KeyError:
-        raise SchemeError(f"unknown engine profile {name!r}: use one of {', '.join(PROFILES)}") from None
+        raise SchemeError(f"unknown engine profile {name!r}: use one of {', '.join(table)}") from None
 
 
 def apply_profile(scheme: Scheme | str, name: str | None, *, out_dir: str | Path | None = None) -> Scheme:

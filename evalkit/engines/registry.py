@@ -3,12 +3,19 @@
 An engine (vLLM, llama.cpp) is a real inference engine that computes an evaluation's numbers with its
 own KV cache, beside evalkit's emulation. Each built-in engine lives in one folder,
 ``evalkit/engines/<name>/``, whose ``engine.py`` declares one :class:`Engine`: how to tell it is
-installed (its Python package), how to install it, the devices it runs on, its backend (the
-requests it answers: :mod:`evalkit.evals.backend`), the check a grid or ``run --engine`` applies to
-the schemes, models and engine options it is given (:class:`Plan`), its kernel-conformance and
-capacity commands, its engine profiles and its scale-out options. Everything that names an engine
-finds it here: grids (``engine:``), ``run --engine``, ``conformance --engine`` and
-``capacity --engine``; none of them keeps its own list.
+installed (its Python package), how to install it, the devices it runs on, the ``kv_cache_dtype``
+values each released version accepts with the evalkit scheme each maps to, its engine profiles
+(:mod:`evalkit.engines.profiles`), its codec family's prefix (:mod:`evalkit.kv.codec`), its backend
+(the requests it answers: :mod:`evalkit.evals.backend`), the check a grid or ``run --engine`` applies
+to the schemes, models and engine options it is given (:class:`Plan`), its kernel-conformance and
+capacity commands and its scale-out options (:mod:`evalkit.engines.declaration` says what is declared
+and holds the one validator that reads it). Everything that names an engine finds it here: grids
+(``engine:``), ``run --engine``, ``conformance --engine``, ``capacity --engine``, ``schemes --engine``,
+the report's "runs on" column and pre-flight; none of them keeps its own list, and none tests a scheme
+string's prefix: :func:`engine_of_scheme` says whose codec family a scheme is.
+
+An engine evalkit only models (SGLang, TensorRT-LLM: profiles and dtypes, no backend) is declared the
+same way without a backend; ``run --engine`` and grids list the engines that have one (:func:`choices`).
 
 Hooks are ``"module:function"`` strings, imported only when used, so declaring an engine imports
 nothing heavy and an engine that is not installed is still known (and refused in one line when
@@ -79,25 +86,49 @@ class Engine:
 
     ``package``: the importable module that provides it (``vllm``, ``llama_cpp``); ``install``: the
     one-line fix when it is missing; ``backend``: ``"module:callable"`` returning the
-    :class:`~evalkit.evals.backend.Backend` for given engine options; ``plan``: ``"module:callable"``
-    ``(schemes, models, engine_profile, options) -> Plan``; ``conformance`` / ``capacity``:
+    :class:`~evalkit.evals.backend.Backend` for given engine options (None: evalkit models the engine
+    but does not run it); ``plan``: ``"module:callable"`` ``(schemes, models, engine_profile, options)
+    -> Plan`` for what the declaration cannot say (None: the declared dtypes decide); ``devices``: where
+    it runs; ``versions``: per released version, newest first, the ``kv_cache_dtype`` values it takes
+    (:class:`~evalkit.engines.declaration.EngineVersion`); ``conformance`` / ``capacity``:
     ``"module:callable"`` ``(args) -> exit code`` for ``conformance --engine`` / ``capacity --engine``
-    (None: the engine has no such command, refused in one line); ``profiles``: the engine profiles
-    (:mod:`evalkit.engines.profiles`) or KV type tables that describe its kernels; ``options``: its
-    scale-out options."""
+    (None: refused, or for ``capacity`` its declared dtypes counted); ``profiles``: its
+    :class:`~evalkit.engines.profiles.EngineProfile` objects; ``codec_family``: the prefix of its codec
+    family (``vllm`` for ``vllm:<dtype>``); ``family_profile``: what the report's "runs on" column names
+    for that family's schemes (default: the engine's name); ``distributions``: the package names its
+    result rows carry as their backend (``llama-cpp-python 0.3.36``), when they are not a profile's;
+    ``setting``: ``"module:callable"`` ``(scheme text) -> str``, the operator's flags for one of its
+    family's schemes; ``order``: where its profiles stand among others' in listings and the report;
+    ``options``: its scale-out options."""
 
     name: str
     package: str
     install: str
     description: str
-    backend: str
-    plan: str
+    backend: str | None = None
+    plan: str | None = None
     devices: tuple[str, ...] = ("cpu",)
     conformance: str | None = None
     capacity: str | None = None
-    profiles: tuple[str, ...] = ()
+    profiles: tuple = ()
     options: tuple[Option, ...] = ()
     aliases: tuple[str, ...] = ()
+    versions: tuple = ()
+    codec_family: str | None = None
+    family_profile: str | None = None
+    distributions: tuple[str, ...] = ()
+    setting: str | None = None
+    order: int = 100
+
+    @property
+    def runnable(self) -> bool:
+        """Whether evalkit runs through it (it has a backend), rather than only modelling it."""
+        return self.backend is not None
+
+    @property
+    def family_label(self) -> str:
+        """The "runs on" name of its codec family's schemes."""
+        return self.family_profile or self.name
 
     def installed(self) -> bool:
         """Whether the engine's package can be imported here (nothing is imported)."""
@@ -112,13 +143,54 @@ class Engine:
             raise EvalkitError(f"engine {self.name} is not installed (no {self.package} module): {self.install}")
 
     def hook(self, what: str):
-        """The callable behind hook ``what`` (``backend``, ``plan``, ``conformance``, ``capacity``)."""
+        """The callable behind hook ``what`` (``backend``, ``plan``, ``conformance``, ``capacity``,
+        ``setting``). ``plan`` is :meth:`plan_for`: the declaration's checks, then the engine's own."""
+        if what == "plan" and self.runnable:
+            return self.plan_for
+        if what in ("backend", "plan") and not self.runnable:
+            profiles = ", ".join(p.name for p in self.profiles)
+            measure = f" (measure its numerics with --engine-profile {profiles})" if profiles else ""
+            raise EvalkitError(
+                f"evalkit models engine {self.name} but does not run it{measure}: run with one of "
+                f"{', '.join(engine_names())}"
+            )
         path = getattr(self, what)
         if path is None:
             raise EvalkitError(
                 f"engine {self.name} has no `{what}` command: use one of the engines that do ({_with(what)})"
             )
         return resolve(path)
+
+    def plan_for(self, schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
+        """The plan of a grid or a run: the validator (:mod:`evalkit.engines.declaration`) refuses models on
+        devices the engine does not declare; then the engine's ``plan`` hook, or, without one, the schemes
+        its newest version's declared ``kv_cache_dtype`` values run (an engine profile refused: it has none)."""
+        from evalkit.engines.declaration import device_problems, scheme_problems
+
+        problems = device_problems(self, models)
+        if self.plan is not None:
+            out = resolve(self.plan)(schemes, models, engine_profile, options)
+        else:
+            out = Plan()
+            if engine_profile is not None:
+                out.problem(
+                    ("engine_profile",), f"engine {self.name} runs its declared kv_cache_dtypes: drop the profile"
+                )
+            out.schemes, refused = scheme_problems(self, schemes)
+            for message in refused:
+                out.problem(("schemes",), message)
+        out.problems[:0] = problems
+        return out
+
+    def cache_type(self, scheme) -> str | None:
+        """The name of this engine's own cache type that ``scheme`` (a Scheme) is, when it is one of its codec
+        family's (``int8_per_token_head`` for ``vllm:int8_per_token_head+skip=0``), or None."""
+        from evalkit.kv.codec import family_of
+
+        family = family_of(scheme.recipe)
+        if family is None or self.codec_family is None or family.prefix != self.codec_family:
+            return None
+        return family.scheme_name(scheme).partition(":")[2]
 
     def option_values(self, given: dict | None) -> dict:
         """The engine options a run sets (only those given, coerced), refusing an unknown one in one line."""
@@ -193,14 +265,59 @@ def engines() -> dict[str, Engine]:
 
 
 def engine_names() -> list[str]:
-    """Every engine's name in alphabetical order: messages and listings read the same whichever
-    engine module a process happened to import first."""
-    return sorted(engines())
+    """Every engine evalkit runs through (it has a backend), in alphabetical order: messages and listings
+    read the same whichever engine module a process happened to import first."""
+    return sorted(n for n, e in engines().items() if e.runnable)
 
 
 def choices() -> tuple[str, ...]:
-    """What ``--engine`` and a grid's ``engine:`` accept: the emulation, then every engine."""
+    """What ``--engine`` and a grid's ``engine:`` accept: the emulation, then every engine it runs through."""
     return (EMULATION, *engine_names())
+
+
+def in_order() -> list[Engine]:
+    """Every declared engine, in the order its profiles are listed (``order``, then name)."""
+    return sorted(engines().values(), key=lambda e: (e.order, e.name))
+
+
+def profiles() -> dict:
+    """Profile name -> :class:`~evalkit.engines.profiles.EngineProfile`, from every engine's declaration, in
+    :func:`in_order`; a name two engines declare is refused."""
+    out: dict = {}
+    for e in in_order():
+        for p in e.profiles:
+            if out.get(p.name, p) is not p:
+                raise EvalkitError(f"engine profile {p.name!r} is declared twice (engine {e.name}): rename one")
+            out[p.name] = p
+    return out
+
+
+def engine_of_profile(name: str) -> Engine | None:
+    """The engine that declares profile ``name``, or None."""
+    return next((e for e in in_order() if any(p.name == name for p in e.profiles)), None)
+
+
+def engine_of_scheme(scheme) -> Engine | None:
+    """The engine whose codec family ``scheme`` (a Scheme) belongs to (``vllm:<dtype>``: vLLM), or None
+    (evalkit's own schemes, or a family no engine declares)."""
+    from evalkit.kv.codec import family_of
+
+    family = family_of(scheme.recipe)
+    if family is None:
+        return None
+    return next((e for e in in_order() if e.codec_family == family.prefix), None)
+
+
+def family_labels() -> dict[str, Engine]:
+    """ "runs on" label -> engine, for engines known by their codec family alone (no profile of their own,
+    llama.cpp)."""
+    return {e.family_label: e for e in in_order() if e.codec_family and not e.profiles}
+
+
+def engine_of_distribution(backend: str) -> Engine | None:
+    """The engine whose result rows carry ``backend`` (``llama-cpp-python 0.3.36``), or None."""
+    head = str(backend).split()[0] if backend else ""
+    return next((e for e in in_order() if head in e.distributions), None)
 
 
 def get_engine(name: str) -> Engine:

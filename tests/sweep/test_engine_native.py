@@ -13,7 +13,6 @@ import json
 import pytest
 
 from evalkit.cli import main
-from evalkit.engines import registry
 from evalkit.errors import EvalkitError
 
 from tests.cli_checks import one_line_exit_2
@@ -21,11 +20,10 @@ from tests.cli_checks import one_line_exit_2
 
 @pytest.fixture
 def toy_engine():
-    from tests.toy_engine import TOY_ENGINE
+    from tests.toy_engine import registered
 
-    registry.register_engine(TOY_ENGINE)
-    yield TOY_ENGINE
-    registry.unregister_engine("toy")
+    with registered() as engine:
+        yield engine
 
 
 @pytest.fixture

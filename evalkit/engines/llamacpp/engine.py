@@ -22,6 +22,7 @@ baseline as for every scheme, so that a change is the cache's alone).
 
 from __future__ import annotations
 
+from evalkit.engines.declaration import CacheType, EngineVersion
 from evalkit.engines.registry import Engine, Option, Plan, register_engine
 
 PREFIX = "llamacpp:"
@@ -76,8 +77,10 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
             f"engine llamacpp runs llama.cpp's own cache types (llamacpp:<k>[/<v>]), not profile {engine_profile}: drop it",
         )
     for i, m in enumerate(models):
-        if m.device != "cpu" or m.device_map is not None:
-            out.problem(("models", i), f"engine llamacpp runs llama-cpp-python's CPU build: run {m.name} on device cpu")
+        if m.device_map is not None:  # the device itself: the declaration's validator (evalkit.engines.declaration)
+            out.problem(
+                ("models", i), f"engine llamacpp runs llama-cpp-python's CPU build: drop device_map for {m.name}"
+            )
         try:
             from evalkit.engines.llamacpp.gguf import gguf_path
 
@@ -95,6 +98,30 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
     return out
 
 
+def setting(text: str) -> str:
+    """llama.cpp's flags for scheme ``text``: ``--cache-type-k q8_0 --cache-type-v q4_0 --flash-attn on``
+    (the unquantized baseline is its default f16 cache)."""
+    k, v = cache_types(text)
+    fa = " --flash-attn on" if v in QUANTIZED else ""
+    return f"--cache-type-k {k} --cache-type-v {v}{fa}"
+
+
+# llama.cpp's cache types (--cache-type-k/-v; a pair writes llamacpp:<k>/<v>), as llama-cpp-python 0.3.36 takes them
+_SOURCE = "ggml/include/ggml.h (ggml_type), llama-cpp-python 0.3.36 (type_k, type_v)"
+VERSIONS = (
+    EngineVersion(
+        "0.3.36",
+        ("cpu",),
+        (
+            CacheType("f16", "auto", "llama.cpp's default cache, the engine's unquantized baseline", _SOURCE),
+            *(
+                CacheType(t, f"{PREFIX}{t}", "ggml's block, as the CPU cache write stores it", _SOURCE)
+                for t in ("f32", "bf16", *QUANTIZED)
+            ),
+        ),
+    ),
+)
+
 ENGINE = register_engine(
     Engine(
         name="llamacpp",
@@ -106,7 +133,12 @@ ENGINE = register_engine(
         devices=("cpu",),
         conformance="evalkit.engines.llamacpp.conformance:run_cli",
         capacity="evalkit.engines.llamacpp.capacity:run_cli",
-        profiles=("llamacpp:<k>/<v>",),
+        versions=VERSIONS,
+        codec_family=PREFIX.rstrip(":"),
+        family_profile="llama.cpp",
+        distributions=("llama-cpp-python",),
+        setting="evalkit.engines.llamacpp.engine:setting",
+        order=30,
         options=(
             Option("n_threads", int, DEFAULTS["n_threads"], "CPU threads llama.cpp computes with"),
             Option("n_ctx", int, None, "the context llama.cpp allocates (default: the longest request)"),

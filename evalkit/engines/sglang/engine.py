@@ -1,0 +1,120 @@
+"""SGLang, declared as an engine evalkit models but does not run (:mod:`evalkit.engines.registry`).
+
+SGLang 0.5.23's ``--kv-cache-dtype`` choices (``python/sglang/srt/arg_groups/fields/model.py``) are
+``auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, fp4_mx_block16``. Each is declared here with the
+evalkit scheme that models it, or why none does:
+
+- ``fp8_e4m3`` / ``fp8_e5m2``: per-tensor FP8 with the checkpoint's ``k_scale``/``v_scale``, else 1.0
+  (``fp8_e4m3/tensor/unit``); nearest-even torch cast;
+- ``fp4_mx_block16``: ``FP4MXBlock16KVQuantizeUtil`` (``kvfp4_tensor.py``): 16-element blocks, scale
+  ``2**ceil(log2(amax/6))`` stored as exponent + 127, a value mapped to the highest E2M1 level whose bound
+  it reaches (ties away from zero): evalkit's ``sglang_fp4``. Earlier evalkit called it by the name
+  ``fp4_e2m1``, which 0.5.23 does not take: it is refused in one line naming ``fp4_mx_block16``
+  (the releases before 0.5.23 were not read, so none is declared);
+- ``nvfp4`` (flashinfer's ``nvfp4_kv_quantize``: E4M3 per 16 values and a per-layer FP32 global scale
+  from the checkpoint) and ``mxfp8`` (FA4 only, ``mxfp8_quant_store_kv.py``: a UE8M0 per 32 values,
+  ``ceil(log2(amax/448)) + 127``, Q quantized the same way): not modelled. evalkit's ``nvfp4`` takes its
+  per-tensor scale from each sequence's first write, and its ``mxfp8_e4m3`` follows OCP MX's
+  ``floor(log2(amax)) - 8``: neither is SGLang's store.
+
+The engine profile ``sglang`` (:mod:`evalkit.engines.profiles`) maps plain emulation schemes onto these.
+"""
+
+from __future__ import annotations
+
+from evalkit.engines.attention_paths import Fact
+from evalkit.engines.declaration import CacheType, EngineVersion
+from evalkit.engines.profiles import EngineProfile, KVDtype
+from evalkit.engines.registry import Engine, register_engine
+from evalkit.kv.formats import Rounding
+
+MODEL_ARGS = "python/sglang/srt/arg_groups/fields/model.py (--kv-cache-dtype choices), sglang 0.5.23"
+_POOL = "python/sglang/srt/mem_cache/memory_pool.py"
+RENAMED = (("fp4_e2m1", "fp4_mx_block16"),)
+
+V0523 = (
+    CacheType("auto", "auto", "the model's dtype, unquantized (fp8_e4m3 for an FP8 kv_cache_quant_algo)", MODEL_ARGS),
+    CacheType("fp8_e5m2", "fp8_e5m2/tensor/unit", "FP8 E5M2, one k_scale/v_scale per layer (1.0 without)", _POOL),
+    CacheType("fp8_e4m3", "fp8_e4m3/tensor/unit", "FP8 E4M3, one k_scale/v_scale per layer (1.0 without)", _POOL),
+    CacheType(
+        "mxfp8",
+        None,
+        "FA4 backend only: one UE8M0 scale ceil(log2(amax/448)) + 127 per 32 values, clamp to +-448, and Q "
+        "quantized the same way; evalkit's mxfp8_e4m3 takes OCP MX's floor(log2(amax)) - 8",
+        "python/sglang/srt/kernels/ops/kvcache/mxfp8_quant_store_kv.py",
+    ),
+    CacheType("bf16", "bf16", "16-bit, unquantized", MODEL_ARGS),
+    CacheType("bfloat16", "bf16", "16-bit, unquantized", MODEL_ARGS),
+    CacheType(
+        "nvfp4",
+        None,
+        "flashinfer's nvfp4_kv_quantize: E2M1 with an E4M3 scale per 16 values and a per-layer FP32 global scale "
+        "from the checkpoint; evalkit's nvfp4 takes its global scale from each sequence's first write",
+        "flashinfer nvfp4_kv_quantize (python/sglang/srt/mem_cache/memory_pool.py)",
+    ),
+    CacheType(
+        "fp4_mx_block16",
+        "sglang_fp4",
+        "E2M1 in blocks of 16, scale 2**ceil(log2(amax/6)) stored as exponent + 127, ties away from zero",
+        "python/sglang/srt/layers/quantization/kvfp4_tensor.py (FP4MXBlock16KVQuantizeUtil)",
+    ),
+)
+
+SGLANG = EngineProfile(
+    name="sglang",
+    description="SGLang 0.5.23 with --kv-cache-dtype fp8_e4m3, fp8_e5m2 or fp4_mx_block16",
+    release="SGLang 0.5.23",
+    kv_cache_dtypes=(
+        KVDtype("auto", None),
+        KVDtype("bf16", "bf16"),
+        KVDtype("bfloat16", "bf16"),
+        KVDtype("fp8_e4m3", "fp8_e4m3"),
+        KVDtype("fp8_e5m2", "fp8_e5m2"),
+        KVDtype("fp4_mx_block16", "fp4_e2m1", Rounding.RNA, named="sglang_fp4", checkpoint_scales=False),
+    ),
+    not_modelled=tuple((d.name, d.note) for d in V0523 if not d.modelled),
+    renamed=RENAMED,
+    facts=(
+        Fact(
+            "--kv-cache-dtype takes auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, fp4_mx_block16 (no "
+            "fp4_e2m1, no --fp4-kv-cache-recipe, no --int8-kv-cache); auto becomes fp8_e4m3 when the checkpoint's "
+            "kv_cache_quant_algo is FP8",
+            MODEL_ARGS,
+        ),
+        Fact(
+            "per-tensor k_scale/v_scale from the checkpoint, else 1.0 (BaseKVCacheMethod adapted from vLLM's)",
+            "python/sglang/srt/layers/quantization/kv_cache.py",
+        ),
+        Fact(
+            "the FP8 store divides by the scale and casts with torch (.to(float8)): nearest even; nothing clamps "
+            "before the cast, so values beyond the format's range get whatever torch's cast gives there "
+            "(evalkit saturates)",
+            "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool.set_kv_buffer)",
+        ),
+        Fact(
+            "no runtime scale estimate (calculate-kv-scales was asked for, not added)",
+            "sgl-project/sglang issue #6518",
+            verified=False,
+        ),
+        Fact(
+            "fp4_mx_block16: E2M1 in 16-element groups with an E8M0 scale 2**ceil(log2(amax / 6)), elements rounded "
+            "half away from zero, sign bit v < 0: evalkit's sglang_fp4; a checkpoint k_scale dividing the values "
+            "first is not modeled",
+            "python/sglang/srt/layers/quantization/kvfp4_tensor.py (FP4MXBlock16KVQuantizeUtil), "
+            "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPoolFP4)",
+        ),
+    ),
+)
+
+ENGINE = register_engine(
+    Engine(
+        name="sglang",
+        package="sglang",
+        install="evalkit models SGLang's KV cache; it does not run SGLang",
+        description="SGLang (modelled, not run): its --kv-cache-dtype values and the scheme each is",
+        devices=("cuda",),
+        profiles=(SGLANG,),
+        versions=(EngineVersion("0.5.23", ("cuda",), V0523, RENAMED),),
+        order=10,
+    )
+)

@@ -1,0 +1,1 @@
+"""TensorRT-LLM, as evalkit models it: its KV cache quantization and its engine profile (no backend)."""

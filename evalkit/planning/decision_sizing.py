@@ -4,10 +4,12 @@
 
 prints, under the run table, one line per accuracy decision (:mod:`evalkit.evals.accuracy_tasks`: a
 RULER task at each length, LongBench v2 per length class, each reasoning task): the baseline accuracy
-assumed, the discordance psi and where it comes from (a prior, or measured in the grid's own results
-store by an earlier run), the items a paired test needs to resolve :data:`~evalkit.planning.decision.DROP`
-at 95 % with 80 % power (and an unpaired comparison's, per arm), the items the dataset has and the grid
-runs, the drop the grid's items resolve, and the time one scheme's pass over the needed items and over
+assumed, the discordance psi and where it comes from (a prior, raised to the upper end of a pilot's
+95 % interval where the grid's own results store holds an earlier run, with the pilot's item count),
+the items the budget's decision "drop <= :data:`~evalkit.planning.decision.DROP`" needs (a
+non-inferiority test, :func:`~evalkit.planning.decision.items_noninferior`) with 80 % power for a
+scheme with no true drop (and an unpaired comparison's, per arm), the items the dataset has and the
+grid runs, the smallest limit the grid's items decide, and the time one scheme's pass over the needed items and over
 the planned ones takes on the priced device (the sweep's own speed: the datasheet of
 ``--assume-device``, or the probe / measured device), each item priced as its prompt's prefill and
 ``samples`` x its generation budget in decode steps, batched as lm-eval batches them. A grid of several
@@ -25,25 +27,40 @@ from evalkit.planning import decision as D
 from evalkit.units import format_seconds
 
 
-def measured_discordance(rows) -> dict[str, float]:
-    """Per task label, the largest discordance any scheme showed in ``rows`` (a results store's rows,
-    read by the caller: the grid's ``--out``, if it has any)."""
-    found: dict[str, float] = {}
-    flips: dict[tuple, float] = {}
+def measured_discordance(rows) -> dict[str, D.Pilot]:
+    """Per task label, what a pilot measured of the discordance in ``rows`` (a results store's rows, read
+    by the caller: the grid's ``--out``, if it has any): the largest share any scheme showed, the largest
+    upper end of the schemes' 95 % Wilson intervals, and the items behind it."""
+    from evalkit.evals.stats import binomial_ci
+
+    counts: dict[tuple, list] = {}  # (run, task key) -> [discordant items, items]
     for row in rows:
         metric, value, labels = str(row.get("metric")), row.get("value"), row.get("labels") or {}
         if not isinstance(value, (int, float)) or math.isnan(value) or row.get("scheme") == "auto":  # the baseline
             continue
+        info = row.get("info") or {}
         task, _, stat = metric.rpartition("/")
         if stat == "discordance" and row.get("eval") == "longcontext":
             length = labels.get("length", "all")
             key = task if length == "all" else f"{task}@{length}"
-            found[key] = max(found.get(key, 0.0), float(value))
+            n = int(info.get("n_items", 0))
+            k = int(info.get("n_changed", round(float(value) * n)))
+            counts[(row.get("run_id"), key)] = [k, n]
         elif stat in ("flip_right_to_wrong", "flip_wrong_to_right") and labels.get("filter", "none") == "none":
-            k = (row.get("run_id"), task)
-            flips[k] = flips.get(k, 0.0) + float(value)
-    for (_, task), value in flips.items():
-        found[task] = max(found.get(task, 0.0), value)
+            n = int(info.get("n_items", 0))
+            k = int(info.get("n_flipped", round(float(value) * n)))
+            c = counts.setdefault((row.get("run_id"), task), [0, n])
+            c[0] += k
+    found: dict[str, D.Pilot] = {}
+    for (_, key), (k, n) in counts.items():
+        if n <= 0:
+            continue
+        upper = binomial_ci(min(k, n), n)[1]
+        old = found.get(key)
+        if old is None or upper > old.upper:
+            found[key] = D.Pilot(max(k / n, old.share if old else 0.0), upper, n)
+        else:
+            found[key] = D.Pilot(max(k / n, old.share), old.upper, old.items)
     return found
 
 
@@ -58,7 +75,7 @@ class Decision:
 
 def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decision]:
     """One :class:`Decision` per accuracy task of each model of ``grid`` (``speeds``: model -> (facts, Speed);
-    ``rows``: a pilot's results-store rows, whose measured discordance replaces the prior)."""
+    ``rows``: a pilot's results-store rows, whose discordance's upper bound raises the prior where it is above it)."""
     evals: dict[str, dict] = {}
     batches: dict[str, object] = {}
     for run in grid.runs:
@@ -73,12 +90,9 @@ def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decisio
             result.append(Decision(plan, None, "", None, None))
             continue
         f = plan.facts
-        if plan.label in measured or plan.task in measured:
-            psi = measured.get(plan.label, measured.get(plan.task))
-            source = "measured in --out"
-        else:
-            psi = D.discordance_prior(f.baseline, drop, f.kind)
-            source = f"prior r={D.REDRAW_SHARE[f.kind]:g} ({f.kind})"
+        prior = D.discordance_prior(f.baseline, drop, f.kind)
+        psi, source = D.pilot_psi(prior, measured.get(plan.label, measured.get(plan.task)))
+        source = source.replace("prior", f"prior r={D.REDRAW_SHARE[f.kind]:g} ({f.kind})", 1)
         need = D.requirement(f.baseline, psi, plan.planned, drop)
         batch = batches.get(plan.eval)
         batch = AUTO_BATCH if batch in (None, "auto") else int(batch)
@@ -147,10 +161,12 @@ def decision_text(grid, speeds: dict, rows, device: str, drop: float = D.DROP) -
     sources = sorted({f"{d.plan.label.split('@')[0]}: {d.psi_source}; baseline: {d.plan.facts.source}" for d in rows})
     lines = [
         "",
-        f"decision sizing: items to resolve a {100 * drop:g}-point drop at 95 % (two-sided) with "
-        f"{100 * D.POWER:.0f} % power, paired (exact McNemar) vs unpaired (per arm); time of one scheme's pass",
-        "  paired n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2, psi the discordant share "
-        "(prior psi = max(d, r 2p(1-p)); docs/long-context.md#sizing-a-decision)",
+        f"decision sizing: items for the budget's decision 'drop <= {100 * drop:g} pt' (non-inferiority: the "
+        f"drop's 95 % upper end below the limit) with {100 * D.POWER:.0f} % power for a scheme with no true drop, "
+        "paired vs unpaired (per arm); time of one scheme's pass",
+        "  paired n = (z_a + z_b)^2 (psi - t^2) / (L - t)^2, L the limit, t the true drop (0 here; t = L/2 needs "
+        "about 4x), psi the discordant share = max(prior max(L, r 2p(1-p)), a pilot's 95 % upper bound); "
+        "'resolves': the smallest limit the planned items decide (docs/long-context.md#sizing-a-decision)",
         "",
         line(header),
         *(line(c) for c in cells),

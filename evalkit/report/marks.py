@@ -7,8 +7,8 @@
   TurboQuant and UltraQuant attend a one-forward prefill from the raw K/V); their cells read "not
   measured" (or stay empty where an evaluation's own display shows them), never a 0, and the note
   gives the reason.
-* ``≈n`` **order not resolved**, from the PAIRED interval of two rows' Δppl difference
-  (:mod:`evalkit.report.order`): among rows of one model, backend and bytes/token, each number is a
+* ``≈n`` **order not resolved**, from the PAIRED test of two rows' Δppl difference, Holm-adjusted over
+  the group's pairs (:mod:`evalkit.report.order`): among rows of one model, backend and bytes/token, each number is a
   maximal set of rows no two of which the data order; a row carries every number it is in
   (``≈1,2``), two rows sharing a number are not ordered, two sharing none are. ``≈?``: the order
   against some rows of its bytes/token is not assessed (no per-window units in the store, other
@@ -125,14 +125,15 @@ def order_note(frame: pd.DataFrame, assessed: order.Order | None = None) -> str:
             "where the rows have one float realisation (float_noise_seeds 0) it is sampling-only, so another float "
             "realisation (processor, BLAS, engine) can reorder rows it orders"
             if 1 in n
-            else f"it is widened by the spread of the rows' {', '.join(str(k) for k in sorted(n))} float realisations"
+            else "its variance is one over the windows x the rows' "
+            f"{', '.join(str(k) for k in sorted(n))} float realisations (the float spread counted once)"
         )
         lines.append(
             "≈n: among rows of one model, backend and bytes/token, rows sharing a number are not ordered by the data: "
-            "the paired 95 % interval of their Δppl difference (the same windows and float realisations) contains 0. "
-            "Each number is a largest set of rows no two of which are ordered, so a row can carry several (≈1,2) and "
-            "rows sharing none are ordered, lower Δppl first; each pair's interval is 95 % on its own (not adjusted "
-            f"for the number of pairs), and {spread}"
+            "Holm's step-down test over all the group's pairs (family-wise error 5 %) does not reject a zero "
+            "difference of their paired Δppl (the same windows and float realisations). Each number is a largest set "
+            "of rows no two of which are ordered, so a row can carry several (≈1,2) and rows sharing none are ordered, "
+            f"lower Δppl first; an order's interval is given at the level Holm tested it at, and {spread}"
         )
     if assessed.unassessed:
         why = "; ".join(dict.fromkeys(w for ws in assessed.unassessed.values() for w in ws))

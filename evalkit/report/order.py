@@ -3,9 +3,9 @@
 Why paired. Every scheme of a model is scored on the same windows and, with ``float_noise_seeds``, on
 the same perturbed weight copies, so "is row A's Δppl below row B's?" is a question about
 ``Δppl_A - Δppl_B`` formed window by window and realisation by realisation: its interval
-(:func:`evalkit.evals.perplexity.float_spread.paired_difference`: the studentized jackknife over
-windows of the realisation-mean difference, widened by the spread of the realisations' differences)
-removes what the two rows share (hard windows are hard for both). Overlap of the two MARGINAL
+(:func:`evalkit.evals.perplexity.float_spread.paired_difference`: one variance over the windows x
+realisations table, the float spread counted once; the studentized jackknife over windows where there
+is one realisation) removes what the two rows share (hard windows are hard for both). Overlap of the two MARGINAL
 intervals answers another question: overlapping marginals do not mean "not ordered", and chaining
 overlaps (A overlaps B, B overlaps C, so A, B, C are one group) makes "not resolved" transitive,
 which it is not.
@@ -13,9 +13,10 @@ which it is not.
 What. The rows compared are those a reader compares at equal cost: one model, one backend (who
 computed them), one bytes/token, quantized, with a Δppl value. For each pair:
 
-* **resolved**: the paired 95 % interval excludes 0: the data order the two rows, lower Δppl first
-  (an :class:`OrderClaim`, with its interval);
-* **not resolved**: the interval contains 0;
+* **resolved**: Holm's step-down test rejects a zero difference for the pair (below): the data order
+  the two rows, lower Δppl first (an :class:`OrderClaim`, with its interval at the level Holm tested
+  it at, which excludes 0);
+* **not resolved**: Holm does not reject it;
 * **not assessed**: a row has no per-window units (``info["units"]`` of its overall Δppl row: a store
   made before evalkit recorded them), the two rows were not measured on the same windows and weight
   copies, or there are fewer than 2 windows. Nothing is inferred for such a pair, in particular not
@@ -29,10 +30,16 @@ row carries every number it is in. Two rows share a number exactly when their pa
 maximal cliques is unique, so the marks neither hide an order nor invent one. Rows of one
 bytes/token that share no number are ordered.
 
-Each pair's interval is a 95 % interval on its own, not adjusted for the number of pairs (k rows
-make k(k-1)/2 of them), and where the rows have one float realisation (``float_noise_seeds`` 0) it is
-sampling-only: another float realisation (processor, BLAS, engine) can reorder rows it orders. The
-notes under the table say both.
+Adjusted for the pairs tested. k rows of one bytes/token make m = k(k-1)/2 pairs, and 28 tests at 5 %
+each make a false order somewhere far likelier than 5 % (23 % of null stores at published-like variance,
+simulated). So the pairs of a group form one family under Holm's step-down procedure (Holm 1979): with
+the pairs' two-sided p-values (of the paired t of a zero difference) sorted p_(1) <= ... <= p_(m), the
+i-th is rejected at level 0.05 / (m - i + 1) while every earlier one was; the first that is not stops
+the rest. The family-wise error (any false order among the group's) is then at most 5 %, whatever the
+true differences; ``tests/report/test_order.py`` measures it on 8 equal rows. Each pair's interval is
+given at its own Holm level (``1 - 0.05 / (m - i + 1)``), and where the rows have one float realisation
+(``float_noise_seeds`` 0) it is sampling-only: another float realisation (processor, BLAS, engine) can
+reorder rows it orders. The notes under the table say both.
 """
 
 from __future__ import annotations
@@ -48,9 +55,10 @@ from evalkit.kv.scheme import Scheme
 
 # an order claim as prose writes it (OrderClaim.text): "Δppl A < B: +0.41 [+0.12, +0.70] pts, paired, ..."
 CLAIM_PATTERN = re.compile(
-    r"Δppl (\S+) < (\S+): ([+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\] pts, paired, "
-    r"(?:no float spread|\d+ float realisations))"
+    r"Δppl (\S+) < (\S+): ([+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\] pts, paired "
+    r"\d+\.\d+ % \(Holm, \d+ pairs?\), (?:no float spread|\d+ float realisations))"
 )
+ALPHA = 0.05  # the family-wise error of a group's orders
 KEY = "ppl_delta_rel"
 UNITS = f"{KEY}_units"  # summary column: the overall Δppl row's info["units"] (evalkit.report.evals)
 NO_UNITS = "no per-window Δppl units in the store, made before evalkit recorded them"
@@ -58,7 +66,9 @@ NO_UNITS = "no per-window Δppl units in the store, made before evalkit recorded
 
 @dataclass(frozen=True)
 class Pair:
-    """The paired interval of ``Δppl_a - Δppl_b`` (fractions) of frame rows ``a`` and ``b``."""
+    """The paired interval of ``Δppl_a - Δppl_b`` (fractions) of frame rows ``a`` and ``b`` at the
+    confidence ``level`` Holm tested the pair at, among ``family`` pairs; ``resolved``: Holm rejects a
+    zero difference (then the interval excludes 0)."""
 
     a: int
     b: int
@@ -66,10 +76,24 @@ class Pair:
     lo: float
     hi: float
     realisations: int
+    resolved: bool = False
+    level: float = 1 - ALPHA
+    family: int = 1
+    p: float = 1.0
 
-    @property
-    def resolved(self) -> bool:
-        return self.lo > 0 or self.hi < 0
+    def reverse(self) -> Pair:
+        return Pair(
+            self.b,
+            self.a,
+            -self.diff,
+            -self.hi,
+            -self.lo,
+            self.realisations,
+            self.resolved,
+            self.level,
+            self.family,
+            self.p,
+        )
 
 
 @dataclass(frozen=True)
@@ -85,11 +109,18 @@ class OrderClaim:
     lo: float
     hi: float
     realisations: int
+    level: float = 1 - ALPHA
+    family: int = 1
 
     def interval_text(self) -> str:
-        """``+0.41 [+0.12, +0.70] pts, paired, 4 float realisations``: the interval in Δppl points."""
+        """``+0.41 [+0.12, +0.70] pts, paired 99.82 % (Holm, 28 pairs), 4 float realisations``: the
+        interval in Δppl points at the level Holm tested the pair at."""
         spread = f"{self.realisations} float realisations" if self.realisations > 1 else "no float spread"
-        return f"{100 * self.diff:+.2f} [{100 * self.lo:+.2f}, {100 * self.hi:+.2f}] pts, paired, {spread}"
+        pairs = f"{self.family} pair{'s' if self.family != 1 else ''}"
+        return (
+            f"{100 * self.diff:+.2f} [{100 * self.lo:+.2f}, {100 * self.hi:+.2f}] pts, paired "
+            f"{100 * self.level:.2f} % (Holm, {pairs}), {spread}"
+        )
 
     def text(self) -> str:
         return f"Δppl {self.lower} < {self.higher}: {self.interval_text()}"
@@ -143,32 +174,55 @@ def assess(frame: pd.DataFrame) -> Order:
         g = g.sort_values([KEY, "scheme"], kind="stable")  # numbers follow Δppl, lowest first
         index = list(g.index)
         units = {i: (g.at[i, UNITS] if has_units else None) for i in index}
+        tested: list[tuple[int, int, float, dict]] = []
         for k, a in enumerate(index):
             for b in index[k + 1 :]:
-                why = _assess_pair(out, a, b, units[a], units[b], g)
+                why = _assess_pair(tested, a, b, units[a], units[b], g)
                 if why:
                     out.unassessed.setdefault(a, []).append(why)
                     out.unassessed.setdefault(b, []).append(why)
+        for pair in holm(tested):
+            out.pairs[(pair.a, pair.b)] = pair
+            out.pairs[(pair.b, pair.a)] = pair.reverse()
         adjacent = {i: {j for j in index if j != i and (p := out.pair(i, j)) and not p.resolved} for i in index}
         cliques = [c for c in maximal_cliques(index, adjacent) if len(c) > 1]
         out.sets += sorted(cliques, key=lambda c: sorted(index.index(i) for i in c))
     return out
 
 
-def _assess_pair(out: Order, a: int, b: int, ua, ub, g: pd.DataFrame) -> str:
-    """Record the pair (a, b) in ``out``; the reason it is not assessed, or ""."""
+def _assess_pair(tested: list, a: int, b: int, ua, ub, g: pd.DataFrame) -> str:
+    """Append the pair (a, b, its difference, its interval's info) to ``tested``; the reason it is not
+    assessed, or ""."""
     if not isinstance(ua, dict) or not isinstance(ub, dict):
         return NO_UNITS
     try:
         diff, lo, hi, info = paired_difference(ua, ub)
     except ValueError:
         return f"{g.at[a, 'scheme']} and {g.at[b, 'scheme']} were not measured on the same windows and weight copies"
-    if math.isnan(lo) or math.isnan(hi):
+    if math.isnan(lo) or math.isnan(hi) or "se" not in info:
         return "fewer than 2 windows: no interval"
-    n = int(info.get("realisations", 1))
-    out.pairs[(a, b)] = Pair(a, b, diff, lo, hi, n)
-    out.pairs[(b, a)] = Pair(b, a, -diff, -hi, -lo, n)
+    tested.append((a, b, diff, info))
     return ""
+
+
+def holm(tested: list[tuple[int, int, float, dict]], alpha: float = ALPHA) -> list[Pair]:
+    """Holm's step-down test of the family ``tested`` ((a, b, difference, info with ``se``, ``df``, ``p``)):
+    each pair with its interval at the level it was tested at and whether it is rejected (resolved)."""
+    from scipy import stats
+
+    m = len(tested)
+    ranked = sorted(tested, key=lambda x: (x[3]["p"], x[0], x[1]))
+    out, going = [], True
+    for i, (a, b, diff, info) in enumerate(ranked):
+        level_alpha = alpha / (m - i)
+        going = going and info["p"] <= level_alpha
+        half = float(stats.t.ppf(1 - level_alpha / 2, info["df"])) * info["se"]
+        lo, hi = diff - half, diff + half
+        resolved = going and (lo > 0 or hi < 0)  # the same test: its interval excludes 0
+        going = going and resolved
+        n = int(info.get("realisations", 1))
+        out.append(Pair(a, b, diff, lo, hi, n, resolved, 1 - level_alpha, m, float(info["p"])))
+    return out
 
 
 def maximal_cliques(nodes: list[int], adjacent: dict[int, set[int]]) -> list[tuple[int, ...]]:
@@ -215,6 +269,8 @@ def claim(frame: pd.DataFrame, p: Pair) -> OrderClaim:
         lo,
         hi,
         p.realisations,
+        p.level,
+        p.family,
     )
 
 

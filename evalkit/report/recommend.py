@@ -43,6 +43,17 @@ its sampling-only interval rather than judged more confidently for being measure
 names the unresolved criteria, and which criteria's intervals lack the float spread
 (``float_noise_seeds`` 0, or an ``info["ci"]`` that does not say it is widened by it).
 
+Which schemes are inside: a fixed-sequence test in order of cost. Judging every scheme at 95 % and
+naming "the cheapest inside" picks the most favourable of many tests: the chance that some scheme
+outside the budget is called inside grows with their number. So the schemes an engine runs are
+tested in a sequence fixed before the data (most bytes per token first, then more bits per value,
+then the scheme's name), each at 95 %, and the sequence stops at the first scheme not inside
+(outside or unresolved; schemes whose protocol does not measure a criterion, or whose required
+criterion is unmeasured, are not tested and do not stop it). Every scheme before the stop is inside
+with a family-wise error of at most 5 % (Maurer, Hothorn and Lehmacher 1995: each test at full level,
+none after a failure), so the cheapest of them keeps the rule's error rate. The line names where the
+sequence stopped and the schemes it did not test.
+
 Among the cheapest schemes inside, one is named only when the data order it closer to the baseline
 than each other one: the paired interval of their Δppl difference (:mod:`evalkit.report.order`, the
 table's ``≈`` marks) excludes 0, and the rows' own Δppl intervals put the pair on one side of 0 (the
@@ -316,13 +327,14 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
                 f"measured (see the table's 'runs on' column); measure one with --engine-profile {engine}"
             )
     judged = [(r, *check(r, budget)) for r in quantized]
-    inside = [r for r, state, _ in judged if state == "inside"]
+    inside, stop, untested = fixed_sequence(judged)
+    sequence = _sequence_text(stop, untested)
     unresolved = [(r, notes) for r, state, notes in judged if state == "unresolved"]
     protocol = [r for r, state, _ in judged if state == NOT_MEASURED]
     assumes = f"; assumes {engine}" if engine else "; assumes no engine: hypothetical schemes included"
     bare = dict.fromkeys(v.name for r in quantized for v in verdicts(r, budget) if v.spread is False)
     spread = f"; intervals without float spread: {', '.join(bare)}" if bare else ""
-    tail = f" (budget: {budget.describe()}{assumes}{spread})"
+    tail = f" (budget: {budget.describe()}{assumes}{spread}; {SEQUENCE_NOTE})"
     keep = f"keep {_kv(engine, str(Scheme()))}" if engine else "keep the unquantized baseline (auto scheme)"
     cost = lambda r: (r.get("bytes_per_token", math.inf), parse_scheme(r["scheme"]).kv_format.bits)  # noqa: E731
 
@@ -341,13 +353,13 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
             parts.append(f"not measured by this protocol, so not within the budget: {unmeasurable(protocol)}")
         if parts:
             until = " until more windows resolve it" if unresolved else ""
-            return f"{model}{where}: {'; '.join(parts)}; {keep}{until}{tail}"
+            return f"{model}{where}: {'; '.join(parts)}; {keep}{until}{sequence}{tail}"
         outside = [(abs(r.get("ppl_delta_rel", math.inf)), r["scheme"], notes) for r, state, notes in judged]
         closest = ""
         if outside:
             _, scheme, notes = min(outside)
             closest = f"; closest: {scheme} ({'; '.join(notes)})"
-        return f"{model}{where}: {keep}: no quantized scheme in the store is within the budget{tail}{closest}"
+        return f"{model}{where}: {keep}: no quantized scheme in the store is within the budget{sequence}{tail}{closest}"
     cheapest = min(cost(r) for r in inside)
     tier = [r for r in inside if cost(r) == cheapest]
     tied, why, claims = separate(tier, group)
@@ -368,6 +380,7 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
 
     unchecked = sorted({v.name for r in tied for v in verdicts(r, budget) if v.state == "unmeasured"})
     also += f"; not measured, so not checked: {', '.join(unchecked)}" if unchecked else ""
+    also += sequence
     best = tied[0]["scheme"]
     apart = "".join(
         f"; {best} is closer to the baseline than {c.higher if c.lower == best else c.lower} ({c.text()})"
@@ -382,6 +395,38 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
         f"{model}{where}: the data cannot separate {', '.join(r['scheme'] for r in tied)} ({why}): use any of them"
         f"{saving}; {listed}{apart}{also}{tail}"
     )
+
+
+SEQUENCE_NOTE = "schemes tested in order of cost, most bytes first, each at 95 %, stopping at the first not inside"
+
+
+def sequence_key(r: dict) -> tuple:
+    """A scheme's place in the fixed sequence (fixed before the data): most bytes per token first, then
+    more bits per value, then the scheme's name."""
+    return (-r.get("bytes_per_token", math.inf), -parse_scheme(r["scheme"]).kv_format.bits, r["scheme"])
+
+
+def fixed_sequence(judged: list[tuple[dict, str, list[str]]]) -> tuple[list[dict], tuple[dict, str] | None, list[dict]]:
+    """(the rows inside, the row the sequence stopped at with its state or None, the rows not tested after
+    it) of ``judged`` ((row, state, notes) of :func:`check`), tested in :func:`sequence_key` order (see the
+    module docstring). Rows not measured by their protocol or unjudged are not tested and stop nothing."""
+    tested = sorted(
+        ((r, state) for r, state, _ in judged if state in ("inside", "outside", "unresolved")),
+        key=lambda x: sequence_key(x[0]),
+    )
+    inside: list[dict] = []
+    for k, (r, state) in enumerate(tested):
+        if state != "inside":
+            return inside, (r, state), [row for row, _ in tested[k + 1 :]]
+        inside.append(r)
+    return inside, None, []
+
+
+def _sequence_text(stop: tuple[dict, str] | None, untested: list[dict]) -> str:
+    if stop is None or not untested:
+        return ""
+    names = ", ".join(r["scheme"] for r in untested)
+    return f"; the sequence stopped at {stop[0]['scheme']} ({stop[1]}), so these were not tested: {names}"
 
 
 def recommend(frame: pd.DataFrame, budget: Budget = Budget(), engine: str | None = DEFAULT_ENGINE) -> dict[str, str]:

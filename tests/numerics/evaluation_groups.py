@@ -114,24 +114,18 @@ def float_noise_group() -> dict:
 
 
 def float_spread_group() -> dict:
-    """evalkit.evals.perplexity.float_spread: t quantiles, the combined interval, paired differences."""
+    """evalkit.evals.perplexity.float_spread: t quantiles, the combined interval, the units. (Its paired
+    difference decides the report's order marks, no stored number: tests/evals/test_paired_difference.py.)"""
     from evalkit.evals.perplexity import float_spread as fs
 
     tokens = np.array([60.0, 64.0, 58.0, 64.0, 40.0])
     d_a = exact_normal((3, 5), seed=90, scale=2.0) + 1.0
-    d_b = d_a * 0.5 + exact_normal((3, 5), seed=91, scale=0.5)
-    units_a = {"unit": "window", "tokens": tokens.tolist(), "seeds": [0, 1, 2], "d_sum": d_a.tolist()}
-    units_b = {**units_a, "d_sum": d_b.tolist()}
     reruns = [(s, [tokens, d_a[s] + 100.0, np.full(5, 100.0)]) for s in (1, 2)]
     return {
         "t": [fs.t_quantile(n) for n in (2, 3, 4, 6, 11)],
         "combine": fs.combine(0.25, (0.2, 0.31), [0.27, 0.22, 0.26], [1, 2, 3], 1.0),
         "combine_no_ci": fs.combine(0.25, (None, None), [0.27, 0.22], [1, 2], 1.0),
         "units": fs.units_info(tokens, d_a[0], reruns),
-        "paired_t": fs.paired_difference(units_a, units_b, method="t"),
-        "paired_one": fs.paired_difference(
-            {**units_a, "seeds": [0], "d_sum": d_a[:1].tolist()}, {**units_b, "seeds": [0], "d_sum": d_b[:1].tolist()}
-        ),
         "ci_text": [fs.ci_text("t", 0), fs.ci_text("bootstrap", 3)],
     }
 

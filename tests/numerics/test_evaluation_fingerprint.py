@@ -58,7 +58,7 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "stats": "8d500a6c05dc0e7aeba8d6f482caf239fca8ad1c9006c318f6835cbb3c753996",
         "paired_stats": "08c07291cd11b7df7075623b48505f393ae5703de32bfec41c1ed89bd7f271c2",
         "float_noise": "18f4f77083a4dd4218671ccd23c092c906051499a87d20e2959660c63d2f9ea2",
-        "float_spread": "53703c4651292e64891a174a211549dc724a8c1f977702d9f5a0e454e5ca45ff",
+        "float_spread": "209496ddbc180cc8314631ae184d04ee352677b07a7ee21096d2008317c6f4e1",  # paired difference out (report only)
         "kl_topk": "8ec0e0480db92225de4da3f54dcb246cf069fd8bd529886bc553944c649493fe",
         "perplexity": "7e4a0a49483d596fe8efae3ce934e96c596fe156e0142b158856ce6d0f9a87a6",
         "decode": "624565fd6e95ff9dcaa5f9848fc72db71289c4ae9a79e1ef42ef931c1a16a7e5",

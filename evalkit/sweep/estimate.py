@@ -222,7 +222,8 @@ def estimate_sweep(
                 continue
             if work.approximate and first:
                 notes.append(f"{spec.name} {run.eval}: {work.approximate}")
-            reuse = work.identity_is_baseline and run.scheme == "auto"
+            floor = bool(run.engine_options.get("noise_floor"))  # a second realisation of auto: a run of its own
+            reuse = work.identity_is_baseline and run.scheme == "auto" and not floor
             tokens = 0 if reuse else work.tokens
             extras = []
             seconds = None
@@ -248,7 +249,7 @@ def estimate_sweep(
             if i == 0:
                 extras.append("model load")
             import_s, start_s = engine_costs(run.engine, device)
-            starts = int(first) + int(run.scheme != "auto")  # the baseline's engine (auto is it), the scheme's
+            starts = int(first) + int(run.scheme != "auto" or floor)  # the baseline's engine (auto is it), the scheme's
             if start_s and starts:
                 extras.append(f"{starts} engine start{'s' if starts > 1 else ''}")
                 if seconds is not None:
@@ -261,10 +262,9 @@ def estimate_sweep(
             if engines and all(r.engine != "emulation" for r in group):  # decision sizing prices at engine speed
                 priced[spec.name] = (facts, next(iter(engines.values())))
             disk["store"] += work.store_bytes + 2000
+            shown = f"{run.scheme} (noise floor)" if floor else run.scheme  # auto against auto, a second realisation
             estimates.append(
-                RunEstimate(
-                    spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate), run.engine
-                )
+                RunEstimate(spec.name, shown, run.eval, tokens, seconds, extras, bool(work.approximate), run.engine)
             )
     needs = [
         DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),

@@ -79,11 +79,11 @@ def test_the_uses_are_read_from_evalkits_own_source():
 
 def test_engine_options_and_memory_arguments_are_keywords_of_vllm_llm():
     from evalkit.engines.vllm.engine import ENGINE
-    from evalkit.engines.vllm.options import ENV_OPTIONS
+    from evalkit.engines.vllm.options import NOT_KEYWORDS
 
     uses = all_uses(ROOT)
     keywords = {k for u in _find(uses, "call", "vllm.LLM") for k in u.keywords}
-    assert {o.name for o in ENGINE.options} - set(ENV_OPTIONS) <= keywords  # the others are vLLM environment variables
+    assert {o.name for o in ENGINE.options} - set(NOT_KEYWORDS) <= keywords  # the others: environment, evalkit's
     assert {"kv_cache_memory_bytes", "gpu_memory_utilization", "enable_expert_parallel"} <= keywords
     assert len([u for u in uses if u.where.startswith("evalkit/engines (objects")]) == len(RUNTIME)
 

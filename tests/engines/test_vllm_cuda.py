@@ -136,7 +136,10 @@ def test_the_scale_out_options_are_declared_typed_and_enter_the_run_id(tmp_path)
     plain = parse_grid(tmp_path / "a.yaml", grid)
     scaled = parse_grid(tmp_path / "b.yaml", grid + "engine_options: {vllm: {tensor_parallel_size: 2}}\n")
     assert not {r.run_id for r in plain.runs} & {r.run_id for r in scaled.runs}
-    assert all(r.engine_options == {"tensor_parallel_size": 2} for r in scaled.runs if r.engine == "vllm")
+    scaled_runs = [r for r in scaled.runs if r.engine == "vllm" and not r.engine_options.get("noise_floor")]
+    assert scaled_runs and all(r.engine_options == {"tensor_parallel_size": 2} for r in scaled_runs)
+    (floor,) = [r for r in scaled.runs if r.engine_options.get("noise_floor")]  # the noise floor keeps the options
+    assert floor.engine_options == {"tensor_parallel_size": 2, "noise_floor": True} and floor.scheme == "auto"
 
 
 # -- the installed build and its version ----------------------------------------------------------------------
@@ -373,3 +376,62 @@ def test_the_attention_path_is_recorded_from_the_layers():
         "attention_fa_version": None,
         "attention_query_fp8": False,
     }
+
+
+def test_the_noise_floor_is_a_second_realisation_of_auto(monkeypatch, tmp_path, stand_in_vllm):
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.config import EngineConfig
+    from evalkit.engines.vllm.runner import NOISE_FLOOR_SEQS
+
+    pretend_cuda(monkeypatch)
+    pretend_installed(monkeypatch, "vllm", "0.33.0")
+    backend = VllmBackend(seed=5, engine_args={"noise_floor": True, "tensor_parallel_size": 2})
+    assert backend.noise_floor and "noise_floor" not in backend.engine_args  # evalkit's, never vLLM's
+    assert backend.realised(EngineConfig("auto")) and not backend.realised(EngineConfig("fp8_e4m3", None, (), "x"))
+    backend.model_dir, backend.dtype, backend.max_model_len = tmp_path, "bfloat16", 64
+    with pytest.raises(EngineWouldStart):
+        backend.start(EngineConfig("auto"), realisation=True)
+    kwargs = stand_in_vllm[-1]
+    assert kwargs["seed"] == 6 and kwargs["max_num_seqs"] == NOISE_FLOOR_SEQS["cuda"]
+    assert "noise_floor" not in kwargs and kwargs["tensor_parallel_size"] == 2
+    with pytest.raises(EngineWouldStart):  # the first realisation: the run's seed, vLLM's own batch limits
+        backend.start(EngineConfig("auto"))
+    assert stand_in_vllm[-1]["seed"] == 5 and "max_num_seqs" not in stand_in_vllm[-1]
+
+
+def test_the_second_realisation_adds_its_requests_in_reverse_order(monkeypatch):
+    from types import SimpleNamespace
+
+    from evalkit.engines.vllm.runner import VllmRunner
+
+    stand_in = types.ModuleType("vllm.sampling_params")
+    stand_in.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final only")
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", stand_in)
+
+    class Engine:
+        def __init__(self):
+            self.added, self.pending = [], []
+            self.engine_core = SimpleNamespace()
+
+        def add_request(self, rid, prompt, params):
+            self.added.append(rid)
+            self.pending.append((rid, prompt["prompt_token_ids"]))
+            return rid
+
+        def has_unfinished_requests(self):
+            return bool(self.pending)
+
+        def step(self):
+            rid, ids = self.pending.pop(0)
+            return [SimpleNamespace(request_id=rid, finished=True, prompt=ids)]
+
+    prompts = [[1], [2, 2], [3, 3, 3]]
+    params = SimpleNamespace(clone=lambda: SimpleNamespace())
+    for realisation, order in ((False, [0, 1, 2]), (True, [2, 1, 0])):
+        runner = object.__new__(VllmRunner)
+        runner.realisation, engine = realisation, Engine()
+        runner.llm = SimpleNamespace(llm_engine=engine)
+        results = runner.run_requests(prompts, params)
+        assert [int(r.rsplit("-", 1)[1]) for r in engine.added] == order
+        assert [r.prompt for r in results] == prompts  # answers in the caller's order either way

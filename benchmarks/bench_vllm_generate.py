@@ -1,6 +1,6 @@
 """An engine generation run through evalkit against vLLM's own ``LLM.generate`` on the same prompts (target <= 1.10x).
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 /work/envs/vllm/bin/python \\
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 python \\
         benchmarks/bench_vllm_generate.py [--samples 4] [--max-gen-toks 16] [--rounds 2] [--eager|--compiled]
 
 One engine (lm-eval's ``VLLM`` model through :func:`evalkit.engines.vllm.lmeval.lmeval_vllm`, the path

@@ -120,10 +120,8 @@ def _seconds(speed, facts, plan: TaskPlan, n: int, batch: int) -> float | None:
     if speed is None or facts is None:
         return None
     if hasattr(speed, "step_seconds"):  # the engine: every item at once, batched to its limits
-        from evalkit.sweep.engine_speed import kv_bytes_per_token
-
         fw = item_forwards(n, plan.facts.prompt_tokens, plan.gen_tokens, plan.samples, speed.max_seqs)
-        return speed.seconds(fw, facts, kv_bytes_per_token(facts, None))
+        return speed.seconds(fw, facts, speed.kv_bytes(facts))
     fw = item_forwards(n, plan.facts.prompt_tokens, plan.gen_tokens, plan.samples, batch)
     return sum(speed.seconds(x, facts) for x in fw)
 

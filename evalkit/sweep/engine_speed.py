@@ -67,6 +67,10 @@ class EngineSpeed:
             f"host, {ALLREDUCE_S * 1e6:.0f} us per all-reduce; expected error: within {EXPECTED_ERROR}x either way"
         )  # fmt: skip
 
+    def kv_bytes(self, facts, stored: float | None = None) -> float:
+        """:func:`kv_bytes_per_token` (for callers on a lower floor, which cannot import this module)."""
+        return kv_bytes_per_token(facts, stored)
+
     def prefill_seconds(self, f, facts) -> float:
         tokens = f.calls * f.rows * f.length
         flops = tokens * 2 * facts.params + f.calls * f.rows * f.length * 4 * facts.layers * facts.attn_width * (

@@ -62,5 +62,7 @@ def use_backend(ev, backend: Backend | None):
 
 
 def stamp(rows: list, backend: Backend) -> list:
-    """``rows`` with ``info["backend"]`` set to the backend that produced them."""
-    return [dataclasses.replace(r, info={**r.info, "backend": backend.name}) for r in rows]
+    """``rows`` with ``info["backend"]`` set to the backend that produced them (and ``info["noise_floor"]``
+    in an engine's noise floor run: auto against a second realisation of auto)."""
+    extra = {"noise_floor": True} if getattr(backend, "noise_floor", False) else {}
+    return [dataclasses.replace(r, info={**r.info, "backend": backend.name, **extra}) for r in rows]

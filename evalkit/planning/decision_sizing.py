@@ -12,18 +12,26 @@ scheme with no true drop (and an unpaired comparison's, per arm), the items the 
 grid runs, the smallest limit the grid's items decide, and the time one scheme's pass over the needed items and over
 the planned ones takes on the priced device (the sweep's own speed: the datasheet of
 ``--assume-device``, or the probe / measured device), each item priced as its prompt's prefill and
-``samples`` x its generation budget in decode steps, batched as lm-eval batches them. A grid of several
-models is priced on its first model (the decisions are the same tasks; only their times differ).
+``samples`` x its generation budget in decode steps, batched as lm-eval batches them; a grid whose model
+runs through a real engine on a named GPU is priced at engine speed (:mod:`evalkit.sweep.engine_speed`).
+A grid of several models is priced on its first model (the decisions are the same tasks; only their
+times differ).
+
+The baseline accuracy is the model's own where known (:mod:`evalkit.planning.model_cards`): the grid's
+pilot (the ``auto`` run already in its results store), else the model's card, else the default of
+:mod:`evalkit.evals.accuracy_tasks` (Llama-3.1-8B-Instruct's card, or a stated assumption); each
+task's source line says which.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from evalkit.evals.accuracy_tasks import TaskPlan, accuracy_tasks
 from evalkit.evals.sizing import AUTO_BATCH, item_forwards
 from evalkit.planning import decision as D
+from evalkit.planning.model_cards import _key, card_baseline, pilot_baselines
 from evalkit.units import format_seconds
 
 
@@ -82,6 +90,7 @@ def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decisio
         evals.setdefault(run.eval, run.params)
         batches.setdefault(run.eval, run.params.get("batch_size"))
     measured = measured_discordance(rows)
+    pilot = pilot_baselines(rows)
     model = grid.runs[0].model.name if grid.runs else None
     facts, speed = speeds.get(model, (None, None))
     result = []
@@ -89,7 +98,8 @@ def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decisio
         if plan.facts is None:
             result.append(Decision(plan, None, "", None, None))
             continue
-        f = plan.facts
+        f = _own_baseline(plan.facts, model, plan, pilot)
+        plan = replace(plan, facts=f)
         prior = D.discordance_prior(f.baseline, drop, f.kind)
         psi, source = D.pilot_psi(prior, measured.get(plan.label, measured.get(plan.task)))
         source = source.replace("prior", f"prior r={D.REDRAW_SHARE[f.kind]:g} ({f.kind})", 1)
@@ -101,10 +111,31 @@ def decisions(grid, speeds: dict, rows=(), drop: float = D.DROP) -> list[Decisio
     return result
 
 
+def _own_baseline(f, model: str | None, plan: TaskPlan, pilot: dict):
+    """``f`` with the model's own baseline: the grid's pilot run, else its model card, else ``f``'s default."""
+    if plan.label in pilot or plan.task in pilot:
+        value = pilot.get(plan.label, pilot.get(plan.task))
+        return replace(f, baseline=min(max(value, 0.001), 0.999), source=f"the auto run in --out (pilot): {value:.3f}")
+    card = card_baseline(model, plan.task) if model else None
+    if card is not None:
+        return replace(f, baseline=card[0], source=card[1])
+    if (
+        model
+        and f.source.startswith(("Llama-3.1-8B-Instruct", "model card"))
+        and _key(model) != "llama-3.1-8b-instruct"
+    ):
+        return replace(f, source=f"{f.source} (Llama-3.1-8B-Instruct's: no figure for {model} here)")
+    return f
+
+
 def _seconds(speed, facts, plan: TaskPlan, n: int, batch: int) -> float | None:
-    """One scheme's pass over ``n`` items of ``plan`` at ``speed`` (None: the model is not priced)."""
+    """One scheme's pass over ``n`` items of ``plan`` at ``speed`` (None: the model is not priced); an
+    engine's throughput model (:class:`evalkit.sweep.engine_speed.EngineSpeed`) batches them itself."""
     if speed is None or facts is None:
         return None
+    if hasattr(speed, "step_seconds"):  # the engine: every item at once, batched to its limits
+        fw = item_forwards(n, plan.facts.prompt_tokens, plan.gen_tokens, plan.samples, speed.max_seqs)
+        return speed.seconds(fw, facts, speed.kv_bytes(facts))
     fw = item_forwards(n, plan.facts.prompt_tokens, plan.gen_tokens, plan.samples, batch)
     return sum(speed.seconds(x, facts) for x in fw)
 

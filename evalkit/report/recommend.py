@@ -34,6 +34,9 @@ perplexity's and one-forward lm-eval tasks' single forward) is never counted as 
 never recommended; the line says which criteria the protocol does not measure and gives the decode KL,
 the one measure of such a cache.
 
+Engine noise floor. An engine's rows carry each metric's noise floor where the store has the engine's
+auto-vs-auto run (:mod:`evalkit.report.noise_floor`): a criterion whose effect is inside it is unresolved.
+
 One decision rule. Every criterion is judged on its 95 % interval: it holds when the whole interval
 is inside the limit, fails when the whole interval is outside, and is *unresolved* when it straddles
 the limit (or has no interval); a scheme is inside only when every checked criterion holds (an
@@ -73,7 +76,7 @@ import pandas as pd
 from evalkit.evals.base import Criterion
 from evalkit.evals.decode.report import LAST as DECODE_LAST
 from evalkit.kv.scheme import Scheme, parse_scheme
-from evalkit.report import engine_fit, order
+from evalkit.report import engine_fit, noise_floor, order
 from evalkit.report import evals as report_evals
 from evalkit.report.marks import NOT_MEASURED as NOT_MEASURED_SUFFIX
 
@@ -208,6 +211,7 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
             lo, hi = row.get(f"{column}_lo"), row.get(f"{column}_hi")
             with_ci = not (_missing(lo) or _missing(hi))
             state = _state_of_interval(c, float(lo), float(hi), limit) if with_ci else "unresolved"
+            state, floor = noise_floor.judge(state, raw, row.get(f"{column}{noise_floor.SUFFIX}"))  # engine spread
             spread = has_float_spread(row, column) if with_ci else None
             if c.signed:  # the column's own signed value and interval
                 shown = f"{scale * raw:+.{c.digits}f}"
@@ -231,6 +235,8 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
                 text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} crosses the limit{lacks}"
             else:
                 text_ = f"{text} {op} {lim}: {shown}{c.unit}"
+            if floor:
+                text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} is {floor}"
             out.append(Verdict(name, state, text_, c.required, spread))
     return out
 

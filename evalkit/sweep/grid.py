@@ -124,6 +124,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
         if engine in on[e]
         for s in schemes
     )
+    runs += noise_floor_runs(runs, options)
     return Grid(
         name=data.get("name", path.stem),
         path=str(path),
@@ -132,6 +133,26 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
         executor=data.get("executor"),
         data=data,
     )
+
+
+def noise_floor_runs(runs: tuple, options: dict) -> tuple:
+    """One noise floor run per (model, evaluation) of every engine that declares a ``noise_floor`` option
+    (vLLM: :mod:`evalkit.engines.vllm.options`): ``auto`` against a second realisation of ``auto``, beside
+    the grid's schemes, so that each scheme's effect can be told from the engine's own run-to-run spread.
+    Not for an evaluation that measures the engine itself (its class names ``engines``: serving)."""
+    from evalkit.engines.registry import get_engine
+    from evalkit.evals.base import get_eval
+
+    out: dict = {}
+    for r in runs:
+        if r.engine == "emulation" or getattr(get_eval(r.eval), "engines", None):
+            continue
+        if "noise_floor" not in {o.name for o in get_engine(r.engine).options}:
+            continue
+        floor = {**options.get(r.engine, {}), "noise_floor": True}
+        spec = RunSpec(r.model, "auto", r.eval, r.params_json, r.run_params_json, r.engine, canonical_json(floor))
+        out.setdefault(spec, None)
+    return tuple(out)
 
 
 def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:

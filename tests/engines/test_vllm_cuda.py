@@ -136,7 +136,10 @@ def test_the_scale_out_options_are_declared_typed_and_enter_the_run_id(tmp_path)
     plain = parse_grid(tmp_path / "a.yaml", grid)
     scaled = parse_grid(tmp_path / "b.yaml", grid + "engine_options: {vllm: {tensor_parallel_size: 2}}\n")
     assert not {r.run_id for r in plain.runs} & {r.run_id for r in scaled.runs}
-    assert all(r.engine_options == {"tensor_parallel_size": 2} for r in scaled.runs if r.engine == "vllm")
+    scaled_runs = [r for r in scaled.runs if r.engine == "vllm" and not r.engine_options.get("noise_floor")]
+    assert scaled_runs and all(r.engine_options == {"tensor_parallel_size": 2} for r in scaled_runs)
+    (floor,) = [r for r in scaled.runs if r.engine_options.get("noise_floor")]  # the noise floor keeps the options
+    assert floor.engine_options == {"tensor_parallel_size": 2, "noise_floor": True} and floor.scheme == "auto"
 
 
 # -- the installed build and its version ----------------------------------------------------------------------
@@ -257,8 +260,7 @@ def stand_in_vllm(monkeypatch):
     return calls
 
 
-def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(monkeypatch, tmp_path, stand_in_vllm):
-    from evalkit.engines.vllm.gpu import KV_CACHE_BYTES_CUDA
+def test_the_engine_is_started_as_served_on_cuda(monkeypatch, tmp_path, stand_in_vllm):
     from evalkit.engines.vllm.runner import VllmRunner
 
     pretend_cuda(monkeypatch, free_gib=100.0, total_gib=141.0)
@@ -267,16 +269,44 @@ def test_the_engine_is_started_with_the_options_and_a_fixed_kv_cache_on_cuda(mon
     with pytest.raises(EngineWouldStart):
         VllmRunner(tmp_path, dtype="bfloat16", kv_cache_dtype="fp8_e4m3", device="cuda", engine_args=options)
     kwargs = stand_in_vllm[-1]
-    assert kwargs["kv_cache_memory_bytes"] == KV_CACHE_BYTES_CUDA == 4 * 2**30
+    # vLLM sizes the cache from the share it may use: the free share less headroom, at most vLLM's own 0.92
+    assert "kv_cache_memory_bytes" not in kwargs
     assert kwargs["gpu_memory_utilization"] == 0.68  # floor((100 / 141 - 0.02) * 100) / 100: passes vLLM's check
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["enable_expert_parallel"] is True
-    assert kwargs["kv_cache_dtype"] == "fp8_e4m3" and kwargs["enforce_eager"] is True and kwargs["dtype"] == "bfloat16"
+    # CUDA graphs and compilation: vLLM's defaults, eager only when asked
+    assert kwargs["kv_cache_dtype"] == "fp8_e4m3" and kwargs["enforce_eager"] is False and kwargs["dtype"] == "bfloat16"
+    with pytest.raises(EngineWouldStart):
+        VllmRunner(tmp_path, device="cuda", engine_args={"enforce_eager": True, "batch_invariant": True})
+    assert stand_in_vllm[-1]["enforce_eager"] is True and "batch_invariant" not in stand_in_vllm[-1]
     with pytest.raises(EngineWouldStart):  # the operator's share: vLLM sizes the cache from it
         VllmRunner(tmp_path, device="cuda", engine_args={"gpu_memory_utilization": 0.5})
     assert stand_in_vllm[-1]["gpu_memory_utilization"] == 0.5 and "kv_cache_memory_bytes" not in stand_in_vllm[-1]
+    with pytest.raises(EngineWouldStart):  # a fixed cache, when asked
+        VllmRunner(tmp_path, device="cuda", engine_args={"kv_cache_memory_bytes": 4 << 30})
+    assert stand_in_vllm[-1]["kv_cache_memory_bytes"] == 4 << 30 and stand_in_vllm[-1]["gpu_memory_utilization"] == 0.68
     pretend_cuda(monkeypatch, free_gib=3.0, total_gib=141.0)  # evalkit's own copy and others hold the GPU
     with pytest.raises(EvalkitError, match="only 3.0 of 141.0 GiB are free"):
         VllmRunner(tmp_path, device="cuda")
+
+
+def test_a_request_the_cache_cannot_hold_is_refused_before_vllm_starts(monkeypatch, tmp_path, stand_in_vllm):
+    import json
+
+    from evalkit.engines.vllm.runner import VllmRunner
+    from evalkit.models.presets import get_preset
+
+    pretend_cuda(monkeypatch, free_gib=139.0, total_gib=141.0)
+    pretend_installed(monkeypatch, "vllm", "0.33.0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0), raising=False)
+    (tmp_path / "config.json").write_text(json.dumps(get_preset("llama-3.1-8b")["config"]))
+    fixed = {"kv_cache_memory_bytes": 4 << 30}
+    with pytest.raises(EvalkitError, match="holds 32,768 tokens") as info:
+        VllmRunner(tmp_path, dtype="bfloat16", device="cuda", max_model_len=131072, engine_args=fixed)
+    assert str(info.value).count("\n") == 0 and "gpu_memory_utilization=" in str(info.value)
+    assert stand_in_vllm == []  # refused before vLLM was asked to start
+    with pytest.raises(EngineWouldStart):  # the default share of an H200 holds it
+        VllmRunner(tmp_path, dtype="bfloat16", device="cuda", max_model_len=131072)
 
 
 def test_the_cpu_engine_keeps_its_kv_budget_in_bytes(monkeypatch, tmp_path, stand_in_vllm):
@@ -320,7 +350,11 @@ def test_memory_arguments_per_device():
     assert start_memory("cpu", None, {}, 1 << 30) == {"kv_cache_memory_bytes": 1 << 30}
     assert start_memory("cpu", 5, {}, 1 << 30) == {"kv_cache_memory_bytes": 5}
     assert start_memory("cuda", None, {"gpu_memory_utilization": 0.9}, 1 << 30) == {}
-    assert start_memory("cuda", 7 << 30, {"gpu_memory_utilization": 0.9}, 1) == {"kv_cache_memory_bytes": 7 << 30}
+    assert start_memory("cuda", 7 << 30, {"gpu_memory_utilization": 0.9}, 1) == {
+        "kv_cache_memory_bytes": 7 << 30,
+        "gpu_memory_utilization": 0.9,
+    }
+    assert start_memory("cpu", 5, {"kv_cache_memory_bytes": 9}, 1 << 30) == {"kv_cache_memory_bytes": 9}
 
 
 def test_vllms_free_memory_refusal_is_one_line_naming_the_option():
@@ -352,3 +386,62 @@ def test_the_attention_path_is_recorded_from_the_layers():
         "attention_fa_version": None,
         "attention_query_fp8": False,
     }
+
+
+def test_the_noise_floor_is_a_second_realisation_of_auto(monkeypatch, tmp_path, stand_in_vllm):
+    from evalkit.engines.vllm.backend import VllmBackend
+    from evalkit.engines.vllm.config import EngineConfig
+    from evalkit.engines.vllm.runner import NOISE_FLOOR_SEQS
+
+    pretend_cuda(monkeypatch)
+    pretend_installed(monkeypatch, "vllm", "0.33.0")
+    backend = VllmBackend(seed=5, engine_args={"noise_floor": True, "tensor_parallel_size": 2})
+    assert backend.noise_floor and "noise_floor" not in backend.engine_args  # evalkit's, never vLLM's
+    assert backend.realised(EngineConfig("auto")) and not backend.realised(EngineConfig("fp8_e4m3", None, (), "x"))
+    backend.model_dir, backend.dtype, backend.max_model_len = tmp_path, "bfloat16", 64
+    with pytest.raises(EngineWouldStart):
+        backend.start(EngineConfig("auto"), realisation=True)
+    kwargs = stand_in_vllm[-1]
+    assert kwargs["seed"] == 6 and kwargs["max_num_seqs"] == NOISE_FLOOR_SEQS["cuda"]
+    assert "noise_floor" not in kwargs and kwargs["tensor_parallel_size"] == 2
+    with pytest.raises(EngineWouldStart):  # the first realisation: the run's seed, vLLM's own batch limits
+        backend.start(EngineConfig("auto"))
+    assert stand_in_vllm[-1]["seed"] == 5 and "max_num_seqs" not in stand_in_vllm[-1]
+
+
+def test_the_second_realisation_adds_its_requests_in_reverse_order(monkeypatch):
+    from types import SimpleNamespace
+
+    from evalkit.engines.vllm.runner import VllmRunner
+
+    stand_in = types.ModuleType("vllm.sampling_params")
+    stand_in.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final only")
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", stand_in)
+
+    class Engine:
+        def __init__(self):
+            self.added, self.pending = [], []
+            self.engine_core = SimpleNamespace()
+
+        def add_request(self, rid, prompt, params):
+            self.added.append(rid)
+            self.pending.append((rid, prompt["prompt_token_ids"]))
+            return rid
+
+        def has_unfinished_requests(self):
+            return bool(self.pending)
+
+        def step(self):
+            rid, ids = self.pending.pop(0)
+            return [SimpleNamespace(request_id=rid, finished=True, prompt=ids)]
+
+    prompts = [[1], [2, 2], [3, 3, 3]]
+    params = SimpleNamespace(clone=lambda: SimpleNamespace())
+    for realisation, order in ((False, [0, 1, 2]), (True, [2, 1, 0])):
+        runner = object.__new__(VllmRunner)
+        runner.realisation, engine = realisation, Engine()
+        runner.llm = SimpleNamespace(llm_engine=engine)
+        results = runner.run_requests(prompts, params)
+        assert [int(r.rsplit("-", 1)[1]) for r in engine.added] == order
+        assert [r.prompt for r in results] == prompts  # answers in the caller's order either way

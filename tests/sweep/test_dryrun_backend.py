@@ -34,7 +34,8 @@ def test_an_engine_dry_run_has_a_backend_column(tmp_path, capsys):
     assert re.split(r"\s{2,}", header.strip())[:4] == ["model", "scheme", "backend", "eval"]
     rows = _rows(text)
     keys = [(r[1], r[2], r[3]) for r in rows]
-    assert len(rows) == 4 and len(set(keys)) == 4  # no row repeats another: the backend tells the twins apart
+    # no row repeats another: the backend tells the twins apart; vLLM's noise floor (auto against auto) is its own row
+    assert len(rows) == 5 and len(set(keys)) == 5 and ("auto (noise floor)", "vllm", "perplexity") in keys
     assert {r[2] for r in rows} == {"emulation", "vllm"}
     engine = [r for r in rows if r[2] == "vllm"]
     assert "engine start" in engine[0][-1] and "vllm import" in engine[0][-1]
@@ -56,7 +57,11 @@ def test_engine_runs_pay_the_engines_import_once_and_a_start_per_engine(tmp_path
     grid = parse_grid(tmp_path / "g.yaml", GRID.format(engine="[emulation, vllm]"))
     speed = T.Speed(1e12, 1e12, 0.0, 0.0, "probe", "fixed")
     est = estimate_sweep(grid, grid.runs, tmp_path, tmp_path, speed_for=lambda spec, facts, speeds: speed)
-    by = {(r.engine, r.scheme == "auto"): r for r in est.runs}  # the engine's scheme string is its profile's
+    floor = [r for r in est.runs if r.scheme == "auto (noise floor)"]
+    # the engine's noise floor is a run of its own (its own options): its baseline pass and a second realisation
+    assert len(floor) == 1 and floor[0].extras == ["baseline", "2 engine starts"]
+    assert floor[0].seconds > 2 * ENGINE_COSTS["vllm"]["cpu"][1]
+    by = {(r.engine, r.scheme == "auto"): r for r in est.runs if r not in floor}  # the engine's scheme: its profile's
     imp, start = ENGINE_COSTS["vllm"]["cpu"]
     # the baseline's engine and the import on the first engine run, one start on the scheme's
     assert by["vllm", True].seconds == pytest.approx(by["emulation", True].seconds + imp + start)
@@ -73,7 +78,7 @@ def test_the_small_engine_grid_is_a_subset_of_the_engine_grid():
     small = parse_grid(REPO / "sweeps" / "engine-small.yaml")
     full = parse_grid(REPO / "sweeps" / "engine.yaml")
     assert small.name == "engine-small" and {r.engine for r in small.runs} == {"emulation", "vllm"}
-    assert len(small.runs) == 12 and len(small.runs) < len(full.runs)
+    assert len(small.runs) == 14 and len(small.runs) < len(full.runs)  # 12 and vLLM's 2 noise floor runs
     assert {r.scheme for r in small.runs} <= {r.scheme for r in full.runs}  # the engine grid's own schemes
     assert {r.eval for r in small.runs} == {"perplexity", "decode", "serving"}
     for run in small.runs:  # the engine grid's CPU sizes, never more
@@ -84,13 +89,13 @@ def test_the_small_engine_grid_is_a_subset_of_the_engine_grid():
 def test_the_small_engine_grid_dry_run_shows_each_backend(tmp_path, capsys):
     assert main(["sweep", "engine-small", "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "o")]) == 0
     rows = _rows(capsys.readouterr().out)
-    assert len(rows) == 12 and len({(r[1], r[2], r[3]) for r in rows}) == 12
+    assert len(rows) == 14 and len({(r[1], r[2], r[3]) for r in rows}) == 14
 
 
 @pytest.mark.skipif(MISSING is None, reason="vLLM is installed here")
 def test_the_small_engine_grid_without_vllm_fails_at_validation(tmp_path, capsys):
     out = tmp_path / "out"
-    one_line_exit_2(["sweep", "engine-small", "--out", str(out)], capsys, "6 run(s) on engine vllm", "cannot run here")
+    one_line_exit_2(["sweep", "engine-small", "--out", str(out)], capsys, "8 run(s) on engine vllm", "cannot run here")
     assert not out.exists()
 
 

@@ -38,7 +38,11 @@ def test_a_grid_runs_serving_on_vllm_only(tmp_path):
     for r in grid.runs:
         by_eval.setdefault(r.eval, set()).add(r.engine)
     assert by_eval == {"perplexity": {"emulation", "vllm"}, "serving": {"vllm"}}
-    assert len(grid.runs) == 2 * 2 + 2  # perplexity: 2 schemes x 2 engines; serving: 2 schemes on vllm
+    # perplexity: 2 schemes x 2 engines and vLLM's noise floor (auto against auto); serving: 2 schemes on vllm
+    assert len(grid.runs) == 2 * 2 + 1 + 2
+    (floor,) = [r for r in grid.runs if r.engine_options.get("noise_floor")]
+    assert (floor.eval, floor.scheme, floor.engine) == ("perplexity", "auto", "vllm")
+    assert len({r.run_id for r in grid.runs}) == len(grid.runs)  # its own run id
 
 
 @pytest.mark.parametrize("engine", ["", "engine: emulation\n"])

@@ -149,7 +149,7 @@ def test_an_engine_that_cannot_start_here_is_a_note_in_a_dry_run(tmp_path, capsy
     )
     assert main(["sweep", str(grid), "--out", str(out)]) == 2
     (line,) = errors(capsys.readouterr().err)
-    assert line.startswith(f"evalkit: error: {grid}:3: engine: 1 run(s) on engine vllm, which cannot run here")
+    assert line.startswith(f"evalkit: error: {grid}:3: engine: 2 run(s) on engine vllm, which cannot run here")
     assert not out.exists()
 
 

@@ -17,12 +17,20 @@ from collections.abc import Callable, Sequence
 
 from evalkit.cli.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
 from evalkit.cli.preflight.gpu_fit import check_gpu_fit
+from evalkit.cli.preflight.kv_fit import check_kv_fit, with_longest
 from evalkit.cli.preflight.model_fit import check_model_fit
 from evalkit.cli.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
 from evalkit.cli.preflight.scale_files import check_scale_files
 from evalkit.sweep.spec import ModelSpec
 
-COMMON_CHECKS: list[Check] = [check_engine_profiles, check_scale_files, check_model_fit, check_gpu_fit, check_engines]
+COMMON_CHECKS: list[Check] = [
+    check_engine_profiles,
+    check_scale_files,
+    check_model_fit,
+    check_gpu_fit,
+    check_engines,
+    check_kv_fit,
+]
 
 
 def grid_checks() -> list[Check]:
@@ -49,6 +57,7 @@ def grid_problems(
     from evalkit.sweep.grid_entries import scheme_entries
     from evalkit.sweep.located_yaml import Located
 
+    runs = list(runs)
     doc = Located(grid.path, text)
     entries = scheme_entries(doc)
     models = _model_entries(doc.value)
@@ -67,6 +76,7 @@ def grid_problems(
         )
         for r in runs
     ]
+    planned = with_longest(planned, runs)  # engine runs: their evaluation's longest request (the KV-fit check)
     problems = sorted(find_problems(planned, grid_checks()), key=lambda p: _line(doc, p.key))  # the file's order
     return problems, grid_locator(doc)
 

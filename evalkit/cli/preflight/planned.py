@@ -38,6 +38,9 @@ class PlannedRun:
     scheme_key: tuple = ("schemes",)  # the grid key that gives the scheme (its FILE:LINE)
     model_key: tuple = ("models",)  # the grid key that gives the model
     command: str = "sweep"  # the command that plans it (sweep, run): the fixes name its options
+    longest: int = 0  # tokens of its evaluation's longest request, prompt + output (0: not sized; engine runs only)
+    longest_what: str = ""  # that request in words (the evaluation)
+    eval_key: tuple = ("evals",)  # the grid key of its evaluation
 
     @property
     def options(self) -> dict:

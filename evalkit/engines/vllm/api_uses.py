@@ -254,10 +254,11 @@ def engine_option_uses() -> list[Use]:
     of :func:`evalkit.engines.vllm.gpu.start_memory`: keywords of ``vllm.LLM`` (evalkit spreads them into its
     calls, and lm-eval's, as ``**`` arguments)."""
     from evalkit.engines.vllm.gpu import MEMORY_ARGUMENTS
-    from evalkit.engines.vllm.options import OPTIONS
+    from evalkit.engines.vllm.options import NOT_KEYWORDS, OPTIONS
 
+    keywords = tuple(o.name for o in OPTIONS if o.name not in NOT_KEYWORDS)  # the others: environment, evalkit's
     return [
-        Use("call", "vllm.LLM", tuple(o.name for o in OPTIONS), None, "evalkit/engines/vllm/options.py (OPTIONS)"),
+        Use("call", "vllm.LLM", keywords, None, "evalkit/engines/vllm/options.py (OPTIONS)"),
         Use("call", "vllm.LLM", MEMORY_ARGUMENTS, None, "evalkit/engines/vllm/gpu.py (start_memory)"),
     ]
 

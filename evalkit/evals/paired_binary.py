@@ -22,10 +22,13 @@ shows no flip in 4 prompts 66 % of the time.
   matrices): the counts ``b``, ``c`` and ``N = n k`` divided by the **design effect** (Rao and Scott
   1992) ``deff = V_items / V_pairs``, the variance of the mean change estimated over items (cluster-
   robust, ``n / (n - 1)`` corrected) over the one the pairs would give if independent, held to
-  ``[1, k]``; with no discordant pair, ``deff = k`` (the samples of an item counted as one). For
-  k = 1 it is :func:`paired_difference_ci` exactly.
+  ``[1, k]``; with no discordant pair, ``deff = k`` (the samples of an item counted as one). As the
+  design effect is estimated over n items, Student's ``t(0.975, n - 1)`` replaces ``z``: with the
+  normal quantile the interval excluded a zero change 5.7 % of the time at 20 items x 4 samples and
+  6.7 % at 8 x 4 (nominal 5 %). For k = 1 it is :func:`paired_difference_ci` exactly.
 - :func:`clustered_proportion`: the share of item-samples that are 1, with the Wilson interval on the
-  design-effect-scaled counts (``deff`` of the proportion, same rule); k = 1 is the plain Wilson.
+  design-effect-scaled counts (``deff`` of the proportion, same rules, Student's quantile for k > 1);
+  k = 1 is the plain Wilson.
 - :func:`item_sign_test`: the exact two-sided **sign-flip test over items** of the per-item changes
   ``D_i = c_i - b_i`` (integers, right-minus-wrong flips of item i's samples): under "no change" each
   item's change is as likely up as down, so ``sum D_i`` is distributed as ``sum +/- |D_i|`` with fair
@@ -61,13 +64,16 @@ def score_statistic(b: float, c: float, n: float, d: float) -> float:
     return num / math.sqrt(var)
 
 
-def paired_difference_ci(b: float, c: float, n: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Tango's score interval of ``(c - b) / n``: ``b`` pairs right -> wrong, ``c`` wrong -> right, of ``n``."""
+def paired_difference_ci(
+    b: float, c: float, n: float, confidence: float = CONFIDENCE, z: float | None = None
+) -> tuple[float, float]:
+    """Tango's score interval of ``(c - b) / n``: ``b`` pairs right -> wrong, ``c`` wrong -> right, of
+    ``n``; ``z`` replaces the normal quantile (:func:`clustered_difference_ci` passes Student's)."""
     if n <= 0:
         return (math.nan, math.nan)
     if b < 0 or c < 0 or b + c > n * (1 + 1e-12):
         raise ValueError(f"discordant counts b={b}, c={c} must be non-negative and at most n={n} together")
-    z = _z(confidence)
+    z = _z(confidence) if z is None else z
     point = (c - b) / n
     edge = 1.0 - 1e-12
 
@@ -108,15 +114,26 @@ def clustered_difference_ci(
         raise ValueError("paired outcomes need the same items and samples, at least one")
     b, c = float((base & ~other).sum()), float((~base & other).sum())
     deff = difference_design_effect(base, other)
-    low, high = paired_difference_ci(b / deff, c / deff, base.size / deff, confidence)
+    z = _cluster_quantile(base.shape, confidence)
+    low, high = paired_difference_ci(b / deff, c / deff, base.size / deff, confidence, z)
     return ((c - b) / base.size, low, high, deff)
 
 
-def wilson(x: float, n: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Wilson's score interval for the proportion x / n, for real-valued (design-effect-scaled) counts."""
+def _cluster_quantile(shape: tuple[int, int], confidence: float) -> float | None:
+    """Student's quantile with n - 1 degrees of freedom where the design effect is estimated over n items
+    (k > 1; the normal's for one sample per item, None): the variance over items is itself uncertain."""
+    n, k = shape
+    if k == 1 or n < 2:
+        return None
+    return float(stats.t.ppf(1 - (1 - confidence) / 2, n - 1))
+
+
+def wilson(x: float, n: float, confidence: float = CONFIDENCE, z: float | None = None) -> tuple[float, float]:
+    """Wilson's score interval for the proportion x / n, for real-valued (design-effect-scaled) counts;
+    ``z`` replaces the normal quantile."""
     if n <= 0:
         return (math.nan, math.nan)
-    z = _z(confidence)
+    z = _z(confidence) if z is None else z
     p = x / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0))
@@ -139,7 +156,7 @@ def clustered_proportion(ones: np.ndarray, confidence: float = CONFIDENCE) -> tu
     v_pairs = p * (1 - p) / pairs
     v_items = n / (n - 1) * float(((x.sum(1) - k * p) ** 2).sum()) / pairs**2 if n > 1 else math.inf
     deff = _design_effect(v_items, v_pairs, k)
-    low, high = wilson(total / deff, pairs / deff, confidence)
+    low, high = wilson(total / deff, pairs / deff, confidence, _cluster_quantile(x.shape, confidence))
     return (p, low, high, deff)
 
 

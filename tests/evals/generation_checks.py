@@ -65,7 +65,9 @@ def check_outcomes(rows: dict, prefix: str, base: list[dict], mine: list[dict], 
     acc = rows[(f"{prefix}accuracy", None)]
     assert acc["value"] == pytest.approx(total / (n_items * k), abs=1e-12)
     deff = R.share_design_effect(right)  # the item as the unit: Wilson on design-effect-scaled counts
-    assert (acc["ci_low"], acc["ci_high"]) == pytest.approx(R.wilson(total / deff, n_items * k / deff), abs=1e-9)
+    assert (acc["ci_low"], acc["ci_high"]) == pytest.approx(
+        R.wilson(total / deff, n_items * k / deff, R.cluster_z(n_items, k)), abs=1e-9
+    )
     if k >= 2:
         per_item = [pass_at(r, k) for r in right]
         assert rows[(f"{prefix}pass@{k}", None)]["value"] == pytest.approx(np.mean(per_item), abs=1e-12)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize
+from scipy import optimize, stats
 
 Z = 1.959963984540054
 
@@ -90,11 +90,17 @@ def change_design_effect(base: list[list[float]], other: list[list[float]]) -> f
     return min(max(between / srs, 1.0), float(k))
 
 
+def cluster_z(n: int, k: int) -> float:
+    """The quantile of the clustered intervals: Student's with n - 1 df over n items of k > 1 samples."""
+    return Z if k == 1 else float(stats.t.ppf(0.975, n - 1))
+
+
 def clustered_change_interval(base: list[list[float]], other: list[list[float]]) -> tuple[float, float]:
     deff = change_design_effect(base, other)
     b = sum(x == 1 and y == 0 for br, r in zip(base, other) for x, y in zip(br, r))
     c = sum(x == 0 and y == 1 for br, r in zip(base, other) for x, y in zip(br, r))
-    return tango_brute(b / deff, c / deff, len(base) * len(base[0]) / deff)
+    n, k = len(base), len(base[0])
+    return tango_brute(b / deff, c / deff, n * k / deff, cluster_z(n, k))
 
 
 def sign_flip_p(changes: list[int]) -> float:

@@ -77,11 +77,14 @@ def test_accuracy_delta_is_tangos_interval_with_the_item_as_the_unit():
     assert value == pytest.approx(np.mean(d), abs=1e-12)
     assert deff == pytest.approx(R.change_design_effect(base.tolist(), other.tolist()), abs=1e-12)
     assert (lo, hi) == pytest.approx(R.clustered_change_interval(base.tolist(), other.tolist()), abs=1e-7)
-    # every item agrees: not [0, 0] but about Wilson's width for 0 of the 5 items (the 2 samples of an
-    # item that never changes count as one)
+    # every item agrees: not [0, 0] but Wilson's width for 0 of the 5 items (the 2 samples of an item that
+    # never changes count as one), with Student's quantile (4 df) for z: t**2 / (n + t**2)
     value, lo, hi, deff = P.accuracy_delta(base, base)
+    t4 = stats.t.ppf(0.975, 4)
+    assert value == 0 and deff == 2 and (lo, hi) == pytest.approx((-(t4**2) / (5 + t4**2), t4**2 / (5 + t4**2)))
+    value, lo, hi, deff = P.accuracy_delta(base[:, :1], base[:, :1])  # one sample per item: Wilson's own
     wilson_high = stats.binomtest(0, 5).proportion_ci(method="wilson").high
-    assert value == 0 and deff == 2 and (lo, hi) == pytest.approx((-wilson_high, wilson_high), abs=1e-9)
+    assert deff == 1 and (lo, hi) == pytest.approx((-wilson_high, wilson_high), abs=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,9 @@ def test_clustered_intervals_follow_the_design_effect(k):
         assert value == pytest.approx(other.mean() - base.mean(), abs=1e-12)
         share, s_lo, s_hi, s_deff = PB.clustered_proportion(other)
         assert s_deff == pytest.approx(R.share_design_effect(ol), abs=1e-12)
-        assert (s_lo, s_hi) == pytest.approx(R.wilson(other.sum() / s_deff, other.size / s_deff), abs=1e-9)
+        assert (s_lo, s_hi) == pytest.approx(
+            R.wilson(other.sum() / s_deff, other.size / s_deff, R.cluster_z(12, k)), abs=1e-9
+        )
 
 
 def test_samples_that_repeat_their_item_count_as_one_item():
@@ -71,11 +73,13 @@ def test_samples_that_repeat_their_item_count_as_one_item():
     rng = np.random.default_rng(3)
     base, other = _pairs(rng, 10, 1)
     b, c = int((base & ~other).sum()), int((~base & other).sum())
-    one = PB.paired_difference_ci(b, c, 10)
+    t9 = stats.t.ppf(0.975, 9)  # the design effect estimated over 10 items: Student's quantile
+    one = PB.paired_difference_ci(b, c, 10, z=t9)
+    assert one == pytest.approx(R.tango_brute(b, c, 10, t9), abs=1e-7)
     _, lo, hi, deff = PB.clustered_difference_ci(np.repeat(base, 4, 1), np.repeat(other, 4, 1))
     assert deff == 4 and (lo, hi) == pytest.approx(one, abs=1e-9)
     _, lo, hi, deff = PB.clustered_difference_ci(np.repeat(base, 4, 1), np.repeat(base, 4, 1))
-    assert deff == 4 and (lo, hi) == pytest.approx(PB.paired_difference_ci(0, 0, 10), abs=1e-12)
+    assert deff == 4 and (lo, hi) == pytest.approx((-(t9**2) / (10 + t9**2), t9**2 / (10 + t9**2)), abs=1e-9)
 
 
 def test_sign_flip_test_over_items():

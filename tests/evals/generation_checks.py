@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+
+from tests.evals import paired_reference as R
 
 Z = 1.959963984540054
 
@@ -53,36 +54,46 @@ def by_metric(rows) -> dict:
     return out
 
 
-def check_outcomes(rows: dict, prefix: str, base: list[dict], mine: list[dict]) -> None:
+def check_outcomes(rows: dict, prefix: str, base: list[dict], mine: list[dict], prompt_tokens=None) -> None:
     """accuracy, pass@k, accuracy_delta, McNemar, flips and accuracy by length, from per-item records
-    (base and mine in the same item order, samples in the same seed order)."""
+    (base and mine in the same item order, samples in the same seed order); ``prompt_tokens`` per item,
+    the length the by-length rows bucket on (None: only that the buckets partition the items)."""
     n_items, k = len(mine), len(mine[0]["samples"])
     right = [[s["correct"] for s in r["samples"]] for r in mine]
     base_right = [[s["correct"] for s in r["samples"]] for r in base]
     total = sum(map(sum, right))
     acc = rows[(f"{prefix}accuracy", None)]
     assert acc["value"] == pytest.approx(total / (n_items * k), abs=1e-12)
-    assert (acc["ci_low"], acc["ci_high"]) == pytest.approx(wilson(int(total), n_items * k), abs=1e-9)
+    deff = R.share_design_effect(right)  # the item as the unit: Wilson on design-effect-scaled counts
+    assert (acc["ci_low"], acc["ci_high"]) == pytest.approx(
+        R.wilson(total / deff, n_items * k / deff, R.cluster_z(n_items, k)), abs=1e-9
+    )
     if k >= 2:
         per_item = [pass_at(r, k) for r in right]
         assert rows[(f"{prefix}pass@{k}", None)]["value"] == pytest.approx(np.mean(per_item), abs=1e-12)
     b = sum(x == 1 and y == 0 for br, r in zip(base_right, right) for x, y in zip(br, r))
     c = sum(x == 0 and y == 1 for br, r in zip(base_right, right) for x, y in zip(br, r))
-    assert rows[(f"{prefix}mcnemar_p", None)]["value"] == pytest.approx(mcnemar_p(b, c), abs=1e-12)
+    changes = [
+        sum(y - x for x, y in zip(br, r) if x != y) for br, r in zip(base_right, right)
+    ]  # per item: wrong->right minus right->wrong samples
+    want = mcnemar_p(b, c) if k == 1 else R.sign_flip_p([int(x) for x in changes])
+    assert rows[(f"{prefix}mcnemar_p", None)]["value"] == pytest.approx(want, abs=1e-12)
     assert rows[(f"{prefix}flip_right_to_wrong", None)]["value"] == pytest.approx(b / (n_items * k), abs=1e-12)
     assert rows[(f"{prefix}flip_wrong_to_right", None)]["value"] == pytest.approx(c / (n_items * k), abs=1e-12)
     d = [np.mean(r) - np.mean(br) for br, r in zip(base_right, right)]
     delta = rows[(f"{prefix}accuracy_delta", None)]
     assert delta["value"] == pytest.approx(np.mean(d), abs=1e-12)
-    if n_items >= 2 and np.std(d) > 0:
-        half = stats.t.ppf(0.975, n_items - 1) * np.std(d, ddof=1) / math.sqrt(n_items)
-        assert delta["ci_low"] == pytest.approx(max(np.mean(d) - half, -1), abs=1e-9)
+    want = R.clustered_change_interval(base_right, right)  # Tango's, design-effect-scaled counts
+    assert (delta["ci_low"], delta["ci_high"]) == pytest.approx(want, abs=1e-7)
+    buckets = {label: r for (metric, label), r in rows.items() if metric == f"{prefix}accuracy_by_length"}
+    if prompt_tokens is None:
+        assert sum(r["info"]["n_items"] for r in buckets.values()) == n_items
+        return
     groups: dict[str, list[tuple[float, float]]] = {}
-    for br, r in zip(base, mine):
+    for br, r, length in zip(base, mine, prompt_tokens):  # an item's samples in its prompt's bucket
         for bs, s in zip(br["samples"], r["samples"]):
-            groups.setdefault(bucket(bs["tokens"]), []).append((s["correct"], bs["correct"]))
-    buckets = {label for (metric, label) in rows if metric == f"{prefix}accuracy_by_length"}
-    assert buckets == set(groups)
+            groups.setdefault(bucket(length), []).append((s["correct"], bs["correct"]))
+    assert set(buckets) == set(groups)
     for label, pairs in groups.items():
         row = rows[(f"{prefix}accuracy_by_length", label)]
         assert row["value"] == pytest.approx(np.mean([p[0] for p in pairs]), abs=1e-12)
@@ -121,7 +132,8 @@ def check_task(rows_list, task: str, filt: str, base: list[dict], mine: list[dic
         for s in r["samples"]:
             assert s["tokens"] == len(tokenizer(s["text"], add_special_tokens=False)["input_ids"])
     prefix = f"{task}/"
-    check_outcomes(rows, prefix, base, mine)
+    prompts = [len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in base]
+    check_outcomes(rows, prefix, base, mine, prompts)
     changed = [bs["answer"] != s["answer"] for br, r in zip(base, mine) for bs, s in zip(br["samples"], r["samples"])]
     assert rows[(f"{prefix}flip_rate", None)]["value"] == pytest.approx(np.mean(changed), abs=1e-12)
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731

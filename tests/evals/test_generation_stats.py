@@ -12,6 +12,8 @@ from scipy import stats
 
 from evalkit.evals.generation import paired as P
 
+from tests.evals import paired_reference as R
+
 Z = 1.959963984540054  # the 97.5 % normal quantile
 
 
@@ -67,14 +69,22 @@ def test_mcnemar_exact_p_from_the_discordant_pairs(b, c):
     assert (got_b, got_c) == (b, c) and p == pytest.approx(exact_mcnemar(b, c), abs=1e-12)
 
 
-def test_accuracy_delta_is_paired_over_items():
+def test_accuracy_delta_is_tangos_interval_with_the_item_as_the_unit():
     base = np.array([[1, 1], [0, 0], [1, 0], [0, 1], [1, 1]])
     other = np.array([[1, 0], [0, 0], [1, 1], [0, 0], [0, 0]])
-    value, lo, hi = P.accuracy_delta(base, other)
+    value, lo, hi, deff = P.accuracy_delta(base, other)
     d = [np.mean(o) - np.mean(b) for b, o in zip(base, other)]
-    mean, t_lo, t_hi = student_t(d)  # held inside [-1, 1], where a difference of accuracies lies
-    assert (value, lo, hi) == pytest.approx((mean, max(t_lo, -1.0), min(t_hi, 1.0)), abs=1e-12)
-    assert P.accuracy_delta(base, base) == (0.0, 0.0, 0.0)  # every item agrees: exactly [0, 0]
+    assert value == pytest.approx(np.mean(d), abs=1e-12)
+    assert deff == pytest.approx(R.change_design_effect(base.tolist(), other.tolist()), abs=1e-12)
+    assert (lo, hi) == pytest.approx(R.clustered_change_interval(base.tolist(), other.tolist()), abs=1e-7)
+    # every item agrees: not [0, 0] but Wilson's width for 0 of the 5 items (the 2 samples of an item that
+    # never changes count as one), with Student's quantile (4 df) for z: t**2 / (n + t**2)
+    value, lo, hi, deff = P.accuracy_delta(base, base)
+    t4 = stats.t.ppf(0.975, 4)
+    assert value == 0 and deff == 2 and (lo, hi) == pytest.approx((-(t4**2) / (5 + t4**2), t4**2 / (5 + t4**2)))
+    value, lo, hi, deff = P.accuracy_delta(base[:, :1], base[:, :1])  # one sample per item: Wilson's own
+    wilson_high = stats.binomtest(0, 5).proportion_ci(method="wilson").high
+    assert deff == 1 and (lo, hi) == pytest.approx((-wilson_high, wilson_high), abs=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@ from scipy import stats
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.longcontext import items as I
-from evalkit.evals.longcontext.paired import compare
+from evalkit.evals.longcontext.paired import compare, holm
+
+from tests.evals import paired_reference as R
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tasks" / "longcontext"
@@ -43,22 +45,37 @@ def test_binary_pairs_take_the_exact_mcnemar_test():
 
 
 def test_identical_scores_have_no_difference_and_p_one():
-    for scores in ([1, 0, 1, 1], [0.2, 0.6, 1.0, 0.0]):
-        r = compare(scores, scores)
-        assert r.diff == 0 and r.diff_ci == (0.0, 0.0) and r.p_value == 1.0 and r.discordance == 0
+    r = compare([1, 0, 1, 1], [1, 0, 1, 1])  # 0/1 scores: 0 of 4 changed gives about Wilson's width
+    wilson_high = stats.binomtest(0, 4).proportion_ci(method="wilson").high
+    assert r.diff == 0 and r.p_value == 1.0 and r.discordance == 0
+    assert r.diff_ci == pytest.approx((-wilson_high, wilson_high), abs=1e-9)
+    r = compare([0.2, 0.6, 1.0, 0.0], [0.2, 0.6, 1.0, 0.0])  # fractional: the t interval of zeros
+    assert r.diff == 0 and r.diff_ci == (0.0, 0.0) and r.p_value == 1.0 and r.discordance == 0
 
 
-def test_fractional_scores_take_the_paired_bootstrap():
+def test_binary_difference_is_tangos_interval():
+    base = [1] * 30 + [0] * 10
+    scheme = [0] * 7 + [1] * 23 + [1] * 2 + [0] * 8  # 7 right-to-wrong, 2 wrong-to-right
+    assert compare(scheme, base).diff_ci == pytest.approx(R.tango_brute(7, 2, 40), abs=1e-7)
+
+
+def test_holm_adjusts_like_the_textbook():
+    p = [0.01, 0.04, 0.03, 0.005, float("nan")]
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4 = 0.02, x3 = 0.03, x2 = 0.06, x1 = 0.04 raised to 0.06 (step-down)
+    assert holm(p)[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(holm(p)[4])
+
+
+def test_fractional_scores_take_the_paired_t():
     rng = np.random.default_rng(1)
     base = rng.uniform(0.4, 1.0, 200)
     scheme = np.clip(base - 0.1 + rng.normal(0, 0.05, 200), 0, 1)
     r = compare(scheme, base)
-    assert not r.binary and r.test == "paired_bootstrap" and r.p_value < 0.01
+    assert not r.binary and r.test == "paired_t" and r.p_value < 0.01
     d = scheme - base
     assert r.diff == pytest.approx(d.mean())
-    # the bootstrap interval of a mean is close to the t interval of the paired differences
     lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
-    assert r.diff_ci == pytest.approx((lo, hi), abs=0.003)
+    assert r.diff_ci == pytest.approx((lo, hi), abs=1e-12)
+    assert r.p_value == pytest.approx(stats.ttest_rel(scheme, base).pvalue, abs=1e-12)
     assert r.score_ci == pytest.approx(stats.t.interval(0.95, 199, loc=scheme.mean(), scale=stats.sem(scheme)))
     noise = compare(base + rng.normal(0, 0.01, 200), base)  # no shift: no evidence
     assert noise.p_value > 0.05

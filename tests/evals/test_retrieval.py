@@ -24,6 +24,8 @@ from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, score, w
 from evalkit.evals.retrieval.tasks import DEFAULT_TASKS, available_tasks, draw_needles, load_task
 from evalkit.kv.scheme import Scheme, parse_scheme
 
+from tests.evals import paired_reference as R
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -198,10 +200,14 @@ def test_intervals_match_scipy_and_plain_means():
     mean, lo, hi, method = accuracy_ci(frac)
     t = stats.t.interval(0.95, 3, loc=0.625, scale=np.std(frac, ddof=1) / 2)  # Student's t, clipped to [0, 1]
     assert method == "t" and mean == pytest.approx(0.625) and (lo, hi) == pytest.approx((t[0], 1.0)) and t[1] > 1
-    assert difference_ci([1, 0, 1], [1, 0, 1]) == (0.0, 0.0, 0.0)
-    d, lo, hi = difference_ci([0, 0, 1, 0], [1, 1, 1, 1])
-    t = stats.t.interval(0.95, 3, loc=-0.75, scale=0.5 / 2)  # per-prompt differences -1, -1, 0, -1
-    assert d == pytest.approx(-0.75) and (lo, hi) == pytest.approx((-1.0, t[1])) and t[0] < -1
+    # 0/1 scores, nothing changed: not [0, 0] but Wilson's width for 0 of the 3 prompts
+    wilson_high = stats.binomtest(0, 3).proportion_ci(method="wilson").high
+    assert difference_ci([1, 0, 1], [1, 0, 1]) == pytest.approx((0.0, -wilson_high, wilson_high), abs=1e-9)
+    d, lo, hi = difference_ci([0, 0, 1, 0], [1, 1, 1, 1])  # 3 right -> wrong of 4: Tango's interval
+    assert d == pytest.approx(-0.75) and (lo, hi) == pytest.approx(R.tango_brute(3, 0, 4), abs=1e-7)
+    d, lo, hi = difference_ci([0.5, 0.25, 1.0, 0.75], [1.0, 0.5, 1.0, 0.75])  # recall: Student's t, clipped
+    t = stats.t.interval(0.95, 3, loc=-0.1875, scale=np.std([-0.5, -0.25, 0, 0], ddof=1) / 2)
+    assert d == pytest.approx(-0.1875) and (lo, hi) == pytest.approx(t)
 
 
 # ---- the evaluation end to end ---------------------------------------------------------------------
@@ -249,7 +255,9 @@ def test_rows_aggregate_scores_per_cell(tiny_lm, tmp_path, monkeypatch):
     overall = next(r for r in rows if r.metric == "accuracy" and not r.labels)
     assert overall.value == pytest.approx(sum(map(scheme_rule, ev.samples)) / len(ev.samples))
     base_overall = next(r for r in base_rows if r.metric == "accuracy_diff" and not r.labels)
-    assert (base_overall.value, base_overall.ci_low, base_overall.ci_high) == (0.0, 0.0, 0.0)
+    wilson_high = stats.binomtest(0, len(ev.samples)).proportion_ci(method="wilson").high
+    assert base_overall.value == 0.0  # nothing changed: Wilson's width for 0 of the prompts, not [0, 0]
+    assert (base_overall.ci_low, base_overall.ci_high) == pytest.approx((-wilson_high, wilson_high), abs=1e-9)
     per_task = {r.labels["task"]: r.value for r in rows if r.metric == "accuracy" and set(r.labels) == {"task"}}
     assert per_task == {"passkey": pytest.approx(2 / 9), "niah_multivalue": pytest.approx(2 / 9)}
     for name in ("retrieval_accuracy.png", "retrieval_diff.png"):

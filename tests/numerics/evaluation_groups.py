@@ -23,7 +23,8 @@ def _row(r) -> dict:
 
 
 def stats_group() -> dict:
-    """evalkit.evals.stats: the t (jackknife) and bootstrap intervals, the paired t test, Wilson and exact."""
+    """evalkit.evals.stats: the t (jackknife) and bootstrap intervals, the skewed-mean interval, the paired t
+    test, Wilson and exact; evalkit.evals.paired_binary's paired yes/no intervals and tests."""
     from evalkit.evals import stats
 
     out = {}
@@ -47,12 +48,34 @@ def stats_group() -> dict:
         "p_equal": stats.paired_pvalue(zeros, zeros),
         "p_shift": stats.paired_pvalue(zeros, zeros + 1),
     }
+    for n in (2, 4, 20):  # right-skewed non-negative units (KL): positive values, and one of them 0
+        v = np.exp(exact_normal((n,), seed=50 + n, scale=0.8))
+        c = 50 + np.floor(exact_uniform((n,), seed=60 + n) * 100)
+        out[f"skewed_n{n}"] = [stats.skewed_mean_ci(v * c, c), stats.skewed_mean_ci(np.r_[0.0, v[1:]] * c, c)]
+    out["skewed_identity"] = stats.skewed_mean_ci(np.zeros(4), np.ones(4))
+    out["paired_binary"] = paired_binary_numbers()
     out["binomial"] = {
         f"{k}/{n} {method}": stats.binomial_ci(k, n, method=method)
         for k, n in ((0, 10), (3, 10), (10, 10), (17, 40), (1, 1))
         for method in ("wilson", "exact")
     }
     return out
+
+
+def paired_binary_numbers() -> dict:
+    """evalkit.evals.paired_binary: Tango's interval, the clustered interval and share, the item test."""
+    from evalkit.evals import paired_binary as pb
+
+    base = exact_uniform((9, 4), seed=70) > 0.4
+    other = np.where(exact_uniform((9, 4), seed=71) > 0.8, ~base, base)
+    return {
+        "tango": [pb.paired_difference_ci(b, c, n) for b, c, n in ((0, 0, 4), (0, 0, 8), (2, 12, 50), (3, 1, 20))],
+        "tango_fractional": pb.paired_difference_ci(1.5, 0.25, 6.5),
+        "clustered": [pb.clustered_difference_ci(base[:, :k], other[:, :k]) for k in (1, 2, 4)],
+        "share": [pb.clustered_proportion(other[:, :k]) for k in (1, 2, 4)],
+        "wilson": pb.wilson(2.5, 7.25),
+        "item_test": [pb.item_sign_test(d) for d in ([1, -1, 0, 2, 3], [0, 0], [-1] * 5 + [1], [4, 3, -2, 1, 1, 2])],
+    }
 
 
 def paired_stats_group() -> dict:

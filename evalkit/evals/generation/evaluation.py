@@ -186,7 +186,7 @@ class GenerationEval(Evaluation):
             first = [r["samples"][0]["ids"] for r in self.baseline["traces"]]
             kl = teacher_forced(lm, self._head, scheme, self._prompts, first, self._summaries)
             trace_info = {**info, "file": file_identity(p["traces"]), "max_gen_toks": self._budget}
-            rows += trace_rows(self.baseline["traces"], run["traces"], kl, trace_info)
+            rows += trace_rows(self.baseline["traces"], run["traces"], kl, trace_info, [len(x) for x in self._prompts])
             for record, k in zip(run["traces"], kl):
                 record.update(kl_mean=float(k["kl"].mean()), top1_agreement=float(k["agree"].mean()))
         if artifacts is not None:

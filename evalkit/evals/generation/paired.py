@@ -1,25 +1,29 @@
 """Per-item statistics of generated answers, and how a scheme's answers differ from the baseline's.
 
-The unit of a paired comparison is an *item-sample*: item i's sample j under the scheme against the
-baseline's sample j of the same item, drawn with the same seed (greedy: the same answer but for the
-scheme). Intervals over items treat the item as the independent unit (its samples are correlated).
+The unit of a pair is an *item-sample*: item i's sample j under the scheme against the baseline's
+sample j of the same item, drawn with the same seed (greedy: the same answer but for the scheme). The
+samples of one item are correlated (an easy item is right in most of them), so every interval and
+test here takes the **item** as the independent unit (:mod:`evalkit.evals.paired_binary`):
 
-* ``accuracy``: the share of item-samples answered right, with the 95 % Wilson interval over the
-  item-samples (with one sample per item exactly lm-eval's proportion and evalkit's lmeval interval;
-  with several, samples of one item count as separate trials);
+* ``accuracy`` and the other shares of item-samples (flips, truncated answers, divergence): the share
+  with the Wilson interval on design-effect-scaled counts (:func:`clustered_share`; with one sample
+  per item exactly the Wilson interval, lm-eval's proportion and evalkit's lmeval interval);
 * ``pass@k`` (k samples per item, n = k here): per item the unbiased estimator
   ``1 - C(n - c, k) / C(n, k)`` with c right samples (Chen et al. 2021), averaged over items, with a
   Student's t interval over items;
-* ``accuracy_delta``: the scheme's accuracy minus the baseline's, paired: per item the difference of
-  its accuracies, Student's t interval over items (exactly [0, 0] when every item agrees, as
-  retrieval's ``accuracy_diff``);
-* McNemar's exact test: of the discordant item-samples, b went right -> wrong and c wrong -> right;
-  under "no change" b ~ Binomial(b + c, 1/2): the two-sided p of ``scipy.stats.binomtest`` (1 with no
-  discordant pair). ``flip_right_to_wrong`` = b / N, ``flip_wrong_to_right`` = c / N and
-  ``flip_rate`` (the extracted answer changed, right or wrong), with Wilson intervals;
-* accuracy by output length: item-samples bucketed by the *baseline's* output length for the same
-  item and sample (:func:`length_bucket`, powers of two), so a bucket holds the same item-samples for
-  every scheme and its accuracies compare pairwise: does the scheme lose the long answers?
+* ``accuracy_delta``: the scheme's accuracy minus the baseline's, with Tango's score interval for
+  paired proportions on design-effect-scaled counts (:func:`accuracy_delta`): never zero-width, so
+  "no item changed" in 4 items is [-49, +49] points (Wilson's 0-of-4 width), not a resolved zero;
+* the test of "no change" (:func:`item_test`, the ``mcnemar_p`` row): with one sample per item McNemar's
+  exact test (of the discordant pairs, b went right -> wrong and c wrong -> right; ``b ~ Binomial(b + c,
+  1/2)``), with several the exact sign-flip test over items of ``c_i - b_i``, which is McNemar's when
+  k = 1 and holds its level when item accuracies move both ways; ``flip_right_to_wrong`` = b / N,
+  ``flip_wrong_to_right`` = c / N and ``flip_rate`` (the extracted answer changed, right or wrong);
+* accuracy by length: item-samples bucketed by a length fixed before the scheme acts, the item's
+  **prompt** length in tokens (:func:`length_bucket`, powers of two), the same for every scheme and
+  independent of any answer. Not the baseline's output length: wrong answers run long, so bucketing by
+  it sorts the baseline's outcomes into buckets and, with no effect at all, shows the scheme 15-27
+  points worse on short answers and better on long ones;
 * first divergence (:func:`first_divergence`): the index of the first generated token where the
   scheme's tokens differ from the baseline's, per item-sample; summarised by the share of
   item-samples that diverge (Wilson) and, over those, the median index (the lower median, with the
@@ -38,15 +42,23 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import comb
 
-from evalkit.evals.stats import binomial_ci, mcnemar_exact, unit_interval
+from evalkit.evals.paired_binary import clustered_difference_ci, clustered_proportion, item_sign_test
+from evalkit.evals.stats import binomial_ci, mcnemar_exact, skewed_mean_ci, unit_interval
 
 BUCKET_START = 32  # the first bucket is 0-31 tokens, then 32-63, 64-127, ...
+MCNEMAR_TEST = "exact McNemar (binomtest of the discordant pairs; one sample per item)"
+ITEM_TEST = "exact sign-flip test over items of each item's wrong->right minus right->wrong samples"
 
 
 def proportion(k: int, n: int) -> tuple[float, float, float]:
     """(k / n, Wilson 95 % low, high)."""
     low, high = binomial_ci(int(k), int(n))
     return (k / n if n else math.nan), low, high
+
+
+def clustered_share(ones: np.ndarray) -> tuple[float, float, float, float]:
+    """(share, low, high, design effect) of an items x samples 0/1 matrix: the item as the unit."""
+    return clustered_proportion(np.asarray(ones, dtype=np.float64))
 
 
 def mean_t(
@@ -61,6 +73,16 @@ def mean_t(
     if math.isfinite(low):
         low, high = max(low, low_bound), min(high, high_bound)
     return float(x.mean()), low, high
+
+
+def mean_skewed(values: Sequence[float]) -> tuple[float, float, float, bool]:
+    """(mean, low, high, skew-aware) of non-negative right-skewed per-unit values (KL) over units, by
+    :func:`evalkit.evals.stats.skewed_mean_ci`; the low end held at 0."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return math.nan, math.nan, math.nan, False
+    low, high, skewed = skewed_mean_ci(x, np.ones_like(x))
+    return float(x.mean()), (max(low, 0.0) if math.isfinite(low) else low), high, skewed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,16 +101,28 @@ def mean_pass_at_k(correct: np.ndarray, k: int) -> tuple[float, float, float]:
 
 
 def mcnemar(base: np.ndarray, other: np.ndarray) -> tuple[float, int, int]:
-    """(exact two-sided McNemar p, b right -> wrong, c wrong -> right) over paired 0/1 outcomes."""
+    """(exact two-sided McNemar p, b right -> wrong, c wrong -> right) over paired 0/1 outcomes, every
+    item-sample one pair: right for one sample per item only (:func:`item_test` is the general test)."""
     base, other = np.asarray(base, dtype=bool).ravel(), np.asarray(other, dtype=bool).ravel()
     b, c = int((base & ~other).sum()), int((~base & other).sum())
     return mcnemar_exact(b, c), b, c
 
 
-def accuracy_delta(base: np.ndarray, other: np.ndarray) -> tuple[float, float, float]:
-    """Scheme minus baseline accuracy, paired over items (rows), Student's t interval over items."""
-    d = np.asarray(other, dtype=np.float64).mean(1) - np.asarray(base, dtype=np.float64).mean(1)
-    return mean_t(d, -1.0, 1.0)
+def item_test(base: np.ndarray, other: np.ndarray) -> tuple[float, int, int, str]:
+    """(p, b right -> wrong, c wrong -> right, test) of items x samples 0/1 matrices: McNemar's exact
+    test for one sample per item, else the exact sign-flip test over items (module docstring)."""
+    base, other = np.atleast_2d(np.asarray(base, dtype=bool)), np.atleast_2d(np.asarray(other, dtype=bool))
+    b, c = int((base & ~other).sum()), int((~base & other).sum())
+    if base.shape[1] == 1:
+        return mcnemar_exact(b, c), b, c, MCNEMAR_TEST
+    changes = (~base & other).sum(1).astype(np.int64) - (base & ~other).sum(1).astype(np.int64)
+    return item_sign_test(changes), b, c, ITEM_TEST
+
+
+def accuracy_delta(base: np.ndarray, other: np.ndarray) -> tuple[float, float, float, float]:
+    """(scheme minus baseline accuracy, low, high, design effect) of items x samples 0/1 matrices:
+    Tango's score interval on the design-effect-scaled discordant counts."""
+    return clustered_difference_ci(np.asarray(base, dtype=bool), np.asarray(other, dtype=bool))
 
 
 def length_bucket(tokens: int) -> tuple[int, int]:

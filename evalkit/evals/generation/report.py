@@ -78,9 +78,10 @@ def notes(frame: pd.DataFrame) -> list[str]:
     if not any(str(c).endswith(("/gen_acc", "/gen_diverged")) for c in frame.columns):
         return []
     return [
-        "generation: acc = share of item-samples answered right (95 % Wilson); Δacc = paired change from the "
-        "baseline in points (95 % t over items); r→w/w→r = item-samples whose answer flipped each way; McNemar p = "
-        "exact test of those flips; first div. = median index of the first generated token that differs from the "
+        "generation: acc = share of item-samples answered right (95 % Wilson, the item as the unit); Δacc = "
+        "paired change from the baseline in points (95 % Tango score interval, the item as the unit: never "
+        "zero-width); r→w/w→r = item-samples whose answer flipped each way; McNemar p = exact test of those flips "
+        "(one sample per item; with several, the exact sign-flip test over items); first div. = median index of the first generated token that differs from the "
         "baseline's, over the item-samples that diverge (and their share); traces KL = mean KL(baseline || scheme) "
         "along the baseline's own continuation"
     ]

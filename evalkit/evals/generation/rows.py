@@ -4,15 +4,21 @@
 Per task and lm-eval filter (metric ``<task>/<stat>``, ``[<filter>]`` appended unless the filter is
 ``none``; labels ``task`` and ``filter``):
 
-* ``accuracy`` (Wilson), ``pass@k`` for k = the samples per item (from 2 samples; every k's value in
-  its info), ``output_tokens`` (mean, t over items) and ``truncated_share`` (answers cut off at the
-  output budget, Wilson);
-* against the baseline's answers to the same items and samples: ``accuracy_delta`` (paired, t over
-  items), ``mcnemar_p``, ``flip_right_to_wrong``, ``flip_wrong_to_right``, ``flip_rate`` (the
-  extracted answer changed), ``divergence_share`` and ``first_divergence`` (its median over the
-  item-samples that diverge; no row when none does);
-* ``accuracy_by_length`` per output-length bucket of the baseline's answers (label ``bucket``), with
-  the baseline's accuracy on the same item-samples in its info.
+* ``accuracy`` (Wilson with the item as the unit), ``pass@k`` for k = the samples per item (from 2
+  samples; every k's value in its info), ``output_tokens`` (mean, t over items) and
+  ``truncated_share`` (answers cut off at the output budget);
+* against the baseline's answers to the same items and samples: ``accuracy_delta`` (Tango's paired
+  score interval, item as the unit), ``mcnemar_p`` (McNemar's exact test with one sample per item,
+  the sign-flip test over items with several: its info's ``test``), ``flip_right_to_wrong``,
+  ``flip_wrong_to_right``, ``flip_rate`` (the extracted answer changed), ``divergence_share`` and
+  ``first_divergence`` (its median over the item-samples that diverge; no row when none does);
+* ``accuracy_by_length`` per bucket of the item's prompt length in tokens (label ``bucket``; fixed
+  before the scheme acts, so a bucket holds the same items for every scheme and no outcome decides
+  it), with the baseline's accuracy on the same item-samples in its info.
+
+Every share of item-samples (accuracy, flips, truncated, diverged) has the Wilson interval on counts
+divided by the design effect of its items (:func:`evalkit.evals.paired_binary.clustered_proportion`):
+with one sample per item the plain Wilson interval; its info's ``design_effect`` says by how much.
 
 A traces file gives the same comparisons under the task name ``traces`` (label ``file``): with
 references, ``accuracy`` and its paired rows over the lines that have one; ``flip_rate`` (the
@@ -32,7 +38,10 @@ from evalkit.evals.generation import paired as P
 from evalkit.evals.rows import MetricRow
 
 UNITS_CI = "95% Student's t over items"
-WILSON_CI = "95% Wilson over item-samples"
+WILSON_CI = "95% Wilson over item-samples, counts divided by the items' design effect (the item as the unit)"
+DELTA_CI = "95% Tango score interval for paired proportions, counts divided by the items' design effect"
+BUCKETED_BY = "the item's prompt length in tokens (fixed before the scheme acts)"
+KL_CI = "95% over lines: Student's t, upper end at least the lognormal generalized interval's (skewed)"
 
 
 def metric_name(task: str, stat: str, filt: str = "none") -> str:
@@ -52,8 +61,17 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
     """accuracy, pass@k and the paired comparisons of two 0/1 matrices (items x samples)."""
     n_items, k = correct.shape
     trials = {**info, "n_items": n_items, "samples": k, "n_item_samples": int(correct.size)}
-    acc, lo, hi = P.proportion(int(correct.sum()), correct.size)
-    rows = [_row(name("accuracy"), acc, lo, hi, labels, {**trials, "n_correct": int(correct.sum()), "ci": WILSON_CI})]
+    acc, lo, hi, deff = P.clustered_share(correct)
+    rows = [
+        _row(
+            name("accuracy"),
+            acc,
+            lo,
+            hi,
+            labels,
+            {**trials, "n_correct": int(correct.sum()), "ci": WILSON_CI, "design_effect": deff},
+        )
+    ]
     if k >= 2:
         every = {str(j): P.mean_pass_at_k(correct, j)[0] for j in range(1, k + 1)}
         value, lo, hi = P.mean_pass_at_k(correct, k)
@@ -67,9 +85,9 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
                 {**trials, "pass_at": every, "ci": UNITS_CI, "estimator": "1 - C(n-c,k)/C(n,k)"},
             )
         )
-    delta, lo, hi = P.accuracy_delta(base_correct, correct)
-    rows.append(_row(name("accuracy_delta"), delta, lo, hi, labels, {**trials, "ci": f"paired, {UNITS_CI}"}))
-    p, b, c = P.mcnemar(base_correct, correct)
+    delta, lo, hi, deff = P.accuracy_delta(base_correct, correct)
+    rows.append(_row(name("accuracy_delta"), delta, lo, hi, labels, {**trials, "ci": DELTA_CI, "design_effect": deff}))
+    p, b, c, test = P.item_test(base_correct, correct)
     rows.append(
         _row(
             name("mcnemar_p"),
@@ -81,19 +99,32 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
                 **trials,
                 "right_to_wrong": b,
                 "wrong_to_right": c,
-                "test": "exact McNemar (binomtest of the discordant pairs)",
+                "test": test,
             },
         )
     )
-    for stat, count in (("flip_right_to_wrong", b), ("flip_wrong_to_right", c)):
-        value, lo, hi = P.proportion(count, correct.size)
-        rows.append(_row(name(stat), value, lo, hi, labels, {**trials, "n_flipped": count, "ci": WILSON_CI}))
+    base_b, mine_b = base_correct.astype(bool), correct.astype(bool)
+    for stat, flips in (("flip_right_to_wrong", base_b & ~mine_b), ("flip_wrong_to_right", ~base_b & mine_b)):
+        value, lo, hi, deff = P.clustered_share(flips)
+        count = int(flips.sum())
+        rows.append(
+            _row(
+                name(stat),
+                value,
+                lo,
+                hi,
+                labels,
+                {**trials, "n_flipped": count, "ci": WILSON_CI, "design_effect": deff},
+            )
+        )
     return rows
 
 
-def divergence_rows(name, steps: list, labels: dict, info: dict) -> list[MetricRow]:
+def divergence_rows(name, steps: list, labels: dict, info: dict, samples: int = 1) -> list[MetricRow]:
+    """divergence_share (item as the unit: ``steps`` item-major, ``samples`` per item) and first_divergence."""
     summary = P.divergence_summary(steps)
-    value, lo, hi = summary["share"]
+    diverged = np.array([s is not None for s in steps], dtype=np.float64).reshape(-1, samples)
+    value, lo, hi, deff = P.clustered_share(diverged)
     out = [
         _row(
             name("divergence_share"),
@@ -101,7 +132,13 @@ def divergence_rows(name, steps: list, labels: dict, info: dict) -> list[MetricR
             lo,
             hi,
             labels,
-            {**info, "n_item_samples": summary["n"], "n_diverged": summary["diverged"], "ci": WILSON_CI},
+            {
+                **info,
+                "n_item_samples": summary["n"],
+                "n_diverged": summary["diverged"],
+                "ci": WILSON_CI,
+                "design_effect": deff,
+            },
         )
     ]
     if "median" in summary:
@@ -129,21 +166,22 @@ def divergence_rows(name, steps: list, labels: dict, info: dict) -> list[MetricR
 def length_rows(name, tokens: np.ndarray, truncated: np.ndarray, labels: dict, info: dict) -> list[MetricRow]:
     mean, lo, hi = P.mean_t(tokens.mean(1), 0.0)
     k = int(truncated.sum())
-    share, slo, shi = P.proportion(k, truncated.size)
+    share, slo, shi, deff = P.clustered_share(truncated)
+    cut = {**info, "n_truncated": k, "ci": WILSON_CI, "design_effect": deff}
     return [
         _row(name("output_tokens"), mean, lo, hi, labels, {**info, "max": int(tokens.max()), "ci": UNITS_CI}),
-        _row(name("truncated_share"), share, slo, shi, labels, {**info, "n_truncated": k, "ci": WILSON_CI}),
+        _row(name("truncated_share"), share, slo, shi, labels, cut),
     ]
 
 
-def bucket_rows(name, base_tokens: np.ndarray, base_correct: np.ndarray, correct: np.ndarray, labels: dict, info: dict):
-    """accuracy_by_length: the item-samples of each bucket of the baseline's output length."""
-    buckets = np.array([P.length_bucket(int(t)) for t in base_tokens.ravel()])
+def bucket_rows(name, item_tokens, base_correct: np.ndarray, correct: np.ndarray, labels: dict, info: dict):
+    """accuracy_by_length: the items of each bucket of ``item_tokens``, a length per item fixed before the
+    scheme acts (its prompt's tokens), all of an item's samples in its bucket."""
+    buckets = [P.length_bucket(int(t)) for t in item_tokens]
     out = []
-    for bucket in sorted({tuple(b) for b in buckets}):
-        sel = np.all(buckets == bucket, axis=1)
-        mine, theirs = correct.ravel()[sel], base_correct.ravel()[sel]
-        value, lo, hi = P.proportion(int(mine.sum()), int(sel.sum()))
+    for bucket in sorted(set(buckets)):
+        sel = np.array([b == bucket for b in buckets])
+        value, lo, hi, deff = P.clustered_share(correct[sel])
         out.append(
             _row(
                 name("accuracy_by_length"),
@@ -153,10 +191,12 @@ def bucket_rows(name, base_tokens: np.ndarray, base_correct: np.ndarray, correct
                 {**labels, "bucket": P.bucket_label(bucket)},
                 {
                     **info,
-                    "n_item_samples": int(sel.sum()),
-                    "baseline_accuracy": float(theirs.mean()),
-                    "bucketed_by": "the baseline's output tokens",
+                    "n_items": int(sel.sum()),
+                    "n_item_samples": int(correct[sel].size),
+                    "baseline_accuracy": float(base_correct[sel].mean()),
+                    "bucketed_by": BUCKETED_BY,
                     "ci": WILSON_CI,
+                    "design_effect": deff,
                 },
             )
         )
@@ -182,11 +222,24 @@ def task_rows(
             if all(s["correct"] is not None for r in b_recs + o_recs for s in r["samples"]):
                 base_c, mine = _matrix(b_recs, "correct"), _matrix(o_recs, "correct")
                 rows += outcome_rows(name, base_c, mine, labels, meta)
-                rows += bucket_rows(name, _matrix(b_recs, "tokens"), base_c, mine, labels, meta)
-            changed = [bs["answer"] != os_["answer"] for b, o in pairs for bs, os_ in zip(b["samples"], o["samples"])]
-            value, lo, hi = P.proportion(sum(changed), len(changed))
+                if all(isinstance(b.get("prompt"), str) for b in b_recs):  # a prompt's length, fixed before
+                    lengths = [len(ids(b["prompt"])) for b in b_recs]
+                    rows += bucket_rows(name, lengths, base_c, mine, labels, meta)
+            changed = np.array(
+                [[bs["answer"] != os_["answer"] for bs, os_ in zip(b["samples"], o["samples"])] for b, o in pairs],
+                dtype=np.float64,
+            )
+            value, lo, hi, deff = P.clustered_share(changed)
+            flipped = int(changed.sum())
             rows.append(
-                _row(name("flip_rate"), value, lo, hi, labels, {**meta, "n_flipped": sum(changed), "ci": WILSON_CI})
+                _row(
+                    name("flip_rate"),
+                    value,
+                    lo,
+                    hi,
+                    labels,
+                    {**meta, "n_flipped": flipped, "ci": WILSON_CI, "design_effect": deff},
+                )
             )
             steps = [
                 P.first_divergence(ids(bs["text"]), ids(os_["text"]))
@@ -194,7 +247,11 @@ def task_rows(
                 for bs, os_ in zip(b["samples"], o["samples"])
             ]
             rows += divergence_rows(
-                name, steps, labels, {**meta, "tokens": "generated text re-encoded by the tokenizer"}
+                name,
+                steps,
+                labels,
+                {**meta, "tokens": "generated text re-encoded by the tokenizer"},
+                changed.shape[1] if changed.size else 1,
             )
             rows += length_rows(name, _matrix(o_recs, "tokens"), _matrix(o_recs, "truncated"), labels, meta)
     return rows
@@ -239,8 +296,11 @@ def trace_records(traces, tokenizer, gens: list[list[list[int]]], seeds: list[in
     return out
 
 
-def trace_rows(base: list[dict], records: list[dict], kl: list[dict] | None, info: dict) -> list[MetricRow]:
-    """The traces file's rows (see the module docstring)."""
+def trace_rows(
+    base: list[dict], records: list[dict], kl: list[dict] | None, info: dict, prompt_tokens=None
+) -> list[MetricRow]:
+    """The traces file's rows (see the module docstring); ``prompt_tokens``: each line's prompt length, for
+    accuracy by length (no such rows without it)."""
     labels = {"task": "traces", "file": info.get("file", {}).get("name")}
     name = lambda stat: f"traces/{stat}"  # noqa: E731
     rows = []
@@ -250,10 +310,13 @@ def trace_rows(base: list[dict], records: list[dict], kl: list[dict] | None, inf
         mine = _matrix([records[k] for k in judged], "correct")
         meta = {**info, "n_with_reference": len(judged), "match": "the reference as a whole phrase, case-insensitive"}
         rows += outcome_rows(name, base_c, mine, labels, meta)
-        rows += bucket_rows(name, _matrix([base[k] for k in judged], "tokens"), base_c, mine, labels, meta)
+        if prompt_tokens is not None:
+            rows += bucket_rows(name, [prompt_tokens[k] for k in judged], base_c, mine, labels, meta)
     pairs = [(bs, os_) for b, o in zip(base, records) for bs, os_ in zip(b["samples"], o["samples"])]
-    changed = sum(bs["ids"] != os_["ids"] for bs, os_ in pairs)
-    value, lo, hi = P.proportion(changed, len(pairs))
+    samples = len(records[0]["samples"]) if records else 1
+    flips = np.array([bs["ids"] != os_["ids"] for bs, os_ in pairs], dtype=np.float64).reshape(-1, samples)
+    changed = int(flips.sum())
+    value, lo, hi, deff = P.clustered_share(flips)
     rows.append(
         _row(
             name("flip_rate"),
@@ -261,17 +324,23 @@ def trace_rows(base: list[dict], records: list[dict], kl: list[dict] | None, inf
             lo,
             hi,
             labels,
-            {**info, "n_flipped": changed, "flip": "generation differs from the baseline's", "ci": WILSON_CI},
+            {
+                **info,
+                "n_flipped": changed,
+                "flip": "generation differs from the baseline's",
+                "ci": WILSON_CI,
+                "design_effect": deff,
+            },
         )
     )
     steps = [P.first_divergence(bs["ids"], os_["ids"]) for bs, os_ in pairs]
-    rows += divergence_rows(name, steps, labels, {**info, "tokens": "the generated token ids"})
+    rows += divergence_rows(name, steps, labels, {**info, "tokens": "the generated token ids"}, samples)
     rows += length_rows(name, _matrix(records, "tokens"), _matrix(records, "truncated"), labels, info)
     if kl is not None:
         per_line = [(float(k["kl"].mean()), float(k["kl_lower"].mean()), float(k["agree"].mean())) for k in kl]
         tokens = int(sum(len(k["kl"]) for k in kl))
         along = {**info, "n_lines": len(kl), "n_tokens": tokens, "along": "the baseline's first sample, teacher-forced"}
-        value, lo, hi = P.mean_t([x[0] for x in per_line], 0.0)
+        value, lo, hi, skewed = P.mean_skewed([x[0] for x in per_line])
         rows.append(
             _row(
                 name("kl_mean"),
@@ -282,7 +351,7 @@ def trace_rows(base: list[dict], records: list[dict], kl: list[dict] | None, inf
                 {
                     **along,
                     "kl_lower_bound": float(np.mean([x[1] for x in per_line])),
-                    "ci": "95% Student's t over lines",
+                    "ci": KL_CI if skewed else "95% Student's t over lines",
                 },
             )
         )

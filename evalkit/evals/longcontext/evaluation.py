@@ -19,10 +19,16 @@ computed):
 
 * ``<task>/score``: the mean per-item score (RULER's share of expected values found, LongBench v2's
   accuracy), 95 % interval; ``info`` holds lm-eval's own aggregate of that length for a leaf task;
-* ``<task>/score_diff``: mean paired difference from the baseline, 95 % paired-bootstrap interval, its
-  test and p-value in ``info`` (exact McNemar for 0/1 scores, else the paired bootstrap);
-* ``<task>/p_value``: that p-value as a row of its own; ``<task>/discordance``: share of items whose
-  score changed (Wilson interval), the measured ``p_disc`` of :mod:`evalkit.planning.decision`.
+* ``<task>/score_diff``: mean paired difference from the baseline, 95 % interval (Tango's score
+  interval for 0/1 scores, else Student's t over items), its test and p-value in ``info`` (exact
+  McNemar for 0/1 scores, else the paired t test);
+* ``<task>/p_value``: that p-value as a row of its own, **per cell**, and in its info ``p_holm``, Holm's
+  adjustment over the run's cells of one leaf task at one length (``holm_family`` cells: about 100 for
+  the GPU preset's tasks x lengths), for a reader who scans them all; ``<task>/discordance``: share of
+  items whose score changed (Wilson interval), the measured ``p_disc`` of :mod:`evalkit.planning.decision`.
+
+The ``all`` length pools a task's items over its lengths: every (document, length) is one item, so a
+document asked at several lengths counts once per length, as independent (``pooled`` in the info).
 
 Under a scheme whose engine attends a first write from the raw K/V (TurboQuant, UltraQuant), a
 one-forward task (LongBench v2's log-likelihoods) reads no quantized value: its rows are marked not
@@ -41,7 +47,7 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.longcontext.items import length_order, pair, records_from_results, select_documents
-from evalkit.evals.longcontext.paired import RESAMPLES, compare, finite
+from evalkit.evals.longcontext.paired import compare, finite, holm
 from evalkit.evals.longcontext.tasks import DEFAULT_TASKS
 
 BASELINE_FORMAT = 1
@@ -130,8 +136,6 @@ class LongContextParams(Params):
     include: list = param(
         help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list
     )
-    resamples: int = param(RESAMPLES, "paired-bootstrap resamples over items (default 2000)", low=100)
-    seed: int = param(0, "seed of the paired bootstrap", low=0)
 
     def check(self) -> None:
         from evalkit.evals.longcontext.tasks import resolve
@@ -237,14 +241,7 @@ class LongContextEval(Evaluation):
             "batch_size": self._batch_size,
             "configs": {t: to_json(results["configs"][t]) for t in results.get("configs", {})},
         }
-        rows = paired_rows(
-            pair(self.baseline, records),
-            self._groups,
-            results,
-            info,
-            resamples=self.params["resamples"],
-            seed=self.params["seed"],
-        )
+        rows = paired_rows(pair(self.baseline, records), self._groups, results, info)
         return stamp(not_measured(scheme, results, self._groups, rows), backend_of(self))
 
 
@@ -268,7 +265,7 @@ def _lm_eval_value(results: dict, task: str, length: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value != -1 else None
 
 
-def paired_rows(pairs, groups: dict, results: dict, info: dict, resamples: int, seed: int) -> list[MetricRow]:
+def paired_rows(pairs, groups: dict, results: dict, info: dict) -> list[MetricRow]:
     """Rows of every leaf task and group, at each length and over all lengths (module docstring)."""
     by_task: dict[str, list] = {}
     for b, s in pairs:
@@ -284,9 +281,11 @@ def paired_rows(pairs, groups: dict, results: dict, info: dict, resamples: int, 
         lengths = sorted({b["length"] for b, _ in unit_pairs}, key=length_order)
         for length in [*lengths, *(["all"] if len(lengths) > 1 else [])]:
             chosen = [(b, s) for b, s in unit_pairs if length in ("all", b["length"])]
-            stats = compare([s["score"] for _, s in chosen], [b["score"] for b, _ in chosen], resamples, seed)
+            stats = compare([s["score"] for _, s in chosen], [b["score"] for b, _ in chosen])
             labels = {"task": unit, "length": length}
             extra = {**info, "n_items": stats.n, "binary": stats.binary, "subtasks": leaves}
+            if length == "all":
+                extra["pooled"] = "every length's items, each (document, length) one item"
             if unit in by_task:
                 extra["lm_eval_value"] = _lm_eval_value(results, unit, length)
             extra["configs"] = {t: info["configs"].get(t) for t in leaves}
@@ -305,8 +304,6 @@ def paired_rows(pairs, groups: dict, results: dict, info: dict, resamples: int, 
                         "p_value": stats.p_value,
                         "right_to_wrong": stats.right_to_wrong,
                         "wrong_to_right": stats.wrong_to_right,
-                        "resamples": resamples,
-                        "seed": seed,
                     },
                 ),
                 MetricRow(
@@ -320,7 +317,22 @@ def paired_rows(pairs, groups: dict, results: dict, info: dict, resamples: int, 
                     info={**extra, "n_changed": stats.right_to_wrong + stats.wrong_to_right},
                 ),
             ]
-    return [_finite(r) for r in rows]
+    return [_finite(r) for r in _holm_rows(rows, set(by_task))]
+
+
+def _holm_rows(rows: list[MetricRow], leaves: set) -> list[MetricRow]:
+    """``p_holm`` and ``holm_family`` into the info of every p-value row of a leaf task at one length."""
+    cells = [
+        i
+        for i, r in enumerate(rows)
+        if r.metric.endswith("/p_value") and r.labels["task"] in leaves and r.labels["length"] != "all"
+    ]
+    adjusted = holm([rows[i].value for i in cells])
+    for i, p in zip(cells, adjusted):
+        r = rows[i]
+        info = {**r.info, "p_holm": finite(p), "holm_family": len(cells)}
+        rows[i] = MetricRow(r.metric, r.value, r.ci_low, r.ci_high, labels=r.labels, info=info)
+    return rows
 
 
 def _finite(row: MetricRow) -> MetricRow:

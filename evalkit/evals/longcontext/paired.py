@@ -6,17 +6,22 @@ length, a task over all its lengths, a group of tasks) :func:`compare` gives
 
 * the scheme's mean score and the baseline's, each with a 95 % interval: Wilson when every score is
   0 or 1 (:func:`evalkit.evals.stats.binomial_ci`), else Student's t;
-* the paired difference ``mean(scheme - baseline)`` with a 95 % percentile interval from a paired
-  bootstrap over items (items resampled with replacement, both scores of an item kept together;
-  seeded), and a two-sided p-value:
+* the paired difference ``mean(scheme - baseline)`` with a 95 % interval and a two-sided p-value:
 
-  - 0/1 scores: the **exact McNemar test**, a two-sided binomial test of ``b`` right-to-wrong items
-    against ``b + c`` discordant items at 1/2 (``scipy.stats.binomtest``); no discordant item: p = 1;
-  - other scores: the **paired bootstrap**, ``p = min(1, 2 min(P*(d <= 0), P*(d >= 0)))`` over the
-    resampled mean differences ``d``; every difference 0: p = 1;
+  - 0/1 scores (LongBench v2): **Tango's score interval** for paired proportions
+    (:func:`evalkit.evals.paired_binary.paired_difference_ci`; with no discordant item Wilson's width
+    for 0 of n, never [0, 0]) and the **exact McNemar test**, a two-sided binomial test of ``b``
+    right-to-wrong items against ``b + c`` discordant items at 1/2 (``scipy.stats.binomtest``); no
+    discordant item: p = 1;
+  - other scores (RULER's share of values found): **Student's t** interval of the mean difference over
+    items and the paired t test (:func:`evalkit.evals.stats.paired_pvalue`); every difference 0: [0, 0]
+    and p = 1 (a fractional score has no score interval here). Not the percentile bootstrap: it covers
+    about 92 % at 20 items and 88 % at 8 (nominal 95 %), and the p-value inverted from it shares that;
 
 * the **discordance** (share of items whose score changed; for 0/1 scores ``(b + c) / n``, the ``p_disc``
   that sizes a paired design, :mod:`evalkit.planning.decision`), with its Wilson interval.
+
+Each p-value is per cell (one task at one length): :func:`holm` adjusts a run's cells together.
 """
 
 from __future__ import annotations
@@ -25,9 +30,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-RESAMPLES = 2000
-SEED = 0
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Paired:
     diff: float
     diff_ci: tuple[float, float]
     p_value: float
-    test: str  # "mcnemar_exact" | "paired_bootstrap"
+    test: str  # "mcnemar_exact" | "paired_t"
     right_to_wrong: int  # 0/1 scores: b (baseline right, scheme wrong); else items whose score fell
     wrong_to_right: int  # c; else items whose score rose
     discordance: float
@@ -66,16 +68,10 @@ def mean_interval(values: np.ndarray, binary: bool) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def bootstrap_means(d: np.ndarray, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
-    """The mean of ``d`` over ``resamples`` resamples of its items with replacement (seeded)."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(d), size=(resamples, len(d)))
-    return d[idx].mean(axis=1)
-
-
-def compare(scheme, baseline, resamples: int = RESAMPLES, seed: int = SEED) -> Paired:
+def compare(scheme, baseline) -> Paired:
     """Paired statistics of ``scheme`` against ``baseline`` scores, item i against item i."""
-    from evalkit.evals.stats import binomial_ci, mcnemar_exact
+    from evalkit.evals.paired_binary import paired_difference_ci
+    from evalkit.evals.stats import binomial_ci, mcnemar_exact, paired_pvalue, unit_interval
 
     s, b = np.asarray(scheme, np.float64), np.asarray(baseline, np.float64)
     if s.shape != b.shape or s.ndim != 1 or len(s) == 0:
@@ -84,15 +80,12 @@ def compare(scheme, baseline, resamples: int = RESAMPLES, seed: int = SEED) -> P
     binary = bool(np.isin(s, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
     d = s - b
     fell, rose = int((d < 0).sum()), int((d > 0).sum())
-    boot = bootstrap_means(d, resamples, seed)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
     if binary:
+        lo, hi = paired_difference_ci(fell, rose, n)
         p, test = mcnemar_exact(fell, rose), "mcnemar_exact"
-    elif not d.any():
-        p, test = 1.0, "paired_bootstrap"
     else:
-        p = min(1.0, 2 * min(float((boot <= 0).mean()), float((boot >= 0).mean())))
-        test = "paired_bootstrap"
+        lo, hi = unit_interval(lambda x: x.mean(-1), [d]) if n > 1 else (math.nan, math.nan)
+        p, test = paired_pvalue(s, b), "paired_t"
     changed = fell + rose
     return Paired(
         n=n,
@@ -110,6 +103,20 @@ def compare(scheme, baseline, resamples: int = RESAMPLES, seed: int = SEED) -> P
         discordance=changed / n,
         discordance_ci=binomial_ci(changed, n),
     )
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error), in the given order; nan stays nan."""
+    p = np.asarray(pvalues, np.float64)
+    ok = np.flatnonzero(np.isfinite(p))
+    out = np.full(len(p), math.nan)
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return [float(x) for x in out]
 
 
 def finite(x: float) -> float | None:

@@ -10,7 +10,7 @@ expected values) and emits rows:
 - ``accuracy`` per (task, length, depth) cell, per (task, length), per task, and overall, with a
   95 % interval (Wilson when scores are 0/1, else Student's t);
 - ``accuracy_diff``: the paired difference from the baseline on the same prompts, at the same
-  levels (the baseline's answers are computed once and cached per prompt on disk under ``workdir``).
+  levels (Tango's score interval for 0/1 scores, never zero-width; Student's t for recall) (the baseline's answers are computed once and cached per prompt on disk under ``workdir``).
 
 With ``artifacts`` it writes ``retrieval_accuracy.png`` (heatmap per task), ``retrieval_diff.png``
 (difference from the baseline) and ``samples.jsonl`` (answers, generations, scores).
@@ -32,7 +32,7 @@ from evalkit.evals.backend import backend_of, stamp
 from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
 from evalkit.evals.output_head import append_lines
 from evalkit.evals.retrieval import grid as G
-from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, score
+from evalkit.evals.retrieval.scoring import accuracy_ci, difference_ci, difference_method, score
 from evalkit.evals.retrieval.tasks import DEFAULT_TASKS, load_task
 from evalkit.kv.scheme import Scheme
 
@@ -315,7 +315,7 @@ class RetrievalEval(Evaluation):
                         {
                             **where,
                             "n": len(g),
-                            "ci": "paired t over samples",
+                            "ci": difference_method(g["score"].to_numpy(), g["baseline_score"].to_numpy()),
                             "baseline": float(g["baseline_score"].mean()),
                         },
                     )

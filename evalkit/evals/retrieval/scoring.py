@@ -14,8 +14,16 @@ word, and surrounding punctuation, quotes and whitespace are dropped).
 A cell's accuracy is the mean score of its samples. Its 95 % interval is the binomial (Wilson)
 interval when every score is 0 or 1, and otherwise (recall tasks) Student's t interval of the
 mean over samples (:func:`evalkit.evals.stats.unit_interval`; a percentile bootstrap covers about 80 %
-at 4 samples), clipped to [0, 1] where the scores lie. The difference from the baseline is paired over the same prompts: the mean of
-per-sample differences with Student's t interval (exactly [0, 0] when all agree).
+at 4 samples), clipped to [0, 1] where the scores lie. The difference from the baseline is paired over
+the same prompts, the mean of per-sample differences:
+
+- 0/1 scores (``exact``): Tango's score interval for paired proportions
+  (:func:`evalkit.evals.paired_binary.paired_difference_ci`). When no prompt changes it is
+  ``-/+ z**2 / (n + z**2)``, Wilson's width for 0 of n (-/+ 32.4 points at 8 prompts), never [0, 0]: a
+  paired t over 0/1 differences is exactly [0, 0] then, and judged a scheme that loses 10 % of its
+  answers "inside" a 2-point budget on 4 prompts 65 % of the time;
+- other scores (``recall``): Student's t interval of the mean difference over samples (still [0, 0]
+  when every sample's recall is unchanged: a fractional score has no score interval here).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from evalkit.evals.paired_binary import paired_difference_ci
 from evalkit.evals.stats import binomial_ci, unit_interval
 
 _WORD = re.compile(r"[0-9a-z]+(?:-[0-9a-z]+)*")
@@ -66,6 +75,12 @@ def accuracy_ci(scores: Sequence[float], seed: int = 0) -> tuple[float, float, f
     return (mean, max(low, 0.0), min(high, 1.0), "t")  # scores lie in [0, 1]: so does their mean
 
 
+def difference_method(scores: Sequence[float], baseline: Sequence[float]) -> str:
+    """What :func:`difference_ci` gives for these scores, for a row's ``info["ci"]``."""
+    binary = all(np.isin(np.asarray(x, dtype=np.float64), (0.0, 1.0)).all() for x in (scores, baseline))
+    return "paired Tango score interval over samples (0/1 scores)" if binary else "paired t over samples"
+
+
 def difference_ci(scores: Sequence[float], baseline: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
     """(mean difference, low, high) of paired per-sample scores, scheme minus baseline."""
     a, b = np.asarray(scores, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
@@ -73,6 +88,10 @@ def difference_ci(scores: Sequence[float], baseline: Sequence[float], seed: int 
         raise ValueError("scheme and baseline scores must cover the same samples")
     if a.size == 0:
         return (math.nan, math.nan, math.nan)
+    if np.all(np.isin(a, (0.0, 1.0))) and np.all(np.isin(b, (0.0, 1.0))):
+        right_to_wrong, wrong_to_right = int(((b == 1) & (a == 0)).sum()), int(((b == 0) & (a == 1)).sum())
+        low, high = paired_difference_ci(right_to_wrong, wrong_to_right, a.size)
+        return (float(a.mean() - b.mean()), low, high)
     low, high = unit_interval(lambda x, y: x.mean(-1) - y.mean(-1), [a, b], seed=seed)
     low, high = max(low, -1.0), min(high, 1.0)  # a difference of scores in [0, 1]
     return (float(a.mean() - b.mean()), low, high)

@@ -52,9 +52,9 @@ from scipy import stats
 DEFAULT_RESAMPLES = 2000
 GCI_DRAWS = 20000  # draws of the generalized pivot: its 97.5th percentile moves by < 1 % between seeds at n = 4
 GCI_SEED = 0
+SKEWED_MARK = "upper end at least the lognormal generalized interval's"  # in a row's info["ci"]: skew-aware
 SKEWED_TEXT = (
-    "95% studentized jackknife (t, n-1 df) over {units}, upper end at least the lognormal generalized "
-    "interval's (right-skewed non-negative values)"
+    "95% studentized jackknife (t, n-1 df) over {units}, " + SKEWED_MARK + " (right-skewed non-negative values)"
 )
 DEFAULT_SEED = 0
 PVALUE_TEST = "paired t test (two-sided, over windows' mean NLL)"

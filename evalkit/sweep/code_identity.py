@@ -41,7 +41,7 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-NUMERICS_VERSION = 4  # bump by hand when a commit means to change numbers (and re-pin the numerics fingerprints)
+NUMERICS_VERSION = 3  # bump by hand when a commit means to change numbers (and re-pin the numerics fingerprints)
 
 PACKAGE = Path(__file__).resolve().parents[1]  # .../evalkit
 TEXTS = PACKAGE / "data" / "texts"  # the frozen texts: hashed as data

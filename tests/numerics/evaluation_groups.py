@@ -23,8 +23,7 @@ def _row(r) -> dict:
 
 
 def stats_group() -> dict:
-    """evalkit.evals.stats: the t (jackknife) and bootstrap intervals, the skewed-mean interval, the paired t
-    test, Wilson and exact; evalkit.evals.paired_binary's paired yes/no intervals and tests."""
+    """evalkit.evals.stats: the t (jackknife) and bootstrap intervals, the paired t test, Wilson and exact."""
     from evalkit.evals import stats
 
     out = {}
@@ -48,12 +47,6 @@ def stats_group() -> dict:
         "p_equal": stats.paired_pvalue(zeros, zeros),
         "p_shift": stats.paired_pvalue(zeros, zeros + 1),
     }
-    for n in (2, 4, 20):  # right-skewed non-negative units (KL): positive values, and one of them 0
-        v = np.exp(exact_normal((n,), seed=50 + n, scale=0.8))
-        c = 50 + np.floor(exact_uniform((n,), seed=60 + n) * 100)
-        out[f"skewed_n{n}"] = [stats.skewed_mean_ci(v * c, c), stats.skewed_mean_ci(np.r_[0.0, v[1:]] * c, c)]
-    out["skewed_identity"] = stats.skewed_mean_ci(np.zeros(4), np.ones(4))
-    out["paired_binary"] = paired_binary_numbers()
     out["binomial"] = {
         f"{k}/{n} {method}": stats.binomial_ci(k, n, method=method)
         for k, n in ((0, 10), (3, 10), (10, 10), (17, 40), (1, 1))
@@ -62,7 +55,20 @@ def stats_group() -> dict:
     return out
 
 
-def paired_binary_numbers() -> dict:
+def skewed_group() -> dict:
+    """evalkit.evals.stats.skewed_mean_ci: the skew-aware interval of a mean of right-skewed non-negative units."""
+    from evalkit.evals import stats
+
+    out = {}
+    for n in (2, 4, 20):  # right-skewed non-negative units (KL): positive values, and one of them 0
+        v = np.exp(exact_normal((n,), seed=50 + n, scale=0.8))
+        c = 50 + np.floor(exact_uniform((n,), seed=60 + n) * 100)
+        out[f"skewed_n{n}"] = [stats.skewed_mean_ci(v * c, c), stats.skewed_mean_ci(np.r_[0.0, v[1:]] * c, c)]
+    out["skewed_identity"] = stats.skewed_mean_ci(np.zeros(4), np.ones(4))
+    return out
+
+
+def paired_binary_group() -> dict:
     """evalkit.evals.paired_binary: Tango's interval, the clustered interval and share, the item test."""
     from evalkit.evals import paired_binary as pb
 
@@ -348,7 +354,7 @@ def generation_group() -> dict:
         "outcome_rows": [_row(r) for r in gr.outcome_rows(name, base, other, labels, info)],
         "divergence_rows": [_row(r) for r in gr.divergence_rows(name, steps, labels, info)],
         "length_rows": [_row(r) for r in gr.length_rows(name, tokens, truncated, labels, info)],
-        "bucket_rows": [_row(r) for r in gr.bucket_rows(name, tokens, base, other, labels, info)],
+        "bucket_rows": [_row(r) for r in gr.bucket_rows(name, tokens[:, 0], base, other, labels, info)],
     }
 
 
@@ -387,6 +393,8 @@ def serving_group() -> dict:
 
 GROUPS = {
     "stats": stats_group,
+    "skewed": skewed_group,
+    "paired_binary": paired_binary_group,
     "paired_stats": paired_stats_group,
     "float_noise": float_noise_group,
     "float_spread": float_spread_group,
@@ -399,4 +407,12 @@ GROUPS = {
     "longcontext": longcontext_group,
     "serving": serving_group,
 }
-SHARED = ("stats", "paired_stats", "float_noise", "float_spread", "kl_topk")  # every evaluation's; the rest: one each
+SHARED = (
+    "stats",
+    "skewed",
+    "paired_binary",
+    "paired_stats",
+    "float_noise",
+    "float_spread",
+    "kl_topk",
+)  # every evaluation's; the rest: one each

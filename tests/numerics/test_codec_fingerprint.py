@@ -81,19 +81,6 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "llamacpp": "2f7f4a0a53b38e7f9a27a17a1361f97f17f4350fe36eb55c077d2fcc0e41aaba",
         "mla": "ad7cf50560b40c3f429f65ace624d087590280c0dc7cb8ec422f2364939baedf",
     },
-    4: {
-        "fp8_e4m3": "66d8340641293dbdca905e856e4ca8a3bf33ca1583698a389dc32eb834dcb2bf",
-        "fp8_e4m3fnuz": "d82a881f07a53bec7dc56d4908358938a59aade15e6dd705842c7f035c43b401",
-        "fp8_e5m2": "ce3766d65a85a73fe0ce3b6f88667e6109dc3a56281663a0bc2405206218be2e",
-        "int8": "f0159ec4ba9cff0f31e98f814d6c2de0ca7b42f18114f8766eca5f938f986efa",
-        "int8_asym": "06f9a8ac34b496d8e50b489d07fdc404f757e0c50c12c39ab741bf05190105bc",
-        "int4": "ca76016fd21b1fd29ee0cbd1e520fa69d5f1c0c18656a6bed83ddc830960b288",
-        "int4_asym": "191e3471145b1ca377a59d0a497d3700c5f33ad4f32632f4034ffa10056796fe",
-        "fp4_e2m1": "5e6a1595ee7c23134a0c3d1678c65a3098afe29db42a0fda1b08fb46e3cb16c4",
-        "vllm": "cbdb60ec61654ae0635b7cd10af5ebd56e6cbda14c274a9798e27aa60761568b",
-        "llamacpp": "2f7f4a0a53b38e7f9a27a17a1361f97f17f4350fe36eb55c077d2fcc0e41aaba",
-        "mla": "ad7cf50560b40c3f429f65ace624d087590280c0dc7cb8ec422f2364939baedf",
-    },
 }
 
 SHAPE = (2, 3, 40, 64)  # (batch, KV heads, tokens, head_dim)

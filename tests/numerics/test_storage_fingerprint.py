@@ -63,13 +63,6 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "mla/dynamic": "ad22f55ef00d3b234a52b588590eba1ccda6874766c5698e006c523ce7577b41",
         "mla/static": "2110d3420a7734319914336037c20a38485a8cd5ce6c1b007f9a438f7f50a985",
     },
-    4: {
-        "standard/dynamic": "4f8b022445ca152aaf27d96c45c6a117d0a5d199e69aa67dfa22f0d14a5b9fba",
-        "standard/static": "66743a865f9d3193942b0e32d7cd4d400ca4593dde88229fe88eac0fc14383b1",
-        "sliding/dynamic": "0067b22fc9adc4aaae0373a704f5eeb606530f34b5a749b066daeea66c8a1514",
-        "mla/dynamic": "ad22f55ef00d3b234a52b588590eba1ccda6874766c5698e006c523ce7577b41",
-        "mla/static": "2110d3420a7734319914336037c20a38485a8cd5ce6c1b007f9a438f7f50a985",
-    },
 }
 
 BATCH, PREFILL, STEPS = 2, 40, 9  # 9 steps: block8 and block16 blocks fill and new ones open

@@ -196,17 +196,18 @@ def test_a_bumped_component_rekeys_only_the_runs_that_use_it(monkeypatch):
     from evalkit.kv.codec import family_for_prefix
 
     before = _grid_ids()
-    assert ci.components("fp8_e4m3/tensor/dynamic", "perplexity") == {}
+    assert ci.components("fp8_e4m3/tensor/dynamic", "perplexity") == {}  # perplexity has its first version
     monkeypatch.setattr(family_for_prefix("vllm"), "numerics_version", 1)
     assert _moved(before, _grid_ids()) == {("vllm:int8_per_token_head", e) for e in ("perplexity", "retrieval")}
     monkeypatch.setattr(family_for_prefix("vllm"), "numerics_version", 0)
     monkeypatch.setitem(formats.FORMAT_NUMERICS, "fp8_e5m2", 2)
     assert _moved(before, _grid_ids()) == {("fp8_e5m2/tensor/dynamic", e) for e in ("perplexity", "retrieval")}
     monkeypatch.delitem(formats.FORMAT_NUMERICS, "fp8_e5m2")
-    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", 1)
+    current = get_eval("retrieval").numerics_version
+    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", current + 1)
     assert _moved(before, _grid_ids()) == {(s, "retrieval") for s, _ in before}
-    assert ci.components("vllm:int8_per_token_head", "retrieval") == {"eval:retrieval": 1}
-    record = ci.code_record({"eval:retrieval": 1})
-    assert record["components"] == {"eval:retrieval": 1} and record["identity"] != ci.code_identity()
-    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", 0)
+    assert ci.components("vllm:int8_per_token_head", "retrieval") == {"eval:retrieval": current + 1}
+    record = ci.code_record({"eval:retrieval": current + 1})
+    assert record["components"] == {"eval:retrieval": current + 1} and record["identity"] != ci.code_identity()
+    monkeypatch.setattr(get_eval("retrieval"), "numerics_version", current)
     assert _grid_ids() == before

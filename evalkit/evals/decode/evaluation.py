@@ -45,9 +45,7 @@ prefill's own prediction.
 Statistics. 95 % paired intervals over sequences (units: sequences, so the correlation of positions
 within a sequence is respected; ``interval``: the studentized jackknife ``t`` by default, whose
 coverage holds at 4 sequences, or the percentile ``bootstrap``) for
-``kl_mean``, ``top1_agreement``, ``nll_delta`` and ``free_kl_mean`` (the KL rows, right-skewed and
-non-negative, with :func:`evalkit.evals.stats.skewed_mean_ci`: the t's upper end misses 12-18 % at 4
-skewed sequences); ``first_divergence`` (median,
+``kl_mean``, ``top1_agreement``, ``nll_delta`` and ``free_kl_mean``; ``first_divergence`` (median,
 order-statistic interval) and ``identical_share`` (Wilson) as in :mod:`evalkit.evals.decode.divergence`.
 Per-position KL, its bound and variance, and NLL are kept in float64, as perplexity keeps them. No
 interval here holds float spread (perplexity's ``float_noise_seeds`` reruns on perturbed weights
@@ -79,7 +77,7 @@ from evalkit.evals.base import Column, Evaluation, MetricRow, ReportSpec, regist
 from evalkit.evals.decode.divergence import censored_median, first_divergence, identical_share
 from evalkit.evals.decode.params import DecodeParams, sequence_starts, step_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.decode.workload import decode_work
-from evalkit.evals.stats import interval_text, skewed_mean_ci, unit_interval
+from evalkit.evals.stats import interval_text, unit_interval
 
 NO_FLOAT_SPREAD = "without float spread (not measured for decode)"  # the tail of every decode row's info["ci"]
 
@@ -257,18 +255,11 @@ class DecodeEval(Evaluation):
                 return x.sum(-1) / c.sum(-1)
 
             value = float(fn(s, count))
-            row_info = {**info, **extra.get(metric, {})}
-            if metric in extra and self.p.interval == "t":  # KL, right-skewed: stats.skewed_mean_ci
-                low, high, skewed = skewed_mean_ci(s, count)
-                if skewed:
-                    text = interval_text("t", "sequences", skewed=True)
-                    row_info["ci"] = str(info["ci"]).replace(interval_text("t", "sequences"), text)
-            else:
-                low, high = unit_interval(
-                    fn, [s, count], method=self.p.interval, n_resamples=self.p.bootstrap_samples, seed=self.p.seed
-                )
+            low, high = unit_interval(
+                fn, [s, count], method=self.p.interval, n_resamples=self.p.bootstrap_samples, seed=self.p.seed
+            )
             ci = (None, None) if math.isnan(low) else (low, high)
-            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info=row_info))
+            rows.append(MetricRow(metric, value, *ci, labels=dict(labels), info={**info, **extra.get(metric, {})}))
         return rows
 
 

@@ -29,9 +29,8 @@ def notes(frame: pd.DataFrame) -> list[str]:
     return [
         f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
-        "95 % interval over sequences: the studentized jackknife t's low end (held at 0 where it would reach below "
-        "it), the high end at least the lognormal generalized interval's, as KL is right-skewed (without float "
-        "spread, not measured for decode)"
+        "95 % Student's t interval over sequences (studentized jackknife; without float spread, not measured "
+        "for decode; held at 0 where the symmetric interval would reach below it)"
     ]
 
 

@@ -21,9 +21,7 @@ named ``kl_lower_bound`` (``kl_bound: true`` in the row's info) instead of ``kl_
 
 Statistics (:mod:`evalkit.evals.stats`): 95 % intervals over windows (``interval``: the studentized
 jackknife ``t`` by default, whose coverage holds at 4 windows, or the percentile ``bootstrap``) for
-perplexity, its change, KL and agreement (KL, right-skewed and non-negative, with
-:func:`evalkit.evals.stats.skewed_mean_ci` under ``t``, whose upper end holds where the t's misses 12-18 %
-at 4 skewed windows), and a paired t test p-value over per-window mean NLL. With
+perplexity, its change, KL and agreement, and a paired t test p-value over per-window mean NLL. With
 ``float_noise_seeds`` the row's value is the mean over the float realisations (the unperturbed run and
 the perturbed-weight reruns; :mod:`evalkit.evals.perplexity.float_spread`), the unperturbed run's value
 kept in its info. The overall Δppl row keeps its per-window NLL-change sums of every realisation in
@@ -50,7 +48,7 @@ from evalkit.evals.float_noise import DEFAULT_ULPS
 from evalkit.evals.perplexity.float_spread import ci_text, combine, units_info
 from evalkit.evals.perplexity.windows import plan_windows, position_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.perplexity.workload import perplexity_work
-from evalkit.evals.stats import PVALUE_TEST, interval_text, paired_pvalue, parse_method, skewed_mean_ci, unit_interval
+from evalkit.evals.stats import PVALUE_TEST, paired_pvalue, parse_method, unit_interval
 
 KL_QUANTILES = {"kl_p50": 50.0, "kl_p99": 99.0, "kl_p999": 99.9, "kl_max": 100.0}  # llama.cpp's KL summary
 
@@ -359,18 +357,11 @@ class PerplexityEval(Evaluation):
         p = self.params
         for metric, fn in metric_fns.items():
             value = float(fn(*arrays))
-            row_info = kl_info if metric == kl_metric else info
-            if metric == kl_metric and p["interval"] == "t":  # right-skewed: evalkit.evals.stats.skewed_mean_ci
-                low, high, skewed = skewed_mean_ci(arrays[3], cnt)
-                if skewed:
-                    text = str(row_info.get("ci", interval_text("t", "windows")))
-                    skew_text = interval_text("t", "windows", skewed=True)
-                    row_info = {**row_info, "ci": text.replace(interval_text("t", "windows"), skew_text)}
-            else:
-                low, high = unit_interval(
-                    fn, arrays, method=p["interval"], n_resamples=p["bootstrap_samples"], seed=p["seed"]
-                )
+            low, high = unit_interval(
+                fn, arrays, method=p["interval"], n_resamples=p["bootstrap_samples"], seed=p["seed"]
+            )
             ci = (None, None) if math.isnan(low) else (low, high)
+            row_info = kl_info if metric == kl_metric else info
             if rerun_arrays:
                 values = [float(fn(*a)) for _, a in rerun_arrays]
                 value, ci, spread = combine(value, ci, values, [seed for seed, _ in rerun_arrays], DEFAULT_ULPS)

@@ -124,7 +124,10 @@ def main() -> None:
     round_ratio: dict = {a: [] for a in arms}
     for r in range(args.rounds):
         order = arms[r % len(arms) :] + arms[: r % len(arms)]
-        got = {a: eager_arm(lm.model, a, prompt, args.steps) for a in order}
+        got = {}
+        for a in order:
+            got[a] = eager_arm(lm.model, a, prompt, args.steps)
+            print(f"  round {r + 1}, {a or 'plain'}: {got[a]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
         for a, t in got.items():
             best[a] = min(best.get(a, float("inf")), t)
             round_ratio[a].append(t / got["auto"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -37,7 +38,14 @@ from evalkit.errors import EvalkitError
 from evalkit.integration.hf_compat import cache_keyword
 from evalkit.models.decode_path import DECODE_PATHS, resolve_decode_path
 
-__all__ = ["DECODE_PATHS", "StaticDecoder", "greedy_generate", "position_ids", "resolve_decode_path"]
+__all__ = [
+    "DECODE_PATHS",
+    "StaticDecoder",
+    "greedy_generate",
+    "position_ids",
+    "resolve_decode_path",
+    "sampling_warpers",
+]
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -137,6 +145,42 @@ class StaticDecoder:
         return hidden.clone()  # a CUDA graph's output is overwritten by its next replay
 
 
+# generation settings the static path reproduces (transformers' sampling warpers, in generate()'s order)
+SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")
+_UNSUPPORTED = ("top_h", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty", "num_beams")
+
+
+def sampling_warpers(model, **settings):
+    """transformers' own sampling warpers for ``settings`` (``temperature``, ``top_k``, ``top_p``) over
+    the model's generation config, in ``generate()``'s order (temperature, top-k, top-p), or None
+    when ``do_sample`` is off: so a static-path sample draws what ``generate()`` draws. Other
+    sampling settings are refused in one line (they run on the eager path)."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    unknown = sorted(set(settings) - set(SAMPLING_KEYS))
+    if unknown:
+        raise EvalkitError(
+            f"generation setting(s) {', '.join(unknown)} run on the eager decode path only: pass --decode-path eager"
+        )
+    config, _ = model._prepare_generation_config(None, **settings)  # generate()'s own resolution (its defaults too)
+    if not config.do_sample:
+        return None
+    odd = [k for k in _UNSUPPORTED if getattr(config, k, None) not in (None, 0, 1)]  # 0 / 1: inactive
+    if odd:
+        raise EvalkitError(
+            f"the model's generation config sets {', '.join(odd)}, which the static decode path does not "
+            "reproduce: pass --decode-path eager"
+        )
+    warpers = LogitsProcessorList()
+    if config.temperature is not None and config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(config.temperature))
+    if config.top_k is not None and config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
+    if config.top_p is not None and config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
+    return warpers
+
+
 def greedy_generate(
     session,
     model,
@@ -147,12 +191,23 @@ def greedy_generate(
     pad_id: int,
     compiled: bool,
     check_every: int = 8,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Greedy decoding as ``generate()`` does it (argmax of the float32 logits; a row that produced an
-    EOS token feeds ``pad_id`` from then on and gets ``pad_id``), through a :class:`StaticDecoder`:
-    ``ids``/``mask`` (B, P), left-padded. Returns the new tokens (B, max_new_tokens, ``pad_id``
-    after EOS, cut where every row has finished, checked every ``check_every`` steps) and the
-    logits of each step (B, vocab) float32."""
+    on_logits: Callable[[torch.Tensor], None] | None = None,
+    warpers=None,
+) -> torch.Tensor:
+    """Decoding as ``generate()`` does it, through a :class:`StaticDecoder`: ``ids``/``mask`` (B, P),
+    left-padded. Greedy (the argmax of the float32 logits) unless ``warpers``
+    (:func:`sampling_warpers`) are given: then each step's float32 logits go through them, then a
+    softmax and one ``torch.multinomial`` draw per row from torch's global generator, exactly as
+    ``generate(do_sample=True)`` draws (so a seed gives the same tokens on both paths where the
+    logits are the same). A row that produced an EOS token feeds ``pad_id`` from then on and gets
+    ``pad_id``. Returns the new tokens (B, max_new_tokens, ``pad_id`` after EOS, cut where every row
+    has finished, checked every ``check_every`` steps).
+
+    A step's logits (B, vocab, float32) live for that step only: ``on_logits``, when given, receives
+    them and keeps what the evaluation writes (statistics, the logprobs it reports); nothing else
+    holds them. A long generation therefore holds its tokens, the cache and one step's logits per
+    row, whatever its length (at 32k steps and a 128k vocabulary, keeping every step's would be
+    16.8 GB per row)."""
     b, p = ids.shape
     full = torch.cat([mask, mask.new_ones(b, max_new_tokens)], dim=1)
     positions = position_ids(full)
@@ -162,15 +217,23 @@ def greedy_generate(
     eos = torch.tensor(eos_ids or [-1], device=ids.device)
     done = torch.zeros(b, dtype=torch.bool, device=ids.device)
     hidden = decoder.prefill(ids, positions[:, :p])
-    tokens, logits = [], []
+    tokens = []
     for t in range(max_new_tokens):
         step_logits = head(hidden).float()
-        nxt = torch.where(done, torch.full_like(done, pad_id, dtype=torch.long), step_logits.argmax(-1))
+        if on_logits is not None:
+            on_logits(step_logits)
+        if warpers is None:
+            chosen = step_logits.argmax(-1)
+        else:
+            scores = warpers(ids, step_logits)  # the warpers read no input ids
+            chosen = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            del scores
+        del step_logits  # dropped before the next step's are made
+        nxt = torch.where(done, torch.full_like(done, pad_id, dtype=torch.long), chosen)
         tokens.append(nxt)
-        logits.append(step_logits)
         done = done | torch.isin(nxt, eos)
         if t + 1 == max_new_tokens or ((t + 1) % check_every == 0 and bool(done.all())):
             break
         hidden = decoder.step(nxt[:, None], positions[:, p + t : p + t + 1])
     session.check_finite()
-    return torch.stack(tokens, dim=1), logits
+    return torch.stack(tokens, dim=1)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import torch
 
 from evalkit.errors import SchemeError
+from evalkit.integration import fast_dequant
 from evalkit.integration.growing import GrowingTensor, Padding
 from evalkit.kv.codec import codec_for, is_codec
 from evalkit.kv.formats import KVFormat
@@ -90,6 +91,27 @@ def dequantize_stored(
     if granularity.kind is GranularityKind.BLOCK and scale.dim() == 3:
         return values * scale[..., None]
     return (values if zero is None else values - zero) * scale
+
+
+def read_stored(
+    codes: torch.Tensor,
+    fmt: KVFormat,
+    granularity: Granularity,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    dtype: torch.dtype,
+    role: str = "k",
+    dim: int | None = None,
+) -> torch.Tensor:
+    """:func:`dequantize_stored` cast to ``dtype``: what attention reads. 1-byte codes on the CPU go
+    through :mod:`~evalkit.integration.fast_dequant`'s fused loop (the same bits, tested), the rest
+    through :func:`dequantize_stored` itself."""
+    if codec_for(fmt.recipe) is None and not fmt.packed and not fmt.own_codes and fast_dequant.applies(codes):
+        grouped = granularity.kind is GranularityKind.GROUP and scale.shape[-1] != 1
+        if granularity.kind is GranularityKind.BLOCK and scale.dim() == 3:
+            scale, zero = scale[..., None], None  # one scale per position; blocks are symmetric
+        return fast_dequant.dequantize(codes, scale, zero, dtype, grouped)
+    return dequantize_stored(codes, fmt, granularity, scale, zero, role, dim).to(dtype)
 
 
 class StoredTensor:
@@ -158,7 +180,7 @@ class StoredTensor:
         fresh, self._fresh = self._fresh, None
         if fresh is not None and (dtype is None or fresh.dtype == dtype):
             return fresh
-        return self.decoded().to(dtype or self.dtype)
+        return self.decoded(dtype or self.dtype)
 
     @property
     def per_token(self) -> bool:
@@ -335,19 +357,19 @@ class StoredTensor:
         self._flag(q.nonfinite)
 
     # -- reading and bookkeeping ----------------------------------------------------------------
-    def decoded(self) -> torch.Tensor:
-        """The stored bytes dequantized afresh, in float32 (what :meth:`read` returns in the K/V's dtype)."""
+    def decoded(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The stored bytes dequantized afresh, in ``dtype`` (float32 unless asked; :meth:`read` asks for the K/V's)."""
         if not self.quantized:
-            return self._raw.float()
+            return self._raw.to(dtype)
         if self.fixed is not None:
-            return dequantize_stored(self.codes, self.fmt, self.granularity, self.fixed, None, self.role, self.dim)
+            return read_stored(self.codes, self.fmt, self.granularity, self.fixed, None, dtype, self.role, self.dim)
         scale = self.scale
         if self.kind is GranularityKind.BLOCK:  # one scale per position, from its block
             n = self.granularity.size
             pos = torch.arange(self.offset, self.offset + self.codes.shape[2], device=self.codes.device)
             idx = ((pos[None, :] - self._starts_tensor()[:, None]).clamp(min=0) // n - self.block_base).clamp(min=0)
             scale = scale.gather(2, idx[:, None, :].expand(-1, self.codes.shape[1], -1))
-        return dequantize_stored(self.codes, self.fmt, self.granularity, scale, self.zero, self.role, self.dim)
+        return read_stored(self.codes, self.fmt, self.granularity, scale, self.zero, dtype, self.role, self.dim)
 
     def _starts_tensor(self) -> torch.Tensor:
         key = tuple(self.starts or [0] * self.codes.shape[0])

@@ -15,10 +15,10 @@ import torch
 import transformers as tf
 
 from evalkit import quantized_kv
-from evalkit.errors import SchemeError
+from evalkit.errors import EvalkitError, SchemeError
 from evalkit.evals.decode.loop import position_ids
 from evalkit.integration.hf_compat import cache_inputs
-from evalkit.integration.static_decode import StaticDecoder, greedy_generate, resolve_decode_path
+from evalkit.integration.static_decode import StaticDecoder, greedy_generate, resolve_decode_path, sampling_warpers
 
 from tests.tiny_models import ds_mla_512, llama_head64, tiny_model
 
@@ -203,7 +203,8 @@ def test_identity_equals_transformers_static_cache_generate(gqa, pad):
             return_dict_in_generate=True,
         )
         with quantized_kv(gqa, "auto") as session:
-            tokens, logits = greedy_generate(session, gqa, ids, mask, n, [], 0, compiled=False)
+            logits = []
+            tokens = greedy_generate(session, gqa, ids, mask, n, [], 0, compiled=False, on_logits=logits.append)
     assert torch.equal(tokens, ref.sequences[:, P:])
     assert all(torch.equal(a, b.float()) for a, b in zip(logits, ref.logits, strict=True))
 
@@ -244,9 +245,9 @@ def test_greedy_generation_stops_and_pads_after_eos(gqa):
     ids, mask = batch(pad=True)
     ids, mask = ids[:, :P], mask[:, :P]
     with torch.inference_mode(), quantized_kv(gqa, "fp8_e4m3/tensor/dynamic") as session:
-        free, _ = greedy_generate(session, gqa, ids, mask, 6, [], 0, compiled=False)
+        free = greedy_generate(session, gqa, ids, mask, 6, [], 0, compiled=False)
         eos = int(free[0, -1])  # row 0's last token: row 0 stops where it first produces it
-        tokens, _ = greedy_generate(session, gqa, ids, mask, 6, [eos], 0, compiled=False)
+        tokens = greedy_generate(session, gqa, ids, mask, 6, [eos], 0, compiled=False)
     for row in range(B):
         hits = (free[row] == eos).nonzero()
         stop = int(hits[0, 0]) + 1 if len(hits) else 6
@@ -283,3 +284,28 @@ def test_static_memory_is_the_engine_bytes_of_max_len(gqa):
         layout, s = kv_layout(gqa.config), parse_scheme(scheme)
         assert cache.nbytes() == model_cache_bytes(layout, s, L - 1, batch=B)
         assert cache.held_bytes() <= model_cache_bytes(layout, s, L - 1, batch=B) + 64 * B * 2 * 4 * layout.num_layers
+
+
+@pytest.mark.parametrize("scheme", ["auto", "fp8_e4m3/tensor/dynamic"])
+def test_sampling_on_the_compiled_path_draws_what_generate_draws(gqa, scheme):
+    """temperature 0.7, top_p 0.95, two seeds: the compiled static path gives, per seed, the tokens
+    that ``generate(do_sample=True)`` gives on the eager path (the dynamic storage cache)."""
+    ids, mask = batch(pad=True)
+    ids, mask = ids[:, :P], mask[:, :P]
+    n, settings = 12, {"do_sample": True, "temperature": 0.7, "top_p": 0.95}
+    got = {}
+    for seed in (0, 1):
+        with torch.inference_mode(), quantized_kv(gqa, scheme) as session:
+            torch.manual_seed(seed)
+            ref = gqa.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **settings)
+            torch.manual_seed(seed)
+            warpers = sampling_warpers(gqa, **settings)
+            got[seed] = greedy_generate(session, gqa, ids, mask, n, [], 0, compiled=True, warpers=warpers)
+        assert torch.equal(got[seed], ref[:, P:]), seed
+    assert not torch.equal(got[0], got[1])  # the seeds drew differently: the test compares samples
+
+
+def test_sampling_settings_the_static_path_cannot_reproduce_are_refused(gqa):
+    with pytest.raises(EvalkitError, match="eager decode path only: pass --decode-path eager"):
+        sampling_warpers(gqa, do_sample=True, min_p=0.1)
+    assert sampling_warpers(gqa, do_sample=False, temperature=0.7) is None

@@ -183,21 +183,21 @@ def hflm_class(quiet: bool):
                 return super()._model_generate(context, max_length, stop, **generation_kwargs)
             import torch
 
-            from evalkit.errors import EvalkitError
-            from evalkit.integration.static_decode import greedy_generate
+            from evalkit.integration.static_decode import greedy_generate, sampling_warpers
 
-            if generation_kwargs.get("do_sample"):
-                raise EvalkitError(
-                    "sampled generation (do_sample) runs on the eager decode path only: pass --decode-path eager"
-                )
             session, compiled = self._static
+            settings = {k: v for k, v in generation_kwargs.items() if k != "attention_mask"}
+            if settings.get("temperature") == 0.0 and not settings.get("do_sample"):  # as HFLM: greedy
+                settings.pop("temperature")
+                settings["do_sample"] = False
+            warpers = sampling_warpers(self.model, **settings)  # None: greedy; other settings refused
             mask = generation_kwargs.get("attention_mask")
             mask = torch.ones_like(context) if mask is None else mask
             eos = self.model.generation_config.eos_token_id
             eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or [0])[0]
             new = max_length - context.shape[1]
-            tokens, _ = greedy_generate(session, self.model, context, mask, new, eos, pad, compiled)
+            tokens = greedy_generate(session, self.model, context, mask, new, eos, pad, compiled, warpers=warpers)
             return torch.cat([context, tokens], dim=1)
 
         def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):

@@ -78,5 +78,5 @@ def static_greedy(session, model, ids: torch.Tensor, config: GenerationConfig, c
     eos = config.eos_token_id
     eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     mask = torch.ones_like(ids) if mask is None else mask
-    tokens, _ = greedy_generate(session, model, ids, mask, config.max_new_tokens, eos, config.pad_token_id, compiled)
+    tokens = greedy_generate(session, model, ids, mask, config.max_new_tokens, eos, config.pad_token_id, compiled)
     return tokens

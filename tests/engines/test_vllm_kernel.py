@@ -65,9 +65,13 @@ def test_avx512_flags(monkeypatch):
 
 
 def test_other_engine_is_refused(capsys, tmp_path):
-    rc, out, err = _run(capsys, "--engine", "sglang", "--out", str(tmp_path / "out"))
+    rc, out, err = _run(capsys, "--engine", "mlc", "--out", str(tmp_path / "out"))
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert "unknown engine 'sglang'" in err and "vllm" in err and "llamacpp" in err
+    assert "unknown engine 'mlc'" in err and "vllm" in err and "llamacpp" in err
+    assert not (tmp_path / "out").exists()
+    rc, out, err = _run(capsys, "--engine", "sglang", "--out", str(tmp_path / "out"))  # declared, not run here
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "engine sglang has no `conformance` command" in err and "vllm" in err and "llamacpp" in err
     assert not (tmp_path / "out").exists()
 
 

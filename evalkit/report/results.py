@@ -57,6 +57,16 @@ class Results:
         return {run_id: code_of(rec) for run_id, rec in self.complete.items()}
 
     @property
+    def components(self) -> dict[str, str]:
+        """run_id -> the bumped numerics versions of the components it went through, as its code record names
+        them (``eval:retrieval 1``; empty for a run through none: :func:`evalkit.sweep.code_identity.components`)."""
+        out = {}
+        for run_id, rec in self.complete.items():
+            parts = ((rec.get("info") or {}).get("code") or {}).get("components") or {}
+            out[run_id] = ", ".join(f"{k} {v}" for k, v in sorted(parts.items()))
+        return out
+
+    @property
     def platforms(self) -> dict[str, str]:
         """run_id -> the platform that computed it (CPU, instruction set, MKL mode; ``device`` for GPU
         runs), for runs that recorded one (:mod:`evalkit.runtime.numerics`)."""
@@ -251,12 +261,17 @@ def supersede(complete: dict[str, dict]) -> tuple[dict[str, dict], dict[str, dic
 
 
 def provenance_notes(results: Results) -> list[str]:
-    """Notes for a reader about which code computed the counted runs (empty when one code did)."""
+    """Notes for a reader about which code computed the counted runs (empty when one code did). A run through
+    a bumped component (a codec family's or an evaluation's numerics version) carries an identity of its own by
+    design: code is mixed when runs through the same components carry different identities."""
     notes = []
     counts: dict[str, int] = {}
-    for code in results.codes.values():
+    by_parts: dict[str, set] = {}
+    parts_of = results.components
+    for run_id, code in results.codes.items():
         counts[code] = counts.get(code, 0) + 1
-    if len(counts) > 1:
+        by_parts.setdefault(parts_of.get(run_id, ""), set()).add(code)
+    if any(len(codes) > 1 for codes in by_parts.values()):
         parts = ", ".join(
             f"{code[:15] if code != UNRECORDED else code}: {n} runs"
             for code, n in sorted(counts.items(), key=lambda kv: -kv[1])

@@ -550,6 +550,28 @@ def test_mixed_code_identities_are_flagged_and_superseded_runs_left_out(tmp_path
     assert code == 0 and "MIXED CODE" in err and "MIXED CODE" not in out
 
 
+def test_a_run_through_a_bumped_component_is_not_mixed_code(tmp_path):
+    """A run whose evaluation (or codec family) has a bumped numerics version carries an identity of its own by
+    design, named in its code record's components: no MIXED CODE for it; two identities for runs through the
+    same components still are."""
+    from evalkit.sweep.store import ResultStore, RunOutcome
+
+    schemes = {"auto": (0, 1), "fp8_e4m3/tensor/dynamic": (0.004, 0.995), "fp8_e5m2/tensor/dynamic": (0.04, 0.95)}
+    folder = write_ppl_store(tmp_path / "s", schemes, constant=False)
+    spec = {"model": {"name": "tiny"}, "scheme": "fp8_e5m2/tensor/dynamic", "eval": "perplexity", "params": {}}
+    rows = [_row("ppl", 21.0), _row("ppl_delta_rel", 0.05), _row("kl_mean", 0.005), _row("top1_agreement", 0.94)]
+
+    def append(run_id: str, code: str, parts: dict) -> list[str]:
+        info = {"kv_layout": LAYOUT, "dtype": "float32", "versions": {"evalkit_code": code}}
+        info["code"] = {"identity": code, **({"components": parts} if parts else {})}
+        ResultStore(folder).append(RunOutcome(run_id, spec, True, rows, info=info))
+        return summary_frame(load_store(folder)).attrs["store_notes"]
+
+    bumped = "sha256:" + "b0" * 32
+    assert not any("MIXED CODE" in n for n in append("p2-bumped", bumped, {"eval:perplexity": 1}))
+    assert any("MIXED CODE" in n for n in append("p2-other", "sha256:" + "0e" * 32, {}))
+
+
 def test_runs_from_two_platforms_are_flagged(tmp_path):
     """A table whose runs were computed on two processors says so (quantization amplifies their rounding)."""
     from evalkit.sweep.store import ResultStore, RunOutcome

@@ -64,9 +64,6 @@ named row's interval at or above 0, or the two lower ends summing above 0; mirro
 lower Δppl is a smaller |Δppl|; the line gives each such order with its paired interval (``Δppl A <
 B: ...``). Otherwise it says "the data cannot separate A, B" and lists them. KL orders nothing here: its
 intervals are marginal (no per-window KL in the store to pair).
-A KL limit (``max_kl``) is read "inside" only from a skew-aware interval (:func:`skew_aware`: the row's
-``info["ci"]`` names :func:`evalkit.evals.stats.skewed_mean_ci`): a plain t's high end misses the mean of
-right-skewed KL 7-17 % of the time at 4-20 units, so on it such a criterion is unresolved (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -183,20 +180,6 @@ def has_float_spread(row: dict, column: str) -> bool:
     return column in _perplexity_columns() and _float_known(row)
 
 
-# why the report does not read "KL inside" from a plain t interval's high end (docs/statistics.md)
-SKEW_MISS = "which misses the mean 7-17 % of the time on right-skewed KL (nominal 2.5 %)"
-
-
-def skew_aware(row: dict, column: str) -> bool:
-    """Whether ``column``'s interval in ``row`` has a skew-aware high end (:func:`evalkit.evals.stats.skewed_mean_ci`,
-    named in its ``info["ci"]``). A KL mean is non-negative and right-skewed: at 4 to 20 units the t interval's
-    high end misses the mean 7-17 % of the time, so a KL limit is judged "inside" only on a skew-aware one."""
-    from evalkit.evals.stats import SKEWED_MARK
-
-    text = row.get(f"{column}_ci_text")
-    return isinstance(text, str) and SKEWED_MARK in text
-
-
 def _missing(x) -> bool:
     return x is None or pd.isna(x)
 
@@ -229,9 +212,6 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
             with_ci = not (_missing(lo) or _missing(hi))
             state = _state_of_interval(c, float(lo), float(hi), limit) if with_ci else "unresolved"
             state, floor = noise_floor.judge(state, raw, row.get(f"{column}{noise_floor.SUFFIX}"))  # engine spread
-            t_high_end = state == "inside" and c.budget == "max_kl" and not skew_aware(row, column)
-            if t_high_end:  # a plain t's high end on right-skewed KL: not evidence of "inside"
-                state = "unresolved"
             spread = has_float_spread(row, column) if with_ci else None
             if c.signed:  # the column's own signed value and interval
                 shown = f"{scale * raw:+.{c.digits}f}"
@@ -257,8 +237,6 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
                 text_ = f"{text} {op} {lim}: {shown}{c.unit}"
             if floor:
                 text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} is {floor}"
-            elif t_high_end:
-                text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit}'s high end is a t interval's, {SKEW_MISS}"
             out.append(Verdict(name, state, text_, c.required, spread))
     return out
 

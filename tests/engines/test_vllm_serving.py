@@ -292,7 +292,7 @@ def test_serving_eval_measures_the_scheme_through_its_engine_config(embedded):
     from evalkit.engines.vllm.serving_eval import ServingEval
 
     folder, layout = embedded
-    lm = SimpleNamespace(path=folder, layout=layout, model=torch.nn.Linear(1, 1).to(torch.bfloat16))
+    lm = SimpleNamespace(path=folder, layout=layout, model=None, dtype=torch.bfloat16)  # an engine run's handle
     ev = ServingEval({"budget_gib": 1 / 64, "context": 256})
     ev.prepare(lm, None)
     rows = {r.metric: r for r in ev.evaluate(lm, "fp8_e4m3/tensor/unit")}

@@ -119,13 +119,22 @@ def ensure_embedded(name: str) -> Path:
         del model.config.quantization_config
     model.is_quantized = False
     model.config._name_or_path = EMBEDDED_MODELS[name]["hub_id"]
-    tmp = target.with_name(target.name + ".tmp")
+    # Written beside the target under this process's own name, then renamed into place: two processes
+    # converting at once (test workers, a sweep's parallel runs on one node) each write their own copy
+    # and the first rename wins; neither reads the other's half-written folder.
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / _MARKER).write_text(str(gguf) + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    if not (target / _MARKER).is_file():
+        shutil.rmtree(target, ignore_errors=True)  # a folder left by an interrupted conversion
+        try:
+            tmp.rename(target)
+        except OSError:  # another process renamed its complete copy into place first
+            if not (target / _MARKER).is_file():
+                raise
+    shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

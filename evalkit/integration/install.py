@@ -180,16 +180,19 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
                 h.remove()
 
 
+def _layer_of(module) -> int:
+    """The decoder layer an attention module belongs to (transformers' ``layer_idx``); one line if it has none."""
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise EvalkitError(f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer")
+    return layer
+
+
 def _query_handler(binding: BoundScheme, round_query):
     """Q as the engine's attention reads it (its codec family's ``query_rounding``) on the quantized layers."""
 
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            raise EvalkitError(
-                f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
-            )
-        if binding.is_active(layer):
+        if binding.is_active(_layer_of(module)):
             query = round_query(query)
         return inner(module, query, key, value, attention_mask, **kwargs)
 
@@ -198,12 +201,7 @@ def _query_handler(binding: BoundScheme, round_query):
 
 def _fa3_handler(binding: BoundScheme):
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            raise EvalkitError(
-                f"attention module {type(module).__name__} has no layer_idx: evalkit cannot tell its layer"
-            )
-        if binding.is_active(layer):
+        if binding.is_active(_layer_of(module)):
             return fa3_attention(module, query, key, value, attention_mask, **kwargs)
         return inner(module, query, key, value, attention_mask, **kwargs)
 

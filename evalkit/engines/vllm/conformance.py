@@ -31,6 +31,7 @@ import sys
 
 from evalkit.engines.conformance_e2e import TOKENS_FILE
 from evalkit.engines.vllm import kernel, versions
+from evalkit.engines.vllm.config import PROFILE, profile_for
 from evalkit.engines.vllm.conformance_report import FORMATS, load_report
 from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES, DEFAULT_SCHEMES_CUDA
 from evalkit.engines.vllm.end_to_end import end_to_end
@@ -38,9 +39,6 @@ from evalkit.errors import EvalkitError, SchemeError
 from evalkit.kv.scheme import declare_scales
 from evalkit.runtime.folders import check_writable
 from evalkit.runtime.numerics import platform_record
-
-PROFILE = "vllm-cpu"
-PROFILES = {"cpu": "vllm-cpu", "cuda": "vllm-cuda"}
 
 
 def _declared(args) -> tuple[str, str] | None:
@@ -113,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             device=device,
         )
     text = args.schemes or (DEFAULT_SCHEMES_CUDA if device == "cuda" else DEFAULT_SCHEMES)
-    schemes = _parse_schemes(text, PROFILES[device])
+    schemes = _parse_schemes(text, profile_for(device))
     if declared is not None:  # --scales-model/--scales-format: what a bare static table was made for
         schemes = declare_scales(schemes, *declared)
     if args.windows < 1 or args.length < 16 or args.noise_seeds < 2 or not args.noise_ulps > 0:

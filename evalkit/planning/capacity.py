@@ -11,6 +11,12 @@ its pipeline stage's layers; its share of the KV heads, or all of an MLA latent)
     sequences, deployment= DP x the smallest stage's sequences               split over its ranks or replicated)
     multiplier           = BF16 bytes per token / bytes per token
 
+With a vLLM release's block size B (``capacity --vllm-version``, :mod:`evalkit.planning.vllm_sizing`) the
+cache is whole blocks, as vLLM allocates it (``num_blocks = available // bytes_per_block``)::
+
+    tokens per rank      = B x floor(KV budget / (B x bytes per token on the rank))
+    sequences per rank   = floor(KV budget / bytes of one sequence at ceil(context / B) x B tokens)
+
 :func:`plan_ranks` makes those rows, with whether vLLM runs each scheme's ``kv_cache_dtype`` on the
 chosen GPU (:mod:`evalkit.planning.kv_backends`); :func:`memory_fit` is the same plan in a few lines, for
 the sweep's dry run. :func:`kv_budget` and :func:`plan` are the earlier single-budget forms
@@ -210,10 +216,17 @@ def _mark(scheme: Scheme, layout: KVLayout, gpu: GPU | None) -> tuple[str | None
 
 
 def plan_ranks(
-    layout: KVLayout, schemes: list[Scheme], stages, par: Parallel, context: int, gpu: GPU | None = None
+    layout: KVLayout,
+    schemes: list[Scheme],
+    stages,
+    par: Parallel,
+    context: int,
+    gpu: GPU | None = None,
+    block_size: int = 1,
 ) -> list[RankRow]:
     """One :class:`RankRow` per scheme, BF16 first (added if missing); ``stages`` from
-    :func:`evalkit.planning.deployment.stages`."""
+    :func:`evalkit.planning.deployment.stages`; ``block_size`` tokens per vLLM block (1: no rounding)."""
+    held = -(-context // block_size) * block_size  # the tokens of a sequence's whole blocks
     schemes = [Scheme()] + [s for s in schemes if not s.is_identity]
     layouts = [rank_layout(layout, par, st.index) for st in stages]
     rows = []
@@ -223,9 +236,10 @@ def plan_ranks(
             rate = bytes_per_token(rl, scheme)
             if rate == 0:  # a stage without attention layers stores nothing
                 continue
-            seq = model_cache_bytes(rl, scheme, context)
+            seq = model_cache_bytes(rl, scheme, held)
             base = bytes_per_token(rl, Scheme())
-            per_stage.append((math.floor(st.kv_budget / rate), st.kv_budget // seq, rate, seq, base))
+            tokens = math.floor(st.kv_budget / (rate * block_size)) * block_size
+            per_stage.append((tokens, st.kv_budget // seq, rate, seq, base))
         tokens, seqs, rate, seq, base = min(per_stage)
         seqs = min(p[1] for p in per_stage)
         dtype, mark, reason = _mark(scheme, layout, gpu)

@@ -24,6 +24,7 @@ MLA_SCHEMES = (
     "auto,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
     "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
 )
+DSV4_SCHEMES = "auto,fp8_e4m3/tensor/dynamic,dsv4:fp8_ds_mla,dsv4:fp8_ds_mla_v41,mxfp8_e4m3"  # DeepSeek V4 layouts
 
 
 def fitting(layout, schemes) -> tuple[list, list[str]]:
@@ -131,7 +132,10 @@ def count(args: argparse.Namespace) -> int:
     if args.schemes:
         schemes, left_out = parse_schemes(args.schemes), []
     else:
-        schemes, left_out = fitting(layout, parse_schemes(MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
+        default = (
+            DSV4_SCHEMES if layout.compress_ratios is not None else MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES
+        )
+        schemes, left_out = fitting(layout, parse_schemes(default))
     arch = Architecture.from_config(fields)
     dtype, block, total, weights_note = weights_source(args, preset, fields, arch)
     tokens, seqs = serve_defaults(memory, card.name if card else "")

@@ -108,7 +108,8 @@ def stages(
             where = f"pipeline stage {s}: " if par.pp > 1 else ""
             raise EvalkitError(
                 f"{where}the weights ({format_bytes(weights)} per rank) and reserve ({format_bytes(reserve)}) do not "
-                f"fit in {format_bytes(dep.usable)} per GPU ({dep.memory / 2**30:.2f} GiB x {dep.utilization} usable, {par}): "
+                f"fit in {format_bytes(usable)} per GPU ({dep.memory / 2**30:.2f} GiB x {dep.utilization} usable"
+                f"{f', less a margin of {format_bytes(margin)}' if margin else ''}, {par}): "
                 "add GPUs (more --tensor-parallel, --pipeline-parallel or --expert-parallel), use smaller weights "
                 "(--weights-dtype fp8/int4) or raise --utilization"
             )

@@ -1,9 +1,10 @@
-"""`evalkit calibrate`: static K/V scales from data, or from / to a vLLM checkpoint.
+"""`evalkit calibrate`: static K/V scales from data, from a vLLM or ModelOpt checkpoint, or to a vLLM one.
 
     python -m evalkit calibrate --model M --corpus stdlib-docs --samples 32 --seq-len 512 \\
         --granularity head --method amax --out calibration/NAME.safetensors
     python -m evalkit calibrate --recipe calibration/smollm2-135m-head-amax.yaml
     python -m evalkit calibrate --import-vllm CKPT_DIR --out calibration/imported.safetensors
+    python -m evalkit calibrate --import-modelopt MODELOPT_EXPORT_DIR --out calibration/imported.safetensors
     python -m evalkit calibrate ... --export-vllm OUT_DIR [--with-weights]
     python -m evalkit calibrate --scales calibration/NAME.safetensors --export-vllm OUT_DIR
 
@@ -83,6 +84,14 @@ def add_parser(sub):
         help="read the scales from this vLLM / llm-compressor checkpoint folder instead of calibrating",
     )
     p.add_argument(
+        "--import-modelopt",
+        dest="import_modelopt",
+        type=Path,
+        default=None,
+        help="read the FP8 k/v scales of this NVIDIA ModelOpt export (hf_quant_config.json, k_proj.k_scale / "
+        "v_proj.v_scale) instead of calibrating",
+    )
+    p.add_argument(
         "--scales",
         type=Path,
         default=None,
@@ -138,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
         raise EvalkitError(f"--out {out} must end in .safetensors")
     if out is not None and (out.exists() or sidecar_path(out).exists()) and not args.force:
         raise EvalkitError(f"{out} already exists: choose another name or pass --force to overwrite it")
-    if args.scales is not None and args.import_vllm is not None:
-        raise EvalkitError("give --scales or --import-vllm, not both")
+    sources = [f for f, v in (("--scales", args.scales), ("--import-vllm", args.import_vllm),
+                              ("--import-modelopt", args.import_modelopt)) if v is not None]  # fmt: skip
+    if len(sources) > 1:
+        raise EvalkitError(f"give one of {', '.join(sources)}, not {len(sources)}")
     if args.scales is None and _declared_flags(args):
         raise EvalkitError(
             "--scales-model/--scales-format describe a table read with --scales: add --scales or drop them"
@@ -155,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         from evalkit.scales.vllm_io import import_vllm
 
         table = import_vllm(args.import_vllm)
+        lm = None
+    elif args.import_modelopt is not None:
+        from evalkit.scales.modelopt_io import import_modelopt
+
+        table = import_modelopt(args.import_modelopt)
         lm = None
     elif args.scales is not None:
         from evalkit.kv.scale_table import load_scale_table

@@ -21,7 +21,11 @@ Deployment: ``--tensor-parallel``, ``--pipeline-parallel``, ``--data-parallel`` 
 ``--utilization`` less its weights (sharded as vLLM shards them) and a reserve for activations and CUDA
 graphs estimated as vLLM's profiler sizes them (``--max-num-batched-tokens``, ``--max-num-seqs``; vLLM's
 ``serve`` defaults for the GPU) or given with ``--reserve SIZE``. Tokens and sequences are reported per
-rank and for the deployment (:mod:`evalkit.planning.capacity`).
+rank and for the deployment (:mod:`evalkit.planning.capacity`). ``--vllm-version 0.32|0.33|0.34`` counts
+as that release sizes its cache (:mod:`evalkit.planning.vllm_sizing`): whole blocks of its default block
+size (16; 64 from 0.34), its ``gpu_memory_utilization`` default (0.92; from 0.34 1.0 with the extensible
+KV cache, which keeps ``max(1 GiB, 0.75 x the activation peak)`` free instead); without it the count is
+evalkit's plain one (no blocks, ``--utilization`` 0.9).
 
 Weights: ``--weights-bytes SIZE``, else the preset's (or ``--params``) parameter count times
 ``--weights-dtype`` (default: the dtype the preset's weights ship in), else for a local model
@@ -124,7 +128,16 @@ def add_parser(sub):
         "--context", default=None, help="tokens per sequence, e.g. 32k (default; 2048 with --engine), 128k, 4096"
     )
     p.add_argument(
-        "--utilization", type=float, default=0.9, help="fraction of GPU memory the engine may use (default 0.9)"
+        "--utilization",
+        type=float,
+        default=None,
+        help="fraction of GPU memory the engine may use (default 0.9; with --vllm-version, that release's default)",
+    )
+    p.add_argument(
+        "--vllm-version",
+        default=None,
+        help="count as this vLLM release sizes its cache (0.32, 0.33, 0.34): its block size, its "
+        "gpu_memory_utilization default and, from 0.34, the extensible KV cache (default: the plain count)",
     )
     p.add_argument(
         "--schemes", default=None, help=f"comma-separated schemes (default: {DEFAULT_SCHEMES}; MLA: {MLA_SCHEMES})"
@@ -163,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         "--max-num-batched-tokens": args.max_num_batched_tokens,
         "--max-num-seqs": args.max_num_seqs,
         "--reserve": args.reserve,
+        "--vllm-version": args.vllm_version,
+        "--utilization": args.utilization,
     }
     if args.engine:
         from evalkit.engines.registry import get_engine

@@ -24,6 +24,7 @@ MLA_SCHEMES = (
     "auto,fp8_e4m3/tensor/dynamic,fp8_e4m3/group128/dynamic+rope=bf16,fp8_e4m3/token/dynamic,"
     "mxfp8_e4m3+rope=bf16,nvfp4+rope=bf16,nvfp4,sglang_fp4+rope=bf16,mxfp4+rope=bf16"
 )
+DSV4_SCHEMES = "auto,fp8_e4m3/tensor/dynamic,dsv4:fp8_ds_mla,dsv4:fp8_ds_mla_v41,mxfp8_e4m3"  # DeepSeek V4 layouts
 
 
 def fitting(layout, schemes) -> tuple[list, list[str]]:
@@ -112,6 +113,7 @@ def count(args: argparse.Namespace) -> int:
     from evalkit.planning.gpus import get_gpu
     from evalkit.planning.parallel import make_parallel
     from evalkit.planning.reserve import Batch, serve_defaults
+    from evalkit.planning.vllm_sizing import vllm_sizing
     from evalkit.planning.weights import Architecture, model_params
     from evalkit.units import format_bytes as fb
     from evalkit.units import parse_bytes
@@ -130,7 +132,10 @@ def count(args: argparse.Namespace) -> int:
     if args.schemes:
         schemes, left_out = parse_schemes(args.schemes), []
     else:
-        schemes, left_out = fitting(layout, parse_schemes(MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES))
+        default = (
+            DSV4_SCHEMES if layout.compress_ratios is not None else MLA_SCHEMES if layout.is_mla else DEFAULT_SCHEMES
+        )
+        schemes, left_out = fitting(layout, parse_schemes(default))
     arch = Architecture.from_config(fields)
     dtype, block, total, weights_note = weights_source(args, preset, fields, arch)
     tokens, seqs = serve_defaults(memory, card.name if card else "")
@@ -138,9 +143,11 @@ def count(args: argparse.Namespace) -> int:
         args.max_num_batched_tokens or tokens, args.max_num_seqs or seqs, 1024 if card and card.sm100_family else 512
     )
     reserve = parse_bytes(args.reserve) if args.reserve else None
-    dep = Deployment(memory, args.utilization, par, batch, reserve)
+    sizing = vllm_sizing(args.vllm_version) if args.vllm_version else None
+    utilization = args.utilization if args.utilization is not None else (sizing.utilization if sizing else 0.9)
+    dep = Deployment(memory, utilization, par, batch, reserve, sizing)
     plan = stages(dep, layout.num_layers, arch, dtype, block, total)
-    rows = plan_ranks(layout, schemes, plan, par, context, card)
+    rows = plan_ranks(layout, schemes, plan, par, context, card, sizing.block_size if sizing else 1)
     notes = ([par_note] if par_note else []) + left_out + layout_notes(layout, schemes)
     gpu_name = card.key.upper() if card else None
     notes += [f"{r.scheme} ({r.vllm_dtype}) on {gpu_name}: {r.vllm_reason}" for r in rows if r.vllm == "no"]
@@ -161,12 +168,15 @@ def count(args: argparse.Namespace) -> int:
             "context": context,
             "gpu": card.key if card else None,
             "gpu_memory": memory,
-            "utilization": args.utilization,
+            "utilization": utilization,
+            "vllm_version": sizing.version if sizing else None,
+            "block_size": sizing.block_size if sizing else None,
             "parallel": asdict(par),
             "batch": {"max_num_batched_tokens": batch.tokens, "max_num_seqs": batch.seqs},
             "stages": [
                 {"stage": s.index, "layers": [s.layers.start, s.layers.stop], "weights_bytes": s.weights,
-                 "reserve_bytes": s.reserve, "usable_bytes": s.usable, "kv_budget": s.kv_budget,
+                 "reserve_bytes": s.reserve, "usable_bytes": s.usable, "margin_bytes": s.margin,
+                 "kv_budget": s.kv_budget,
                  "reserve": asdict(s.estimate) if s.estimate else None}
                 for s in plan
             ],
@@ -195,11 +205,17 @@ def count(args: argparse.Namespace) -> int:
         parts = ", ".join(f"{k} {fb(v)}" for k, v in s.parts.items())
         print(f"{where}weights per rank: {fb(s.weights)} ({s.weights:,} B){': ' + parts if parts else ''}")
         print(f"{where}{_reserve_line(s, dep)}")
+        usable = f"ceil({memory / 2**30:.2f} GiB x {utilization:g})"
+        if s.margin:
+            usable = f"min({usable}, {memory / 2**30:.2f} GiB - margin {fb(s.margin)})"
         print(
-            f"{where}KV budget per rank: ceil({memory / 2**30:.2f} GiB x {args.utilization}) = {fb(s.usable)} - weights "
+            f"{where}KV budget per rank: {usable} = {fb(s.usable)} - weights "
             f"{fb(s.weights)} - reserve {fb(s.reserve)} = {fb(s.kv_budget)} ({s.kv_budget:,} B)"
         )
-    print(f"context {context:,} tokens; batch profiled: {batch.tokens:,} tokens, {batch.seqs:,} sequences")
+    blocks = f"; whole blocks of {sizing.block_size} tokens" if sizing else ""
+    print(f"context {context:,} tokens; batch profiled: {batch.tokens:,} tokens, {batch.seqs:,} sequences{blocks}")
+    if sizing:
+        print(f"sizing: {sizing.describe()}")
     print()
     print(format_ranks(rows, context, card))
     if notes:

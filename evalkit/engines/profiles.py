@@ -215,8 +215,8 @@ class EngineProfile:
         else:
             if not d.checkpoint_scales:
                 raise SchemeError(
-                    f"{self.name} runs {d.name} with scale 1.0 only (it refuses checkpoints with "
-                    f"scales): drop the scales, i.e. {d.format}/tensor/unit{d.numerics}"
+                    f"{self.name} runs {d.name} with scale 1.0 only (it takes no checkpoint scales): drop the "
+                    f"scales, i.e. {d.format}/tensor/unit{d.numerics}"
                 )
             table = self._load_checkpoint_scales(str(scales), self._checkpoint_format(d.format))
             scheme = Scheme(

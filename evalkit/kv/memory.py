@@ -195,7 +195,11 @@ def stored_tokens(
 
     ``keep="engine"``: ``window`` tokens (what a serving engine allocates); ``keep="transformers"``:
     ``window - 1`` tokens as transformers' dynamic cache (and evalkit's storage cache) keep, rounded
-    out to whole blocks of ``block`` tokens when scales are per block."""
+    out to whole blocks of ``block`` tokens when scales are per block. A DeepSeek V4 layer
+    (``layout.compress_ratios``) keeps its window plus one compressed entry per ratio tokens."""
+    if layout.compress_ratios is not None:
+        ratio = layout.compress_ratios[layer_idx]
+        return min(seq, layout.sliding_window) + (seq // ratio if ratio else 0)
     if not (window_caps and layout.is_sliding(layer_idx) and layout.sliding_window):
         return seq
     if keep == "engine":
@@ -239,8 +243,13 @@ def bytes_per_token(layout: KVLayout, scheme: Scheme) -> Fraction:
     """Bytes each further token adds at long context, every layer storing it (no window caps).
 
     Exact as a fraction: data plus scales amortized (a block's scale over its tokens; per-tensor and
-    per-head scales, a per-sequence constant, add nothing)."""
+    per-head scales, a per-sequence constant, add nothing). DeepSeek V4 (``layout.compress_ratios``): the
+    compressed entries each further token adds past the window (the window is a per-sequence constant)."""
     n = _period(scheme)
+    if layout.compress_ratios is not None:
+        n *= math.lcm(*[r for r in layout.compress_ratios if r] or [1])
+        start = n * -(-layout.sliding_window // n)  # the first multiple of n past the window
+        return Fraction(model_cache_bytes(layout, scheme, start + n) - model_cache_bytes(layout, scheme, start), n)
     grow = model_cache_bytes(layout, scheme, n, window_caps=False) - model_cache_bytes(
         layout, scheme, 0, window_caps=False
     )

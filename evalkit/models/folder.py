@@ -68,6 +68,8 @@ def weights_source(args, preset, fields, arch) -> tuple[str | None, int | None, 
         n = parse_bytes(args.weights_bytes)
         return dtype or shipped or None, block, n, f"{format_bytes(n)} (given)"
     params = float(args.params) if args.params else None
+    if params is None and arch is None and (preset or {}).get("params") and dtype:  # parts not modelled: the total
+        params = float(preset["params"])
     if params and dtype:
         n = weights_bytes(params, dtype)
         return dtype, block, n, f"{format_bytes(n)} ({params / 1e9:,.1f}B params x {dtype})"

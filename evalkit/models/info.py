@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from evalkit.errors import UnsupportedModelError
 
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_linear", "longcat_flash"})
+# DeepSeek V4 / V4.1: one 512-value entry per token shared by K and V (448 NoPE + 64 RoPE values, held as an
+# MLA latent and RoPE key); every layer keeps a sliding window of them plus, where its compress ratio is not
+# 0, one compressed entry per ratio tokens (transformers' DeepseekV4Config: layer_types and compress_rates)
+DSV4_MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
+DSV4_COMPRESS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 NO_INTERFACE_MODEL_TYPES = frozenset({"falcon", "bloom", "mpt"})
 
 
@@ -31,6 +36,7 @@ class KVLayout:
     mla_latent_dim: int = 0  # kv_lora_rank for MLA models
     mla_rope_dim: int = 0  # qk_rope_head_dim for MLA models
     attention_layers: tuple[int, ...] | None = None  # None: every layer has attention
+    compress_ratios: tuple[int, ...] | None = None  # DeepSeek V4: per layer, 0 (window only) or tokens per entry
 
     @property
     def is_mla(self) -> bool:
@@ -69,14 +75,39 @@ def kv_layout(config) -> KVLayout:
     latent = getattr(cfg, "kv_lora_rank", 0) or 0 if model_type in MLA_MODEL_TYPES else 0
     rope = getattr(cfg, "qk_rope_head_dim", 0) or 0 if latent else 0
     v_head_dim = getattr(cfg, "v_head_dim", None) or head_dim
+    compress = None
+    if model_type in DSV4_MODEL_TYPES:
+        latent, rope, compress = _dsv4(cfg, head_dim, n_layers)
+        sliding, window, layer_types = tuple(range(n_layers)), cfg.sliding_window, []
     attention_layers = None
     if layer_types and any(t not in ("full_attention", "sliding_attention", "chunked_attention") for t in layer_types):
         attention_layers = tuple(
             i for i, t in enumerate(layer_types) if t in ("full_attention", "sliding_attention", "chunked_attention")
         )
     return KVLayout(
-        model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers
+        model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers,
+        compress,
+    )  # fmt: skip
+
+
+def _dsv4(cfg, head_dim: int, n_layers: int) -> tuple[int, int, tuple[int, ...]]:
+    """DeepSeek V4's (NoPE width, RoPE width, compress ratio per layer) from its config: ``qk_rope_head_dim`` (or
+    ``partial_rotary_factor`` x ``head_dim``, default 64 of 512), ``compress_ratios`` (V4.1's per-layer list) or
+    ``layer_types`` with ``compress_rates``."""
+    rope = getattr(cfg, "qk_rope_head_dim", None) or round(
+        head_dim * (getattr(cfg, "partial_rotary_factor", None) or 0.125)
     )
+    ratios = getattr(cfg, "compress_ratios", None)
+    if ratios is None:
+        rates = {**DSV4_COMPRESS, **(getattr(cfg, "compress_rates", None) or {})}
+        types = getattr(cfg, "layer_types", None)
+        if not types:
+            raise UnsupportedModelError(
+                f"config of model type {cfg.model_type!r} has neither compress_ratios nor layer_types: evalkit cannot "
+                "tell which layers compress their cache: give the model's config.json"
+            )
+        ratios = [rates.get(t, 0) for t in types]
+    return head_dim - rope, rope, tuple(int(r) for r in list(ratios)[:n_layers])
 
 
 def _first(cfg, *names):

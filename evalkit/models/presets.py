@@ -149,6 +149,45 @@ PRESETS: dict[str, dict] = {
         "--num-experts 384, --moe-ffn-hidden-size 2048, --moe-shared-expert-intermediate-size 2048, --moe-router-topk 8, "
         "one dense layer then 60 MoE layers, --vocab-size 163840, untied); block-FP8 weights as DeepSeek-V3 (model card)",
     },
+    "deepseek-v4-flash-base": {
+        "hub_id": "deepseek-ai/DeepSeek-V4-Flash-Base",
+        "config": {
+            "model_type": "deepseek_v4",
+            "num_hidden_layers": 43,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 1,
+            "head_dim": 512,
+            "qk_rope_head_dim": 64,
+            "hidden_size": 4096,
+            "max_position_embeddings": 1048576,
+            "sliding_window": 128,
+            "compress_ratios": [0, 0]
+            + [4, 128] * 20
+            + [4],  # the 43 layers (the config's 44th entry is the MTP layer's)
+            "q_lora_rank": 1024,
+            "o_lora_rank": 1024,
+            "o_groups": 8,
+            "index_n_heads": 64,
+            "index_head_dim": 128,
+            "index_topk": 512,
+            "moe_intermediate_size": 2048,
+            "n_routed_experts": 256,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 6,
+            "vocab_size": 129280,
+            "tie_word_embeddings": False,
+        },
+        "params": 284e9,
+        "weights_dtype": "fp8",
+        "source": "config.json of deepseek-ai/DeepSeek-V4-Flash-Base (copy in alibaba rtp-llm's DeepSeek V4 config test, "
+        "FLASH_BASE_CONFIG: 43 layers, 64 heads, 1 KV head, head_dim 512, qk_rope_head_dim 64, sliding_window 128, "
+        "compress_ratios 0, 0, then 4 and 128 alternating); transformers' DeepseekV4Config (the same widths); "
+        "NVIDIA NeMo AutoModel's DeepSeek V4 Flash page (43 layers, 256 routed experts + 1 shared, top-6)",
+        "weights_source": "284B parameters (the DeepSeek-V4-Flash model card: 284B total, 13B active); FP8 block weights "
+        "with FP8 experts in the Base checkpoint (vLLM's DeepseekV4FP8Config: expert_dtype fp8 for Flash-Base, MXFP4 "
+        "for Flash); its parts are not modelled (hyper-connections, grouped output projection): the total is spread "
+        "evenly over the ranks and no activation reserve is estimated (--reserve SIZE gives one)",
+    },
     "smollm2-135m": {
         "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "config": {

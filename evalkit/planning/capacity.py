@@ -11,6 +11,12 @@ its pipeline stage's layers; its share of the KV heads, or all of an MLA latent)
     sequences, deployment= DP x the smallest stage's sequences               split over its ranks or replicated)
     multiplier           = BF16 bytes per token / bytes per token
 
+With a vLLM release's block size B (``capacity --vllm-version``, :mod:`evalkit.planning.vllm_sizing`) the
+cache is whole blocks, as vLLM allocates it (``num_blocks = available // bytes_per_block``)::
+
+    tokens per rank      = B x floor(KV budget / (B x bytes per token on the rank))
+    sequences per rank   = floor(KV budget / bytes of one sequence at ceil(context / B) x B tokens)
+
 :func:`plan_ranks` makes those rows, with whether vLLM runs each scheme's ``kv_cache_dtype`` on the
 chosen GPU (:mod:`evalkit.planning.kv_backends`); :func:`memory_fit` is the same plan in a few lines, for
 the sweep's dry run. :func:`kv_budget` and :func:`plan` are the earlier single-budget forms
@@ -118,7 +124,24 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
     read in the engines' public sources; see :mod:`evalkit.kv.microscaling` for the FP4 ones)."""
     notes = []
     names = {s.name for s in schemes}
-    if layout.is_mla:
+    if layout.compress_ratios is not None:
+        csa = sum(1 for r in layout.compress_ratios if r == 4)
+        notes.append(
+            f"DeepSeek V4: every layer keeps its last {layout.sliding_window} tokens' entries plus one compressed entry "
+            "per ratio tokens (compress_ratios: 0 window only, 4, 128); an entry is 448 NoPE + 64 RoPE values. "
+            "Counted per entry; bytes/token is the long-context rate (the window is a per-sequence constant). Not "
+            f"counted: the indexer keys of the {csa} ratio-4 layers (one 128-value FP8 key + 4 scale bytes per "
+            "compressed entry in vLLM) and page alignment."
+        )
+        notes.append(
+            "dsv4:fp8_ds_mla (584 B: 448 E4M3 + 7 UE8M0 scales + a pad byte + 64 BF16 RoPE values) and "
+            "dsv4:fp8_ds_mla_v41 (528 B: 512 E4M3 + 16 UE8M0 scales, RoPE included) are what vLLM's fp8_ds_mla "
+            "stores on a DeepSeek V4 / V4.1 model; auto and fp8 resolve to it on the packed DeepSeek V4 backends "
+            "(models/deepseek_v41/attention.py _resolve_dsv4_kv_cache_dtype), so auto is not a BF16 cache there. "
+            "'V4 backends' in the GPU column: DeepSeek V4's own attention classes, which evalkit's table of vLLM "
+            "backends per GPU does not hold."
+        )
+    elif layout.is_mla:
         notes.append(
             "MLA: vLLM's dense MLA backends store fp8 as one 576-wide E4M3 entry under the layer's one k_scale, "
             "RoPE key included (vllm:fp8); DeepSeek V3.2's sparse backend stores fp8_ds_mla (512 E4M3 latent "
@@ -181,6 +204,8 @@ def vllm_dtype(scheme: Scheme, layout: KVLayout) -> str | None:
     from evalkit.kv.codecs.vllm.family import FAMILY as VLLM_FAMILY
 
     family = family_of(scheme.recipe)
+    if family is not None and family.prefix == "dsv4":  # DeepSeek V4's records: what fp8_ds_mla stores on V4
+        return "fp8_ds_mla"
     if family is not None:  # an engine's own cache type: vLLM's names its kv_cache_dtype, others none
         return family.scheme_name(scheme).partition(":")[2] if family is VLLM_FAMILY else None
     if scheme.name == "nvfp4":
@@ -202,6 +227,17 @@ def _mark(scheme: Scheme, layout: KVLayout, gpu: GPU | None) -> tuple[str | None
         return dtype, None, ""
     if dtype is None:
         return None, "-", ""
+    if layout.compress_ratios is not None:  # DeepSeek V4's own backends, which evalkit's GPU table does not hold
+        if scheme.recipe.value == "dsv4_fp8_ds_mla_v41" and not gpu.sm100_family:  # the V4.1 record
+            return (
+                dtype,
+                "no",
+                (
+                    "vLLM writes the V4.1 record on SM 10.x only; a V4.1 model keeps the V4 record (dsv4:fp8_ds_mla) "
+                    "elsewhere (models/deepseek_v41/attention.py _use_v41_mxfp8_kv_record)"
+                ),
+            )
+        return dtype, "V4 backends", ""
     support = kv_support(gpu, dtype, kind="mla" if layout.is_mla else "standard", head_size=layout.head_dim)
     reason = support.reason
     if not support.runs and dtype.endswith("_ds_mla"):
@@ -210,10 +246,17 @@ def _mark(scheme: Scheme, layout: KVLayout, gpu: GPU | None) -> tuple[str | None
 
 
 def plan_ranks(
-    layout: KVLayout, schemes: list[Scheme], stages, par: Parallel, context: int, gpu: GPU | None = None
+    layout: KVLayout,
+    schemes: list[Scheme],
+    stages,
+    par: Parallel,
+    context: int,
+    gpu: GPU | None = None,
+    block_size: int = 1,
 ) -> list[RankRow]:
     """One :class:`RankRow` per scheme, BF16 first (added if missing); ``stages`` from
-    :func:`evalkit.planning.deployment.stages`."""
+    :func:`evalkit.planning.deployment.stages`; ``block_size`` tokens per vLLM block (1: no rounding)."""
+    held = -(-context // block_size) * block_size  # the tokens of a sequence's whole blocks
     schemes = [Scheme()] + [s for s in schemes if not s.is_identity]
     layouts = [rank_layout(layout, par, st.index) for st in stages]
     rows = []
@@ -223,9 +266,10 @@ def plan_ranks(
             rate = bytes_per_token(rl, scheme)
             if rate == 0:  # a stage without attention layers stores nothing
                 continue
-            seq = model_cache_bytes(rl, scheme, context)
+            seq = model_cache_bytes(rl, scheme, held)
             base = bytes_per_token(rl, Scheme())
-            per_stage.append((math.floor(st.kv_budget / rate), st.kv_budget // seq, rate, seq, base))
+            tokens = math.floor(st.kv_budget / (rate * block_size)) * block_size
+            per_stage.append((tokens, st.kv_budget // seq, rate, seq, base))
         tokens, seqs, rate, seq, base = min(per_stage)
         seqs = min(p[1] for p in per_stage)
         dtype, mark, reason = _mark(scheme, layout, gpu)

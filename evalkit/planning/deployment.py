@@ -6,6 +6,10 @@ Per rank, as vLLM 0.33 sizes it (``vllm/v1/worker/gpu_worker.py`` ``determine_av
     usable    = ceil(memory x utilization)             memory: what the CUDA runtime reports for the GPU
     KV budget = usable - weights of the rank - reserve (activations + CUDA graphs, evalkit.planning.reserve)
 
+With a vLLM release's sizing (:mod:`evalkit.planning.vllm_sizing`, ``capacity --vllm-version``) whose
+extensible KV cache is on (0.34), ``usable`` is ``min(ceil(memory x utilization), memory - margin)``,
+the margin ``max(1 GiB, 0.75 x the rank's activation peak)``.
+
 Weights of a rank (:mod:`evalkit.planning.weights`) come from the model's parts when its config has them
 (a preset, a config.json with ``intermediate_size`` and ``vocab_size``). A total given instead
 (``--weights-bytes``, ``--params`` x ``--weights-dtype``, a folder's safetensors files) is spread over the
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from evalkit.errors import EvalkitError
 from evalkit.planning.parallel import Parallel, stage_layers
 from evalkit.planning.reserve import Batch, Reserve, estimate
+from evalkit.planning.vllm_sizing import VllmSizing
 from evalkit.planning.weights import Architecture, RankWeights, model_params, rank_weights
 from evalkit.units import format_bytes
 
@@ -32,6 +37,7 @@ class Deployment:
     parallel: Parallel
     batch: Batch
     reserve: int | None = None  # bytes per rank given by the user (replaces the estimate)
+    sizing: VllmSizing | None = None  # a vLLM release's sizing (None: evalkit's plain count)
 
     @property
     def usable(self) -> int:
@@ -49,6 +55,7 @@ class Stage:
     usable: int
     estimate: Reserve | None = None
     parts: dict = field(default_factory=dict)  # weight bytes by part (proportional to parameters)
+    margin: int = 0  # what vLLM 0.34's extensible KV cache keeps free (0 without it)
 
     @property
     def kv_budget(self) -> int:
@@ -92,12 +99,17 @@ def stages(
             )
         est = estimate(arch, par, dep.batch, s) if arch is not None and dep.reserve is None else None
         reserve = dep.reserve if dep.reserve is not None else (est.total if est else 0)
-        stage = Stage(s, layers, weights, reserve, dep.usable, est, parts)
+        usable, margin = dep.usable, 0
+        if dep.sizing is not None and dep.sizing.extensible:
+            peak = est.activations if est else reserve  # a given reserve: all of it counted as the peak
+            usable, margin = dep.sizing.usable(dep.memory, dep.utilization, peak), dep.sizing.margin(peak)
+        stage = Stage(s, layers, weights, reserve, usable, est, parts, margin)
         if stage.kv_budget <= 0:
             where = f"pipeline stage {s}: " if par.pp > 1 else ""
             raise EvalkitError(
                 f"{where}the weights ({format_bytes(weights)} per rank) and reserve ({format_bytes(reserve)}) do not "
-                f"fit in {format_bytes(dep.usable)} per GPU ({dep.memory / 2**30:.2f} GiB x {dep.utilization} usable, {par}): "
+                f"fit in {format_bytes(usable)} per GPU ({dep.memory / 2**30:.2f} GiB x {dep.utilization} usable"
+                f"{f', less a margin of {format_bytes(margin)}' if margin else ''}, {par}): "
                 "add GPUs (more --tensor-parallel, --pipeline-parallel or --expert-parallel), use smaller weights "
                 "(--weights-dtype fp8/int4) or raise --utilization"
             )

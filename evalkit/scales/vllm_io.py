@@ -153,8 +153,6 @@ def read_checkpoint_scales(folder: Path) -> dict[int, dict[str, torch.Tensor]]:
 
 def import_vllm(folder: str | Path) -> ScaleTable:
     """Read the static KV scales of a vLLM / llm-compressor checkpoint folder into a ScaleTable."""
-    from transformers import AutoConfig
-
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise EvalkitError(
@@ -165,25 +163,47 @@ def import_vllm(folder: str | Path) -> ScaleTable:
     scheme = qcfg.get("kv_cache_scheme") or {}
     if scheme and (scheme.get("type") != "float" or scheme.get("num_bits") != 8 or not scheme.get("symmetric", True)):
         raise EvalkitError(f"{folder}: kv_cache_scheme {scheme} is not the symmetric 8-bit float scheme vLLM supports")
-    try:
-        config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise EvalkitError(
-            f"{folder}/config.json cannot be read as a transformers config ({str(exc).splitlines()[0]})"
-        ) from None
-    layout = kv_layout(config)
+    config, layout = checkpoint_config(folder)
     found = read_checkpoint_scales(folder)
     if not found:
         raise EvalkitError(
             f"checkpoint {folder} holds no k_scale/v_scale tensors, so vLLM would run an FP8 KV cache with scale 1.0: "
             "calibrate with `python -m evalkit calibrate` or evaluate fp8_e4m3/tensor/unit to see what that costs"
         )
+    table = checked_table(folder, raw, config, layout, found, "vLLM")
+    granularity = table.granularity
+    strategy = scheme.get("strategy")
+    if strategy and strategy != STRATEGY[granularity]:
+        raise EvalkitError(
+            f"checkpoint {folder}: kv_cache_scheme says strategy {strategy!r} but the scales are {granularity}-shaped"
+        )
+    table.meta["kv_cache_scheme"] = scheme or None
+    return table
+
+
+def checkpoint_config(folder: Path):
+    """(transformers config, KVLayout) of a checkpoint folder's config.json, or one line naming the problem."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise EvalkitError(
+            f"{folder}/config.json cannot be read as a transformers config ({str(exc).splitlines()[0]})"
+        ) from None
+    return config, kv_layout(config)
+
+
+def checked_table(folder: Path, raw: dict, config, layout, found: dict, engine: str) -> ScaleTable:
+    """The FP8 scale table of a checkpoint's k/v scales ``found`` (:func:`read_checkpoint_scales`): every attention
+    layer present, one value per layer (tensor) or per KV head (head), all finite and positive; else one line.
+    ``engine`` names who would run the checkpoint with 1.0 where a scale is missing."""
     layers = layout.attention_layers or tuple(range(layout.num_layers))
     missing = [i for i in layers if "k" not in found.get(i, {}) or "v" not in found.get(i, {})]
     if missing:
         raise EvalkitError(
             f"checkpoint {folder} lacks k_scale or v_scale for layers {missing[:8]}{'...' if len(missing) > 8 else ''}: "
-            "vLLM would use 1.0 there; re-export complete scales"
+            f"{engine} would use 1.0 there; re-export complete scales"
         )
     sizes = {t.numel() for i in layers for t in found[i].values()}
     H = layout.num_kv_heads
@@ -194,11 +214,6 @@ def import_vllm(folder: str | Path) -> ScaleTable:
     else:
         raise EvalkitError(
             f"checkpoint {folder}: scale sizes {sorted(sizes)} are neither 1 (tensor) nor {H} (one per KV head)"
-        )
-    strategy = scheme.get("strategy")
-    if strategy and strategy != STRATEGY[granularity]:
-        raise EvalkitError(
-            f"checkpoint {folder}: kv_cache_scheme says strategy {strategy!r} but the scales are {granularity}-shaped"
         )
     k = torch.stack([found[i]["k"].reshape(()) if granularity == "tensor" else found[i]["k"] for i in layers])
     v = torch.stack([found[i]["v"].reshape(()) if granularity == "tensor" else found[i]["v"] for i in layers])
@@ -216,7 +231,6 @@ def import_vllm(folder: str | Path) -> ScaleTable:
         "method": "imported",
         "format": "fp8_e4m3",
         "source": str(folder),
-        "kv_cache_scheme": scheme or None,
     }
     provenance = folder / PROVENANCE_FILE
     if provenance.is_file():

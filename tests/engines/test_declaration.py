@@ -80,12 +80,13 @@ def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
     assert [m for _, m in vllm.hook("plan")(["auto"], [_model("xpu")], None, {}).problems][0].startswith(
         "engine vllm runs on cuda or cpu, not xpu"
     )
-    assert version_of(vllm).version == "0.33" and version_of(vllm, "0.32.0").version == "0.32"
-    v032, v033 = version_of(vllm, "0.32").names(), version_of(vllm).names()
+    assert version_of(vllm).version == "0.34" and version_of(vllm, "0.32.0").version == "0.32"
+    assert version_of(vllm, "0.34").names() == version_of(vllm, "0.33").names()  # 0.34's CacheDType is 0.33's
+    v032, v033 = version_of(vllm, "0.32").names(), version_of(vllm, "0.33").names()
     assert len(v032) == 19 and len(v033) == 22 and set(v033) - set(v032) == {
         "octave_k3v4", "octave_k3v3", "octave_k3v3_compact"
     }  # fmt: skip
-    with pytest.raises(SchemeError, match="declares versions 0.33, 0.32, not 0.31"):
+    with pytest.raises(SchemeError, match="declares versions 0.34, 0.33, 0.32, not 0.31"):
         version_of(vllm, "0.31")
     assert cache_type(vllm, "int8_per_token_head").scheme == "vllm:int8_per_token_head"
     assert not cache_type(vllm, "octave_k3v4").modelled and cache_type(vllm, "octave_k3v4", "0.33")

@@ -1,4 +1,4 @@
-"""Everything evalkit uses of vLLM's Python API, held against the vllm 0.33.0 and 0.32.0 wheels' source.
+"""Everything evalkit uses of vLLM's Python API, held against the vllm 0.34.0, 0.33.0 and 0.32.0 wheels' source.
 
 What evalkit uses is read from evalkit's own source (:mod:`evalkit.engines.vllm.api_uses`: imports,
 calls with their keywords, attributes, files loaded by path, plus the hand-listed objects vLLM hands
@@ -17,6 +17,21 @@ The differences between 0.32 and 0.33 that matter to evalkit (none of them in wh
   evalkit's calls get (the signatures are checked below);
 - ``is_quantized_kv_cache`` moved from ``vllm.utils.torch_utils`` to ``vllm.v1.kv_cache_interface``: evalkit
   does not use it.
+
+Between 0.33 and 0.34 (every use passes against both; what differs and what evalkit does about it):
+
+- the requirements: transformers <5.21 -> <5.23, filelock >=3.20.3 -> >=4.2.4 (torch stays 2.14.0): both
+  inside evalkit's ranges (the requirement test below), so docs/install.md's GPU recipe holds;
+- ``CacheDType`` is unchanged (0.33's 22 values): the declaration's 0.34 row is 0.33's;
+- ``CacheConfig.DEFAULT_BLOCK_SIZE`` 16 -> 64, ``gpu_memory_utilization`` 0.92 -> None (1.0 with the
+  extensible KV cache, 0.92 without), ``enable_extensible_kv_cache`` (new; on where unset on CUDA and ROCm):
+  ``capacity --vllm-version 0.34`` counts with them (evalkit.planning.vllm_sizing); evalkit's own engine
+  runs pass ``gpu_memory_utilization`` (a cap on the extensible cache) or ``kv_cache_memory_bytes`` (which
+  turns it off: ``vllm/config/vllm.py`` ``_resolve_extensible_kv_cache``) explicitly (evalkit.engines.vllm.gpu);
+- ``QuantizationConfig.get_kv_cache_dtype(prefix)`` (new, returns None in the base class and is not
+  overridden by any quantization config in the wheel): a checkpoint may choose a layer's cache dtype when
+  ``kv_cache_dtype`` is ``auto``; nothing sets it today, so evalkit's ``auto`` still stores the model's dtype;
+- ``KVQuantMode.CUSTOM = 12`` is still an alias of ``OCTAVE_K3V4`` (as in 0.33).
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ from evalkit.engines.vllm.api_uses import RUNTIME, Use, all_uses, source_uses
 from tests.engines.vllm_wheels import RegistryUnreachable, requirements, vllm_source
 
 ROOT = Path(__file__).resolve().parents[2]
-VERSIONS = ("0.32.0", "0.33.0")
+VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 OCTAVE = {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact"}
 
 
@@ -229,6 +244,58 @@ def test_what_differs_between_032_and_033_and_what_evalkit_does():
         assert report.problems == []
     new_kernel = (new / "vllm/models/deepseek_v32/common/kernels.py").read_text()
     assert "skip_scale: bool = False" in new_kernel
+
+
+def _class_constant(tree: Path, rel: str, cls: str, name: str):
+    module = ast.parse((tree / rel).read_text())
+    node = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    for item in node.body:
+        if isinstance(item, (ast.AnnAssign, ast.Assign)):
+            target = item.target if isinstance(item, ast.AnnAssign) else item.targets[0]
+            if getattr(target, "id", None) == name:
+                value = item.value
+                if isinstance(value, ast.Call):  # Field(default=...)
+                    value = next(k.value for k in value.keywords if k.arg == "default")
+                return ast.literal_eval(value)
+    raise AssertionError(f"no {cls}.{name} in {rel}")
+
+
+@pytest.mark.slow
+def test_what_differs_between_033_and_034_and_what_evalkit_does():
+    from evalkit.engines.declaration import version_of
+    from evalkit.engines.registry import get_engine
+    from evalkit.planning.vllm_sizing import SIZING
+
+    old, new = _source("0.33.0"), _source("0.34.0")
+    assert _cache_dtypes(new) == _cache_dtypes(old)
+    vllm = get_engine("vllm")
+    assert set(version_of(vllm, "0.34").names()) == _cache_dtypes(new)
+    cache = "vllm/config/cache.py"
+    for tree, version in ((_source("0.32.0"), "0.32"), (old, "0.33"), (new, "0.34")):
+        block = _class_constant(tree, cache, "CacheConfig", "DEFAULT_BLOCK_SIZE")
+        share = _class_constant(tree, cache, "CacheConfig", "gpu_memory_utilization")
+        assert SIZING[version].block_size == block
+        assert SIZING[version].utilization == (share if share is not None else 1.0)
+    assert _class_constant(new, cache, "CacheConfig", "DEFAULT_GPU_MEMORY_UTILIZATION") == 0.92
+    text = (new / cache).read_text()
+    assert "if self.enable_extensible_kv_cache:\n            return 1.0" in text
+    assert "enable_extensible_kv_cache" not in (old / cache).read_text()
+    extensible = (new / "vllm/v1/worker/extensible_kv_cache.py").read_text()
+    assert "KV_CACHE_MARGIN_FLOOR_BYTES = (3 if current_platform.is_rocm() else 1) << 30" in extensible
+    assert "KV_CACHE_MARGIN_FRACTION = 0.75" in extensible
+    assert "available = min(requested_memory - non_kv_used, headroom - margin)" in extensible
+    req_old, req_new = requirements(old), requirements(new)
+    assert req_old["torch"] == req_new["torch"] == "==2.14.0"
+    assert "<5.21.0" in req_old["transformers"] and "<5.23.0" in req_new["transformers"]
+    assert req_new["filelock"] == ">=4.2.4"
+    hook = (new / "vllm/model_executor/layers/quantization/base_config.py").read_text()
+    assert 'def get_kv_cache_dtype(self, prefix: str) -> "CacheDType | None":' in hook
+    overrides = [
+        p
+        for p in (new / "vllm/model_executor/layers/quantization").rglob("*.py")
+        if "def get_kv_cache_dtype(" in p.read_text()
+    ]
+    assert [p.name for p in overrides] == ["base_config.py"]  # no quantization config sets a layer's dtype yet
 
 
 # -- the GPU install: evalkit beside vLLM's pins ---------------------------------------------------------------

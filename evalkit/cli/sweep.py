@@ -5,6 +5,7 @@
     python -m evalkit sweep GRID.yaml --out DIR [--rerun] [--shard I/N] [--executor ray --ray-address ADDR]
     python -m evalkit sweep GRID.yaml --dry-run [--assume-device h200]   # runs, tokens, time, disk; runs nothing
     python -m evalkit sweep gpu --model ID_OR_FOLDER                      # the grid with another model
+    python -m evalkit sweep --resolve [--resolve-budget 30m] [--dry-run]  # then grow what straddles its limit
 
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
 then these flags. Everything is validated before the output folder is touched or a model loads.
@@ -19,6 +20,9 @@ a grid whose baselines, results and model downloads do not fit on the disk
 disk needed (:mod:`evalkit.sweep.estimate`), then the same problems (exit 2 when there are any; an
 engine not installed here is a note, since a dry run plans for any machine), writes nothing and
 evaluates nothing. The exit code is 1 when any run failed (see the summary).
+
+``--resolve`` then grows the criteria whose interval straddles the budget's limit, stage by stage, up to
+``--resolve-budget`` (:mod:`evalkit.sweep.resolve`); with ``--dry-run`` it prints that plan, priced.
 """
 
 from __future__ import annotations

@@ -26,11 +26,15 @@ first ``--resolve`` on a store (its ledger, :mod:`evalkit.report.resolved`) and 
 another number is refused. The report reads the latest stage at that level and says so.
 
 The budget. ``--resolve-budget`` (default 30 min: ``90s``, ``45m``, ``1.5h``) is wall time on this
-machine. Each stage run is priced before it starts: the larger of the dry run's estimate
-(:mod:`evalkit.sweep.estimate`) and the row's previous stage's measured time scaled by the growth; a
-run whose price does not fit in what is left is not started (a started run always finishes). It ends
-saying which: every criterion resolved, the stages planned all run, no more units, or the budget spent,
-and per criterion its state with the units reached.
+machine. Each stage run is priced before it starts from the store's own measured times (the row's
+previous stage x the growth, plus the grid's baseline run scaled to the new unit count where no run at
+that count has computed the baseline yet; the dry run's estimate, :mod:`evalkit.sweep.estimate`, where
+nothing is measured), times the ratio of measured to priced seconds of the stage runs already done in
+this resolve (the machine's load now). The cheapest stages run first; a run whose price does not fit
+in what is left is not started (a started run always finishes, so the budget can be overrun by one
+run's error). It ends saying which: every criterion resolved, the stages planned all run, no more
+units, or the budget spent (naming the runs that did not fit), and per criterion its state with the
+units reached.
 """
 
 from __future__ import annotations
@@ -275,6 +279,7 @@ def run_resolve(
             f"{ledger['stages']}, or resolve a copy of the store made before"
         )
     start = clock()
+    took = priced = 0.0  # measured and priced seconds of the stage runs done here
     added: list[str] = []
     why = ""
     price = price or _estimator(grid, out, workdir)
@@ -303,7 +308,8 @@ def run_resolve(
         for row, k, run in todo:
             if why:
                 break
-            cost = prices.get(run.run_id, 0.0)
+            raw = prices.get(run.run_id, 0.0)
+            cost = raw * (took / priced if priced > 0 else 1.0)  # calibrated on the stage runs done here
             left = budget_s - (clock() - start)
             what = f"{row.entry['scheme']} {row.entry['eval']} {row.knob} {row.stage_n(k)}"
             if cost > left:  # not started: a cheaper row may still fit
@@ -319,6 +325,7 @@ def run_resolve(
                         print(f"resolve: FAILED {run.label()}: {outcome.error}", file=sys.stderr)
                         why = f"a stage run failed ({run.label()}: {outcome.error})"
             ran += 1
+            took, priced = took + clock() - t0, priced + raw
             added.append(f"{what}: {clock() - t0:,.0f} s (priced {cost:,.0f} s)")
             print(f"resolve: {added[-1]}", file=sys.stderr, flush=True)
         if not why and todo and not ran:

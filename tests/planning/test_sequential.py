@@ -25,7 +25,6 @@ KL = Criterion("KL", "kl_mean", "max_kl", True, "mean KL")  # x <= limit
 DROP = Criterion("retrieval", "retrieval_diff", "max_retrieval_drop", True, "drop", transform="neg")  # -x <= limit
 STAGES = 3
 SIMS = 2000
-SE = math.sqrt(0.025 * 0.975 / SIMS)  # the simulation's standard error at the nominal 2.5 %
 
 
 def _t_row(x: np.ndarray) -> dict:
@@ -41,20 +40,27 @@ def _t_row(x: np.ndarray) -> dict:
 def _first_verdict(rows: list[dict], criterion: Criterion, limit: float, level: float | None) -> str:
     """The verdict of the first look (in order) that resolves, each at ``level`` (None: the stored 95 %)."""
     for row in rows:
-        lo, hi = (row["ci_low"], row["ci_high"]) if level is None else relevel(row, level)
+        if level is None:
+            lo, hi = row["ci_low"], row["ci_high"]
+        else:  # the binary kinds straight from their interval function: relevel's equality to it is tested below
+            lo, hi = row["at"](level) if "at" in row else relevel(row, level)
         state = _state_of_interval(criterion, lo, hi, limit)
         if state != "unresolved":
             return state
     return "unresolved"
 
 
-def _rates(make_rows, criterion, limit, seed=0) -> tuple[float, float, float]:
+def _se(sims: int) -> float:
+    return math.sqrt(0.025 * 0.975 / sims)  # the simulation's standard error at the nominal 2.5 %
+
+
+def _rates(make_rows, criterion, limit, seed=0, sims=SIMS) -> tuple[float, float, float]:
     """(false-inside rate of the split rule, of 95 % at every look, of the two-step 'report at 95 %, then resolve
     what straddles at the split level')."""
     rng = np.random.default_rng(seed)
     level = look_level(STAGES)
     split = naive = two_step = 0
-    for _ in range(SIMS):
+    for _ in range(sims):
         rows = make_rows(rng)
         split += _first_verdict(rows, criterion, limit, level) == "inside"
         naive += _first_verdict(rows, criterion, limit, None) == "inside"
@@ -62,27 +68,22 @@ def _rates(make_rows, criterion, limit, seed=0) -> tuple[float, float, float]:
         two_step += first == "inside" or (
             first == "unresolved" and _first_verdict(rows[1:], criterion, limit, level) == "inside"
         )
-    return split / SIMS, naive / SIMS, two_step / SIMS
+    return split / sims, naive / sims, two_step / sims
 
 
-@pytest.mark.slow
-def test_split_rule_holds_a_kl_at_its_limit_to_nominal_across_stages():
-    """Right-skewed per-window KL (lognormal, sigma 0.75) whose mean is exactly the limit, 4 -> 32 windows."""
-    limit, sigma = 0.02, 0.75
-    mu = math.log(limit) - sigma**2 / 2  # E[X] = limit
+def windows_mean_rates(sims: int = SIMS) -> tuple[float, float, float]:
+    """Per-window changes (normal, the t interval's own model) whose mean is exactly the limit, 4 -> 32 windows.
+    (Right-skewed per-window KL breaks the t interval itself at 4 windows, resolve or not: docs/statistics.md.)"""
+    limit = 0.01
 
     def rows(rng):
-        x = rng.lognormal(mu, sigma, 4 * 2**STAGES)
+        x = rng.normal(limit, 0.01, 4 * 2**STAGES)
         return [_t_row(x[: 4 * 2**k]) for k in range(STAGES + 1)]
 
-    split, naive, two_step = _rates(rows, KL, limit)
-    assert split <= 0.025 + 3 * SE  # the rule: at most alpha / 2 over all the looks
-    assert naive > split  # looking again at 95 % inflates it
-    assert two_step <= 0.025 + STAGES / (STAGES + 1) * 0.025 + 3 * SE  # the bound docs/statistics.md states
+    return _rates(rows, KL, limit, sims=sims)
 
 
-@pytest.mark.slow
-def test_split_rule_holds_a_flip_rate_at_its_limit_to_nominal_across_stages():
+def flip_rate_rates(sims: int = 1000) -> tuple[float, float, float]:
     """Flips ~ Bernoulli(5 %) against a 5 % budget (Wilson), 8 -> 64 items."""
     limit = 0.05
 
@@ -93,15 +94,13 @@ def test_split_rule_holds_a_flip_rate_at_its_limit_to_nominal_across_stages():
             n = 8 * 2**k
             f = int(flips[:n].sum())
             lo, hi = binomial_ci(f, n)
-            out.append({"value": f / n, "ci_low": lo, "ci_high": hi, "info": {"n_flipped": f, "n_items": n}})
+            out.append({"ci_low": lo, "ci_high": hi, "at": lambda q, f=f, n=n: binomial_ci(f, n, q)})
         return out
 
-    split, naive, _ = _rates(rows, KL, limit, seed=1)
-    assert split <= 0.025 + 3 * SE and naive >= split
+    return _rates(rows, KL, limit, seed=1, sims=sims)
 
 
-@pytest.mark.slow
-def test_split_rule_holds_a_paired_drop_at_its_limit_to_nominal_across_stages():
+def paired_drop_rates(sims: int = 500) -> tuple[float, float, float]:
     """Paired yes/no items (Tango): 10 % of items lose their answer, 5 % gain one (a 5-point drop) against a
     5-point budget, 20 -> 160 items."""
     limit = 0.05
@@ -114,11 +113,30 @@ def test_split_rule_holds_a_paired_drop_at_its_limit_to_nominal_across_stages():
             n = 20 * 2**k
             b, c = int(lost[:n].sum()), int(gained[:n].sum())
             lo, hi = paired_difference_ci(b, c, n)
-            out.append({"value": (c - b) / n, "ci_low": lo, "ci_high": hi, "info": {"ci": TANGO, "n": n}})
+            out.append({"ci_low": lo, "ci_high": hi, "at": lambda q, b=b, c=c, n=n: paired_difference_ci(b, c, n, q)})
         return out
 
-    split, naive, _ = _rates(rows, DROP, limit, seed=2)
-    assert split <= 0.025 + 3 * SE and naive >= split
+    return _rates(rows, DROP, limit, seed=2, sims=sims)
+
+
+@pytest.mark.slow
+def test_split_rule_holds_a_windows_mean_at_its_limit_to_nominal_across_stages():
+    split, naive, two_step = windows_mean_rates()
+    assert split <= 0.025 + 3 * _se(SIMS)  # the rule: at most alpha / 2 over all the looks
+    assert naive > 0.025 + 3 * _se(SIMS)  # looking again at 95 % breaks it: the test can see the difference
+    assert two_step <= 0.025 + STAGES / (STAGES + 1) * 0.025 + 3 * _se(SIMS)  # the bound docs/statistics.md states
+
+
+@pytest.mark.slow
+def test_split_rule_holds_a_flip_rate_at_its_limit_to_nominal_across_stages():
+    split, naive, _ = flip_rate_rates()
+    assert split <= 0.025 + 3 * _se(1000) and naive >= split
+
+
+@pytest.mark.slow
+def test_split_rule_holds_a_paired_drop_at_its_limit_to_nominal_across_stages():
+    split, naive, _ = paired_drop_rates()
+    assert split <= 0.025 + 3 * _se(500) and naive >= split
 
 
 def test_look_level_splits_alpha_over_the_looks():
@@ -168,3 +186,18 @@ def test_relevel_keeps_a_kl_held_at_zero_and_recomputes_wilson_and_tango():
     tango = {"value": -1 / 12, "ci_low": lo, "ci_high": hi, "info": {"ci": TANGO, "n": 12}}
     assert relevel(tango, 0.99) == pytest.approx(paired_difference_ci(2, 1, 12, 0.99))
     assert relevel({**tango, "info": {"ci": "a bootstrap"}}, 0.99) is None  # a kind it cannot re-derive
+
+
+def table() -> str:
+    """The false-inside rates docs/statistics.md gives (``python -m tests.planning.test_sequential``)."""
+    import inspect
+
+    lines = ["| case | split rule | 95 % at every look | report at 95 %, then resolve |", "|---|---:|---:|---:|"]
+    for rates, sims in ((windows_mean_rates, SIMS), (flip_rate_rates, 1000), (paired_drop_rates, 500)):
+        doc = inspect.getdoc(rates).split("\n")[0].split(" (")[0].rstrip(".")
+        lines.append(f"| {doc} ({sims:,} runs) | " + " | ".join(f"{100 * x:.1f} %" for x in rates(sims)) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())

@@ -304,11 +304,13 @@ def run_resolve(
         unmeasured = [run for row, k, run in todo if measured[run.run_id] is None]
         prices = {**(price(unmeasured) if unmeasured else {}), **{k: v for k, v in measured.items() if v is not None}}
         todo.sort(key=lambda t: prices.get(t[2].run_id, 0.0))  # cheapest first: the budget resolves the most rows
-        ran, over = 0, []
+        ran, over, counts = 0, [], set()
         for row, k, run in todo:
             if why:
                 break
             raw = prices.get(run.run_id, 0.0)
+            again = measured_price(grid, row, k, results.complete, counts)  # a run of this round cached its baseline
+            raw = raw if again is None else again
             cost = raw * (took / priced if priced > 0 else 1.0)  # calibrated on the stage runs done here
             left = budget_s - (clock() - start)
             what = f"{row.entry['scheme']} {row.entry['eval']} {row.knob} {row.stage_n(k)}"
@@ -325,6 +327,7 @@ def run_resolve(
                         print(f"resolve: FAILED {run.label()}: {outcome.error}", file=sys.stderr)
                         why = f"a stage run failed ({run.label()}: {outcome.error})"
             ran += 1
+            counts.add((row.entry["eval"], row.stage_n(k)))
             took, priced = took + clock() - t0, priced + raw
             added.append(f"{what}: {clock() - t0:,.0f} s (priced {cost:,.0f} s)")
             print(f"resolve: {added[-1]}", file=sys.stderr, flush=True)
@@ -333,17 +336,18 @@ def run_resolve(
     return Outcome(why, clock() - start, budget_s, added, final_states(out, ledger, budget, engine))
 
 
-def measured_price(grid, row: Row, k: int, complete) -> float | None:
+def measured_price(grid, row: Row, k: int, complete, counts: set = frozenset()) -> float | None:
     """Seconds of ``row``'s stage ``k`` from this store's measured times (None: nothing measured to scale): its
     previous stage's time x the growth, plus, where no run at the new unit count is done yet (its baseline is
-    not cached), the grid's baseline run's time scaled to the new count."""
+    not cached; ``counts``: (evaluation, count) runs done since ``complete`` was read), the grid's baseline
+    run's time scaled to the new count."""
     last = ledgers.latest_stage(row.entry, complete)
     prev = complete.get(last["run_id"]) if last else None
     if not prev or not prev.get("seconds"):
         return None
     cost = GROWTH * float(prev["seconds"])
     n, eval_name = row.stage_n(k), row.entry["eval"]
-    done = any(
+    done = (eval_name, n) in counts or any(
         rec.get("eval") == eval_name and ((rec.get("spec") or {}).get("params") or {}).get(row.knob) == n
         for rec in complete.values()
     )

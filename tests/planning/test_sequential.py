@@ -24,7 +24,7 @@ from evalkit.report.recommend import _state_of_interval
 KL = Criterion("KL", "kl_mean", "max_kl", True, "mean KL")  # x <= limit
 DROP = Criterion("retrieval", "retrieval_diff", "max_retrieval_drop", True, "drop", transform="neg")  # -x <= limit
 STAGES = 3
-SIMS = 2000
+SIMS = 4000
 
 
 def _t_row(x: np.ndarray) -> dict:
@@ -84,14 +84,14 @@ def windows_mean_rates(sims: int = SIMS) -> tuple[float, float, float]:
 
 
 def flip_rate_rates(sims: int = 1000) -> tuple[float, float, float]:
-    """Flips ~ Bernoulli(5 %) against a 5 % budget (Wilson), 8 -> 64 items."""
+    """Flips ~ Bernoulli(5 %) against a 5 % budget (Wilson), 100 -> 800 items."""
     limit = 0.05
 
     def rows(rng):
-        flips = rng.random(8 * 2**STAGES) < limit
+        flips = rng.random(100 * 2**STAGES) < limit
         out = []
         for k in range(STAGES + 1):
-            n = 8 * 2**k
+            n = 100 * 2**k
             f = int(flips[:n].sum())
             lo, hi = binomial_ci(f, n)
             out.append({"ci_low": lo, "ci_high": hi, "at": lambda q, f=f, n=n: binomial_ci(f, n, q)})
@@ -130,7 +130,7 @@ def test_split_rule_holds_a_windows_mean_at_its_limit_to_nominal_across_stages()
 @pytest.mark.slow
 def test_split_rule_holds_a_flip_rate_at_its_limit_to_nominal_across_stages():
     split, naive, _ = flip_rate_rates()
-    assert split <= 0.025 + 3 * _se(1000) and naive >= split
+    assert split <= 0.025 + 3 * _se(1000) and naive > split
 
 
 @pytest.mark.slow

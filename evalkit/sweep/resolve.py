@@ -229,22 +229,37 @@ def _frame(out: Path):
     return frame, results
 
 
-def final_states(out: Path, ledger: dict, budget: Budget, engine) -> list[str]:
-    """Per criterion that went through resolve: resolved inside / outside, or unresolved, with the units reached."""
+def final_states(grid, out: Path, ledger: dict, budget: Budget, engine) -> list[str]:
+    """Per criterion that went through resolve or still straddles: resolved inside / outside, or unresolved,
+    with the units reached (a criterion never grown: its stage 0)."""
+    from evalkit.evals.base import get_eval
+
     frame, results = _frame(out)
     by_scheme = {(m, r["scheme"]): r for m, _, rows in emulated_groups(frame, engine) for r in rows}
-    lines = []
+    lines, seen = [], set()
+
+    def state_line(model, scheme, name, reached):
+        row = by_scheme.get((model, scheme))
+        v = next((v for v in verdicts(row, budget) if v.name == name), None) if row else None
+        if v is None:
+            return f"{scheme} {name}: not judged at {reached}"
+        state = {"inside": "resolved inside", "outside": "resolved outside"}.get(v.state, v.state)
+        return f"{scheme} {name}: {state} at {reached}: {v.text}"
+
     for e in ledger["entries"]:
         last = ledgers.latest_stage(e, results.complete) or e["stages"][0]
-        row = by_scheme.get((e["model"], e["scheme"]))
         reached = f"{e['knob']} {last['n']} (stage {last['stage']} of {ledger['stages']})"
         for name in e["criteria"]:
-            v = next((v for v in verdicts(row, budget) if v.name == name), None) if row else None
-            if v is None:
-                lines.append(f"{e['scheme']} {name}: not judged at {reached}")
-                continue
-            state = {"inside": "resolved inside", "outside": "resolved outside"}.get(v.state, v.state)
-            lines.append(f"{e['scheme']} {name}: {state} at {reached}: {v.text}")
+            seen.add((e["model"], e["scheme"], name))
+            lines.append(state_line(e["model"], e["scheme"], name, reached))
+    for s in straddling(frame, budget, engine):
+        if (s.model, s.scheme, s.criterion) in seen:
+            continue
+        knob = get_eval(s.eval).grows
+        base = _base_run(grid, s.model, s.scheme, s.eval)
+        n = base.params.get(knob) if base is not None and knob else None
+        reached = f"{knob} {n} (stage 0 of {ledger['stages']}, not grown)" if n is not None else "the grid's units"
+        lines.append(state_line(s.model, s.scheme, s.criterion, reached))
     return lines
 
 
@@ -333,7 +348,7 @@ def run_resolve(
             print(f"resolve: {added[-1]}", file=sys.stderr, flush=True)
         if not why and todo and not ran:
             why = f"the budget is spent: no next stage fits ({'; '.join(over)})"
-    return Outcome(why, clock() - start, budget_s, added, final_states(out, ledger, budget, engine))
+    return Outcome(why, clock() - start, budget_s, added, final_states(grid, out, ledger, budget, engine))
 
 
 def measured_price(grid, row: Row, k: int, complete, counts: set = frozenset()) -> float | None:

@@ -5,6 +5,7 @@
     python -m evalkit sweep GRID.yaml --out DIR [--rerun] [--shard I/N] [--executor ray --ray-address ADDR]
     python -m evalkit sweep GRID.yaml --dry-run [--assume-device h200]   # runs, tokens, time, disk; runs nothing
     python -m evalkit sweep gpu --model ID_OR_FOLDER                      # the grid with another model
+    python -m evalkit sweep --resolve [--resolve-budget 30m] [--dry-run]  # then grow what straddles its limit
 
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
 then these flags. Everything is validated before the output folder is touched or a model loads.
@@ -19,6 +20,9 @@ a grid whose baselines, results and model downloads do not fit on the disk
 disk needed (:mod:`evalkit.sweep.estimate`), then the same problems (exit 2 when there are any; an
 engine not installed here is a note, since a dry run plans for any machine), writes nothing and
 evaluates nothing. The exit code is 1 when any run failed (see the summary).
+
+``--resolve`` then grows the criteria whose interval straddles the budget's limit, stage by stage, up to
+``--resolve-budget`` (:mod:`evalkit.sweep.resolve`); with ``--dry-run`` it prints that plan, priced.
 """
 
 from __future__ import annotations
@@ -93,6 +97,26 @@ def add_parser(sub):
         choices=("h100", "h200", "a100"),
         help="with --dry-run: time from this GPU's datasheet peaks instead of a probe on this machine",
     )
+    p.add_argument(
+        "--resolve",
+        action="store_true",
+        help="after the grid's runs, grow the windows, sequences or items of the criteria whose interval straddles "
+        "the budget's limit, in stages, each look at a Bonferroni-split level (docs/statistics.md#runs-that-resolve); "
+        "with --dry-run: print the plan",
+    )
+    p.add_argument(
+        "--resolve-budget",
+        default=None,
+        metavar="TIME",
+        help="wall time --resolve may spend on this machine: 90s, 45m, 1.5h (default 30m)",
+    )
+    p.add_argument(
+        "--resolve-stages",
+        type=int,
+        default=None,
+        metavar="K",
+        help="growth stages planned, each doubling the units (default 3: up to 8x); fixed by a store's first --resolve",
+    )
     p.set_defaults(handler=run)
 
 
@@ -126,6 +150,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         raise EvalkitError("give either a grid or --quick, not both")
     if args.assume_device and not args.dry_run:
         raise EvalkitError("--assume-device only sizes a dry run: add --dry-run, or drop --assume-device")
+    resolve = _resolve_settings(args)
     shard = parse_shard(args.shard) if args.shard is not None else None
     path = resolve_grid(args.grid or ("quick" if args.quick else "default"))
     text = grid_text = path.read_text()  # grid_text: the file as written, for the lines of its problems
@@ -170,6 +195,16 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         decisions = decision_text(grid, estimate.priced, pilot, args.assume_device or "as priced above")
         if decisions:
             print(decisions, flush=True)
+        if resolve is not None:
+            from evalkit.sweep.resolve import plan_text
+
+            print(
+                "\n"
+                + plan_text(
+                    grid, out, workdir, budget_s=resolve[0], stages=resolve[1], assume_device=args.assume_device
+                ),
+                flush=True,
+            )
         code = print_problems(problems, locate)
         check_disk(estimate)  # a grid that does not fit: the report's last line
         return code
@@ -195,7 +230,33 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         grid_text=text,
     )
     print(summary.text(store))
-    return 1 if summary.failures else 0
+    if summary.failures:
+        return 1
+    if resolve is not None:  # the grid's runs are all in: grow what straddles
+        from evalkit.sweep.resolve import run_resolve
+
+        outcome = run_resolve(grid, store, executor, workdir, budget_s=resolve[0], stages=resolve[1])
+        print(outcome.text())
+        return 1 if outcome.why.startswith("a stage run failed") else 0
+    return 0
+
+
+def _resolve_settings(args: argparse.Namespace) -> tuple[float, int] | None:
+    """(budget in seconds, stages) of --resolve, None without it; one line for a bad value."""
+    from evalkit.sweep import resolve as R
+
+    if not args.resolve:
+        for flag, value in (("--resolve-budget", args.resolve_budget), ("--resolve-stages", args.resolve_stages)):
+            if value is not None:
+                raise EvalkitError(f"{flag} only sets --resolve: add --resolve, or drop {flag}")
+        return None
+    if args.shard is not None or args.executor == "ray":
+        raise EvalkitError("--resolve runs its stages one by one on this machine: drop --shard and --executor ray")
+    stages = R.DEFAULT_STAGES if args.resolve_stages is None else args.resolve_stages
+    if stages < 1:
+        raise EvalkitError(f"--resolve-stages {stages}: give 1 or more growth stages (default {R.DEFAULT_STAGES})")
+    budget = R.DEFAULT_BUDGET_S if args.resolve_budget is None else R.parse_budget(args.resolve_budget)
+    return budget, stages
 
 
 def _pending(grid, store, shard, rerun: bool) -> list:

@@ -76,6 +76,9 @@ class Evaluation(ABC):
     # "generate", "lmeval"); None: it computes on the emulation itself, so no engine can give its numbers.
     # A backend's refusal reads this (Backend.check_eval), never a list of evaluation names.
     request: ClassVar[str | None] = None
+    # the parameter that counts its units (windows, sequences, samples, items): what ``sweep --resolve`` doubles
+    # to grow the evidence of a criterion that straddles its limit (evalkit.sweep.resolve); None: not grown
+    grows: ClassVar[str | None] = None
 
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = self.validate(dict(params or {}))

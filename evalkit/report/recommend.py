@@ -128,6 +128,7 @@ class Verdict:
     text: str = ""
     required: bool = False
     spread: bool | None = None
+    column: str = ""  # the frame column it reads
 
 
 def _instances(row: dict, c: Criterion) -> list[tuple[str, str, str]]:
@@ -237,7 +238,7 @@ def verdicts(row: dict, budget: Budget) -> list[Verdict]:
                 text_ = f"{text} {op} {lim}: {shown}{c.unit}"
             if floor:
                 text_ = f"{text} {op} {lim} unresolved: {shown}{c.unit} is {floor}"
-            out.append(Verdict(name, state, text_, c.required, spread))
+            out.append(Verdict(name, state, text_, c.required, spread, column))
     return out
 
 
@@ -313,6 +314,28 @@ def _decode_kl(row: dict, budget: Budget) -> str:
     return f"{v.text}, the measure of its cache"
 
 
+def admitted(rows: list[dict], engine: str | None, layout) -> list[dict]:
+    """The rows whose scheme ``engine`` runs as measured (all of them for None: any scheme)."""
+    if engine is None:
+        return rows
+    return [r for r in rows if engine in engine_fit.engines_for(r["scheme"], layout)[0]]
+
+
+def emulated_groups(frame: pd.DataFrame, engine: str | None = DEFAULT_ENGINE):
+    """(model, the engine profile assumed, the model's quantized emulation rows that profile runs), as
+    :func:`recommend` judges them (engine rows, a backend's own, are left out)."""
+    engine = engine_fit.check_engine(engine)
+    layouts = frame.attrs.get("layouts", {})
+    backends = frame["backend"] if "backend" in frame else pd.Series("emulation", index=frame.index)
+    for model in dict.fromkeys(frame["model"]):
+        mine = frame[(frame["model"] == model) & (backends == "emulation")]
+        if mine.empty:
+            continue
+        assumed = engine_fit.engine_of_schemes(mine["scheme"], engine)
+        rows = [{**r.dropna().to_dict(), INDEX: i} for i, r in mine.iterrows() if r["scheme"] != str(Scheme())]
+        yield model, assumed, admitted(rows, assumed, layouts.get(model))
+
+
 def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, where: str, layouts) -> str:
     rows = [{**r.dropna().to_dict(), INDEX: i} for i, r in group.iterrows()]
     base = next((r for r in rows if r["scheme"] == str(Scheme())), None)
@@ -325,8 +348,7 @@ def _line(model: str, group: pd.DataFrame, budget: Budget, engine: str | None, w
             f"(measured: {seen}); run --eval perplexity for a recommendation"
         )
     if engine is not None:
-        layout = layouts.get(model)
-        quantized = [r for r in quantized if engine in engine_fit.engines_for(r["scheme"], layout)[0]]
+        quantized = admitted(quantized, engine, layouts.get(model))
         if not quantized:
             return (
                 f"{model}{where}: no verdict for {engine}: no quantized scheme of the store is one {engine} runs as "

@@ -32,6 +32,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.models.info import KVLayout, kv_layout
+from evalkit.report import resolved
 from evalkit.report.domains import clip_to_domains
 
 RESULTS_FILE = "results.jsonl"
@@ -192,6 +193,10 @@ def load_stores(folders) -> Results:
         _check_one_protocol(complete, sources)
     complete, superseded = supersede(complete)
     rows = [r for run_id in complete for r in rows_of[run_id]]
+    for folder in dict.fromkeys(folders):  # runs sweep --resolve grew: the latest stage, at its level
+        rows, grown, earlier = resolved.apply(rows, complete, folder)
+        notes += grown
+        complete = {k: v for k, v in complete.items() if k not in earlier}
     results = Results(
         folders[0],
         _rows_frame(rows),

@@ -84,6 +84,7 @@ NO_FLOAT_SPREAD = "without float spread (not measured for decode)"  # the tail o
 
 @register_eval("decode")
 class DecodeEval(Evaluation):
+    grows = "sequences"
     request = "decode"
     Params = DecodeParams
     summary_metrics = ("kl_mean", "top1_agreement", "nll_delta", "free_kl_mean", "first_divergence", "identical_share")

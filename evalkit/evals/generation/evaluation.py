@@ -49,6 +49,7 @@ BASELINE_FORMAT = 1  # bump when the cached baseline's contents change shape
 
 @register_eval("generation")
 class GenerationEval(Evaluation):
+    grows = "limit"
     numerics_version = 1  # 1: Tango / design-effect intervals, the item as the unit, by-length on prompt length
     request = "lmeval"  # its tasks through lm-eval's model (its traces need the emulation: it says so itself)
     Params = GenerationParams

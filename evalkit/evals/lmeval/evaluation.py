@@ -136,6 +136,7 @@ class LmEvalParams(Params):
 
 @register_eval("lmeval")
 class LmEvalEval(Evaluation):
+    grows = "limit"
     request = "lmeval"
     Params = LmEvalParams
     summary_metrics: ClassVar[tuple[str, ...]] = ()

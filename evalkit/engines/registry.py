@@ -190,7 +190,7 @@ class Engine:
         family = family_of(scheme.recipe)
         if family is None or self.codec_family is None or family.prefix != self.codec_family:
             return None
-        return family.scheme_name(scheme).partition(":")[2]
+        return family.cache_type(scheme)
 
     def option_values(self, given: dict | None) -> dict:
         """The engine options a run sets (only those given, coerced), refusing an unknown one in one line."""

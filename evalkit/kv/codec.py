@@ -78,6 +78,12 @@ class CodecFamily:
         """The head of ``scheme``'s canonical string (``vllm:int8_per_token_head``)."""
         raise NotImplementedError
 
+    def cache_type(self, scheme) -> str:
+        """The engine's own name of the cache type ``scheme`` is (``int8_per_token_head`` for
+        ``vllm:int8_per_token_head+skip=0``): its canonical head after ``<prefix>:``. Asked here (or through the
+        engine registry's :meth:`~evalkit.engines.registry.Engine.cache_type`), never cut from a scheme string."""
+        return self.scheme_name(scheme)[len(self.prefix) + 1 :]
+
     def check(self, scheme) -> None:
         """Refuse, in one line, a scheme carrying one of the recipes with formats, scales or rounding
         other than the recipe's own (the ``+recipe=`` long form)."""

@@ -201,13 +201,10 @@ def vllm_dtype(scheme: Scheme, layout: KVLayout) -> str | None:
     if scheme.is_unscaled:  # auto, or the 16-bit dtype a bf16/fp16 cache names
         return {"auto": "auto", "bf16": "bfloat16", "fp16": "float16"}[scheme.format]
     from evalkit.kv.codec import family_of
-    from evalkit.kv.codecs.vllm.family import FAMILY as VLLM_FAMILY
 
     family = family_of(scheme.recipe)
-    if family is not None and family.prefix == "dsv4":  # DeepSeek V4's records: what fp8_ds_mla stores on V4
-        return "fp8_ds_mla"
-    if family is not None:  # an engine's own cache type: vLLM's names its kv_cache_dtype, others none
-        return family.scheme_name(scheme).partition(":")[2] if family is VLLM_FAMILY else None
+    if family is not None:  # an engine's own cache type: vLLM's families (as each declares) name its kv_cache_dtype
+        return family.cache_type(scheme) if family.engine.startswith("vLLM") else None
     if scheme.name == "nvfp4":
         return "nvfp4"
     plain = scheme.recipe.value in ("standard", "vllm_cpu") and not scheme.tensor_scale  # same bytes either way

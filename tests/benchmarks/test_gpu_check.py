@@ -17,7 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator", "vllm_dtypes", "vllm_engine"]
+SECTIONS = ["identity", "casts", "storage", "speed", "memory", "estimator", "vllm_dtypes", "vllm_engine", "vllm_native"]
 BLOCKED = ("lm_eval", "datasets", "gguf")
 
 # Runs a script (argv[1]) with argv[2:] as its arguments while lm_eval, datasets and gguf cannot be
@@ -125,9 +125,13 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
     assert [s["key"] for s in result["sections"]] == SECTIONS
     # section 8 runs the vLLM engine where vLLM is importable, and says why it skips where not
     vllm_here = importlib.util.find_spec("vllm") is not None
-    assert all(s["status"] == "pass" or (s["key"] == "vllm_engine" and not vllm_here) for s in result["sections"]), (
-        result["sections"]
-    )
+    vllm_keys = ("vllm_engine", "vllm_native")
+    assert all(s["status"] == "pass" or (s["key"] in vllm_keys and not vllm_here) for s in result["sections"]), result[
+        "sections"
+    ]
+    if not vllm_here:  # each vLLM section says why in one line
+        (native,) = [c for c in result["checks"] if c["section"] == "vllm_native"]
+        assert native["status"] == "skipped" and native["reason"].startswith("no engine-native run: vLLM is not")
     assert set(result["versions"]) >= {"python", "torch", "transformers", "cuda", "device"}
     for check in result["checks"]:
         assert set(check) >= {"section", "name", "status", "figures"} and check["status"] in ("pass", "fail", "skipped")

@@ -133,10 +133,32 @@ def _engine_folder(path: Path) -> bool:
     return len(rel) > 2 and (rel[0] == "engines" or rel[:2] == ("kv", "codecs"))
 
 
+SPLITS = ("split", "rsplit", "partition", "rpartition")
+
+
+def _cuts_a_scheme(node) -> bool:
+    """``<x>.split(":")`` (or rsplit/partition/rpartition) where ``<x>`` reads a scheme (its source names one:
+    ``scheme``, ``str(s.scheme)``, ``family.scheme_name(s)``): a scheme string cut at its family prefix."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SPLITS):
+        return False
+    if not (node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == ":"):
+        return False
+    return "scheme" in ast.unparse(node.func.value).lower()
+
+
+def _family_identity(node) -> bool:
+    """``family is VLLM_FAMILY`` / ``== LLAMACPP_FAMILY``: one engine's codec family picked out by name."""
+    if not isinstance(node, ast.Compare):
+        return False
+    names = [node.left, *node.comparators]
+    return any(isinstance(n, ast.Name) and n.id.endswith("_FAMILY") and n.id != "FAMILY" for n in names)
+
+
 def prefix_tests(source: str, prefixes) -> list[str]:
     """Lines that test a scheme string's family prefix: a ``"<prefix>:"`` constant outside an f-string (as
-    ``startswith``, ``removeprefix``, ``in`` or slicing use it), or a ``startswith``/``removeprefix`` argument that
-    begins with one."""
+    ``startswith``, ``removeprefix``, ``in`` or slicing use it), a ``startswith``/``removeprefix`` argument that
+    begins with one, a scheme string cut at ``":"`` (split/partition), or a codec family compared with one
+    engine's family constant."""
     heads = tuple(f"{p}:" for p in prefixes)
     tree = ast.parse(source)
     in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
@@ -150,6 +172,8 @@ def prefix_tests(source: str, prefixes) -> list[str]:
                 values = arg.elts if isinstance(arg, ast.Tuple) else [arg]
                 if any(isinstance(v, ast.Constant) and str(v.value).startswith(heads) for v in values):
                     found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if _cuts_a_scheme(node) or _family_identity(node):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
     return sorted(set(found))
 
 
@@ -158,6 +182,11 @@ def test_the_prefix_finder_finds_prefix_tests():
     assert prefix_tests('x.startswith("vllm:")', prefixes) and prefix_tests('s.removeprefix("llamacpp:q")', prefixes)
     assert prefix_tests('HEAD = "vllm:"', prefixes) and prefix_tests('x.startswith(("a", "llamacpp:"))', prefixes)
     assert not prefix_tests('f"vllm:{name}"', prefixes) and not prefix_tests('"vllm:<dtype> names a cache"', prefixes)
+    assert prefix_tests('family.scheme_name(s).partition(":")[2]', prefixes)  # a scheme cut at its prefix
+    assert prefix_tests('str(run.scheme).split(":")[0] in families()', prefixes)
+    assert prefix_tests("x if family is VLLM_FAMILY else None", prefixes)
+    assert not prefix_tests('path.partition(":")', prefixes) and not prefix_tests('scheme.split("/")', prefixes)
+    assert not prefix_tests("FAMILY = register_family(VllmFamily())", prefixes)
 
 
 def test_no_module_outside_an_engines_folder_tests_a_scheme_prefix():

@@ -72,7 +72,9 @@ def test_run_engine_vllm_loads_no_weights_and_gives_the_loaded_paths_rows(tmp_pa
     assert {r["info"]["backend"] for r in native} == {r["info"]["backend"] for r in loaded}
     assert {r["info"]["backend"] for r in native}.pop().startswith("vllm")
     assert len(native) == len(loaded) > 0 and _values(native) == _values(loaded)
+    floor = [r for r in native if r["scheme"] == "auto (noise floor)"]  # the engine's auto against auto, beside
+    assert floor and all(r["info"]["noise_floor"] for r in floor)
     records = [json.loads(x) for x in (tmp_path / "store" / "results.jsonl").read_text().splitlines()]
     infos = [r["info"] for r in records if r["type"] == "complete"]
-    assert len(infos) == 2 and {i["dtype"] for i in infos} == {"float32"}
+    assert len(infos) == 3 and {i["dtype"] for i in infos} == {"float32"}  # auto, the scheme, the noise floor
     assert {i["kv_layout"]["num_kv_heads"] for i in infos} == {3}

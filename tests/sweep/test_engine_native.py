@@ -89,11 +89,12 @@ def test_run_through_an_engine_loads_no_weights_and_gives_the_loaded_models_numb
     assert main(_argv(tiny_llama_dir, tmp_path, "--engine", "toy", "--out", str(tmp_path / "store"))) == 0
     toy = json.loads(capsys.readouterr().out)
     assert {r["info"]["backend"] for r in toy} == {"toy-engine 1.0"}
+    toy = [r for r in toy if not r["info"].get("noise_floor")]  # the engine's own noise floor: no emulation twin
     assert len(toy) == len(emulation) and _values(toy) == _values(emulation)
     # the completion records describe the model from its handle as they do from a loaded model
     records = [json.loads(line) for line in (tmp_path / "store" / "results.jsonl").read_text().splitlines()]
     infos = [r["info"] for r in records if r["type"] == "complete"]
-    assert len(infos) == 3, records  # the baseline and both schemes
+    assert len(infos) == 4, records  # the baseline, both schemes and the engine's noise floor
     loaded = real_load(str(tiny_llama_dir))
     for info in infos:
         assert info["dtype"] == "float32" and info["config_hash"] == loaded.config_hash
@@ -115,7 +116,7 @@ def test_a_sweep_through_an_engine_loads_no_weights(toy_engine, no_weights, tiny
     grid = parse_grid(path)
     store = ResultStore(tmp_path / "store")
     summary = run_sweep(grid, store, LocalExecutor(), workdir=tmp_path / "work", progress=False)
-    assert summary.failures == [] and summary.completed == 2
+    assert summary.failures == [] and summary.completed == 3  # auto, fp8 and the toy's noise floor
     assert no_weights == [str(tiny_llama_dir)]  # one handle for the model's runs, and no weights
 
 
@@ -173,3 +174,58 @@ def test_run_hands_the_sweeps_runner_the_grid_a_sweep_makes_of_the_same_inputs(t
     )
     assert [r.run_id for r in grid.runs] == [r.run_id for r in parse_grid(path).runs]
     assert [r.scheme for r in grid.runs][0] == "auto" and {r.eval for r in grid.runs} == {"perplexity"}
+
+
+def test_run_through_an_engine_carries_the_noise_floor_a_grid_does(
+    toy_engine, no_weights, tiny_llama_dir, tmp_path, capsys, monkeypatch
+):
+    """``run --engine`` adds the engine's auto-vs-auto realisation as a grid does (the same runs, so the same run
+    ids), prints it as ``auto (noise floor)``, stores it with ``info["noise_floor"]``, and the report's decision
+    rule holds the scheme's effect to it."""
+    import evalkit.sweep.runner as runner
+    from evalkit.report.recommend import Budget, verdicts
+    from evalkit.report.results import load_store
+    from evalkit.report.tables import summary_frame
+    from evalkit.sweep.grid import parse_grid
+
+    handed = []
+    real = runner.run_model
+    monkeypatch.setattr(runner, "run_model", lambda grid, *a, **k: handed.append(grid) or real(grid, *a, **k))
+    store = tmp_path / "store"
+    argv = [a for a in _argv(tiny_llama_dir, tmp_path, "--engine", "toy", "--out", str(store)) if a != "--json"]
+    argv[argv.index("fp8_e4m3/tensor/dynamic,int8/token/dynamic")] = "fp8_e4m3/tensor/dynamic"
+    capsys.readouterr()
+    assert main(argv) == 0
+    table = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert table[1:] == ["auto", "fp8_e4m3/tensor/dynamic", "auto (noise floor)"]
+    (grid,) = handed
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        f"models: ['{tiny_llama_dir}']\nschemes: [auto, fp8_e4m3/tensor/dynamic]\n"
+        "evals: {perplexity: {max_windows: 2, window: 32, stride: 32}}\nengine: toy\n"
+    )
+    assert sorted(r.run_id for r in grid.runs) == sorted(r.run_id for r in parse_grid(path).runs)
+
+    records = [json.loads(line) for line in (store / "results.jsonl").read_text().splitlines()]
+    done = [r for r in records if r["type"] == "complete"]
+    (floor_id,) = [r["run_id"] for r in done if r["spec"].get("engine_options", {}).get("noise_floor")]
+    assert [r["spec"]["scheme"] for r in done if r["run_id"] == floor_id] == ["auto"]
+    metrics = [r for r in records if r["type"] == "metric"]
+    floor = [r for r in metrics if r["run_id"] == floor_id]
+    assert floor and all(r["info"]["noise_floor"] and r["info"]["backend"] == "toy-engine 1.0" for r in floor)
+    assert not any(r["info"].get("noise_floor") for r in metrics if r["run_id"] != floor_id)
+
+    # the report reads the floor beside the scheme's row, as it does for a grid's store: the largest magnitude of
+    # the floor run's relative perplexity change and its interval ends (computed here from the stored row)
+    (rel,) = [r for r in floor if r["metric"] == "ppl_delta_rel" and not r["labels"]]
+    expected = max(abs(rel[k]) for k in ("value", "ci_low", "ci_high"))
+    assert expected > 0  # the toy is not bit-reproducible across realisations
+    frame = summary_frame(load_store(store))
+    (row,) = frame[frame["scheme"] == "fp8_e4m3/tensor/dynamic"].to_dict("records")
+    assert row["ppl_delta_rel_noise_floor"] == pytest.approx(expected)
+    assert abs(row["ppl_delta_rel"]) < expected  # the scheme's effect is inside the engine's spread
+    (ppl,) = [v for v in verdicts(row, Budget()) if v.name == "Δppl"]
+    assert ppl.state == "unresolved" and "inside the engine's noise floor" in ppl.text
+    without = {k: v for k, v in row.items() if not k.endswith("_noise_floor")}
+    (ppl,) = [v for v in verdicts(without, Budget()) if v.name == "Δppl"]
+    assert ppl.state != "unresolved"  # the interval alone decides it

@@ -112,6 +112,10 @@ class DeepSeekV4Family(SlotFamily):
             raise SchemeError(f"dsv4:{name} is not a DeepSeek V4 record: use dsv4:fp8_ds_mla or dsv4:fp8_ds_mla_v41")
         return self.scheme(codec, options)
 
+    def cache_type(self, scheme: Scheme) -> str:
+        """vLLM's ``kv_cache_dtype`` for either record: ``fp8_ds_mla`` (on a V4 model it stores these records)."""
+        return "fp8_ds_mla"
+
     def check_layout(self, scheme: Scheme, is_mla: bool, head_dims: tuple[int, ...]) -> None:
         records.check_layout(self.codecs[scheme.recipe].name, is_mla, head_dims, scheme.rope_bf16)
 

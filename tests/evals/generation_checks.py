@@ -227,3 +227,31 @@ def check_gates(rows_list, prefix: str, base: list[list[dict]], mine: list[list[
         low, high = R.wilson(total / deff, n * k / deff, R.cluster_z(n, k))
         assert (row["ci_low"], row["ci_high"]) == pytest.approx((low, high), abs=1e-9)
     return counts
+
+
+def task_generations(records: list[dict], tokenizer) -> list[list[dict]]:
+    """A task's generations as :func:`check_gates` reads them: the first filter's items (every filter holds
+    the same text), the text re-encoded by the tokenizer."""
+    first = records[0]["filter"]
+    return [
+        [{"ids": tokenizer(s["text"], add_special_tokens=False)["input_ids"], **s} for s in r["samples"]]
+        for r in records
+        if r["filter"] == first
+    ]
+
+
+def trace_generations(records: list[dict], tokenizer) -> list[list[dict]]:
+    """A traces file's generations as :func:`check_gates` reads them: the generated ids without the closing
+    end-of-sequence token, and how many of them decode alone to U+FFFD."""
+    return [
+        [
+            {
+                "ids": s["ids"][: s["tokens"]],
+                "text": s["text"],
+                "truncated": s["truncated"],
+                "split": sum("\ufffd" in tokenizer.decode([t]) for t in s["ids"][: s["tokens"]]),
+            }
+            for s in r["samples"]
+        ]
+        for r in records
+    ]

@@ -118,33 +118,12 @@ def test_quantized_rows_equal_a_plain_recomputation(runs, chat_tiny):
         chat_tiny.tokenizer,
     )
     C.check_traces(rows, ev.baseline["traces"], items["traces"], lambda r: r["reference"])
-    tok = chat_tiny.tokenizer
-
-    def task_plain(records):  # the first filter's items, the text re-encoded
-        first = records[0]["filter"]
-        return [
-            [{"ids": tok(s["text"], add_special_tokens=False)["input_ids"], **s} for s in r["samples"]]
-            for r in records
-            if r["filter"] == first
-        ]
-
-    def trace_plain(records):  # the generated ids, without the closing EOS; each token decoded alone
-        return [
-            [
-                {
-                    "ids": s["ids"][: s["tokens"]],
-                    "text": s["text"],
-                    "truncated": s["truncated"],
-                    "split": sum("\ufffd" in tok.decode([t]) for t in s["ids"][: s["tokens"]]),
-                }
-                for s in r["samples"]
-            ]
-            for r in records
-        ]
-
-    task = "evalkit_arith"
-    C.check_gates(rows, f"{task}/", task_plain(ev.baseline["tasks"][task]), task_plain(items["tasks"][task]))
-    C.check_gates(rows, "traces/", trace_plain(ev.baseline["traces"]), trace_plain(items["traces"]))
+    tok, task = chat_tiny.tokenizer, "evalkit_arith"
+    gens = C.task_generations(ev.baseline["tasks"][task], tok), C.task_generations(items["tasks"][task], tok)
+    C.check_gates(rows, f"{task}/", *gens)
+    C.check_gates(
+        rows, "traces/", C.trace_generations(ev.baseline["traces"], tok), C.trace_generations(items["traces"], tok)
+    )
     # sampling with seeds 5, 6 on a random model: the int4 cache changes some generations
     assert next(r.value for r in rows if r.metric == "traces/divergence_share") > 0
 

@@ -88,7 +88,7 @@ def test_score_by_length_against_the_baseline_with_intervals(drawn):
     fig = figs["longcontext_by_length_tiny"]
     panels = [a for a in fig.axes if a.get_visible() and a.containers]
     assert sorted(a.get_title() for a in panels if a.get_title()) == sorted(LENGTHS)
-    for k, task in enumerate(LENGTHS):
+    for task in LENGTHS:
         top = next(a for a in panels if a.get_title() == task)
         spec = top.get_subplotspec()
         bottom = next(  # the panel below it: the paired change

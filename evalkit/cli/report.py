@@ -85,6 +85,7 @@ BUDGET_DEFAULTS = {
     "max_retrieval_drop": 0.02,
     "max_flip_rate": 0.05,
     "max_task_drop": None,
+    "max_failure_rate": None,
 }
 BUDGET_HELP = {
     "max_ppl_rel": "|Δppl|/ppl at most this (default 0.01: Q5_K_M weights cost Llama-3-8B +0.9 %% in llama.cpp)",
@@ -96,6 +97,8 @@ BUDGET_HELP = {
     "max_retrieval_drop": "retrieval accuracy drop at most this (default 0.02 = 2 points)",
     "max_flip_rate": "lm-eval answers changed at most this share, per task (default 0.05: one in twenty)",
     "max_task_drop": "generation task accuracy drop at most this, paired at 95 %% (default none; 0.01 = one point)",
+    "max_failure_rate": "generation failure-gate rate per task (repeats, collapse, runaway, first-token EOS, invalid "
+    "UTF-8 where the baseline had none) at most this, at 95 %% (default none; 0.01 = one item-sample in 100)",
 }
 
 

@@ -1,8 +1,8 @@
 """Plots of a results store, each saved as PNG and SVG.
 
 * :func:`pareto` -- quality loss (|Δppl| %, or mean KL) against KV memory saved, one panel per
-  model; the schemes on the Pareto frontier (no other scheme saves more memory for less loss) are
-  joined by a line. Where the store has decode runs, a second figure (``pareto_decode``) puts the
+  model, each point with its 95 % interval (the table's); the schemes on the Pareto frontier (no other
+  scheme saves more memory for less loss, on the point estimates) are joined by a line. Where the store has decode runs, a second figure (``pareto_decode``) puts the
   decode KL of the last position bucket against memory saved: the one measure of the engine dtypes
   whose one-chunk prefill reads raw K/V (vLLM's TurboQuant, UltraQuant), which sit at zero in the first.
 * :func:`positions` -- Δppl % and KL by token-position bucket (``labels.bucket``), one line per scheme:
@@ -138,6 +138,25 @@ PARETO_Y = {
 }
 
 
+PARETO_BARS = {
+    True: "bars: each point's 95 % interval, as the table's (|Δppl|: the Δppl interval folded at 0, so one that "
+    "crosses 0 starts at 0)",
+    False: "bars: each point's 95 % interval, as the table's",
+}
+
+
+def loss_interval(df: pd.DataFrame, metric: str, scale: float) -> tuple[pd.Series, pd.Series]:
+    """The interval of each row's plotted loss, ``|metric| * scale``: the column's ``_lo`` / ``_hi`` folded
+    at 0 (an interval that crosses 0 gives [0, the larger end]; one wholly below 0 is mirrored); NaN where
+    the frame has no interval."""
+    lo, hi = (df.get(f"{metric}_{end}", pd.Series(float("nan"), index=df.index)).astype(float) for end in ("lo", "hi"))
+    a, b = lo.abs() * scale, hi.abs() * scale
+    crosses = (lo <= 0) & (hi >= 0)
+    low = a.where(a < b, b).where(~crosses, 0.0)
+    high = a.where(a > b, b)
+    return low.where(lo.notna() & hi.notna()), high.where(lo.notna() & hi.notna())
+
+
 def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric: str | None = None):
     """The Pareto figure of a summary frame (None when it has nothing to draw).
 
@@ -163,6 +182,7 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric:
     notes = style.notes(df["scheme"])
     df["saved"] = 100 * (1 - 1 / df["capacity_x"])
     df["loss"] = df[metric].abs() * (100 if use_ppl else 1)
+    df["loss_lo"], df["loss_hi"] = loss_interval(df, metric, 100 if use_ppl else 1)
     df["family"] = [style.scheme(s).format for s in df["scheme"]]
     models = list(dict.fromkeys(df["model"]))
     rows = max(df.groupby("model").size())
@@ -183,6 +203,19 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric:
                 edgecolors="0.2",
                 linewidths=0.4,
             )
+        for _, r in g[g["loss_lo"].notna() & g["loss_hi"].notna()].iterrows():  # each point's 95 % interval
+            ax.errorbar(
+                r["saved"],
+                r["loss"],
+                yerr=[[max(r["loss"] - r["loss_lo"], 0.0)], [max(r["loss_hi"] - r["loss"], 0.0)]],
+                fmt="none",
+                ecolor=style.line(r["scheme"]).color,
+                elinewidth=0.9,
+                capsize=2.5,
+                alpha=0.8,
+                zorder=2.5,
+                label="_interval",
+            )
         front = frontier(g, "saved", "loss")
         ax.plot(front["saved"], front["loss"], color="0.25", lw=1.2, ls="--", zorder=2)
         lo, hi = g["saved"].min(), g["saved"].max()
@@ -192,7 +225,9 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         else:
-            ax.set_ylim(0, g["loss"].max() * 1.08)
+            ax.set_ylim(
+                0, max(g["loss"].max(), g["loss_hi"].max(skipna=True) if g["loss_hi"].notna().any() else 0) * 1.08
+            )
         ax.set_xlabel("KV memory saved vs a bf16 cache (%)")
         ylabel, what = PARETO_Y[metric]
         ax.set_ylabel(ylabel)
@@ -207,6 +242,8 @@ def pareto_figure(frame: pd.DataFrame, style: SchemeStyle | None = None, metric:
         [*(style.family_label(f) for f in families), "Pareto frontier"],
         dict(fontsize=8, title_fontsize=7, title=title),
     )
+    if df["loss_hi"].notna().any():
+        notes = [*notes, PARETO_BARS[use_ppl]]
     add_footnote(fig, notes, legend=legend)
     for ax, model in zip(axes[0], models):
         _label_column(fig, ax, df[df["model"] == model])

@@ -12,7 +12,10 @@ Budget (defaults, each a ``report`` flag; ``none`` turns one off):
 * retrieval accuracy drop ``<= max_retrieval_drop`` (2 points) and lm-eval flip rate ``<=
   max_flip_rate`` (5 %, one answer in twenty changed), where measured.
 * the generation evaluation's accuracy drop per task ``<= max_task_drop`` (paired, at 95 %), where
-  measured; off unless set (``--max-task-drop 0.01``: at most one point).
+  measured; off unless set (``--max-task-drop 0.01``: at most one point); and its failure-gate rate per
+  task ``<= max_failure_rate`` (the share of item-samples on which a failure gate fires,
+  :mod:`evalkit.evals.generation.gates`: inside when the upper end of its 95 % Wilson interval is at most
+  the limit), off unless set (``--max-failure-rate 0.01``: at most one item-sample in a hundred).
 * the decode evaluation's KL in its last position bucket ``<= max_kl`` too, where measured: the
   same per-token KL(baseline || scheme), read through the stored cache in generation. It is the one
   measure of the engine dtypes whose first-chunk prefill attends the raw K/V (vLLM's TurboQuant and
@@ -97,6 +100,7 @@ class Budget:
     max_retrieval_drop: float | None = 0.02
     max_flip_rate: float | None = 0.05
     max_task_drop: float | None = None  # the generation evaluation's accuracy drop per task (off by default)
+    max_failure_rate: float | None = None  # the generation evaluation's failure-gate rate per task (off by default)
 
     def describe(self) -> str:
         parts = {
@@ -107,6 +111,7 @@ class Budget:
             "max_retrieval_drop": lambda v: f"retrieval drop <= {_pct(v)} pts",
             "max_flip_rate": lambda v: f"lm-eval flips <= {_pct(v)}%",
             "max_task_drop": lambda v: f"task accuracy drop <= {_pct(v)} pts",
+            "max_failure_rate": lambda v: f"generation failures <= {_pct(v)}%",
         }
         return ", ".join(
             parts[f.name](getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None

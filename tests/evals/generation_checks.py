@@ -170,3 +170,88 @@ def check_traces(rows_list, base: list[dict], mine: list[dict], reference_of) ->
     )
     check_divergence(rows, "traces/", [first_difference(bs["ids"], s["ids"]) for bs, s in pairs])
     check_lengths(rows, "traces/", mine)
+
+
+def plain_shapes(ids: list[int], text: str, truncated: bool, split: int | None) -> dict[str, bool]:
+    """The failure shapes of one generation, written out with loops (thresholds: the gates module's
+    docstring: 25 % repeated tokens, 50 % repeated 4-grams from 8 tokens, a final run of 16)."""
+    n = len(ids)
+    repeats = 0
+    for i in range(1, n):
+        if ids[i] == ids[i - 1]:
+            repeats += 1
+    grams = [tuple(ids[i : i + 4]) for i in range(n - 3)]
+    seen_before = 0
+    for i in range(len(grams)):
+        if grams[i] in grams[:i]:
+            seen_before += 1
+    run = 0
+    i = n - 1
+    while i >= 0 and ids[i] == ids[n - 1]:
+        run += 1
+        i -= 1
+    return {
+        "repeated_token": n >= 8 and repeats / (n - 1) >= 0.25,
+        "repeated_ngram": n >= 8 and seen_before / len(grams) >= 0.5,
+        "first_token_eos": n == 0 and not truncated,
+        "collapse": run >= 16,
+        "runaway": truncated,
+        "invalid_utf8": "\ufffd" in text or bool(split),
+    }
+
+
+def check_gates(rows_list, prefix: str, base: list[list[dict]], mine: list[list[dict]]) -> dict[str, int]:
+    """The ``fail_<gate>`` rows against a plain re-computation from per-item generations (``base[i][j]``,
+    ``mine[i][j]``: dicts of ids, text, truncated, split); returns each gate's count of item-samples fired."""
+    rows = by_metric(rows_list)
+    n, k = len(mine), len(mine[0])
+    gates = ("repeated_token", "repeated_ngram", "first_token_eos", "collapse", "runaway", "invalid_utf8")
+    fired = {g: [[0.0] * k for _ in range(n)] for g in (*gates, "any")}
+    for i in range(n):
+        for j in range(k):
+            b, o = base[i][j], mine[i][j]
+            sb = plain_shapes(b["ids"], b["text"], b["truncated"], b.get("split"))
+            so = plain_shapes(o["ids"], o["text"], o["truncated"], o.get("split"))
+            for g in gates:
+                if so[g] and not sb[g]:
+                    fired[g][i][j] = 1.0
+                    fired["any"][i][j] = 1.0
+    counts = {}
+    for g, matrix in fired.items():
+        row = rows[(f"{prefix}fail_{g}", None)]
+        total = sum(map(sum, matrix))
+        counts[g] = int(total)
+        assert row["info"]["n_fired"] == total
+        assert row["value"] == pytest.approx(total / (n * k), abs=1e-12)
+        deff = R.share_design_effect(matrix)
+        low, high = R.wilson(total / deff, n * k / deff, R.cluster_z(n, k))
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((low, high), abs=1e-9)
+    return counts
+
+
+def task_generations(records: list[dict], tokenizer) -> list[list[dict]]:
+    """A task's generations as :func:`check_gates` reads them: the first filter's items (every filter holds
+    the same text), the text re-encoded by the tokenizer."""
+    first = records[0]["filter"]
+    return [
+        [{"ids": tokenizer(s["text"], add_special_tokens=False)["input_ids"], **s} for s in r["samples"]]
+        for r in records
+        if r["filter"] == first
+    ]
+
+
+def trace_generations(records: list[dict], tokenizer) -> list[list[dict]]:
+    """A traces file's generations as :func:`check_gates` reads them: the generated ids without the closing
+    end-of-sequence token, and how many of them decode alone to U+FFFD."""
+    return [
+        [
+            {
+                "ids": s["ids"][: s["tokens"]],
+                "text": s["text"],
+                "truncated": s["truncated"],
+                "split": sum("\ufffd" in tokenizer.decode([t]) for t in s["ids"][: s["tokens"]]),
+            }
+            for s in r["samples"]
+        ]
+        for r in records
+    ]

@@ -80,6 +80,11 @@ def test_every_number_equals_a_plain_recomputation(sweep, embedded):
             embedded.tokenizer,
         )
         C.check_traces(rows[scheme], baseline["traces"], items[scheme]["traces"], lambda r: r["reference"])
+        tok, task = embedded.tokenizer, "evalkit_arith"
+        gens = C.task_generations(baseline["tasks"][task], tok), C.task_generations(items[scheme]["tasks"][task], tok)
+        C.check_gates(rows[scheme], f"{task}/", *gens)
+        traces = C.trace_generations(baseline["traces"], tok), C.trace_generations(items[scheme]["traces"], tok)
+        C.check_gates(rows[scheme], "traces/", *traces)
     metrics = {r["metric"] for r in rows[QUANTIZED]}
     for stat in (
         "accuracy",
@@ -112,6 +117,8 @@ def test_identity_scheme_gives_no_flip_and_no_divergence(sweep):
             assert values[f"{prefix}/{stat}{suffix}"] == 0.0
         assert values[f"{prefix}/mcnemar_p{suffix}"] == 1.0 and f"{prefix}/first_divergence{suffix}" not in values
     assert values["traces/kl_mean"] == 0.0
+    for prefix in ("evalkit_arith", "traces"):  # no failure gate fires where nothing changed
+        assert values[f"{prefix}/fail_any"] == 0.0
 
 
 @pytest.mark.slow
@@ -131,3 +138,6 @@ def test_the_report_shows_the_task_and_judges_the_accuracy_budget(sweep):
     expected = "inside" if lo >= -0.01 else "outside" if hi < -0.01 else "unresolved"
     assert v.state == expected
     assert not [v for v in verdicts(row, Budget()) if "accuracy" in v.name]  # off unless asked for
+    fail = next(r for r in rows[QUANTIZED] if r["metric"] == "evalkit_arith/fail_any")
+    (v,) = [v for v in verdicts(row, Budget(max_failure_rate=0.05)) if v.name == "evalkit_arith failures"]
+    assert v.state == ("inside" if fail["ci_high"] <= 0.05 else "outside" if fail["ci_low"] > 0.05 else "unresolved")

@@ -77,6 +77,9 @@ def test_identity_scheme_reproduces_the_baseline_bit_for_bit(runs):
             assert values[f"{prefix}/{stat}"] == 0.0, (prefix, stat)
         assert values[f"{prefix}/mcnemar_p"] == 1.0
         assert f"{prefix}/first_divergence" not in values
+        for gate in ("repeated_token", "repeated_ngram", "first_token_eos", "collapse", "runaway", "invalid_utf8"):
+            assert values[f"{prefix}/fail_{gate}"] == 0.0, (prefix, gate)  # no failure the baseline did not have
+        assert values[f"{prefix}/fail_any"] == 0.0
     assert values["traces/kl_mean"] == 0.0 and values["traces/top1_agreement"] == 1.0
 
 
@@ -115,6 +118,12 @@ def test_quantized_rows_equal_a_plain_recomputation(runs, chat_tiny):
         chat_tiny.tokenizer,
     )
     C.check_traces(rows, ev.baseline["traces"], items["traces"], lambda r: r["reference"])
+    tok, task = chat_tiny.tokenizer, "evalkit_arith"
+    gens = C.task_generations(ev.baseline["tasks"][task], tok), C.task_generations(items["tasks"][task], tok)
+    C.check_gates(rows, f"{task}/", *gens)
+    C.check_gates(
+        rows, "traces/", C.trace_generations(ev.baseline["traces"], tok), C.trace_generations(items["traces"], tok)
+    )
     # sampling with seeds 5, 6 on a random model: the int4 cache changes some generations
     assert next(r.value for r in rows if r.metric == "traces/divergence_share") > 0
 

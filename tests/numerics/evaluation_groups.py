@@ -330,6 +330,7 @@ def lmeval_group() -> dict:
 def generation_group() -> dict:
     """evalkit.evals.generation: the paired statistics (proportion, pass@k, McNemar, the accuracy change, first
     divergence) and the rows a task gives from fixed per-item outcomes, lengths and divergence steps."""
+    from evalkit.evals.generation import gates as gg
     from evalkit.evals.generation import paired as gp
     from evalkit.evals.generation import rows as gr
 
@@ -355,7 +356,28 @@ def generation_group() -> dict:
         "divergence_rows": [_row(r) for r in gr.divergence_rows(name, steps, labels, info)],
         "length_rows": [_row(r) for r in gr.length_rows(name, tokens, truncated, labels, info)],
         "bucket_rows": [_row(r) for r in gr.bucket_rows(name, tokens[:, 0], base, other, labels, info)],
+        "gate_rows": [_row(r) for r in gr_gates(gg, name, labels, info)],
     }
+
+
+def gr_gates(gg, name, labels: dict, info: dict) -> list:
+    """The failure-gate rows of fixed generations: 12 items x 2 samples of random token ids over a small
+    vocabulary (repeats, runs), some cut at the budget, some empty, some with U+FFFD."""
+    n, k = 12, 2
+    draws = exact_uniform((2, n, k, 4), seed=805)
+
+    def output(d) -> gg.Output:
+        length = int(d[0] * 40)
+        vocab = 2 + int(d[1] * 6)
+        ids = [(j * j + int(d[2] * 97)) % vocab for j in range(length)]
+        if d[3] > 0.8:
+            ids = ids + [ids[-1] if ids else 1] * 16
+        return gg.Output(ids, "\ufffd" if d[3] < 0.1 else "text", truncated=d[1] > 0.75, split_tokens=int(d[3] > 0.9))
+
+    base = [[output(draws[0, i, j]) for j in range(k)] for i in range(n)]
+    other = [[output(draws[1, i, j]) for j in range(k)] for i in range(n)]
+    prompt = [int(v * 300) for v in exact_uniform((n,), seed=806)]
+    return gg.gate_rows(name, gg.fire(base, other), prompt, labels, info)
 
 
 def longcontext_group() -> dict:

@@ -25,12 +25,16 @@ the emulation) and keeps the answers in memory and, where the backend's baseline
 under the work folder (``generation/<key>/baseline.json``, reused when weights, tokenizer, parameters,
 task files, the traces' content and library versions match). ``evaluate`` runs the scheme and compares
 (:mod:`evalkit.evals.generation.rows`): accuracy, pass@k, the paired accuracy difference, McNemar's
-exact test, flips both ways, accuracy by output length, first divergence, and for traces the decode
-KL. An identity scheme reproduces the baseline bit for bit: no flip, no divergence, KL 0.
+exact test, flips both ways, accuracy by prompt length, first divergence, the failure gates (repeated
+tokens and n-grams, first-token EOS, collapse to one token, runaway, invalid UTF-8:
+:mod:`evalkit.evals.generation.gates`), and for traces the decode KL. An identity scheme reproduces the
+baseline bit for bit: no flip, no divergence, no gate fires, KL 0.
 
 Per-item answers of every run go to its artifacts as ``generation_items.json`` (JSON, no pickle). The
 report shows each task's accuracy, its paired change and flips (:mod:`evalkit.evals.generation.report`),
-and ``report --max-task-drop 0.01`` budgets the accuracy drop per task at 95 %.
+``report --max-task-drop 0.01`` budgets the accuracy drop per task at 95 %, and ``report --max-failure-rate
+0.01`` the share of item-samples on which a failure gate fires. ``report --plots`` draws accuracy and the
+failure-gate rates by prompt length (:mod:`evalkit.evals.generation.plots`).
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Criterion, Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.generation.params import TRACE_BUDGET, GenerationParams, file_identity, gen_kwargs, tasks_dir
 
-BASELINE_FORMAT = 1  # bump when the cached baseline's contents change shape
+BASELINE_FORMAT = 2  # bump when the cached baseline's contents change shape (2: traces keep split_tokens)
 
 
 @register_eval("generation")
 class GenerationEval(Evaluation):
     grows = "limit"
-    numerics_version = 1  # 1: Tango / design-effect intervals, the item as the unit, by-length on prompt length
+    numerics_version = 2  # 1: Tango / design-effect intervals, the item as the unit, by-length on prompt length;
+    # 2: failure-gate rows (fail_<gate>, fail_any, by length), the baseline's interval in accuracy_by_length
     request = "lmeval"  # its tasks through lm-eval's model (its traces need the emulation: it says so itself)
     Params = GenerationParams
     summary_metrics: ClassVar[tuple[str, ...]] = ()
@@ -69,7 +74,17 @@ class GenerationEval(Evaluation):
                 digits=1,
                 transform="neg",
             ),
+            Criterion(
+                "{task} failures",
+                "*/gen_fail_any",
+                "max_failure_rate",
+                True,
+                "{task} failure rate",
+                unit="%",
+                digits=1,
+            ),
         ),
+        plots=("evalkit.evals.generation.plots:generation_figures",),
         order=45,
     )
 

@@ -1,13 +1,16 @@
 """What ``evalkit report`` shows of the generation evaluation (declared in its ReportSpec): per task (and
 filter) its accuracy, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
 first divergence, and for a traces file its decode KL, as summary-frame columns ``<task>/gen_<stat>``
-(with ``_lo`` / ``_hi`` bounds). The budget criterion ``--max-task-drop`` reads ``<task>/gen_acc_delta``.
+(with ``_lo`` / ``_hi`` bounds), and per task the failure gates' rates (``<task>/gen_fail_<gate>``,
+``<task>/gen_fail_any``: :mod:`evalkit.evals.generation.gates`). The budget criterion ``--max-task-drop``
+reads ``<task>/gen_acc_delta``, ``--max-failure-rate`` reads ``<task>/gen_fail_any``.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from evalkit.evals.generation.gates import ANY, GATES
 from evalkit.units import value_with_interval
 
 COLUMNS = {  # row metric -> summary column suffix
@@ -19,6 +22,7 @@ COLUMNS = {  # row metric -> summary column suffix
     "divergence_share": "gen_diverged",
     "first_divergence": "gen_first_div",
     "kl_mean": "gen_kl",
+    **{f"fail_{g}": f"gen_fail_{g}" for g in (*GATES, ANY)},
 }
 
 
@@ -49,9 +53,8 @@ def _missing(v) -> bool:
 def display(r: dict, base: bool) -> dict[str, str]:
     """``{heading: text}`` per task: accuracy [CI], Δ points [CI], flips right->wrong / wrong->right in %,
     McNemar p, pass@k, first divergence (median token, share of item-samples diverging)."""
-    prefixes = list(
-        dict.fromkeys(c.rsplit("/", 1)[0] for c in r if str(c).endswith("/gen_acc") or str(c).endswith("/gen_diverged"))
-    )
+    heads = ("/gen_acc", "/gen_diverged", f"/gen_fail_{ANY}")
+    prefixes = list(dict.fromkeys(c.rsplit("/", 1)[0] for c in r if str(c).endswith(heads)))
     out = {}
     for t in prefixes:
         if not _missing(r.get(f"{t}/gen_acc")):
@@ -70,12 +73,21 @@ def display(r: dict, base: bool) -> dict[str, str]:
             out[f"{t} first div."] = f"{head} ({100 * r[f'{t}/gen_diverged']:.0f}% diverge)"
         if not _missing(r.get(f"{t}/gen_kl")):
             out[f"{t} KL"] = value_with_interval(r, f"{t}/gen_kl", 1.0, ".3g")
+        if not _missing(r.get(f"{t}/gen_fail_{ANY}")):
+            out[f"{t} failures %"] = value_with_interval(r, f"{t}/gen_fail_{ANY}", 100.0, ".1f") + _which(r, t)
     return out
+
+
+def _which(r: dict, t: str) -> str:
+    """The gates that fired, with their rates in %, e.g. `` (collapse 5.0, runaway 5.0)``; empty when none."""
+    fired = [(g, r.get(f"{t}/gen_fail_{g}")) for g in GATES]
+    fired = [f"{g} {100 * v:.1f}" for g, v in fired if not _missing(v) and v > 0]
+    return f" ({', '.join(fired)})" if fired else ""
 
 
 def notes(frame: pd.DataFrame) -> list[str]:
     """What the generation columns are, when the frame has any."""
-    if not any(str(c).endswith(("/gen_acc", "/gen_diverged")) for c in frame.columns):
+    if not any(str(c).endswith(("/gen_acc", "/gen_diverged", f"/gen_fail_{ANY}")) for c in frame.columns):
         return []
     return [
         "generation: acc = share of item-samples answered right (95 % Wilson, the item as the unit); Δacc = "
@@ -83,5 +95,8 @@ def notes(frame: pd.DataFrame) -> list[str]:
         "zero-width); r→w/w→r = item-samples whose answer flipped each way; McNemar p = exact test of those flips "
         "(one sample per item; with several, the exact sign-flip test over items); first div. = median index of the first generated token that differs from the "
         "baseline's, over the item-samples that diverge (and their share); traces KL = mean KL(baseline || scheme) "
-        "along the baseline's own continuation"
+        "along the baseline's own continuation; failures = share of item-samples on which a failure gate fires "
+        "(the scheme's generation repeats tokens or n-grams, ends at its first token, collapses to one token, "
+        "runs to the output budget or holds invalid UTF-8 where the baseline's does not; 95 % Wilson, the item "
+        "as the unit), the gates that fired in brackets"
     ]

@@ -14,7 +14,12 @@ Per task and lm-eval filter (metric ``<task>/<stat>``, ``[<filter>]`` appended u
   ``first_divergence`` (its median over the item-samples that diverge; no row when none does);
 * ``accuracy_by_length`` per bucket of the item's prompt length in tokens (label ``bucket``; fixed
   before the scheme acts, so a bucket holds the same items for every scheme and no outcome decides
-  it), with the baseline's accuracy on the same item-samples in its info.
+  it), with the baseline's accuracy on the same item-samples and its interval in its info;
+* per task (once: every filter holds the same generated text) the failure gates of
+  :mod:`evalkit.evals.generation.gates`: ``fail_<gate>`` for repeated_token, repeated_ngram,
+  first_token_eos, collapse, runaway and invalid_utf8, and ``fail_any``: the share of item-samples where
+  the scheme's generation has the shape and the baseline's does not (Wilson, the item as the unit), and
+  ``fail_<gate>_by_length`` per prompt-length bucket (label ``bucket``).
 
 Every share of item-samples (accuracy, flips, truncated, diverged) has the Wilson interval on counts
 divided by the design effect of its items (:func:`evalkit.evals.paired_binary.clustered_proportion`):
@@ -24,7 +29,8 @@ A traces file gives the same comparisons under the task name ``traces`` (label `
 references, ``accuracy`` and its paired rows over the lines that have one; ``flip_rate`` (the
 generated text differs from the baseline's), the divergence rows (on the generated token ids
 themselves), and ``kl_mean`` / ``top1_agreement``: per line the mean KL(baseline || scheme) and argmax
-agreement along the baseline's own continuation, averaged over lines (t interval over lines).
+agreement along the baseline's own continuation, averaged over lines (t interval over lines); and the
+failure gates on the generated ids themselves (a token not valid UTF-8 on its own counts there).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from evalkit.evals.generation import gates as G
 from evalkit.evals.generation import paired as P
 from evalkit.evals.rows import MetricRow
 
@@ -182,6 +189,7 @@ def bucket_rows(name, item_tokens, base_correct: np.ndarray, correct: np.ndarray
     for bucket in sorted(set(buckets)):
         sel = np.array([b == bucket for b in buckets])
         value, lo, hi, deff = P.clustered_share(correct[sel])
+        _, base_lo, base_hi, _ = P.clustered_share(base_correct[sel])
         out.append(
             _row(
                 name("accuracy_by_length"),
@@ -194,6 +202,7 @@ def bucket_rows(name, item_tokens, base_correct: np.ndarray, correct: np.ndarray
                     "n_items": int(sel.sum()),
                     "n_item_samples": int(correct[sel].size),
                     "baseline_accuracy": float(base_correct[sel].mean()),
+                    "baseline_ci": [float(base_lo), float(base_hi)],
                     "bucketed_by": BUCKETED_BY,
                     "ci": WILSON_CI,
                     "design_effect": deff,
@@ -213,6 +222,7 @@ def task_rows(
     ids = _token_ids(tokenizer)
     for task, records in items.items():
         pairs_all = paired(base[task], records, task)
+        rows += _task_gate_rows(task, pairs_all, ids, dict(info.get(task, {})))
         for filt in filters(records):
             pairs = [(b, o) for b, o in pairs_all if o["filter"] == filt]
             b_recs, o_recs = [b for b, _ in pairs], [o for _, o in pairs]
@@ -257,6 +267,26 @@ def task_rows(
     return rows
 
 
+def _task_gate_rows(task: str, pairs: list, ids, meta: dict) -> list[MetricRow]:
+    """A task's failure gates (:mod:`evalkit.evals.generation.gates`), once per task: every filter of an
+    item holds the same generated text (a filter only extracts the answer), so the first filter's items."""
+    if not pairs:
+        return []
+    first = pairs[0][1]["filter"]
+    pairs = [(b, o) for b, o in pairs if o["filter"] == first]
+
+    def outputs(record: dict) -> list[G.Output]:
+        return [G.Output(ids(s["text"]), s["text"], bool(s["truncated"])) for s in record["samples"]]
+
+    fired = G.fire([outputs(b) for b, _ in pairs], [outputs(o) for _, o in pairs])
+    lengths = (
+        [len(ids(b["prompt"])) for b, _ in pairs] if all(isinstance(b.get("prompt"), str) for b, _ in pairs) else None
+    )
+    name = lambda stat: metric_name(task, stat)  # noqa: E731
+    meta = {**meta, "tokens": "generated text re-encoded by the tokenizer"}
+    return G.gate_rows(name, fired, lengths, {"task": task}, meta)
+
+
 def _token_ids(tokenizer):
     cache: dict[str, list[int]] = {}
 
@@ -271,6 +301,7 @@ def _token_ids(tokenizer):
 def trace_records(traces, tokenizer, gens: list[list[list[int]]], seeds: list[int], budget: int) -> list[dict]:
     """Per traces line, per sample: the generation (text and ids), its length and, with a reference,
     whether it is right (:func:`evalkit.evals.generation.traces.matches_reference`)."""
+    from evalkit.evals.generation.gates import split_tokens
     from evalkit.evals.generation.trace_decode import output_length
     from evalkit.evals.generation.traces import matches_reference
 
@@ -289,6 +320,7 @@ def trace_records(traces, tokenizer, gens: list[list[list[int]]], seeds: list[in
                     "text": text,
                     "tokens": n,
                     "truncated": n >= budget,
+                    "split_tokens": split_tokens(tokenizer, tokens[:n]),
                     "correct": None if trace.reference is None else float(matches_reference(text, trace.reference)),
                 }
             )
@@ -336,6 +368,15 @@ def trace_rows(
     steps = [P.first_divergence(bs["ids"], os_["ids"]) for bs, os_ in pairs]
     rows += divergence_rows(name, steps, labels, {**info, "tokens": "the generated token ids"}, samples)
     rows += length_rows(name, _matrix(records, "tokens"), _matrix(records, "truncated"), labels, info)
+
+    def outputs(record: dict) -> list[G.Output]:
+        return [
+            G.Output(s["ids"][: s["tokens"]], s["text"], bool(s["truncated"]), s["split_tokens"])
+            for s in record["samples"]
+        ]
+
+    fired = G.fire([outputs(b) for b in base], [outputs(o) for o in records])
+    rows += G.gate_rows(name, fired, prompt_tokens, labels, {**info, "tokens": "the generated token ids"})
     if kl is not None:
         per_line = [(float(k["kl"].mean()), float(k["kl_lower"].mean()), float(k["agree"].mean())) for k in kl]
         tokens = int(sum(len(k["kl"]) for k in kl))

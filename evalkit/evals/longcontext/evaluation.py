@@ -156,6 +156,7 @@ class LongContextEval(Evaluation):
     report = ReportSpec(
         frames=("evalkit.evals.longcontext.report:frame",),
         displays=("evalkit.evals.longcontext.report:display",),
+        plots=("evalkit.evals.longcontext.plots:longcontext_figures",),
         order=45,
     )
 

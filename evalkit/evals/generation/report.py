@@ -1,5 +1,5 @@
 """What ``evalkit report`` shows of the generation evaluation (declared in its ReportSpec): per task (and
-filter) its accuracy, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
+filter) its accuracy, for MRCR tasks the AUC across lengths and the % recovery, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
 first divergence, and for a traces file its decode KL, as summary-frame columns ``<task>/gen_<stat>``
 (with ``_lo`` / ``_hi`` bounds). The budget criterion ``--max-task-drop`` reads ``<task>/gen_acc_delta``.
 """
@@ -19,6 +19,9 @@ COLUMNS = {  # row metric -> summary column suffix
     "divergence_share": "gen_diverged",
     "first_divergence": "gen_first_div",
     "kl_mean": "gen_kl",
+    "mrcr_auc": "gen_mrcr_auc",
+    "mrcr_auc_delta": "gen_mrcr_auc_delta",
+    "mrcr_recovery": "gen_mrcr_recovery",
 }
 
 
@@ -70,6 +73,10 @@ def display(r: dict, base: bool) -> dict[str, str]:
             out[f"{t} first div."] = f"{head} ({100 * r[f'{t}/gen_diverged']:.0f}% diverge)"
         if not _missing(r.get(f"{t}/gen_kl")):
             out[f"{t} KL"] = value_with_interval(r, f"{t}/gen_kl", 1.0, ".3g")
+        if not _missing(r.get(f"{t}/gen_mrcr_auc")):
+            out[f"{t} MRCR AUC"] = value_with_interval(r, f"{t}/gen_mrcr_auc", 1.0, ".3f")
+        if not _missing(r.get(f"{t}/gen_mrcr_recovery")):
+            out[f"{t} recovery %"] = value_with_interval(r, f"{t}/gen_mrcr_recovery", 1.0, ".1f")
     return out
 
 
@@ -83,5 +90,7 @@ def notes(frame: pd.DataFrame) -> list[str]:
         "zero-width); r→w/w→r = item-samples whose answer flipped each way; McNemar p = exact test of those flips "
         "(one sample per item; with several, the exact sign-flip test over items); first div. = median index of the first generated token that differs from the "
         "baseline's, over the item-samples that diverge (and their share); traces KL = mean KL(baseline || scheme) "
-        "along the baseline's own continuation"
+        "along the baseline's own continuation; MRCR AUC = trapezoid area under pass@1 (openai/mrcr's grade) "
+        "against each length bucket's upper edge, divided by the span, and recovery = 100 x AUC / the "
+        "baseline's (evalkit/evals/generation/mrcr.py)"
     ]

@@ -184,3 +184,14 @@ def test_runs_table_has_a_column_per_length_bucket():
     table = rows_table(rows)
     assert "t/mrcr_pass@1_by_length [512-1k]" in table and "t/mrcr_pass@1_by_length [1k-2k]" in table
     assert "0.5" in table and "0.25" in table
+
+
+def test_the_hub_mrcr_tasks_count_as_needing_the_network_and_the_stand_in_does_not():
+    """So an offline run of mrcr_2needle without the set cached stops in one line naming openai/mrcr (the
+    generation evaluation's network guard), while mrcr_standin never probes the hub."""
+    from evalkit.evals.generation.serving import datasets_of, offline_own
+    from evalkit.evals.lmeval.adapter import resolve_tasks
+
+    tasks = offline_own(resolve_tasks(["mrcr_standin", "mrcr_2needle", "mrcr_4needle"], (str(tasks_dir()),)))
+    assert tasks.external == ("mrcr_2needle", "mrcr_4needle")
+    assert datasets_of(tasks) == {"mrcr_2needle": "openai/mrcr", "mrcr_4needle": "openai/mrcr"}

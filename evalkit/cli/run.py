@@ -349,6 +349,12 @@ def _cell(row: dict) -> str:
     return text
 
 
+def _column(row: dict) -> str:
+    """A row's column: its metric, and its length bucket where it has one (one column per bucket)."""
+    bucket = (row.get("labels") or {}).get("bucket")
+    return row["metric"] if bucket is None else f"{row['metric']} [{bucket}]"
+
+
 def rows_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
     """One line per scheme with the unlabeled metrics (or ``metrics``) as columns."""
     import pandas as pd
@@ -359,10 +365,10 @@ def rows_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
     if not plain:
         plain = rows
     order = list(dict.fromkeys(r["scheme"] for r in rows))
-    cols = list(metrics) or list(dict.fromkeys(r["metric"] for r in plain))
+    cols = list(metrics) or list(dict.fromkeys(_column(r) for r in plain))
     table = pd.DataFrame(index=order, columns=cols, dtype=object)
     for r in plain:
-        if r["metric"] in table.columns:
-            table.loc[r["scheme"], r["metric"]] = _cell(r)
+        if _column(r) in table.columns:
+            table.loc[r["scheme"], _column(r)] = _cell(r)
     table.index.name = "scheme"
     return table.fillna("").to_markdown()

@@ -39,6 +39,8 @@ class TaskFacts:
     source: str
 
 
+MRCR_SOURCE = "assumed (no published Llama-3.1-8B-Instruct MRCR score to 128k): graded score, sized as 0/1"
+
 # The reasoning tasks of the `generation` evaluation (evalkit.evals.generation), by lm-eval 0.4.13's names;
 # generation_plans() reads its parameters `tasks`, `limit`, `samples` and `max_gen_toks`.
 GENERATION_EVAL = "generation"
@@ -54,6 +56,11 @@ REASONING_TASKS = {
     ),
     "aime24": TaskFacts(30, 150, 32768, "cot", 0.05, "assumed: a few of 30 AIME problems (not on the model card)"),
     "aime25": TaskFacts(30, 150, 32768, "cot", 0.05, "assumed: a few of 30 AIME problems (not on the model card)"),
+    # openai/mrcr to 128k (tasks/generation/mrcr.py keeps the items that fit the context, 25 of the 100 in
+    # each of the buckets 4k-8k .. 64k-128k), prompts at the buckets' mean (~37k tokens), a graded score in [0, 1]
+    # sized as a 0/1 outcome at its mean (its variance is at most p(1-p)); the baselines are assumptions
+    "mrcr_2needle": TaskFacts(125, 37_000, 2048, "cot", 0.50, MRCR_SOURCE),
+    "mrcr_4needle": TaskFacts(125, 37_000, 2048, "cot", 0.30, MRCR_SOURCE),
 }
 
 

@@ -34,6 +34,10 @@ DOMAINS: dict[str, tuple[float, float]] = {  # metric name (lm-eval's: the part 
     "flip_right_to_wrong": SHARE,
     "flip_wrong_to_right": SHARE,
     "flip_wrong_to_wrong": SHARE,
+    "mrcr_pass@1_by_length": SHARE,  # MRCR's mean grade per length bucket (evals/generation/mrcr.py)
+    "mrcr_auc": SHARE,
+    "mrcr_auc_delta": (-1.0, 1.0),
+    "mrcr_recovery": NON_NEGATIVE,  # % of the baseline's AUC
 }
 
 

@@ -29,6 +29,8 @@ exact test, flips both ways, accuracy by prompt length, first divergence, the fa
 tokens and n-grams, first-token EOS, collapse to one token, runaway, invalid UTF-8:
 :mod:`evalkit.evals.generation.gates`), and for traces the decode KL. An identity scheme reproduces the
 baseline bit for bit: no flip, no divergence, no gate fires, KL 0.
+MRCR tasks (``mrcr_standin``, ``mrcr_2needle``, ``mrcr_4needle``) add pass@1 per length bucket, the AUC
+across lengths and the % recovery against the baseline (:mod:`evalkit.evals.generation.mrcr`).
 
 Per-item answers of every run go to its artifacts as ``generation_items.json`` (JSON, no pickle). The
 report shows each task's accuracy, its paired change and flips (:mod:`evalkit.evals.generation.report`),
@@ -48,7 +50,7 @@ from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Criterion, Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.generation.params import TRACE_BUDGET, GenerationParams, file_identity, gen_kwargs, tasks_dir
 
-BASELINE_FORMAT = 2  # bump when the cached baseline's contents change shape (2: traces keep split_tokens)
+BASELINE_FORMAT = 3  # bump when the cached baseline's contents change shape (2: traces keep split_tokens; 3: graded scores per sample)
 
 
 @register_eval("generation")
@@ -185,6 +187,7 @@ class GenerationEval(Evaluation):
     # ---- per scheme -------------------------------------------------------------------------
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.evals.generation.mrcr import mrcr_rows
         from evalkit.evals.generation.rows import task_rows, trace_rows
         from evalkit.evals.generation.serving import settings_info
 
@@ -196,6 +199,7 @@ class GenerationEval(Evaluation):
             info["batch_size"] = self._batch_size
         task_info = {t: {**info, **v} for t, v in run["task_info"].items()}
         rows = task_rows(self.baseline["tasks"], run["tasks"], lm.tokenizer, task_info)
+        rows += mrcr_rows(self.baseline["tasks"], run["tasks"], lm.tokenizer, task_info)
         kl = None
         if p["traces"] is not None:
             from evalkit.evals.generation.trace_decode import teacher_forced

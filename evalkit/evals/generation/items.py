@@ -8,7 +8,9 @@ item (``doc_id``, ``filter``) the record keeps the document's hash and target an
 * ``seed``: the seed the sample was drawn with;
 * ``text``: the generated text, as lm-eval returns it (stop sequences removed);
 * ``answer``: the answer lm-eval's filter extracted from it (the filtered response);
-* ``correct``: the task's first 0/1 metric (``exact_match``...), or None when it has none;
+* ``correct``: the task's first 0/1 metric (``exact_match``...), or None when it has none (a graded
+  score such as MRCR's ``mrcr_score``, :data:`GRADED_METRICS`, is never read as one, even where it is 0 or 1);
+* ``scores``: the task's graded metrics (:data:`GRADED_METRICS`) by name, where it has any;
 * ``tokens``: the length of ``text`` in tokens of the model's tokenizer (re-encoded: lm-eval returns
   text, so every backend is counted alike; equal to the generated ids but where the model produced
   a tokenization its tokenizer would not, and without the end-of-sequence token);
@@ -29,14 +31,24 @@ import numpy as np
 
 from evalkit.errors import EvalkitError
 
+GRADED_METRICS = frozenset({"mrcr_score"})  # per-sample scores in [0, 1] that are not right/wrong
+
 
 def first_binary_metric(sample: dict) -> float | None:
-    """The sample's first metric whose value is 0 or 1 (lm-eval's ``metrics`` order), else None."""
+    """The sample's first metric whose value is 0 or 1 (lm-eval's ``metrics`` order), else None; graded
+    scores (:data:`GRADED_METRICS`) are not 0/1 outcomes, whatever their value."""
     for name in sample.get("metrics", []):
+        if name in GRADED_METRICS:
+            continue
         value = sample.get(name)
         if isinstance(value, (bool, int, float, np.number)) and float(value) in (0.0, 1.0):
             return float(value)
     return None
+
+
+def graded_scores(sample: dict) -> dict[str, float]:
+    """The sample's graded metrics (:data:`GRADED_METRICS`) by name."""
+    return {n: float(sample[n]) for n in sample.get("metrics", []) if n in GRADED_METRICS and n in sample}
 
 
 def _first(value):
@@ -112,6 +124,7 @@ def sample_records(results: dict, tokenizer, seed: int, default_budget: int) -> 
                             "text": text,
                             "answer": _jsonable(_first(s.get("filtered_resps", ""))),
                             "correct": first_binary_metric(s),
+                            **({"scores": graded_scores(s)} if graded_scores(s) else {}),
                             "tokens": tokens,
                             "truncated": tokens >= budget,
                         }

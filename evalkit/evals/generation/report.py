@@ -1,5 +1,5 @@
 """What ``evalkit report`` shows of the generation evaluation (declared in its ReportSpec): per task (and
-filter) its accuracy, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
+filter) its accuracy, for MRCR tasks the AUC across lengths and the % recovery, the paired change from the baseline, flips both ways, McNemar's p, pass@k and the
 first divergence, and for a traces file its decode KL, as summary-frame columns ``<task>/gen_<stat>``
 (with ``_lo`` / ``_hi`` bounds), and per task the failure gates' rates (``<task>/gen_fail_<gate>``,
 ``<task>/gen_fail_any``: :mod:`evalkit.evals.generation.gates`). The budget criterion ``--max-task-drop``
@@ -23,6 +23,9 @@ COLUMNS = {  # row metric -> summary column suffix
     "first_divergence": "gen_first_div",
     "kl_mean": "gen_kl",
     **{f"fail_{g}": f"gen_fail_{g}" for g in (*GATES, ANY)},
+    "mrcr_auc": "gen_mrcr_auc",
+    "mrcr_auc_delta": "gen_mrcr_auc_delta",
+    "mrcr_recovery": "gen_mrcr_recovery",
 }
 
 
@@ -75,6 +78,10 @@ def display(r: dict, base: bool) -> dict[str, str]:
             out[f"{t} KL"] = value_with_interval(r, f"{t}/gen_kl", 1.0, ".3g")
         if not _missing(r.get(f"{t}/gen_fail_{ANY}")):
             out[f"{t} failures %"] = value_with_interval(r, f"{t}/gen_fail_{ANY}", 100.0, ".1f") + _which(r, t)
+        if not _missing(r.get(f"{t}/gen_mrcr_auc")):
+            out[f"{t} MRCR AUC"] = value_with_interval(r, f"{t}/gen_mrcr_auc", 1.0, ".3f")
+        if not _missing(r.get(f"{t}/gen_mrcr_recovery")):
+            out[f"{t} recovery %"] = value_with_interval(r, f"{t}/gen_mrcr_recovery", 1.0, ".1f")
     return out
 
 
@@ -99,4 +106,7 @@ def notes(frame: pd.DataFrame) -> list[str]:
         "(the scheme's generation repeats tokens or n-grams, ends at its first token, collapses to one token, "
         "runs to the output budget or holds invalid UTF-8 where the baseline's does not; 95 % Wilson, the item "
         "as the unit), the gates that fired in brackets"
+        "along the baseline's own continuation; MRCR AUC = trapezoid area under pass@1 (openai/mrcr's grade) "
+        "against each length bucket's upper edge, divided by the span, and recovery = 100 x AUC / the "
+        "baseline's (evalkit/evals/generation/mrcr.py)"
     ]

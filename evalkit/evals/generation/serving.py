@@ -81,13 +81,16 @@ def settings_info(p: dict, gen_kwargs: dict) -> dict:
 
 def offline_own(tasks):
     """``tasks`` with evalkit's own generate-until tasks (``tasks/generation``, data beside their YAML) not
-    counted as needing the network, so running only them never probes the hub."""
+    counted as needing the network, so running only them never probes the hub. A YAML there that reads a
+    hub dataset (``dataset_path``: ``mrcr_2needle`` reads ``openai/mrcr``) still counts as needing it."""
     import dataclasses
 
     from evalkit.evals.generation.params import tasks_dir
     from evalkit.evals.lmeval.adapter import task_manager
 
-    ours = set(task_manager((str(tasks_dir()),), False).all_tasks)
+    manager = task_manager((str(tasks_dir()),), False)
+    index = manager.task_index
+    ours = {n for n in manager.all_tasks if not ((getattr(index.get(n), "cfg", None) or {}).get("dataset_path"))}
     return dataclasses.replace(tasks, external=tuple(n for n in tasks.external if n not in ours))
 
 

@@ -331,6 +331,7 @@ def generation_group() -> dict:
     """evalkit.evals.generation: the paired statistics (proportion, pass@k, McNemar, the accuracy change, first
     divergence) and the rows a task gives from fixed per-item outcomes, lengths and divergence steps."""
     from evalkit.evals.generation import gates as gg
+    from evalkit.evals.generation import mrcr as gm
     from evalkit.evals.generation import paired as gp
     from evalkit.evals.generation import rows as gr
 
@@ -341,6 +342,10 @@ def generation_group() -> dict:
     truncated = exact_uniform((n, k), seed=803) > 0.8
     steps = [None if v > 0.7 else int(v * 40) for v in exact_uniform((n * k,), seed=804)]
     labels, info = {"task": "fixed", "filter": "none"}, {"fixed": True}
+    # MRCR's graded scores in [0, 1] (items x samples) at lengths over four power-of-two buckets
+    mrcr_tokens = [700, 900, 1500, 1900, 3000, 3500, 6000, 7000]
+    mrcr_base = exact_uniform((8, k), seed=805)
+    mrcr_other = mrcr_base * exact_uniform((8, k), seed=806)
 
     def name(stat: str) -> str:
         return gr.metric_name("fixed", stat)
@@ -357,6 +362,7 @@ def generation_group() -> dict:
         "length_rows": [_row(r) for r in gr.length_rows(name, tokens, truncated, labels, info)],
         "bucket_rows": [_row(r) for r in gr.bucket_rows(name, tokens[:, 0], base, other, labels, info)],
         "gate_rows": [_row(r) for r in gr_gates(gg, name, labels, info)],
+        "mrcr_rows": [_row(r) for r in gm.curve_rows("fixed", "none", mrcr_tokens, mrcr_base, mrcr_other, info)],
     }
 
 

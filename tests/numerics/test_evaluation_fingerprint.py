@@ -66,7 +66,7 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "decode": "624565fd6e95ff9dcaa5f9848fc72db71289c4ae9a79e1ef42ef931c1a16a7e5",
         "retrieval@v1": "3357886693e3e008dd059423146ff48b512209ff19ccbf1a91dc6d72bd48da20",
         "lmeval": "35a0071d3b0e157c8130a1cd2d46f7bacb7428a670e839332f53b3b639aa9718",
-        "generation@v2": "7897a2f4d19af6d229f0f6c6c37a6bd17d3337ff19f16d591ac4a459b7b4a836",
+        "generation@v2": "9e7d10a148a505d362063ceac5f353aed819f127a097e0039f5bef5b5456c282",
         "longcontext@v1": "ac457ddd3415c05573515c6191a79ac9c916491521978962b81f148c5b5fbd4d",
         "serving": "b2a066fdd75619d5b9b6fa3b311513d360a733409afea7ba268c34eef95a3c05",
     },

@@ -47,7 +47,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
 DEFAULT_RESAMPLES = 2000
 GCI_DRAWS = 20000  # draws of the generalized pivot: its 97.5th percentile moves by < 1 % between seeds at n = 4
@@ -109,6 +108,8 @@ def jackknife_t_ci(
 
     ``SE_jack = sqrt((n-1)/n x sum_i (theta_(i) - mean theta_(.))**2)``, ``theta_(i)`` the statistic
     with unit i left out. For the mean this is ``s / sqrt(n)``, so the interval is Student's."""
+    from scipy import stats  # here, not at import: an evaluation's flags read this module
+
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
@@ -139,6 +140,8 @@ def paired_bootstrap_ci(
     units on the last axis (it is called vectorized, e.g. ``x.sum(-1) / n.sum(-1)``) and return
     one value per leading index. Fewer than two units: (nan, nan), as no interval exists.
     """
+    from scipy import stats  # here, not at import: an evaluation's flags read this module
+
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
@@ -175,6 +178,8 @@ def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
     1.0 when every pair is equal; nan with fewer than two pairs (no test possible); 0.0 when every
     pair differs by the same nonzero amount (no spread: the difference is certain).
     """
+    from scipy import stats  # here, not at import: an evaluation's flags read this module
+
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) != len(y):
         raise ValueError("paired arrays must have the same length")
@@ -190,6 +195,8 @@ def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
 
 def binomial_ci(k: int, n: int, confidence: float = 0.95, method: str = "wilson") -> tuple[float, float]:
     """Interval for the proportion k/n: ``method`` 'wilson' (default) or 'exact' (Clopper-Pearson)."""
+    from scipy import stats  # here, not at import: an evaluation's flags read this module
+
     if n <= 0:
         return (math.nan, math.nan)
     if not 0 <= k <= n:
@@ -202,6 +209,8 @@ def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p of paired 0/1 outcomes: a binomial test of ``b`` (right -> wrong) of the
     ``b + c`` discordant pairs at 1/2 (``scipy.stats.binomtest``); 1 with no discordant pair. The one
     McNemar test of the paired evaluations (generation, longcontext)."""
+    from scipy import stats  # here, not at import: an evaluation's flags read this module
+
     if b + c == 0:
         return 1.0
     return float(stats.binomtest(int(b), int(b + c), 0.5).pvalue)

@@ -17,13 +17,14 @@ from collections.abc import Iterable
 from evalkit.errors import EvalkitError
 
 
-def plugin_modules(env: str, group: str) -> list[str]:
-    """The modules named in ``$env`` (comma-separated), then the modules of the entry-point group ``group``."""
+def plugin_modules(env: str, group: str, skip: Iterable[str] = ()) -> list[str]:
+    """The modules named in ``$env`` (comma-separated), then the modules of the entry-point group ``group``
+    (but those of the entry points named in ``skip``)."""
     names = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
     try:
         from importlib.metadata import entry_points
 
-        names += [ep.value.partition(":")[0] for ep in entry_points(group=group)]
+        names += [ep.value.partition(":")[0] for ep in entry_points(group=group) if ep.name not in skip]
     except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
         pass
     return names

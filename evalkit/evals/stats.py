@@ -47,6 +47,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from scipy import stats
+
+from evalkit.evals.interval_methods import METHOD_TEXT, METHODS, parse_method  # noqa: F401 (re-exported)
 
 DEFAULT_RESAMPLES = 2000
 GCI_DRAWS = 20000  # draws of the generalized pivot: its 97.5th percentile moves by < 1 % between seeds at n = 4
@@ -57,20 +60,6 @@ SKEWED_TEXT = (
 )
 DEFAULT_SEED = 0
 PVALUE_TEST = "paired t test (two-sided, over windows' mean NLL)"
-METHODS = ("t", "bootstrap")
-METHOD_TEXT = {
-    "t": "95% studentized jackknife (t, n-1 df) over {units}",
-    "bootstrap": "95% paired percentile bootstrap over {units}",
-}
-
-
-def parse_method(value, flag: str) -> str:
-    """A grid or flag value naming an interval method, checked (``parse`` of an eval's ``interval`` param)."""
-    from evalkit.errors import EvalkitError
-
-    if value not in METHODS:
-        raise EvalkitError(f"interval method {value!r} is not known: use {flag} {' or '.join(METHODS)}")
-    return value
 
 
 def interval_text(method: str, units: str, skewed: bool = False) -> str:
@@ -108,8 +97,6 @@ def jackknife_t_ci(
 
     ``SE_jack = sqrt((n-1)/n x sum_i (theta_(i) - mean theta_(.))**2)``, ``theta_(i)`` the statistic
     with unit i left out. For the mean this is ``s / sqrt(n)``, so the interval is Student's."""
-    from scipy import stats  # here, not at import: an evaluation's flags read this module
-
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
@@ -140,8 +127,6 @@ def paired_bootstrap_ci(
     units on the last axis (it is called vectorized, e.g. ``x.sum(-1) / n.sum(-1)``) and return
     one value per leading index. Fewer than two units: (nan, nan), as no interval exists.
     """
-    from scipy import stats  # here, not at import: an evaluation's flags read this module
-
     arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
@@ -178,8 +163,6 @@ def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
     1.0 when every pair is equal; nan with fewer than two pairs (no test possible); 0.0 when every
     pair differs by the same nonzero amount (no spread: the difference is certain).
     """
-    from scipy import stats  # here, not at import: an evaluation's flags read this module
-
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) != len(y):
         raise ValueError("paired arrays must have the same length")
@@ -195,8 +178,6 @@ def paired_pvalue(x: np.ndarray, y: np.ndarray) -> float:
 
 def binomial_ci(k: int, n: int, confidence: float = 0.95, method: str = "wilson") -> tuple[float, float]:
     """Interval for the proportion k/n: ``method`` 'wilson' (default) or 'exact' (Clopper-Pearson)."""
-    from scipy import stats  # here, not at import: an evaluation's flags read this module
-
     if n <= 0:
         return (math.nan, math.nan)
     if not 0 <= k <= n:
@@ -209,8 +190,6 @@ def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p of paired 0/1 outcomes: a binomial test of ``b`` (right -> wrong) of the
     ``b + c`` discordant pairs at 1/2 (``scipy.stats.binomtest``); 1 with no discordant pair. The one
     McNemar test of the paired evaluations (generation, longcontext)."""
-    from scipy import stats  # here, not at import: an evaluation's flags read this module
-
     if b + c == 0:
         return 1.0
     return float(stats.binomtest(int(b), int(b + c), 0.5).pvalue)

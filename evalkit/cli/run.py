@@ -54,8 +54,9 @@ def add_parser(sub):
 
 
 def light_parser(sub) -> tuple[str, ...] | None:
-    """``run``'s own options without the evaluations' (whose classes import torch): argparse's errors on
-    them come in a fraction of a second (:func:`evalkit.cli.light_check`). Returns the prefixes of the
+    """``run``'s own options without the evaluations' (a plugin that declares no light flags is imported for
+    them, and may import torch): argparse's errors on them come in a fraction of a second
+    (:func:`evalkit.cli.light_check`). Returns the prefixes of the
     flags left to the full parser (``--<eval>-``, ``--no-<eval>-``), or None when evaluations are
     registered through EVALKIT_EVALS (their names are known only once imported)."""
     import os

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.runtime.plugins import import_once, plugin_modules
+from evalkit.runtime.plugins import entry_points_of, import_once, plugin_modules
 
 # ---- registry ----------------------------------------------------------------------------------
 PLUGINS_ENV = "EVALKIT_EVALS"  # comma-separated modules that register evaluations
@@ -66,11 +67,11 @@ def _builtin() -> dict[str, str]:
     }
 
 
-def _load_plugins(skip: frozenset[str] = frozenset()) -> None:
+def _load_plugins(skip: Iterable[str] = (), entries: list | None = None) -> None:
     """Import the modules named in EVALKIT_EVALS and the ``evalkit.evals`` entry points (each once; not the
-    entry points named in ``skip``)."""
+    entry points named in ``skip``; ``entries``: that group's entry points when already read)."""
     import_once(
-        plugin_modules(PLUGINS_ENV, ENTRY_POINTS, skip),
+        plugin_modules(PLUGINS_ENV, ENTRY_POINTS, skip, entries),
         _loaded_plugins,
         "evaluation",
         f"from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points",
@@ -122,24 +123,15 @@ def _light_params(name: str, module: str) -> type | None:
     return _bind(found[0], name) if len(found) == 1 else None
 
 
-def _light_plugins() -> dict[str, str]:
-    """name -> "module:ParamsClass" of the plugins that declare their flags in the ``evalkit.eval_params`` group."""
-    try:
-        from importlib.metadata import entry_points
-
-        return {ep.name: ep.value for ep in entry_points(group=PARAMS_ENTRY_POINTS)}
-    except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: the plugins are imported)
-        return {}
-
-
 def flag_declarations() -> dict[str, type]:
     """name -> what adds the evaluation's ``run`` flags (``.add_arguments(parser)``), in :func:`registry`'s
     order, importing no evaluation class that declares its flags light: a built-in's Params from its
     folder's ``params.py``, a plugin's Params from its ``evalkit.eval_params`` entry point (named as the
     evaluation). Plugins that declare none (``EVALKIT_EVALS`` modules, other entry points) are imported as
     :func:`registry` imports them, and their evaluation class adds its flags."""
-    light = _light_plugins()
-    _load_plugins(skip=frozenset(light))
+    entries = entry_points_of(ENTRY_POINTS, PARAMS_ENTRY_POINTS)  # one scan of the installed metadata
+    light = {ep.name: ep.value for ep in entries[PARAMS_ENTRY_POINTS]}
+    _load_plugins(skip=light, entries=entries[ENTRY_POINTS])
     here = Path(__file__).resolve().parent
     out: dict[str, type] = {}
     for name, module in _builtin().items():

@@ -34,7 +34,7 @@ def test_a_builtin_declares_its_flags_in_its_folder_and_they_are_its_evaluations
 @pytest.fixture
 def plugin_package(tmp_path, monkeypatch):
     """A plugin evaluation in two modules (its light flags and its evaluation, which records its import),
-    installed as entry points of a fake distribution; the registry's state is restored afterwards."""
+    declared as entry points beside the installed distributions'; the registry's state is restored afterwards."""
     (tmp_path / "lightplug_params.py").write_text(
         textwrap.dedent(
             """
@@ -63,14 +63,15 @@ def plugin_package(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("EVALKIT_EVALS", raising=False)
-    installed = md.entry_points
 
-    def entry_points(group=None, **kw):
-        ours = {
-            ENTRY_POINTS: [md.EntryPoint("lightplug", "lightplug_eval", ENTRY_POINTS)],
-            PARAMS_ENTRY_POINTS: [md.EntryPoint("lightplug", "lightplug_params:LightParams", PARAMS_ENTRY_POINTS)],
-        }
-        return md.EntryPoints([*installed(group=group, **kw), *ours.get(group, [])])
+    ours = [
+        md.EntryPoint("lightplug", "lightplug_eval", ENTRY_POINTS),
+        md.EntryPoint("lightplug", "lightplug_params:LightParams", PARAMS_ENTRY_POINTS),
+    ]
+
+    def entry_points(**select):  # the installed distributions' and ours, as importlib.metadata gives them
+        every = md.EntryPoints([*(ep for dist in md.distributions() for ep in dist.entry_points), *ours])
+        return every.select(**select) if select else every
 
     monkeypatch.setattr(md, "entry_points", entry_points)
     saved, loaded = dict(registry._REGISTRY), set(registry._loaded_plugins)
@@ -93,14 +94,13 @@ def test_a_plugin_declaring_its_flags_light_is_not_imported_for_them(plugin_pack
 
 
 def test_a_plugin_without_a_light_declaration_is_imported_and_its_class_adds_the_flags(plugin_package, monkeypatch):
-    installed = md.entry_points  # the fixture's: drop the light declaration
-    monkeypatch.setattr(
-        md,
-        "entry_points",
-        lambda group=None, **kw: md.EntryPoints(
-            [ep for ep in installed(group=group, **kw) if ep.group != PARAMS_ENTRY_POINTS]
-        ),
-    )
+    installed = md.entry_points  # the fixture's, less the light declaration
+
+    def entry_points(**select):
+        every = md.EntryPoints([ep for ep in installed() if ep.group != PARAMS_ENTRY_POINTS])
+        return every.select(**select) if select else every
+
+    monkeypatch.setattr(md, "entry_points", entry_points)
     declared = flag_declarations()["lightplug"]
     assert "lightplug_eval" in sys.modules and declared is get_eval("lightplug")
     assert "--lightplug-size" in flags_of(declared)

@@ -144,5 +144,11 @@ def flag_declarations() -> dict[str, type]:
     for name, path in light.items():
         if name not in out:
             module, _, cls = path.partition(":")
-            out[name] = _bind(getattr(importlib.import_module(module), cls), name)
+            try:
+                out[name] = _bind(getattr(importlib.import_module(module), cls), name)
+            except (ImportError, AttributeError) as exc:
+                raise EvalkitError(
+                    f"the {PARAMS_ENTRY_POINTS} entry point {name} = {path!r} cannot be loaded "
+                    f"({type(exc).__name__}: {exc}): fix the name or reinstall the package that declares it"
+                ) from None
     return out

@@ -104,3 +104,24 @@ def test_a_plugin_without_a_light_declaration_is_imported_and_its_class_adds_the
     declared = flag_declarations()["lightplug"]
     assert "lightplug_eval" in sys.modules and declared is get_eval("lightplug")
     assert "--lightplug-size" in flags_of(declared)
+
+
+def test_a_light_declaration_that_cannot_be_loaded_is_one_line(plugin_package, monkeypatch):
+    from evalkit.errors import EvalkitError
+
+    installed = md.entry_points  # the fixture's, with the light declaration naming a class that is not there
+
+    def entry_points(**select):
+        every = md.EntryPoints(
+            [
+                md.EntryPoint(ep.name, "lightplug_params:NoSuchParams", ep.group)
+                if ep.group == PARAMS_ENTRY_POINTS and ep.name == "lightplug"
+                else ep
+                for ep in installed()
+            ]
+        )
+        return every.select(**select) if select else every
+
+    monkeypatch.setattr(md, "entry_points", entry_points)
+    with pytest.raises(EvalkitError, match=r"evalkit\.eval_params entry point lightplug = .*NoSuchParams.* cannot be"):
+        flag_declarations()

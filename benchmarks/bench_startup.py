@@ -1,4 +1,4 @@
-"""Start-up time of the light commands: `--help`, `schemes`, `models`, `capacity --preset`.
+"""Start-up time of the light commands: `--help`, each command's `--help`, `schemes`, `models`, `capacity --preset`.
 
     python benchmarks/bench_startup.py            # min of 5 runs each
     python benchmarks/bench_startup.py --runs 10
@@ -7,8 +7,10 @@ Each command runs as its own ``python -m evalkit ...`` process (what a user wait
 interpreter, evalkit's imports and the command's work), from the repository root with stdout
 discarded. The minimum over the runs is the figure that matters on this shared 2-core machine
 (other processes only ever add time); the median is printed beside it, with the load average
-before and after, so contention is visible. The target for `--help` is under 1.5 s. Which heavy
-libraries a command imports is printed too: none of these may import transformers or lm-eval.
+before and after, so contention is visible. The targets: `--help` under 1.5 s, `run --help` under
+0.5 s. The bare interpreter (`python -c pass`) is timed the same way first, as the floor no command
+goes below: on a loaded machine read a command's figure against it. Which heavy libraries a command
+imports is printed too: none of these may import transformers or lm-eval, and no `--help` torch.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = [["--help"], ["schemes"], ["models"], ["capacity", "--preset", "llama-3.1-8b"]]
+HELPS = [[command, "--help"] for command in ("run", "sweep", "report", "capacity", "schemes")]
+COMMANDS = [["--help"], *HELPS, ["schemes"], ["models"], ["capacity", "--preset", "llama-3.1-8b"]]
 HEAVY = ("torch", "transformers", "lm_eval", "pandas", "scipy")
 
 
 def seconds(argv: list[str], env: dict) -> float:
+    """Wall seconds of ``python -m evalkit ARGV`` (``argv`` None: of the bare interpreter, ``python -c pass``)."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "evalkit", *argv],
+        [sys.executable, "-c", "pass"] if argv is None else [sys.executable, "-m", "evalkit", *argv],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -63,6 +67,9 @@ def main() -> int:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print(f"{'command':<52}{'min s':>8}{'median s':>10}  imports")
+    seconds(None, env)
+    floor = [seconds(None, env) for _ in range(args.runs)]
+    print(f"{'python -c pass (the floor)':<52}{min(floor):>8.2f}{statistics.median(floor):>10.2f}")
     for argv in COMMANDS:
         label = "python -m evalkit " + " ".join(argv)
         try:

@@ -4,9 +4,11 @@ Each command lives in its own module under ``evalkit.cli`` with ``add_parser(sub
 registering its options and a handler. Only the chosen command's module is imported; the others
 appear in ``--help`` by the one-line help in :data:`COMMANDS`, so ``--help``, ``schemes``,
 ``models`` and ``capacity`` start in a fraction of a second instead of loading torch,
-transformers and lm-eval (``benchmarks/bench_startup.py`` measures it); a command whose options
-come from heavy modules (``run``: the evaluations' flags) is parsed first without them
-(:func:`light_check`), so a mistyped option is refused before torch is imported. User errors
+transformers and lm-eval (``benchmarks/bench_startup.py`` measures it). ``run``'s parser takes the
+evaluations' flags from their light declarations (:func:`evalkit.evals.registry.flag_declarations`), so
+``run --help`` imports no torch either; where an installed plugin declares none, its module is imported
+for them, and ``run`` is parsed first without them (:func:`light_check`), so a mistyped option is
+refused before torch is imported. User errors
 (:class:`EvalkitError`) print one line to stderr and exit with code 2; nothing else is caught, so
 real bugs keep their traceback. Commands check the machine first (:mod:`evalkit.cli.preflight`: the
 folders they will write, the ``--device`` they will use) so that such a problem is one of these lines,

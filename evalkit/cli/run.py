@@ -43,7 +43,8 @@ from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments
 from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
-from evalkit.evals import eval_names, get_eval
+from evalkit.evals import get_eval
+from evalkit.evals.registry import flag_declarations
 
 # --schemes left out: the baseline and FP8 E4M3 with unit scales, what vLLM's kv_cache_dtype=fp8 stores when a
 # checkpoint has no scales (vllm-cuda, sglang, tensorrt-llm run it; evalkit.report.engine_fit), not a
@@ -52,12 +53,14 @@ DEFAULT_SCHEMES = ("auto", "fp8_e4m3/tensor/unit")
 
 
 def add_parser(sub):
-    _add(sub, eval_names())
+    flags = flag_declarations()  # the evaluations' flags without importing their classes (no torch)
+    _add(sub, list(flags), flags)
 
 
 def light_parser(sub) -> tuple[str, ...] | None:
-    """``run``'s own options without the evaluations' (whose classes import torch): argparse's errors on
-    them come in a fraction of a second (:func:`evalkit.cli.light_check`). Returns the prefixes of the
+    """``run``'s own options without the evaluations' (a plugin that declares no light flags is imported for
+    them, and may import torch): argparse's errors on them come in a fraction of a second
+    (:func:`evalkit.cli.light_check`). Returns the prefixes of the
     flags left to the full parser (``--<eval>-``, ``--no-<eval>-``), or None when evaluations are
     registered through EVALKIT_EVALS (their names are known only once imported)."""
     import os
@@ -73,11 +76,11 @@ def light_parser(sub) -> tuple[str, ...] | None:
         names += [ep.name for ep in entry_points(group=ENTRY_POINTS) if ep.name not in names]
     except Exception:  # noqa: BLE001  (broken metadata: the full parser decides)
         return None
-    _add(sub, names, with_evals=False)
+    _add(sub, names)
     return tuple(f"--{pre}{name}-" for name in names for pre in ("", "no-"))
 
 
-def _add(sub, names: list[str], with_evals: bool = True):
+def _add(sub, names: list[str], flags: dict[str, type] | None = None):
     p = sub.add_parser("run", help=COMMANDS["run"])
     add_model_arguments(p)
     p.add_argument(
@@ -122,8 +125,8 @@ def _add(sub, names: list[str], with_evals: bool = True):
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_scales_arguments(p)
-    for name in names if with_evals else ():
-        get_eval(name).add_arguments(p)
+    for declared in (flags or {}).values():
+        declared.add_arguments(p)
     p.set_defaults(handler=run)
 
 

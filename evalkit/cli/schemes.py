@@ -6,10 +6,6 @@ import textwrap
 
 from evalkit.cli import COMMANDS
 from evalkit.errors import SchemeError
-from evalkit.kv.codec import families
-from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
-from evalkit.kv.memory import bytes_per_element
-from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
 
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group32"]
 GRAMMAR = (
@@ -53,6 +49,9 @@ def add_parser(sub):
 def _cell(text: str, head_dim: int) -> str:
     """Bytes per element of a scheme string, or '-' where the scheme does not exist (FP4 needs group
     scales) or its group does not divide head_dim."""
+    from evalkit.kv.memory import bytes_per_element
+    from evalkit.kv.scheme import GranularityKind, Scheme
+
     try:
         scheme = Scheme.parse(text)
         granularity = scheme.granularity
@@ -74,6 +73,11 @@ def run(args) -> int:
         raise SchemeError("--model, --json and --engine-version go with --engine NAME: add --engine vllm, or drop them")
     if args.head_dim < 1:
         raise SchemeError(f"--head-dim must be a positive number of channels, got {args.head_dim}")
+    # the KV tables here, not at import: they import torch, which `schemes --help` never needs
+    from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
+    from evalkit.kv.memory import bytes_per_element
+    from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
+
     print(f"Scheme string: {GRAMMAR}\n")
     print("Formats (scale dtypes each takes):")
     for f in FORMATS.values():
@@ -121,6 +125,8 @@ def run(args) -> int:
 
 def print_families() -> None:
     """Every registered codec family (:mod:`evalkit.kv.codec`): its prefix, engine, grammar and names."""
+    from evalkit.kv.codec import families
+
     print("\nEngine cache types (a codec family per engine, PREFIX:NAME; bytes per token: capacity --schemes):")
     for prefix, family in families().items():
         print(f"  {prefix + ':':<14} {family.engine}: {family.grammar}")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.runtime.plugins import import_once, plugin_modules
+from evalkit.runtime.plugins import entry_points_of, import_once, plugin_modules
 
 # ---- registry ----------------------------------------------------------------------------------
 PLUGINS_ENV = "EVALKIT_EVALS"  # comma-separated modules that register evaluations
 ENTRY_POINTS = "evalkit.evals"  # entry-point group of installed packages' evaluation modules
+PARAMS_ENTRY_POINTS = "evalkit.eval_params"  # name -> "module:ParamsClass": a plugin's flags, declared light
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 #: name -> "module:Class" of every evaluation registered in this process (tests may add entries)
@@ -38,15 +40,21 @@ def register_eval(name: str):
             raise EvalkitError(f"eval {name!r} is registered twice ({_REGISTRY[name]} and {path}): rename one")
         params = cls.__dict__.get("Params") or getattr(cls, "Params", None)
         if params is not None:
-            bound = params.__dict__.get("eval_name")
-            if bound not in (None, name):
-                raise EvalkitError(f"{params.__name__} already belongs to eval {bound!r}: give {name!r} its own Params")
-            params.eval_name = name
+            _bind(params, name)
         cls.name = name
         _REGISTRY[name] = path
         return cls
 
     return decorate
+
+
+def _bind(params: type, name: str) -> type:
+    """Make the Params dataclass ``params`` evaluation ``name``'s (its flags are ``--<name>-<field>``)."""
+    bound = params.__dict__.get("eval_name")
+    if bound not in (None, name):
+        raise EvalkitError(f"{params.__name__} already belongs to eval {bound!r}: give {name!r} its own Params")
+    params.eval_name = name
+    return params
 
 
 def _builtin() -> dict[str, str]:
@@ -59,10 +67,11 @@ def _builtin() -> dict[str, str]:
     }
 
 
-def _load_plugins() -> None:
-    """Import the modules named in EVALKIT_EVALS and the ``evalkit.evals`` entry points (each once)."""
+def _load_plugins(skip: Iterable[str] = (), entries: list | None = None) -> None:
+    """Import the modules named in EVALKIT_EVALS and the ``evalkit.evals`` entry points (each once; not the
+    entry points named in ``skip``; ``entries``: that group's entry points when already read)."""
     import_once(
-        plugin_modules(PLUGINS_ENV, ENTRY_POINTS),
+        plugin_modules(PLUGINS_ENV, ENTRY_POINTS, skip, entries),
         _loaded_plugins,
         "evaluation",
         f"from {PLUGINS_ENV} or the {ENTRY_POINTS} entry points",
@@ -101,3 +110,45 @@ def get_eval(name: str, registry: dict[str, str] | None = None) -> type:
             f"module {path} registers no eval {name!r}: decorate its class with @register_eval({name!r})"
         )
     return get_eval(name, {name: _REGISTRY[name]})
+
+
+# ---- flags without the evaluation classes ------------------------------------------------------
+def _light_params(name: str, module: str) -> type | None:
+    """The one Params dataclass declared in ``module`` (a built-in's ``params.py``), or None when it
+    declares no single one (the evaluation class then adds its flags)."""
+    from evalkit.evals.params import Params
+
+    mod = importlib.import_module(module)
+    found = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, Params) and v.__module__ == module]
+    return _bind(found[0], name) if len(found) == 1 else None
+
+
+def flag_declarations() -> dict[str, type]:
+    """name -> what adds the evaluation's ``run`` flags (``.add_arguments(parser)``), in :func:`registry`'s
+    order, importing no evaluation class that declares its flags light: a built-in's Params from its
+    folder's ``params.py``, a plugin's Params from its ``evalkit.eval_params`` entry point (named as the
+    evaluation). Plugins that declare none (``EVALKIT_EVALS`` modules, other entry points) are imported as
+    :func:`registry` imports them, and their evaluation class adds its flags."""
+    entries = entry_points_of(ENTRY_POINTS, PARAMS_ENTRY_POINTS)  # one scan of the installed metadata
+    light = {ep.name: ep.value for ep in entries[PARAMS_ENTRY_POINTS]}
+    _load_plugins(skip=light, entries=entries[ENTRY_POINTS])
+    here = Path(__file__).resolve().parent
+    out: dict[str, type] = {}
+    for name, module in _builtin().items():
+        has_params = (here / name / "params.py").is_file()
+        params = _light_params(name, module.rsplit(".", 1)[0] + ".params") if has_params else None
+        out[name] = params or get_eval(name, {name: module})
+    for name, path in _REGISTRY.items():
+        if name not in out:
+            out[name] = get_eval(name, {name: path})
+    for name, path in light.items():
+        if name not in out:
+            module, _, cls = path.partition(":")
+            try:
+                out[name] = _bind(getattr(importlib.import_module(module), cls), name)
+            except (ImportError, AttributeError) as exc:
+                raise EvalkitError(
+                    f"the {PARAMS_ENTRY_POINTS} entry point {name} = {path!r} cannot be loaded "
+                    f"({type(exc).__name__}: {exc}): fix the name or reinstall the package that declares it"
+                ) from None
+    return out

@@ -49,6 +49,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy import stats
 
+from evalkit.evals.interval_methods import METHOD_TEXT, METHODS, parse_method  # noqa: F401 (re-exported)
+
 DEFAULT_RESAMPLES = 2000
 GCI_DRAWS = 20000  # draws of the generalized pivot: its 97.5th percentile moves by < 1 % between seeds at n = 4
 GCI_SEED = 0
@@ -58,20 +60,6 @@ SKEWED_TEXT = (
 )
 DEFAULT_SEED = 0
 PVALUE_TEST = "paired t test (two-sided, over windows' mean NLL)"
-METHODS = ("t", "bootstrap")
-METHOD_TEXT = {
-    "t": "95% studentized jackknife (t, n-1 df) over {units}",
-    "bootstrap": "95% paired percentile bootstrap over {units}",
-}
-
-
-def parse_method(value, flag: str) -> str:
-    """A grid or flag value naming an interval method, checked (``parse`` of an eval's ``interval`` param)."""
-    from evalkit.errors import EvalkitError
-
-    if value not in METHODS:
-        raise EvalkitError(f"interval method {value!r} is not known: use {flag} {' or '.join(METHODS)}")
-    return value
 
 
 def interval_text(method: str, units: str, skewed: bool = False) -> str:

@@ -17,16 +17,24 @@ from collections.abc import Iterable
 from evalkit.errors import EvalkitError
 
 
-def plugin_modules(env: str, group: str) -> list[str]:
-    """The modules named in ``$env`` (comma-separated), then the modules of the entry-point group ``group``."""
-    names = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
+def entry_points_of(*groups: str) -> dict[str, list]:
+    """group -> its entry points among the installed distributions, for each of ``groups``, from one scan of
+    their metadata (a broken distribution's metadata: none)."""
     try:
         from importlib.metadata import entry_points
 
-        names += [ep.value.partition(":")[0] for ep in entry_points(group=group)]
+        found = entry_points()
+        return {group: list(found.select(group=group)) for group in groups}
     except Exception:  # noqa: BLE001  (a broken installed distribution's metadata: no entry-point plugins)
-        pass
-    return names
+        return {group: [] for group in groups}
+
+
+def plugin_modules(env: str, group: str, skip: Iterable[str] = (), entries: list | None = None) -> list[str]:
+    """The modules named in ``$env`` (comma-separated), then the modules of the entry-point group ``group``
+    (``entries``: its entry points when already read), but those of the entry points named in ``skip``."""
+    names = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
+    found = entry_points_of(group)[group] if entries is None else entries
+    return names + [ep.value.partition(":")[0] for ep in found if ep.name not in skip]
 
 
 def import_once(modules: Iterable[str], loaded: set[str], what: str, origin: str) -> None:

@@ -10,36 +10,18 @@ speed too. The rows are :func:`~evalkit.engines.vllm.serving_results.serving_row
 
 It lives with its engine (a floor above the evaluations), so the registry finds it as a plugin: the
 package declares it in the ``evalkit.evals`` entry points (``EVALKIT_EVALS=evalkit.engines.vllm.serving_eval``
-does the same; see :mod:`evalkit.evals.base`). It needs vLLM; without it ``prepare`` says so in one line.
+does the same; see :mod:`evalkit.evals.base`), and its flags in the ``evalkit.eval_params`` group
+(:mod:`evalkit.engines.vllm.serving_params`), so ``run --help`` lists them without importing this module.
+It needs vLLM; without it ``prepare`` says so in one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evalkit.evals.backend import backend_of, stamp
-from evalkit.evals.base import Evaluation, MetricRow, Params, ReportSpec, param, register_eval
-
-
-def _budget(value, flag: str) -> float:
-    from evalkit.engines.vllm.serving import check_budget
-    from evalkit.errors import EvalkitError
-
-    try:
-        check_budget(value)
-    except EvalkitError as exc:
-        raise EvalkitError(str(exc).replace("--budget-gib", flag)) from None
-    return float(value)
-
-
-@dataclass(frozen=True)
-class ServingParams(Params):
-    budget_gib: float = param(2.0, "KV cache budget of each engine in GiB", parse=_budget)
-    context: int = param(2048, "max_model_len and the tokens of one request", low=2)
-    load: bool = param(False, "also measure admission under load and prefill/decode tokens/s")
-    decode_tokens: int = param(16, "tokens generated per request under load", low=1)
+from evalkit.engines.vllm.serving_params import ServingParams
+from evalkit.evals.base import Evaluation, MetricRow, ReportSpec, register_eval
 
 
 @register_eval("serving")
@@ -67,6 +49,7 @@ class ServingEval(Evaluation):
         from evalkit.engines.vllm.serving import measure
         from evalkit.engines.vllm.serving_results import serving_rows
         from evalkit.engines.vllm.versions import installed_build
+        from evalkit.evals.backend import backend_of, stamp
 
         self.require_prepared(getattr(self, "folder", None) == lm.path)
         p: dict[str, Any] = self.params

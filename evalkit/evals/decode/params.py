@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evalkit.errors import EvalkitError
+from evalkit.evals.interval_methods import parse_method
 from evalkit.evals.params import Params, param
-from evalkit.evals.stats import parse_method
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ kept in its info. The overall Δppl row keeps its per-window NLL-change sums of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,13 @@ import torch
 from evalkit.data.corpus import load_corpus, tokenize_corpus, tokenizer_adds_bos
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LogprobsRequest, TokenScores, backend_of, stamp
-from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, Params, ReportSpec, param, register_eval
+from evalkit.evals.base import Column, Criterion, Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.float_noise import DEFAULT_ULPS
 from evalkit.evals.perplexity.float_spread import ci_text, combine, units_info
+from evalkit.evals.perplexity.params import PerplexityParams  # noqa: F401 (re-exported: it was declared here)
 from evalkit.evals.perplexity.windows import plan_windows, position_bucket_edges  # noqa: F401 (re-exported)
 from evalkit.evals.perplexity.workload import perplexity_work
-from evalkit.evals.stats import PVALUE_TEST, paired_pvalue, parse_method, unit_interval
+from evalkit.evals.stats import PVALUE_TEST, paired_pvalue, unit_interval
 
 KL_QUANTILES = {"kl_p50": 50.0, "kl_p99": 99.0, "kl_p999": 99.9, "kl_max": 100.0}  # llama.cpp's KL summary
 
@@ -61,47 +61,6 @@ def kl_quantile_rows(kl: np.ndarray, info: dict) -> list[MetricRow]:
     values = np.percentile(kl, list(KL_QUANTILES.values()))
     q_info = {**info, "kl_quantile": "per-token KL estimate over all scored tokens, numpy linear percentile"}
     return [MetricRow(name, float(v), labels={}, info=q_info) for name, v in zip(KL_QUANTILES, values)]
-
-
-@dataclass(frozen=True)
-class PerplexityParams(Params):
-    """The perplexity evaluation's parameters: grid keys are the field names, CLI flags ``--perplexity-<field>``."""
-
-    corpus: str = param(
-        "embedded", "embedded (default), wikitext2, file:PATH (.txt/.jsonl) or hf:NAME[/CONFIG]:SPLIT[:COLUMN]"
-    )
-    window: int = param(1024, "tokens per window incl. BOS (default 1024)", baseline=True)
-    stride: int | None = param(None, "tokens between window starts (default: window, disjoint)", baseline=True)
-    max_windows: int | None = param(20, "evaluate at most N windows (default 20)", low=1, baseline=True)
-    max_tokens: int | None = param(None, "use only the first N corpus tokens", low=2, baseline=True)
-    batch_size: int = param(1, "windows per forward (default 1)", low=1, baseline=True)
-    bos: bool | None = param(
-        None, "start each window with BOS (default: when the tokenizer adds BOS itself)", baseline=True
-    )
-    interval: str = param(
-        "t",
-        "interval over windows: t (studentized jackknife, default; its coverage holds at a few windows) or "
-        "bootstrap (percentile; too narrow below about 20 windows)",
-        parse=parse_method,
-    )
-    bootstrap_samples: int = param(
-        2000, "bootstrap resamples, with --perplexity-interval bootstrap (default 2000)", low=100
-    )
-    seed: int = param(0, "bootstrap seed (default 0)")
-    float_noise_seeds: int = param(
-        0,
-        "also rerun baseline and scheme on N weight copies perturbed by a few ulps (seeds 1..N) and widen the "
-        "intervals by that float spread (default 0: off; costs N extra forwards per scheme and N model copies in memory)",
-        low=0,
-    )
-
-    def check(self) -> None:
-        if self.window < 2:
-            raise EvalkitError(f"window {self.window} is too short: use {self.flag('window')} 2 or more")
-        if self.stride is None:
-            self._set("stride", self.window)
-        if not 0 < self.stride <= self.window:
-            raise EvalkitError(f"stride {self.stride} must be in 1..window ({self.window}): fix {self.flag('stride')}")
 
 
 @register_eval("perplexity")

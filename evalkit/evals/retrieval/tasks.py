@@ -22,8 +22,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from evalkit.data.resources import resource_dir
 from evalkit.errors import EvalkitError
 
@@ -296,6 +294,8 @@ def load_task(name_or_path: str, task_dir: Path = TASK_DIR) -> TaskSpec:
             f"unknown retrieval task {name_or_path!r}: use one of {', '.join(available_tasks(task_dir))} "
             "or a path to a task .yaml file"
         )
+    import yaml  # here: the task names and defaults (run --help) need no YAML parser
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

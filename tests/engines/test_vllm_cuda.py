@@ -449,3 +449,58 @@ def test_the_second_realisation_adds_its_requests_in_reverse_order(monkeypatch):
         results = runner.run_requests(prompts, params)
         assert [int(r.rsplit("-", 1)[1]) for r in engine.added] == order
         assert [r.prompt for r in results] == prompts  # answers in the caller's order either way
+
+
+def test_an_mla_model_reaches_vllm_on_its_native_cache_without_evalkit_loading_weights(
+    monkeypatch, tmp_path, capsys, stand_in_vllm, tiny_tokenizer_dir
+):
+    """DeepSeek V3 / Kimi K2's path on CUDA, up to vLLM's start: ``run --engine vllm`` on an MLA model opens
+        its weightless handle (config and tokenizer; evalkit's loader and transformers' ``from_pretrained`` both
+        refuse here), the plan takes vLLM's own MLA cache dtype, and vLLM is handed the model's folder, that dtype
+        and the parallelism asked for: the engine loads the weights on its native MLA path. (V3's MLA is dense:
+    vLLM stores ``fp8`` for it; ``fp8_ds_mla`` is V3.2's sparse row, refused here in one line.)"""
+    from transformers import AutoTokenizer
+
+    import evalkit.models.loading as loading
+
+    from tests.tiny_models import ds_mla_512
+
+    folder = tmp_path / "deepseek"
+    ds_mla_512().save_pretrained(folder)  # the files an operator's folder holds; evalkit must not read the weights
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(folder)
+    pretend_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0), raising=False)
+    pretend_installed(monkeypatch, "vllm", "0.33.0")
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("evalkit loaded the model's weights in an engine run")
+
+    import transformers
+
+    monkeypatch.setattr(loading, "load_model", no_weights)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    registry = types.ModuleType("vllm.model_executor.models")  # vLLM's model registry: it implements DeepSeek V3
+    registry.ModelRegistry = types.SimpleNamespace(get_supported_archs=lambda: ["DeepseekV3ForCausalLM"])
+    monkeypatch.setitem(sys.modules, "vllm.model_executor", types.ModuleType("vllm.model_executor"))
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.models", registry)
+    argv = ["run", "--engine", "vllm", "--device", "cuda", "--model", str(folder), "--schemes", "vllm:fp8"]
+    argv += ["--engine-option", "tensor_parallel_size=2", "--cache-dir", str(tmp_path / "cache")]
+    argv += ["--perplexity-max-windows", "1", "--perplexity-window", "64", "--perplexity-stride", "64"]
+    with pytest.raises(EngineWouldStart):
+        main(argv)
+    kwargs = stand_in_vllm[-1]
+    assert kwargs["model"] == str(folder) or str(kwargs["model"]).startswith(str(folder))
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["enforce_eager"] is False
+    assert kwargs["kv_cache_dtype"] == "auto" and kwargs["dtype"] == "bfloat16"  # the baseline starts first
+    from evalkit.engines.vllm.config import engine_config
+
+    assert (
+        engine_config("vllm:fp8", "vllm-cuda").kv_cache_dtype == "fp8_e4m3"
+    )  # then the scheme's (vLLM: fp8 = fp8_e4m3)
+    # V3.2's sparse row on a dense-MLA model: one line before anything starts, naming what vLLM stores instead
+    stand_in_vllm.clear()
+    capsys.readouterr()
+    rc = main([*argv[:8], "vllm:fp8_ds_mla", *argv[9:]])
+    err = capsys.readouterr().err
+    assert rc == 2 and not stand_in_vllm and err.count("\n") == 1 and "Use vllm:fp8" in err

@@ -80,7 +80,7 @@ def static_run(model, scheme, compiled, pad=True):
     pos = position_ids(mask)
     head = model.get_output_embeddings()
     with quantized_kv(model, scheme) as session:
-        dec = StaticDecoder(session, model.base_model, mask, P, L - 1, compiled)
+        dec = StaticDecoder(session, model.base_model, mask, P, L - 1, compiled, bucketed=True)  # one shape for both
         logits = [head(dec.prefill(ids[:, :P], pos[:, :P]))]
         for t in range(P, L - 1):
             logits.append(head(dec.step(ids[:, t : t + 1], pos[:, t : t + 1])))
@@ -285,7 +285,7 @@ def test_static_memory_is_the_engine_bytes_of_max_len(gqa):
         _, cache = static_run(gqa, scheme, compiled=False, pad=False)
         layout, s = kv_layout(gqa.config), parse_scheme(scheme)
         assert cache.nbytes() == model_cache_bytes(layout, s, L - 1, batch=B)
-        held = model_cache_bytes(layout, s, cache_length(L - 1, False), batch=B)  # L - 1 rounded up to 16 positions
+        held = model_cache_bytes(layout, s, cache_length(L - 1, True), batch=B)  # L - 1's bucket
         assert cache.held_bytes() <= held + 64 * B * 2 * 4 * layout.num_layers
 
 

@@ -30,6 +30,10 @@ setup(
     packages=find_packages(include=["evalkit", "evalkit.*"]) + sorted(DATA),
     package_dir=DATA,
     # evalkit/data/texts/: the frozen corpus and calibration text (evalkit.data.frozen) and their NOTICE
-    package_data={**{name: ["*"] for name in DATA}, "evalkit.data": ["texts/*.json", "texts/NOTICE"]},
+    package_data={
+        **{name: ["*"] for name in DATA},
+        "evalkit.data": ["texts/*.json", "texts/NOTICE"],
+        "evalkit.sweep": ["decode_costs.json"],  # the measured decode-step costs the dry run prices with
+    },
     exclude_package_data={"": ["*.pyc"]},
 )

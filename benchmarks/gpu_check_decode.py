@@ -200,7 +200,10 @@ def storage_compiled(ctx, model, scheme: str, context: int, batch: int, compiled
     env = _env_backend(ctx)
     with torch.inference_mode(), quantized_kv(model, scheme) as session, env:
         mask = torch.ones(batch, length, dtype=torch.long, device=ctx.device)
-        dec = StaticDecoder(session, model.base_model, mask, context, length, compiled, head=model.lm_head)
+        # the run's own length (rounded up to 16 positions), not its bucket: the reference cache holds exactly it
+        dec = StaticDecoder(
+            session, model.base_model, mask, context, length, compiled, head=model.lm_head, bucketed=False
+        )
         for layer, k, v in _random_kv(model, context, batch, g):
             dec.cache.update(k, v, layer)
         del k, v

@@ -20,6 +20,10 @@ under the identity scheme the static path equals transformers' own static-cache 
 for transformers' compiled decode; its logits then differ from the eager ones at the level of
 float rounding, as that of the plain model does.
 
+Compiled steps are kept across batches and schemes: a cache is as long as its length's bucket and
+a graph is reused wherever its guards hold (one compile per bucket, batch size and scheme code
+path), counted and timed per run (:mod:`evalkit.integration.compile_cache`).
+
 The prefill runs eagerly (its shapes change with the prompt), then every step feeds one token per
 sequence. :class:`StaticDecoder` drives that and is what the evaluations call; the 2-D attention
 mask it hands the model covers all ``max_len`` positions (ones for tokens not decoded yet, whose
@@ -35,6 +39,7 @@ from collections.abc import Callable
 import torch
 
 from evalkit.errors import EvalkitError
+from evalkit.integration.compile_cache import cache_length, compiled_call
 from evalkit.integration.hf_compat import cache_keyword
 from evalkit.models.decode_path import DECODE_PATHS, resolve_decode_path
 
@@ -95,7 +100,10 @@ def padding_dtype(backbone) -> torch.dtype:
 
 class StaticDecoder:
     """Prefill into a static storage cache of ``max_len`` tokens, then decode one token per
-    :meth:`step`; the step compiled when ``compiled``. Hidden states out (B, hidden).
+    :meth:`step`; the step compiled when ``compiled``. Hidden states out (B, hidden). The cache holds
+    ``max_len`` rounded up to 16 positions, or to its bucket when ``bucketed`` (default: ``compiled``;
+    :func:`~evalkit.integration.compile_cache.cache_length`); the extra positions are masked and
+    change no number.
 
     ``mask`` (B, >= max_len): which positions of each row are real (left padding only; every
     position from the prefill's last on is real). The prefill's mask is transformers' own (from the
@@ -103,20 +111,36 @@ class StaticDecoder:
     in the form the model's attention takes (boolean for sdpa, additive for eager), so an eager and
     a compiled step get the same mask."""
 
-    def __init__(self, session, backbone, mask: torch.Tensor, prefill: int, max_len: int, compiled: bool, head=None):
+    def __init__(
+        self,
+        session,
+        backbone,
+        mask: torch.Tensor,
+        prefill: int,
+        max_len: int,
+        compiled: bool,
+        head=None,
+        bucketed: bool | None = None,
+    ):
         if not 0 < prefill <= max_len <= mask.shape[1]:
             raise EvalkitError(f"a static decode needs 0 < prefill ({prefill}) <= max_len ({max_len}) <= mask length")
-        self.backbone, self.max_len, self.head = backbone, max_len, head  # head: applied inside the step
-        self.cache = session.new_static_cache(max_len, mask[:, :prefill])
+        # a compiled step's cache is as long as its length's bucket, so batches of nearby lengths share a graph;
+        # either way a multiple of 16 positions, so the bucket changes no number (compile_cache)
+        length = cache_length(max_len, compiled if bucketed is None else bucketed)
+        self.backbone, self.max_len, self.head = backbone, length, head  # head: applied inside the step
+        self.cache = session.new_static_cache(length, mask[:, :prefill])
         self.prefill_mask = mask[:, :prefill]
         device = mask.device
-        self.padding = mask[:, None, None, :max_len].bool().contiguous()
-        self.kv_positions = torch.arange(max_len, device=device).view(1, 1, 1, max_len)
+        padding = mask[:, :max_len]
+        if length > max_len:  # bucket positions past the real length: keys the causal mask hides
+            padding = torch.cat([padding, padding.new_ones(padding.shape[0], length - max_len)], dim=1)
+        self.padding = padding[:, None, None, :].bool().contiguous()
+        self.kv_positions = torch.arange(length, device=device).view(1, 1, 1, length)
         self.keyword = cache_keyword(backbone)
         self.pass_position = _accepts(backbone, "cache_position")
         self.additive = getattr(backbone.config, "_attn_implementation", "sdpa") != "sdpa"
-        if compiled:
-            torch.compiler.reset()  # the previous scheme's graphs (and CUDA graph pools) are of no further use
+        # graphs are kept across decoders (batches, schemes): dynamo reuses one whose guards hold
+        self.compiled = compiled
         self._step = torch.compile(_step, **compile_options(device)) if compiled else _step
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -130,18 +154,22 @@ class StaticDecoder:
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token per sequence (B, 1) at the next position; its hidden state (B, hidden), or the
         head's output over it when the decoder was given a head."""
-        hidden = self._step(
+        args = (
             self.backbone,
             self.head,
             self.cache,
-            ids,
-            positions,
+            ids.contiguous(),  # a slice's strides differ with the batch's length: a compiled graph guards on them
+            positions.contiguous(),
             self.padding,
             self.kv_positions,
             self.keyword,
             self.pass_position,
             self.additive,
         )
+        if self.compiled:
+            hidden = compiled_call(self._step, (ids.shape[0], self.max_len), *args)
+        else:
+            hidden = self._step(*args)
         return hidden.clone()  # a CUDA graph's output is overwritten by its next replay
 
 
@@ -193,6 +221,7 @@ def greedy_generate(
     check_every: int = 8,
     on_logits: Callable[[torch.Tensor], None] | None = None,
     warpers=None,
+    bucketed: bool | None = None,
 ) -> torch.Tensor:
     """Decoding as ``generate()`` does it, through a :class:`StaticDecoder`: ``ids``/``mask`` (B, P),
     left-padded. Greedy (the argmax of the float32 logits) unless ``warpers``
@@ -207,12 +236,18 @@ def greedy_generate(
     them and keeps what the evaluation writes (statistics, the logprobs it reports); nothing else
     holds them. A long generation therefore holds its tokens, the cache and one step's logits per
     row, whatever its length (at 32k steps and a 128k vocabulary, keeping every step's would be
-    16.8 GB per row)."""
+    16.8 GB per row).
+
+    ``bucketed`` (default: ``compiled``): the cache is as long as its length's bucket
+    (:func:`~evalkit.integration.compile_cache.bucket_length`), so batches share compiled graphs; the
+    tokens and logits are the same either way (:mod:`~evalkit.integration.compile_cache`)."""
     b, p = ids.shape
     full = torch.cat([mask, mask.new_ones(b, max_new_tokens)], dim=1)
     positions = position_ids(full)
     # the last new token is never fed back: the cache holds p + max_new_tokens - 1 tokens, as generate()'s
-    decoder = StaticDecoder(session, model.base_model, full, p, p + max(max_new_tokens - 1, 0), compiled)
+    decoder = StaticDecoder(
+        session, model.base_model, full, p, p + max(max_new_tokens - 1, 0), compiled, bucketed=bucketed
+    )
     head = model.get_output_embeddings()
     eos = torch.tensor(eos_ids or [-1], device=ids.device)
     done = torch.zeros(b, dtype=torch.bool, device=ids.device)

@@ -4,7 +4,9 @@
 and each model's speed (:mod:`evalkit.sweep.throughput`: a short probe when the model and its
 device are here, else an analytic estimate; decode steps on the path ``compile_decode`` names, by
 default the evaluations' own: compiled on CUDA, eager elsewhere; each speed line says which), with
-each run's K/V traffic at its scheme's stored bytes, in the order the sweep runs them
+each run's K/V traffic at its scheme's stored bytes and its quantized decode steps at the storage
+path's measured cost (a run on the compiled path paying its first compile; the figures, their
+sources and errors under ``step cost:``, :data:`~evalkit.sweep.throughput.DECODE_COSTS`), in the order the sweep runs them
 (:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
 auto retrieval run reuses that pass. A run through a real engine (``engine: vllm``) planned for a named
@@ -98,6 +100,7 @@ class SweepEstimate:
     priced: dict = field(
         default_factory=dict
     )  # model name -> (its facts, the Speed or EngineSpeed its runs were priced at)
+    costs: list[str] = field(default_factory=list)  # the measured step costs and compiles priced, with sources
 
     @property
     def tokens(self) -> int:
@@ -147,6 +150,8 @@ class SweepEstimate:
         ]
         for line in self.speeds:
             lines.append(f"speed: {line}")
+        for line in self.costs:
+            lines.append(f"step cost: {line}")
         for needs, free in self.disk_by_filesystem():
             total = sum(n.bytes for n in needs)
             parts = ", ".join(f"{n.what} {format_bytes(n.bytes)} in {n.folder}" for n in needs)
@@ -185,10 +190,11 @@ def estimate_sweep(
     from evalkit.models.facts import model_facts
     from evalkit.sweep.engine_speed import kv_bytes_per_token
     from evalkit.sweep.runner import plan
-    from evalkit.sweep.throughput import stored_bytes
+    from evalkit.sweep.throughput import Speed, cost_lines, stored_bytes
     from evalkit.sweep.workload import workload
 
     estimates: list[RunEstimate] = []
+    costs: list[str] = []
     speeds: list[str] = []
     notes: list[str] = []
     unsized: list[str] = []
@@ -201,6 +207,8 @@ def estimate_sweep(
         choose = speed_for or (lambda spec, facts, speeds: _speed(spec, facts, assume_device, speeds, compile_decode))
         speed = choose(spec, facts, speeds) if timing and facts.known else None
         priced[spec.name] = (facts, speed)
+        if isinstance(speed, Speed):  # what prices its quantized decode steps and compiles, with the sources
+            costs += [line for line in cost_lines(speed.device_type, speed.compiled) if line not in costs]
         disk["download"] += facts.download_bytes
         works: dict[str, object] = {}
         engines: dict = {}  # (engine, options, scheme) -> EngineSpeed
@@ -237,11 +245,14 @@ def estimate_sweep(
                     seconds += speed.load_seconds
             elif speed is not None:
                 stored = stored_bytes(run.scheme, facts)
-                seconds = 0.0 if reuse else sum(speed.seconds(f, facts, stored) for f in work.forwards)
+                seconds = 0.0 if reuse else sum(speed.seconds(f, facts, stored, run.scheme) for f in work.forwards)
                 if first:
                     seconds += sum(speed.seconds(f, facts) for f in work.baseline)  # the plain cache
                 if i == 0:
                     seconds += speed.load_seconds
+                if not reuse and speed.compile_seconds and any(f.length == 1 for f in work.forwards):
+                    seconds += speed.compile_seconds  # its first compile (measured: throughput.DECODE_COSTS)
+                    extras.append("compile")
             if first:
                 extras.append("baseline")
                 tokens += work.baseline_tokens
@@ -281,6 +292,7 @@ def estimate_sweep(
         list(dict.fromkeys(unsized)),
         free_space,
         priced,
+        costs,
     )
 
 

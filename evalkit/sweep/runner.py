@@ -162,8 +162,11 @@ class ModelSession:
             )
 
     def _evaluate(self, run: RunSpec, artifacts: Path | None, info: dict) -> list:
+        from evalkit.integration.compile_cache import COMPILES
+
         lm = self.model(run)
         info.update(run_info(lm, run.engine, run))
+        compiles = COMPILES.snapshot()  # a compiled decode path's graphs, its preparation's included
         ev = self.prepared(run, lm)
         devices = _cuda_devices(lm)
         if devices:
@@ -172,6 +175,8 @@ class ModelSession:
             for d in devices:
                 torch.cuda.reset_peak_memory_stats(d)
         rows = ev.evaluate(lm, run.scheme_value, artifacts)
+        if info.get("decode_path") != "eager":
+            info["decode_compiles"] = COMPILES.since(compiles)  # graphs compiled, their seconds, by shape
         if devices:
             info["max_memory_allocated"] = {f"cuda:{d}": int(torch.cuda.max_memory_allocated(d)) for d in devices}
         return rows

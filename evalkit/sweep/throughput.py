@@ -22,6 +22,13 @@ and the path the call takes (printed with every estimate):
   :data:`GRAPH_S` besides its bytes (``graph_overhead``): ``t_lin + t_att + graph_overhead``, with
   attention over the whole preallocated cache (``Forwards.cache``).
 
+A quantized scheme's decode step is not priced from bytes alone: the storage path's step is measured
+(:data:`DECODE_COSTS`, ``decode_costs.json``: per device kind and path, the ratio of a scheme's step to
+the plain step, the first compile's seconds, each with the measurement and command that made it and
+its error). A decode step under a quantized scheme costs the plain step priced here times that ratio
+(:func:`step_ratio`; a scheme not measured takes the named stand-in's); a run on the compiled path
+pays one first compile (:func:`compile_seconds`). The dry run prints the sources (:func:`cost_lines`).
+
 Three ways to get the numbers, the first that applies (the dry run prints which):
 
 * ``probe`` (:func:`probe`): the model and its device are here. It is loaded as the sweep loads it and
@@ -46,9 +53,12 @@ one model family's: other GPUs are priced from their datasheets with the same fr
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 PROBE_TOKENS = 128  # the probe's forward on a CPU
 PROBE_TOKENS_CUDA = 2048  # on a GPU: shorter forwards are bound by the launches (~20 ms for an 8B model)
@@ -66,6 +76,47 @@ LAUNCH_S = 18.7e-6  # host seconds per eager kernel: the warm step (22.7 ms) les
 GRAPH_S = 4.1e-6  # seconds per replayed kernel besides bytes: the compiled batch-1 step (11.4 ms) less 7.1 ms, / 1,040
 MATMUL_UTILISATION = 0.80  # a large bf16 product (8192^3) of the peak: 790 of 989 TFLOP/s
 COPY_UTILISATION = 0.90  # a device-to-device copy of the peak bandwidth: 4.3 of 4.8 TB/s
+
+
+DECODE_COSTS = Path(__file__).with_name("decode_costs.json")
+
+
+@cache
+def decode_costs(device_type: str) -> dict:
+    """The measured decode-step costs for a device kind (``cuda``, else the CPU's)."""
+    data = json.loads(DECODE_COSTS.read_text(encoding="utf-8"))
+    return data["cuda" if device_type == "cuda" else "cpu"]
+
+
+def step_ratio(device_type: str, compiled: bool, scheme: str) -> tuple[float, str]:
+    """(a decode step under ``scheme`` / the plain step, the scheme whose measurement it is)."""
+    entry = decode_costs(device_type)["compiled_step" if compiled else "eager_step"]
+    table = entry["ratio_to_plain"]
+    key = scheme if scheme in table else entry["default"]
+    return float(table[key]), key
+
+
+def compile_seconds(device_type: str) -> float:
+    """A compiled run's first compile, seconds (measured; see :data:`DECODE_COSTS`)."""
+    return float(decode_costs(device_type)["first_compile_s"]["value"])
+
+
+def cost_lines(device_type: str, compiled: bool) -> list[str]:
+    """What prices a quantized decode step and a compile on this path: the figures, their sources and errors."""
+    costs = decode_costs(device_type)
+    step = costs["compiled_step" if compiled else "eager_step"]
+    ratios = ", ".join(f"{k} {v:g}x" for k, v in step["ratio_to_plain"].items())
+    lines = [
+        f"{'compiled' if compiled else 'eager'} storage decode step on {device_type}: the plain step x {ratios} "
+        f"(others as {step['default']}); source: {step['source']}; command: {step['command']}; error: {step['error']}"
+    ]
+    if compiled:
+        first = costs["first_compile_s"]
+        lines.append(
+            f"first compile {first['value']:g} s a run; source: {first['source']}; command: {first['command']}; "
+            f"error: {first['error']}"
+        )
+    return lines
 
 
 @dataclass(frozen=True)
@@ -109,14 +160,27 @@ class Speed:
     compiled: bool = False  # decode steps take the compiled path (static cache, CUDA graphs)
     graph_overhead: float = 0.0  # seconds per compiled decode step besides its bytes
     overlap: bool = True  # the host's launches run ahead of the device (CUDA); False: one after the other (CPU)
+    device_type: str = "cuda"  # whose measured decode-step costs apply (DECODE_COSTS): cuda or cpu
 
     @property
     def path(self) -> str:
         return "compiled" if self.compiled else "eager"
 
-    def seconds(self, f, facts, stored_bytes: float | None = None) -> float:
+    @property
+    def compile_seconds(self) -> float:
+        """A run's first compile on the compiled path (measured), 0 on the eager one."""
+        return compile_seconds(self.device_type) if self.compiled else 0.0
+
+    def seconds(self, f, facts, stored_bytes: float | None = None, scheme: str | None = None) -> float:
         """Wall time of a :class:`~evalkit.sweep.workload.Forwards` on a model of these ``facts``, its
-        cache holding ``stored_bytes`` per element (None: the model's dtype, a plain cache)."""
+        cache holding ``stored_bytes`` per element (None: the model's dtype, a plain cache). A decode
+        step under a quantized ``scheme`` is the plain step times its measured ratio (:func:`step_ratio`)."""
+        if f.length == 1 and stored_bytes is not None and scheme is not None:
+            ratio, _ = step_ratio(self.device_type, self.compiled, scheme)
+            return ratio * self._seconds(f, facts, None)
+        return self._seconds(f, facts, stored_bytes)
+
+    def _seconds(self, f, facts, stored_bytes: float | None) -> float:
         compiled = self.compiled and f.length == 1
         cached = max(f.cache, f.context) if compiled else f.context
         t_lin = max(f.rows * f.length * 2 * facts.params / self.flops, facts.weight_bytes / self.bandwidth)
@@ -261,6 +325,7 @@ def measured_device(facts, device: str, dtype_bytes: float, compiled: bool | Non
         compiled,
         kernels * GRAPH_S,
         default_compiled(device),
+        "cuda" if default_compiled(device) else "cpu",
     )
 
 
@@ -353,4 +418,5 @@ def probe_model(lm, facts, load_seconds: float = 0.0, compiled: bool | None = No
         compiled,
         kernels * GRAPH_S,
         overlap,
+        dev.type,
     )

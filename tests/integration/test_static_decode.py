@@ -1,6 +1,6 @@
 """The static (compiled) decode path: the same stored bytes as the dynamic storage cache for every
 scheme kind, a compiled step equal to the eager one, and under the identity scheme transformers'
-own static-cache decoding bit for bit.
+own static-cache decoding of the same cache length bit for bit.
 
 Compiled here means ``torch.compile(fullgraph=True)`` with the ``eager`` backend: dynamo traces the
 whole step (the model's forward with the cache's quantize / store / dequantize ops, no graph
@@ -17,6 +17,7 @@ import transformers as tf
 from evalkit import quantized_kv
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.evals.decode.loop import position_ids
+from evalkit.integration.compile_cache import cache_length
 from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.static_decode import StaticDecoder, greedy_generate, resolve_decode_path, sampling_warpers
 
@@ -79,7 +80,7 @@ def static_run(model, scheme, compiled, pad=True):
     pos = position_ids(mask)
     head = model.get_output_embeddings()
     with quantized_kv(model, scheme) as session:
-        dec = StaticDecoder(session, model.base_model, mask, P, L - 1, compiled)
+        dec = StaticDecoder(session, model.base_model, mask, P, L - 1, compiled, bucketed=True)  # one shape for both
         logits = [head(dec.prefill(ids[:, :P], pos[:, :P]))]
         for t in range(P, L - 1):
             logits.append(head(dec.step(ids[:, t : t + 1], pos[:, t : t + 1])))
@@ -197,7 +198,7 @@ def test_identity_equals_transformers_static_cache_generate(gqa, pad):
             min_new_tokens=n,
             do_sample=False,
             pad_token_id=0,
-            cache_implementation="static",
+            past_key_values=tf.StaticCache(config=gqa.config, max_cache_len=cache_length(P + n - 1, False)),
             disable_compile=True,
             output_logits=True,
             return_dict_in_generate=True,
@@ -222,7 +223,8 @@ def test_identity_compiled_equals_transformers_static_cache_compiled(gqa):
         return {"cache_position": torch.arange(start, start + n)} if by_position else {}
 
     with torch.inference_mode():
-        cache = tf.StaticCache(config=gqa.config, max_cache_len=L - 1)
+        length = cache_length(L - 1, True)  # the compiled step's cache: the length's bucket
+        cache = tf.StaticCache(config=gqa.config, max_cache_len=length)
         kw = cache_inputs(gqa.base_model, cache)
         gqa.base_model(ids[:, :P], attention_mask=mask[:, :P], position_ids=pos[:, :P], **kw, **where(0, P))
         step = torch.compile(
@@ -232,7 +234,7 @@ def test_identity_compiled_equals_transformers_static_cache_compiled(gqa):
         )
         ref = []
         for t in range(P, L - 1):
-            m = (torch.arange(L - 1)[None, None, None, :] <= t) & mask[:, None, None, : L - 1].bool()
+            m = (torch.arange(length)[None, None, None, :] <= t) & torch.ones(B, 1, 1, length, dtype=torch.bool)
             ref.append(step(ids[:, t : t + 1], pos[:, t : t + 1], m, where(t, 1))[:, -1].clone())
     logits, _ = static_run(gqa, "auto", compiled=True, pad=False)
     head = gqa.get_output_embeddings()
@@ -283,7 +285,8 @@ def test_static_memory_is_the_engine_bytes_of_max_len(gqa):
         _, cache = static_run(gqa, scheme, compiled=False, pad=False)
         layout, s = kv_layout(gqa.config), parse_scheme(scheme)
         assert cache.nbytes() == model_cache_bytes(layout, s, L - 1, batch=B)
-        assert cache.held_bytes() <= model_cache_bytes(layout, s, L - 1, batch=B) + 64 * B * 2 * 4 * layout.num_layers
+        held = model_cache_bytes(layout, s, cache_length(L - 1, True), batch=B)  # L - 1's bucket
+        assert cache.held_bytes() <= held + 64 * B * 2 * 4 * layout.num_layers
 
 
 @pytest.mark.parametrize("scheme", ["auto", "fp8_e4m3/tensor/dynamic"])

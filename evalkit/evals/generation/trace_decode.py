@@ -2,11 +2,16 @@
 along the baseline's own continuation.
 
 Generation. Every prompt is generated alone (batch 1: no padding, so a scheme's tokens differ from the
-baseline's only through its KV cache) with ``generate()`` inside :func:`evalkit.quantized_kv` (the
-baseline: the plain model), ``max_new_tokens`` the output budget, stopping at the end-of-sequence
-token; sample j of every prompt is seeded with ``seed + j`` right before its ``generate()``, so a
-scheme and the baseline draw the same random numbers for the same prompt and sample. The generated
-ids are kept exactly (with the end-of-sequence token when one ends the generation).
+baseline's only through its KV cache) on the model's decode path (``--decode-path``): on ``eager``
+with ``generate()`` inside :func:`evalkit.quantized_kv` (the baseline: the plain model); on ``static``
+and ``compiled`` through the static storage cache
+(:func:`evalkit.integration.static_decode.greedy_generate`, transformers' own sampling warpers, the
+same random stream as ``generate()``; the baseline through the identity scheme, bit for bit the plain
+model's static-cache decoding), or refused in one line where that path cannot serve the model or the
+settings. ``max_new_tokens`` is the output budget, stopping at the end-of-sequence token; sample j
+of every prompt is seeded with ``seed + j`` right before its generation, so a scheme and the
+baseline draw the same random numbers for the same prompt and sample. The generated ids are kept
+exactly (with the end-of-sequence token when one ends the generation).
 
 Decode KL. The baseline's first sample of each prompt is teacher-forced through the decode loop of the
 decode evaluation (:func:`evalkit.evals.decode.loop.decode_logits`: one prefill of the prompt, then one
@@ -51,7 +56,8 @@ def _config(tokenizer, budget: int, gen_kwargs: dict):
 def generate(
     lm, scheme, prompts: list[list[int]], budget: int, gen_kwargs: dict, seeds: list[int]
 ) -> list[list[list[int]]]:
-    """Per prompt, per sample: the generated token ids under ``scheme`` (None: the plain model)."""
+    """Per prompt, per sample: the generated token ids under ``scheme`` (None: the plain model), on
+    the model's decode path (``lm.decode_path``)."""
     import contextlib
 
     from evalkit.integration.install import quantized_kv
@@ -59,20 +65,50 @@ def generate(
     config = _config(lm.tokenizer, budget, gen_kwargs)
     eos = config.eos_token_id
     eos = set([eos] if isinstance(eos, int) else (eos or []))
+    path = getattr(lm, "decode_path", "eager")
+    if path == "eager":
+        block = contextlib.nullcontext() if scheme is None else quantized_kv(lm.model, scheme)
+    else:  # the baseline through the identity storage cache, as every scheme through its own
+        block = quantized_kv(lm.model, "auto" if scheme is None else scheme)
     out = []
-    block = contextlib.nullcontext() if scheme is None else quantized_kv(lm.model, scheme)
-    with block:
+    with block as session:
+        decode = _static_decoder(lm, session, config, path == "compiled") if path != "eager" else None
         for ids in prompts:
             x = torch.tensor([ids], dtype=torch.long, device=lm.device)
             samples = []
             for seed in seeds:
                 torch.manual_seed(seed)
-                new = lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0, x.shape[1] :]
+                if decode is None:
+                    new = lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0]
+                    new = new[x.shape[1] :]
+                else:
+                    new = decode(x)[0]
                 tokens = new.tolist()
                 end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
                 samples.append(tokens[:end])  # through the first end-of-sequence token (no padding after it)
             out.append(samples)
     return out
+
+
+def _static_decoder(lm, session, config, compiled: bool):
+    """``x`` (1, P) -> its new tokens (1, <= budget) through the static storage cache, drawing as
+    ``generate(generation_config=config)`` draws; settings the static path cannot reproduce are
+    refused in one line (:func:`~evalkit.integration.static_decode.sampling_warpers`)."""
+    from evalkit.integration.static_decode import greedy_generate, sampling_warpers
+
+    settings = {"do_sample": bool(config.do_sample)}
+    if config.do_sample:
+        settings.update(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+    warpers = sampling_warpers(lm.model, **settings)
+    eos = config.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
+
+    def decode(x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(x)
+        return greedy_generate(session, lm.model, x, mask, config.max_new_tokens, eos, pad, compiled, warpers=warpers)
+
+    return decode
 
 
 def output_length(tokens: list[int], eos: set[int]) -> int:

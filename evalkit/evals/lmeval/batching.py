@@ -33,7 +33,11 @@ model's tests), but a near-tie can flip a generated token where batch size 1 wou
 
 Default batch size from the device (:func:`default_batch_size`): ``auto`` on CUDA (lm-eval finds
 the largest batch that fits, from 64 down), :data:`CPU_BATCH_SIZE` on CPU
-(``benchmarks/bench_lmeval_batch.py`` measures the gain).
+(``benchmarks/bench_lmeval_batch.py`` measures the gain). lm-eval's probe runs full forwards of its
+longest input; on the static decode paths a generating row also holds its static cache for that
+length and one step's logits (:func:`static_row_bytes`), which the probe does not allocate: while
+it probes, each of its forwards holds that many bytes per row beside it, so the batch it picks
+leaves room for them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,25 @@ def parse_batch_size(value) -> int | str | None:
             f"lmeval batch_size (--lmeval-batch-size) must be a whole number >= 1 or 'auto', got {value!r}"
         )
     return int(text)
+
+
+def static_row_bytes(model, scheme, max_len: int, compiled: bool, sampled: bool = True) -> int:
+    """What one generating row holds on the static decode path beyond the forward itself: its static
+    storage cache for ``max_len`` tokens (the length a compiled step allocates: its bucket,
+    :func:`~evalkit.integration.compile_cache.cache_length`; engine bytes,
+    :func:`~evalkit.kv.memory.model_cache_bytes`) and one step's logits (the head's output in the
+    model's dtype and its float32 copy, and when ``sampled`` the warped scores and probabilities,
+    float32 each)."""
+    import torch
+
+    from evalkit.integration.compile_cache import cache_length
+    from evalkit.kv.memory import model_cache_bytes
+    from evalkit.models.info import kv_layout
+
+    cache = model_cache_bytes(kv_layout(model.config), scheme, cache_length(max_len, compiled), batch=1)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    head = torch.finfo(next(model.parameters()).dtype).bits // 8
+    return cache + vocab * (head + 4 + (8 if sampled else 0))
 
 
 def _strip_pad(tokens: list[int]) -> tuple[int, ...]:
@@ -216,14 +239,31 @@ def hflm_class(quiet: bool):
                     out[i] = r
             return out
 
+        _row_bytes = 0  # while probing on a static decode path: bytes each row holds beside the forward
+
         def _detect_batch_size(self, requests=None, pos: int = 0):
             saved, self._lengths = self._lengths, None  # its probe batches are unpadded rows of ones
+            if self._static is not None:
+                session, compiled = self._static
+                self._row_bytes = static_row_bytes(self.model, session.binding.scheme, self.max_length, compiled)
             try:
                 return super()._detect_batch_size(requests, pos)
             finally:
-                self._lengths = saved
+                self._lengths, self._row_bytes = saved, 0
+
+        def _reserve(self, rows: int):
+            """``rows`` static rows' bytes, held on the device while the probe's forward runs."""
+            import torch
+
+            return torch.empty(rows * self._row_bytes, dtype=torch.uint8, device=self.device)
 
         def _model_call(self, inps, attn_mask=None, labels=None):
+            if self._row_bytes:  # lm-eval's batch-size probe on a static decode path
+                held = self._reserve(inps.shape[0])
+                try:
+                    return super()._model_call(inps, attn_mask, labels)
+                finally:
+                    del held
             if self._lengths is None or attn_mask is not None or labels is not None or inps.shape[0] == 1:
                 return super()._model_call(inps, attn_mask, labels)
             import torch

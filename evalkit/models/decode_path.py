@@ -12,6 +12,10 @@ from __future__ import annotations
 from evalkit.errors import EvalkitError
 
 DECODE_PATHS = ("auto", "eager", "static", "compiled")
+# The static-shape paths' own numbers version (a component of the run id, evalkit.sweep.code_identity): 1: every
+# static cache a multiple of 16 positions and lengths padded to shape buckets (evalkit.integration.compile_cache),
+# which moves their logits at float rounding against the unaligned cache (the eager path is untouched)
+STATIC_NUMERICS = 1
 
 
 def resolve_decode_path(setting: str, device) -> str:

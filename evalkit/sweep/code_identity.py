@@ -58,11 +58,19 @@ def identity_parts() -> dict[str, object]:
     return {"numerics_version": NUMERICS_VERSION, "data": data}
 
 
-def components(scheme: str | None = None, eval_name: str | None = None) -> dict[str, int]:
+def components(
+    scheme: str | None = None, eval_name: str | None = None, decode_path: str | None = None
+) -> dict[str, int]:
     """``component -> numerics version`` of what a run of ``scheme`` and ``eval_name`` goes through, the
     bumped ones only (version 0 adds nothing to the identity): ``codec:<prefix>`` for a scheme of an engine
-    codec family (``vllm:``, ``llamacpp:``; what the family's fingerprint group pins), ``format:<name>`` for evalkit's own formats, ``eval:<name>`` for the evaluation."""
+    codec family (``vllm:``, ``llamacpp:``; what the family's fingerprint group pins), ``format:<name>`` for
+    evalkit's own formats, ``eval:<name>`` for the evaluation, ``decode:static`` for a run whose decode steps
+    take the static-shape paths (``decode_path`` resolved: ``static`` or ``compiled``)."""
     out: dict[str, int] = {}
+    if decode_path in ("static", "compiled"):
+        from evalkit.models.decode_path import STATIC_NUMERICS
+
+        out["decode:static"] = STATIC_NUMERICS
     if scheme is not None:
         from evalkit.kv.codec import family_of
         from evalkit.kv.formats import FORMAT_NUMERICS

@@ -98,9 +98,11 @@ class RunSpec:
     def components(self) -> dict[str, int]:
         """The bumped numerics versions of this run's codec family (or format) and evaluation
         (:func:`evalkit.sweep.code_identity.components`): in its run id and its completion record."""
+        from evalkit.models.decode_path import resolve_decode_path
         from evalkit.sweep.code_identity import components
 
-        return components(self.scheme, self.eval)
+        path = resolve_decode_path(self.model.decode_path, self.model.device)
+        return components(self.scheme, self.eval, path)
 
     @property
     def run_id(self) -> str:

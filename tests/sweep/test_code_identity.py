@@ -211,3 +211,17 @@ def test_a_bumped_component_rekeys_only_the_runs_that_use_it(monkeypatch):
     assert record["components"] == {"eval:retrieval": current + 1} and record["identity"] != ci.code_identity()
     monkeypatch.setattr(get_eval("retrieval"), "numerics_version", current)
     assert _grid_ids() == before
+
+
+def test_the_static_decode_paths_carry_their_own_component():
+    """Runs whose decode steps take the static-shape paths (static, compiled; ``auto`` on CUDA) carry the
+    ``decode:static`` version (their caches are 16-aligned and bucketed); eager runs do not, so their ids stand."""
+    from evalkit.models.decode_path import STATIC_NUMERICS
+    from evalkit.sweep.spec import ModelSpec, RunSpec
+
+    def parts(path, device="cpu"):
+        return RunSpec(ModelSpec(name="embedded", device=device, decode_path=path), "auto", "decode", "{}").components
+
+    assert parts("eager") == parts("auto") == {}
+    assert parts("static") == parts("compiled") == parts("auto", "cuda") == {"decode:static": STATIC_NUMERICS}
+    assert ci.code_identity(parts("compiled")) != ci.code_identity(parts("eager"))

@@ -22,7 +22,7 @@ engine not installed here is a note, since a dry run plans for any machine), wri
 evaluates nothing. The exit code is 1 when any run failed (see the summary).
 
 ``--resolve`` then grows the criteria whose interval straddles the budget's limit, stage by stage, up to
-``--resolve-budget`` (:mod:`evalkit.sweep.resolve`); with ``--dry-run`` it prints that plan, priced.
+``--resolve-budget`` (:mod:`evalkit.cli.resolve`); with ``--dry-run`` it prints that plan, priced.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         if decisions:
             print(decisions, flush=True)
         if resolve is not None:
-            from evalkit.sweep.resolve import plan_text
+            from evalkit.cli.resolve import plan_text
 
             print(
                 "\n"
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     if summary.failures:
         return 1
     if resolve is not None:  # the grid's runs are all in: grow what straddles
-        from evalkit.sweep.resolve import run_resolve
+        from evalkit.cli.resolve import run_resolve
 
         outcome = run_resolve(grid, store, executor, workdir, budget_s=resolve[0], stages=resolve[1])
         print(outcome.text())
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
 
 def _resolve_settings(args: argparse.Namespace) -> tuple[float, int] | None:
     """(budget in seconds, stages) of --resolve, None without it; one line for a bad value."""
-    from evalkit.sweep import resolve as R
+    from evalkit.cli import resolve as R
 
     if not args.resolve:
         for flag, value in (("--resolve-budget", args.resolve_budget), ("--resolve-stages", args.resolve_stages)):

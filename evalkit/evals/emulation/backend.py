@@ -27,7 +27,7 @@ from evalkit.integration.install import quantized_kv
 class EmulationBackend(Backend):
     """The transformers model, K/V through evalkit's storage cache; each request's cached baseline."""
 
-    capabilities = Capabilities("emulation", float_noise=True, reusable_baseline=True)
+    capabilities = Capabilities("emulation", float_noise=True, reusable_baseline=True, chunked_prefill=True)
 
     def __init__(self):
         self.perplexity: PerplexityEmulation | None = None

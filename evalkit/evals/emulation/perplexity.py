@@ -14,6 +14,13 @@ against free space before anything is written.
 A scheme's KL per token is the head's exact term plus the tail's, estimated without bias from the
 samples; the tail's aggregated term gives a proven lower bound, reported with the estimate.
 
+Chunked prefill. A scheme whose engine attends a first-chunk prefill from raw K/V (vLLM TurboQuant,
+UltraQuant) reads nothing quantized in one forward; over a window longer than the request's
+``prefill_chunk`` it is prefilled chunk by chunk into one storage cache, each later chunk reading the
+earlier ones through the stored bytes as the engine's continuation chunks do
+(:mod:`evalkit.integration.chunked`), and its scores say so (``info["prefill"]``). Every other scheme,
+and every window of at most one chunk, keeps the one forward.
+
 Memory. The backbone runs once per batch of windows (sdpa, no KV cache); the output head,
 log-softmax and KL run on chunks of scored positions (``CHUNK_ELEMENTS`` logits at a time), so no
 (window x vocabulary) float tensor exists for long windows and nothing grows with the corpus.
@@ -58,6 +65,7 @@ from evalkit.evals.output_head import (
     temp_dir,
 )
 from evalkit.evals.protocol import LogprobsRequest, TokenScores
+from evalkit.integration.chunked import chunked_prefill_applies, prefill_in_chunks, prefill_note
 from evalkit.integration.install import quantized_kv
 
 FORMAT_VERSION = (
@@ -151,15 +159,20 @@ def compute_baseline(request: LogprobsRequest, lm, key: dict, head: OutputHead, 
     publish(tmp, folder)
 
 
-def scored_chunks(request: LogprobsRequest, lm, head: OutputHead):
-    """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order."""
+def scored_chunks(request: LogprobsRequest, lm, head: OutputHead, session=None, chunk: int | None = None):
+    """Yield ``(offset, log_probs, nll, argmax)`` for chunks of scored positions, in order. With ``chunk``
+    (and the ``quantized_kv`` ``session``), each window is prefilled ``chunk`` tokens at a time into one
+    storage cache (:func:`evalkit.integration.chunked.prefill_in_chunks`), else in one forward."""
     model, plan, batch_size, offsets = lm.model, request.plan, request.batch_size, request.offsets
     rows = max(1, CHUNK_ELEMENTS // head.vocab)
     with torch.inference_mode():
         for b0 in range(0, len(plan), batch_size):
             batch = plan[b0 : b0 + batch_size]
             ids = request.input_ids(batch).to(lm.device)
-            hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+            if chunk is None:
+                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+            else:
+                hidden = prefill_in_chunks(model.base_model, ids, chunk, session.new_cache())
             h = torch.cat([hidden[i, t0 - 1 : -1] for i, (_, t0) in enumerate(batch)])
             tgt = torch.cat([ids[i, t0:] for i, (_, t0) in enumerate(batch)])
             del hidden
@@ -180,8 +193,9 @@ def score(request: LogprobsRequest, real: Realisation, scheme) -> TokenScores:
         torch.empty(n, dtype=torch.bool),
     )
     lower, var = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
-    with quantized_kv(lm.model, scheme):
-        for lo, lp, tgt_nll, top in scored_chunks(request, lm, head):
+    chunk = request.prefill_chunk if chunked_prefill_applies(scheme, request.window, request.prefill_chunk) else None
+    with quantized_kv(lm.model, scheme) as session:
+        for lo, lp, tgt_nll, top in scored_chunks(request, lm, head, session, chunk):
             sl = slice(lo, lo + len(top))
             summary = {
                 k: (torch.from_numpy(np.array(base[k][sl])) if k in ARRAYS else base[k][sl]).to(lp.device)
@@ -191,6 +205,9 @@ def score(request: LogprobsRequest, real: Realisation, scheme) -> TokenScores:
             kl[sl], lower[sl], var[sl] = k.double().cpu(), low.double().cpu(), v.double().cpu()
             nll[sl] = tgt_nll.double().cpu()
             agree[sl] = top.cpu() == base["argmax"][sl]
+    info = dict(kl_method=METHOD, baseline_cache=folder.name)
+    if chunk is not None:
+        info["prefill"] = prefill_note(chunk)
     return TokenScores(
         nll,
         base["nll"].double(),
@@ -199,7 +216,7 @@ def score(request: LogprobsRequest, real: Realisation, scheme) -> TokenScores:
         lower,
         var,
         base["log_tail"].double().exp(),
-        info=dict(kl_method=METHOD, baseline_cache=folder.name),
+        info=info,
     )
 
 

@@ -28,6 +28,14 @@ kept in its info. The overall Δppl row keeps its per-window NLL-change sums of 
 ``info["units"]``, so a report can form the *paired* interval of the difference between two schemes
 (:func:`evalkit.evals.perplexity.float_spread.paired_difference`). Rows repeat for position buckets within the window
 (target index 0-127, 128-511, 512-2047, ... powers of 4 up to the window) with ``labels={"bucket":..}``.
+
+Chunked prefill. A scheme whose engine attends a first-chunk prefill from the raw K/V (vLLM TurboQuant,
+UltraQuant) reads nothing quantized in one forward per window: over windows of at most ``prefill_chunk``
+tokens (the engine's ``max_num_batched_tokens``, default 8192) its rows are "not measured". Over longer
+windows a backend that models it (the emulation) prefills each window chunk by chunk, as the engine does,
+every later chunk reading the earlier ones through the stored bytes (:mod:`evalkit.integration.chunked`);
+the rows are measured and say so (``info["prefill"]``: "chunked prefill, chunk N"). Every other scheme keeps
+the one forward: it reads back everything it stores either way.
 """
 
 from __future__ import annotations
@@ -160,12 +168,19 @@ class PerplexityEval(Evaluation):
             cache_key={"corpus": corpus.sha256, "protocol": self.protocol},
             corpus_name=corpus.name,
             float_noise_seeds=p["float_noise_seeds"],
+            prefill_chunk=p["prefill_chunk"],
         )
         backend.prepare(self.request, lm, Path(workdir))
 
     def canonical_params(self) -> dict[str, Any]:
-        """The parameters, without ``float_noise_seeds`` while it is off (0): runs made before it existed keep their ids."""
-        return {k: v for k, v in self.params.items() if not (k == "float_noise_seeds" and not v)}
+        """The parameters, without ``float_noise_seeds`` while it is off (0) and without ``prefill_chunk``
+        while no window is longer than it (then it decides no number): runs made before either existed keep their ids."""
+        p = self.params
+        return {
+            k: v
+            for k, v in p.items()
+            if not (k == "float_noise_seeds" and not v) and not (k == "prefill_chunk" and p["window"] <= v)
+        }
 
     def window_inputs(self):
         """Each window's input ids (BOS first where used) and the index of its first scored target."""
@@ -174,9 +189,11 @@ class PerplexityEval(Evaluation):
 
     # ---- one scheme ------------------------------------------------------------------------
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
+        from evalkit.integration.chunked import chunked_prefill_applies
         from evalkit.kv.scheme import one_forward_reads_raw
 
-        if one_forward_reads_raw(scheme):
+        chunked = chunked_prefill_applies(scheme, self.params["window"], self.params["prefill_chunk"])
+        if one_forward_reads_raw(scheme) and not (chunked and backend_of(self).capabilities.chunked_prefill):
             return stamp(self._not_measured_rows(scheme), backend_of(self))
         scores = self.token_scores(lm, scheme)
         if artifacts is not None:
@@ -188,9 +205,17 @@ class PerplexityEval(Evaluation):
         """A scheme whose engine attends each window's one forward from the raw K/V: every metric "not
         measured by this protocol" (no value, no interval), never a measured 0; the windows are not run."""
         self.require_prepared(hasattr(self, "request"))
+        p, backend = self.params, backend_of(self)
+        if not backend.capabilities.chunked_prefill:
+            how = f"backend {backend.capabilities.name} does not model chunked prefill: use --engine emulation"
+        else:
+            how = (
+                f"a window of {p['window']} tokens fits one prefill chunk ({p['prefill_chunk']}): a window longer than "
+                f"--perplexity-prefill-chunk is measured through chunked prefill"
+            )
         why = (
             f"not measured by this protocol: {scheme} attends a sequence's first write (here each window's one "
-            "forward) from the raw K/V, so no quantized value is read; the decode evaluation measures its cache"
+            f"forward) from the raw K/V, so no quantized value is read ({how}); the decode evaluation measures its cache"
         )
         info = dict(protocol=self.protocol, corpus=self.corpus.name, n_windows=len(self.plan), not_measured=why)
         names = ("ppl", "ppl_delta", "ppl_delta_rel", "kl_mean", "top1_agreement", "p_value", "dp_mean")

@@ -44,6 +44,14 @@ class PerplexityParams(Params):
         low=0,
     )
 
+    prefill_chunk: int = param(
+        8192,  # evalkit.integration.chunked.DEFAULT_CHUNK (a test holds them equal): this module imports no torch
+        "the engine's prefill chunk (vLLM max_num_batched_tokens; default 8192, `vllm serve` on an H100/H200): "
+        "a window longer than it is prefilled chunk by chunk under a scheme whose first chunk reads raw K/V "
+        "(vLLM TurboQuant, UltraQuant), so later chunks read the earlier ones quantized",
+        low=1,
+    )
+
     def check(self) -> None:
         if self.window < 2:
             raise EvalkitError(f"window {self.window} is too short: use {self.flag('window')} 2 or more")

@@ -44,8 +44,8 @@ class Capabilities:
     kl_topk's proven lower bound from a top-k), ``step_distributions`` (a next-token distribution per
     decode step, full or top-k), ``requests`` (of :data:`REQUESTS`), ``schemes`` (in words),
     ``float_noise`` (whether it reruns on perturbed-weight copies of the model, which perplexity's
-    ``float_noise_seeds`` asks for), ``chunked_prefill`` (whether it prefills a window longer than the
-    request's ``prefill_chunk`` chunk by chunk, :mod:`evalkit.integration.chunked`) and ``reusable_baseline`` (whether its unquantized run is a pure
+    ``float_noise_seeds`` asks for), ``cache_reuse`` (whether it models the engine's cache-reuse paths, :mod:`evalkit.integration.chunked`:
+    a window longer than the request's ``prefill_chunk`` prefilled chunk by chunk, prefix-cache hits) and ``reusable_baseline`` (whether its unquantized run is a pure
     function of the loaded model, which an evaluation may cache on disk across runs; an engine's
     baseline is its own run, kept in memory)."""
 
@@ -56,7 +56,7 @@ class Capabilities:
     schemes: str = "every evalkit scheme"
     float_noise: bool = False
     reusable_baseline: bool = False
-    chunked_prefill: bool = False  # it prefills a window longer than LogprobsRequest.prefill_chunk in chunks
+    cache_reuse: bool = False  # it models chunked prefill (LogprobsRequest.prefill_chunk) and prefix-cache hits
 
     def __post_init__(self):
         if self.kl not in ("estimate", "bound"):
@@ -75,7 +75,7 @@ class LogprobsRequest:
     ``cache_key`` (the corpus hash and the protocol) keys a backend's cached baseline beside the
     model; ``corpus_name`` is provenance. ``float_noise_seeds`` > 0 also asks for reruns on that many
     perturbed-weight copies (seeds 1..N, :meth:`Backend.float_noise_scores`). ``prefill_chunk``: the
-    engine's prefill chunk; a backend with ``chunked_prefill`` runs a scheme whose first chunk reads raw
+    engine's prefill chunk; a backend with ``cache_reuse`` runs a scheme whose first chunk reads raw
     K/V over windows longer than it chunk by chunk (:mod:`evalkit.integration.chunked`)."""
 
     corpus_ids: torch.Tensor
@@ -164,6 +164,7 @@ class LmevalRequest:
     ``auto`` and the like, as its models take it)."""
 
     batch_size: object = 1
+    prefix_cache_hit: bool = False  # serve generations with prefix-cache hits (evalkit.evals.lmeval.prefix_hits)
 
 
 class Backend:

@@ -27,7 +27,7 @@ from evalkit.integration.install import quantized_kv
 class EmulationBackend(Backend):
     """The transformers model, K/V through evalkit's storage cache; each request's cached baseline."""
 
-    capabilities = Capabilities("emulation", float_noise=True, reusable_baseline=True, chunked_prefill=True)
+    capabilities = Capabilities("emulation", float_noise=True, reusable_baseline=True, cache_reuse=True)
 
     def __init__(self):
         self.perplexity: PerplexityEmulation | None = None
@@ -75,13 +75,24 @@ class EmulationBackend(Backend):
             raise RuntimeError("prepare_lmeval() before lmeval_model()")
         path = getattr(lm, "decode_path", "eager")
         if scheme is None and path == "eager":  # the baseline: the plain model, no hook
-            yield self.hflm
+            with self._prefix_hits(request, lm, None):
+                yield self.hflm
             return
         # on the static paths the baseline generates through the identity storage cache (bit for bit the
         # plain model's static-cache decoding), as every scheme does through its own
         with quantized_kv(lm.model, "auto" if scheme is None else scheme) as session:
-            with self.hflm.decode_through(session, path):
+            with self.hflm.decode_through(session, path), self._prefix_hits(request, lm, session):
                 yield self.hflm
+
+    def _prefix_hits(self, request: LmevalRequest, lm, session):
+        """With ``request.prefix_cache_hit``: the HFLM's generations served with prefix-cache hits."""
+        if not request.prefix_cache_hit:
+            return contextlib.nullcontext()
+        if getattr(lm, "decode_path", "eager") != "eager":
+            from evalkit.errors import EvalkitError
+
+            raise EvalkitError("prefix-cache hits are modelled on the eager decode path: drop --decode-path")
+        return self.hflm.prefix_cache_hits(lm.model, session)
 
     @staticmethod
     def _prepared(state, request):

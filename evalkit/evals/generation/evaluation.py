@@ -97,10 +97,13 @@ class GenerationEval(Evaluation):
         return generation_work(params, facts, device)
 
     def canonical_params(self) -> dict[str, Any]:
-        """The parameters, the traces file by its name and content rather than where it lies."""
+        """The parameters, the traces file by its name and content rather than where it lies; without
+        ``prefix_cache_hit`` while it is off: runs made before it existed keep their ids."""
         p = dict(self.params)
         if p["traces"] is not None:
             p["traces"] = file_identity(p["traces"])
+        if not p["prefix_cache_hit"]:
+            del p["prefix_cache_hit"]
         return p
 
     # ---- per model --------------------------------------------------------------------------
@@ -123,7 +126,12 @@ class GenerationEval(Evaluation):
             metadata = {"pretrained": str(lm.path)}
             self._tasks = offline_own(resolve_tasks(p["tasks"], (str(tasks_dir()), *p["include"]), metadata))
             check_task_types(self._tasks)
-            self.request = LmevalRequest(batch_size=p["batch_size"])
+            if p["prefix_cache_hit"] and not backend.capabilities.cache_reuse:
+                raise EvalkitError(
+                    f"--generation-prefix-cache-hit is modelled on the emulation; backend {backend.name} serves with "
+                    "its own prefix cache: drop the flag or use --engine emulation"
+                )
+            self.request = LmevalRequest(batch_size=p["batch_size"], prefix_cache_hit=p["prefix_cache_hit"])
             backend.prepare_lmeval(self.request, lm)
         if p["traces"] is not None:
             self._prepare_traces(lm)
@@ -176,6 +184,8 @@ class GenerationEval(Evaluation):
             with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
                 self._batch_size = model.batch_size
                 out["tasks"], out["task_info"] = run_samples(model, self._tasks, p, self.gen_kwargs, lm.tokenizer)
+            if p["prefix_cache_hit"]:
+                self._hits = list(model.last_hits or [])
         if p["traces"] is not None:
             from evalkit.evals.generation.rows import trace_records
             from evalkit.evals.generation.trace_decode import generate
@@ -190,6 +200,7 @@ class GenerationEval(Evaluation):
         from evalkit.evals.generation.mrcr import mrcr_rows
         from evalkit.evals.generation.rows import task_rows, trace_rows
         from evalkit.evals.generation.serving import settings_info
+        from evalkit.evals.lmeval.prefix_hits import hits_note
 
         self.require_prepared(hasattr(self, "_model") and self._model is lm.model)  # lm.model: None for an engine
         p = self.params
@@ -197,6 +208,8 @@ class GenerationEval(Evaluation):
         info = settings_info(p, self.gen_kwargs)
         if p["tasks"]:
             info["batch_size"] = self._batch_size
+        if p["prefix_cache_hit"]:
+            info["prefill"] = hits_note(self._hits)
         task_info = {t: {**info, **v} for t, v in run["task_info"].items()}
         rows = task_rows(self.baseline["tasks"], run["tasks"], lm.tokenizer, task_info)
         rows += mrcr_rows(self.baseline["tasks"], run["tasks"], lm.tokenizer, task_info)

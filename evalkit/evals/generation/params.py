@@ -127,8 +127,18 @@ class GenerationParams(Params):
     include: list = param(
         help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list
     )
+    prefix_cache_hit: bool = param(
+        False,
+        "serve the requests with prefix caching, as vLLM does by default: a prompt reads the 16-token blocks it "
+        "shares with an earlier prompt (chat template, system prompt, few-shot turns) from the quantized cache "
+        "(default off: every prompt prefilled whole)",
+    )
 
     def check(self) -> None:
+        if self.prefix_cache_hit and self.traces is not None:
+            raise EvalkitError(
+                "--generation-prefix-cache-hit models prefix caching for the tasks, not the traces: drop one of them"
+            )
         if not self.tasks and self.traces is None:
             raise EvalkitError(
                 "generation needs tasks or traces: pass --generation-tasks gsm8k_cot_llama or --generation-traces FILE"

@@ -201,7 +201,29 @@ def hflm_class(quiet: bool):
             finally:
                 self._static = None
 
+        _hits = None  # a PrefixHits while generate_until serves prefix-cache hits (evalkit.evals.lmeval.prefix_hits)
+        last_hits: list[int] | None = None  # the tokens each request of the last such run read from the prefix cache
+
+        @contextlib.contextmanager
+        def prefix_cache_hits(self, model, session):
+            """Within the block, ``generate_until`` serves each prompt with the prefix-cache hit an earlier
+            prompt of the block gives it (:mod:`evalkit.evals.lmeval.prefix_hits`); ``session`` None: the plain model."""
+            from evalkit.evals.lmeval.prefix_hits import PrefixHits
+
+            self._hits = PrefixHits(model, session)
+            try:
+                yield self
+            finally:
+                self.last_hits, self._hits = self._hits.hits, None
+
         def _model_generate(self, context, max_length, stop, **generation_kwargs):
+            if self._hits is not None:
+                from evalkit.evals.lmeval.prefix_hits import generate_with_hits
+
+                tok = self.tokenizer
+                pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+                parent = super()._model_generate
+                return generate_with_hits(self._hits, parent, context, max_length, stop, pad, **generation_kwargs)
             if self._static is None:
                 return super()._model_generate(context, max_length, stop, **generation_kwargs)
             import torch

@@ -193,7 +193,7 @@ class PerplexityEval(Evaluation):
         from evalkit.kv.scheme import one_forward_reads_raw
 
         chunked = chunked_prefill_applies(scheme, self.params["window"], self.params["prefill_chunk"])
-        if one_forward_reads_raw(scheme) and not (chunked and backend_of(self).capabilities.chunked_prefill):
+        if one_forward_reads_raw(scheme) and not (chunked and backend_of(self).capabilities.cache_reuse):
             return stamp(self._not_measured_rows(scheme), backend_of(self))
         scores = self.token_scores(lm, scheme)
         if artifacts is not None:
@@ -206,7 +206,7 @@ class PerplexityEval(Evaluation):
         measured by this protocol" (no value, no interval), never a measured 0; the windows are not run."""
         self.require_prepared(hasattr(self, "request"))
         p, backend = self.params, backend_of(self)
-        if not backend.capabilities.chunked_prefill:
+        if not backend.capabilities.cache_reuse:
             how = f"backend {backend.capabilities.name} does not model chunked prefill: use --engine emulation"
         else:
             how = (

@@ -120,3 +120,17 @@ def test_hits_change_a_turboquant_row(deep, tmp_path):
 def test_traces_with_hits_are_refused_in_one_line():
     with pytest.raises(EvalkitError, match="prefix caching for the tasks, not the traces"):
         get_eval("generation")({**PARAMS, "traces": "example_traces.jsonl", "prefix_cache_hit": True})
+
+
+@pytest.mark.slow
+def test_longcontext_identity_reproduces_its_baseline_with_hits(deep, tmp_path):
+    """RULER's items at one length share the instructions and the haystack's opening: later items hit them."""
+    params = {"tasks": ["longctx_ruler_niah_single_1"], "limit": 2, "prefix_cache_hit": True}
+    ev = get_eval("longcontext")(params)
+    ev.prepare(deep, tmp_path / "work")
+    rows = ev.evaluate(deep, parse_scheme("auto"))
+    diffs = [r for r in rows if r.metric.endswith("/score_diff")]
+    assert diffs and all(r.value == 0.0 for r in diffs)
+    assert any(ev._hits) and all(h % 16 == 0 for h in ev._hits)
+    assert diffs[0].info["prefill"] == hits_note(ev._hits)
+    assert "prefix_cache_hit" not in get_eval("longcontext")({**params, "prefix_cache_hit": False}).canonical_params()

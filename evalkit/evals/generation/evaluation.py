@@ -32,6 +32,12 @@ baseline bit for bit: no flip, no divergence, no gate fires, KL 0.
 MRCR tasks (``mrcr_standin``, ``mrcr_2needle``, ``mrcr_4needle``) add pass@1 per length bucket, the AUC
 across lengths and the % recovery against the baseline (:mod:`evalkit.evals.generation.mrcr`).
 
+With ``prefix_cache_hit`` the task prompts are served with prefix caching, as vLLM does by default: each
+prompt reads the 16-token blocks it shares with an earlier prompt (the chat template, system prompt and
+few-shot turns) from the quantized cache, and the rest of it is a continuation chunk over them
+(:mod:`evalkit.evals.lmeval.prefix_hits`); the baseline is served the same way, and the rows say so
+(``info["prefill"]``: how many requests hit, and how many tokens on average).
+
 Per-item answers of every run go to its artifacts as ``generation_items.json`` (JSON, no pickle). The
 report shows each task's accuracy, its paired change and flips (:mod:`evalkit.evals.generation.report`),
 ``report --max-task-drop 0.01`` budgets the accuracy drop per task at 95 %, and ``report --max-failure-rate

@@ -33,6 +33,12 @@ document asked at several lengths counts once per length, as independent (``pool
 Under a scheme whose engine attends a first write from the raw K/V (TurboQuant, UltraQuant), a
 one-forward task (LongBench v2's log-likelihoods) reads no quantized value: its rows are marked not
 measured, as the lmeval eval marks them (:func:`evalkit.evals.lmeval.evaluation.not_measured_under`).
+
+``prefix_cache_hit`` serves the generated items (RULER) with prefix caching, as vLLM does by default: each
+prompt reads the 16-token blocks it shares with an earlier prompt of the run from the quantized cache
+(:mod:`evalkit.evals.lmeval.prefix_hits`; RULER's items at one length share the instructions and the
+haystack up to where they differ); the rows say so (``info["prefill"]``). Log-likelihood tasks keep
+their one forward.
 """
 
 from __future__ import annotations
@@ -74,6 +80,10 @@ class LongContextEval(Evaluation):
 
     # ---- per model --------------------------------------------------------------------------
 
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters, without ``prefix_cache_hit`` while it is off: runs made before it existed keep their ids."""
+        return {k: v for k, v in self.params.items() if not (k == "prefix_cache_hit" and not v)}
+
     def _metadata(self, lm) -> dict:
         meta = {"pretrained": str(lm.path)}  # RULER sizes its items with this tokenizer
         if self.params["lengths"]:
@@ -96,7 +106,12 @@ class LongContextEval(Evaluation):
         per_leaf = {leaf: p["limits"][name] for name in p["limits"] for leaf in loaded["members"][name]}
         self._samples = select_documents(self._loaded, p["limit"], per_leaf)
         backend = backend_of(self)
-        self.request = LmevalRequest(batch_size=p["batch_size"])
+        if p["prefix_cache_hit"] and not backend.capabilities.cache_reuse:
+            raise EvalkitError(
+                f"--longcontext-prefix-cache-hit is modelled on the emulation; backend {backend.name} serves with its "
+                "own prefix cache: drop the flag or use --engine emulation"
+            )
+        self.request = LmevalRequest(batch_size=p["batch_size"], prefix_cache_hit=p["prefix_cache_hit"])
         backend.prepare_lmeval(self.request, lm)
         self._model = lm.model
         if not backend.capabilities.reusable_baseline:
@@ -120,7 +135,7 @@ class LongContextEval(Evaluation):
 
         with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
             self._batch_size = model.batch_size
-            return run_lm_eval(
+            results = run_lm_eval(
                 model,
                 self._taskset,
                 num_fewshot=None,
@@ -129,6 +144,9 @@ class LongContextEval(Evaluation):
                 loaded=list(self._loaded.values()),
                 samples=self._samples,
             )
+        if self.params["prefix_cache_hit"]:
+            self._hits = list(model.last_hits or [])
+        return results
 
     # ---- per scheme -------------------------------------------------------------------------
 
@@ -150,6 +168,10 @@ class LongContextEval(Evaluation):
             "batch_size": self._batch_size,
             "configs": {t: to_json(results["configs"][t]) for t in results.get("configs", {})},
         }
+        if self.params["prefix_cache_hit"]:
+            from evalkit.evals.lmeval.prefix_hits import hits_note
+
+            info["prefill"] = hits_note(self._hits)
         rows = paired_rows(pair(self.baseline, records), self._groups, results, info)
         return stamp(not_measured(scheme, results, self._groups, rows), backend_of(self))
 

@@ -97,6 +97,12 @@ class LongContextParams(Params):
     include: list = param(
         help="extra folder of lm-eval task YAMLs (repeatable)", parse=_include, action="append", factory=list
     )
+    prefix_cache_hit: bool = param(
+        False,
+        "serve the generated items with prefix caching, as vLLM does by default: a prompt reads the 16-token blocks "
+        "it shares with an earlier prompt (a RULER length's instructions and haystack up to where two items differ) "
+        "from the quantized cache (default off; log-likelihood tasks keep one forward)",
+    )
 
     def check(self) -> None:
         from evalkit.evals.longcontext.tasks import resolve

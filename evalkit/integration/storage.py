@@ -10,6 +10,12 @@ dequantized K/V a layer returns are made for its attention and dropped after it 
 ``keys``/``values`` attributes stay empty for quantized layers), so the memory held is the engine's
 bytes plus, while a layer attends, that one layer's K/V in the model's dtype.
 
+Under a codec whose engine attends a first-chunk prefill from the raw K/V (``prefill_reads_raw``: vLLM
+TurboQuant, UltraQuant) a sequence's first write is read raw; a later write of more than 128 tokens (a
+continuation chunk of a chunked prefill, or the rest of a prompt after a prefix-cache hit) reads the
+earlier tokens through their codes and its own K/V raw, and shorter writes read everything from the codes,
+as vLLM's backends do (:mod:`evalkit.integration.chunked` cites them).
+
 Sliding-window layers keep the last ``window - 1`` tokens as transformers does (whole blocks for
 ``block<N>``). Multi-head latent attention layers receive ``(latent, rope_key)`` through ``update``
 and store exactly those; ``+rope=bf16`` keeps the RoPE key unquantized.

@@ -125,3 +125,15 @@ def test_a_missing_punkt_tab_offline_stops_needle_tasks_only(monkeypatch, networ
         ruler_data.check_punkt(["niah_single_1", "ruler_qa_squad"])
     assert "\n" not in str(err.value) and ruler_data.PUNKT_COMMAND in str(err.value)
     assert network_lookups == []
+
+
+def test_evalkits_qa_yamls_replace_lm_evals_inside_the_ruler_group_and_its_tag():
+    from lm_eval.tasks import TaskManager
+
+    from evalkit.evals.longcontext.tasks import RULER_TASKS, TASKS_DIR
+
+    index = TaskManager(include_path=str(TASKS_DIR), include_defaults=True).task_index
+    for task in ruler_data.QA_TASKS:
+        assert str(index[task].yaml_path) == str(TASKS_DIR / f"{task}.yaml")
+    # the tag lm-eval's RULER tasks carry still lists all 13 (a tag declared again would replace the list)
+    assert set(index["longcxt"].tags) == set(RULER_TASKS)

@@ -10,7 +10,7 @@ from evalkit.errors import SchemeError
 EXAMPLE_GRANULARITIES = ["tensor", "head", "block16", "token", "group16", "group32"]
 GRAMMAR = (
     "FORMAT/GRANULARITY/SCALES[+scale_dtype=e4m3|e8m0][+tensor_scale=fp32][+recipe=sglang][+scales=PATH][+rounding=rtz|rna]"
-    "[+skip=0,5|sliding][+attn=fa3][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or "
+    "[+skip=0,5|sliding][+attn=fa3[:acc1|:acc2]][+rope=bf16], or NAME[+skip=...][+attn=fa3][+rope=bf16], or "
     "vllm:<kv_cache_dtype>[+skip=...] (see --engine vllm), or auto (the baseline), bf16, fp16"
 )
 

@@ -19,7 +19,8 @@ A scheme whose codec family models what its engine's attention does to Q (``llam
 the K type's dot type, as llama.cpp's CPU kernels do; :meth:`evalkit.kv.codec.CodecFamily.query_rounding`)
 routes attention through that rounding on the layers it quantizes.
 ``+attn=fa3`` additionally routes attention through :func:`~evalkit.integration.fa3.fa3_attention`
-(queries and softmax probabilities in FP8 over the stored K/V) for quantized layers.
+(queries and softmax probabilities in FP8 over the stored K/V) for quantized layers; ``+attn=fa3:acc1``
+and ``+attn=fa3:acc2`` also model its FP8 tensor-core accumulation (one and two level).
 
 The model is restored on exit, exception or not; nothing is patched at import time.
 """
@@ -35,7 +36,7 @@ import torch
 from evalkit.errors import EvalkitError, SchemeError, UnsupportedModelError
 from evalkit.integration.attention import attention_handler
 from evalkit.integration.binding import BoundScheme
-from evalkit.integration.fa3 import fa3_attention
+from evalkit.integration.fa3 import ONE_LEVEL, TWO_LEVEL, fa3_attention
 from evalkit.integration.hf_compat import cache_keyword, check_transformers, take_cache
 from evalkit.integration.static_cache import StaticStorageCache
 from evalkit.integration.storage import StorageCache
@@ -148,7 +149,7 @@ def quantized_kv(model, scheme: Scheme | str, *, scale_table: ScaleTable | None 
     check_supported(model)
     layout = kv_layout(model.config)
     binding = BoundScheme(scheme, layout, config_hash(model.config), scale_table)
-    fa3 = scheme.attention is AttentionPrecision.FA3 and not scheme.is_identity
+    fa3 = scheme.attention.is_fa3 and not scheme.is_identity
     if fa3 and layout.is_mla:
         raise SchemeError("attn=fa3 is not modeled for multi-head latent attention models: drop +attn=fa3")
     family = family_of(scheme.recipe)
@@ -199,10 +200,19 @@ def _query_handler(binding: BoundScheme, round_query):
     return handler
 
 
+_FA3_ACCUMULATION = {
+    AttentionPrecision.FA3: 0,
+    AttentionPrecision.FA3_ACC1: ONE_LEVEL,
+    AttentionPrecision.FA3_ACC2: TWO_LEVEL,
+}
+
+
 def _fa3_handler(binding: BoundScheme):
+    accumulation = _FA3_ACCUMULATION[binding.scheme.attention]
+
     def handler(module, query, key, value, attention_mask, inner, **kwargs):
         if binding.is_active(_layer_of(module)):
-            return fa3_attention(module, query, key, value, attention_mask, **kwargs)
+            return fa3_attention(module, query, key, value, attention_mask, accumulation=accumulation, **kwargs)
         return inner(module, query, key, value, attention_mask, **kwargs)
 
     return handler

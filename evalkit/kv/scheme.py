@@ -15,6 +15,7 @@ same value::
     fp8_e4m3/block16/dynamic+skip=0,29
     int4/group32/dynamic
     fp8_e4m3/head/dynamic+attn=fa3    also Q and softmax P in FP8, as FlashAttention-3 does
+    fp8_e4m3/head/dynamic+attn=fa3:acc2  and its FP8 tensor-core accumulation (acc1: one level, acc2: two)
     fp8_e4m3/tensor/unit+rounding=rtz elements rounded toward zero, as vLLM's CPU KV store does
     nvfp4                             = fp4_e2m1/group16/dynamic+scale_dtype=e4m3+tensor_scale=fp32
     mxfp4+skip=0                      = fp4_e2m1/group32/dynamic+scale_dtype=e8m0+skip=0
@@ -37,7 +38,7 @@ toward zero, or to nearest with ties away from zero, both saturating; ``rne``, t
 ties to even, is the default and is never written, so strings without the option keep their
 meaning and their run ids; every quantized format takes each mode, see
 :mod:`evalkit.kv.rounding`), ``skip=0,5`` or ``skip=sliding`` (layers kept unquantized),
-``attn=fa3`` (attention precision), ``rope=bf16`` (MLA models: keep the RoPE key unquantized).
+``attn=fa3``, ``attn=fa3:acc1`` or ``attn=fa3:acc2`` (attention precision), ``rope=bf16`` (MLA models: keep the RoPE key unquantized).
 
 ``PREFIX:NAME`` is handed to the codec family registered for the prefix (:mod:`evalkit.kv.codec`),
 which says what scheme it is; such a scheme carries the family's recipe, and its canonical string, its
@@ -114,7 +115,14 @@ SCALE_HELP = {
 
 class AttentionPrecision(str, enum.Enum):
     KV = "kv"
-    FA3 = "fa3"
+    FA3 = "fa3"  # Q and P in FP8, the products accumulated exactly (float32)
+    FA3_ACC1 = "fa3:acc1"  # and the FP8 tensor cores' accumulation over the whole key length (one level)
+    FA3_ACC2 = "fa3:acc2"  # and one key tile in the tensor cores, promoted to float32 per tile (two level)
+
+    @property
+    def is_fa3(self) -> bool:
+        """FlashAttention-3's FP8 path, with or without its accumulation modelled (:mod:`evalkit.integration.fa3`)."""
+        return self is not AttentionPrecision.KV
 
 
 @dataclass(frozen=True)
@@ -525,7 +533,10 @@ def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
             try:
                 kwargs["attention"] = AttentionPrecision(value)
             except ValueError:
-                raise SchemeError(f"attn={value!r}: use attn=kv (only stored K/V quantized) or attn=fa3") from None
+                raise SchemeError(
+                    f"attn={value!r}: use attn=kv (only stored K/V quantized), attn=fa3 (also Q and P in FP8), "
+                    "attn=fa3:acc1 or attn=fa3:acc2 (and FA3's FP8 accumulation, one or two level)"
+                ) from None
         elif key == "rope":
             if value not in ("bf16", "quant"):
                 raise SchemeError(f"rope={value!r}: use rope=bf16 to keep the MLA RoPE key unquantized")

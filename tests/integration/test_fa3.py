@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from evalkit import quantized_kv
+from evalkit.errors import SchemeError
 from evalkit.integration.fa3 import fa3_attention
 
 from tests.tiny_models import tiny_model
@@ -132,3 +134,118 @@ def test_small_score_chunks_give_the_same_attention(monkeypatch):
     monkeypatch.setattr(fa3, "SCORE_BYTES", 4 * 2 * 4 * 50 * 7)  # 7 query rows per chunk, the last one 1 row
     chunked, _ = fa3_attention(module, q, k, v, None, scaling=0.25)
     assert torch.allclose(chunked, whole, atol=1e-6, rtol=1e-5)
+
+
+# FA3's FP8 tensor-core accumulation (+attn=fa3:acc1 / :acc2), held to a float64 loop of the same description
+
+
+def trunc14(x: np.ndarray) -> np.ndarray:
+    """float64: x truncated toward zero to 14 significant bits (x = m * 2**e with 0.5 <= |m| < 1)."""
+    m, e = np.frexp(x)
+    return np.ldexp(np.trunc(m * 2.0**14) / 2.0**14, e)
+
+
+def reference_accumulated(q, k, v, mask, scaling, levels, tile):
+    """The modelled kernel as a plain float64 loop: Q and P in E4M3 as above; every 32-element instruction
+    returns trunc14(D + its products); QK^T over head_dim from zero; P V over key tiles of ``tile`` keys from
+    the last tile to the first, 32 keys per instruction, the accumulator kept throughout (levels 1) or each
+    tile's sum added to an exact accumulator (levels 2)."""
+    q, k, v = (t.double().numpy() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    q8 = e4m3(q.astype(np.float32))
+    n, d = k.shape[2], k.shape[3]
+    s = np.zeros(q.shape[:3] + (n,))
+    for lo in range(0, d, 32):
+        s = trunc14(s + q8[..., lo : lo + 32] @ k[..., lo : lo + 32].transpose(0, 1, 3, 2))
+    s = np.where(mask.numpy(), s * scaling, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p8 = e4m3((p * 256).astype(np.float32)) / 256
+    out = np.zeros(q.shape[:3] + (v.shape[3],))
+    for first in reversed(range(0, n, tile)):
+        acc = out if levels == 1 else np.zeros_like(out)
+        for lo in range(first, first + tile, 32):
+            products = np.zeros_like(out)
+            for key in range(lo, min(lo + 32, n)):
+                products += p8[..., key, None] * v[..., key, None, :]
+            acc = trunc14(acc + products)
+        out = acc if levels == 1 else out + acc
+    return torch.from_numpy((out / p.sum(-1, keepdims=True)).transpose(0, 2, 1, 3))
+
+
+def test_the_accumulator_truncation_is_fourteen_significant_bits_toward_zero():
+    from evalkit.integration.fa3 import truncate_accumulator
+
+    x = torch.tensor([1 + 2.0**-13, 1 + 2.0**-14, -(1 + 2.0**-14), 3 * 2.0**-20 * (1 + 2.0**-16), 0.0, 1e30])
+    assert truncate_accumulator(x).tolist() == [1 + 2.0**-13, 1.0, -1.0, 3 * 2.0**-20, 0.0, float(trunc14(1e30))]
+    wide = torch.randn(10_000, generator=torch.Generator().manual_seed(5)) * torch.logspace(-8, 8, 10_000)
+    assert np.array_equal(truncate_accumulator(wide).double().numpy(), trunc14(wide.double().numpy()))
+
+
+def test_fa3_key_tiles_follow_tile_size_h():
+    from evalkit.integration.fa3 import key_tile
+
+    assert [key_tile(64, True, True), key_tile(128, True, True), key_tile(128, True, False)] == [128, 96, 96]
+    assert [key_tile(64, False, True), key_tile(64, False, False), key_tile(128, False, True)] == [128, 160, 192]
+    assert key_tile(128, False, False) == 224 and key_tile(256, False, True) == 128
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+@pytest.mark.parametrize("queries", [3, 40])  # 3 x 2 query heads per KV head: FA3's decode tiles; 40: prefill
+def test_fa3_accumulation_matches_its_float64_reference(levels, queries):
+    from evalkit.integration.fa3 import key_tile
+
+    g = torch.Generator().manual_seed(6)
+    b, hq, hk, n, d = 1, 4, 2, 1500, 64  # 1,500 keys: a partial last tile
+    q, k = (torch.randn(b, h, s, d, generator=g) for h, s in ((hq, queries), (hk, n)))
+    v = torch.randn(b, hk, n, d, generator=g) + 0.5  # a mean, so the output is not near zero
+    mask = (torch.arange(n)[None, :] <= torch.arange(n - queries, n)[:, None]).expand(b, 1, queries, n)
+    ours, _ = fa3_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5, accumulation=levels)
+    tile = key_tile(d, queries * 2 <= 64, levels == 2)
+    ref = reference_accumulated(q, k, v, mask, d**-0.5, levels, tile)
+    exact = reference_fa3(q, k, v, mask, d**-0.5)  # the same kernel, products summed exactly
+    effect = (ref - exact).abs().mean()
+    assert effect > 0
+    assert (ours.double() - ref).abs().mean() < 0.02 * effect  # float32 vs float64 only
+    if levels == 1:  # truncation toward zero over ~47 instructions shrinks the output
+        assert (ref.abs() < exact.abs()).double().mean() > 0.9
+
+
+def test_one_level_accumulation_loses_more_than_two_level_and_grows_with_the_keys():
+    g = torch.Generator().manual_seed(7)
+    d, errors = 64, {}
+    for n in (256, 4096):
+        q = torch.randn(1, 2, 1, d, generator=g)
+        k, v = torch.randn(1, 2, n, d, generator=g), torch.randn(1, 2, n, d, generator=g) + 0.5
+        exact = fa3_attention(torch.nn.Module(), q, k, v, None, scaling=d**-0.5)[0]
+        for levels in (1, 2):
+            out = fa3_attention(torch.nn.Module(), q, k, v, None, scaling=d**-0.5, accumulation=levels)[0]
+            errors[n, levels] = float(((out - exact).abs() / exact.abs()).mean())
+    assert errors[4096, 1] > 5 * errors[4096, 2] and errors[4096, 1] > 3 * errors[256, 1]  # 256 keys: mostly QK^T
+
+
+def test_accumulation_options_are_their_own_schemes_with_their_own_run_ids():
+    from evalkit.kv.scheme import AttentionPrecision, parse_scheme
+    from evalkit.sweep.spec import ModelSpec, RunSpec
+
+    names = ["fp8_e4m3/head/dynamic+attn=fa3", "fp8_e4m3/head/dynamic+attn=fa3:acc1", "nvfp4+attn=fa3:acc2"]
+    assert [str(parse_scheme(s)) for s in names] == names
+    assert parse_scheme(names[1]).attention is AttentionPrecision.FA3_ACC1
+    ids = {RunSpec(ModelSpec("tiny"), s, "toy", "{}", "{}").run_id for s in (names[0], names[0] + ":acc1", names[1])}
+    assert len(ids) == 2  # the string is the scheme: acc1 differs from fa3, and is the same run written either way
+    with pytest.raises(SchemeError, match="attn=fa3:acc1 or attn=fa3:acc2"):
+        parse_scheme("fp8_e4m3/head/dynamic+attn=fa3:acc3")
+
+
+@pytest.mark.parametrize("option", ["fa3:acc1", "fa3:acc2"])
+def test_accumulation_modes_run_through_the_model_and_stay_causal(option):
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(8))
+    other = ids.clone()
+    other[0, 12:] = (other[0, 12:] + 1) % 128
+    with torch.no_grad():
+        with quantized_kv(model, "fp8_e4m3/token/dynamic+attn=fa3"):
+            plain = model(ids).logits
+        with quantized_kv(model, f"fp8_e4m3/token/dynamic+attn={option}"):
+            a, b = model(ids).logits, model(other).logits
+    assert torch.equal(a[0, :12], b[0, :12]) and not torch.equal(a, plain)

@@ -4,7 +4,9 @@ Real tasks are lm-eval's own: RULER's 13 (group ``ruler``; lengths from the ``ma
 metadata) and LongBench v2's 20 (group ``longbench2``). Their data is made or fetched when lm-eval
 builds the task: RULER generates its items with the model's tokenizer (and lm-eval's ``ruler`` extra:
 ``wonderwords``, ``nltk``), reading Paul Graham's essays (``baber/paul_graham_essays`` on the hub) for
-its essay haystacks and downloading SQuAD v2 / HotpotQA for its QA tasks; LongBench v2 reads
+its essay haystacks and SQuAD v2 / HotpotQA for its QA tasks (cached once on disk and read from there:
+:mod:`evalkit.evals.longcontext.ruler_data`, which also stops an offline run lacking NLTK's ``punkt_tab``
+in one line); LongBench v2 reads
 ``recursal/longbench-v2`` from the hub. :data:`DATA_SOURCES` says which for each, so that a task
 whose data is neither cached here nor reachable fails with one line naming it and how to get it.
 
@@ -52,8 +54,8 @@ DATA_SOURCES = {
         t: f"{_ESSAYS} and {_TOKENIZER}"
         for t in ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery", "niah_multivalue")
     },
-    "ruler_qa_squad": "SQuAD v2 dev, downloaded from rajpurkar.github.io on every run, and the model's tokenizer",
-    "ruler_qa_hotpot": "HotpotQA dev (distractor), downloaded from huggingface.co on every run, and the model's tokenizer",
+    "ruler_qa_squad": "SQuAD v2 dev (cached once in evalkit's cache, ruler_data.py) and the model's tokenizer",
+    "ruler_qa_hotpot": "HotpotQA dev, distractor (cached once in evalkit's cache, ruler_data.py) and the model's tokenizer",
     "longbench2": "the hub dataset recursal/longbench-v2 (~465 MB)",
 }
 
@@ -82,8 +84,10 @@ def load_tasks(taskset, names: list[str]) -> dict:
     name -> its leaf names}``: EvalkitError in one line when lm-eval's RULER extra is missing or the data is
     neither cached here nor reachable."""
     from evalkit.evals.lmeval.adapter import LOGGERS, network_guard
+    from evalkit.evals.longcontext.ruler_data import MissingRulerData, check_punkt
     from evalkit.runtime.runlog import current_log, to_log
 
+    check_punkt(names)
     tasks: dict = {}
     groups: dict = {}
     members: dict = {}
@@ -92,6 +96,8 @@ def load_tasks(taskset, names: list[str]) -> dict:
             with network_guard(taskset), warnings.catch_warnings(), to_log(current_log("lmeval.log"), LOGGERS):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 loaded = taskset.manager.load([name])
+        except MissingRulerData:
+            raise
         except EvalkitError as exc:
             raise EvalkitError(
                 f"longcontext task {name} needs {data_source(name)}: it is neither in the local Hugging Face "
@@ -123,7 +129,9 @@ def resolve(names: list[str], include: tuple[str, ...], metadata: dict | None = 
     from evalkit.evals.lmeval.adapter import TaskSet, resolve_tasks
 
     found = resolve_tasks(list(names), (str(TASKS_DIR), *include), metadata)
-    external = tuple(n for n in found.external if n not in STANDINS)
+    from evalkit.evals.longcontext.ruler_data import offline_ready
+
+    external = tuple(n for n in found.external if n not in STANDINS and not offline_ready(n))
     return TaskSet(found.names, found.manager, external)
 
 

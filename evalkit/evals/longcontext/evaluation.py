@@ -46,6 +46,7 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.longcontext.items import length_order, pair, records_from_results, select_documents
+from evalkit.evals.longcontext.longbench2 import PUBLISHED_MAX_LEN
 from evalkit.evals.longcontext.paired import compare, finite, holm
 from evalkit.evals.longcontext.params import LongContextParams  # noqa: F401 (re-exported: it was declared here)
 
@@ -74,10 +75,20 @@ class LongContextEval(Evaluation):
 
     # ---- per model --------------------------------------------------------------------------
 
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters, without ``chat_template`` while unset and ``longbench2_max_len`` at its published
+        default: runs made before they existed keep their ids (unset leaves those runs' tasks as they were)."""
+        from evalkit.evals.longcontext.longbench2 import PUBLISHED_MAX_LEN
+
+        defaults = {"chat_template": None, "longbench2_max_len": PUBLISHED_MAX_LEN}
+        return {k: v for k, v in self.params.items() if not (k in defaults and v == defaults[k])}
+
     def _metadata(self, lm) -> dict:
         meta = {"pretrained": str(lm.path)}  # RULER sizes its items with this tokenizer
         if self.params["lengths"]:
             meta["max_seq_lengths"] = list(self.params["lengths"])
+        if self.params.get("longbench2_max_len", PUBLISHED_MAX_LEN) != PUBLISHED_MAX_LEN:
+            meta["longbench2_max_len"] = self.params["longbench2_max_len"]  # the published loaders' truncation
         return meta
 
     def prepare(self, lm, workdir: Path) -> None:
@@ -95,6 +106,7 @@ class LongContextEval(Evaluation):
         self._loaded, self._groups = loaded["tasks"], loaded["groups"]
         per_leaf = {leaf: p["limits"][name] for name in p["limits"] for leaf in loaded["members"][name]}
         self._samples = select_documents(self._loaded, p["limit"], per_leaf)
+        self._serve(lm)
         backend = backend_of(self)
         self.request = LmevalRequest(batch_size=p["batch_size"])
         backend.prepare_lmeval(self.request, lm)
@@ -115,20 +127,25 @@ class LongContextEval(Evaluation):
         self.baseline = records_from_results(self._run(lm, None))
         cache.write_baseline(path, key, {"items": self.baseline})
 
-    def _run(self, lm, scheme) -> dict:
-        from evalkit.evals.lmeval.adapter import run_lm_eval
+    def _serve(self, lm) -> None:
+        """Which tasks go through the chat template, and a check that the published LongBench v2 prompts fit
+        (:mod:`evalkit.evals.longcontext.serving`)."""
+        from evalkit.evals.longcontext.serving import chat_tasks, check_fit
 
+        if self.params.get("chat_template"):
+            from evalkit.evals.generation.serving import require_chat_template
+
+            require_chat_template(lm, "longcontext")
+        self._chat = chat_tasks(self._loaded, self.params.get("chat_template"), lm.tokenizer)
+        check_fit(self._loaded, self._samples, self._chat, lm.tokenizer, lm.max_length, lm.name)
+
+    def _run(self, lm, scheme) -> dict:
+        from evalkit.evals.longcontext.serving import run_tasks
+
+        max_len = self.params.get("longbench2_max_len", PUBLISHED_MAX_LEN)
         with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
             self._batch_size = model.batch_size
-            return run_lm_eval(
-                model,
-                self._taskset,
-                num_fewshot=None,
-                limit=None,
-                bootstrap_iters=0,
-                loaded=list(self._loaded.values()),
-                samples=self._samples,
-            )
+            return run_tasks(model, self._taskset, self._loaded, self._samples, self._chat, lm.tokenizer, max_len)
 
     # ---- per scheme -------------------------------------------------------------------------
 
@@ -145,6 +162,7 @@ class LongContextEval(Evaluation):
             )
         info = {
             "lm_eval_version": _lm_eval_version(),
+            **({"chat_template": sorted(self._chat)} if self._chat else {}),
             "lengths": self.params["lengths"],
             "limit": self.params["limit"],
             "batch_size": self._batch_size,

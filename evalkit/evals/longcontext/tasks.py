@@ -9,7 +9,10 @@ its essay haystacks and downloading SQuAD v2 / HotpotQA for its QA tasks; LongBe
 whose data is neither cached here nor reachable fails with one line naming it and how to get it.
 
 Offline stand-ins live in ``tasks/longcontext`` (:data:`STANDINS`: stand-in -> the real task it stands
-in for): lm-eval YAMLs with the real prompts and metrics over a few shipped items.
+in for): lm-eval YAMLs with the real prompts and metrics over a few shipped items. LongBench v2 runs two
+ways: lm-eval's log-likelihood ``longbench2`` (and ``longctx_longbench2``), and its authors' protocol
+``longbench2_published`` / ``longbench2_published_cot`` (hub data) with their stand-ins
+(:data:`PUBLISHED_STANDINS`), named, not run by default.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ STANDINS = {
     "longctx_longbench2": "longbench2",
 }
 DEFAULT_TASKS = tuple(STANDINS)
+# LongBench v2 in its authors' protocol (generation, chat template, middle truncation; with and without chain of
+# thought: evalkit.evals.longcontext.longbench2), asked for by name beside the log-likelihood variants above
+PUBLISHED_STANDINS = {
+    "longctx_longbench2_published": "longbench2_published",
+    "longctx_longbench2_published_cot": "longbench2_published_cot",
+}
+OFFLINE = (*STANDINS, *PUBLISHED_STANDINS)
 
 RULER_TASKS = (
     "niah_single_1",
@@ -55,6 +65,8 @@ DATA_SOURCES = {
     "ruler_qa_squad": "SQuAD v2 dev, downloaded from rajpurkar.github.io on every run, and the model's tokenizer",
     "ruler_qa_hotpot": "HotpotQA dev (distractor), downloaded from huggingface.co on every run, and the model's tokenizer",
     "longbench2": "the hub dataset recursal/longbench-v2 (~465 MB)",
+    "longbench2_published": "the hub dataset THUDM/LongBench-v2 (~465 MB)",
+    "longbench2_published_cot": "the hub dataset THUDM/LongBench-v2 (~465 MB)",
 }
 
 
@@ -123,7 +135,7 @@ def resolve(names: list[str], include: tuple[str, ...], metadata: dict | None = 
     from evalkit.evals.lmeval.adapter import TaskSet, resolve_tasks
 
     found = resolve_tasks(list(names), (str(TASKS_DIR), *include), metadata)
-    external = tuple(n for n in found.external if n not in STANDINS)
+    external = tuple(n for n in found.external if n not in OFFLINE)
     return TaskSet(found.names, found.manager, external)
 
 

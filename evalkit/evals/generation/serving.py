@@ -24,16 +24,22 @@ HF_MODEL = "lm_eval.models.huggingface"  # lm-eval's transformers model: seeded 
 
 def check_model(lm, p: dict) -> None:
     """EvalkitError when the model cannot be served as ``p`` asks (chat template, output budget)."""
-    if p["chat_template"] and not getattr(lm.tokenizer, "chat_template", None):
-        raise EvalkitError(
-            f"{lm.name} has no chat template: pass --no-generation-chat-template (grid: chat_template: false) "
-            "to prompt it with plain text, or load a tokenizer that has one"
-        )
+    if p["chat_template"]:
+        require_chat_template(lm, "generation")
     budget = p["max_gen_toks"]
     if budget is not None and lm.max_length is not None and budget >= lm.max_length:
         raise EvalkitError(
             f"generation max_gen_toks {budget} is not below {lm.name}'s context of {lm.max_length} tokens: "
             f"lower --generation-max-gen-toks (the prompt needs room too)"
+        )
+
+
+def require_chat_template(lm, eval_name: str) -> None:
+    """EvalkitError when ``eval_name``'s ``chat_template`` is asked of a model whose tokenizer has none."""
+    if not getattr(lm.tokenizer, "chat_template", None):
+        raise EvalkitError(
+            f"{lm.name} has no chat template: pass --no-{eval_name}-chat-template (grid: chat_template: false) "
+            "to prompt it with plain text, or load a tokenizer that has one"
         )
 
 

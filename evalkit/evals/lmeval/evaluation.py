@@ -63,11 +63,20 @@ class LmEvalEval(Evaluation):
 
         return lmeval_work(params, facts, device)
 
+    def canonical_params(self) -> dict[str, Any]:
+        """The parameters, without ``chat_template`` while off: runs made before it existed keep their ids."""
+        return {k: v for k, v in self.params.items() if not (k == "chat_template" and not v)}
+
     # ---- per model --------------------------------------------------------------------------
 
     def prepare(self, lm, workdir: Path) -> None:
         from evalkit.evals.lmeval.adapter import resolve_tasks
         from evalkit.evals.lmeval.items import items_from_results
+
+        if self.params.get("chat_template"):
+            from evalkit.evals.generation.serving import require_chat_template
+
+            require_chat_template(lm, "lmeval")
 
         # like `lm_eval --model_args pretrained=...`, the model's path reaches the tasks as metadata
         metadata = {"pretrained": str(lm.path), **self.params["metadata"]}
@@ -115,8 +124,14 @@ class LmEvalEval(Evaluation):
         p = self.params
         with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
             self._batch_size = model.batch_size
+            chat = {"apply_chat_template": True} if p.get("chat_template") else {}  # off: the call as before it
             return run_lm_eval(
-                model, self._tasks, num_fewshot=p["num_fewshot"], limit=p["limit"], bootstrap_iters=p["bootstrap_iters"]
+                model,
+                self._tasks,
+                num_fewshot=p["num_fewshot"],
+                limit=p["limit"],
+                bootstrap_iters=p["bootstrap_iters"],
+                **chat,
             )
 
     # ---- per scheme -------------------------------------------------------------------------
@@ -196,6 +211,8 @@ def provenance(results: dict, task: str, params: dict) -> dict[str, Any]:
         "n_items": n_items,
         "batch_size": params["batch_size"],
     }
+    if params.get("chat_template"):
+        info["chat_template"] = True
     if task in results.get("configs", {}):
         info["config"] = _jsonable(results["configs"][task])
     else:

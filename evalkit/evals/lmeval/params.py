@@ -1,6 +1,9 @@
 """The lmeval evaluation's parameters: its ``--lmeval-<field>`` flags, grid keys, defaults and checks
 (:class:`LmEvalParams`). A module of its own that imports no torch, scipy or pandas, so that ``run --help``
 lists the evaluation's flags without importing the evaluation (:func:`evalkit.evals.registry.flag_declarations`).
+
+``chat_template`` came after the first stores: off (its default) it leaves a run's id as it was
+(:meth:`evalkit.evals.lmeval.evaluation.LmEvalEval.canonical_params`). A served instruct model runs with it on.
 """
 
 from __future__ import annotations
@@ -94,6 +97,11 @@ class LmEvalParams(Params):
         help="JSON object passed to the tasks as lm-eval's --metadata, e.g. '{\"max_seq_lengths\": [4096]}' for ruler",
         parse=_metadata,
         factory=dict,
+    )
+    chat_template: bool = param(
+        False,
+        "prompt through the model's chat template (lm-eval's apply_chat_template, few-shot examples as turns), as "
+        "an instruct model is served; default off: the rows as before this option",
     )
 
     def check(self) -> None:

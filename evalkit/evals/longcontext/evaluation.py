@@ -52,6 +52,7 @@ from evalkit.errors import EvalkitError
 from evalkit.evals.backend import LmevalRequest, backend_of, stamp
 from evalkit.evals.base import Evaluation, MetricRow, ReportSpec, register_eval
 from evalkit.evals.longcontext.items import length_order, pair, records_from_results, select_documents
+from evalkit.evals.longcontext.longbench2 import PUBLISHED_MAX_LEN
 from evalkit.evals.longcontext.paired import compare, finite, holm
 from evalkit.evals.longcontext.params import LongContextParams  # noqa: F401 (re-exported: it was declared here)
 
@@ -81,13 +82,20 @@ class LongContextEval(Evaluation):
     # ---- per model --------------------------------------------------------------------------
 
     def canonical_params(self) -> dict[str, Any]:
-        """The parameters, without ``prefix_cache_hit`` while it is off: runs made before it existed keep their ids."""
-        return {k: v for k, v in self.params.items() if not (k == "prefix_cache_hit" and not v)}
+        """The parameters, without ``prefix_cache_hit`` while it is off, ``chat_template`` while unset and
+        ``longbench2_max_len`` at its published default: runs made before they existed keep their ids (unset
+        leaves those runs' tasks as they were)."""
+        from evalkit.evals.longcontext.longbench2 import PUBLISHED_MAX_LEN
+
+        defaults = {"prefix_cache_hit": False, "chat_template": None, "longbench2_max_len": PUBLISHED_MAX_LEN}
+        return {k: v for k, v in self.params.items() if not (k in defaults and v == defaults[k])}
 
     def _metadata(self, lm) -> dict:
         meta = {"pretrained": str(lm.path)}  # RULER sizes its items with this tokenizer
         if self.params["lengths"]:
             meta["max_seq_lengths"] = list(self.params["lengths"])
+        if self.params.get("longbench2_max_len", PUBLISHED_MAX_LEN) != PUBLISHED_MAX_LEN:
+            meta["longbench2_max_len"] = self.params["longbench2_max_len"]  # the published loaders' truncation
         return meta
 
     def prepare(self, lm, workdir: Path) -> None:
@@ -105,6 +113,7 @@ class LongContextEval(Evaluation):
         self._loaded, self._groups = loaded["tasks"], loaded["groups"]
         per_leaf = {leaf: p["limits"][name] for name in p["limits"] for leaf in loaded["members"][name]}
         self._samples = select_documents(self._loaded, p["limit"], per_leaf)
+        self._serve(lm)
         backend = backend_of(self)
         if p["prefix_cache_hit"] and not backend.capabilities.cache_reuse:
             raise EvalkitError(
@@ -130,20 +139,30 @@ class LongContextEval(Evaluation):
         self.baseline = records_from_results(self._run(lm, None))
         cache.write_baseline(path, key, {"items": self.baseline})
 
-    def _run(self, lm, scheme) -> dict:
-        from evalkit.evals.lmeval.adapter import run_lm_eval
+    def _serve(self, lm) -> None:
+        """Which tasks go through the chat template, and a check that the published LongBench v2 prompts fit
+        (:mod:`evalkit.evals.longcontext.serving`)."""
+        from evalkit.evals.longcontext.serving import chat_tasks, check_fit
 
+        if self.params.get("chat_template"):
+            from evalkit.evals.generation.serving import require_chat_template
+
+            require_chat_template(lm, "longcontext")
+        self._chat = chat_tasks(self._loaded, self.params.get("chat_template"), lm.tokenizer)
+        if self.params.get("prefix_cache_hit") and self._chat and set(self._loaded) - self._chat:
+            raise EvalkitError(  # two lm-eval calls would each count their own hits: the row would tell one
+                "--longcontext-prefix-cache-hit with tasks both through the chat template and without it: run them "
+                "apart (name the published LongBench v2 tasks in a run of their own) or pass --longcontext-chat-template"
+            )
+        check_fit(self._loaded, self._samples, self._chat, lm.tokenizer, lm.max_length, lm.name)
+
+    def _run(self, lm, scheme) -> dict:
+        from evalkit.evals.longcontext.serving import run_tasks
+
+        max_len = self.params.get("longbench2_max_len", PUBLISHED_MAX_LEN)
         with backend_of(self).lmeval_model(self.request, lm, scheme) as model:
             self._batch_size = model.batch_size
-            results = run_lm_eval(
-                model,
-                self._taskset,
-                num_fewshot=None,
-                limit=None,
-                bootstrap_iters=0,
-                loaded=list(self._loaded.values()),
-                samples=self._samples,
-            )
+            results = run_tasks(model, self._taskset, self._loaded, self._samples, self._chat, lm.tokenizer, max_len)
         if self.params["prefix_cache_hit"]:
             self._hits = list(model.last_hits or [])
         return results
@@ -163,6 +182,7 @@ class LongContextEval(Evaluation):
             )
         info = {
             "lm_eval_version": _lm_eval_version(),
+            **({"chat_template": sorted(self._chat)} if self._chat else {}),
             "lengths": self.params["lengths"],
             "limit": self.params["limit"],
             "batch_size": self._batch_size,

@@ -1,6 +1,9 @@
 """The longcontext evaluation's parameters: its ``--longcontext-<field>`` flags, grid keys, defaults and checks
 (:class:`LongContextParams`). A module of its own that imports no torch, scipy or pandas, so that ``run --help``
 lists the evaluation's flags without importing the evaluation (:func:`evalkit.evals.registry.flag_declarations`).
+
+``chat_template`` and ``longbench2_max_len`` came after the first stores: at their defaults (unset; 120,000) they
+leave a run's id as it was (:meth:`evalkit.evals.longcontext.evaluation.LongContextEval.canonical_params`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
+from evalkit.evals.longcontext.longbench2 import PUBLISHED_MAX_LEN
 from evalkit.evals.longcontext.tasks import DEFAULT_TASKS
 from evalkit.evals.params import Params, param
 
@@ -102,6 +106,18 @@ class LongContextParams(Params):
         "serve the generated items with prefix caching, as vLLM does by default: a prompt reads the 16-token blocks "
         "it shares with an earlier prompt (a RULER length's instructions and haystack up to where two items differ) "
         "from the quantized cache (default off; log-likelihood tasks keep one forward)",
+    )
+    chat_template: bool | None = param(
+        None,
+        "prompt every task through the model's chat template (lm-eval's apply_chat_template); --no-... for none; "
+        "default: the published LongBench v2 tasks through it where the tokenizer has one, as served, the others "
+        "without (their rows as before this option)",
+    )
+    longbench2_max_len: int = param(
+        PUBLISHED_MAX_LEN,
+        "published LongBench v2: cut each prompt in the middle to this many tokens (default 120000, as published; "
+        "lower it for a model with a shorter context)",
+        low=1,
     )
 
     def check(self) -> None:

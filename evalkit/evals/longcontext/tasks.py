@@ -11,7 +11,10 @@ in one line); LongBench v2 reads
 whose data is neither cached here nor reachable fails with one line naming it and how to get it.
 
 Offline stand-ins live in ``tasks/longcontext`` (:data:`STANDINS`: stand-in -> the real task it stands
-in for): lm-eval YAMLs with the real prompts and metrics over a few shipped items.
+in for): lm-eval YAMLs with the real prompts and metrics over a few shipped items. LongBench v2 runs two
+ways: lm-eval's log-likelihood ``longbench2`` (and ``longctx_longbench2``), and its authors' protocol
+``longbench2_published`` / ``longbench2_published_cot`` (hub data) with their stand-ins
+(:data:`PUBLISHED_STANDINS`), named, not run by default.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ STANDINS = {
     "longctx_longbench2": "longbench2",
 }
 DEFAULT_TASKS = tuple(STANDINS)
+# LongBench v2 in its authors' protocol (generation, chat template, middle truncation; with and without chain of
+# thought: evalkit.evals.longcontext.longbench2), asked for by name beside the log-likelihood variants above
+PUBLISHED_STANDINS = {
+    "longctx_longbench2_published": "longbench2_published",
+    "longctx_longbench2_published_cot": "longbench2_published_cot",
+}
+OFFLINE = (*STANDINS, *PUBLISHED_STANDINS)
 
 RULER_TASKS = (
     "niah_single_1",
@@ -57,6 +67,8 @@ DATA_SOURCES = {
     "ruler_qa_squad": "SQuAD v2 dev (cached once in evalkit's cache, ruler_data.py) and the model's tokenizer",
     "ruler_qa_hotpot": "HotpotQA dev, distractor (cached once in evalkit's cache, ruler_data.py) and the model's tokenizer",
     "longbench2": "the hub dataset recursal/longbench-v2 (~465 MB)",
+    "longbench2_published": "the hub dataset THUDM/LongBench-v2 (~465 MB)",
+    "longbench2_published_cot": "the hub dataset THUDM/LongBench-v2 (~465 MB)",
 }
 
 
@@ -131,7 +143,7 @@ def resolve(names: list[str], include: tuple[str, ...], metadata: dict | None = 
     found = resolve_tasks(list(names), (str(TASKS_DIR), *include), metadata)
     from evalkit.evals.longcontext.ruler_data import offline_ready
 
-    external = tuple(n for n in found.external if n not in STANDINS and not offline_ready(n))
+    external = tuple(n for n in found.external if n not in OFFLINE and not offline_ready(n))
     return TaskSet(found.names, found.manager, external)
 
 

@@ -15,11 +15,19 @@ import json
 from evalkit.errors import EvalkitError
 from evalkit.evals.sizing import AUTO_BATCH, ROW_BYTES, Work, count_tokens, item_forwards
 
-FIXTURE_GEN = {"longctx_ruler_niah_single_1": 32, "longctx_ruler_vt": 30, "longctx_longbench2": 0}
+FIXTURE_GEN = {
+    "longctx_ruler_niah_single_1": 32,
+    "longctx_ruler_vt": 30,
+    "longctx_longbench2": 0,
+    "longctx_longbench2_published": 128,  # its YAML's budget
+    "longctx_longbench2_published_cot": 1024 + 128,  # the chain of thought, then the answer request (an upper bound)
+}
 FIXTURE_FILES = {
     "longctx_ruler_niah_single_1": "ruler_niah_single_1.jsonl",
     "longctx_ruler_vt": "ruler_vt.jsonl",
     "longctx_longbench2": "longbench2.jsonl",
+    "longctx_longbench2_published": "longbench2.jsonl",
+    "longctx_longbench2_published_cot": "longbench2.jsonl",
 }
 
 
@@ -29,7 +37,7 @@ def _fixture_items(task: str, params: dict, facts) -> list[tuple[int, int]]:
     from evalkit.evals.longcontext.tasks import TASKS_DIR
 
     docs = [json.loads(line) for line in (TASKS_DIR / FIXTURE_FILES[task]).read_text().splitlines() if line]
-    if params["lengths"] and task != "longctx_longbench2":
+    if params["lengths"] and not task.startswith("longctx_longbench2"):
         docs = [d for d in docs if int(d["max_length"]) in set(params["lengths"])]
     cap = params["limits"].get(task, params["limit"])
     seen: dict[str, int] = {}
@@ -46,7 +54,9 @@ def _fixture_items(task: str, params: dict, facts) -> list[tuple[int, int]]:
 
 def longcontext_work(params: dict, facts, device: str) -> Work:
     from evalkit.evals.accuracy_tasks import longcontext_plans
-    from evalkit.evals.longcontext.tasks import STANDINS
+    from evalkit.evals.longcontext.tasks import PUBLISHED_STANDINS, STANDINS
+
+    standins = {*STANDINS, *PUBLISHED_STANDINS}
 
     too_long = [n for n in params["lengths"] or () if facts.max_length and n > facts.max_length]
     if too_long:
@@ -57,7 +67,7 @@ def longcontext_work(params: dict, facts, device: str) -> Work:
     batch = AUTO_BATCH if batch in (None, "auto") else int(batch)
     fw, tokens, items, approx = [], 0, 0, []
     for name in params["tasks"]:
-        if name in STANDINS:
+        if name in standins:
             for prompt, gen in _fixture_items(name, params, facts):
                 fw += item_forwards(1, prompt, gen, 1, 1)
                 tokens += prompt + gen
@@ -72,7 +82,7 @@ def longcontext_work(params: dict, facts, device: str) -> Work:
             tokens += p.planned * (p.facts.prompt_tokens + p.gen_tokens)
             items += p.planned
         approx.append(f"{name}: documented size, prompts at their length budget")
-    if facts.tokenizer is None and any(n in STANDINS for n in params["tasks"]):
+    if facts.tokenizer is None and any(n in standins for n in params["tasks"]):
         approx.append("stand-ins at ~4 characters per token (no tokenizer here)")
     fw_t = tuple(fw)
     rows = 16 * max(1, len(params["tasks"])) * 8

@@ -136,12 +136,14 @@ def skewed_kl_interval(row: dict, level: float) -> tuple[float, float, float, in
 
 
 def is_skewed_kl_row(row: dict) -> bool:
-    """A perplexity or decode KL mean (:data:`KL_METRICS`) whose stored interval is Student's t alone (not
-    already skew-aware): its high end is optimistic under the skew of per-unit KL."""
+    """A perplexity or decode KL mean (:data:`KL_METRICS`) whose stored interval, as its ``info["ci"]``
+    names it, is Student's t or the percentile bootstrap (not already skew-aware): its high end is optimistic
+    under the skew of per-unit KL. (A bootstrap interval cannot be read back: the report drops it.)"""
     from evalkit.evals.stats import SKEWED_MARK
 
     text = str((row.get("info") or {}).get("ci", ""))
-    return row.get("eval") in KL_EVALS and row.get("metric") in KL_METRICS and SKEWED_MARK not in text
+    named = JACKKNIFE in text or "bootstrap" in text
+    return row.get("eval") in KL_EVALS and row.get("metric") in KL_METRICS and named and SKEWED_MARK not in text
 
 
 def _wilson(k: int, n: int, lo, hi, level: float) -> tuple[float, float] | None:

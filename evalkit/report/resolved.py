@@ -11,8 +11,8 @@ runs in the rows (one run per model, scheme and evaluation, as everywhere in the
 interval of that run is re-derived at the look's level ``1 - alpha / (stages + 1)``
 (:mod:`evalkit.planning.sequential`; a KL mean's high end skew-calibrated at that level, as
 :mod:`evalkit.report.kl_bound` does at 95 % for every other KL row); an interval that cannot be
-re-derived is dropped (its criterion reads unresolved), and its row's ``info["ci"]`` says which. A note under the table names each grown
-row, its stage, the knob's value and the level.
+re-derived is dropped (its criterion reads unresolved), and its row's ``info["ci"]`` says which. A note
+under the table names each grown row, its stage, the knob's value and the level.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ gets no interval (the criterion stays unresolved, and the note says so):
 * Student's t over windows or sequences (the studentized jackknife, ``t(n-1) x SE``), widened in
   quadrature by the float spread's ``t(R-1) x SD x sqrt(1 + 1/R)`` where the row has one: each term's
   quantile is replaced by the stage level's; a KL interval held at 0 stays held at 0;
+* a perplexity or decode KL mean (``kl_mean``, ``free_kl_mean``) carrying that t interval: its low end as
+  above, its high end the skew-calibrated ``value + sqrt((c(n) x SE)**2 + float term**2)``
+  (:mod:`evalkit.evals.skew_bound`, ``c(n)`` at the stage's level), the bound the report reads at 95 %
+  (:mod:`evalkit.report.kl_bound`), since t's high end misses 12-17 % at n = 4 on skewed KL;
 * Wilson's interval of a proportion (``n_flipped`` / ``n_items``, or a retrieval accuracy's ``n``);
 * Tango's score interval of a paired yes/no change: the discordant counts (b, c) are the only pair
   with ``c - b = n x value`` whose 95 % interval is the stored one; the interval is recomputed at the
@@ -44,6 +48,8 @@ from scipy import stats
 
 ALPHA = 0.05  # two-sided, over all the looks of a criterion
 JACKKNIFE = "studentized jackknife (t, n-1 df)"
+KL_EVALS = ("perplexity", "decode")  # the evaluations whose stored KL rows carry Student's t
+KL_METRICS = ("kl_mean", "free_kl_mean")  # right-skewed non-negative means (the max_kl criteria read kl_mean)
 TANGO = "Tango score interval"
 
 
@@ -64,39 +70,80 @@ def _close(a, b, width: float) -> bool:
     return abs(float(a) - float(b)) <= 1e-6 * max(width, 1e-12) + 1e-12
 
 
-def _t_interval(row: dict, level: float) -> tuple[float, float] | None:
+def _t_parts(row: dict):
+    """(n, value, SE over units, the float term's (SD, R) or None, held at 0) of a stored Student's t row,
+    checked to give back its stored 95 % interval (to 1e-6 of its width); None when it cannot be read."""
     info = row.get("info") or {}
     n = info.get("n_windows", info.get("n_sequences"))
     lo, hi, value = row.get("ci_low"), row.get("ci_high"), row.get("value")
     if not isinstance(n, int) or n < 2 or lo is None or hi is None or value is None:
         return None
     width = float(hi) - float(lo)
-
-    def build(q: float) -> tuple[float, float, float]:  # (half-width of the sampling term, of the float term, centre)
-        sampling = info.get("ci_sampling")
-        if sampling is not None:
-            noise = info.get("float_noise")
-            if isinstance(noise, str):  # a store that kept it as text
-                noise = ast.literal_eval(noise)
-            if not isinstance(noise, dict) or "sd" not in noise or "seeds" not in noise:
-                return math.nan, math.nan, math.nan
-            r = len(noise["seeds"]) + 1
-            hw = (sampling[1] - sampling[0]) / 2 * _t(q, n - 1) / _t(0.95, n - 1)
-            hf = _t(q, r - 1) * float(noise["sd"]) * math.sqrt(1 + 1 / r)
-            return hw, hf, float(value)
-        return (float(hi) - float(value)) * _t(q, n - 1) / _t(0.95, n - 1), 0.0, float(value)
-
-    def interval(q: float, held: bool) -> tuple[float, float]:
-        hw, hf, centre = build(q)
-        half = math.hypot(hw, hf)
-        low = centre - half
-        return (max(low, 0.0) if held else low, centre + half)
-
+    t95 = _t(0.95, n - 1)
+    noise = None
+    sampling = info.get("ci_sampling")
+    if sampling is not None:
+        noise = info.get("float_noise")
+        if isinstance(noise, str):  # a store that kept it as text
+            noise = ast.literal_eval(noise)
+        if not isinstance(noise, dict) or "sd" not in noise or "seeds" not in noise:
+            return None
+        se = (sampling[1] - sampling[0]) / 2 / t95
+        noise = (float(noise["sd"]), len(noise["seeds"]) + 1)
+    else:
+        se = (float(hi) - float(value)) / t95
     held = float(lo) == 0.0 and float(value) - (float(hi) - float(value)) < 0  # a KL held at 0
-    back = interval(0.95, held)
+    parts = (n, float(value), se, noise, held)
+    back = _from_parts(parts, 0.95)
     if not (_close(back[0], lo, width) and _close(back[1], hi, width)):
         return None
-    return interval(level, held)
+    return parts
+
+
+def _float_half(noise, level: float) -> float:
+    """The float spread's half-width ``t(R-1) x SD x sqrt(1 + 1/R)`` at ``level`` (0 without one)."""
+    if noise is None:
+        return 0.0
+    sd, r = noise
+    return _t(level, r - 1) * sd * math.sqrt(1 + 1 / r)
+
+
+def _from_parts(parts, level: float) -> tuple[float, float]:
+    n, value, se, noise, held = parts
+    half = math.hypot(_t(level, n - 1) * se, _float_half(noise, level))
+    low = value - half
+    return (max(low, 0.0) if held else low, value + half)
+
+
+def _t_interval(row: dict, level: float) -> tuple[float, float] | None:
+    parts = _t_parts(row)
+    return None if parts is None else _from_parts(parts, level)
+
+
+def skewed_kl_interval(row: dict, level: float) -> tuple[float, float, float, int] | None:
+    """(low, high, c(n), n) of a stored KL row's interval at ``level``: the low end Student's t re-derived
+    as :func:`relevel` does; the high end ``value + sqrt((c(n) x SE)**2 + float term**2)``, the
+    skew-calibrated bound of :mod:`evalkit.evals.skew_bound`. None when the row's t interval cannot be
+    read back (module docstring)."""
+    from evalkit.evals.skew_bound import skew_factor
+
+    parts = _t_parts(row)
+    if parts is None:
+        return None
+    n, value, se, noise, _ = parts
+    c = skew_factor(n, level)
+    return (_from_parts(parts, level)[0], value + math.hypot(c * se, _float_half(noise, level)), c, n)
+
+
+def is_skewed_kl_row(row: dict) -> bool:
+    """A perplexity or decode KL mean (:data:`KL_METRICS`) whose stored interval, as its ``info["ci"]``
+    names it, is Student's t or the percentile bootstrap (not already skew-aware): its high end is optimistic
+    under the skew of per-unit KL. (A bootstrap interval cannot be read back: the report drops it.)"""
+    from evalkit.evals.stats import SKEWED_MARK
+
+    text = str((row.get("info") or {}).get("ci", ""))
+    named = JACKKNIFE in text or "bootstrap" in text
+    return row.get("eval") in KL_EVALS and row.get("metric") in KL_METRICS and named and SKEWED_MARK not in text
 
 
 def _wilson(k: int, n: int, lo, hi, level: float) -> tuple[float, float] | None:
@@ -142,6 +189,9 @@ def relevel(row: dict, level: float) -> tuple[float, float] | None:
         return None
     info = row.get("info") or {}
     text = str(info.get("ci", ""))
+    if JACKKNIFE in text and is_skewed_kl_row(row):
+        got = skewed_kl_interval(row, level)
+        return None if got is None else got[:2]
     if JACKKNIFE in text:
         return _t_interval(row, level)
     if TANGO in text:

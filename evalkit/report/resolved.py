@@ -9,9 +9,10 @@ store (their parameters differ from the grid's only in the knob), so a killed re
 Here, for each ledger entry, the latest stage whose run completed replaces the entry's other stage
 runs in the rows (one run per model, scheme and evaluation, as everywhere in the report), and every
 interval of that run is re-derived at the look's level ``1 - alpha / (stages + 1)``
-(:mod:`evalkit.planning.sequential`); an interval that cannot be re-derived is dropped (its criterion
-reads unresolved), and its row's ``info["ci"]`` says which. A note under the table names each grown
-row, its stage, the knob's value and the level.
+(:mod:`evalkit.planning.sequential`; a KL mean's high end skew-calibrated at that level, as
+:mod:`evalkit.report.kl_bound` does at 95 % for every other KL row); an interval that cannot be
+re-derived is dropped (its criterion reads unresolved), and its row's ``info["ci"]`` says which. A note
+under the table names each grown row, its stage, the knob's value and the level.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import json
 import os
 from pathlib import Path
 
-from evalkit.planning.sequential import look_level
+from evalkit.planning.sequential import is_skewed_kl_row, look_level
+from evalkit.report import kl_bound
 
 LEDGER = "resolve.json"
 
@@ -71,7 +73,13 @@ def apply(rows: list[dict], complete, folder: str | Path) -> tuple[list[dict], l
     for r in rows:
         if r["run_id"] in drop:
             continue
-        if r["run_id"] in latest and r.get("ci_low") is not None:
+        if r["run_id"] in latest and r.get("ci_low") is not None and is_skewed_kl_row(r):
+            r = kl_bound.skewed(r, level)  # the report's KL bound, at the look's level
+            if r.get("ci_high") is None:
+                lost.setdefault(r["run_id"], []).append(r["metric"])
+            else:
+                r["info"]["ci"] += f"; re-derived at {100 * level:.2f} % (resolve stage)"
+        elif r["run_id"] in latest and r.get("ci_low") is not None:
             ci = relevel(r, level)
             info = dict(r.get("info") or {})
             if ci is None:

@@ -32,7 +32,7 @@ import pandas as pd
 
 from evalkit.errors import EvalkitError
 from evalkit.models.info import KVLayout, kv_layout
-from evalkit.report import resolved
+from evalkit.report import kl_bound, resolved
 from evalkit.report.domains import clip_to_domains
 
 RESULTS_FILE = "results.jsonl"
@@ -197,6 +197,7 @@ def load_stores(folders) -> Results:
         rows, grown, earlier = resolved.apply(rows, complete, folder)
         notes += grown
         complete = {k: v for k, v in complete.items() if k not in earlier}
+    rows = kl_bound.apply(rows)  # KL rows' high end skew-calibrated (the stores keep Student's t)
     results = Results(
         folders[0],
         _rows_frame(rows),
@@ -367,7 +368,7 @@ def add_rows_file(results: Results, path: str | Path) -> Results:
             if not isinstance(rec, dict) or not {"model", "scheme", "metric", "value"} <= set(rec):
                 raise EvalkitError(f"{path} line {n} is not an evalkit result row (needs model, scheme, metric, value)")
             recs.append(rec | {"run_id": rec.get("run_id") or f"{path}:{n}", "eval": rec.get("eval") or "rows"})
-    results.rows = pd.concat([results.rows, _rows_frame(recs)], ignore_index=True)
+    results.rows = pd.concat([results.rows, _rows_frame(kl_bound.apply(recs))], ignore_index=True)
     return results
 
 

@@ -19,7 +19,10 @@ limit on KL), miss on each side no more than 2.5 % plus the simulation's error.
 - **Skewed non-negative means** (KL per window or sequence): lognormal (sigma 0.75 and 1.0) and gamma
   (shape 1, the exponential, and 2) unit values; the interval is
   :func:`evalkit.evals.stats.skewed_mean_ci`. The upper end (what a ``max_kl`` criterion reads) and
-  the lower end are each checked.
+  the lower end are each checked. The same cases go through the report's bound for the stored
+  perplexity and decode KL rows, which keep Student's t and no units: each draw becomes the row the
+  decode evaluation stores (mean, t interval, n), and :func:`evalkit.report.kl_bound.apply` gives the
+  interval the report reads (:mod:`evalkit.evals.skew_bound`).
 
 ``python -m tests.evals.test_interval_coverage`` prints the table of ``docs/statistics.md``.
 """
@@ -30,7 +33,8 @@ import numpy as np
 import pytest
 
 from evalkit.evals.retrieval.scoring import difference_ci
-from evalkit.evals.stats import skewed_mean_ci, unit_interval
+from evalkit.evals.stats import interval_text, skewed_mean_ci, unit_interval
+from evalkit.report import kl_bound
 
 PUBLISHED_N = 4  # windows, sequences and prompts per cell in the default grid
 LARGER_N = 20
@@ -125,6 +129,29 @@ def skewed_tails(dist: str, n: int, seed: int = 0, trials: int = SKEWED_TRIALS) 
     return low_miss / trials, high_miss / trials
 
 
+def stored_kl_row(x: np.ndarray) -> dict:
+    """The decode evaluation's stored KL row of per-sequence values ``x``: mean, Student's t interval, n."""
+    lo, hi = unit_interval(lambda a: a.mean(-1), [x])
+    info = {"ci": interval_text("t", "sequences"), "n_sequences": len(x)}
+    return {"eval": "decode", "metric": "kl_mean", "value": float(x.mean()), "ci_low": lo, "ci_high": hi, "info": info}
+
+
+def report_kl_tails(dist: str, n: int, seed: int = 0, trials: int = SKEWED_TRIALS) -> tuple[float, float]:
+    """(low end above the true mean, high end below it) of the interval the report reads for a stored KL
+    row (:func:`evalkit.report.kl_bound.apply`) over n units of ``dist``."""
+    rng = np.random.default_rng(seed)
+    rows, truths = [], []
+    for _ in range(trials):
+        x, truth = _skewed(rng, dist, n)
+        rows.append(stored_kl_row(x))
+        truths.append(truth)
+    read = kl_bound.apply(rows)
+    assert all(kl_bound.MARK in r["info"]["ci"] for r in read)
+    low_miss = sum(r["ci_low"] > t for r, t in zip(read, truths))
+    high_miss = sum(r["ci_high"] < t for r, t in zip(read, truths))
+    return low_miss / trials, high_miss / trials
+
+
 def t_tails(dist: str, n: int, seed: int = 0, trials: int = SKEWED_TRIALS) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     low_miss = high_miss = 0
@@ -173,6 +200,17 @@ def test_skewed_mean_interval_holds_each_tail(dist, n):
     assert low <= bound and high <= bound, f"{dist} at n={n}: tails {low:.3f} / {high:.3f}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [PUBLISHED_N, LARGER_N])
+@pytest.mark.parametrize("dist", SKEWED)
+def test_the_reports_kl_bound_on_stored_rows_holds_each_tail(dist, n):
+    """A stored KL row (Student's t, no units) as the report reads it: each end misses at most 2.5 % plus
+    the simulation's error, where the stored t interval's high end misses 7-17 % (the table)."""
+    low, high = report_kl_tails(dist, n, seed=1)
+    bound = tail_bound(SKEWED_TRIALS)
+    assert low <= bound and high <= bound, f"{dist} at n={n}: tails {low:.3f} / {high:.3f}"
+
+
 def table() -> str:
     """The markdown table of docs/statistics.md."""
     lines = [
@@ -195,6 +233,8 @@ def table() -> str:
             t_low, t_high = t_tails(dist, n)
             lines.append(f"| {dist} | skewed_mean_ci | {n} | {low:.3f} | {high:.3f} | |")
             lines.append(f"| {dist} | t (before) | {n} | {t_low:.3f} | {t_high:.3f} | |")
+            r_low, r_high = report_kl_tails(dist, n, seed=1)
+            lines.append(f"| {dist} | report's bound on a stored t row | {n} | {r_low:.3f} | {r_high:.3f} | |")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import re
 
 import pandas as pd
 
+from evalkit.evals import skew_bound
 from evalkit.units import value_with_interval as _ci
 
 LAST = "decode_kl_last"  # the summary frame's column: kl_mean of the last position bucket
@@ -29,8 +30,8 @@ def notes(frame: pd.DataFrame) -> list[str]:
     return [
         f"decode KL (last bucket): mean KL(baseline || scheme) per generated token at positions "
         f"{', '.join(buckets)} of teacher-forced decoding through the stored KV cache, "
-        "95 % Student's t interval over sequences (studentized jackknife; without float spread, not measured "
-        "for decode; held at 0 where the symmetric interval would reach below it)"
+        "95 % interval over sequences (its low end Student's t, studentized jackknife, held at 0 where it would "
+        f"reach below it; without float spread, not measured for decode); {skew_bound.note()}"
     ]
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from evalkit.evals import skew_bound
+
 FLOAT_COLUMN = "float_noise_seeds"  # summary column: perturbed-weight reruns behind a row's intervals (0: none)
 
 
@@ -64,9 +66,10 @@ def _float_notes(frame: pd.DataFrame) -> list[str]:
             "moved by a few ulps of its dtype); the value is the mean of the realisations, the interval says where "
             "another float realisation of the same scheme would land. The ≈ marks come from the paired intervals of "
             "two rows' Δppl difference, not from these marginal intervals. The other columns' intervals lack float "
-            "spread (not measured for them)"
+            f"spread (not measured for them). KL: {skew_bound.note()}"
         ]
     return [
         "intervals: 95 % sampling intervals over one float realisation; the float-rounding spread is not measured "
-        "(perplexity float_noise_seeds measures it), and it can exceed the difference between FP8 rows"
+        "(perplexity float_noise_seeds measures it), and it can exceed the difference between FP8 rows. "
+        f"KL: {skew_bound.note()}"
     ]

@@ -47,7 +47,7 @@ items and reports the rest as skipped):
    without its compute) (benchmarks/gpu_check_decode.py);
 5. memory: each storage run holds at most the engine's bytes plus one layer's K/V (no full-precision
    copy), and every FP8 scheme's decode peak over the weights is at most 0.6 x the reference's;
-6. the sweep dry run's estimator (``evalkit.sweep.throughput``): its real probe, run on the
+6. the sweep dry run's estimator (``evalkit.sweep.throughput``, ``evalkit.sweep.speed_probe``): its real probe, run on the
    real-size model in memory, and its ``--assume-device h200`` datasheet estimate, against the
    prefill and decode times measured here (judged on an H200 only);
 7. vLLM kv_cache_dtypes (``vllm:<dtype>``, :mod:`evalkit.kv.codecs.vllm`; the per-tensor FP8 ones are
@@ -806,7 +806,7 @@ def speed(sec: Section, ctx: Context) -> None:
     transformers' compiled static-cache step, with the HBM floor and the GPU-busy time; the eager arms."""
     import gpu_check_decode as decode
 
-    from evalkit.sweep.throughput import PROBE_SCHEME
+    from evalkit.sweep.speed_probe import PROBE_SCHEME
 
     model = ensure_real(ctx)
     if model is None:
@@ -868,6 +868,7 @@ def estimator(sec: Section, ctx: Context) -> None:
     from evalkit.models import loading as models
     from evalkit.models.info import config_hash, kv_layout
     from evalkit.models.presets import get_preset
+    from evalkit.sweep import speed_probe as P
     from evalkit.sweep import throughput as T
     from evalkit.sweep.workload import Forwards
 
@@ -898,7 +899,7 @@ def estimator(sec: Section, ctx: Context) -> None:
         model, None, facts.name, "in memory", config_hash(model.config), kv_layout(model.config)
     )
     t = time.perf_counter()
-    probes = {c: T.probe_model(loaded, facts, compiled=c) for c in (False, True)}  # both decode paths
+    probes = {c: P.probe_model(loaded, facts, compiled=c) for c in (False, True)}  # both decode paths
     probe_s = time.perf_counter() - t
     sheets = {c: T.datasheet(facts, "h200", compiled=c) for c in (False, True)}
     probe, sheet = probes[True], sheets[True]
@@ -906,7 +907,7 @@ def estimator(sec: Section, ctx: Context) -> None:
     head = model.get_output_embeddings()
     g = torch.Generator(device=ctx.device).manual_seed(5)
     ids = torch.randint(10, head.out_features, (1, ctx.sizes.prefill), device=ctx.device, generator=g)
-    with torch.inference_mode(), quantized_kv(model, T.PROBE_SCHEME):
+    with torch.inference_mode(), quantized_kv(model, P.PROBE_SCHEME):
         model.base_model(input_ids=ids, use_cache=False)  # warm-up at the full length (the first call is not warm)
         ctx.sync()
         t = time.perf_counter()

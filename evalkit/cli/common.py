@@ -37,6 +37,23 @@ def add_model_arguments(p) -> None:
     )
 
 
+def model_spec(args):
+    """The model flags (:func:`add_model_arguments`) as the :class:`~evalkit.sweep.spec.ModelSpec` a run carries:
+    the one place a command turns them into a spec (``run``'s grid, its pre-flight, its size estimate and the
+    engine's plan read the same model)."""
+    from evalkit.sweep.spec import ModelSpec
+
+    return ModelSpec(
+        name=args.model,
+        dtype=str(args.dtype),
+        device=str(args.device),
+        device_map=getattr(args, "device_map", None),
+        attn_implementation=getattr(args, "attn_implementation", "sdpa"),
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+        decode_path=getattr(args, "decode_path", None) or "auto",
+    )
+
+
 def load_from_args(args):
     from evalkit.models.loading import load_model_with
 

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     frame = summary_frame(results, engine_profile=args.engine_profile)
     text = format_table(frame, args.format, columns)
     from evalkit.report.platform import report_lines
-    from evalkit.report.results import cut_off_warnings
+    from evalkit.report.provenance import cut_off_warnings
 
     about = report_lines(results) + cut_off_warnings(results) + _absent_columns(frame, columns, results.folder)
     if args.format == "csv":  # CSV holds raw values only: its notes (mixed code, constant columns...) go to stderr

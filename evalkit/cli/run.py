@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from evalkit.cli import COMMANDS
-from evalkit.cli.common import add_model_arguments
+from evalkit.cli.common import add_model_arguments, model_spec
 from evalkit.cli.scales_flags import add_scales_arguments, with_declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")  # the machine first: before the model loads, nothing written
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
     check_model_device(args)
+    model = model_spec(args)  # the model flags as the spec every step below reads
     schemes = with_declared(parse_schemes(args.schemes), args)  # --scales-model/--scales-format on static schemes
     if not schemes:  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.cli.preflight.planned import print_problems
 
     # every problem of the schemes on this model, engine profile and engine, one line each, before it loads
-    if print_problems(run_problems(args, schemes)):
+    if print_problems(run_problems(args, schemes, model)):
         return 2
     profile = None
     if getattr(args, "engine_profile", None):
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
     backend = None
     if args.engine != "emulation":
-        backend, schemes = engine_backend(args, schemes)
+        backend, schemes = engine_backend(args, schemes, model)
     if Scheme() not in schemes:
         schemes.insert(0, Scheme())
     schemes = sorted(dict.fromkeys(schemes), key=lambda s: not s.is_identity)  # the baseline first, each once
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     check_corpus_params(
         getattr(ev, "params", None), args.eval_name
     )  # a bad corpus spec: one line, before the model loads
-    grid = _grid(args, ev, schemes)
+    grid = _grid(args, model, ev, schemes)
     store = _store(args, grid)  # --out: refused here, before the model loads, if it holds other runs
     workdir = args.cache_dir or cache_root() / "work"
 
@@ -275,15 +276,13 @@ def engine_option_values(args: argparse.Namespace) -> dict:
     return get_engine(args.engine).option_values(given)
 
 
-def engine_backend(args: argparse.Namespace, schemes: list) -> tuple:
+def engine_backend(args: argparse.Namespace, schemes: list, model) -> tuple:
     """``run --engine NAME``: the engine's backend and the schemes as it runs them (its declared plan),
     or EvalkitError (one line) before anything loads or is written."""
     from evalkit.engines.registry import get_engine
     from evalkit.kv.scheme import parse_scheme
-    from evalkit.sweep.grid import ModelSpec
 
     engine = get_engine(args.engine)
-    model = ModelSpec(name=args.model, device=str(args.device), device_map=args.device_map)
     plan = engine.hook("plan")([str(s) for s in schemes], [model], args.engine_profile, args.engine_option_values)
     if plan.problems:
         raise EvalkitError(f"--engine {engine.name}: {plan.problems[0][1]}")
@@ -291,20 +290,11 @@ def engine_backend(args: argparse.Namespace, schemes: list) -> tuple:
     return backend, [parse_scheme(s) for s in plan.schemes]
 
 
-def _grid(args: argparse.Namespace, ev, schemes: list):
+def _grid(args: argparse.Namespace, model, ev, schemes: list):
     """The one-model, one-eval grid of ``run``: a run per scheme, and through an engine its noise floor run, with
     the run ids and records of a sweep's."""
-    from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json, noise_floor_runs
+    from evalkit.sweep.grid import Grid, RunSpec, canonical_json, noise_floor_runs
 
-    model = ModelSpec(
-        name=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        device_map=args.device_map,
-        attn_implementation=args.attn_implementation,
-        trust_remote_code=args.trust_remote_code,
-        decode_path=args.decode_path,
-    )
     canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
     options = canonical_json(args.engine_option_values)
     runs = [

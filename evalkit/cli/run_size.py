@@ -13,11 +13,11 @@ the user may well mean it.
 The speed is found in two steps, so a small run pays almost nothing:
 
 1. an analytic price from a timed matrix product and copy on this machine
-   (:func:`evalkit.sweep.throughput.measured_device`, a fraction of a second): a run it prices
+   (:func:`evalkit.sweep.speed_probe.measured_device`, a fraction of a second): a run it prices
    under :data:`PROBE_ABOVE_S` is left alone (the analytic price is optimistic, by up to about 5x
    for transformers' eager decode on a CPU, never by 10x on the models measured);
 2. otherwise the dry run's probe on the model ``run`` has already loaded
-   (:func:`evalkit.sweep.throughput.probe_model`: a forward of 128 tokens and 5 decode steps, about
+   (:func:`evalkit.sweep.speed_probe.probe_model`: a forward of 128 tokens and 5 decode steps, about
    2 s for the embedded model on 2 cores), whose price decides.
 
 A run through vLLM is priced at the emulation's speed plus the engine's starts and import
@@ -61,17 +61,10 @@ class RunSize:
 
 
 def _specs(args, eval_name: str, params: dict, schemes, engine: str):
-    from evalkit.sweep.grid import ModelSpec, RunSpec, canonical_json
+    from evalkit.cli.common import model_spec
+    from evalkit.sweep.grid import RunSpec, canonical_json
 
-    model = ModelSpec(
-        name=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        device_map=getattr(args, "device_map", None),
-        attn_implementation=getattr(args, "attn_implementation", "sdpa"),
-        trust_remote_code=getattr(args, "trust_remote_code", False),
-        decode_path=getattr(args, "decode_path", None) or "auto",
-    )
+    model = model_spec(args)
     text = canonical_json(params)
     return [RunSpec(model, str(s), eval_name, text, text, engine) for s in schemes]
 
@@ -121,7 +114,7 @@ def _larger(value, small) -> bool:
 
 def estimate_run(args, cls, params: dict, schemes, engine: str, lm, workdir) -> RunSize:
     """The run's :class:`RunSize` on this machine: analytic first, the loaded model's probe when that is not small."""
-    from evalkit.sweep import throughput as T
+    from evalkit.sweep import speed_probe as P
 
     cache: dict[str, object] = {}
     path = getattr(args, "decode_path", None) or "auto"
@@ -129,12 +122,12 @@ def estimate_run(args, cls, params: dict, schemes, engine: str, lm, workdir) -> 
 
     def analytic(spec, facts, speeds):
         if "analytic" not in cache:
-            cache["analytic"] = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
+            cache["analytic"] = P.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
         return cache["analytic"]
 
     def probed(spec, facts, speeds):
         if "probe" not in cache:
-            probe = T.probe_model(lm, facts, compiled=compiled) if lm is not None else analytic(spec, facts, speeds)
+            probe = P.probe_model(lm, facts, compiled=compiled) if lm is not None else analytic(spec, facts, speeds)
             cache["probe"] = probe
         return cache["probe"]
 

@@ -76,7 +76,9 @@ def run(args) -> int:
     # the KV tables here, not at import: they import torch, which `schemes --help` never needs
     from evalkit.kv.formats import FORMATS, SCALE_DTYPE_HELP
     from evalkit.kv.memory import bytes_per_element
-    from evalkit.kv.scheme import GRANULARITY_HELP, NAMED_SCHEMES, SCALE_HELP, GranularityKind, ScaleSource, Scheme
+    from evalkit.kv.named_schemes import NAMED_SCHEMES
+    from evalkit.kv.scheme import Scheme
+    from evalkit.kv.scheme_parts import GRANULARITY_HELP, SCALE_HELP, GranularityKind, ScaleSource
 
     print(f"Scheme string: {GRAMMAR}\n")
     print("Formats (scale dtypes each takes):")

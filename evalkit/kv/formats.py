@@ -26,7 +26,7 @@ like :func:`_fp4_e2m1`). evalkit's own store holds 8-bit codes and 4-bit codes t
 and belongs to a codec family, which packs its codes in its own slot and registers its element format
 with :func:`register_format`; (2) its row in the tests' format tables (``tests/kv/test_rounding_modes.py``
 ``FLOATS`` or ``INTS``; a float row names the ``ml_dtypes`` reference type it is checked against, bit for bit); (3) for a
-named scheme on top of it (``nvfp4``, ``mxfp4``), a :data:`evalkit.kv.scheme.NAMED_SCHEMES` row.
+named scheme on top of it (``nvfp4``, ``mxfp4``), a :data:`evalkit.kv.named_schemes.NAMED_SCHEMES` row.
 Rounding, encoding, byte counts, scheme checks and error messages read the fields; engine
 profiles (:mod:`evalkit.engines.profiles`) list the formats each engine serves, by name, as facts
 about that engine.

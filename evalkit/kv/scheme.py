@@ -67,12 +67,17 @@ Scales stored as E4M3 or E8M0 exist per group of elements only, computed from th
 FP4 (whose 8 magnitudes need a scale per small group). NVFP4's per-tensor scale is, like
 ``tensor/dynamic`` scales, taken from each sequence's first write and then frozen
 (see :mod:`evalkit.kv.quantize`).
+
+Here: the :class:`Scheme` value, its canonical string, and the grammar's entry (:func:`parse_scheme`,
+:func:`parse_schemes`). Beside it: its parts (:mod:`evalkit.kv.scheme_parts`: granularity, scale source,
+attention precision; importable from here too, as a Scheme's field types), the named schemes
+(:mod:`evalkit.kv.named_schemes`), the ``+key=value`` options (:mod:`evalkit.kv.scheme_options`) and the
+scale fields' rules (:mod:`evalkit.kv.scheme_checks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import re
 from dataclasses import dataclass, field
@@ -80,89 +85,10 @@ from dataclasses import dataclass, field
 from evalkit.errors import SchemeError
 from evalkit.kv import codec as codecs
 from evalkit.kv.formats import FORMATS, CodecRecipe, KVFormat, Recipe, Rounding, ScaleDType, get_format
-from evalkit.kv.microscaling import MX_BLOCK, NVFP4_BLOCK, SGLANG_FP4_BLOCK, SGLANG_FP4_SCALE_DTYPE
-
-
-class GranularityKind(str, enum.Enum):
-    TENSOR = "tensor"
-    HEAD = "head"
-    BLOCK = "block"
-    TOKEN = "token"
-    GROUP = "group"
-
-
-GRANULARITY_HELP = {
-    GranularityKind.TENSOR: "one scale per layer for K and one for V (the engines' default)",
-    GranularityKind.HEAD: "one scale per KV head per layer (vLLM 'attn_head')",
-    GranularityKind.BLOCK: "one scale per KV head per block of N tokens, like a paged-KV block (block = block16)",
-    GranularityKind.TOKEN: "one scale per token per KV head (reference; KIVI's value quantization)",
-    GranularityKind.GROUP: "one scale per N channels of head_dim per token per head (MX/NVFP4 blocks; INT4 reference)",
-}
-
-
-class ScaleSource(str, enum.Enum):
-    DYNAMIC = "dynamic"
-    STATIC = "static"
-    UNIT = "unit"
-
-
-SCALE_HELP = {
-    ScaleSource.DYNAMIC: "computed from the values being stored (amax / format max)",
-    ScaleSource.STATIC: "a calibrated per-layer or per-layer-per-head table loaded from a file (+scales=PATH)",
-    ScaleSource.UNIT: "1.0: what engines silently use when a checkpoint carries no scale",
-}
-
-
-class AttentionPrecision(str, enum.Enum):
-    KV = "kv"
-    FA3 = "fa3"  # Q and P in FP8, the products accumulated exactly (float32)
-    FA3_ACC1 = "fa3:acc1"  # and the FP8 tensor cores' accumulation over the whole key length (one level)
-    FA3_ACC2 = "fa3:acc2"  # and one key tile in the tensor cores, promoted to float32 per tile (two level)
-
-    @property
-    def is_fa3(self) -> bool:
-        """FlashAttention-3's FP8 path, with or without its accumulation modelled (:mod:`evalkit.integration.fa3`)."""
-        return self is not AttentionPrecision.KV
-
-
-@dataclass(frozen=True)
-class Granularity:
-    kind: GranularityKind
-    size: int = 0  # block length in tokens, or group width in channels
-
-    def __post_init__(self):
-        sized = self.kind in (GranularityKind.BLOCK, GranularityKind.GROUP)
-        if sized and self.size <= 0:
-            raise SchemeError(
-                f"{self.kind.value} size must be a positive integer, got {self.size}: write e.g. {self.kind.value}16"
-            )
-        if not sized and self.size:
-            raise SchemeError(f"granularity {self.kind.value!r} takes no size")
-
-    def __str__(self) -> str:
-        return f"{self.kind.value}{self.size}" if self.size else self.kind.value
-
-    @classmethod
-    def parse(cls, text: str) -> Granularity:
-        m = re.fullmatch(r"([a-z]+)(-?\d+)?", text.strip())
-        kinds = ", ".join(
-            k.value + ("<N>" if k in (GranularityKind.BLOCK, GranularityKind.GROUP) else "") for k in GranularityKind
-        )
-        if not m:
-            raise SchemeError(f"unknown granularity {text!r}: use one of {kinds}")
-        name, size = m.group(1), m.group(2)
-        try:
-            kind = GranularityKind(name)
-        except ValueError:
-            raise SchemeError(f"unknown granularity {text!r}: use one of {kinds}") from None
-        if kind is GranularityKind.BLOCK and size is None:
-            return cls(kind, 16)
-        if kind is GranularityKind.GROUP and size is None:
-            raise SchemeError("group needs a width in channels: write e.g. group32")
-        return cls(kind, int(size) if size is not None else 0)
-
-
-SLIDING = "sliding"
+from evalkit.kv.named_schemes import NAMED_SCHEMES
+from evalkit.kv.scheme_checks import check_scale_encoding, check_scales_declaration
+from evalkit.kv.scheme_options import NAMED_OPTION_KEYS, OPTION_KEYS, ROUNDING_CHOICES, parse_options
+from evalkit.kv.scheme_parts import SLIDING, AttentionPrecision, Granularity, GranularityKind, ScaleSource
 
 
 @dataclass(frozen=True)
@@ -192,7 +118,7 @@ class Scheme:
             try:
                 object.__setattr__(self, "rounding", Rounding(self.rounding))
             except ValueError:
-                raise SchemeError(f"rounding={self.rounding!r}: use {_ROUNDING_CHOICES}") from None
+                raise SchemeError(f"rounding={self.rounding!r}: use {ROUNDING_CHOICES}") from None
         if fmt.is_unscaled:
             defaults = (
                 Granularity(GranularityKind.TENSOR),
@@ -223,7 +149,7 @@ class Scheme:
                     f"write just '{self.format}'"
                 )
             return
-        self._check_scale_encoding(fmt)
+        check_scale_encoding(self, fmt)
         if self.scales is ScaleSource.STATIC:
             if self.granularity.kind not in (GranularityKind.TENSOR, GranularityKind.HEAD):
                 raise SchemeError(
@@ -236,7 +162,7 @@ class Scheme:
                 )
         elif self.static_path:
             raise SchemeError(f"+scales=PATH only goes with static scales, not {self.scales.value}")
-        self._check_scales_declaration()
+        check_scales_declaration(self)
         if self.scales is not ScaleSource.DYNAMIC and fmt.asymmetric:
             raise SchemeError(
                 f"{fmt.name} needs a zero point, which {self.scales.value} scales do not have: "
@@ -247,83 +173,6 @@ class Scheme:
                 raise SchemeError(f"skip must be a list of layer indices or 'sliding', got {self.skip_layers!r}")
         elif any(i < 0 for i in self.skip_layers) or list(self.skip_layers) != sorted(set(self.skip_layers)):
             raise SchemeError("skip layers must be distinct non-negative indices in increasing order, e.g. skip=0,5")
-
-    def _check_scales_declaration(self) -> None:
-        """``+scales_model=`` and ``+scales_format=`` name a static table's model and format: both or
-        neither, with ``+scales=PATH`` only, the format a known one."""
-        given = (self.scales_model is not None, self.scales_format is not None)
-        if not any(given):
-            return
-        if not self.static_path:
-            raise SchemeError(
-                "+scales_model= and +scales_format= describe a static table: add +scales=PATH or drop them"
-            )
-        if not all(given):
-            missing = "scales_format" if given[0] else "scales_model"
-            raise SchemeError(
-                f"+scales_model= and +scales_format= go together: add +{missing}=... naming what the table was made for"
-            )
-        if self.scales_format not in FORMATS:
-            raise SchemeError(
-                f"scales_format={self.scales_format!r} is not a format: use one of {', '.join(sorted(FORMATS))}"
-            )
-
-    def _check_scale_encoding(self, fmt: KVFormat) -> None:
-        """Scale dtype, per-group scales, tensor scale and recipe against the format (one line each)."""
-        family = codecs.family_of(self.recipe)
-        if family is not None:  # an engine's own cache type fixes all of it (its codec family)
-            family.check(self)
-            return
-        if self.scale_dtype not in fmt.scale_dtypes:
-            if len(fmt.scale_dtypes) == 1:
-                raise SchemeError(
-                    f"{fmt.name} takes {fmt.scale_dtypes[0].value} scales only, not {self.scale_dtype.value}: "
-                    f"drop +scale_dtype={self.scale_dtype.value}"
-                )
-            raise SchemeError(
-                f"{fmt.name} does not take {self.scale_dtype.value} scales: use scale_dtype "
-                f"{' or '.join(d.value for d in fmt.scale_dtypes)} (named schemes: `python -m evalkit schemes`)"
-            )
-        if self.tensor_scale and self.scale_dtype is not ScaleDType.E4M3:
-            raise SchemeError(
-                "tensor_scale=fp32 is NVFP4's second-level scale and goes with scale_dtype=e4m3: "
-                "add +scale_dtype=e4m3 or write nvfp4"
-            )
-        if self.recipe is Recipe.VLLM_CPU:  # vLLM's CPU FP8 store arithmetic (evalkit.kv.rounding.round_vllm_cpu)
-            takers = " or ".join(f.name for f in FORMATS.values() if Recipe.VLLM_CPU in f.recipes)
-            fixed = (ScaleDType.FP32, False, Rounding.RTZ)
-            if self.recipe not in fmt.recipes or (self.scale_dtype, self.tensor_scale, self.rounding) != fixed:
-                raise SchemeError(
-                    f"recipe=vllm_cpu is vLLM's CPU FP8 store, which writes {takers} with float32 scales and "
-                    f"truncates: use e.g. fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"
-                )
-            return
-        if self.recipe not in fmt.recipes or (self.recipe is Recipe.SGLANG and self.scale_dtype is not ScaleDType.E8M0):
-            takers = [f.name for f in FORMATS.values() if self.recipe in f.recipes]
-            named = [n for n, d in NAMED_SCHEMES.items() if d.recipe is self.recipe]
-            raise SchemeError(
-                f"recipe={self.recipe.value} goes with {' or '.join(takers)} values and e8m0 scales "
-                f"(SGLang's FP4 KV recipe): use {takers[0]}/group{SGLANG_FP4_BLOCK}/dynamic+scale_dtype=e8m0"
-                f"+recipe={self.recipe.value}, i.e. {' or '.join(named)}"
-            )
-        if not (fmt.group_scaled or self.scale_dtype is not ScaleDType.FP32):
-            return
-        needs = f"{fmt.name} values need" if fmt.group_scaled else f"{self.scale_dtype.value} scales are"
-        per_group = (
-            f"{fmt.name} values need one scale per group of values along head_dim"
-            if fmt.group_scaled
-            else f"{self.scale_dtype.value} scales exist per group of values along head_dim"
-        )
-        example = f"{fmt.name}/group{NVFP4_BLOCK if fmt.group_scaled else MX_BLOCK}/dynamic"
-        if self.scale_dtype is not ScaleDType.FP32:
-            example += f"+scale_dtype={self.scale_dtype.value}"
-        if self.scales is not ScaleSource.DYNAMIC:
-            raise SchemeError(
-                f"{needs} per-group scales computed from the values, not {self.scales.value} scales: "
-                f"use dynamic, e.g. {example}"
-            )
-        if self.granularity.kind is not GranularityKind.GROUP:
-            raise SchemeError(f"{per_group}, not per {self.granularity}: use group<N>, e.g. {example}")
 
     # -- derived --------------------------------------------------------------------------------
     @property
@@ -409,172 +258,6 @@ class Scheme:
         return parse_scheme(text)
 
 
-@dataclass(frozen=True)
-class NamedScheme:
-    """A standard format-and-scales combination with a short canonical name."""
-
-    format: str
-    group: int
-    scale_dtype: ScaleDType
-    description: str
-    tensor_scale: bool = False
-    recipe: Recipe = Recipe.STANDARD
-    rounding: Rounding = Rounding.RNE
-
-    def core(self) -> tuple:
-        return (
-            self.format,
-            Granularity(GranularityKind.GROUP, self.group),
-            ScaleSource.DYNAMIC,
-            None,
-            self.scale_dtype,
-            self.tensor_scale,
-            self.recipe,
-            self.rounding,
-        )
-
-    def scheme(self, **options) -> Scheme:
-        return Scheme(
-            format=self.format,
-            granularity=Granularity(GranularityKind.GROUP, self.group),
-            scales=ScaleSource.DYNAMIC,
-            scale_dtype=self.scale_dtype,
-            tensor_scale=self.tensor_scale,
-            recipe=self.recipe,
-            rounding=self.rounding,
-            **options,
-        )
-
-    def long_form(self) -> str:
-        text = f"{self.format}/group{self.group}/dynamic+scale_dtype={self.scale_dtype.value}"
-        text += "+tensor_scale=fp32" if self.tensor_scale else ""
-        text += f"+recipe={self.recipe.value}" if self.recipe is not Recipe.STANDARD else ""
-        return text + (f"+rounding={self.rounding.value}" if self.rounding is not Rounding.RNE else "")
-
-
-NAMED_SCHEMES: dict[str, NamedScheme] = {
-    "nvfp4": NamedScheme(
-        "fp4_e2m1",
-        NVFP4_BLOCK,
-        ScaleDType.E4M3,
-        tensor_scale=True,
-        description=(
-            "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 values along head_dim, one FP32 scale per tensor "
-            "(from each sequence's first write, then frozen)"
-        ),
-    ),
-    "mxfp4": NamedScheme(
-        "fp4_e2m1",
-        MX_BLOCK,
-        ScaleDType.E8M0,
-        description=("OCP MX v1.0 MXFP4: E2M1, one E8M0 (power-of-two) scale per 32 values"),
-    ),
-    "mxfp8_e4m3": NamedScheme(
-        "fp8_e4m3", MX_BLOCK, ScaleDType.E8M0, description=("OCP MX v1.0 MXFP8: FP8 E4M3, one E8M0 scale per 32 values")
-    ),
-    "sglang_fp4": NamedScheme(
-        "fp4_e2m1",
-        SGLANG_FP4_BLOCK,
-        ScaleDType(SGLANG_FP4_SCALE_DTYPE),
-        recipe=Recipe.SGLANG,
-        rounding=Rounding.RNA,
-        description=(
-            "SGLang --kv-cache-dtype fp4_mx_block16: E2M1, one E8M0 scale per 16 values, "
-            "exponent ceil(log2(amax/6)), elements rounded half away from zero"
-        ),
-    ),
-}
-
-_OPTION_KEYS = (
-    "scale_dtype",
-    "tensor_scale",
-    "recipe",
-    "scales",
-    "scales_model",
-    "scales_format",
-    "rounding",
-    "skip",
-    "attn",
-    "rope",
-)
-_ROUNDING_CHOICES = (
-    "rne (to nearest, ties to even; the default), rtz (toward zero) or rna (to nearest, ties away "
-    "from zero), each saturating at the format's max"
-)
-_NAMED_OPTION_KEYS = ("skip", "attn", "rope")
-
-
-def _options(text: str, options: list[str], allowed: tuple[str, ...]) -> dict:
-    kwargs: dict = {}
-    for opt in options:
-        key, sep, value = opt.partition("=")
-        if key in _OPTION_KEYS and key not in allowed and sep and value:
-            raise SchemeError(
-                f"{text.split('+')[0]} fixes its format and scales (and rounding), so +{key}= does not apply: "
-                f"write the long form (see `python -m evalkit schemes`) to change them"
-            )
-        if not sep or key not in allowed or not value:
-            raise SchemeError(
-                f"unknown scheme option {opt!r} in {text!r}: options are {', '.join(k + '=...' for k in allowed)}"
-            )
-        if key == "scales":
-            kwargs["static_path"] = value
-        elif key in ("scales_model", "scales_format"):
-            kwargs[key] = value
-        elif key == "skip":
-            if value == SLIDING:
-                kwargs["skip_layers"] = SLIDING
-            else:
-                try:
-                    kwargs["skip_layers"] = tuple(sorted({int(v) for v in value.split(",")}))
-                except ValueError:
-                    raise SchemeError(f"skip={value!r}: give layer indices like skip=0,5 or skip=sliding") from None
-        elif key == "attn":
-            try:
-                kwargs["attention"] = AttentionPrecision(value)
-            except ValueError:
-                raise SchemeError(
-                    f"attn={value!r}: use attn=kv (only stored K/V quantized), attn=fa3 (also Q and P in FP8), "
-                    "attn=fa3:acc1 or attn=fa3:acc2 (and FA3's FP8 accumulation, one or two level)"
-                ) from None
-        elif key == "rope":
-            if value not in ("bf16", "quant"):
-                raise SchemeError(f"rope={value!r}: use rope=bf16 to keep the MLA RoPE key unquantized")
-            kwargs["rope_bf16"] = value == "bf16"
-        elif key == "scale_dtype":
-            try:
-                kwargs["scale_dtype"] = ScaleDType(value)
-            except ValueError:
-                raise SchemeError(
-                    f"scale_dtype={value!r}: use one of {', '.join(d.value for d in ScaleDType)}"
-                ) from None
-        elif key == "tensor_scale":
-            if value not in ("fp32", "none"):
-                raise SchemeError(f"tensor_scale={value!r}: use tensor_scale=fp32 (NVFP4's per-tensor FP32 scale)")
-            kwargs["tensor_scale"] = value == "fp32"
-        elif key == "recipe":
-            kwargs["recipe"] = _recipe(value)
-        elif key == "rounding":
-            try:
-                kwargs["rounding"] = Rounding(value)
-            except ValueError:
-                raise SchemeError(f"rounding={value!r}: use {_ROUNDING_CHOICES}") from None
-    return kwargs
-
-
-def _recipe(value: str) -> Recipe | CodecRecipe:
-    """``+recipe=value``: one of evalkit's recipes or a codec family's; SchemeError listing them otherwise."""
-    if value in Recipe._value2member_map_:
-        return Recipe(value)
-    recipe = codecs.recipe_named(value)
-    if recipe is not None:
-        return recipe
-    families = codecs.families().values()
-    listed = [r.value for r in Recipe] + [r.value for f in families if f.recipe_hint is None for r in f.recipes()]
-    hints = "".join(f" ({f.recipe_hint})" for f in families if f.recipe_hint is not None)
-    raise SchemeError(f"recipe={value!r}: use one of {', '.join(listed)}{hints}")
-
-
 def parse_scheme(text: str) -> Scheme:
     """Parse ``FORMAT/GRANULARITY/SCALES[+key=value...]``, ``NAME[+key=value...]`` or ``auto`` into a :class:`Scheme`."""
     if not isinstance(text, str) or not text.strip():
@@ -584,14 +267,14 @@ def parse_scheme(text: str) -> Scheme:
     prefix, colon, name = head.partition(":")
     family = codecs.family_for_prefix(prefix) if colon else None
     if family is not None:  # an engine's own cache type: vllm:int8_per_token_head, llamacpp:q8_0/q4_0
-        return family.parse(name, _options(text, options, _NAMED_OPTION_KEYS))
+        return family.parse(name, parse_options(text, options, NAMED_OPTION_KEYS))
     parts = head.split("/")
     if len(parts) == 1 and head in FORMATS and FORMATS[head].is_unscaled:  # auto, bf16, fp16
         if options:
             raise SchemeError(f"{head} is an unscaled 16-bit cache and takes no options: write just '{head}'")
         return Scheme(format=head)
     if len(parts) == 1 and head in NAMED_SCHEMES:
-        return NAMED_SCHEMES[head].scheme(**_options(text, options, _NAMED_OPTION_KEYS))
+        return Scheme(**NAMED_SCHEMES[head].fields(), **parse_options(text, options, NAMED_OPTION_KEYS))
     if len(parts) != 3:
         if len(parts) == 1 and head in FORMATS:
             raise SchemeError(
@@ -612,7 +295,7 @@ def parse_scheme(text: str) -> Scheme:
         raise SchemeError(
             f"unknown scale source {scales!r}: use one of {', '.join(s.value for s in ScaleSource)}"
         ) from None
-    return Scheme(format=fmt, granularity=granularity, scales=source, **_options(text, options, _OPTION_KEYS))
+    return Scheme(format=fmt, granularity=granularity, scales=source, **parse_options(text, options, OPTION_KEYS))
 
 
 _IDENT = r"[A-Za-z_]\w*"

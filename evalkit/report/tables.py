@@ -15,7 +15,7 @@ raw values in columns instead: the full ``scheme`` string, ``dtype``, ``code``):
   really ran in, ``baseline (float32)``, and a note says that bytes and capacity count a bf16 cache;
 * a column whose shown value is the same on every row (retrieval at 100 %, an accuracy at chance,
   no flips) is listed as not separating the schemes;
-* which code computed the runs, when more than one version did (:func:`evalkit.report.results.provenance_notes`);
+* which code computed the runs, when more than one version did (:func:`evalkit.report.provenance.provenance_notes`);
 * which decode positions the "decode KL (last bucket)" column covers (the decode evaluation's last
   position bucket: the error after the longest stretch of generation the run measured);
 * the marks (:mod:`evalkit.report.marks`): ``†`` hypothetical, ``‡`` a column its protocol does not
@@ -39,7 +39,8 @@ from evalkit.kv.memory import bytes_per_token
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.report import evals as report_evals
 from evalkit.report import marks, noise_floor, prediction
-from evalkit.report.results import Results, code_of, provenance_notes
+from evalkit.report.provenance import provenance_notes
+from evalkit.report.results import Results, code_of
 from evalkit.report.style import SchemeStyle
 from evalkit.units import value_with_interval
 

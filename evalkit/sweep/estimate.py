@@ -337,22 +337,23 @@ def _kv_tokens(spec, scheme: str, gpu: str, options: dict) -> int:
 
 
 def _speed(spec, facts, assume_device: str | None, speeds: list[str], compiled: bool | None = None):
+    from evalkit.sweep import speed_probe as P
     from evalkit.sweep import throughput as T
 
     if compiled is None and getattr(spec, "decode_path", "auto") != "auto":  # the model's own --decode-path
         compiled = spec.decode_path == "compiled"
     if assume_device is not None:
         speed = T.datasheet(facts, assume_device, compiled)
-    elif facts.weights_local and T.device_available(spec.device):
+    elif facts.weights_local and P.device_available(spec.device):
         try:
-            speed = T.probe(spec, facts, compiled)
+            speed = P.probe(spec, facts, compiled)
         except Exception as exc:  # noqa: BLE001  (a probe that fails falls back to the analytic estimate)
-            speed = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
+            speed = P.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
             speeds.append(
                 f"{spec.name}: the probe failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             )
     else:
-        speed = T.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
+        speed = P.measured_device(facts, spec.device, facts.dtype_bytes, compiled)
     why = "" if speed.kind == "probe" else f" [{facts.source}, {facts.params / 1e9:.2f}B parameters]"
     speeds.append(f"{spec.name} on {spec.device}: {speed.description}{why}")
     return speed

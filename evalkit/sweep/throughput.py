@@ -31,15 +31,15 @@ pays one first compile (:func:`compile_seconds`). The dry run prints the sources
 
 Three ways to get the numbers, the first that applies (the dry run prints which):
 
-* ``probe`` (:func:`probe`): the model and its device are here. It is loaded as the sweep loads it and
-  timed through evalkit's paths under :data:`PROBE_SCHEME`, every loop warmed first: a forward of
-  :data:`PROBE_TOKENS` tokens (on a GPU :data:`PROBE_TOKENS_CUDA`, so that the products, not the
+* ``probe`` (:func:`evalkit.sweep.speed_probe.probe`): the model and its device are here. It is loaded as the sweep loads it and
+  timed through evalkit's paths under :data:`~evalkit.sweep.speed_probe.PROBE_SCHEME`, every loop warmed first: a forward of
+  :data:`~evalkit.sweep.speed_probe.PROBE_TOKENS` tokens (on a GPU :data:`~evalkit.sweep.speed_probe.PROBE_TOKENS_CUDA`, so that the products, not the
   launches, set its time) gives the FLOP/s; a timed copy the bandwidth; the median of
-  :data:`PROBE_STEPS` warm eager decode steps at batch 1 the host ``overhead``. It does not time a
+  :data:`~evalkit.sweep.speed_probe.PROBE_STEPS` warm eager decode steps at batch 1 the host ``overhead``. It does not time a
   compiled step: that path is priced from the probe's bandwidth and :data:`GRAPH_S`.
 * ``datasheet`` (``--assume-device h100|h200|a100``, :data:`DEVICES`): the datasheet's peaks times
   :data:`FLOPS_UTILISATION` and :data:`BANDWIDTH_UTILISATION`, and the constants above.
-* ``measured device``: a timed product and copy on this machine's device, scaled to what a
+* ``measured device`` (:func:`evalkit.sweep.speed_probe.measured_device`): a timed product and copy on this machine's device, scaled to what a
   forward reaches (:data:`MATMUL_UTILISATION`, :data:`COPY_UTILISATION`), and the constants above.
 
 The constants were measured on an NVIDIA H200 SXM with random Llama-3.1-8B weights in bf16 (torch
@@ -54,19 +54,10 @@ one model family's: other GPUs are priced from their datasheets with the same fr
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-PROBE_TOKENS = 128  # the probe's forward on a CPU
-PROBE_TOKENS_CUDA = 2048  # on a GPU: shorter forwards are bound by the launches (~20 ms for an 8B model)
-PROBE_REPEATS = 2  # timed forwards after one warm-up of the same length; the quickest counts
-PROBE_PREFILL = 16  # the decode steps' prompt
-PROBE_WARMUP = 8  # untimed decode steps first: a process's first loop is not warm after 3 steps
-PROBE_STEPS = 8  # timed decode steps, each synchronised; the median counts
-PROBE_SCHEME = "fp8_e4m3/tensor/dynamic"
 DISK_READ_BYTES_S = 2e9  # loading weights from a local disk (analytic estimates)
 
 FLOPS_UTILISATION = 0.50  # of the dense BF16 peak in a prefill: the H200's 8k forward reached 0.47, its 4k 0.55
@@ -223,7 +214,7 @@ def stored_bytes(scheme: str, facts) -> float | None:
     return None if parsed.is_unscaled else bytes_per_element(parsed, facts.head_dim or 128)
 
 
-def _flops(facts, tokens: int, context: float = 0.0) -> float:
+def forward_flops(facts, tokens: int, context: float = 0.0) -> float:
     """FLOPs of one row's forward of ``tokens`` new tokens after ``context`` cached ones."""
     return tokens * 2 * facts.params + _attention_flops(facts, tokens, context)
 
@@ -238,7 +229,8 @@ def default_compiled(device: str) -> bool:
     return str(device).startswith("cuda")
 
 
-def _path(compiled: bool, kernels: float, launch: float, graph: float) -> str:
+def path_text(compiled: bool, kernels: float, launch: float, graph: float) -> str:
+    """The decode path a speed prices, in words (every estimate prints it)."""
     if compiled:
         return f"decode path compiled (static cache, CUDA graphs: {graph * 1e3:.1f} ms a step besides its bytes)"
     return f"decode path eager ({kernels:,.0f} kernels a forward, {launch * 1e3:.1f} ms of host time)"
@@ -258,165 +250,8 @@ def datasheet(facts, device: str, compiled: bool | None = None) -> Speed:
         "datasheet",
         f"analytic, {d.name} datasheet ({d.bf16_flops / 1e12:.0f} TFLOP/s BF16 x {FLOPS_UTILISATION:.0%}, "
         f"{d.bandwidth / 1e12:.2f} TB/s x {BANDWIDTH_UTILISATION:.0%}); "
-        + _path(compiled, kernels, kernels * LAUNCH_S, kernels * GRAPH_S),
+        + path_text(compiled, kernels, kernels * LAUNCH_S, kernels * GRAPH_S),
         compiled,
         kernels * GRAPH_S,
         True,
-    )
-
-
-def _copy_bandwidth(dev, sync) -> float:
-    """Bytes/s of a timed copy on ``dev`` (read and write), after one untimed copy."""
-    import torch
-
-    big = torch.empty(64 * 2**20 if dev.type == "cpu" else 2**30, dtype=torch.uint8, device=dev)
-    return 2 * big.numel() / min(timed(big.clone, sync, warmup=1, repeats=3))
-
-
-def timed(step, sync, warmup: int, repeats: int) -> list[float]:
-    """Seconds of ``repeats`` calls of ``step`` after ``warmup`` untimed ones, each call synchronised
-    (``sync``): the first calls of a process (allocations, kernel choice, caches) are not a run's speed."""
-    for _ in range(warmup):
-        step()
-    sync()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        sync()
-        out.append(time.perf_counter() - start)
-    return out
-
-
-def _syncer(dev):
-    import torch
-
-    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-
-
-def measured_device(facts, device: str, dtype_bytes: float, compiled: bool | None = None) -> Speed:
-    """FLOP/s of a timed matrix product and bytes/s of a timed copy on this machine's ``device``,
-    scaled to what a forward reaches; the decode path of ``device`` (the grid's) unless ``compiled``."""
-    import torch
-
-    dev = torch.device(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
-    sync = _syncer(dev)
-    dtype = torch.float32 if dev.type == "cpu" or dtype_bytes >= 4 else torch.bfloat16
-    n = 1024 if dev.type == "cpu" else 8192
-    a = torch.randn(n, n, device=dev, dtype=dtype)
-    b = torch.randn(n, n, device=dev, dtype=dtype)
-    product = 2 * n**3 / min(timed(lambda: a @ b, sync, warmup=1, repeats=4))
-    copy = _copy_bandwidth(dev, sync)
-    compiled = default_compiled(device) if compiled is None else compiled
-    kernels = KERNELS_PER_LAYER * facts.layers
-    where = f"this machine's {dev.type}" + (
-        "" if dev.type == device.split(":")[0] else f" (the grid's {device} is not here)"
-    )
-    return Speed(
-        product * FLOPS_UTILISATION / MATMUL_UTILISATION,
-        copy * BANDWIDTH_UTILISATION / COPY_UTILISATION,
-        kernels * LAUNCH_S,
-        facts.weight_bytes / DISK_READ_BYTES_S,
-        "measured device",
-        f"analytic, measured on {where}: {product / 1e9:,.0f} GFLOP/s ({str(dtype).removeprefix('torch.')} "
-        f"{n}x{n} product) x {FLOPS_UTILISATION / MATMUL_UTILISATION:.2f}, {copy / 1e9:,.1f} GB/s copy "
-        f"x {BANDWIDTH_UTILISATION / COPY_UTILISATION:.2f}; "
-        + _path(compiled, kernels, kernels * LAUNCH_S, kernels * GRAPH_S),
-        compiled,
-        kernels * GRAPH_S,
-        default_compiled(device),
-        "cuda" if default_compiled(device) else "cpu",
-    )
-
-
-def device_available(device: str) -> bool:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.is_available()
-    return device in ("cpu", "auto") or device.startswith("cpu")
-
-
-def probe(spec, facts, compiled: bool | None = None) -> Speed:
-    """Load the model as the sweep does and time a forward and warm decode steps through evalkit's paths."""
-    from transformers.utils import logging as hf_logging
-
-    from evalkit.models.loading import load_model_with
-
-    start = time.perf_counter()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the dry run's output
-    try:
-        lm = load_model_with(spec.name, spec)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    return probe_model(lm, facts, load_seconds=time.perf_counter() - start, compiled=compiled)
-
-
-def probe_model(lm, facts, load_seconds: float = 0.0, compiled: bool | None = None) -> Speed:
-    """Time a forward, a copy and warm eager decode steps of an already loaded model (a ``LoadedModel``)
-    through evalkit's paths; :func:`probe` after loading, and ``gpu_check`` on the model it built.
-    ``compiled``: the decode path to price (None: the device's default)."""
-    import torch
-
-    from evalkit.evals.decode.loop import decode_logits
-    from evalkit.integration.install import quantized_kv
-
-    model, dev = lm.model, lm.device
-    sync = _syncer(dev)
-    head = model.get_output_embeddings()
-    tokens = PROBE_TOKENS_CUDA if dev.type == "cuda" else PROBE_TOKENS
-    tokens = min(tokens, facts.max_length or tokens)
-    steps_len = PROBE_PREFILL + PROBE_WARMUP + PROBE_STEPS + 1
-    ids = (torch.arange(max(tokens, steps_len), device=dev)[None] * 7919 + 11) % head.out_features
-
-    def forward():
-        hidden = model.base_model(input_ids=ids[:, :tokens], use_cache=False).last_hidden_state
-        for chunk in hidden.split(512, dim=1):  # the head over every position, never a (tokens x vocab) tensor at once
-            head(chunk).float()
-
-    with torch.inference_mode(), quantized_kv(model, PROBE_SCHEME) as session:
-        t_prefill = min(timed(forward, sync, warmup=1, repeats=PROBE_REPEATS))
-        steps = decode_logits(
-            model,
-            lambda h: head(h).float(),
-            session,
-            ids[:, :steps_len].clone(),
-            torch.ones(1, steps_len, dtype=torch.long, device=dev),
-            PROBE_PREFILL,
-        )
-        next(steps)  # the prefill's prediction
-        t_step = statistics.median(timed(lambda: next(steps), sync, warmup=PROBE_WARMUP, repeats=PROBE_STEPS))
-        steps.close()
-    copy = _copy_bandwidth(dev, sync)
-    flops = _flops(facts, tokens) / t_prefill
-    # the timed step, at batch 1 and a short context: host launches (overlapping the products on a GPU,
-    # after them on a CPU) and its small attention; a step quicker than the copy allows raises the bandwidth
-    kv = (PROBE_PREFILL + PROBE_WARMUP + PROBE_STEPS / 2) * facts.layers * 2 * facts.kv_width
-    kv *= kv_traffic(facts, stored_bytes(PROBE_SCHEME, facts), grows=True)
-    bandwidth = max(copy * BANDWIDTH_UTILISATION / COPY_UTILISATION, (facts.weight_bytes + kv) / t_step)
-    t_lin = max(2 * facts.params / flops, facts.weight_bytes / bandwidth)
-    t_att = kv / bandwidth
-    overlap = dev.type == "cuda"
-    overhead = max(t_step - t_att - (0.0 if overlap else t_lin), 0.0)
-    if not overlap:  # on a CPU the timed forward paid the launches too: the products' rate is without them
-        flops = _flops(facts, tokens) / max(t_prefill - overhead, t_prefill / 2)
-    compiled = default_compiled(dev.type) if compiled is None else compiled
-    kernels = KERNELS_PER_LAYER * facts.layers
-    return Speed(
-        flops,
-        bandwidth,
-        overhead,
-        load_seconds,
-        "probe",
-        f"probe on {dev.type} under {PROBE_SCHEME}: forward of {tokens} tokens {t_prefill * 1e3:.0f} ms "
-        f"({tokens / t_prefill:,.0f} tokens/s), warm decode step {t_step * 1e3:.1f} ms at batch 1 (median of "
-        f"{PROBE_STEPS} after {PROBE_WARMUP} warm-up steps), copy {copy / 1e9:,.1f} GB/s, model load {load_seconds:.1f} s; "
-        + _path(compiled, kernels, overhead, kernels * GRAPH_S)
-        + (" (not timed: from the bandwidth and the H200's graph overhead)" if compiled else ""),
-        compiled,
-        kernels * GRAPH_S,
-        overlap,
-        dev.type,
     )

@@ -151,7 +151,7 @@ class FakeValidationError(ValueError):
 
 
 def test_startup_errors_are_their_cause_in_the_callers_flags():
-    from evalkit.engines.vllm.runner import startup_error
+    from evalkit.engines.vllm.startup import startup_error
 
     too_long = FakeValidationError(
         "Value error, User-specified max_model_len (10000000) is greater than the derived max_model_len "

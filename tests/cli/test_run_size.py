@@ -13,6 +13,7 @@ from evalkit.cli import main
 from evalkit.cli import run_size as S
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
+from evalkit.sweep import speed_probe as P
 from evalkit.sweep import throughput as T
 
 
@@ -161,8 +162,8 @@ def speeds(monkeypatch):
         calls["probe"] += 1
         return _speed(100.0, "probe")
 
-    monkeypatch.setattr(T, "measured_device", analytic)
-    monkeypatch.setattr(T, "probe_model", probe)
+    monkeypatch.setattr(P, "measured_device", analytic)
+    monkeypatch.setattr(P, "probe_model", probe)
     return calls
 
 

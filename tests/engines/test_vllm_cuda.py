@@ -362,7 +362,7 @@ def test_memory_arguments_per_device():
 
 
 def test_vllms_free_memory_refusal_is_one_line_naming_the_option():
-    from evalkit.engines.vllm.runner import startup_error
+    from evalkit.engines.vllm.startup import startup_error
 
     exc = ValueError(
         "Free memory on device cuda:0 (120.3/139.8 GiB) on startup is less than desired GPU memory utilization "

@@ -124,24 +124,24 @@ def _flat(prompt, rows):
 
 
 def test_prompt_logprobs_are_read_from_the_flat_and_the_dict_form():
-    from evalkit.engines.vllm.runner import _read_prompt_logprobs
+    from evalkit.engines.vllm.prompt_logprobs import read_prompt_logprobs
 
     prompt = [5, 7, 9]
     rows = [([7, 1], [-0.5, -1.5], -0.5), ([2, 3], [-0.1, -2.0], -4.0)]  # position 2: actual token 9 not in the top 2
     flat = _flat(prompt, rows)
-    got = _read_prompt_logprobs(flat, prompt, 2)
+    got = read_prompt_logprobs(flat, prompt, 2)
     assert got.target.tolist() == [-0.5, -4.0]
     assert got.ids.tolist() == [[7, 1], [2, 3]] and got.lps.tolist() == [[-0.5, -1.5], [-0.1, -2.0]]
 
     lp = lambda v, r: SimpleNamespace(logprob=v, rank=r)  # noqa: E731
     dicts = [None, {7: lp(-0.5, 1), 1: lp(-1.5, 2)}, {9: lp(-4.0, 30), 2: lp(-0.1, 1), 3: lp(-2.0, 2)}]
-    again = _read_prompt_logprobs(dicts, prompt, 2)
+    again = read_prompt_logprobs(dicts, prompt, 2)
     assert again.target.tolist() == got.target.tolist() and again.ids.tolist() == got.ids.tolist()
     with pytest.raises(EvalkitError, match="prompt positions"):
-        _read_prompt_logprobs(dicts[:2], prompt, 2)
+        read_prompt_logprobs(dicts[:2], prompt, 2)
     flat.token_ids[0 + 3] = 8  # the actual token at position 2 is not the prompt's
     with pytest.raises(EvalkitError, match="actual token plus the top-k"):
-        _read_prompt_logprobs(flat, prompt, 2)
+        read_prompt_logprobs(flat, prompt, 2)
 
 
 def _run(logits, targets, k):

@@ -26,7 +26,8 @@ def test_stepped_requests_equal_llm_generate_and_count_every_token():
     from vllm import SamplingParams
 
     from evalkit.engines.vllm.decode import greedy_tokens
-    from evalkit.engines.vllm.runner import VllmRunner, _read_prompt_logprobs
+    from evalkit.engines.vllm.prompt_logprobs import read_prompt_logprobs
+    from evalkit.engines.vllm.runner import VllmRunner
     from evalkit.models.loading import embedded_dense_dir, ensure_embedded
 
     ensure_embedded("smollm2-135m")
@@ -44,7 +45,7 @@ def test_stepped_requests_equal_llm_generate_and_count_every_token():
         assert greedy_tokens(r, prompts, 12, progress=False) == plain
         lp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=5, flat_logprobs=True, detokenize=False)
         want = [
-            _read_prompt_logprobs(o.prompt_logprobs, p, 5)
+            read_prompt_logprobs(o.prompt_logprobs, p, 5)
             for o, p in zip(r.llm.generate([{"prompt_token_ids": p} for p in prompts], lp, use_tqdm=False), prompts)
         ]
         got = r.prompt_logprobs(prompts, 5)

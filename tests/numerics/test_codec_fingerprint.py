@@ -9,7 +9,7 @@ or engine dtype joins by itself, and changes the fingerprint until it is pinned)
   static scale per tensor or head) x scale dtype (fp32, e4m3, e8m0) x ``tensor_scale`` x recipe
   (standard, sglang, vllm_cpu) x rounding (rne, rtz, rna): every combination that
   :func:`~evalkit.kv.scheme.parse_scheme` accepts, each once under its canonical string (the
-  :data:`~evalkit.kv.scheme.NAMED_SCHEMES` among them); dynamic ones also with a padding mask;
+  :data:`~evalkit.kv.named_schemes.NAMED_SCHEMES` among them); dynamic ones also with a padding mask;
 * **every registered codec family** (:func:`evalkit.kv.codec.families`: vLLM's, llama.cpp's, and any a
   plugin registers), one group named by its prefix: every ``<prefix>:<name>`` of the family's own
   :meth:`~evalkit.kv.codec.CodecFamily.names` that parses to a quantizing scheme on standard attention

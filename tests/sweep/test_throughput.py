@@ -11,6 +11,7 @@ import pytest
 
 from evalkit.evals.sizing import Forwards
 from evalkit.models.facts import ModelFacts, model_facts
+from evalkit.sweep import speed_probe as P
 from evalkit.sweep import throughput as T
 from evalkit.sweep.estimate import estimate_sweep
 from evalkit.sweep.grid import parse_grid
@@ -147,18 +148,18 @@ def test_timing_leaves_the_warm_up_out(monkeypatch):
         calls.append(1)
         clock[0] += 0.2 if len(calls) <= 3 else 0.01
 
-    monkeypatch.setattr(T, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    times = T.timed(step, lambda: synced.append(1), warmup=3, repeats=5)
+    monkeypatch.setattr(P, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    times = P.timed(step, lambda: synced.append(1), warmup=3, repeats=5)
     assert len(calls) == 8 and len(synced) == 6
     assert times == pytest.approx([0.01] * 5)
 
 
 def test_measured_device_prices_the_grids_device_path():
     facts = model_facts("embedded", "float32", "cpu")
-    cpu = T.measured_device(facts, "cpu", facts.dtype_bytes)
+    cpu = P.measured_device(facts, "cpu", facts.dtype_bytes)
     assert not cpu.compiled and not cpu.overlap and "decode path eager" in cpu.description
     assert cpu.flops > 0 and cpu.bandwidth > 0 and cpu.overhead == pytest.approx(32.5 * facts.layers * 18.7e-6)
-    forced = T.measured_device(facts, "cpu", facts.dtype_bytes, compiled=True)
+    forced = P.measured_device(facts, "cpu", facts.dtype_bytes, compiled=True)
     assert forced.compiled and "decode path compiled" in forced.description
 
 
@@ -167,11 +168,11 @@ def test_the_cpu_probe_on_the_embedded_model_reproduces_its_warm_step():
     from evalkit.models.loading import load_model
 
     facts = model_facts("embedded", "auto", "cpu")
-    speed = T.probe_model(load_model("embedded", device="cpu"), facts)
+    speed = P.probe_model(load_model("embedded", device="cpu"), facts)
     assert speed.kind == "probe" and speed.path == "eager" and not speed.overlap
     assert all(math.isfinite(x) and x > 0 for x in (speed.flops, speed.bandwidth)) and speed.overhead >= 0
-    assert f"forward of {T.PROBE_TOKENS} tokens" in speed.description and "decode path eager" in speed.description
+    assert f"forward of {P.PROBE_TOKENS} tokens" in speed.description and "decode path eager" in speed.description
     step_ms = float(re.search(r"warm decode step ([\d.]+) ms at batch 1", speed.description).group(1))
-    context = T.PROBE_PREFILL + T.PROBE_WARMUP + T.PROBE_STEPS / 2
-    priced = speed.seconds(Forwards(1, 1, 1, context), facts, T.stored_bytes(T.PROBE_SCHEME, facts))
+    context = P.PROBE_PREFILL + P.PROBE_WARMUP + P.PROBE_STEPS / 2
+    priced = speed.seconds(Forwards(1, 1, 1, context), facts, T.stored_bytes(P.PROBE_SCHEME, facts))
     assert priced * 1e3 == pytest.approx(step_ms, rel=0.02, abs=0.1)  # what it timed is what it prices

@@ -21,7 +21,6 @@ from evalkit.cli.preflight.kv_fit import check_kv_fit, with_longest
 from evalkit.cli.preflight.model_fit import check_model_fit
 from evalkit.cli.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
 from evalkit.cli.preflight.scale_files import check_scale_files
-from evalkit.sweep.spec import ModelSpec
 
 COMMON_CHECKS: list[Check] = [
     check_engine_profiles,
@@ -99,16 +98,9 @@ def _model_entries(data) -> dict[str, tuple]:
     return out
 
 
-def run_problems(args, schemes: Sequence) -> list[Problem]:
-    """Every problem of ``evalkit run``'s schemes on its model, engine and engine profile."""
-    model = ModelSpec(
-        name=args.model,
-        dtype=str(args.dtype),
-        device=str(args.device),
-        device_map=args.device_map,
-        attn_implementation=args.attn_implementation,
-        trust_remote_code=args.trust_remote_code,
-    )
+def run_problems(args, schemes: Sequence, model) -> list[Problem]:
+    """Every problem of ``evalkit run``'s schemes on its model (``model``: the model flags as a
+    :class:`~evalkit.sweep.spec.ModelSpec`, :func:`evalkit.cli.common.model_spec`), engine and engine profile."""
     options = json.dumps(getattr(args, "engine_option_values", None) or {}, sort_keys=True)
     planned = [
         PlannedRun(

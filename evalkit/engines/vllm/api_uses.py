@@ -12,7 +12,7 @@ vLLM as a :class:`Use`:
 - a vLLM source file evalkit loads by path (``"vllm/v1/attention/ops/....py"``, also through module
   constants joined with ``+``), and a call on the module :func:`load_with_triton` returns for it.
 
-A variable named ``vllm`` (``vllm = _import_vllm()``) is the ``vllm`` package. What the source cannot
+A variable named ``vllm`` (``vllm = import_vllm()``) is the ``vllm`` package. What the source cannot
 show mechanically, the objects vLLM hands back (``LLM.llm_engine``, the scheduler, the attention
 layers' ``_k_scale_float``) and the keywords that another function forwards to ``vllm.LLM`` (the
 engine options of the registry; lm-eval's ``VLLM`` model), is listed by hand in :data:`RUNTIME`

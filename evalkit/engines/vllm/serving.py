@@ -212,10 +212,11 @@ def measure(
 ) -> list[Measurement]:
     """Start one engine per kv_cache_dtype on ``model_dir`` with ``budget_bytes`` of KV cache and
     ``max_model_len = context``; read its allocation, and with ``load`` run batch 1 and the load run."""
-    from evalkit.engines.vllm.runner import VllmRunner, _import_vllm
+    from evalkit.engines.vllm.runner import VllmRunner
+    from evalkit.engines.vllm.startup import import_vllm
     from evalkit.kv.memory import bytes_per_token
 
-    _import_vllm()
+    import_vllm()
     profile = profile or engine_profile()
     kv_cache_dtypes = check_kv_cache_dtypes(kv_cache_dtypes, profile)
     if load and not 1 <= decode_tokens < context:

@@ -146,6 +146,7 @@ def test_run_engine_llamacpp_gives_lmeval_rows(tmp_path, capsys):
     capsys.readouterr()
     argv = ["run", "--engine", "llamacpp", "--eval", "lmeval", "--schemes", "llamacpp:q4_0"]
     argv += ["--lmeval-tasks", "evalkit_mmlu4,evalkit_passkey", "--lmeval-limit", "2", "--lmeval-bootstrap-iters", "0"]
+    argv += ["--engine-option", "n_threads=1"]  # 2 spinning threads crawl on a busy machine
     assert main([*argv, "--cache-dir", str(tmp_path / "cache"), "--json", "--no-progress"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["info"]["backend"] for r in rows} == {runtime.version()}
@@ -157,3 +158,38 @@ def test_run_engine_llamacpp_gives_lmeval_rows(tmp_path, capsys):
         ("evalkit_passkey/flip_rate", 0.0),
     }
     assert all(r["info"]["batch_size"] == 1 for r in rows if "n_items" in r["info"])
+
+
+def mmlu_choice_logliks(model, tasks) -> dict[int, list[float]]:
+    """Per MMLU item (doc id), its four answer choices' log-likelihoods as lm-eval logged them."""
+    from evalkit.evals.lmeval.adapter import run_lm_eval
+
+    results = run_lm_eval(model, tasks, num_fewshot=None, limit=8, bootstrap_iters=0)
+    return {s["doc_id"]: [float(r[0]) for r in s["filtered_resps"]] for s in results["samples"]["evalkit_mmlu4"]}
+
+
+@pytest.mark.slow
+def test_f16_answers_agree_with_the_emulations_within_llamacpps_float_noise(handle):
+    """The f16 baseline through llama.cpp against the emulation's unquantized HFLM (the GGUF's dequantized
+    weights in float32) on the same lm-eval requests (8 MMLU items x 4 choices): every item's answer is the
+    same, and the choices' log-likelihoods differ by no more than llama.cpp's own float noise, the change its
+    bf16 cache makes against its f16 cache (bf16 quantizes nothing that matters here; any change of rounding
+    in llama.cpp's attention grows through the Q4_1 weights' q8_1 activations, docs/llamacpp.md). Measured
+    (llama.cpp on 1 thread, as here): |f16 - emulation| mean 0.198 nats, max 0.556; |bf16 - f16| on llama.cpp
+    mean 0.194, max 0.690; for scale, q8_0 0.345 / 0.720 and q4_0 0.866 / 2.83."""
+    from evalkit.evals.lmeval.adapter import make_hflm, resolve_tasks
+    from evalkit.models.loading import load_model
+
+    tasks = resolve_tasks(["evalkit_mmlu4"])
+    lm = load_model("embedded", dtype="float32")
+    emulated = mmlu_choice_logliks(make_hflm(lm.model, lm.tokenizer, 1), tasks)
+    backend = LlamaCppBackend(n_threads=1)
+    backend.prepare_lmeval(None, handle)
+    f16 = mmlu_choice_logliks(lm_for(backend, handle, None), tasks)
+    bf16 = mmlu_choice_logliks(lm_for(backend, handle, "llamacpp:bf16"), tasks)
+    backend.close()
+    assert emulated.keys() == f16.keys() == bf16.keys() and len(f16) == 8
+    gap = np.abs([np.subtract(f16[d], emulated[d]) for d in f16])
+    noise = np.abs([np.subtract(bf16[d], f16[d]) for d in f16])
+    assert gap.mean() <= 1.5 * noise.mean() and gap.max() <= 1.5 * noise.max(), (gap, noise)
+    assert all(np.argmax(f16[d]) == np.argmax(emulated[d]) for d in f16)

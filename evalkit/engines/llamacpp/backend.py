@@ -13,8 +13,11 @@ through llama.cpp's decode path under the f16 cache and under the scheme (prefil
 against the baseline's on the free-running rows.
 
 Retrieval (request (c), greedy texts): llama.cpp's greedy generation through the scheme's cache,
-decoded with the evaluation's tokenizer (the GGUF's own vocabulary). lm-eval is not served (refused in
-one line: use the emulation or vLLM for it).
+decoded with the evaluation's tokenizer (the GGUF's own vocabulary).
+
+lm-eval (request (d)): lm-eval's loglikelihood, rolling loglikelihood and greedy ``generate_until`` through
+llama.cpp in process (:mod:`evalkit.engines.llamacpp.lmeval`, an lm-eval ``TemplateLM`` with HFLM's text
+rules), one request at a time; the baseline is the f16 cache's run, flip rates against it.
 
 The model is a GGUF file: the embedded model's (``embedded_gguf``), a ``.gguf`` path, or a folder
 holding exactly one (:func:`~evalkit.engines.llamacpp.gguf.gguf_path`). The evaluation's tokenizer and windows come from the
@@ -23,6 +26,7 @@ transformers model evalkit loads from the same file, so both see the same token 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -31,7 +35,8 @@ import torch
 
 from evalkit.engines.llamacpp.engine import BASELINE_TYPES, DEFAULTS, cache_types, check_types
 from evalkit.engines.llamacpp.gguf import gguf_path
-from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LogprobsRequest, TokenScores
+from evalkit.errors import EvalkitError
+from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LmevalRequest, LogprobsRequest, TokenScores
 
 KL_METHOD = "exact: full-vocabulary log-softmax of llama.cpp's logits, float64"
 SCHEMES = "llamacpp:<k>[/<v>] (llama.cpp's cache types) and the f16 baseline"
@@ -66,7 +71,7 @@ class LlamaCppBackend(Backend):
             runtime.version(),
             kl="estimate",
             step_distributions=True,
-            requests=frozenset({"logprobs", "decode", "generate"}),
+            requests=frozenset({"logprobs", "decode", "generate", "lmeval"}),
             schemes=SCHEMES,
         )
         self._model = None
@@ -106,6 +111,17 @@ class LlamaCppBackend(Backend):
 
     def check_model(self, lm) -> None:
         gguf_path(lm.name)
+
+    def check_eval(self, eval_name: str, params: dict, request: str | None) -> None:
+        """The protocol's refusals, and an lm-eval batch size other than 1 (llama.cpp decodes one request
+        at a time here, so a larger batch would be recorded but not run)."""
+        super().check_eval(eval_name, params, request)
+        batch = (params or {}).get("batch_size")
+        if request == "lmeval" and batch not in (None, 1):
+            raise EvalkitError(
+                f"--eval {eval_name} with batch_size {batch}: llama.cpp runs lm-eval's requests one at a time "
+                "(one sequence per context): drop --lmeval-batch-size (grid key batch_size) or give 1"
+            )
 
     def settings(self, scheme) -> dict:
         k, v = cache_types(scheme)
@@ -236,6 +252,22 @@ class LlamaCppBackend(Backend):
                 return lm.tokenizer.batch_decode(outs, skip_special_tokens=True)
 
             return texts_per_batch(generate, batches, progress, on_batch)
+
+    # -- (d) lm-eval -----------------------------------------------------------------------------------
+    def prepare_lmeval(self, request: LmevalRequest, lm) -> None:
+        self.open(lm.name)
+
+    @contextlib.contextmanager
+    def lmeval_model(self, request: LmevalRequest, lm, scheme):
+        """lm-eval's LM over llama.cpp for ``scheme`` (None: the f16 baseline), HFLM's text rules on the
+        evaluation's tokenizer (:mod:`evalkit.engines.llamacpp.lmeval`)."""
+        from evalkit.engines.llamacpp.lmeval import llamacpp_lm_class
+
+        self.open(lm.name)
+        if scheme is not None:
+            check_types(*cache_types(scheme), self.flash_attn)
+        max_length = lm.max_length or self._model.n_ctx_train
+        yield llamacpp_lm_class()(self, scheme, lm.tokenizer, max_length)
 
 
 def from_options(options: dict) -> LlamaCppBackend:

@@ -487,9 +487,10 @@ class LlamaCppContext:
         self._decode(prompt_ids, 0)
         return self._last()
 
-    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=None) -> list[int]:
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=None, stop=None) -> list[int]:
         """Greedy continuation (argmax, ties to the lowest id), one token per llama_decode after the prompt;
-        stops after an EOS (included). ``eos_ids=None``: the model's end-of-generation tokens."""
+        stops after an EOS (included). ``eos_ids=None``: the model's end-of-generation tokens. ``stop``: a
+        function of the tokens generated so far, called after each; True stops there (that token included)."""
         self._check_open()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -506,6 +507,8 @@ class LlamaCppContext:
             tok = int(np.argmax(row))
             out.append(tok)
             if len(out) >= max_new_tokens or (self.model.is_eog(tok) if eos is None else tok in eos):
+                return out
+            if stop is not None and stop(out):
                 return out
             self._decode([tok], len(prompt) + len(out) - 1)
             row = self._last()

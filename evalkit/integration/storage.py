@@ -83,10 +83,11 @@ class _StorageLayerMixin:
     batch_repeat_interleave = batch_select_indices = reorder_cache
 
 
-def _prefill_reads_raw(binding: BoundScheme) -> bool:
-    """Whether the engine dtype attends a sequence's first write from the raw K/V (its slot codec)."""
+def _prefill_reads_raw(binding: BoundScheme, tokens: int) -> bool:
+    """Whether the engine dtype attends a sequence's first write of ``tokens`` tokens from the raw K/V (its slot
+    codec: TurboQuant/UltraQuant always, Octave past 128 tokens)."""
     codec = codec_for(binding.fmt.recipe)
-    return codec is not None and codec.prefill_reads_raw
+    return codec is not None and codec.reads_raw(tokens)
 
 
 class StorageLayer(_StorageLayerMixin, DynamicLayer):
@@ -97,7 +98,7 @@ class StorageLayer(_StorageLayerMixin, DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         first = self.k is None or self.k.total == 0
         self._write(key_states, value_states)
-        if first and self.active and _prefill_reads_raw(self.binding):
+        if first and self.active and _prefill_reads_raw(self.binding, key_states.shape[2]):
             self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
             return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
         return self.k.read(), self.v.read()
@@ -115,7 +116,7 @@ class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
         keys, values = self.k.read()[:, :, -n:], self.v.read()[:, :, -n:]
-        if first and self.active and _prefill_reads_raw(self.binding):
+        if first and self.active and _prefill_reads_raw(self.binding, key_states.shape[2]):
             keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)

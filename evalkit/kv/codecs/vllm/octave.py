@@ -30,9 +30,15 @@ Read in vLLM 0.33.0 (0.34.0's file is the same), ``vllm/v1/attention/ops/rocm_oc
   (the kernels attend in the rotated space, the query rotated like K and the output rotated back: the
   same values up to float32 summation order).
 
-The sums (``ss``, ``dot``) and the square root are torch's own, as in the reference (so on the CPU they are
+The sums (``ss``, ``dot``) and the square root are torch's own, as in the reference, so on the CPU they are
 its bits exactly: tests/kv/test_vllm_octave.py holds every slot byte and every read-back value equal to
-the reference run from the 0.33 wheel's source); the HIP kernels' own orders are not modelled.
+the reference run from the 0.33 wheel's source. This is the one vLLM dtype evalkit does not compute in a
+device-independent order (:mod:`evalkit.kv.device_exact`; tests/kv/test_same_bytes.py names it): a fixed
+order (``tree_sum``, a correctly rounded ``sqrt``) would differ from the reference on this CPU in about 1.3e-4
+of the fp16 scales (a last bit) and 1e-7 of the codes (measured on 100,000 rows per width; torch's float32
+``sqrt`` here differs from the correctly rounded one in 17 % of values), and the engine's own order is the
+HIP kernels', which are not in the wheel. So on a GPU evalkit's Octave bytes can differ from the CPU's as
+vLLM's reference's do. Divisions are by a device tensor or exact powers of two.
 
 Where vLLM runs it (``vllm/v1/attention/backends/rocm_octave_attn.py``): ROCm only, RDNA 3 or CDNA 3, fp16/bf16
 models, and its kernels take head_size 256 with 64 rotary dims only (:63-65, :292-301); evalkit models the
@@ -56,6 +62,7 @@ import torch
 
 from evalkit.errors import SchemeError
 from evalkit.kv.codecs.slot import TOKEN, Codec, packed
+from evalkit.kv.device_exact import divide
 from evalkit.kv.formats import CodecRecipe
 from evalkit.kv.hadamard import fwht, is_power_of_two
 from evalkit.kv.quantize import Quantized
@@ -179,15 +186,15 @@ def table(bits: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, 
     found = _TABLES.get(key)
     if found is None:
         lut = torch.tensor(LUT[bits], dtype=torch.float32, device=device)
-        found = _TABLES.setdefault(key, (lut, (lut[1:] + lut[:-1]) / 2))
+        found = _TABLES.setdefault(key, (lut, (lut[1:] + lut[:-1]) * 0.5))  # the reference's "/ 2": exact
     return found
 
 
 def lut_codes(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of float32 ``x`` (..., n) -> (codes int64, float32 scale (..., 1)) with ``x . x_hat = |x|^2``."""
     lut, mid = table(bits, x.device)
-    ss = x.pow(2).sum(-1, keepdim=True)
-    rms = (ss / x.shape[-1]).sqrt().clamp_min(RMS_MIN)
+    ss = x.pow(2).sum(-1, keepdim=True)  # torch's sum and sqrt, as the reference (see the module docstring)
+    rms = divide(ss, x.shape[-1]).sqrt().clamp_min(RMS_MIN)
     codes = torch.bucketize(x / rms * LUT_MULT[bits], mid)
     dot = (x * lut[codes]).sum(-1, keepdim=True)
     return codes, torch.where(dot > 0, ss / dot.clamp_min(DOT_MIN), 0.0) * LUT_ONE
@@ -227,7 +234,7 @@ def _half_bytes(scales: torch.Tensor) -> torch.Tensor:
 
 def _half_scales(b: torch.Tensor) -> torch.Tensor:
     """fp16 scale bytes -> float32 scales / LUT_ONE (exact)."""
-    return b.contiguous().view(torch.float16).float() / LUT_ONE
+    return b.contiguous().view(torch.float16).float() * (1.0 / LUT_ONE)  # a power of two: the same bits
 
 
 # -- one side of the slot --------------------------------------------------------------------------

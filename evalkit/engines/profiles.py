@@ -69,7 +69,8 @@ class KVDtype:
     name: str
     format: str | None  # evalkit format of the stored K/V; None: "auto", unquantized
     rounding: Rounding = Rounding.RNE
-    named: str | None = None  # a named evalkit scheme it is exactly (its own scales), e.g. sglang_fp4
+    # a named evalkit scheme it is exactly (its own scales), e.g. sglang_fp4, or an engine codec's (vllm:octave_k3v4)
+    named: str | None = None
     checkpoint_scales: bool = True  # takes per-tensor k_scale/v_scale from the checkpoint
     recipe: Recipe = Recipe.STANDARD  # the store's arithmetic around the rounding (vllm_cpu: x * float32(1/scale))
 
@@ -160,8 +161,9 @@ class EngineProfile:
         ``fp8_e4m3`` rather than ``fp8``), or None for the unquantized baseline and formats it does not store."""
         if scheme.is_unscaled:
             return None
-        if scheme.name is not None:
-            return next((d.name for d in self.kv_cache_dtypes if d.named == scheme.name), None)
+        name = named_of(scheme)
+        if name is not None:
+            return next((d.name for d in self.kv_cache_dtypes if d.named == name), None)
         fmt = dict(self.format_map).get(scheme.format, scheme.format)
         names = [d.name for d in self.kv_cache_dtypes if d.format == fmt and not d.named]
         return next((n for n in names if n == fmt), names[0] if names else None)
@@ -265,7 +267,7 @@ class EngineProfile:
             )
         if scheme.skip_layers and not self.skip_layers:
             raise SchemeError(f"{where}: it quantizes every attention layer with one kv_cache_dtype; drop +skip=")
-        name = scheme.name
+        name = named_of(scheme)
         if name is not None:
             if name not in self.named:
                 raise SchemeError(f"{where}: {name} is not one of its KV cache dtypes; it runs {self._supported()}")
@@ -431,6 +433,17 @@ _ROUNDING_WORDS = {
     Rounding.RTZ: "toward zero",
     Rounding.RNA: "to nearest, ties away from zero",
 }
+
+
+def named_of(scheme: Scheme) -> str | None:
+    """The name a profile's ``KVDtype.named`` gives ``scheme``: its named scheme (``sglang_fp4``), or for an engine
+    codec's scheme the family's canonical head (``vllm:octave_k3v4``, options left out); None for plain schemes."""
+    if scheme.name is not None:
+        return scheme.name
+    from evalkit.kv.codec import family_of
+
+    family = family_of(scheme.recipe)
+    return None if family is None else family.scheme_name(scheme)
 
 
 def _unscaled(fmt: str) -> bool:

@@ -11,11 +11,13 @@ scale is an error here, never a quiet 1.0.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from evalkit.data.resources import resolve_calibration_file
 from evalkit.errors import ScaleError, SchemeError
-from evalkit.kv.codec import check_layout
+from evalkit.kv.codec import check_layout, codec_for
 from evalkit.kv.memory import check_mla_scheme
 from evalkit.kv.quantize import check_granularity
 from evalkit.kv.scale_table import Declared, ScaleTable, load_scale_table
@@ -33,6 +35,10 @@ class BoundScheme:
         self.table: ScaleTable | None = None
         if scheme.is_unscaled:  # auto, bf16, fp16: no codes, no scales (the storage casts bf16/fp16)
             return
+        codec = codec_for(self.fmt.recipe)
+        if codec is not None and codec.rope_aware and not layout.is_mla:  # vLLM's Octave: its slot follows RoPE
+            self.fmt = dataclasses.replace(self.fmt, rope_dim=layout.rotary_dim)
+            codec.width("k", layout.head_dim, layout.rotary_dim)  # refuses, in one line, what its format refuses
         if layout.is_mla:
             check_mla_scheme(scheme, layout)
         else:

@@ -262,7 +262,7 @@ class StaticStorageLayer(DynamicLayer):
         k.read(), v.read()  # the first write's own values are not needed: attention reads all positions
         self.k = StaticStoredTensor(k, key_states, self.max_len)
         self.v = StaticStoredTensor(v, value_states, self.max_len)
-        if self.active and _prefill_reads_raw(b):  # TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
+        if self.active and _prefill_reads_raw(b, key_states.shape[2]):  # TurboQuant/UltraQuant (Octave past 128)
             return _padded(key_states, self.max_len), _padded(value_states, self.max_len)
         return self.k.read(), self.v.read()
 

@@ -90,10 +90,24 @@ class _StorageLayerMixin:
     batch_repeat_interleave = batch_select_indices = reorder_cache
 
 
-def _prefill_reads_raw(binding: BoundScheme) -> bool:
-    """Whether the engine dtype attends a sequence's first write from the raw K/V (its slot codec)."""
+def _prefill_reads_raw(binding: BoundScheme, tokens: int) -> bool:
+    """Whether the engine dtype attends a sequence's first write of ``tokens`` tokens from the raw K/V (its slot
+    codec: TurboQuant/UltraQuant always, Octave past 128 tokens)."""
     codec = codec_for(binding.fmt.recipe)
-    return codec is not None and codec.prefill_reads_raw
+    return codec is not None and codec.reads_raw(tokens)
+
+
+def _continuation_reads_raw(binding: BoundScheme, tokens: int) -> bool:
+    """Whether a continuation chunk of ``tokens`` tokens reads its own K/V raw and the earlier tokens from the
+    codes: vLLM's TurboQuant/UltraQuant ``_continuation_prefill`` (:mod:`evalkit.integration.chunked`). Octave's
+    continuation is not read from its source here, so its continuation chunks read the cache, as its steps do."""
+    codec = codec_for(binding.fmt.recipe)
+    return (
+        codec is not None
+        and codec.prefill_reads_raw
+        and not codec.raw_prefill_over
+        and continuation_reads_raw_chunk(tokens)
+    )
 
 
 def _with_raw_tail(read: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
@@ -110,12 +124,11 @@ class StorageLayer(_StorageLayerMixin, DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         first = self.k is None or self.k.total == 0
         self._write(key_states, value_states)
-        if self.active and _prefill_reads_raw(self.binding):
-            if first:
-                self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
-                return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
-            if continuation_reads_raw_chunk(key_states.shape[2]):  # a long continuation chunk: its own K/V raw
-                return _with_raw_tail(self.k.read(), key_states), _with_raw_tail(self.v.read(), value_states)
+        if first and self.active and _prefill_reads_raw(self.binding, key_states.shape[2]):
+            self.k.read(), self.v.read()  # (drop the first write's values: attention reads the raw K/V)
+            return key_states, value_states  # vLLM TurboQuant/UltraQuant: a first-chunk prefill attends raw K/V
+        if not first and self.active and _continuation_reads_raw(self.binding, key_states.shape[2]):
+            return _with_raw_tail(self.k.read(), key_states), _with_raw_tail(self.v.read(), value_states)
         return self.k.read(), self.v.read()
 
 
@@ -131,11 +144,10 @@ class SlidingStorageLayer(_StorageLayerMixin, DynamicSlidingWindowLayer):
         self.cumulative_length = self.k.total
         n = visible_past + key_states.shape[2]
         keys, values = self.k.read()[:, :, -n:], self.v.read()[:, :, -n:]
-        if self.active and _prefill_reads_raw(self.binding):
-            if first:
-                keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
-            elif continuation_reads_raw_chunk(key_states.shape[2]):  # a long continuation chunk: its own K/V raw
-                keys, values = _with_raw_tail(keys, key_states), _with_raw_tail(values, value_states)
+        if first and self.active and _prefill_reads_raw(self.binding, key_states.shape[2]):
+            keys, values = key_states, value_states  # a first-chunk prefill attends raw K/V (TurboQuant/UltraQuant)
+        elif not first and self.active and _continuation_reads_raw(self.binding, key_states.shape[2]):
+            keys, values = _with_raw_tail(keys, key_states), _with_raw_tail(values, value_states)
         self.k.drop_front(self.sliding_window - 1)
         self.v.drop_front(self.sliding_window - 1)
         self._expose(key_states)

@@ -80,7 +80,7 @@ def dequantize_stored(
     read by the codec itself (``dim``: its head_dim). The one place both storage caches read from."""
     codec = codec_for(fmt.recipe)
     if codec is not None:  # the engine's packed slot bytes, read by the codec
-        return codec.decode(codes, role, dim)
+        return codec.decode(codes, role, dim, **codec.rope(fmt.rope_dim))
     values = decode(codes, fmt)
     if granularity.kind is GranularityKind.GROUP and scale.shape[-1] != 1:
         b, h, s, d = values.shape

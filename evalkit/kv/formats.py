@@ -142,6 +142,9 @@ class KVFormat:
     recipe: Recipe | CodecRecipe = Recipe.STANDARD
     rounding: Rounding = Rounding.RNE
     recipes: tuple[Recipe, ...] = (Recipe.STANDARD,)  # the recipes this format's scales may follow
+    # the model's rotary dims, bound by BoundScheme for a codec whose slot depends on them (vLLM's Octave,
+    # evalkit.kv.codecs.slot ``rope_aware``); None: unbound (every dim rotary, vLLM's default)
+    rope_dim: int | None = None
 
     @property
     def is_identity(self) -> bool:

@@ -71,23 +71,33 @@ def scale_bytes_per_element(scheme: Scheme, head_dim: int) -> float:
     return 0.0
 
 
-def bytes_per_element(scheme: Scheme, head_dim: int) -> float:
+def bytes_per_element(scheme: Scheme, head_dim: int, rope_dim: int | None = None) -> float:
+    """``rope_dim``: the model's rotary dims, for a codec whose slot follows them (None: every dim)."""
     c = codec_for(scheme.recipe)
     if c is not None:  # an engine's slot codec: its slot (K and V) per 2 * head_dim elements
-        return (c.width("k", head_dim) + c.width("v", head_dim)) / (2 * head_dim)
+        r = c.rope(rope_dim)
+        return (c.width("k", head_dim, **r) + c.width("v", head_dim, **r)) / (2 * head_dim)
     data = BASELINE_BYTES if scheme.is_unscaled else scheme.kv_format.bits / 8
     return data + scale_bytes_per_element(scheme, head_dim)
 
 
 def layer_cache_bytes(
-    scheme: Scheme, batch: int, heads: int, seq: int, head_dim: int, quantized: bool = True, role: str = "k"
+    scheme: Scheme,
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    quantized: bool = True,
+    role: str = "k",
+    rope_dim: int | None = None,
 ) -> int:
-    """Exact bytes one layer's K (or V: ``role="v"``) takes for ``batch`` sequences of ``seq`` stored tokens."""
+    """Exact bytes one layer's K (or V: ``role="v"``) takes for ``batch`` sequences of ``seq`` stored tokens
+    (``rope_dim``: the model's rotary dims, for a codec whose slot follows them; None: every dim)."""
     if not quantized or scheme.is_unscaled:
         return BASELINE_BYTES * batch * heads * seq * head_dim
     c = codec_for(scheme.recipe)
     if c is not None:  # an engine's slot codec: its packed bytes per (token, head), scales inside
-        return batch * heads * seq * c.width(role, head_dim)
+        return batch * heads * seq * c.width(role, head_dim, **c.rope(rope_dim))
     data = batch * heads * seq * math.ceil(head_dim * scheme.kv_format.bits / 8)
     kind, size = scheme.granularity.kind, scheme.granularity.size
     if scheme.scales is not ScaleSource.DYNAMIC:
@@ -121,7 +131,9 @@ def check_layout_scheme(scheme: Scheme, layout: KVLayout) -> None:
         check_mla_scheme(scheme, layout)
         return
     check_layout(scheme, False, (layout.head_dim, layout.v_head_dim))
-
+    c = codec_for(scheme.recipe)
+    if c is not None and c.rope_aware:  # vLLM's Octave: refuses, in one line, rotary dims its format does not take
+        c.width("k", layout.head_dim, layout.rotary_dim)
     for dim in dict.fromkeys((layout.head_dim, layout.v_head_dim)):
         check_granularity(scheme.granularity, dim)
 
@@ -230,8 +242,9 @@ def model_cache_bytes(
         if layout.is_mla:
             total += mla_layer_bytes(scheme, batch, n, layout.mla_latent_dim, layout.mla_rope_dim, quantized)
         else:
-            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.head_dim, quantized)
-            total += layer_cache_bytes(scheme, batch, layout.num_kv_heads, n, layout.v_head_dim, quantized, "v")
+            heads, rope = layout.num_kv_heads, layout.rotary_dim
+            total += layer_cache_bytes(scheme, batch, heads, n, layout.head_dim, quantized, "k", rope)
+            total += layer_cache_bytes(scheme, batch, heads, n, layout.v_head_dim, quantized, "v", rope)
     return total
 
 

@@ -37,6 +37,9 @@ class KVLayout:
     mla_rope_dim: int = 0  # qk_rope_head_dim for MLA models
     attention_layers: tuple[int, ...] | None = None  # None: every layer has attention
     compress_ratios: tuple[int, ...] | None = None  # DeepSeek V4: per layer, 0 (window only) or tokens per entry
+    # standard attention: the dims RoPE rotates, int(head_dim x partial_rotary_factor) as vLLM reads it
+    # (rocm_octave.py rope_dim_from_hf_config); None on MLA models and on layouts recorded before it
+    rotary_dim: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -86,8 +89,19 @@ def kv_layout(config) -> KVLayout:
         )
     return KVLayout(
         model_type, n_layers, n_kv, head_dim, v_head_dim, sliding, window, max_pos, latent, rope, attention_layers,
-        compress,
+        compress, None if latent else rotary_dim(cfg, head_dim),
     )  # fmt: skip
+
+
+def rotary_dim(cfg, head_dim: int) -> int:
+    """The dims RoPE rotates, as vLLM 0.33 reads them (``vllm/v1/attention/ops/rocm_octave.py``
+    ``rope_dim_from_hf_config``): ``int(head_dim * factor)``, the factor the config's ``partial_rotary_factor``,
+    else its ``rope_parameters``' (a dict), else 1.0."""
+    factor = getattr(cfg, "partial_rotary_factor", None)
+    if factor is None:
+        params = getattr(cfg, "rope_parameters", None) or {}
+        factor = params.get("partial_rotary_factor", 1.0) if isinstance(params, dict) else 1.0
+    return int(head_dim * factor)
 
 
 def _dsv4(cfg, head_dim: int, n_layers: int) -> tuple[int, int, tuple[int, ...]]:

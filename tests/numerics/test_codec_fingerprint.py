@@ -15,7 +15,10 @@ or engine dtype joins by itself, and changes the fingerprint until it is pinned)
   :meth:`~evalkit.kv.codec.CodecFamily.names` that parses to a quantizing scheme on standard attention
   (every ``<k>/<v>`` pair where the family's grammar takes K and V types apart, as llama.cpp's does), K and
   V; its MLA codecs (codecs marked ``mla``: vLLM's DeepSeek rows) in a group of their own (``mla`` for vLLM,
-  ``<prefix>_mla`` for another family), on a 512-value latent (role K) and a 64-value RoPE key (role V).
+  ``<prefix>_mla`` for another family), on a 512-value latent (role K) and a 64-value RoPE key (role V); a
+  codec with a ``numerics_group`` (one added after its family was pinned: vLLM 0.33's Octave caches) in
+  ``<prefix>_<group>`` (``vllm_octave``), so adding it moved no pin; a codec whose slot follows the rotary
+  dims (``rope_aware``) also with none rotary.
 
 Each group is pinned under its component's numerics version (:func:`tests.numerics.exact.pin_name`): a
 format's :data:`evalkit.kv.formats.FORMAT_NUMERICS`, a family's ``numerics_version``. A registered family
@@ -82,6 +85,9 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "llamacpp": "2f7f4a0a53b38e7f9a27a17a1361f97f17f4350fe36eb55c077d2fcc0e41aaba",
         "vllm": "cbdb60ec61654ae0635b7cd10af5ebd56e6cbda14c274a9798e27aa60761568b",
         "mla": "ad7cf50560b40c3f429f65ace624d087590280c0dc7cb8ec422f2364939baedf",
+        # vLLM 0.33's Octave caches (kv/codecs/vllm/octave.py), pinned apart: their sums are torch's, as vLLM's
+        # reference computes them (its CPU reduction order)
+        "vllm_octave": "47ccf02cce54e735b3160e2892122db4dc053b8bf35c4fdc1719581f37bd6387",
     },
 }
 
@@ -134,13 +140,14 @@ def format_schemes() -> dict[str, list[str]]:
     return {name: list(found) for name, found in out.items()}
 
 
-def family_schemes(prefix: str) -> tuple[list[str], list[str]]:
-    """(standard-attention schemes, MLA schemes) of the registered family ``prefix``: each name of its own
-    listing that parses to a quantizing scheme (every K/V pair where its grammar takes ``<k>/<v>``)."""
+def family_schemes(prefix: str) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """(standard-attention schemes, MLA schemes, {numerics group: schemes}) of the registered family ``prefix``:
+    each name of its own listing that parses to a quantizing scheme (every K/V pair where its grammar takes
+    ``<k>/<v>``); a codec with a ``numerics_group`` (one added after its family was pinned) goes to that group."""
     family = family_for_prefix(prefix)
     names = family.names()
     texts = [f"{k}/{v}" for k in names for v in names] if "<k>[/<v>]" in family.grammar else names
-    standard, mla = [], []
+    standard, mla, apart = [], [], {}
     for name in texts:
         try:
             scheme = parse_scheme(f"{prefix}:{name}")
@@ -148,28 +155,39 @@ def family_schemes(prefix: str) -> tuple[list[str], list[str]]:
             continue
         if scheme.is_unscaled:
             continue
-        is_mla = is_codec(scheme.recipe) and codec_for(scheme.recipe).mla
-        (mla if is_mla else standard).append(f"{prefix}:{name}")
-    return standard, mla
+        codec = codec_for(scheme.recipe) if is_codec(scheme.recipe) else None
+        if codec is not None and codec.numerics_group:
+            apart.setdefault(f"{prefix}_{codec.numerics_group}", []).append(f"{prefix}:{name}")
+            continue
+        (mla if codec is not None and codec.mla else standard).append(f"{prefix}:{name}")
+    return standard, mla, apart
 
 
 def family_groups() -> dict[str, list[str]]:
-    """Group -> schemes of every registered codec family (MLA codecs apart: ``mla`` for vLLM's)."""
+    """Group -> schemes of every registered codec family (MLA codecs apart: ``mla`` for vLLM's; codecs with a
+    numerics group in ``<prefix>_<group>``: ``vllm_octave``)."""
     out = {}
     for prefix in families():
-        standard, mla = family_schemes(prefix)
+        standard, mla, apart = family_schemes(prefix)
         out[prefix] = standard
         if mla:
             out["mla" if prefix == "vllm" else f"{prefix}_mla"] = mla
+        out.update(apart)
     return out
+
+
+def group_prefix(group: str) -> str:
+    """The codec family a family group belongs to (``mla`` is vLLM's)."""
+    if group == "mla":
+        return "vllm"
+    return next(p for p in sorted(families(), key=len, reverse=True) if group == p or group.startswith(p + "_"))
 
 
 def group_version(group: str) -> int:
     """The numerics version of the component a group belongs to: its format or its codec family."""
     if group in kv_formats.FORMATS:
         return int(kv_formats.FORMAT_NUMERICS.get(group, 0))
-    prefix = "vllm" if group == "mla" else group.removesuffix("_mla")
-    return int(family_for_prefix(prefix).numerics_version)
+    return int(family_for_prefix(group_prefix(group)).numerics_version)
 
 
 def groups() -> dict[str, list[str]]:
@@ -195,7 +213,8 @@ def _hash_quantized(h: TensorHash, q, fmt, dtype: torch.dtype, role: str, dim: i
     stored = encode_quantized(q, fmt)
     h.tensor(stored)
     if is_codec(fmt.recipe):  # the engine's bytes read back by the codec itself
-        h.tensor(codec_for(fmt.recipe).decode(stored, role, dim))
+        codec = codec_for(fmt.recipe)
+        h.tensor(codec.decode(stored, role, dim, **codec.rope(fmt.rope_dim)))
     else:
         h.tensor(decode(stored, fmt))
     h.tensor(dequantize(q, torch.float32))
@@ -214,6 +233,10 @@ def hash_scheme(h: TensorHash, text: str) -> None:
             h.label(f"{text} {role} {dtype}")
             if codec is not None:
                 _hash_quantized(h, quantize(x, fmt, gran, role=role), fmt, dtype, role, shape[-1])
+                if codec.rope_aware:  # its slot follows the rotary dims: also none rotary (every dim; 0)
+                    h.label(f"{text} {role} {dtype} rope_dim=0")
+                    bound = dataclasses.replace(fmt, rope_dim=0)
+                    _hash_quantized(h, quantize(x, bound, gran, role=role), bound, dtype, role, shape[-1])
                 continue
             scale = given_scale(scheme)
             q = quantize(x, fmt, gran, scale=scale)
@@ -278,7 +301,8 @@ def test_the_enumeration_reaches_every_codec_family():
     with package_families():
         g = groups()
     quantizing = [n for n, f in kv_formats.FORMATS.items() if not f.is_unscaled]
-    assert sorted(n for n in g if n not in ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla")) == sorted(quantizing)
+    families_groups = ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla", "vllm_octave")
+    assert sorted(n for n in g if n not in families_groups) == sorted(quantizing)
     texts = [t for n in quantizing for t in g[n]]
     assert set(NAMED_SCHEMES) <= set(texts)
     for needle in ("+scale_dtype=e8m0", "+rounding=rtz", "+rounding=rna", "+recipe=vllm_cpu", "/unit", "/static"):
@@ -290,7 +314,8 @@ def test_the_enumeration_reaches_every_codec_family():
     from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES
 
     modelled = {n for n, d in VLLM_DTYPES.items() if d.status.value == "modelled"}
-    assert {t.removeprefix("vllm:") for t in g["vllm"] + g["mla"]} == modelled
+    assert {t.removeprefix("vllm:") for t in g["vllm"] + g["mla"] + g["vllm_octave"]} == modelled
+    assert g["vllm_octave"] == ["vllm:octave_k3v4", "vllm:octave_k3v3", "vllm:octave_k3v3_compact"]
     assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
     assert {"vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"} <= set(g["mla"])
     assert g["dsv4_mla"] == ["dsv4:fp8_ds_mla", "dsv4:fp8_ds_mla_v41"] and g["dsv4"] == []  # MLA records only

@@ -21,7 +21,8 @@ asymmetric, E8M0 scales, rounding modes); the named microscaling schemes; unit s
 store too); static scales from a scale table (per tensor and per head); vLLM's per-token-head,
 rotation and NVFP4 dtypes (TurboQuant's prefill reads raw K/V; its first and last two layers stay
 unquantized), llama.cpp cache types, ``+skip=`` layers; sliding-window layers (dynamic cache: the
-static one refuses them); an MLA layout (latent and RoPE key, vLLM's DeepSeek rows, ``+rope=bf16``).
+static one refuses them); an MLA layout (latent and RoPE key, vLLM's DeepSeek rows, ``+rope=bf16``);
+vLLM 0.33's Octave caches on a head_dim 128 layout with 64 rotary dims (a group of their own).
 
 If this test fails, the numbers a cache stores or hands to attention changed: when that is meant, bump
 ``evalkit.sweep.code_identity.NUMERICS_VERSION`` and re-pin with ``python -m tests.numerics --write`` (from
@@ -62,6 +63,8 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         "sliding/dynamic": "0067b22fc9adc4aaae0373a704f5eeb606530f34b5a749b066daeea66c8a1514",
         "mla/dynamic": "ad22f55ef00d3b234a52b588590eba1ccda6874766c5698e006c523ce7577b41",
         "mla/static": "2110d3420a7734319914336037c20a38485a8cd5ce6c1b007f9a438f7f50a985",
+        "octave/dynamic": "a99328d32220dc8f8249fca2bea252e7c62d03aad161ba8026688e407bfc6f27",
+        "octave/static": "0409d1060c806dd44a0dd08221aecdfb0bdff6c66583bc382cf9f22d44110ab2",
     },
 }
 
@@ -158,6 +161,28 @@ def standard_config():
     )
 
 
+OCTAVE = (  # vLLM 0.33's Octave caches, pinned apart (added after the groups above were pinned): head_dim 128
+    "vllm:octave_k3v4",  # with 64 rotary dims (4-bit K block, then a 3-bit one); the 40-token prefill reads the
+    "vllm:octave_k3v3",  # cache (a step of at most 128 query tokens does)
+    "vllm:octave_k3v3_compact",
+    "vllm:octave_k3v4+skip=1",
+)
+
+
+def octave_config():
+    return tf.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=128,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=512,
+    )
+
+
 def sliding_config():
     return tf.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -185,6 +210,7 @@ def layouts() -> dict[str, Layout]:
         "standard": Layout(standard_config, (*identity_schemes(), *STANDARD), ("dynamic", "static")),
         "sliding": Layout(sliding_config, ("auto", "bf16", "fp16", *SLIDING), ("dynamic",)),
         "mla": Layout(ds_mla_config, ("auto", "bf16", *MLA), ("dynamic", "static")),
+        "octave": Layout(octave_config, OCTAVE, ("dynamic", "static")),
     }
 
 
@@ -306,6 +332,7 @@ def test_the_schemes_cover_every_storage_kind():
     assert {"vllm:turboquant_k8v4", "llamacpp:q8_0", "vllm:int8_per_token_head"} <= set(STANDARD)
     assert kv_layout(sliding_config()).sliding_layers == (0, 1, 3)
     assert kv_layout(ds_mla_config()).is_mla and "vllm:fp8_ds_mla" in MLA
+    assert kv_layout(octave_config()).rotary_dim == 64  # Octave's K: one 4-bit rotary block, one 3-bit block
 
 
 def assert_changed(group: str, unpatched: str, patched: str) -> None:

@@ -58,7 +58,7 @@ def test_every_applicable_vllm_dtype_is_in_the_grid(grid):
         applicable.add(name)
         assert str(scheme) in schemes, name
     assert refused == {"fp8_ds_mla", "nvfp4_ds_mla"}  # MLA rows only
-    assert len(applicable) == 13  # the 3 per-tensor FP8 dtypes and 10 new ones
+    assert len(applicable) == 16  # the 3 per-tensor FP8 dtypes, 10 new ones of 0.32 and 0.33's 3 Octave caches
 
 
 def test_analytic_estimate_is_under_30_minutes(grid, tmp_path):
@@ -86,4 +86,4 @@ def test_analytic_estimate_is_under_30_minutes(grid, tmp_path):
 
 def test_grid_names_no_scheme_twice(grid):
     canonical = [str(parse_scheme(s)) for s in grid.data["schemes"]]
-    assert len(canonical) == len(set(canonical)) == 15
+    assert len(canonical) == len(set(canonical)) == 18  # 15, and the three Octave caches

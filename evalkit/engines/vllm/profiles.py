@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from evalkit.engines.attention_paths import VLLM_CUDA_PATHS, Fact
 from evalkit.engines.profiles import EngineProfile, KVDtype
+from evalkit.engines.vllm.declared import OCTAVE_NAMES
 from evalkit.kv.formats import Recipe, Rounding
 from evalkit.kv.scheme import AttentionPrecision
 
@@ -149,11 +150,12 @@ VLLM_CUDA = EngineProfile(
 
 VLLM_ROCM = EngineProfile(
     name="vllm-rocm",
-    description="vLLM on AMD MI300 (gfx942): FP8 KV stored as E4M3-fnuz (max 240)",
+    description="vLLM on AMD MI300 (gfx942): FP8 KV stored as E4M3-fnuz (max 240); from 0.33 the Octave caches",
     kv_cache_dtypes=(
         KVDtype("auto", None),
         KVDtype("fp8", "fp8_e4m3fnuz"),
         KVDtype("fp8_e4m3", "fp8_e4m3fnuz"),
+        *(KVDtype(n, "int4", named=f"vllm:{n}", checkpoint_scales=False) for n in OCTAVE_NAMES),
     ),
     skip_layers=True,
     format_map=(("fp8_e4m3", "fp8_e4m3fnuz"),),
@@ -175,6 +177,14 @@ VLLM_ROCM = EngineProfile(
             verified=False,
         ),
         Fact("fp8_e5m2 on ROCm is not modeled", "not read", verified=False),
+        Fact(
+            "vLLM 0.33+: octave_k3v4, octave_k3v3, octave_k3v3_compact on the ROCM_OCTAVE backend (RDNA 3 and CDNA 3 "
+            "only; fp16/bf16 models; its kernels take head_size 256 with 64 rotary dims): random signs and "
+            "Walsh-Hadamard rotations, int8 Lloyd-Max codebooks, fp16 scales with x . x_hat = |x|^2, computed on "
+            "the fly (no checkpoint scales); evalkit's vllm:octave_* is the format's reference arithmetic",
+            "vllm/v1/attention/backends/rocm_octave_attn.py (RocmOctaveAttentionBackend, :94-99, :292-301); "
+            "vllm/v1/attention/ops/rocm_octave.py (OctaveFormat, reference_quantize)",
+        ),
         _VLLM_PER_TENSOR,
         _VLLM_NO_ESTIMATE,
         _VLLM_SKIP,

@@ -47,12 +47,25 @@ def _raw_prefill_notes(frame: pd.DataFrame) -> list[str]:
     raw = raw_prefill_schemes(frame)
     if not raw:
         return []
+    from evalkit.kv.codec import codec_for
+    from evalkit.kv.scheme import parse_scheme
+
+    codecs = {t: codec_for(parse_scheme(t).kv_format.recipe) for t in raw}
+    kept = [t for t, c in codecs.items() if c.boundary_layers]
+    longer = {t: c.raw_prefill_over for t, c in codecs.items() if c.raw_prefill_over}
+    how, which = "", ""
+    if kept:  # TurboQuant, UltraQuant
+        how += f"; {', '.join(kept)} also keep the first and last two attention layers in the model's dtype"
+    if longer:  # Octave: a step of at most 128 query tokens reads the cache
+        n = max(longer.values())
+        how += f"; {', '.join(longer)} only a chunk of more than {n} tokens (a shorter one reads the cache)"
+        which = f" (for {', '.join(longer)}: one of more than {n} tokens; shorter ones are marked too)"
     return [
-        f"{', '.join(raw)}: vLLM attends a one-chunk prefill from the raw K/V it was given (and keeps the first "
-        "and last two attention layers in the model's dtype), so one forward per window or request reads no "
-        "quantized value: their perplexity, KL, top-1, Δp and one-forward lm-eval columns are not measured by "
-        "this protocol (‡), not the baseline's numbers. Their decode KL (every step reads the quantized cache) "
-        "measures their cache; the recommendation never counts the unmeasured criteria as met"
+        f"{', '.join(raw)}: vLLM attends a one-chunk prefill from the raw K/V it was given{how}. So one forward "
+        f"per window or request{which} reads no quantized value: their perplexity, KL, top-1, Δp and one-forward lm-eval "
+        "columns are not measured by this protocol (‡), not the baseline's numbers. Their decode KL (every step "
+        "reads the quantized cache) measures their cache; the recommendation never counts the unmeasured criteria "
+        "as met"
     ]
 
 

@@ -23,6 +23,13 @@ Each :class:`Codec` says, for ``<prefix>:<name>``:
 - ``prefill_reads_raw``: TurboQuant and UltraQuant attend a first-chunk prefill from the raw K/V it
   was given (``_prefill_attention``: flash-attention, or SDPA, on ``key``/``value``), and read the
   cache only in decode and continuation chunks; the storage cache does the same;
+  ``raw_prefill_over``: only a first write of more than that many tokens does (vLLM's Octave: a step of at
+  most 128 query tokens reads every token from the packed cache);
+- ``rope_aware``: the slot depends on how many dims RoPE rotates (vLLM's Octave: 4-bit codes there, 3-bit
+  elsewhere): ``encode``/``decode``/``width`` then take the model's ``rope_dim`` (``KVLayout.rotary_dim``,
+  bound into the format as ``KVFormat.rope_dim``; None: every dim, vLLM's default);
+- ``numerics_group``: a codec added after its family's numbers were pinned is fingerprinted in a group of
+  its own (tests/numerics), so adding it moves no existing pin;
 - ``mla``: a DeepSeek MLA row, whose role ``k`` is the latent and ``v`` the RoPE key.
 
 The families: :mod:`evalkit.kv.codecs.vllm` (``int4_per_token_head``, ``turboquant_*``,
@@ -60,6 +67,17 @@ class Codec:
     prefill_reads_raw: bool = False
     mla: bool = False  # a DeepSeek MLA row (evalkit.kv.codecs.vllm.ds_mla): role "k" is the latent, "v" the RoPE key
     roles_alike: bool = False  # encode ignores the role (K and V stored alike): one call may store both
+    raw_prefill_over: int = 0  # with prefill_reads_raw: a first write of more tokens than this attends raw K/V
+    rope_aware: bool = False  # encode/decode/width take rope_dim (the model's rotary dims; None: every dim)
+    numerics_group: str | None = None  # its own fingerprint group (tests/numerics), apart from its family's
+
+    def rope(self, rope_dim: int | None) -> dict:
+        """The keyword a rope-aware codec's functions take (``{}`` for the others)."""
+        return {"rope_dim": rope_dim} if self.rope_aware else {}
+
+    def reads_raw(self, tokens: int) -> bool:
+        """Whether a sequence's first write of ``tokens`` tokens attends the raw K/V it was given."""
+        return self.prefill_reads_raw and tokens > self.raw_prefill_over
 
     def boundary(self, num_layers: int) -> set[int]:
         """The attention layers the engine keeps unquantized for this type on a model of ``num_layers``."""
@@ -129,4 +147,5 @@ class SlotFamily(CodecFamily):
             )
 
     def quantize(self, x: torch.Tensor, fmt, role: str) -> Quantized:
-        return self.codecs[fmt.recipe].encode(x, role)
+        c = self.codecs[fmt.recipe]
+        return c.encode(x, role, **c.rope(fmt.rope_dim))

@@ -1,6 +1,7 @@
 """vLLM's ``kv_cache_dtype`` values as evalkit schemes: ``vllm:<kv_cache_dtype>``, as data.
 
-Every value of vLLM 0.32's ``CacheDType`` (``vllm/config/cache.py``) has one row here: the scheme
+Every value of vLLM 0.32's ``CacheDType`` (``vllm/config/cache.py``), and the three ``octave_*`` values 0.33
+added (0.34 takes the same 22), has one row here: the scheme
 that models its store kernel (read in the kernel source named in the row), or, when there is none
 yet, the one-line reason, so that ``vllm:<dtype>`` parses to a scheme or is refused in one line
 wherever a scheme string is read (run, sweep grids, report labels, capacity). The engine-side
@@ -21,6 +22,9 @@ Resolution:
 - ``nvfp4`` / ``nvfp4_4over6``: codecs of :mod:`evalkit.kv.codecs.vllm.nvfp4` (unit k_scale/v_scale).
 - ``fp8_ds_mla`` / ``nvfp4_ds_mla``: DeepSeek MLA rows, codecs of :mod:`evalkit.kv.codecs.vllm.ds_mla` (MLA
   models with a 512-value latent and 64-value RoPE key only; refused on standard attention).
+- ``octave_k3v4`` / ``octave_k3v3`` / ``octave_k3v3_compact`` (vLLM 0.33+, ROCm): codecs of
+  :mod:`evalkit.kv.codecs.vllm.octave`, whose K slot follows the model's rotary dims (which version takes
+  which dtype: :mod:`evalkit.engines.vllm.declared`).
 - the rest: refused with what the kernel does and where it is, until modelled.
 
 The family that parses, prints and checks them is :mod:`evalkit.kv.codecs.vllm.family`. Which
@@ -191,6 +195,39 @@ VLLM_DTYPES: dict[str, VllmDtype] = {
                 ),
             )
         ),
+        *(
+            VllmDtype(
+                name,
+                Status.MODELLED,
+                None,
+                what + "; fp16 scales s with x . x_hat = |x|^2 (code c reads LUT[c] * s / 64), the slot padded to "
+                f"{align} bytes; vLLM 0.33+ on ROCm (RDNA 3, CDNA 3), its kernels at head_size 256 with 64 rotary "
+                "dims only; a prefill chunk over 128 tokens attends its own K/V raw",
+                OPS + "rocm_octave.py",
+                "OctaveFormat, reference_quantize (backend: backends/rocm_octave_attn.py)",
+                Arch.GQA,
+            )
+            for name, align, what in (
+                (
+                    "octave_k3v4",
+                    8,
+                    "random signs + Walsh-Hadamard per 64 dims; K's rotary blocks 4-bit and the rest 3-bit Lloyd-Max "
+                    "codes (int8 LUT), one scale per 64-dim K block; V rotated whole, 4-bit codes, one scale",
+                ),
+                (
+                    "octave_k3v3",
+                    8,
+                    "random signs + Walsh-Hadamard per 64 dims; K's rotary blocks 4-bit and the rest 3-bit Lloyd-Max "
+                    "codes (int8 LUT), one scale per 64-dim K block; V rotated whole, 3-bit codes, one scale",
+                ),
+                (
+                    "octave_k3v3_compact",
+                    4,
+                    "random signs + one Walsh-Hadamard over the head (power-of-two head_size); K 3-bit Lloyd-Max codes "
+                    "(int8 LUT) with one scale; V rotated whole, 3-bit codes, one scale",
+                ),
+            )
+        ),
         VllmDtype(
             "fp8_ds_mla",
             Status.MODELLED,
@@ -220,6 +257,6 @@ def get_dtype(name: str) -> VllmDtype:
         return VLLM_DTYPES[name]
     except KeyError:
         raise SchemeError(
-            f"vLLM has no kv_cache_dtype {name!r} (vLLM 0.32): use one of {', '.join(VLLM_DTYPES)} "
+            f"vLLM has no kv_cache_dtype {name!r} (vLLM 0.32-0.34): use one of {', '.join(VLLM_DTYPES)} "
             "(see `python -m evalkit schemes --engine vllm`)"
         ) from None

@@ -7,7 +7,8 @@ recipes are the per-token-head store (:mod:`~evalkit.kv.codecs.vllm.per_token_he
 float32 scale per token and head, kept as evalkit's token-granularity schemes keep them, printed back
 as ``vllm:int8_per_token_head`` / ``vllm:fp8_per_token_head``) and the slot codecs
 (:mod:`evalkit.kv.codecs.slot`): ``int4_per_token_head``, ``turboquant_*``, ``ultraquant_4bit``,
-``nvfp4``/``nvfp4_4over6`` and the DeepSeek MLA rows ``fp8_ds_mla``/``nvfp4_ds_mla``. Each also
+``nvfp4``/``nvfp4_4over6``, the DeepSeek MLA rows ``fp8_ds_mla``/``nvfp4_ds_mla`` and vLLM 0.33's ROCm
+``octave_*`` caches (:mod:`~evalkit.kv.codecs.vllm.octave`). Each also
 parses from its long form (``int4_asym/token/dynamic+recipe=vllm_int4_per_token_head``), which must be
 exactly the dtype's.
 
@@ -26,7 +27,7 @@ import torch
 from evalkit.errors import SchemeError
 from evalkit.kv.codec import register_family
 from evalkit.kv.codecs.slot import Codec, SlotFamily
-from evalkit.kv.codecs.vllm import ds_mla, int4_per_token_head, nvfp4, per_token_head, turboquant, ultraquant
+from evalkit.kv.codecs.vllm import ds_mla, int4_per_token_head, nvfp4, octave, per_token_head, turboquant, ultraquant
 from evalkit.kv.codecs.vllm.dtypes import VLLM_DTYPES, Status, get_dtype
 from evalkit.kv.formats import CodecRecipe, Rounding, ScaleDType
 from evalkit.kv.quantize import Quantized
@@ -48,6 +49,7 @@ class VllmFamily(SlotFamily):
                 ultraquant.CODEC,
                 *ds_mla.CODECS,
                 *nvfp4.CODECS,
+                *octave.CODECS,
             )
         )
 

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-import transformers as tf
 
 from evalkit.data.corpus import load_corpus
 from evalkit.evals.perplexity.evaluation import PerplexityEval
@@ -19,33 +18,15 @@ from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.install import quantized_kv
 from evalkit.kv.scheme import parse_scheme
 
+from tests.tiny_models import turboquant_llama
+
 TQ = "vllm:turboquant_4bit_nc"
 
 
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory, tiny_tokenizer_dir):
     """A tiny llama of 6 layers, head_dim 64 (TurboQuant quantizes layers 2 and 3), loaded as evalkit loads a folder."""
-    from evalkit.models.loading import load_model
-
-    folder = tmp_path_factory.mktemp("deep")
-    tok = tf.AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return load_model(str(folder))
+    return turboquant_llama(tmp_path_factory.mktemp("deep"), tiny_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")

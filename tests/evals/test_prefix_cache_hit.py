@@ -13,7 +13,6 @@ import json
 
 import pytest
 import torch
-import transformers as tf
 
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import get_eval
@@ -21,6 +20,8 @@ from evalkit.evals.lmeval.prefix_hits import PrefixHits, hits_note
 from evalkit.integration.hf_compat import cache_inputs
 from evalkit.integration.install import quantized_kv
 from evalkit.kv.scheme import parse_scheme
+
+from tests.tiny_models import turboquant_llama
 
 TQ = "vllm:turboquant_4bit_nc"
 TEMPLATE = (
@@ -35,28 +36,8 @@ PARAMS = {"tasks": "evalkit_arith", "limit": 4, "max_gen_toks": 10, "system_prom
 def deep(tmp_path_factory, tiny_tokenizer_dir):
     """A tiny llama of 6 layers, head_dim 64 (TurboQuant quantizes layers 2 and 3), with a chat template. At the
     default initializer range its greedy output repeats one token whatever attention reads."""
-    from evalkit.models.loading import load_model
-
-    folder = tmp_path_factory.mktemp("deep")
-    tok = tf.AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=512,
-        initializer_range=0.3,  # weights large enough that a greedy continuation follows what attention reads
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    lm = load_model(str(folder))
+    # weights large enough that a greedy continuation follows what attention reads
+    lm = turboquant_llama(tmp_path_factory.mktemp("deep"), tiny_tokenizer_dir, initializer_range=0.3)
     lm.tokenizer.chat_template = TEMPLATE
     return lm
 

@@ -153,7 +153,9 @@ def test_cpu_mode_passes_every_section_with_lmeval_datasets_and_gguf_blocked(tmp
     # the model, 2 contexts x 2 batch sizes, the eager pair at the first, the long context
     assert len(by_section["speed"]) == 1 + 4 + 1 + 1
     assert len(by_section["memory"]) == 5 + 6  # held bytes per compiled storage run, then every FP8 scheme's peak
-    assert len(by_section["vllm_dtypes"]) == 12  # every modelled vllm: dtype but the per-tensor FP8 ones
+    assert (
+        len(by_section["vllm_dtypes"]) == 15
+    )  # every modelled vllm: dtype but the per-tensor FP8 ones (12, and the 3 Octave caches)
     assert result["wall_s"] < result["budget_s"]
     assert "passed, 0 failed" in proc.stdout
 

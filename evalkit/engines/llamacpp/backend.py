@@ -35,26 +35,12 @@ import torch
 
 from evalkit.engines.llamacpp.engine import BASELINE_TYPES, DEFAULTS, cache_types, check_types
 from evalkit.engines.llamacpp.gguf import gguf_path
+from evalkit.engines.llamacpp.log_probs import log_softmax64
 from evalkit.errors import EvalkitError
 from evalkit.evals.backend import Backend, Capabilities, DecodeRequest, LmevalRequest, LogprobsRequest, TokenScores
 
 KL_METHOD = "exact: full-vocabulary log-softmax of llama.cpp's logits, float64"
 SCHEMES = "llamacpp:<k>[/<v>] (llama.cpp's cache types) and the f16 baseline"
-
-
-def log_softmax64(logits: np.ndarray, probs: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """Row-wise log-softmax in float64 of float32 logits, and the probabilities (computed in place: two
-    [rows, vocab] float64 arrays in all); ``probs=False`` skips normalising them (None), the same
-    log-probs bit for bit."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    p = np.exp(x)
-    total = p.sum(axis=-1, keepdims=True)
-    x -= np.log(total)
-    if not probs:
-        return x, None
-    p /= total
-    return x, p
 
 
 class LlamaCppBackend(Backend):

@@ -38,7 +38,7 @@ from evalkit.errors import EvalkitError
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    from evalkit.engines.llamacpp.backend import log_softmax64
+    from evalkit.engines.llamacpp.log_probs import log_softmax64
 
     return log_softmax64(logits, probs=False)[0]
 

@@ -194,9 +194,15 @@ def check_punkt(tasks) -> None:
     (lm-eval's prepare_niah would try to download it at import)."""
     needle = sorted(t for t in tasks if t.startswith(NIAH_PREFIX) or t == "ruler")
     if needle and not punkt_available() and (_offline() or not _reachable("raw.githubusercontent.com")):
+        import importlib.util
+
+        extra = (
+            "" if importlib.util.find_spec("wonderwords") else "pip install 'lm_eval[ruler]' (wonderwords, nltk), then "
+        )
         raise MissingRulerData(
             f"RULER's {', '.join(needle)} needs NLTK's punkt_tab tokenizer data, which is not installed and "
-            f"cannot be downloaded here: run `{PUNKT_COMMAND}` once online (or set NLTK_DATA to a folder holding it)"
+            f"cannot be downloaded here: {extra}run `{PUNKT_COMMAND}` once online (or set NLTK_DATA to a folder "
+            "holding it)"
         )
 
 

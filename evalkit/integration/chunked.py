@@ -49,15 +49,15 @@ PREFIX_BLOCK = 16  # vllm/config/cache.py:72 CacheConfig.DEFAULT_BLOCK_SIZE: pre
 
 
 def reads_raw_first_write(scheme) -> bool:
-    """Whether ``scheme`` (a Scheme or its string)'s engine attends a first-chunk prefill from the raw K/V
-    (its slot codec's ``prefill_reads_raw``: vLLM TurboQuant and UltraQuant)."""
+    """Whether ``scheme`` (a Scheme or its string)'s engine attends a first-chunk prefill from the raw K/V and
+    evalkit models its later chunks (its slot codec's ``chunked_like_turboquant``: vLLM TurboQuant and
+    UltraQuant; Octave attends raw too, past 128 tokens, but its continuation chunks are not modelled)."""
     from evalkit.kv.codec import codec_for
     from evalkit.kv.scheme import parse_scheme
 
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     codec = codec_for(scheme.kv_format.recipe)
-    # Octave (raw only past a 128-token first write) is left out: its continuation chunks were not read here
-    return codec is not None and codec.prefill_reads_raw and not codec.raw_prefill_over
+    return codec is not None and codec.chunked_like_turboquant
 
 
 def continuation_reads_raw_chunk(q_len: int) -> bool:

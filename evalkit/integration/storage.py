@@ -102,12 +102,7 @@ def _continuation_reads_raw(binding: BoundScheme, tokens: int) -> bool:
     codes: vLLM's TurboQuant/UltraQuant ``_continuation_prefill`` (:mod:`evalkit.integration.chunked`). Octave's
     continuation is not read from its source here, so its continuation chunks read the cache, as its steps do."""
     codec = codec_for(binding.fmt.recipe)
-    return (
-        codec is not None
-        and codec.prefill_reads_raw
-        and not codec.raw_prefill_over
-        and continuation_reads_raw_chunk(tokens)
-    )
+    return codec is not None and codec.chunked_like_turboquant and continuation_reads_raw_chunk(tokens)
 
 
 def _with_raw_tail(read: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:

@@ -79,6 +79,12 @@ class Codec:
         """Whether a sequence's first write of ``tokens`` tokens attends the raw K/V it was given."""
         return self.prefill_reads_raw and tokens > self.raw_prefill_over
 
+    @property
+    def chunked_like_turboquant(self) -> bool:
+        """Whether evalkit models this codec's chunked prefill: vLLM's TurboQuant/UltraQuant, whose continuation
+        chunks were read in its source (:mod:`evalkit.integration.chunked`); Octave's 128-token rule is not."""
+        return self.prefill_reads_raw and not self.raw_prefill_over
+
     def boundary(self, num_layers: int) -> set[int]:
         """The attention layers the engine keeps unquantized for this type on a model of ``num_layers``."""
         n = min(self.boundary_layers, num_layers // 2)

@@ -3,6 +3,7 @@
     python -m evalkit sweep                       # sweeps/default.yaml
     python -m evalkit sweep --quick               # sweeps/quick.yaml (a minute or two on CPU)
     python -m evalkit sweep GRID.yaml --out DIR [--rerun] [--shard I/N] [--executor ray --ray-address ADDR]
+    python -m evalkit sweep GRID.yaml --out DIR --grow   # DIR holds a smaller grid's runs: keep them, add the rest
     python -m evalkit sweep GRID.yaml --dry-run [--assume-device h200]   # runs, tokens, time, disk; runs nothing
     python -m evalkit sweep gpu --model ID_OR_FOLDER                      # the grid with another model
     python -m evalkit sweep --resolve [--resolve-budget 30m] [--dry-run]  # then grow what straddles its limit
@@ -63,6 +64,12 @@ def add_parser(sub):
     p.add_argument("--quick", action="store_true", help="run sweeps/quick.yaml (a minute or two on CPU)")
     p.add_argument("--out", default=None, help="results folder (default: the grid's 'out', else results/<grid name>)")
     p.add_argument("--rerun", action="store_true", help="run finished runs again (default: skip them)")
+    p.add_argument(
+        "--grow",
+        action="store_true",
+        help="let --out, a store of another grid, follow this grid when it only gained runs: its finished runs are "
+        "kept (each must be a run of this grid, same id) and its spec records the growth",
+    )
     p.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N (0-based), e.g. for a job array")
     p.add_argument("--executor", default=None, choices=("local", "ray"), help="where runs execute (default local)")
     p.add_argument(
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
     from evalkit.models.loading import cache_root
     from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
     from evalkit.sweep.grid import resolve_grid, with_engine_profile, with_model
+    from evalkit.sweep.grow import check_growable, grow_store
     from evalkit.sweep.shard import parse_shard, select
     from evalkit.sweep.store import ResultStore
 
@@ -210,13 +218,19 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         return code
     if print_problems(problems, locate):
         return 2  # nothing written
-    store.check(grid)  # read-only: a foreign folder is refused before anything is written
+    vouched = _resolve_stage_runs(out)
+    if not (args.grow and check_growable(store, grid, vouched)):
+        _check_store(store, grid, vouched)  # read-only: a foreign folder is refused before anything is written
     _check_machine(grid, store, shard, cfg, out, workdir)
     _check_disk_before(grid, store, shard, cfg.rerun, out, workdir, free_space)
     from evalkit.sweep.executors import make_executor
     from evalkit.sweep.runner import run_sweep
 
     executor = make_executor(cfg.executor, cfg.ray_address)
+    if args.grow:
+        growth = grow_store(store, grid, text, vouched)  # the checks above passed: the store follows this grid
+        if growth is not None:
+            print(f"evalkit: grew {out} from {growth['from_runs']} to {len(grid.runs)} runs ({grid.name})", flush=True)
     if args.no_progress:
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' own bars (retrieval, lm-eval requests) too
     summary = run_sweep(
@@ -239,6 +253,38 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
         print(outcome.text())
         return 1 if outcome.why.startswith("a stage run failed") else 0
     return 0
+
+
+def _check_store(store, grid, vouched) -> None:
+    """``store.check``, its line naming ``--grow`` when the folder's grid differs but every finished run
+    of it is a run of this grid."""
+    from evalkit.sweep.grid import GridError
+    from evalkit.sweep.grow import check_growable
+
+    try:
+        store.check(grid)
+    except GridError as exc:
+        try:
+            growable = check_growable(store, grid, vouched)
+        except GridError:
+            raise exc from None
+        if growable:
+            raise GridError(f"{exc}; or add --grow: every finished run there is a run of this grid") from None
+        raise
+
+
+def _resolve_stage_runs(out: Path) -> tuple[str, ...]:
+    """The run ids of ``--resolve``'s stage runs in ``out`` (its ledger): finished runs outside the grid that
+    ``--grow`` keeps."""
+    from evalkit.report.resolved import read_ledger
+
+    ledger = read_ledger(out) or {}
+    return tuple(
+        stage["run_id"]
+        for entry in ledger.get("entries", [])
+        for stage in entry.get("stages", [])
+        if stage.get("run_id")
+    )
 
 
 def _resolve_settings(args: argparse.Namespace) -> tuple[float, int] | None:

@@ -51,7 +51,7 @@ GRID_COPY = "grid.yaml"
 LOCK = ".results.lock"
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -133,7 +133,7 @@ class ResultStore:
         self.folder = Path(folder)
         self.results = self.folder / RESULTS
         self.spec_path = self.folder / SPEC
-        self._lock = FileLock(str(self.folder / LOCK))
+        self.lock = FileLock(str(self.folder / LOCK))
 
     # -- ownership -----------------------------------------------------------------------------
     def check(self, grid: Grid) -> None:
@@ -160,7 +160,7 @@ class ResultStore:
         """Check ownership, then write spec.json and the grid copy if this is a new store."""
         self.check(grid)
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with self.lock:
             self.check(grid)  # another writer may have claimed it meanwhile
             if self.spec_path.is_file():
                 return
@@ -168,19 +168,23 @@ class ResultStore:
                 "grid_identity": grid.identity,
                 "grid_name": grid.name,
                 "grid_file": grid.path,
-                "created": _now(),
+                "created": utc_now(),
                 "runs": len(grid.runs),
                 "grid": grid.data,
             }
-            if grid_text is not None:
-                _atomic_write(self.folder / GRID_COPY, grid_text.encode())
-            _atomic_write(self.spec_path, (json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n").encode())
+            self.write_spec(spec, grid_text)
+
+    def write_spec(self, spec: dict, grid_text: str | None = None) -> None:
+        """Replace spec.json, and grid.yaml when given, each atomically (the caller holds :attr:`lock`)."""
+        if grid_text is not None:
+            _atomic_write(self.folder / GRID_COPY, grid_text.encode())
+        _atomic_write(self.spec_path, (json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n").encode())
 
     def adopt_spec(self, other: ResultStore) -> None:
         """Take another store's spec (merge): refuse if this one already belongs to a different grid."""
         theirs = json.loads(other.spec_path.read_text())
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with self.lock:
             if self.spec_path.is_file():
                 mine = json.loads(self.spec_path.read_text())
                 if mine.get("grid_identity") != theirs["grid_identity"]:
@@ -231,7 +235,7 @@ class ResultStore:
                         **base,
                         "rows": len(outcome.rows),
                         "seconds": round(outcome.seconds, 3),
-                        "finished": _now(),
+                        "finished": utc_now(),
                         "spec": spec,
                         "info": outcome.info,
                     }
@@ -246,7 +250,7 @@ class ResultStore:
                         "error": outcome.error,
                         "traceback": outcome.traceback,
                         "seconds": round(outcome.seconds, 3),
-                        "finished": _now(),
+                        "finished": utc_now(),
                         "spec": spec,
                         "info": outcome.info,
                     }
@@ -263,7 +267,7 @@ class ResultStore:
     def _append_text(self, text: str) -> None:
         data = text.encode()
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with self.lock:
             fd = os.open(self.results, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 size = os.fstat(fd).st_size

@@ -49,8 +49,6 @@ def test_every_applicable_vllm_dtype_is_in_the_store():
     for name, d in VLLM_DTYPES.items():
         if d.status is not Status.MODELLED or name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
             continue  # the per-tensor three are the store's fp8_*/tensor/unit rows
-        if name.startswith("octave_"):
-            continue  # vLLM 0.33's Octave caches: modelled, their rows not yet in this store (its grid lacks them)
         try:
             check_layout_scheme(vllm_scheme(name), layout)
         except SchemeError:

@@ -43,11 +43,6 @@ def test_every_scheme_resolves_and_applies_to_the_embedded_model(grid):
         check_layout(parse_scheme(text), **EMBEDDED)  # raises SchemeError if vLLM would not run it here
 
 
-# vLLM 0.33's Octave caches are modelled, but published/vllm-dtypes holds no rows of them yet: they join the grid
-# when the store is grown with their 12 runs (the store refuses a grid whose run set changed)
-OCTAVE = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
-
-
 def test_every_applicable_vllm_dtype_is_in_the_grid(grid):
     schemes = {str(parse_scheme(r.scheme)) for r in grid.runs}
     applicable, refused = set(), set()
@@ -61,10 +56,9 @@ def test_every_applicable_vllm_dtype_is_in_the_grid(grid):
             refused.add(name)
             continue
         applicable.add(name)
-        assert str(scheme) in schemes or name in OCTAVE, name
+        assert str(scheme) in schemes, name
     assert refused == {"fp8_ds_mla", "nvfp4_ds_mla"}  # MLA rows only
     assert len(applicable) == 16  # the 3 per-tensor FP8 dtypes, 10 new ones of 0.32 and 0.33's 3 Octave caches
-    assert not {str(vllm_scheme(n)) for n in OCTAVE} & schemes  # not yet: the store has no rows of them
 
 
 def test_analytic_estimate_is_under_30_minutes(grid, tmp_path):
@@ -92,4 +86,4 @@ def test_analytic_estimate_is_under_30_minutes(grid, tmp_path):
 
 def test_grid_names_no_scheme_twice(grid):
     canonical = [str(parse_scheme(s)) for s in grid.data["schemes"]]
-    assert len(canonical) == len(set(canonical)) == 15
+    assert len(canonical) == len(set(canonical)) == 18

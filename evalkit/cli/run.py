@@ -2,10 +2,12 @@
 
     python -m evalkit run --model M --schemes auto,fp8_e4m3/head/dynamic --eval perplexity ...
 
-`run` is a one-model, one-eval grid handed to the sweep's runner (:func:`evalkit.sweep.runner.run_model`):
-this module checks the flags and the schemes (parsed once, here, into :class:`~evalkit.kv.scheme.Scheme`
-values), builds the grid's run specs and prints the rows; the runner alone loads the model, prepares the
-evaluation and writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
+`run` is a one-model, one-eval grid: this module turns the flags into the grid's description once (the keys
+a grid file holds; ``--schemes`` parsed here, once, into :class:`~evalkit.kv.scheme.Scheme` values) and prints
+the rows; :func:`evalkit.sweep.one_model.run_one` checks the description, makes the grid by the sweep's own
+grid path (:func:`evalkit.sweep.grid.grid_from_data`) and hands it to the sweep's runner
+(:func:`evalkit.sweep.runner.run_model`), which alone loads the model, prepares the evaluation and writes the
+store. With ``--engine`` it loads no weights at all: the engine loads its own,
 and evalkit reads the model's config and tokenizer (:mod:`evalkit.models.handle`).
 The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
@@ -28,8 +30,8 @@ lm-eval's own vllm model); each row's ``info["backend"]`` names who produced it.
 (:func:`evalkit.sweep.grid.noise_floor_runs`): ``auto`` against a second realisation of ``auto`` (the next seed,
 other batch compositions), printed as ``auto (noise floor)``, stored with ``info["noise_floor"]``, and read by
 the report's decision rule (:mod:`evalkit.report.noise_floor`). A run estimated at over 10 min on this machine
-(:mod:`evalkit.sweep.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
-starts, with the flags of the sizes a CPU runs in minutes.
+(:mod:`evalkit.sweep.run_size`, ``sweep --dry-run``'s estimator, a step of the runner) says so on stderr before
+its first evaluation, with the flags of the sizes a CPU runs in minutes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, model_spec
-from evalkit.cli.scales_flags import add_scales_arguments, with_declared
+from evalkit.cli.scales_flags import add_scales_arguments, declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
 from evalkit.evals.registry import flag_declarations
@@ -125,8 +127,8 @@ def _add(sub, names: list[str], flags: dict[str, type] | None = None):
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_scales_arguments(p)
-    for declared in (flags or {}).values():
-        declared.add_arguments(p)
+    for eval_flags in (flags or {}).values():
+        eval_flags.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -159,20 +161,27 @@ def run_description(args: argparse.Namespace) -> dict:
     engine profile. One line (EvalkitError) for a flag that says nothing or cannot be read."""
     from dataclasses import asdict
 
-    from evalkit.kv.scheme import Scheme, parse_schemes
+    from evalkit.kv.scheme import Scheme, declare_scales, parse_schemes
 
-    schemes = with_declared(parse_schemes(args.schemes), args)  # --scales-model/--scales-format on static schemes
+    # the command line's own helpers first, then the layers below in descending order (evals, then kv): the flags
+    # go down once and nothing comes back up to cli/ before the description is handed to the sweep
+    given = engine_options_given(args)
+    pair = declared(args)  # --scales-model/--scales-format: on every static scheme
+    model = asdict(model_spec(args))
+    params = get_eval(args.eval_name).params_from_args(args)
+    schemes = parse_schemes(args.schemes)
+    if pair is not None:
+        schemes = declare_scales(schemes, *pair)
     if not schemes:  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
             "(the auto baseline is always added; `python -m evalkit schemes` lists them)"
         )
-    given = engine_options_given(args)
     data = {
         "name": f"run-{args.eval_name}",
-        "models": [asdict(model_spec(args))],
+        "models": [model],
         "schemes": list(dict.fromkeys([Scheme(), *schemes])),  # the baseline first, each once
-        "evals": {args.eval_name: get_eval(args.eval_name).params_from_args(args)},
+        "evals": {args.eval_name: params},
         "engine": args.engine,
     }
     if given:

@@ -142,10 +142,9 @@ def run(args: argparse.Namespace) -> int:
 
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' and the engine's bars
     data = run_description(args)
-    from evalkit.models.loading import cache_root
     from evalkit.sweep.one_model import run_one
 
-    ran = run_one(data, out=args.out, workdir=args.cache_dir or cache_root() / "work")
+    ran = run_one(data, out=args.out, cache_dir=args.cache_dir)
     if ran is None:
         return 2  # the pre-flight report is on stderr
     print_rows(args, ran.done)

@@ -35,12 +35,16 @@ class OneModelRun:
     logs: list[Path]
 
 
-def run_one(data: dict, *, out: Path | None, workdir: Path) -> OneModelRun | None:
-    """Check and run the description ``data`` (one model, one evaluation; keys as in a grid file). Returns
+def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModelRun | None:
+    """Check and run the description ``data`` (one model, one evaluation; keys as in a grid file) with the
+    results store ``out`` (None: no store) and the cache folder ``cache_dir`` (None: evalkit's own). Returns
     None when the pre-flight report printed problems (the command exits 2); raises EvalkitError (one line)
     for anything else found before the model loads."""
+    from evalkit.models.loading import cache_root
     from evalkit.sweep.grid import ModelSpec
     from evalkit.sweep.preflight import check_device, check_device_map, check_writable
+
+    workdir = Path(cache_dir) if cache_dir is not None else cache_root() / "work"
 
     check_writable(out, "--out")  # the machine first: before the model loads, nothing written
     check_writable(workdir, "--cache-dir")

@@ -138,11 +138,11 @@ def _read_grid(path: Path, text: str):
 
 def run(args: argparse.Namespace, *, free_space=None) -> int:
     """``free_space(folder) -> bytes`` replaces the real free-space query (tests)."""
-    from evalkit.sweep.preflight.commands import grid_problems
-    from evalkit.sweep.preflight.planned import print_problems
     from evalkit.models.loading import cache_root
     from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
     from evalkit.sweep.grid import resolve_grid, with_engine_profile, with_model
+    from evalkit.sweep.preflight.commands import grid_problems
+    from evalkit.sweep.preflight.planned import print_problems
     from evalkit.sweep.shard import parse_shard, select
     from evalkit.sweep.store import ResultStore
 

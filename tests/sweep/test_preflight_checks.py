@@ -15,15 +15,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from evalkit.sweep.preflight.engines import check_engine_profiles
-from evalkit.sweep.preflight.model_fit import check_model_fit
-from evalkit.sweep.preflight.planned import PlannedRun
-from evalkit.sweep.preflight.scale_files import check_scale_files
 from evalkit.errors import EvalkitError
 from evalkit.kv.scale_table import load_scale_table
 from evalkit.kv.scheme import parse_scheme
 from evalkit.models.facts import read_config, sparse_attention
 from evalkit.models.folder import model_arch
+from evalkit.sweep.preflight.engines import check_engine_profiles
+from evalkit.sweep.preflight.model_fit import check_model_fit
+from evalkit.sweep.preflight.planned import PlannedRun
+from evalkit.sweep.preflight.scale_files import check_scale_files
 from evalkit.sweep.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,9 +278,9 @@ def test_deepseek_v32_is_sparse_and_its_latent_is_never_quantized_as_standard_at
 def test_a_dtype_vllm_cannot_store_on_the_planned_gpu_is_a_problem_for_the_engine_and_a_note_for_the_emulation():
     """NVFP4 on Kimi K2's dense MLA: no MLA backend of vLLM 0.33 stores it (evalkit.planning.kv_backends),
     on an H200 as on a B200; FP8 on the same model is stored by FlashMLA."""
-    from evalkit.sweep.preflight.gpu_fit import check_gpu_fit
     from evalkit.planning.gpus import get_gpu
     from evalkit.planning.kv_backends import kv_support
+    from evalkit.sweep.preflight.gpu_fit import check_gpu_fit
 
     kimi = ModelSpec(name="kimi-k2")
     assert not kv_support(get_gpu("h200"), "nvfp4", kind="mla").runs

@@ -127,7 +127,7 @@ def _add_budget_arguments(p) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.cli.preflight import check_writable
+    from evalkit.sweep.preflight import check_writable
 
     check_writable(args.out, "--out", kind="file")  # before reading the store: nothing written, nothing half-done
     check_writable(args.plots, "--plots")

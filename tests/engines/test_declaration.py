@@ -74,10 +74,10 @@ def test_the_profiles_keep_their_names_order_and_schemes_and_live_in_their_engin
 
 def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
     vllm, llamacpp = registry.get_engine("vllm"), registry.get_engine("llamacpp")
-    plan = llamacpp.hook("plan")(["auto"], [_model("cuda:0")], None, {})
+    plan = llamacpp.hook("plan")([parse_scheme("auto")], [_model("cuda:0")], None, {})
     assert ("models", 0) in [k for k, _ in plan.problems]
     assert any("engine llamacpp runs on cpu, not cuda:0: run m on device cpu" in m for _, m in plan.problems)
-    assert [m for _, m in vllm.hook("plan")(["auto"], [_model("xpu")], None, {}).problems][0].startswith(
+    assert [m for _, m in vllm.hook("plan")([parse_scheme("auto")], [_model("xpu")], None, {}).problems][0].startswith(
         "engine vllm runs on cuda or cpu, not xpu"
     )
     assert version_of(vllm).version == "0.34" and version_of(vllm, "0.32.0").version == "0.32"
@@ -203,8 +203,9 @@ def test_no_module_outside_an_engines_folder_tests_a_scheme_prefix():
 
 # -- a test-only engine shows up everywhere, from its one file ---------------------------------------------------
 def test_the_toy_engine_declares_its_dtypes_and_the_validator_reads_them(toy_engine):
-    plan = toy_engine.hook("plan")(["toy:i8h", "int8/token/dynamic", "int4/token/dynamic"], [_model("cuda")], None, {})
-    assert plan.schemes == ["toy:i8h", "int8/token/dynamic"]
+    schemes = [parse_scheme(t) for t in ("toy:i8h", "int8/token/dynamic", "int4/token/dynamic")]
+    plan = toy_engine.hook("plan")(schemes, [_model("cuda")], None, {})
+    assert plan.schemes == schemes[:2]  # the plan speaks Scheme values: what it runs comes back as values
     messages = [m for _, m in plan.problems]
     assert messages[0] == "engine toy runs on cpu, not cuda: run m on device cpu"
     assert "engine toy cannot run int4/token/dynamic: its kv_cache_dtypes run auto (kv_cache_dtype auto)" in messages[1]

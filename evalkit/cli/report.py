@@ -75,7 +75,7 @@ def add_parser(sub):
     p.set_defaults(handler=run)
 
 
-# the recommendation's quality budget (evalkit.report.recommend.Budget, whose defaults these equal: a test
+# the recommendation's quality budget (evalkit.report.budget.Budget, whose defaults these equal: a test
 # holds them together; not imported here, so `report --help` and argparse errors need no pandas)
 BUDGET_DEFAULTS = {
     "max_ppl_rel": 0.01,

@@ -49,15 +49,9 @@ from pathlib import Path
 from evalkit.errors import EvalkitError
 from evalkit.planning.sequential import ALPHA, look_level
 from evalkit.report import resolved as ledgers
-from evalkit.report.recommend import (
-    DECODE_KL,
-    DEFAULT_ENGINE,
-    Budget,
-    check,
-    emulated_groups,
-    sequence_key,
-    verdicts,
-)
+from evalkit.report.budget import DECODE_KL, Budget, check, verdicts
+from evalkit.report.cheapest import sequence_key
+from evalkit.report.recommend import DEFAULT_ENGINE, emulated_groups
 from evalkit.sweep.spec import RunSpec, canonical_json
 
 DEFAULT_BUDGET_S = 30 * 60

@@ -17,7 +17,7 @@ from evalkit.cli import resolve as R
 from evalkit.errors import EvalkitError
 from evalkit.planning.sequential import JACKKNIFE, look_level
 from evalkit.report import resolved as ledgers
-from evalkit.report.recommend import Budget, _state_of_interval, verdicts
+from evalkit.report.budget import Budget, _state_of_interval, verdicts
 from evalkit.report.results import load_store
 from evalkit.report.tables import summary_frame
 from evalkit.sweep.grid import parse_grid

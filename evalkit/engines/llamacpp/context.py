@@ -22,14 +22,14 @@ import numpy as np
 
 from evalkit.engines.llamacpp.cache_types import CACHE_TYPES, row_size
 from evalkit.engines.llamacpp.llama_log import LOG, error_text, parse_kv_log
-from evalkit.engines.llamacpp.runtime import loaded, require, version
+from evalkit.engines.llamacpp.runtime import Closing, loaded, require, version
 from evalkit.errors import EvalkitError
 
 N_CTX_PAD = 256  # llama.cpp rounds n_ctx up to a multiple of this many cells
 ROT_DISABLE_ENV = "LLAMA_ATTN_ROT_DISABLE"
 
 
-class LlamaCppContext:
+class LlamaCppContext(Closing):
     """One llama.cpp context (one sequence) with a fixed cache pair; see the module docstring."""
 
     def __init__(self, model, type_k, type_v, flash_attn, n_ctx, n_batch, n_threads):
@@ -240,15 +240,3 @@ class LlamaCppContext:
         if self._handle is not None and lib is not None:
             lib.llama_free(self._handle)
             self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

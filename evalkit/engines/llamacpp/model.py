@@ -15,11 +15,11 @@ from pathlib import Path
 from evalkit.engines.llamacpp.cache_types import check_cache_types
 from evalkit.engines.llamacpp.context import LlamaCppContext
 from evalkit.engines.llamacpp.llama_log import LOG, error_text
-from evalkit.engines.llamacpp.runtime import require, version
+from evalkit.engines.llamacpp.runtime import Closing, require, version
 from evalkit.errors import EvalkitError
 
 
-class LlamaCppModel:
+class LlamaCppModel(Closing):
     """One GGUF loaded on the CPU; make contexts (one per cache pair) with :meth:`context`."""
 
     def __init__(self, path: Path, handle, n_threads: int, load_log):
@@ -139,15 +139,3 @@ class LlamaCppModel:
         if self._handle is not None:
             require().llama_model_free(self._handle)
             self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

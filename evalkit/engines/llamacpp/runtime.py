@@ -60,3 +60,23 @@ def version() -> str:
 def loaded():
     """The ``llama_cpp`` module if :func:`require` has loaded it, else None (for closing handles late, at exit)."""
     return _state.get("lib")
+
+
+class Closing:
+    """A llama.cpp handle's lifetime: :meth:`close` on leaving a ``with`` block and when collected (errors at
+    interpreter exit ignored). The model and its contexts are both."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             print(render_markdown(load_report(folder)), end="")
     if args.plots:
         paths = all_plots(results, frame, args.plots)
-        from evalkit.report.plots import pareto_data
+        from evalkit.report.pareto import pareto_data
 
         if any(p.stem == "pareto" for p in paths):  # the points of the Pareto plot, with what each stands for
             pareto_data(frame).to_csv(args.plots / "pareto.csv", index=False)

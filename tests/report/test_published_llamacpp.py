@@ -39,7 +39,7 @@ def test_store_holds_the_grid_on_both_engines_from_the_current_code():
 
 
 def test_every_cache_type_is_in_the_store_on_both_engines():
-    from evalkit.engines.llamacpp.runtime import CACHE_TYPES
+    from evalkit.engines.llamacpp.cache_types import CACHE_TYPES
 
     recs = records()
     engine_of = {r["run_id"]: r["spec"].get("engine", "emulation") for r in recs if r["type"] == "complete"}

@@ -301,7 +301,7 @@ def test_the_enumeration_reaches_every_codec_family():
     with package_families():
         g = groups()
     quantizing = [n for n, f in kv_formats.FORMATS.items() if not f.is_unscaled]
-    families_groups = ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla", "vllm_octave")
+    families_groups = ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla", "vllm_octave", "sglang")
     assert sorted(n for n in g if n not in families_groups) == sorted(quantizing)
     texts = [t for n in quantizing for t in g[n]]
     assert set(NAMED_SCHEMES) <= set(texts)
@@ -319,6 +319,7 @@ def test_the_enumeration_reaches_every_codec_family():
     assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
     assert {"vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"} <= set(g["mla"])
     assert g["dsv4_mla"] == ["dsv4:fp8_ds_mla", "dsv4:fp8_ds_mla_v41"] and g["dsv4"] == []  # MLA records only
+    assert g["sglang"] == ["sglang:mxfp8"]
 
 
 def assert_changed(group: str, unpatched: str, patched: str) -> None:

@@ -29,7 +29,9 @@ SCHEME = parse_scheme("sglang:mxfp8")
 CODEC = codec_for(SCHEME.recipe)
 
 # every finite non-negative E4M3 (fn) value by its byte: exponent field e (bias 7), mantissa m; 0x7F is NaN
-E4M3 = [(b, (m / 8) * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)) for b in range(127) for e, m in [(b >> 3, b & 7)]]
+E4M3 = [
+    (b, (m / 8) * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)) for b in range(127) for e, m in [(b >> 3, b & 7)]
+]
 
 
 def e4m3_byte(y: float) -> int:
@@ -176,6 +178,7 @@ def test_attention_reads_q_rounded_and_bf16_is_untouched(monkeypatch):
     """On a tiny llama (head_dim 64): sglang:mxfp8 hands attention the MXFP8-rounded Q on its quantized layers
     (only those), which moves the logits; bf16 reproduces the model bit for bit."""
     from evalkit.integration.install import quantized_kv
+
     from tests.tiny_models import llama_head64
 
     model = llama_head64(layers=2).to(torch.bfloat16)

@@ -88,6 +88,8 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         # vLLM 0.33's Octave caches (kv/codecs/vllm/octave.py), pinned apart: their sums are torch's, as vLLM's
         # reference computes them (its CPU reduction order)
         "vllm_octave": "47ccf02cce54e735b3160e2892122db4dc053b8bf35c4fdc1719581f37bd6387",
+        # SGLang 0.5.23's mxfp8 (kv/codecs/sglang/), a family of its own
+        "sglang": "572dfa18b617d54e103db35e1d9178f412d796b3e9e3164069c56dd9185628f3",
     },
 }
 

@@ -204,3 +204,23 @@ def test_attention_reads_q_rounded_and_bf16_is_untouched(monkeypatch):
             unrounded = model(input_ids=ids).logits
     assert not torch.equal(rounded, unrounded)
     assert (rounded.float() - plain.float()).abs().max() < 0.5  # an 8-bit cache and Q: close to the model, not equal
+
+
+def test_the_storage_cache_holds_sglangs_bytes_through_prefill_and_decode():
+    """A left-padded prefill and one-token steps through the storage cache: every real token's layer-0 K and V are
+    the plain reference's values, read back from the bytes held, and the cache holds 64 + 2 bytes per value row."""
+    from tests.integration.test_storage import PREFILL, inputs, teacher_forced
+    from tests.tiny_models import llama_head64
+
+    model = llama_head64(kv_heads=2, layers=2, heads=4)
+    ids, mask = inputs()
+    raw = teacher_forced(model, "auto", ids, mask).layers[0]
+    cache = teacher_forced(model, "sglang:mxfp8", ids, mask)
+    real = mask.bool()[:, None, :, None]
+    for got, want in ((cache.layers[0].k, raw.k.values), (cache.layers[0].v, raw.v.values)):
+        expected = reference(want.float())[2]
+        r = real.expand_as(got.values)
+        assert torch.equal(got.values.float()[r], expected[r]) and PREFILL < ids.shape[1]
+        assert torch.equal(got.decoded()[r], got.values.float()[r])
+    per_layer_side = ids.shape[0] * 2 * ids.shape[1] * (64 + 2)  # sequences x KV heads x tokens x slot bytes
+    assert cache.layers[0].k.nbytes() == per_layer_side and cache.nbytes() == 2 * 2 * per_layer_side

@@ -16,8 +16,9 @@ evalkit scheme that models it, or why none does:
   before FA4's block-scaled QK: evalkit's ``sglang:mxfp8`` (:mod:`evalkit.kv.codecs.sglang.mxfp8`, where the source
   lines are). evalkit's ``mxfp8_e4m3`` follows OCP MX's ``floor(log2(amax)) - 8`` instead and leaves Q alone;
 - ``nvfp4`` (flashinfer's ``nvfp4_kv_quantize``: E4M3 per 16 values and a per-layer FP32 global scale
-  from the checkpoint): not modelled. evalkit's ``nvfp4`` takes its per-tensor scale from each sequence's
-  first write, not SGLang's store.
+  from the checkpoint, without which ``NVFP4KVQuantizeUtil`` refuses to run): not modelled. evalkit has no
+  static global-scale path for NVFP4: its ``nvfp4`` takes the per-tensor scale from each sequence's first
+  write and ``vllm:nvfp4`` fixes ``k_scale`` at 1.0; neither is SGLang's store.
 
 The engine profile ``sglang`` (:mod:`evalkit.engines.profiles`) maps plain emulation schemes onto these.
 """
@@ -55,7 +56,8 @@ V0523 = (
         "nvfp4",
         None,
         "flashinfer's nvfp4_kv_quantize: E2M1 with an E4M3 scale per 16 values and a per-layer FP32 global scale "
-        "from the checkpoint; evalkit's nvfp4 takes its global scale from each sequence's first write",
+        "from the checkpoint (NVFP4KVQuantizeUtil refuses to run without one); evalkit has no static global-scale "
+        "path for NVFP4 (its nvfp4 takes the scale from each sequence's first write, vllm:nvfp4 fixes k_scale at 1.0)",
         "flashinfer nvfp4_kv_quantize (python/sglang/srt/mem_cache/memory_pool.py)",
     ),
     CacheType(

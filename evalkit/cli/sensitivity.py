@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from evalkit.data.corpus_check import check_corpus_params
 
     check_corpus_params(params, "sensitivity")  # a bad --corpus: one line, not after the model load
-    from evalkit.cli.preflight import check_model_device, check_writable
     from evalkit.models.loading import cache_root
+    from evalkit.sweep.preflight import check_model_device, check_writable
 
     check_writable(args.out, "--out")
     check_writable(args.cache_dir or cache_root() / "work", "--cache-dir")

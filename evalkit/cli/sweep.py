@@ -11,7 +11,7 @@
 Settings come from the :class:`SweepConfig` defaults, then the grid file (``out``, ``executor``),
 then these flags. Everything is validated before the output folder is touched or a model loads.
 First every problem of the grid file (one line each, exit 2; a model folder or corpus file that does
-not exist is one of them); then, in one report, every problem of its runs (:mod:`evalkit.cli.preflight`:
+not exist is one of them); then, in one report, every problem of its runs (:mod:`evalkit.sweep.preflight`:
 scale files, each scheme against its model's architecture read from its config, the schemes
 ``--engine-profile`` cannot run, whether the grid's ``engine:`` can start here), each at the grid line
 that gives it. Then a folder that belongs to another grid is refused, so are a results or cache
@@ -145,12 +145,12 @@ def _read_grid(path: Path, text: str):
 
 def run(args: argparse.Namespace, *, free_space=None) -> int:
     """``free_space(folder) -> bytes`` replaces the real free-space query (tests)."""
-    from evalkit.cli.preflight.commands import grid_problems
-    from evalkit.cli.preflight.planned import print_problems
     from evalkit.models.loading import cache_root
     from evalkit.sweep.estimate import check_disk, disk_free, estimate_sweep
     from evalkit.sweep.grid import resolve_grid, with_engine_profile, with_model
     from evalkit.sweep.grow import check_growable, grow_store
+    from evalkit.sweep.preflight.commands import grid_problems
+    from evalkit.sweep.preflight.planned import print_problems
     from evalkit.sweep.shard import parse_shard, select
     from evalkit.sweep.store import ResultStore
 
@@ -316,8 +316,8 @@ def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Pat
     """One line, before the first run: a results folder this machine cannot write, and with the local
     executor a cache folder it cannot write or a grid ``device:`` it does not have (Ray workers bring
     their own disks and devices; whether the grid's engine can start here is a check of
-    :mod:`evalkit.cli.preflight`)."""
-    from evalkit.cli.preflight import check_grid_devices, check_writable
+    :mod:`evalkit.sweep.preflight`)."""
+    from evalkit.sweep.preflight import check_grid_devices, check_writable
 
     check_writable(out, "--out")  # the store is written here, whichever executor runs the runs
     if cfg.executor == "local":

@@ -112,22 +112,16 @@ def declared_schemes(engine, version: str | None = None) -> dict[str, str]:
     return out
 
 
-def scheme_problems(engine, schemes, version: str | None = None) -> tuple[list[str], list[str]]:
-    """(the schemes ``engine`` runs, canonical; one message for each it does not): a scheme runs when one of
-    the version's declared ``kv_cache_dtype`` values maps to it."""
-    from evalkit.errors import EvalkitError
-    from evalkit.kv.scheme import parse_scheme
-
+def scheme_problems(engine, schemes, version: str | None = None) -> tuple[list, list[str]]:
+    """(the schemes ``engine`` runs, each once; one message for each it does not), ``schemes`` being
+    :class:`~evalkit.kv.scheme.Scheme` values: a scheme runs when one of the version's declared
+    ``kv_cache_dtype`` values maps to it."""
     runs = declared_schemes(engine, version)
     ok, problems = [], []
-    for text in schemes:
-        try:
-            canonical = str(parse_scheme(text))
-        except EvalkitError as exc:
-            problems.append(str(exc))
-            continue
+    for scheme in schemes:
+        canonical = str(scheme)
         if canonical in runs:
-            ok.append(canonical)
+            ok.append(scheme)
         else:
             listed = ", ".join(f"{s} (kv_cache_dtype {n})" for s, n in runs.items())
             problems.append(f"engine {engine.name} cannot run {canonical}: its kv_cache_dtypes run {listed}")

@@ -51,10 +51,10 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 @dataclass
 class Plan:
     """What an engine makes of a grid's (or a run's) request, before anything runs: the schemes as
-    it runs them (canonical strings) and the problems found, each ``(key, message)`` with ``key``
+    it runs them (:class:`~evalkit.kv.scheme.Scheme` values, each once) and the problems found, each ``(key, message)`` with ``key``
     the grid path it belongs to (``("schemes",)``, ``("models", 0)``, ``("engine_options", "x")``)."""
 
-    schemes: list[str] = field(default_factory=list)
+    schemes: list = field(default_factory=list)  # Scheme values
     problems: list[tuple[tuple, str]] = field(default_factory=list)
 
     def problem(self, key: tuple, message: str) -> None:
@@ -161,8 +161,8 @@ class Engine:
             )
         return resolve(path)
 
-    def plan_for(self, schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
-        """The plan of a grid or a run: the validator (:mod:`evalkit.engines.declaration`) refuses models on
+    def plan_for(self, schemes: list, models: list, engine_profile: str | None, options: dict) -> Plan:
+        """The plan of a grid or a run (``schemes``: Scheme values, parsed where they entered): the validator (:mod:`evalkit.engines.declaration`) refuses models on
         devices the engine does not declare; then the engine's ``plan`` hook, or, without one, the schemes
         its newest version's declared ``kv_cache_dtype`` values run (an engine profile refused: it has none)."""
         from evalkit.engines.declaration import device_problems, scheme_problems

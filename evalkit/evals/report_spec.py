@@ -49,7 +49,7 @@ class Criterion:
 
     ``column`` may be ``*/<suffix>``: one criterion per column ending so, named with ``{task}``
     (the part before the suffix). The value compared is the column, its ``abs`` or its negation
-    (``transform``), against the :class:`evalkit.report.recommend.Budget` field ``budget``. A
+    (``transform``), against the :class:`evalkit.report.budget.Budget` field ``budget``. A
     ``required`` criterion is listed (unmeasured) even when the column is missing, and a scheme is
     recommended only when every required criterion is measured."""
 

@@ -7,7 +7,7 @@ passes were about 40 % of a decode step. Inductor compiles the same arithmetic i
 loop that reads one byte and writes one value per element (about 7x faster per layer, measured).
 
 Bit-identical by construction, and tested over every byte value of every 1-byte code dtype: the
-same IEEE operations in the same order as :func:`~evalkit.integration.stored.dequantize_stored`
+same IEEE operations in the same order as :func:`~evalkit.integration.stored_read.dequantize_stored`
 followed by the cast to the K/V's dtype: an exact cast of the code to float32, one subtraction of
 the zero point (if any), one multiplication by the scale, one cast to the output dtype. Inductor
 compiles C++ without unsafe math and without floating-point contraction (``-ffp-contract=off``),

@@ -21,7 +21,7 @@ with tensor ops only:
   stale slots masked out of the scale: the same scale and codes as the dynamic store's re-encode.
 
 Reading dequantizes all ``max_len`` positions through the same function as the dynamic store
-(:func:`~evalkit.integration.stored.read_stored`), into a new tensor the layer does not keep.
+(:func:`~evalkit.integration.stored_read.read_stored`), into a new tensor the layer does not keep.
 NaN or inf sets a device flag in place, read by :meth:`StaticStorageCache.check_finite` once the
 decoding is over.
 
@@ -39,7 +39,8 @@ from evalkit.errors import NonFiniteKVError, SchemeError
 from evalkit.integration.binding import BoundScheme
 from evalkit.integration.growing import Padding
 from evalkit.integration.hf_compat import cache_layer_specs
-from evalkit.integration.stored import StoredTensor, read_stored
+from evalkit.integration.stored import StoredTensor
+from evalkit.integration.stored_read import read_stored
 from evalkit.kv.codec import is_codec
 from evalkit.kv.memory import mla_rope_granularity
 from evalkit.kv.quantize import encode_quantized, quantize

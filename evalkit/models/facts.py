@@ -11,7 +11,7 @@ parameter count comes from instantiating the config on PyTorch's ``meta`` device
 exact), or from the preset's published count. A model known nowhere gets facts with ``params = 0`` and a note.
 
 :func:`read_config` is the same look-up for the config alone (the checks made before a model loads,
-:mod:`evalkit.cli.preflight`: whether a scheme fits the architecture), and :func:`sparse_attention`
+:mod:`evalkit.sweep.preflight`: whether a scheme fits the architecture), and :func:`sparse_attention`
 reads from it whether the model selects the tokens it attends to (DeepSeek V3.2's indexer).
 """
 

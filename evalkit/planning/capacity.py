@@ -168,6 +168,13 @@ def layout_notes(layout: KVLayout, schemes: list[Scheme]) -> list[str]:
             "sglang_fp4: SGLang's MHATokenToKVPoolFP4 holds uint8 [slots, heads, head_dim/2] codes plus uint8 "
             "[slots, heads*head_dim/16] E8M0 scales: 4.5 bits per value, as counted here."
         )
+    if any(getattr(s.recipe, "value", None) == "sglang_mxfp8" for s in schemes):
+        notes.append(
+            "sglang:mxfp8: SGLang's --kv-cache-dtype mxfp8 (FA4) keeps 1 B per value in its K/V buffers and one "
+            "UE8M0 byte per 32 values in separate K/V scale buffers (FA4's interleaved BlockScaledBasicChunk "
+            "order, a page of P tokens holding heads x P x head_dim/32 bytes): head_dim + head_dim/32 bytes per "
+            "token, head and side, as counted here."
+        )
     if names & {"mxfp4", "mxfp8_e4m3"}:
         notes.append(
             "mxfp4 / mxfp8_e4m3: the OCP MX v1.0 layout, blocks of 32 values with one E8M0 byte each "

@@ -20,7 +20,7 @@ two-sided normal quantile at ``1 - alpha/2`` and ``z_b`` the one at the power ``
   own intervals needs. Pairing helps exactly when psi < 2 p (1 - p), the discordance of outcomes
   drawn independently.
 
-The decision made. The budget's rule ("drop <= the limit L", :mod:`evalkit.report.recommend`) calls a
+The decision made. The budget's rule ("drop <= the limit L", :mod:`evalkit.report.budget`) calls a
 scheme inside when the upper end of the drop's 95 % interval is at most L: a non-inferiority test of
 H0: drop >= L at one-sided 2.5 %, not a test of H0: drop = 0. :func:`items_noninferior` sizes it: with
 ``t`` the drop the scheme truly has (0 by default: a scheme that loses nothing), the paired items for

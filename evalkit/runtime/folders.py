@@ -5,7 +5,7 @@ existing ancestor when the folder does not exist yet, so no output folder is cre
 A real file is created because permission bits do not answer the question (``os.access`` says yes to
 root on a read-only file system). It lives on the bottom floor so that a command hook at any floor (an
 engine's ``conformance`` command in ``evalkit/engines/<name>/``) can call it; the command line's other
-checks are :mod:`evalkit.cli.preflight`. It reads the file system only, never a number a run stores.
+checks are :mod:`evalkit.sweep.preflight`. It reads the file system only, never a number a run stores.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ default the evaluations' own: compiled on CUDA, eager elsewhere; each speed line
 each run's K/V traffic at its scheme's stored bytes and its quantized decode steps at the storage
 path's measured cost (a run on the compiled path paying its first compile; the figures, their
 sources and errors under ``step cost:``, :data:`~evalkit.sweep.throughput.DECODE_COSTS`), in the order the sweep runs them
-(:func:`evalkit.sweep.runner.plan`): the first run of each model pays its load, the first run of
+(:func:`evalkit.sweep.run_order.plan`): the first run of each model pays its load, the first run of
 each evaluation on a model pays the baseline pass (cached afterwards, as the evaluations do), a
 auto retrieval run reuses that pass. A run through a real engine (``engine: vllm``) planned for a named
 GPU (``--assume-device``) is priced at engine speed (:mod:`evalkit.sweep.engine_speed`: prefill FLOPs at
@@ -189,7 +189,7 @@ def estimate_sweep(
     device's default (compiled on CUDA)."""
     from evalkit.models.facts import model_facts
     from evalkit.sweep.engine_speed import kv_bytes_per_token
-    from evalkit.sweep.runner import plan
+    from evalkit.sweep.run_order import plan
     from evalkit.sweep.throughput import Speed, cost_lines, stored_bytes
     from evalkit.sweep.workload import workload
 

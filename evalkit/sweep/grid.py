@@ -40,7 +40,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.kv.scheme import parse_scheme
 from evalkit.sweep.grid_entries import grid_evals, grid_models, grid_schemes, scheme_entries
 from evalkit.sweep.grid_lookup import grid_dirs, resolve_grid  # noqa: F401 (re-exported)
 from evalkit.sweep.located_yaml import GridError, Located
@@ -64,14 +63,23 @@ TOP_KEYS = (
 
 
 def parse_grid(path: str | Path, text: str | None = None) -> Grid:
-    """Read and validate a grid file; every error names FILE:LINE and the key."""
+    """Read and validate a grid file; every error names FILE:LINE and the key (:func:`grid_from_data`)."""
     path = Path(path)
     if text is None:
         try:
             text = path.read_text()
         except OSError as exc:
             raise GridError(f"cannot read grid {path}: {exc.strerror}") from None
-    doc = Located(path, text)
+    return grid_from_data(Located(path, text), path.stem)
+
+
+def grid_from_data(doc: Located, name: str) -> Grid:
+    """The grid a description gives (``doc.value``: the keys of a grid file), checked entry by entry: the one
+    grid path of ``evalkit sweep`` (a YAML file, :func:`parse_grid`) and ``evalkit run`` (its flags,
+    :meth:`Located.given`, schemes already :class:`~evalkit.kv.scheme.Scheme` values). Schemes are parsed
+    once, at their entry; then the engine profile, each engine's plan (Scheme values in and out), the
+    evaluations' parameters and corpus files, the runs and the engines' noise floor runs. ``name``: the
+    grid's name when the description has none."""
     data = doc.value
     if not isinstance(data, dict):
         doc.problems.append(str(doc.error((), "a grid is a mapping with models, schemes and evals")))
@@ -96,7 +104,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     if isinstance(data.get("executor"), str) and data["executor"] not in ("local", "ray"):
         doc.problems.append(str(doc.error(("executor",), "executor is local or ray")))
     models: list[ModelSpec] = []
-    schemes: list[str] = []
+    schemes: list = []  # Scheme values
     evals: list[tuple[str, str, str]] = []
     if "models" in data:
         with doc.collecting():
@@ -117,7 +125,7 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     on = _eval_engines(doc, [e for e, _, _ in evals], engines)
     doc.raise_problems()
     runs = tuple(
-        RunSpec(m, s, e, p, rp, engine, canonical_json(options.get(engine, {})))
+        RunSpec.of(m, s, e, p, rp, engine=engine, engine_options_json=canonical_json(options.get(engine, {})))
         for engine, schemes in by_engine.items()
         for m in models
         for (e, p, rp) in evals
@@ -126,8 +134,8 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     )
     runs += noise_floor_runs(runs, options)
     return Grid(
-        name=data.get("name", path.stem),
-        path=str(path),
+        name=data.get("name", name),
+        path=str(doc.file),
         runs=runs,
         out=data.get("out"),
         executor=data.get("executor"),
@@ -155,8 +163,8 @@ def noise_floor_runs(runs: tuple, options: dict) -> tuple:
     return tuple(out)
 
 
-def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
-    """The canonical strings of ``schemes`` as engine ``name`` runs them (``engine_profile:``, see
+def _engine_schemes(doc: Located, name: str, schemes: list) -> list:
+    """``schemes`` (Scheme values) as engine ``name`` runs them (``engine_profile:``, see
     :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry."""
     from evalkit.engines.profiles import get_profile
 
@@ -165,13 +173,13 @@ def _engine_schemes(doc: Located, name: str, schemes: list[str]) -> list[str]:
     except EvalkitError as exc:
         doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
         return schemes
-    out: list[str] = []
+    out: list = []
     entries = scheme_entries(doc)
-    for text in schemes:
+    for scheme in schemes:
         try:
-            out.append(str(profile.apply(parse_scheme(text))))
+            out.append(profile.apply(scheme))
         except EvalkitError as exc:
-            doc.problems.append(str(doc.error(entries.get(text, ("schemes",)), str(exc))))
+            doc.problems.append(str(doc.error(entries.get(str(scheme), ("schemes",)), str(exc))))
     return list(dict.fromkeys(out))
 
 
@@ -248,11 +256,9 @@ def _eval_engines(doc: Located, names: list[str], engines: list[str]) -> dict[st
     return out
 
 
-def _engine_run(
-    doc: Located, engine: str, data: dict, schemes: list[str], models: list[ModelSpec], options: dict
-) -> list[str]:
-    """``engine: NAME``: the canonical strings of ``schemes`` as that engine runs them (its declared
-    ``plan``, as ``run --engine`` applies it); a scheme, model device, engine profile or option it cannot
+def _engine_run(doc: Located, engine: str, data: dict, schemes: list, models: list[ModelSpec], options: dict) -> list:
+    """``engine: NAME``: ``schemes`` (Scheme values) as that engine runs them (its declared ``plan``, Scheme
+    values in and out); a scheme, model device, engine profile or option it cannot
     honour is a problem of the grid, found before anything runs."""
     from evalkit.engines.registry import get_engine
 
@@ -271,7 +277,7 @@ def with_engine_profile(grid: Grid, name: str) -> Grid:
     from evalkit.engines.profiles import get_profile
 
     profile = get_profile(name)
-    runs = tuple(dict.fromkeys(replace(r, scheme=str(profile.apply(parse_scheme(r.scheme)))) for r in grid.runs))
+    runs = tuple(dict.fromkeys(replace(r, scheme=str(profile.apply(r.scheme_value))) for r in grid.runs))
     data = {**grid.data, "engine_profile": name}
     return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=data)
 
@@ -296,7 +302,7 @@ def with_scales_declared(grid: Grid, model: str, fmt: str) -> Grid:
 
     from evalkit.kv.scheme import declare_scales
 
-    schemes = list(dict.fromkeys(r.scheme for r in grid.runs))
-    mapped = dict(zip(schemes, (str(s) for s in declare_scales([parse_scheme(t) for t in schemes], model, fmt))))
+    schemes = list(dict.fromkeys(r.scheme_value for r in grid.runs))
+    mapped = {str(s): str(d) for s, d in zip(schemes, declare_scales(schemes, model, fmt))}
     runs = tuple(dict.fromkeys(replace(r, scheme=mapped[r.scheme]) for r in grid.runs))
     return Grid(name=grid.name, path=grid.path, runs=runs, out=grid.out, executor=grid.executor, data=grid.data)

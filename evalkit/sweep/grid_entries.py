@@ -88,6 +88,8 @@ def _check_folder(doc: Located, name: str, path: tuple) -> None:
 
 
 def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
+    if isinstance(text, Scheme):  # parsed where it entered (``run --schemes``): a value, not parsed again
+        return text
     if not isinstance(text, str):
         raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
     try:
@@ -96,10 +98,12 @@ def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
         raise doc.error(path, str(exc)) from None
 
 
-def grid_schemes(doc: Located, value) -> list[str]:
+def grid_schemes(doc: Located, value) -> list[Scheme]:
+    """The grid's schemes as :class:`~evalkit.kv.scheme.Scheme` values, each once, in the order given: a
+    scheme string is parsed here, once, and travels as a value from here on."""
     if not isinstance(value, list) or not value:
         raise doc.error(("schemes",), "give a non-empty list of schemes (strings or {expand: ...})")
-    out: list[str] = []
+    out: list[Scheme] = []
     for i, item in enumerate(value):
         with doc.collecting():
             out.extend(_scheme_item(doc, item, ("schemes", i)))
@@ -108,23 +112,23 @@ def grid_schemes(doc: Located, value) -> list[str]:
 
 def scheme_entries(doc: Located) -> dict[str, tuple]:
     """Canonical scheme string -> the key path of the ``schemes`` entry that gives it, so that a problem
-    found after parsing (:mod:`evalkit.cli.preflight`) names that entry's line; an entry that does not
+    found after parsing (:mod:`evalkit.sweep.preflight`) names that entry's line; an entry that does not
     parse gives none (parsing the grid reports it)."""
     entries = doc.value.get("schemes") if isinstance(doc.value, dict) else None
     out: dict[str, tuple] = {}
     for i, item in enumerate(entries if isinstance(entries, list) else []):
         path = ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
         try:
-            for text in _scheme_item(doc, item, ("schemes", i)):
-                out.setdefault(text, path)
+            for scheme in _scheme_item(doc, item, ("schemes", i)):
+                out.setdefault(str(scheme), path)
         except GridError:
             continue  # recorded where the grid is parsed, not here
     return out
 
 
-def _scheme_item(doc: Located, item, path: tuple) -> list[str]:
-    """The canonical scheme strings of one entry of ``schemes`` (a string or an expansion)."""
-    out: list[str] = []
+def _scheme_item(doc: Located, item, path: tuple) -> list[Scheme]:
+    """The schemes of one entry of ``schemes`` (a string, a Scheme value, or an expansion)."""
+    out: list[Scheme] = []
     if isinstance(item, dict):
         if set(item) != {"expand"} or not isinstance(item["expand"], dict):
             raise doc.error(
@@ -149,9 +153,9 @@ def _scheme_item(doc: Located, item, path: tuple) -> list[str]:
         for f in formats:
             for g in grans:
                 for s in scales:
-                    out.append(str(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath)))
+                    out.append(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath))
     else:
-        out.append(str(_parse_one_scheme(doc, item, path)))
+        out.append(_parse_one_scheme(doc, item, path))
     return out
 
 
@@ -211,6 +215,12 @@ def _check_corpora(doc: Located, params: dict, path: tuple) -> None:
 
     for key in CORPUS_KEYS:
         if isinstance(params.get(key), str):
+            if doc.file is None:  # a description without a file (``run``'s flags): the message names the eval
+                try:
+                    check_corpus_spec(params[key], f"{path[-1]} {key}") if params[key].strip() else None
+                except EvalkitError as exc:
+                    raise doc.error(path + (key,), str(exc)) from None
+                continue
             try:
                 check_corpus_spec(params[key], key)
             except EvalkitError as exc:

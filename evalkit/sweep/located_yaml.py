@@ -30,10 +30,12 @@ class GridError(EvalkitError):
 
 # -- YAML with marks ---------------------------------------------------------------------------
 class Located:
-    """Plain Python values built from YAML nodes, with the line of every key path."""
+    """Plain Python values built from YAML nodes, with the line of every key path; or, from
+    :meth:`given`, a grid description that no file holds (``evalkit run``'s flags), whose problems are
+    their message alone."""
 
     def __init__(self, path: Path, text: str):
-        self.file = str(path)
+        self.file: str | None = str(path)
         self.lines: dict[tuple, int] = {}
         self.problems: list[str] = []  # every problem found so far, one line each
         loader = yaml.SafeLoader(text)
@@ -73,6 +75,14 @@ class Located:
             return [self._build(loader, v, path + (i,)) for i, v in enumerate(node.value)]
         return loader.construct_object(node, deep=True)
 
+    @classmethod
+    def given(cls, value) -> Located:
+        """A description built in code (the same keys a grid file holds): no file, no lines; a problem is
+        its message alone (the command line names its own flags), and only the first is raised."""
+        doc = cls.__new__(cls)
+        doc.file, doc.lines, doc.problems, doc.value = None, {}, [], value
+        return doc
+
     @staticmethod
     def where(path: tuple) -> str:
         text = ""
@@ -81,6 +91,8 @@ class Located:
         return text or "(top level)"
 
     def error(self, path: tuple, message: str) -> GridError:
+        if self.file is None:
+            return GridError(message)
         line = self.lines.get(path)
         while line is None and path:
             path = path[:-1]
@@ -97,4 +109,4 @@ class Located:
 
     def raise_problems(self) -> None:
         if self.problems:
-            raise GridError(self.problems[0], self.problems)
+            raise GridError(self.problems[0], self.problems if self.file is not None else None)

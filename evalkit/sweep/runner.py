@@ -2,7 +2,7 @@
 
 Plan: the grid's runs (this shard's share), minus those whose completion record is already in
 the store (unless ``rerun``), grouped by model, then by evaluation (same eval, same parameters),
-baseline scheme first. Execution (:mod:`evalkit.sweep.executors`) goes through a
+baseline scheme first (:func:`evalkit.sweep.run_order.plan`). Execution (:mod:`evalkit.sweep.executors`) goes through a
 :class:`ModelSession`: it loads a model once, prepares each evaluation once on it (data, baseline
 pass), then evaluates every scheme. A run that raises is returned as a failed outcome with its
 error and the sweep goes on; the driver writes each outcome to the store as soon as it arrives,
@@ -23,6 +23,7 @@ from pathlib import Path
 from evalkit.evals.base import get_eval
 from evalkit.sweep import code_identity
 from evalkit.sweep.grid import Grid, ModelSpec, RunSpec, canonical_json, versions
+from evalkit.sweep.run_order import plan
 from evalkit.sweep.shard import select
 from evalkit.sweep.store import ResultStore, RunOutcome
 
@@ -197,41 +198,33 @@ class ModelSession:
         gc.collect()
 
 
-def plan(runs: list[RunSpec]) -> list[list[RunSpec]]:
-    """Group runs by model (first-appearance order); inside, by evaluation, the baseline first."""
-    groups: dict[str, list[RunSpec]] = {}
-    for r in runs:
-        groups.setdefault(r.model.key, []).append(r)
-    out = []
-    for g in groups.values():
-        eval_order = list(dict.fromkeys(r.eval_key for r in g))
-        out.append(sorted(g, key=lambda r: (eval_order.index(r.eval_key), r.scheme != "auto")))
-    return out
-
-
 def run_model(
     grid: Grid,
     store: ResultStore | None,
     workdir: str | Path,
     *,
-    before=None,
     info: dict | None = None,
     logs: Path | None = None,
     registry: dict[str, str] | None = None,
+    sized: bool = False,
 ) -> list[tuple[RunSpec, list[dict]]]:
     """Execute a one-model grid as ``evalkit run`` does: the first error propagates (the command line
-    prints it as one line), and nothing is written before the model is loaded, ``before(lm)`` (the
-    command's checks against the loaded model) has passed and the evaluation is prepared, so bad input
-    leaves no store behind. Then each run in :func:`plan`'s order, its outcome (``info`` added to its
-    record) appended to ``store`` as it completes, as a sweep writes it. Returns each run with its rows.
-    ``logs``: where libraries' chatter goes (default: each run's artifacts folder)."""
+    prints it as one line), and nothing is written before the model is loaded, every scheme is checked
+    against it (:func:`evalkit.sweep.loaded_checks.check_loaded`) and the evaluation is prepared, so bad
+    input leaves no store behind; with ``sized``, a run estimated at over 10 min says so on stderr first
+    (:func:`evalkit.sweep.loaded_checks.size_note`). Then each run in :func:`plan`'s order, its outcome
+    (``info`` added to its record) appended to ``store`` as it completes, as a sweep writes it. Returns each
+    run with its rows. ``logs``: where libraries' chatter goes (default: each run's artifacts folder)."""
+    from evalkit.sweep.loaded_checks import check_loaded, size_note
+
     (group,) = plan(list(grid.runs))  # one model: one group
     session = ModelSession(group[0].model, workdir, registry)
     try:
         with _logs_to(logs):
             lm = session.model(group[0])
-            if before is not None:
-                before(lm)
+            check_loaded(grid, group, lm)
+            if sized:
+                size_note(group, lm, workdir)
             for run in group:
                 session.prepared(run, lm)
         if store is not None:

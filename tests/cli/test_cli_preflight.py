@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit.cli import main, preflight
+from evalkit.cli import main
 from evalkit.errors import EvalkitError, PreflightError
+from evalkit.sweep import preflight
 
 from tests.cli_checks import one_line_exit_2
 
@@ -389,7 +390,7 @@ def test_sweep_on_ray_leaves_devices_to_the_workers(tmp_path, capsys, monkeypatc
     )
 
 
-# -- the run's own problems, before the model loads (evalkit.cli.preflight.commands) -------------------
+# -- the run's own problems, before the model loads (evalkit.sweep.preflight.commands) -------------------
 
 
 def test_run_with_a_missing_scale_file_fails_in_one_line_before_loading(tmp_path, capsys):

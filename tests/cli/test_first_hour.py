@@ -188,9 +188,9 @@ def test_sweep_refuses_a_grid_whose_engine_is_not_installed(capsys, tmp_path):
 def test_sweep_engine_check_names_a_broken_environment(monkeypatch):
     import evalkit.engines.vllm.install as vi
     import evalkit.engines.vllm.kernel as vk
-    from evalkit.cli.preflight.engines import check_engines, engine_ready
-    from evalkit.cli.preflight.planned import PlannedRun
     from evalkit.sweep.grid import parse_grid
+    from evalkit.sweep.preflight.engines import check_engines, engine_ready
+    from evalkit.sweep.preflight.planned import PlannedRun
 
     grid = parse_grid(REPO / "sweeps" / "engine.yaml")
     monkeypatch.setattr(vk, "check_vllm_available", lambda flags=None: None)

@@ -1,7 +1,8 @@
-"""``sweep --resolve`` (evalkit.cli.resolve): the straddling criteria found as the recommendation finds them,
-the stage planning on a small SYNTHETIC store, the report reading a grown row's latest stage at the split
-level (against a plain computation), an end-to-end resolve of a tiny grid (it grows the straddling
-criterion, stops resolved or with the budget named, and resumes), and bad input."""
+"""``sweep --resolve`` (evalkit.cli.resolve, resolve_straddles, resolve_price): the straddling criteria
+found as the recommendation finds them, the stage planning on a small SYNTHETIC store, the report
+reading a grown row's latest stage at the split level (against a plain computation), an end-to-end
+resolve of a tiny grid (it grows the straddling criterion, stops resolved or with the budget named, and
+resumes), and bad input."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from scipy import stats
 
 from evalkit.cli import main
 from evalkit.cli import resolve as R
+from evalkit.cli import resolve_price as P
+from evalkit.cli import resolve_straddles as S
 from evalkit.errors import EvalkitError
 from evalkit.planning.sequential import JACKKNIFE, look_level
 from evalkit.report import resolved as ledgers
-from evalkit.report.recommend import Budget, _state_of_interval, verdicts
+from evalkit.report.budget import Budget, _state_of_interval, verdicts
 from evalkit.report.results import load_store
 from evalkit.report.tables import summary_frame
 from evalkit.sweep.grid import parse_grid
@@ -72,34 +75,34 @@ def test_stage_planning_on_a_synthetic_store(tmp_path, tiny_llama_dir):
     grid = _grid(tmp_path, tiny_llama_dir)
     _synthetic_store(tmp_path / "s", grid)
     frame, results = _frame(tmp_path / "s")
-    found = R.straddling(frame, Budget(max_dp_drop=None, max_retrieval_drop=None, max_flip_rate=None), engine=None)
+    found = S.straddling(frame, Budget(max_dp_drop=None, max_retrieval_drop=None, max_flip_rate=None), engine=None)
     assert [(s.scheme, s.eval, s.criterion) for s in found] == [
         ("fp8_e4m3/tensor/unit", "perplexity", "Δppl"),
         ("int4/token/dynamic", "perplexity", "KL"),
     ]  # B is outside on Δppl: nothing of it is grown
-    rows, why = R.rows_to_grow(grid, R.new_ledger(3), found, results.complete)
+    rows, why = S.rows_to_grow(grid, S.new_ledger(3), found, results.complete)
     assert not why and [r.entry["scheme"] for r in rows] == ["fp8_e4m3/tensor/unit", "int4/token/dynamic"]
     row = rows[0]
     assert row.knob == "max_windows" and [row.stage_n(k) for k in range(4)] == [4, 8, 16, 32]
-    stage2 = R.grown(row.base, row.stage_n(2))
+    stage2 = S.grown(row.base, row.stage_n(2))
     assert stage2.params == {**row.base.params, "max_windows": 16} and stage2.run_id != row.base.run_id
-    assert R.grown(row.base, 4).run_id == row.base.run_id  # stage 0 is the store's own run
+    assert S.grown(row.base, 4).run_id == row.base.run_id  # stage 0 is the store's own run
     # priced from the store's measured times: 2 x the stage-0 run, plus the baseline (auto's 10 s) at 8 / 4
-    assert R.measured_price(grid, row, 1, results.complete) == pytest.approx(2 * 10.0 + 10.0 * 8 / 4)
+    assert P.measured_price(grid, row, 1, results.complete) == pytest.approx(2 * 10.0 + 10.0 * 8 / 4)
 
 
 def test_the_report_reads_the_latest_stage_at_the_split_level(tmp_path, tiny_llama_dir):
     grid = _grid(tmp_path, tiny_llama_dir)
     store = _synthetic_store(tmp_path / "s", grid)
     frame, results = _frame(tmp_path / "s")
-    found = R.straddling(frame, ONLY_PPL, engine=None)
-    (row,), _ = R.rows_to_grow(grid, R.new_ledger(3), found, results.complete)
-    run = R.grown(row.base, 8)
+    found = S.straddling(frame, ONLY_PPL, engine=None)
+    (row,), _ = S.rows_to_grow(grid, S.new_ledger(3), found, results.complete)
+    run = S.grown(row.base, 8)
     value, lo, hi = 0.004, 0.001, 0.007  # stage 1's stored 95 % interval over 8 windows
     rows = [_metric("ppl_delta_rel", value, (lo, hi), 8), _metric("kl_mean", 0.005, (0.0045, 0.0055), 8)]
     store.append(RunOutcome(run.run_id, run.to_dict(), True, rows, info={"kv_layout": LAYOUT}))
-    ledger = R.new_ledger(3)
-    R._record(ledger, row, 1, run)
+    ledger = S.new_ledger(3)
+    S.record(ledger, row, 1, run)
     ledgers.write_ledger(tmp_path / "s", ledger)
 
     frame, results = _frame(tmp_path / "s")
@@ -112,7 +115,7 @@ def test_the_report_reads_the_latest_stage_at_the_split_level(tmp_path, tiny_lla
     assert q == pytest.approx(0.9875) and half > (hi - lo) / 2
     assert any("stage 1 of 3 (max_windows 8)" in n and "98.75 %" in n for n in results.merge_notes)
     # resolved now (inside at 98.75 %): only C's KL still straddles
-    assert [(s.scheme, s.criterion) for s in R.straddling(frame, Budget(max_dp_drop=None), engine=None)] == [
+    assert [(s.scheme, s.criterion) for s in S.straddling(frame, Budget(max_dp_drop=None), engine=None)] == [
         ("int4/token/dynamic", "KL")
     ]
 
@@ -121,12 +124,12 @@ def test_a_stage_row_whose_interval_cannot_be_rederived_loses_it(tmp_path, tiny_
     grid = _grid(tmp_path, tiny_llama_dir)
     store = _synthetic_store(tmp_path / "s", grid)
     frame, results = _frame(tmp_path / "s")
-    (row,), _ = R.rows_to_grow(grid, R.new_ledger(3), R.straddling(frame, ONLY_PPL, engine=None), results.complete)
-    run = R.grown(row.base, 8)
+    (row,), _ = S.rows_to_grow(grid, S.new_ledger(3), S.straddling(frame, ONLY_PPL, engine=None), results.complete)
+    run = S.grown(row.base, 8)
     bad = {**_metric("ppl_delta_rel", 0.004, (0.001, 0.007), 8), "info": {"ci": "95% percentile bootstrap"}}
     store.append(RunOutcome(run.run_id, run.to_dict(), True, [bad], info={"kv_layout": LAYOUT}))
-    ledger = R.new_ledger(3)
-    R._record(ledger, row, 1, run)
+    ledger = S.new_ledger(3)
+    S.record(ledger, row, 1, run)
     ledgers.write_ledger(tmp_path / "s", ledger)
     frame, results = _frame(tmp_path / "s")
     got = frame[frame["scheme"] == "fp8_e4m3/tensor/unit"].iloc[0].to_dict()
@@ -254,7 +257,7 @@ def test_a_resumed_resolve_refuses_other_stages(tmp_path, tiny_llama_dir):
 
     grid = _grid(tmp_path, tiny_llama_dir)
     store = _synthetic_store(tmp_path / "s", grid)
-    ledgers.write_ledger(tmp_path / "s", R.new_ledger(2))
+    ledgers.write_ledger(tmp_path / "s", S.new_ledger(2))
     with pytest.raises(EvalkitError, match="resolved with --resolve-stages 2 .*resume with --resolve-stages 2"):
         R.run_resolve(grid, store, make_executor("local", None), tmp_path / "c", stages=3, engine=None)
 

@@ -5,22 +5,21 @@ is monkeypatched or computed from fixed speeds: no test here times anything."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from evalkit.cli import main
-from evalkit.cli import run_size as S
 from evalkit.errors import EvalkitError
 from evalkit.evals import get_eval
+from evalkit.sweep import run_size as S
 from evalkit.sweep import speed_probe as P
 from evalkit.sweep import throughput as T
+from evalkit.sweep.spec import ModelSpec
 
 
 def _fake_seconds(long: float, short: float):
     """``_seconds`` for the run's own parameters (long) and for the CPU sizes (short)."""
 
-    def seconds(args, eval_name, params, schemes, engine, speed_for, workdir):
+    def seconds(model, eval_name, params, schemes, engine, speed_for, workdir):
         small = S.smaller_params(get_eval(eval_name), params)[1] == ()  # already at the CPU sizes
         return short if small else long
 
@@ -64,15 +63,14 @@ def test_a_long_run_says_its_estimate_and_the_cpu_sizes_before_it_starts(tiny_ll
 
 def test_an_engine_run_says_it_runs_through_vllm(tiny_llama_dir, monkeypatch):
     size = S.RunSize(7200.0, flags=("--lmeval-limit 8",), smaller_seconds=50.0, load=1.5)
-    args = argparse.Namespace(device="cpu")
-    line = S.note(size, args, get_eval("lmeval"), ["auto", "fp8_e4m3/tensor/unit"], "vllm")
+    line = S.note(size, "cpu", get_eval("lmeval"), ["auto", "fp8_e4m3/tensor/unit"], "vllm")
     assert line.startswith(
         "this run (lmeval through vLLM, 2 schemes with the baseline) is estimated at about 2 h 00 min"
     )
     assert (
         "(timed at load 1.5)" in line and "try --lmeval-limit 8 (docs/sizing.md#what-fits-a-cpu, about 50.0 s)" in line
     )
-    gpu = S.note(size, argparse.Namespace(device="cuda"), get_eval("lmeval"), ["auto"], "emulation")
+    gpu = S.note(size, "cuda", get_eval("lmeval"), ["auto"], "emulation")
     assert "on this machine's cuda" in gpu and "to shorten it try --lmeval-limit 8" in gpu
 
 
@@ -167,20 +165,20 @@ def speeds(monkeypatch):
     return calls
 
 
-ARGS = argparse.Namespace(model="embedded", dtype="float32", device="cpu")
+MODEL = ModelSpec(name="embedded", dtype="float32", device="cpu")
 
 
 def test_a_small_run_is_priced_without_the_probe(speeds, tmp_path):
     cls = get_eval("perplexity")
     size = S.estimate_run(
-        ARGS, cls, cls.validate({"window": 512, "max_windows": 2}), ["auto"], "emulation", object(), tmp_path
+        MODEL, cls, cls.validate({"window": 512, "max_windows": 2}), ["auto"], "emulation", object(), tmp_path
     )
     assert speeds == {"analytic": 1, "probe": 0} and size.seconds is not None and not size.long
 
 
 def test_a_large_run_is_priced_by_the_probe_and_given_the_cpu_sizes(speeds, tmp_path):
     cls = get_eval("retrieval")
-    size = S.estimate_run(ARGS, cls, cls.validate({}), ["auto", "fp8_e4m3/tensor/unit"], "vllm", object(), tmp_path)
+    size = S.estimate_run(MODEL, cls, cls.validate({}), ["auto", "fp8_e4m3/tensor/unit"], "vllm", object(), tmp_path)
     assert speeds == {"analytic": 1, "probe": 1}  # the probe once, for both the run and its CPU sizes
     assert size.long and size.speed == "probe at 100.0 tokens/s"
     assert size.flags[0] == "--retrieval-tasks passkey" and size.smaller_seconds < S.LONG_S < size.seconds

@@ -74,10 +74,10 @@ def test_the_profiles_keep_their_names_order_and_schemes_and_live_in_their_engin
 
 def test_the_validator_reads_devices_and_dtypes_from_the_declaration():
     vllm, llamacpp = registry.get_engine("vllm"), registry.get_engine("llamacpp")
-    plan = llamacpp.hook("plan")(["auto"], [_model("cuda:0")], None, {})
+    plan = llamacpp.hook("plan")([parse_scheme("auto")], [_model("cuda:0")], None, {})
     assert ("models", 0) in [k for k, _ in plan.problems]
     assert any("engine llamacpp runs on cpu, not cuda:0: run m on device cpu" in m for _, m in plan.problems)
-    assert [m for _, m in vllm.hook("plan")(["auto"], [_model("xpu")], None, {}).problems][0].startswith(
+    assert [m for _, m in vllm.hook("plan")([parse_scheme("auto")], [_model("xpu")], None, {}).problems][0].startswith(
         "engine vllm runs on cuda or cpu, not xpu"
     )
     assert version_of(vllm).version == "0.34" and version_of(vllm, "0.32.0").version == "0.32"
@@ -107,14 +107,15 @@ def test_sglang_0_5_23_declares_its_eight_dtypes_and_refuses_fp4_e2m1_in_one_lin
     assert v.version == "0.5.23" and set(v.names()) == {
         "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"
     }  # fmt: skip
-    assert {d.name for d in v.kv_cache_dtypes if not d.modelled} == {"mxfp8", "nvfp4"}
+    assert {d.name for d in v.kv_cache_dtypes if not d.modelled} == {"nvfp4"}
     assert declared_schemes(sglang)["sglang_fp4"] == "fp4_mx_block16"
     with pytest.raises(SchemeError, match="sglang 0.5.23 has no kv_cache_dtype fp4_e2m1: it takes fp4_mx_block16"):
         cache_type(sglang, "fp4_e2m1")
     assert main(["schemes", "--engine-profile", "sglang"]) == 0
     out = capsys.readouterr().out
     assert "fp4_mx_block16   sglang_fp4" in out and "fp4_e2m1         not taken by SGLang 0.5.23" in out
-    assert "mxfp8            not modelled" in out and "arg_groups/fields/model.py" in out
+    assert "mxfp8            sglang:mxfp8" in out and "nvfp4            not modelled" in out
+    assert "arg_groups/fields/model.py" in out and "mxfp8_quant.py:98-163" in out
     assert main(["schemes", "--engine", "sglang", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert [r["kv_cache_dtype"] for r in table["dtypes"]] == list(v.names())
@@ -203,8 +204,9 @@ def test_no_module_outside_an_engines_folder_tests_a_scheme_prefix():
 
 # -- a test-only engine shows up everywhere, from its one file ---------------------------------------------------
 def test_the_toy_engine_declares_its_dtypes_and_the_validator_reads_them(toy_engine):
-    plan = toy_engine.hook("plan")(["toy:i8h", "int8/token/dynamic", "int4/token/dynamic"], [_model("cuda")], None, {})
-    assert plan.schemes == ["toy:i8h", "int8/token/dynamic"]
+    schemes = [parse_scheme(t) for t in ("toy:i8h", "int8/token/dynamic", "int4/token/dynamic")]
+    plan = toy_engine.hook("plan")(schemes, [_model("cuda")], None, {})
+    assert plan.schemes == schemes[:2]  # the plan speaks Scheme values: what it runs comes back as values
     messages = [m for _, m in plan.problems]
     assert messages[0] == "engine toy runs on cpu, not cuda: run m on device cpu"
     assert "engine toy cannot run int4/token/dynamic: its kv_cache_dtypes run auto (kv_cache_dtype auto)" in messages[1]

@@ -30,6 +30,7 @@ from scipy.special import log_softmax, rel_entr  # noqa: E402
 
 from evalkit.engines.llamacpp import runtime  # noqa: E402
 from evalkit.engines.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from evalkit.engines.llamacpp.model import LlamaCppModel  # noqa: E402
 from evalkit.models.loading import embedded_gguf  # noqa: E402
 
 WINDOWS = [(list(range(600, 700)), 20), ([504, 3575, 282, 4649, 314, *range(2000, 2095)], 1)]
@@ -50,7 +51,7 @@ class Embedded:
 def plain_scores(type_k: str, type_v: str) -> dict[str, np.ndarray]:
     """Per scored token, straight from llama.cpp's whole-window logits with scipy."""
     out = {"nll": [], "base_nll": [], "agree": [], "kl": []}
-    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+    with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
         for ids, t0 in WINDOWS:
             rows = {}
             for name, (k, v) in (("base", ("f16", "f16")), ("q", (type_k, type_v))):
@@ -110,7 +111,7 @@ def test_backend_decode_is_a_plain_reading_of_llamacpps_steps():
     finally:
         backend.close()
     assert torch.equal(inputs[:2], request.inputs[:2]) and torch.equal(inputs[2:, :12], request.inputs[2:, :12])
-    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+    with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
         lp = {}
         for name, (k, v) in (("base", ("f16", "f16")), ("q", ("q4_0", "q4_0"))):
             with model.context(k, v, flash_attn=True, n_ctx=256, n_batch=512, n_threads=2) as ctx:

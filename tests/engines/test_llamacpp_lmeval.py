@@ -31,6 +31,7 @@ from scipy.special import log_softmax  # noqa: E402
 
 from evalkit.engines.llamacpp import runtime  # noqa: E402
 from evalkit.engines.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from evalkit.engines.llamacpp.model import LlamaCppModel  # noqa: E402
 from evalkit.models.handle import open_model  # noqa: E402
 from evalkit.models.loading import embedded_gguf  # noqa: E402
 
@@ -75,7 +76,7 @@ def split(tokenizer, context: str, continuation: str) -> tuple[list[int], list[i
 
 def plain_logprobs(types: tuple[str, str], ids: list[int]) -> np.ndarray:
     """scipy's float64 log-softmax of llama.cpp's logits for the whole window ``ids`` (one context)."""
-    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+    with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
         with model.context(*types, flash_attn=True, n_ctx=256, n_batch=512, n_threads=2) as ctx:
             return log_softmax(ctx.logits(ids).astype(np.float64), axis=-1)
 
@@ -117,7 +118,7 @@ GEN = [
 def test_generate_until_is_greedy_cut_at_until_and_max_tokens(backend, handle):
     got = lm_for(backend, handle, None).generate_until(requests(GEN), disable_tqdm=True)
     tok = handle.tokenizer
-    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
+    with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=2) as model:
         with model.context("f16", "f16", flash_attn=True, n_ctx=256, n_threads=2) as ctx:
             for (prompt, kwargs), text in zip(GEN, got, strict=True):
                 plain = ctx.generate(tok.encode(prompt), kwargs["max_gen_toks"], eos_ids=[tok.eos_token_id])

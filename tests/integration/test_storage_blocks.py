@@ -2,7 +2,7 @@
 of the tokens it holds, however they arrived (a prefill, then one token per step).
 
 The store keeps the open block's K/V as they arrived and re-encodes the whole block from them when
-a token joins (evalkit.integration.stored). Re-encoding from the dequantized values instead would
+a token joins (evalkit.integration.stored_blocks). Re-encoding from the dequantized values instead would
 drift: under ``+rounding=rtz`` ``(c * s) / s`` lands just below ``c`` for some codes, so each
 re-encode truncates one more step; a test below shows that drift is real on these very inputs, so
 the equality checked here is not vacuous.

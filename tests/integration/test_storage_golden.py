@@ -380,12 +380,13 @@ def off_platform(monkeypatch):
 def noop(monkeypatch):
     """The no-op quantizer, and a store that keeps its float32 codes as they are (the cache holds
     codes only: attention reads the stored codes decoded, so a no-op must store losslessly too)."""
-    from evalkit.integration import stored
+    from evalkit.integration import stored, stored_blocks, stored_read
 
-    real_decode = stored.decode
-    monkeypatch.setattr(stored, "quantize", noop_quantize)
-    monkeypatch.setattr(stored, "encode_quantized", lambda q, fmt: q.codes)
-    monkeypatch.setattr(stored, "decode", lambda t, fmt: t if t.dtype == torch.float32 else real_decode(t, fmt))
+    real_decode = stored_read.decode
+    for module in (stored, stored_blocks):
+        monkeypatch.setattr(module, "quantize", noop_quantize)
+        monkeypatch.setattr(module, "encode_quantized", lambda q, fmt: q.codes)
+    monkeypatch.setattr(stored_read, "decode", lambda t, fmt: t if t.dtype == torch.float32 else real_decode(t, fmt))
     monkeypatch.setattr(
         stored.StoredTensor,
         "_zero_codes",

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from evalkit.engines.vllm import kernel as vk
+from evalkit.engines.vllm import kernel_conformance as kc
+from evalkit.engines.vllm import kernel_inputs as ki
 from evalkit.errors import SchemeError
 from evalkit.kv.scheme import parse_scheme
 
@@ -42,20 +43,20 @@ def _e5m2(v: np.ndarray, inv: np.float32) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("scale", vk.DEFAULT_SCALES)
+@pytest.mark.parametrize("scale", ki.DEFAULT_SCALES)
 def test_codes_equal_a_reading_of_vllms_cpu_store(fmt, scale):
-    scale = vk._f32(scale)
+    scale = ki.f32(scale)
     tiny = torch.tensor([1e-45, -1e-45, 1.1754942e-38, -1.1754942e-38, -0.0, 0.0])
     x = torch.cat(
-        [vk.values_for(vk.edge_values(fmt), scale), tiny, (vk.random_values((128, 3, 96), 5) * scale).flatten()]
+        [ki.values_for(ki.edge_values(fmt), scale), tiny, (ki.random_values((128, 3, 96), 5) * scale).flatten()]
     )
-    table, n = vk._as_table(x, 3, 96)
-    ours = vk.evalkit_codes(table, scale, fmt, vk.VLLM_CPU).flatten()[:n].view(torch.uint8).numpy()
+    table, n = ki.as_table(x, 3, 96)
+    ours = kc.evalkit_codes(table, scale, fmt, kc.VLLM_CPU).flatten()[:n].view(torch.uint8).numpy()
     inv = np.float32(1) / np.float32(scale)
     ref = (_e4m3 if fmt == "fp8_e4m3" else _e5m2)(x.numpy(), inv)
     differ = np.nonzero(ours != ref)[0]
     assert differ.size == 0, [(float(x[i]), int(ours[i]), int(ref[i])) for i in differ[:5]]
-    plain = vk.evalkit_codes(table, scale, fmt, "rtz").flatten()[:n].view(torch.uint8).numpy()
+    plain = kc.evalkit_codes(table, scale, fmt, "rtz").flatten()[:n].view(torch.uint8).numpy()
     assert (plain != ref).sum() > 0  # plain rtz is not the store on this table: the recipe is what models it
 
 

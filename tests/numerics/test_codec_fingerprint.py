@@ -88,6 +88,8 @@ PINNED = {  # NUMERICS_VERSION -> group -> SHA-256 of fingerprints()[group]
         # vLLM 0.33's Octave caches (kv/codecs/vllm/octave.py), pinned apart: their sums are torch's, as vLLM's
         # reference computes them (its CPU reduction order)
         "vllm_octave": "47ccf02cce54e735b3160e2892122db4dc053b8bf35c4fdc1719581f37bd6387",
+        # SGLang 0.5.23's mxfp8 (kv/codecs/sglang/), a family of its own
+        "sglang": "572dfa18b617d54e103db35e1d9178f412d796b3e9e3164069c56dd9185628f3",
     },
 }
 
@@ -301,7 +303,7 @@ def test_the_enumeration_reaches_every_codec_family():
     with package_families():
         g = groups()
     quantizing = [n for n, f in kv_formats.FORMATS.items() if not f.is_unscaled]
-    families_groups = ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla", "vllm_octave")
+    families_groups = ("vllm", "llamacpp", "mla", "dsv4", "dsv4_mla", "vllm_octave", "sglang")
     assert sorted(n for n in g if n not in families_groups) == sorted(quantizing)
     texts = [t for n in quantizing for t in g[n]]
     assert set(NAMED_SCHEMES) <= set(texts)
@@ -319,6 +321,7 @@ def test_the_enumeration_reaches_every_codec_family():
     assert len(g["llamacpp"]) == len(LLAMACPP_TYPES) ** 2
     assert {"vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"} <= set(g["mla"])
     assert g["dsv4_mla"] == ["dsv4:fp8_ds_mla", "dsv4:fp8_ds_mla_v41"] and g["dsv4"] == []  # MLA records only
+    assert g["sglang"] == ["sglang:mxfp8"]
 
 
 def assert_changed(group: str, unpatched: str, patched: str) -> None:

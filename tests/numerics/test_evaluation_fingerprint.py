@@ -405,11 +405,11 @@ def test_a_normal_quantile_for_the_t_interval_changes_the_fingerprint(monkeypatc
 
 def test_a_changed_storage_read_moves_the_end_to_end_numbers(monkeypatch, tmp_path):
     """Mutation: the cache's stored K/V read back one part in 2**12 too large: decode's numbers leave the pins."""
-    import evalkit.integration.stored as stored
+    import evalkit.integration.stored_read as stored_read
 
     want = END_TO_END.get(NUMERICS_VERSION) or end_to_end(tmp_path / "unpatched")
-    real = stored.dequantize_stored
-    monkeypatch.setattr(stored, "dequantize_stored", lambda *a, **k: real(*a, **k) * (1 + 2.0**-12))
+    real = stored_read.dequantize_stored
+    monkeypatch.setattr(stored_read, "dequantize_stored", lambda *a, **k: real(*a, **k) * (1 + 2.0**-12))
     bad = tiny_run.differences(want, end_to_end(tmp_path / "patched"))
     assert any(line.startswith("decode|") for line in bad)
     assert not any(

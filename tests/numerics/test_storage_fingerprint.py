@@ -343,12 +343,12 @@ def assert_changed(group: str, unpatched: str, patched: str) -> None:
 
 def test_a_changed_read_of_the_stored_bytes_changes_the_fingerprint(monkeypatch):
     """Mutation: the stored codes read back with every value one part in 2**20 too large."""
-    import evalkit.integration.stored as stored
+    import evalkit.integration.stored_read as stored_read
 
-    real = stored.dequantize_stored
+    real = stored_read.dequantize_stored
     group = "standard/dynamic"
     unpatched = fingerprints([group])[group]
-    monkeypatch.setattr(stored, "dequantize_stored", lambda *a, **k: real(*a, **k) * (1 + 2.0**-20))
+    monkeypatch.setattr(stored_read, "dequantize_stored", lambda *a, **k: real(*a, **k) * (1 + 2.0**-20))
     assert_changed(group, unpatched, fingerprints([group])[group])
 
 

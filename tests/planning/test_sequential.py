@@ -19,7 +19,7 @@ from evalkit.evals.base import Criterion
 from evalkit.evals.paired_binary import paired_difference_ci
 from evalkit.evals.stats import binomial_ci, jackknife_t_ci
 from evalkit.planning.sequential import JACKKNIFE, TANGO, look_level, relevel
-from evalkit.report.recommend import _state_of_interval
+from evalkit.report.budget import _state_of_interval
 
 KL = Criterion("KL", "kl_mean", "max_kl", True, "mean KL")  # x <= limit
 DROP = Criterion("retrieval", "retrieval_diff", "max_retrieval_drop", True, "drop", transform="neg")  # -x <= limit

@@ -90,7 +90,7 @@ def test_the_budget_table_is_the_recommendations_defaults():
     """docs/report.md's budget table names every Budget criterion with its default, as `report --help` does."""
     import dataclasses
 
-    from evalkit.report.recommend import Budget
+    from evalkit.report.budget import Budget
 
     rows = {}
     for line in (ROOT / "docs" / "report.md").read_text().splitlines():

@@ -12,7 +12,7 @@ import pytest
 
 from evalkit.cli import main
 from evalkit.report import Budget, load_store, recommend, summary_frame
-from evalkit.report.recommend import verdicts
+from evalkit.report.budget import verdicts
 
 from tests.report.test_recommend import CODE, LAYOUT, UNIT, _row, ppl_rows
 

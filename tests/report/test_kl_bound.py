@@ -18,7 +18,8 @@ from evalkit.evals.stats import interval_text, unit_interval
 from evalkit.planning.sequential import relevel
 from evalkit.report import kl_bound
 from evalkit.report import resolved as ledgers
-from evalkit.report.recommend import Budget, recommend, verdicts
+from evalkit.report.budget import Budget, verdicts
+from evalkit.report.recommend import recommend
 from evalkit.report.results import load_store
 from evalkit.report.tables import summary_frame
 from evalkit.sweep.store import ResultStore, RunOutcome

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from evalkit.report import noise_floor as N
-from evalkit.report.recommend import Budget, verdicts
+from evalkit.report.budget import Budget, verdicts
 
 
 def test_an_effect_inside_the_floor_is_unresolved():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from evalkit.report import load_store, summary_frame
-from evalkit.report.plots import loss_interval, pareto_figure
+from evalkit.report.pareto import loss_interval, pareto_figure
 
 from tests.report.test_recommend import E5, UNIT, ppl_rows, write
 

@@ -39,7 +39,7 @@ def test_store_holds_the_grid_on_both_engines_from_the_current_code():
 
 
 def test_every_cache_type_is_in_the_store_on_both_engines():
-    from evalkit.engines.llamacpp.runtime import CACHE_TYPES
+    from evalkit.engines.llamacpp.cache_types import CACHE_TYPES
 
     recs = records()
     engine_of = {r["run_id"]: r["spec"].get("engine", "emulation") for r in recs if r["type"] == "complete"}
@@ -92,3 +92,19 @@ def test_rerunning_a_perplexity_run_on_each_engine_gives_the_stored_rows(tmp_pat
                 assert fresh[key] == value or (value != value and fresh[key] != fresh[key]), (engine, key)
             elif key[0] in FOREIGN_TOLERANCE:  # another CPU: within the float spread check_reruns allows
                 assert _agrees(key[0], fresh[key], value, False), (engine, key, fresh[key], value)
+
+
+def test_lmeval_rows_are_on_both_engines_and_llamacpps_come_from_llamacpp():
+    """lm-eval (evalkit_mmlu4's loglikelihoods, evalkit_passkey's greedy generations) for every scheme on
+    the emulation and through llama.cpp in process, one request at a time."""
+    recs = records()
+    engine_of = {r["run_id"]: r["spec"].get("engine", "emulation") for r in recs if r["type"] == "complete"}
+    rows = [r for r in recs if r["type"] == "metric" and r["eval"] == "lmeval"]
+    schemes = {r["scheme"] for r in recs if r["type"] == "metric" and r["eval"] == "perplexity"}
+    for engine in ("emulation", "llamacpp"):
+        mine = [r for r in rows if engine_of[r["run_id"]] == engine]
+        for metric in ("evalkit_mmlu4/acc", "evalkit_mmlu4/flip_rate", "evalkit_passkey/exact_match"):
+            assert {r["scheme"] for r in mine if r["metric"] == metric} == schemes, (engine, metric)
+    engine_rows = [r for r in rows if engine_of[r["run_id"]] == "llamacpp"]
+    assert all(r["info"]["backend"].startswith("llama-cpp-python") for r in engine_rows)
+    assert all(r["info"]["batch_size"] == 1 for r in engine_rows if "batch_size" in r["info"])

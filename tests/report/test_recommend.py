@@ -14,7 +14,7 @@ from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.evals.base import Criterion
 from evalkit.report import Budget, engine_fit, format_table, load_store, order, recommend, summary_frame
-from evalkit.report.recommend import _state_of_interval
+from evalkit.report.budget import _state_of_interval
 
 from tests.report import synthetic
 
@@ -237,7 +237,7 @@ def test_a_budget_the_interval_straddles_is_unresolved(tmp_path):
 def test_float_spread_is_read_from_the_rows_interval_text():
     """``info["ci"]`` as the evaluation writes it decides which intervals the line calls sampling-only."""
     from evalkit.evals.perplexity.float_spread import ci_text
-    from evalkit.report.recommend import has_float_spread
+    from evalkit.report.budget import has_float_spread
 
     assert has_float_spread({"kl_mean_ci_text": ci_text("t", 3)}, "kl_mean")
     assert not has_float_spread({"kl_mean_ci_text": ci_text("t", 0)}, "kl_mean")
@@ -461,7 +461,7 @@ def test_lmeval_flips_the_protocol_does_not_measure_never_pass(tmp_path):
         store.append(RunOutcome(f"r{i}", spec, True, rows, info=info))
     frame = summary_frame(load_store(tmp_path / "s"))
     tq = frame[frame["scheme"] == TQ].iloc[0].dropna().to_dict()
-    from evalkit.report.recommend import check
+    from evalkit.report.budget import check
 
     state, notes = check(tq, Budget(max_kl=None))
     assert state == "not measured" and notes[0] == "mini_mmlu flips not measured by this protocol", notes
@@ -469,7 +469,7 @@ def test_lmeval_flips_the_protocol_does_not_measure_never_pass(tmp_path):
 
 
 def test_the_fixed_sequence_stops_at_the_first_scheme_not_inside():
-    from evalkit.report.recommend import fixed_sequence
+    from evalkit.report.cheapest import fixed_sequence
 
     def r(scheme, bpt):
         return {"scheme": scheme, "bytes_per_token": bpt}
@@ -490,7 +490,7 @@ def test_the_fixed_sequence_keeps_the_error_of_naming_the_cheapest_inside():
     time; the fixed sequence errs 2.5 % (its first test), whatever the number of schemes."""
     import numpy as np
 
-    from evalkit.report.recommend import fixed_sequence
+    from evalkit.report.cheapest import fixed_sequence
 
     rng = np.random.default_rng(0)
     rows = [{"scheme": f"fp8_e4m3/block{16 * k}/dynamic", "bytes_per_token": 200 - k} for k in range(1, 7)]

@@ -15,7 +15,8 @@ import pytest
 from evalkit.cli import main
 from evalkit.errors import EvalkitError
 from evalkit.report import Budget, format_table, load_store, recommend, summary_frame
-from evalkit.report.plots import all_plots, frontier
+from evalkit.report.pareto import frontier
+from evalkit.report.plots import all_plots
 
 from tests.report import synthetic
 from tests.report.synthetic import LAYOUT
@@ -608,7 +609,7 @@ def test_pareto_plot_is_legible(tmp_path):
     frame = summary_frame(load_store(write_ppl_store(tmp_path / "s", schemes, constant=False)))
     from matplotlib.text import Text
 
-    from evalkit.report.plots import pareto_figure
+    from evalkit.report.pareto import pareto_figure
 
     fig = pareto_figure(frame)
     fig.canvas.draw()
@@ -649,7 +650,7 @@ def scheme_labels_of(frame):
 
 
 def test_spread_labels_keeps_order_gap_and_bounds():
-    from evalkit.report.plots import spread_labels
+    from evalkit.report.pareto import spread_labels
 
     ys = [0.5, 0.51, 0.5, 0.9, 0.02, 0.99]
     pos = spread_labels(ys, 0.05)

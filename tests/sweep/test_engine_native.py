@@ -183,7 +183,7 @@ def test_run_through_an_engine_carries_the_noise_floor_a_grid_does(
     ids), prints it as ``auto (noise floor)``, stores it with ``info["noise_floor"]``, and the report's decision
     rule holds the scheme's effect to it."""
     import evalkit.sweep.runner as runner
-    from evalkit.report.recommend import Budget, verdicts
+    from evalkit.report.budget import Budget, verdicts
     from evalkit.report.results import load_store
     from evalkit.report.tables import summary_frame
     from evalkit.sweep.grid import parse_grid

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.cli import main
-from evalkit.cli.preflight import commands
-from evalkit.cli.preflight.planned import PlannedRun, Problem
+from evalkit.sweep.preflight import commands
+from evalkit.sweep.preflight.planned import PlannedRun, Problem
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,7 @@ def test_an_engine_that_cannot_start_here_is_a_note_in_a_dry_run(tmp_path, capsy
     def missing(name):
         raise EngineUnavailableError(f"engine {name} is not installed (test)")
 
-    monkeypatch.setattr("evalkit.cli.preflight.engines.engine_ready", missing)
+    monkeypatch.setattr("evalkit.sweep.preflight.engines.engine_ready", missing)
     grid = tmp_path / "g.yaml"
     grid.write_text("models: [embedded]\nschemes: [auto]\nengine: vllm\nevals:\n  perplexity: {max_windows: 1}\n")
     out = tmp_path / "out"

@@ -3,7 +3,7 @@
 Perplexity (request (a)): every window is decoded by llama.cpp twice, once with its f16 cache (the
 engine's baseline, flash attention as for the scheme) and once with the scheme's cache types, each in
 its own context; llama.cpp returns the full vocabulary's logits at every position
-(:meth:`~evalkit.engines.llamacpp.runtime.LlamaCppContext.logits`), so NLL, top-1 agreement and
+(:meth:`~evalkit.engines.llamacpp.context.LlamaCppContext.logits`), so NLL, top-1 agreement and
 KL(baseline || scheme) are exact per token (``kl_method: exact``), not a top-k bound. Log-softmax and
 KL are computed here in float64 from llama.cpp's float32 logits.
 
@@ -67,7 +67,7 @@ class LlamaCppBackend(Backend):
     # -- the model and its contexts -------------------------------------------------------------------
     def open(self, name: str):
         """The llama.cpp model for evalkit model ``name`` (loaded once per backend)."""
-        from evalkit.engines.llamacpp.runtime import LlamaCppModel
+        from evalkit.engines.llamacpp.model import LlamaCppModel
 
         path = gguf_path(name)
         if self._model is None or self._path != path:
@@ -184,7 +184,7 @@ class LlamaCppBackend(Backend):
 
     def decode_positions(self, request: DecodeRequest, lm, scheme) -> dict:
         """Per row and decode position, through llama.cpp's decode path (one ``llama_decode`` per token
-        after the prompt, :meth:`~evalkit.engines.llamacpp.runtime.LlamaCppContext.step_logits`) under the
+        after the prompt, :meth:`~evalkit.engines.llamacpp.context.LlamaCppContext.step_logits`) under the
         f16 baseline and under the scheme: exact KL, NLL of the row's token and top-1 agreement on the
         teacher-forced rows; on the free-running rows the scheme's own greedy tokens against the
         baseline's (the first divergence is the real generations')."""

@@ -4,7 +4,7 @@ For each cache pair (``--kv-cache-dtypes``, e.g. ``f16,q8_0,q4_0,q8_0/q4_0``; a 
 V alike) a llama.cpp context is created on the model's GGUF at ``--context`` tokens (llama.cpp pads it
 to a multiple of 256 cells), and its KV buffer is read twice: from llama.cpp's own log line
 (``llama_kv_cache: size = ... K (q8_0): ... V (q8_0): ...``) and computed from ggml's row size
-(:mod:`evalkit.engines.llamacpp.runtime`). evalkit's count is ``bytes_per_token`` of the scheme
+(:mod:`evalkit.engines.llamacpp.context`). evalkit's count is ``bytes_per_token`` of the scheme
 ``llamacpp:<k>/<v>`` on the model's KV layout (:mod:`evalkit.kv.memory`) times the cells. The table
 gives the three, whether they agree, and the capacity multiplier against f16 (tokens that fit in the
 same memory).
@@ -22,7 +22,7 @@ DEFAULT_CONTEXT = 4096
 
 
 def pairs(text: str | None) -> list[tuple[str, str]]:
-    from evalkit.engines.llamacpp.runtime import CACHE_TYPES
+    from evalkit.engines.llamacpp.cache_types import CACHE_TYPES
 
     out = []
     for item in (text or DEFAULT_TYPES).split(","):
@@ -40,7 +40,7 @@ def pairs(text: str | None) -> list[tuple[str, str]]:
 
 def measure(gguf, layout, types: list[tuple[str, str]], context: int, n_threads: int = 2) -> list[dict]:
     """One row per pair: llama.cpp's logged and computed KV bytes, evalkit's, and the multiplier vs f16."""
-    from evalkit.engines.llamacpp.runtime import LlamaCppModel
+    from evalkit.engines.llamacpp.model import LlamaCppModel
     from evalkit.kv.memory import bytes_per_token
     from evalkit.kv.scheme import parse_scheme
 

@@ -64,10 +64,10 @@ def check_types(type_k: str, type_v: str, flash_attn: bool) -> None:
         )
 
 
-def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
-    """The schemes as llama.cpp runs them; a scheme, model or option it cannot honour is a problem."""
+def plan(schemes: list, models: list, engine_profile: str | None, options: dict) -> Plan:
+    """The schemes (:class:`~evalkit.kv.scheme.Scheme` values) as llama.cpp runs them (unchanged); a scheme,
+    model or option it cannot honour is a problem."""
     from evalkit.errors import EvalkitError
-    from evalkit.kv.scheme import parse_scheme
 
     out = Plan()
     settings = {**DEFAULTS, **options}
@@ -87,11 +87,11 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
             gguf_path(m.name)
         except EvalkitError as exc:
             out.problem(("models", i), str(exc))
-    for text in schemes:
+    for scheme in schemes:
         try:
-            k, v = cache_types(text)
+            k, v = cache_types(scheme)
             check_types(k, v, settings["flash_attn"])
-            out.schemes.append(str(parse_scheme(text)))
+            out.schemes.append(scheme)
         except EvalkitError as exc:
             out.problem(("schemes",), str(exc))
     out.schemes = list(dict.fromkeys(out.schemes))

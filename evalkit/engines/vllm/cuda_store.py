@@ -10,7 +10,7 @@ writes K and V through the op at the slots given (scattered by default, as the s
 are) with per-tensor ``k_scale``/``v_scale`` tensors (the layer's ``_k_scale``/``_v_scale``), and
 reads the codes back by slot: (tokens, kv_heads, head_dim) float8 on the CPU, in the order of
 :func:`evalkit.engines.vllm.kernel.write_cache`, the CPU store's reader, so that the kernel table
-(:func:`evalkit.engines.vllm.kernel.kernel_conformance`) holds either store against evalkit's quantizer.
+(:func:`evalkit.engines.vllm.kernel_conformance.kernel_conformance`) holds either store against evalkit's quantizer.
 
 vLLM is imported only here, on a machine with its CUDA build (:func:`require_store`); without one,
 :class:`~evalkit.errors.EngineUnavailableError` says so in one line.

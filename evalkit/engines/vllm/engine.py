@@ -30,9 +30,9 @@ from evalkit.engines.vllm.options import OPTIONS
 from evalkit.engines.vllm.profiles import PROFILES
 
 
-def plan(schemes: list[str], models: list, engine_profile: str | None, options: dict) -> Plan:
-    """The schemes as vLLM runs them on the models' device (its profile applied, as ``run --engine vllm``
-    does); a scheme, device, engine profile, option or installed build it cannot honour is a problem,
+def plan(schemes: list, models: list, engine_profile: str | None, options: dict) -> Plan:
+    """The schemes (:class:`~evalkit.kv.scheme.Scheme` values) as vLLM runs them on the models' device (its
+    profile applied, as ``run --engine vllm`` does); a scheme, device, engine profile, option or installed build it cannot honour is a problem,
     found before anything runs."""
     from evalkit.engines.vllm.config import PROFILES as DEVICE_PROFILES
     from evalkit.engines.vllm.config import engine_config
@@ -77,9 +77,9 @@ def plan(schemes: list[str], models: list, engine_profile: str | None, options: 
     build_problem = _build_problem(device)
     if build_problem:
         out.problem(("models",), build_problem)
-    for text in schemes:
+    for scheme in schemes:
         try:
-            out.schemes.append(str(parse_scheme(engine_config(text, profile).emulation)))
+            out.schemes.append(parse_scheme(engine_config(scheme, profile).emulation))
         except EvalkitError as exc:
             out.problem(("schemes",), str(exc))
     out.schemes = list(dict.fromkeys(out.schemes))

@@ -17,7 +17,7 @@ Memory. vLLM's GPU worker refuses to start unless the free memory of its GPU is 
 Before vLLM starts, :func:`check_kv_fit` sizes the cache that share leaves with evalkit's capacity
 arithmetic (:mod:`evalkit.planning.engine_fit`: the GPU's memory, the rank's weights and reserve) and
 refuses, in one line, a run whose longest request (its ``max_model_len``) it cannot hold, naming the
-share that would (the dry run's check, :mod:`evalkit.cli.preflight.kv_fit`, is the same arithmetic on a
+share that would (the dry run's check, :mod:`evalkit.sweep.preflight.kv_fit`, is the same arithmetic on a
 named GPU). Both figures go into each row's info (``engine_kv_cache_bytes``,
 ``engine_gpu_memory_utilization``).
 

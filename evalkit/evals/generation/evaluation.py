@@ -24,7 +24,8 @@ Baseline. ``prepare`` runs both on the unquantized model (the backend's baseline
 the emulation) and keeps the answers in memory and, where the backend's baseline is reusable, as JSON
 under the work folder (``generation/<key>/baseline.json``, reused when weights, tokenizer, parameters,
 task files, the traces' content and library versions match). ``evaluate`` runs the scheme and compares
-(:mod:`evalkit.evals.generation.rows`): accuracy, pass@k, the paired accuracy difference, McNemar's
+(:mod:`evalkit.evals.generation.rows`; a traces file's: :mod:`~evalkit.evals.generation.trace_rows`):
+accuracy, pass@k, the paired accuracy difference, McNemar's
 exact test, flips both ways, accuracy by prompt length, first divergence, the failure gates (repeated
 tokens and n-grams, first-token EOS, collapse to one token, runaway, invalid UTF-8:
 :mod:`evalkit.evals.generation.gates`), and for traces the decode KL. An identity scheme reproduces the
@@ -193,8 +194,8 @@ class GenerationEval(Evaluation):
             if p["prefix_cache_hit"]:
                 self._hits = list(model.last_hits or [])
         if p["traces"] is not None:
-            from evalkit.evals.generation.rows import trace_records
             from evalkit.evals.generation.trace_decode import generate
+            from evalkit.evals.generation.trace_rows import trace_records
 
             gens = generate(lm, scheme, self._prompts, self._budget, self.gen_kwargs, seeds(p))
             out["traces"] = trace_records(self._traces, lm.tokenizer, gens, seeds(p), self._budget)
@@ -204,8 +205,9 @@ class GenerationEval(Evaluation):
 
     def evaluate(self, lm, scheme, artifacts: Path | None = None) -> list[MetricRow]:
         from evalkit.evals.generation.mrcr import mrcr_rows
-        from evalkit.evals.generation.rows import task_rows, trace_rows
+        from evalkit.evals.generation.rows import task_rows
         from evalkit.evals.generation.serving import settings_info
+        from evalkit.evals.generation.trace_rows import trace_rows
         from evalkit.evals.lmeval.prefix_hits import hits_note
 
         self.require_prepared(hasattr(self, "_model") and self._model is lm.model)  # lm.model: None for an engine

@@ -1,4 +1,4 @@
-"""The generation evaluation's metric rows: per task and filter, and for a traces file (statistics:
+"""The generation evaluation's metric rows per task and filter (statistics:
 :mod:`evalkit.evals.generation.paired`).
 
 Per task and lm-eval filter (metric ``<task>/<stat>``, ``[<filter>]`` appended unless the filter is
@@ -25,12 +25,8 @@ Every share of item-samples (accuracy, flips, truncated, diverged) has the Wilso
 divided by the design effect of its items (:func:`evalkit.evals.paired_binary.clustered_proportion`):
 with one sample per item the plain Wilson interval; its info's ``design_effect`` says by how much.
 
-A traces file gives the same comparisons under the task name ``traces`` (label ``file``): with
-references, ``accuracy`` and its paired rows over the lines that have one; ``flip_rate`` (the
-generated text differs from the baseline's), the divergence rows (on the generated token ids
-themselves), and ``kl_mean`` / ``top1_agreement``: per line the mean KL(baseline || scheme) and argmax
-agreement along the baseline's own continuation, averaged over lines (t interval over lines); and the
-failure gates on the generated ids themselves (a token not valid UTF-8 on its own counts there).
+A traces file's rows (the same comparisons under the task name ``traces``) are
+:mod:`evalkit.evals.generation.trace_rows`.
 """
 
 from __future__ import annotations
@@ -48,20 +44,32 @@ UNITS_CI = "95% Student's t over items"
 WILSON_CI = "95% Wilson over item-samples, counts divided by the items' design effect (the item as the unit)"
 DELTA_CI = "95% Tango score interval for paired proportions, counts divided by the items' design effect"
 BUCKETED_BY = "the item's prompt length in tokens (fixed before the scheme acts)"
-KL_CI = "95% over lines: Student's t, upper end at least the lognormal generalized interval's (skewed)"
 
 
 def metric_name(task: str, stat: str, filt: str = "none") -> str:
     return f"{task}/{stat}" if filt == "none" else f"{task}/{stat}[{filt}]"
 
 
-def _row(name: str, value, low=None, high=None, labels=None, info=None) -> MetricRow:
+def metric_row(name: str, value, low=None, high=None, labels=None, info=None) -> MetricRow:
+    """One row with its interval (None where it has none); ``info`` copied."""
     clean = [None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x) for x in (low, high)]
     return MetricRow(name, float(value), clean[0], clean[1], labels=dict(labels or {}), info=dict(info or {}))
 
 
-def _matrix(records: list[dict], key: str) -> np.ndarray:
+def sample_matrix(records: list[dict], key: str) -> np.ndarray:
+    """``key`` of every record's samples, as an (items, samples) array."""
     return np.array([[float(s[key]) for s in r["samples"]] for r in records], dtype=np.float64)
+
+
+def _token_ids(tokenizer):
+    cache: dict[str, list[int]] = {}
+
+    def ids(text: str) -> list[int]:
+        if text not in cache:
+            cache[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return cache[text]
+
+    return ids
 
 
 def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: dict, info: dict) -> list[MetricRow]:
@@ -70,7 +78,7 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
     trials = {**info, "n_items": n_items, "samples": k, "n_item_samples": int(correct.size)}
     acc, lo, hi, deff = P.clustered_share(correct)
     rows = [
-        _row(
+        metric_row(
             name("accuracy"),
             acc,
             lo,
@@ -83,7 +91,7 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
         every = {str(j): P.mean_pass_at_k(correct, j)[0] for j in range(1, k + 1)}
         value, lo, hi = P.mean_pass_at_k(correct, k)
         rows.append(
-            _row(
+            metric_row(
                 name(f"pass@{k}"),
                 value,
                 lo,
@@ -93,10 +101,12 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
             )
         )
     delta, lo, hi, deff = P.accuracy_delta(base_correct, correct)
-    rows.append(_row(name("accuracy_delta"), delta, lo, hi, labels, {**trials, "ci": DELTA_CI, "design_effect": deff}))
+    rows.append(
+        metric_row(name("accuracy_delta"), delta, lo, hi, labels, {**trials, "ci": DELTA_CI, "design_effect": deff})
+    )
     p, b, c, test = P.item_test(base_correct, correct)
     rows.append(
-        _row(
+        metric_row(
             name("mcnemar_p"),
             p,
             None,
@@ -115,7 +125,7 @@ def outcome_rows(name, base_correct: np.ndarray, correct: np.ndarray, labels: di
         value, lo, hi, deff = P.clustered_share(flips)
         count = int(flips.sum())
         rows.append(
-            _row(
+            metric_row(
                 name(stat),
                 value,
                 lo,
@@ -133,7 +143,7 @@ def divergence_rows(name, steps: list, labels: dict, info: dict, samples: int = 
     diverged = np.array([s is not None for s in steps], dtype=np.float64).reshape(-1, samples)
     value, lo, hi, deff = P.clustered_share(diverged)
     out = [
-        _row(
+        metric_row(
             name("divergence_share"),
             value,
             lo,
@@ -151,7 +161,7 @@ def divergence_rows(name, steps: list, labels: dict, info: dict, samples: int = 
     if "median" in summary:
         median, lo, hi = summary["median"]
         out.append(
-            _row(
+            metric_row(
                 name("first_divergence"),
                 median,
                 lo,
@@ -176,8 +186,8 @@ def length_rows(name, tokens: np.ndarray, truncated: np.ndarray, labels: dict, i
     share, slo, shi, deff = P.clustered_share(truncated)
     cut = {**info, "n_truncated": k, "ci": WILSON_CI, "design_effect": deff}
     return [
-        _row(name("output_tokens"), mean, lo, hi, labels, {**info, "max": int(tokens.max()), "ci": UNITS_CI}),
-        _row(name("truncated_share"), share, slo, shi, labels, cut),
+        metric_row(name("output_tokens"), mean, lo, hi, labels, {**info, "max": int(tokens.max()), "ci": UNITS_CI}),
+        metric_row(name("truncated_share"), share, slo, shi, labels, cut),
     ]
 
 
@@ -191,7 +201,7 @@ def bucket_rows(name, item_tokens, base_correct: np.ndarray, correct: np.ndarray
         value, lo, hi, deff = P.clustered_share(correct[sel])
         _, base_lo, base_hi, _ = P.clustered_share(base_correct[sel])
         out.append(
-            _row(
+            metric_row(
                 name("accuracy_by_length"),
                 value,
                 lo,
@@ -230,7 +240,7 @@ def task_rows(
             meta = dict(info.get(task, {}))
             name = lambda stat, f=filt, t=task: metric_name(t, stat, f)  # noqa: E731
             if all(s["correct"] is not None for r in b_recs + o_recs for s in r["samples"]):
-                base_c, mine = _matrix(b_recs, "correct"), _matrix(o_recs, "correct")
+                base_c, mine = sample_matrix(b_recs, "correct"), sample_matrix(o_recs, "correct")
                 rows += outcome_rows(name, base_c, mine, labels, meta)
                 if all(isinstance(b.get("prompt"), str) for b in b_recs):  # a prompt's length, fixed before
                     lengths = [len(ids(b["prompt"])) for b in b_recs]
@@ -242,7 +252,7 @@ def task_rows(
             value, lo, hi, deff = P.clustered_share(changed)
             flipped = int(changed.sum())
             rows.append(
-                _row(
+                metric_row(
                     name("flip_rate"),
                     value,
                     lo,
@@ -263,7 +273,7 @@ def task_rows(
                 {**meta, "tokens": "generated text re-encoded by the tokenizer"},
                 changed.shape[1] if changed.size else 1,
             )
-            rows += length_rows(name, _matrix(o_recs, "tokens"), _matrix(o_recs, "truncated"), labels, meta)
+            rows += length_rows(name, sample_matrix(o_recs, "tokens"), sample_matrix(o_recs, "truncated"), labels, meta)
     return rows
 
 
@@ -285,117 +295,3 @@ def _task_gate_rows(task: str, pairs: list, ids, meta: dict) -> list[MetricRow]:
     name = lambda stat: metric_name(task, stat)  # noqa: E731
     meta = {**meta, "tokens": "generated text re-encoded by the tokenizer"}
     return G.gate_rows(name, fired, lengths, {"task": task}, meta)
-
-
-def _token_ids(tokenizer):
-    cache: dict[str, list[int]] = {}
-
-    def ids(text: str) -> list[int]:
-        if text not in cache:
-            cache[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return cache[text]
-
-    return ids
-
-
-def trace_records(traces, tokenizer, gens: list[list[list[int]]], seeds: list[int], budget: int) -> list[dict]:
-    """Per traces line, per sample: the generation (text and ids), its length and, with a reference,
-    whether it is right (:func:`evalkit.evals.generation.traces.matches_reference`)."""
-    from evalkit.evals.generation.gates import split_tokens
-    from evalkit.evals.generation.trace_decode import output_length
-    from evalkit.evals.generation.traces import matches_reference
-
-    eos = tokenizer.eos_token_id
-    eos = set([eos] if isinstance(eos, int) else (eos or []))
-    out = []
-    for trace, samples in zip(traces, gens):
-        record = {"line": trace.line, "id": trace.id, "reference": trace.reference, "samples": []}
-        for seed, tokens in zip(seeds, samples):
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            n = output_length(tokens, eos)
-            record["samples"].append(
-                {
-                    "seed": seed,
-                    "ids": tokens,
-                    "text": text,
-                    "tokens": n,
-                    "truncated": n >= budget,
-                    "split_tokens": split_tokens(tokenizer, tokens[:n]),
-                    "correct": None if trace.reference is None else float(matches_reference(text, trace.reference)),
-                }
-            )
-        out.append(record)
-    return out
-
-
-def trace_rows(
-    base: list[dict], records: list[dict], kl: list[dict] | None, info: dict, prompt_tokens=None
-) -> list[MetricRow]:
-    """The traces file's rows (see the module docstring); ``prompt_tokens``: each line's prompt length, for
-    accuracy by length (no such rows without it)."""
-    labels = {"task": "traces", "file": info.get("file", {}).get("name")}
-    name = lambda stat: f"traces/{stat}"  # noqa: E731
-    rows = []
-    judged = [k for k, r in enumerate(records) if r["reference"] is not None]
-    if judged:
-        base_c = _matrix([base[k] for k in judged], "correct")
-        mine = _matrix([records[k] for k in judged], "correct")
-        meta = {**info, "n_with_reference": len(judged), "match": "the reference as a whole phrase, case-insensitive"}
-        rows += outcome_rows(name, base_c, mine, labels, meta)
-        if prompt_tokens is not None:
-            rows += bucket_rows(name, [prompt_tokens[k] for k in judged], base_c, mine, labels, meta)
-    pairs = [(bs, os_) for b, o in zip(base, records) for bs, os_ in zip(b["samples"], o["samples"])]
-    samples = len(records[0]["samples"]) if records else 1
-    flips = np.array([bs["ids"] != os_["ids"] for bs, os_ in pairs], dtype=np.float64).reshape(-1, samples)
-    changed = int(flips.sum())
-    value, lo, hi, deff = P.clustered_share(flips)
-    rows.append(
-        _row(
-            name("flip_rate"),
-            value,
-            lo,
-            hi,
-            labels,
-            {
-                **info,
-                "n_flipped": changed,
-                "flip": "generation differs from the baseline's",
-                "ci": WILSON_CI,
-                "design_effect": deff,
-            },
-        )
-    )
-    steps = [P.first_divergence(bs["ids"], os_["ids"]) for bs, os_ in pairs]
-    rows += divergence_rows(name, steps, labels, {**info, "tokens": "the generated token ids"}, samples)
-    rows += length_rows(name, _matrix(records, "tokens"), _matrix(records, "truncated"), labels, info)
-
-    def outputs(record: dict) -> list[G.Output]:
-        return [
-            G.Output(s["ids"][: s["tokens"]], s["text"], bool(s["truncated"]), s["split_tokens"])
-            for s in record["samples"]
-        ]
-
-    fired = G.fire([outputs(b) for b in base], [outputs(o) for o in records])
-    rows += G.gate_rows(name, fired, prompt_tokens, labels, {**info, "tokens": "the generated token ids"})
-    if kl is not None:
-        per_line = [(float(k["kl"].mean()), float(k["kl_lower"].mean()), float(k["agree"].mean())) for k in kl]
-        tokens = int(sum(len(k["kl"]) for k in kl))
-        along = {**info, "n_lines": len(kl), "n_tokens": tokens, "along": "the baseline's first sample, teacher-forced"}
-        value, lo, hi, skewed = P.mean_skewed([x[0] for x in per_line])
-        rows.append(
-            _row(
-                name("kl_mean"),
-                value,
-                lo,
-                hi,
-                labels,
-                {
-                    **along,
-                    "kl_lower_bound": float(np.mean([x[1] for x in per_line])),
-                    "ci": KL_CI if skewed else "95% Student's t over lines",
-                },
-            )
-        )
-        value, lo, hi = P.mean_t([x[2] for x in per_line], 0.0, 1.0)
-        rows.append(_row(name("top1_agreement"), value, lo, hi, labels, {**along, "ci": "95% Student's t over lines"}))
-    return rows

@@ -33,7 +33,8 @@ Each :class:`Codec` says, for ``<prefix>:<name>``:
 - ``mla``: a DeepSeek MLA row, whose role ``k`` is the latent and ``v`` the RoPE key.
 
 The families: :mod:`evalkit.kv.codecs.vllm` (``int4_per_token_head``, ``turboquant_*``,
-``ultraquant_4bit``, ``nvfp4*``, the MLA rows) and :mod:`evalkit.kv.codecs.llamacpp` (every type pair).
+``ultraquant_4bit``, ``nvfp4*``, the MLA rows), :mod:`evalkit.kv.codecs.llamacpp` (every type pair),
+:mod:`evalkit.kv.codecs.dsv4` (the DeepSeek V4 records) and :mod:`evalkit.kv.codecs.sglang` (``mxfp8``).
 """
 
 from __future__ import annotations

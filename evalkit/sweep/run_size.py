@@ -3,7 +3,8 @@
 The evaluations' defaults are GPU sizes (retrieval's 1,400 prompts per scheme, all 896 items of
 ``evalkit_mmlu4``, decode's 4 x (512 + 1,536) tokens): on a 2-core CPU one scheme at those sizes
 takes hours, and a user who copied a command learns it from a progress bar, if at all. So ``run``
-prices itself before its first evaluation, as ``sweep --dry-run`` prices a grid (the same
+prices itself before its first evaluation (a step of the sweep's runner,
+:func:`evalkit.sweep.runner.run_model`, once the model is loaded), as ``sweep --dry-run`` prices a grid (the same
 :func:`evalkit.sweep.estimate.estimate_sweep`, on the run's own specs: baselines, engine starts and
 imports included), and when the run would take longer than :data:`LONG_S` it prints one line on
 stderr: the estimate, the flags that give the CPU sizes the documentation uses (:data:`CPU_SIZES`,
@@ -60,21 +61,19 @@ class RunSize:
         return self.seconds is not None and self.seconds > LONG_S
 
 
-def _specs(args, eval_name: str, params: dict, schemes, engine: str):
-    from evalkit.cli.common import model_spec
-    from evalkit.sweep.grid import RunSpec, canonical_json
+def _specs(model, eval_name: str, params: dict, schemes, engine: str):
+    from evalkit.sweep.spec import RunSpec, canonical_json
 
-    model = model_spec(args)
     text = canonical_json(params)
     return [RunSpec(model, str(s), eval_name, text, text, engine) for s in schemes]
 
 
-def _seconds(args, eval_name: str, params: dict, schemes, engine: str, speed_for, workdir) -> float | None:
+def _seconds(model, eval_name: str, params: dict, schemes, engine: str, speed_for, workdir) -> float | None:
     from pathlib import Path
 
     from evalkit.sweep.estimate import estimate_sweep
 
-    runs = _specs(args, eval_name, params, schemes, engine)
+    runs = _specs(model, eval_name, params, schemes, engine)
     grid = SimpleNamespace(name=f"run-{eval_name}")
     est = estimate_sweep(grid, runs, Path(workdir), Path(workdir), speed_for=speed_for)
     if any(r.seconds is None for r in est.runs):
@@ -112,12 +111,13 @@ def _larger(value, small) -> bool:
         return False
 
 
-def estimate_run(args, cls, params: dict, schemes, engine: str, lm, workdir) -> RunSize:
-    """The run's :class:`RunSize` on this machine: analytic first, the loaded model's probe when that is not small."""
+def estimate_run(model, cls, params: dict, schemes, engine: str, lm, workdir) -> RunSize:
+    """The run's :class:`RunSize` on this machine (``model``: its :class:`~evalkit.sweep.spec.ModelSpec`):
+    analytic first, the loaded model's probe when that is not small."""
     from evalkit.sweep import speed_probe as P
 
     cache: dict[str, object] = {}
-    path = getattr(args, "decode_path", None) or "auto"
+    path = model.decode_path or "auto"
     compiled = None if path == "auto" else path == "compiled"  # None: the device's default path
 
     def analytic(spec, facts, speeds):
@@ -131,15 +131,15 @@ def estimate_run(args, cls, params: dict, schemes, engine: str, lm, workdir) -> 
             cache["probe"] = probe
         return cache["probe"]
 
-    seconds = _seconds(args, cls.name, params, schemes, engine, analytic, workdir)
+    seconds = _seconds(model, cls.name, params, schemes, engine, analytic, workdir)
     speed = analytic
     if seconds is not None and seconds >= PROBE_ABOVE_S:
         speed = probed
-        seconds = _seconds(args, cls.name, params, schemes, engine, probed, workdir)
+        seconds = _seconds(model, cls.name, params, schemes, engine, probed, workdir)
     if seconds is None or seconds <= LONG_S:
         return RunSize(seconds)
     small, flags = smaller_params(cls, params)
-    smaller = _seconds(args, cls.name, small, schemes, engine, speed, workdir) if flags else None
+    smaller = _seconds(model, cls.name, small, schemes, engine, speed, workdir) if flags else None
     used = cache.get("probe") or cache.get("analytic")
     return RunSize(seconds, getattr(used, "description", ""), flags, smaller, _load())
 
@@ -154,11 +154,11 @@ def _load() -> float | None:
         return None
 
 
-def note(size: RunSize, args, cls, schemes, engine: str) -> str | None:
-    """The one line for a long run (None for any other): its estimate and the CPU sizes to try."""
+def note(size: RunSize, device: str, cls, schemes, engine: str) -> str | None:
+    """The one line for a long run on ``device`` (None for any other): its estimate and the CPU sizes to try."""
     if not size.long:
         return None
-    device = str(args.device)
+    device = str(device)
     where = "this CPU" if device.startswith("cpu") else f"this machine's {device}"
     through = " through vLLM" if engine != "emulation" else ""
     line = (

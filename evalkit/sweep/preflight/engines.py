@@ -16,9 +16,9 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 
-from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 
 
 def profile_or_none(name: str | None):
@@ -87,7 +87,7 @@ def check_engine_plans(runs: Sequence[PlannedRun]) -> list[Problem]:
             scheme = parse_scheme(run.scheme)
             mapped = scheme if run.profile_applied or profile is None else applied(profile, scheme)
             if mapped is not None:  # a scheme the profile cannot run is the profile check's problem
-                schemes.append(str(mapped))
+                schemes.append(mapped)
         models = list(dict.fromkeys(r.model for r in group))
         plan = engine.hook("plan")(list(dict.fromkeys(schemes)), models, profile_name, group[0].options)
         out += [Problem(key, f"--engine {engine.name}: {message}") for key, message in plan.problems]

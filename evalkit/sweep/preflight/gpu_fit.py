@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError
 from evalkit.kv.scheme import parse_scheme
 from evalkit.models.folder import model_arch
+from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 
 ENGINE_PROFILES = ("vllm-cuda", "vllm-rocm")
 

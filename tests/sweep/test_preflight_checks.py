@@ -1,7 +1,7 @@
-"""The checks made before a model loads (evalkit.cli.preflight), each held to the run's own verdict:
+"""The checks made before a model loads (evalkit.sweep.preflight), each held to the run's own verdict:
 a scale table the preflight refuses is one the run's loader refuses (and the reverse), and a scheme it
 refuses on an architecture is one the run's binding refuses, except vLLM's sparse-MLA rule, which only
-vLLM imposes (read in vLLM 0.33's source: see evalkit.cli.preflight.model_fit).
+vLLM imposes (read in vLLM 0.33's source: see evalkit.sweep.preflight.model_fit).
 
 Models are folders holding only a config.json: nothing here could load a model if it tried.
 """
@@ -15,15 +15,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from evalkit.cli.preflight.engines import check_engine_profiles
-from evalkit.cli.preflight.model_fit import check_model_fit
-from evalkit.cli.preflight.planned import PlannedRun
-from evalkit.cli.preflight.scale_files import check_scale_files
 from evalkit.errors import EvalkitError
 from evalkit.kv.scale_table import load_scale_table
 from evalkit.kv.scheme import parse_scheme
 from evalkit.models.facts import read_config, sparse_attention
 from evalkit.models.folder import model_arch
+from evalkit.sweep.preflight.engines import check_engine_profiles
+from evalkit.sweep.preflight.model_fit import check_model_fit
+from evalkit.sweep.preflight.planned import PlannedRun
+from evalkit.sweep.preflight.scale_files import check_scale_files
 from evalkit.sweep.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def test_each_file_is_reported_once_per_scheme_entry(tmp_path):
     planned = runs("embedded", f"fp8_e4m3/tensor/static+scales={path}") + runs(
         "meta-llama/Llama-3.1-8B", f"fp8_e4m3/tensor/static+scales={path}"
     )
-    from evalkit.cli.preflight.planned import find_problems
+    from evalkit.sweep.preflight.planned import find_problems
 
     assert len(find_problems(planned, [check_scale_files])) == 1
 
@@ -278,9 +278,9 @@ def test_deepseek_v32_is_sparse_and_its_latent_is_never_quantized_as_standard_at
 def test_a_dtype_vllm_cannot_store_on_the_planned_gpu_is_a_problem_for_the_engine_and_a_note_for_the_emulation():
     """NVFP4 on Kimi K2's dense MLA: no MLA backend of vLLM 0.33 stores it (evalkit.planning.kv_backends),
     on an H200 as on a B200; FP8 on the same model is stored by FlashMLA."""
-    from evalkit.cli.preflight.gpu_fit import check_gpu_fit
     from evalkit.planning.gpus import get_gpu
     from evalkit.planning.kv_backends import kv_support
+    from evalkit.sweep.preflight.gpu_fit import check_gpu_fit
 
     kimi = ModelSpec(name="kimi-k2")
     assert not kv_support(get_gpu("h200"), "nvfp4", kind="mla").runs

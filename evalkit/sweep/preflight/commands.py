@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from evalkit.cli.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
-from evalkit.cli.preflight.gpu_fit import check_gpu_fit
-from evalkit.cli.preflight.kv_fit import check_kv_fit, with_longest
-from evalkit.cli.preflight.model_fit import check_model_fit
-from evalkit.cli.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
-from evalkit.cli.preflight.scale_files import check_scale_files
+from evalkit.sweep.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
+from evalkit.sweep.preflight.gpu_fit import check_gpu_fit
+from evalkit.sweep.preflight.kv_fit import check_kv_fit, with_longest
+from evalkit.sweep.preflight.model_fit import check_model_fit
+from evalkit.sweep.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
+from evalkit.sweep.preflight.scale_files import check_scale_files
 
 COMMON_CHECKS: list[Check] = [
     check_engine_profiles,
@@ -98,17 +98,19 @@ def _model_entries(data) -> dict[str, tuple]:
     return out
 
 
-def run_problems(args, schemes: Sequence, model) -> list[Problem]:
-    """Every problem of ``evalkit run``'s schemes on its model (``model``: the model flags as a
-    :class:`~evalkit.sweep.spec.ModelSpec`, :func:`evalkit.cli.common.model_spec`), engine and engine profile."""
-    options = json.dumps(getattr(args, "engine_option_values", None) or {}, sort_keys=True)
+def run_problems(
+    schemes: Sequence, model, engine: str, engine_options: dict, engine_profile: str | None
+) -> list[Problem]:
+    """Every problem of ``evalkit run``'s schemes (Scheme values) on its model (a
+    :class:`~evalkit.sweep.spec.ModelSpec`), engine (its options, coerced) and engine profile."""
+    options = json.dumps(engine_options or {}, sort_keys=True)
     planned = [
         PlannedRun(
             model=model,
             scheme=str(s),
-            engine=args.engine,
+            engine=engine,
             engine_options=options,
-            engine_profile=getattr(args, "engine_profile", None),
+            engine_profile=engine_profile,
             profile_applied=False,
             scheme_key=("schemes", str(s)),
             model_key=("model",),

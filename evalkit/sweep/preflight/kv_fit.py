@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError
+from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 
 
 def longest_request(spec, eval_name: str, params: dict, facts) -> int:

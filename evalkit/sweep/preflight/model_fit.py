@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evalkit.cli.preflight.engines import applied, profile_or_none
-from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.kv.scheme import Scheme, parse_scheme
 from evalkit.models.folder import Arch, model_arch
 from evalkit.models.info import NO_INTERFACE_MODEL_TYPES, KVLayout
+from evalkit.sweep.preflight.engines import applied, profile_or_none
+from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 
 
 def architecture_problem(scheme: Scheme, layout: KVLayout, sparse: bool = False) -> str | None:

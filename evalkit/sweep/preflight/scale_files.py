@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalkit.cli.preflight.planned import PlannedRun, Problem, distinct
 from evalkit.errors import EvalkitError, ScaleError
 from evalkit.kv.scheme import ScaleSource, Scheme, parse_scheme
 from evalkit.models.folder import Arch, model_arch
+from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 
 NAMES = ("k_scale", "v_scale")
 

@@ -112,7 +112,7 @@ def platform_lines(results: Results) -> list[str]:
 
 def _published_keys(store: Path) -> set[tuple]:
     """The platform keys (engine included) of a published store's completed runs."""
-    from evalkit.sweep.store import read_records
+    from evalkit.sweep.store_records import read_records
 
     view = read_records(store / RESULTS_FILE)
     engines = _engines_of_rows((r["run_id"], r.get("info") or {}) for r in view.rows)

@@ -49,7 +49,7 @@ class Results:
     superseded: dict[str, dict] = field(default_factory=dict)  # run_id -> completion record of an older run of a spec
     folders: tuple[Path, ...] = ()  # every store read (``report DIR1 DIR2``); ``folder`` is the first
     sources: dict[str, Path] = field(default_factory=dict)  # run_id -> the store its counted records come from
-    cut_off: list = field(default_factory=list)  # (store, evalkit.sweep.store.CutOffRun): runs a crash cut off
+    cut_off: list = field(default_factory=list)  # (store, evalkit.sweep.store_records.CutOffRun): runs a crash cut off
     merge_notes: list[str] = field(default_factory=list)  # how runs found in several stores were counted
 
     @property
@@ -107,8 +107,8 @@ class Results:
 
 
 def _read_store(folder: Path):
-    """The store's records (evalkit.sweep.store.StoreView); one clear error for a missing, empty or foreign one."""
-    from evalkit.sweep.store import read_records
+    """The store's records (evalkit.sweep.store_records.StoreView); one clear error for a missing, empty or foreign one."""
+    from evalkit.sweep.store_records import read_records
 
     if not folder.is_dir():
         raise EvalkitError(

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from evalkit.sweep.store import IDENTITY_KEYS, ResultStore, RunOutcome, read_records
+from evalkit.sweep.store import ResultStore, RunOutcome
+from evalkit.sweep.store_records import IDENTITY_KEYS, read_records
 
 RUN_A, RUN_B = "a" * 64, "b" * 64
 

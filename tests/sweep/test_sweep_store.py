@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.sweep.grid import GridError, parse_grid
-from evalkit.sweep.store import ResultStore, RunOutcome, merge_stores, read_records
+from evalkit.sweep.store import ResultStore, RunOutcome, merge_stores
+from evalkit.sweep.store_records import read_records
 
 
 def outcome(run_id: str, n: int, value: float = 1.0, ok: bool = True, payload: int = 0) -> RunOutcome:

@@ -187,27 +187,36 @@ def make_model_dir(folder: Path, arch: str, tokenizer_dir: Path, seed: int = 0) 
     return Path(folder)
 
 
+def save_llama_dir(folder: Path, tokenizer_dir, **shape) -> Path:
+    """A tiny random llama (seed 0) of ``shape`` (LlamaConfig fields), saved with the tiny tokenizer into
+    ``folder``: its vocabulary and special tokens from that tokenizer."""
+    tok = tf.AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **shape,
+    )
+    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def turboquant_llama(folder: Path, tokenizer_dir, **overrides):
     """A tiny llama of 6 layers, head_dim 64, saved with the tiny tokenizer into ``folder`` and loaded as evalkit
     loads a folder: vLLM's TurboQuant keeps layers 0, 1, 4 and 5 unquantized, so layers 2 and 3 read its codes."""
     from evalkit.models.loading import load_model
 
-    tok = tf.AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=len(tok),
+    shape = dict(
         hidden_size=128,
         intermediate_size=128,
         num_hidden_layers=6,
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        pad_token_id=tok.pad_token_id,
-        **overrides,
     )
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    save_llama_dir(folder, tokenizer_dir, **{**shape, **overrides})
     return load_model(str(folder))

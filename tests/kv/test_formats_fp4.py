@@ -27,6 +27,8 @@ from evalkit.errors import SchemeError
 from evalkit.kv.quantize import decode, dequantize, encode, quantize, quantize_dequantize
 from evalkit.kv.scheme import NAMED_SCHEMES, parse_scheme
 
+from tests.tiny_models import save_llama_dir
+
 F32 = np.float32
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # the format's definition (OCP MX v1.0)
 NEW = [
@@ -339,23 +341,10 @@ def test_bad_scheme_values_raise_scheme_error():
 @pytest.fixture(scope="module")
 def head32_dir(tmp_path_factory, tiny_tokenizer_dir):
     folder = tmp_path_factory.mktemp("llama_hd32")
-    tok = tf.AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        pad_token_id=tok.pad_token_id,
+    shape = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
     )
-    tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_llama_dir(folder, tiny_tokenizer_dir, **shape)
 
 
 def test_perplexity_through_the_storage_path_for_every_new_scheme(head32_dir, tmp_path, capsys):

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [c for c in columns if c not in COLUMN_GROUPS]
     if unknown:
         raise EvalkitError(f"--columns {','.join(unknown)}: unknown column group; use {', '.join(COLUMN_GROUPS)}")
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     get_profile(args.engine_profile)  # an unknown profile: one line, before anything is read
     results, conformance = _sources(args.folders)

@@ -221,7 +221,7 @@ def run_declared(args, engine) -> int:
 def run_profile(args) -> int:
     """``schemes --engine-profile NAME``: the profile's kv_cache_dtypes (the scheme each is; those not modelled,
     and why; names an earlier release used), then its facts with their sources."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     if args.model or args.json or args.engine_version:
         raise SchemeError("--model, --json and --engine-version go with --engine NAME, not --engine-profile: drop them")

@@ -9,7 +9,7 @@ repository (:class:`Fact`), marked ``verified=False`` where it was stated elsewh
 changelog) rather than read in the code or measured. This module says what a profile is; each engine
 declares its own in its folder (``evalkit/engines/vllm/profiles.py``: vllm-cpu, vllm-cuda, vllm-rocm;
 ``engines/sglang/engine.py``; ``engines/tensorrt_llm/engine.py``; a plugin's or a test's engine likewise),
-and :data:`PROFILES` reads them from the engine registry. A profile may also name the dtypes of its
+and :data:`evalkit.engines.registry.PROFILES` reads them from the engine registry. A profile may also name the dtypes of its
 engine that no scheme models (``not_modelled``, refused in one line saying why) and the names an earlier
 release used (``renamed``: SGLang 0.5.23's ``fp4_mx_block16`` was ``fp4_e2m1``). Three operations:
 
@@ -32,11 +32,8 @@ FlashInfer with only K/V in FP8 on A100/L40S/RTX 50): :meth:`EngineProfile.atten
 and ``scheme_for(..., gpu="h200")`` gives the scheme with that path's attention precision
 (``fp8_e4m3/tensor/unit+attn=fa3``).
 
-Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz platforms; ModelOpt
-exports FP8 KV scales of at least 1.0) are written as a derived table next to nothing shipped:
-under ``out_dir`` (default ``engine-scales/`` in the current folder) as
-``<table>.<profile>.safetensors``, with the source and the transform in its sidecar. Its path is
-what the scheme names, so the run id names it and holds its content (:mod:`evalkit.sweep.run_inputs`).
+Checkpoint scales that the engine changes (vLLM on ROCm doubles them on fnuz platforms; ModelOpt exports FP8
+KV scales of at least 1.0) are read and derived by :mod:`evalkit.engines.checkpoint_scales`.
 
 Profiles map the per-tensor ``kv_cache_dtype`` values (``auto``, ``fp8``, ``fp8_e4m3``,
 ``fp8_e5m2``, and the engines' FP4 dtypes) of standard (MHA/GQA) attention layers onto plain
@@ -50,16 +47,14 @@ vLLM's store kernel as it is, so they need no profile mapping (the report lists 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalkit.engines.attention_paths import GENERATIONS, AttentionPath, Fact, path_for
+from evalkit.engines.checkpoint_scales import declared_of, load_checkpoint_scales, with_engine_scales
 from evalkit.errors import SchemeError
 from evalkit.kv.formats import Recipe, Rounding, ScaleDType
 from evalkit.kv.scheme import AttentionPrecision, Granularity, GranularityKind, ScaleSource, Scheme, parse_scheme
-
-DEFAULT_SCALES_DIR = "engine-scales"
 
 
 @dataclass(frozen=True)
@@ -220,7 +215,7 @@ class EngineProfile:
                     f"{self.name} runs {d.name} with scale 1.0 only (it takes no checkpoint scales): drop the "
                     f"scales, i.e. {d.format}/tensor/unit{d.numerics}"
                 )
-            table = self._load_checkpoint_scales(str(scales), self._checkpoint_format(d.format))
+            table = load_checkpoint_scales(self, str(scales), self._checkpoint_format(d.format))
             scheme = Scheme(
                 format=d.format,
                 granularity=Granularity(GranularityKind(table.granularity)),
@@ -231,7 +226,7 @@ class EngineProfile:
                 attention=precision,
             )
             self.check(scheme)
-            return self._with_engine_scales(scheme, table, self._checkpoint_format(d.format), out_dir)
+            return with_engine_scales(self, scheme, table, self._checkpoint_format(d.format), out_dir)
         self.check(scheme)
         return scheme
 
@@ -343,8 +338,8 @@ class EngineProfile:
         self.check(mapped)
         if mapped.scales is ScaleSource.STATIC:
             source = self._checkpoint_format(mapped.format)
-            table = self._load_checkpoint_scales(scheme.static_path, source, _declared(scheme))
-            mapped = self._with_engine_scales(mapped, table, source, out_dir)
+            table = load_checkpoint_scales(self, scheme.static_path, source, declared_of(scheme))
+            mapped = with_engine_scales(self, mapped, table, source, out_dir)
         return mapped
 
     def numerics_changes(self, scheme: Scheme, fmt: str) -> dict:
@@ -357,59 +352,6 @@ class EngineProfile:
         if scheme.recipe in STORE_RECIPES:
             changes["recipe"] = d.recipe
         return changes
-
-    # -- checkpoint scales as the engine uses them ------------------------------------------------------
-    def _load_checkpoint_scales(self, path: str, source_format: str, declared=None):
-        """The scale table at ``path`` (checkpoint convention: calibrated for ``source_format``); a table
-        without a sidecar needs ``declared`` (:class:`evalkit.kv.scale_table.Declared`)."""
-        from evalkit.data.resources import resolve_calibration_file
-        from evalkit.kv.scale_table import load_scale_table
-
-        table = load_scale_table(resolve_calibration_file(path), declared=declared)
-        made_for = table.meta.get("format")
-        if made_for and made_for != source_format:
-            raise SchemeError(
-                f"the scales in {path} were calibrated for {made_for}, not {source_format} "
-                f"(the checkpoint convention {self.name} expects): use an {source_format} table"
-            )
-        if table.granularity == "head" and not self.head_scales:
-            raise SchemeError(
-                f"{self.name} keeps one scale per layer for K and one for V; {path} holds per-head "
-                "scales: use a per-tensor table (calibrate with --granularity tensor)"
-            )
-        return table
-
-    def _with_engine_scales(self, scheme: Scheme, table, source_format: str, out_dir: str | Path | None) -> Scheme:
-        """``scheme`` naming the scales the engine actually uses: the table as it is, or a derived table
-        (loaded scales times ``checkpoint_scale_factor``, at least ``checkpoint_scale_floor``, for the
-        engine's storage format) written under ``out_dir``."""
-        from evalkit.kv.scale_table import ScaleTable, load_scale_table, save_scale_table
-
-        if (
-            self.checkpoint_scale_factor == 1.0
-            and self.checkpoint_scale_floor <= 0.0
-            and scheme.format == source_format
-        ):
-            return scheme
-        path = scheme.static_path
-        k = (table.k_scale * self.checkpoint_scale_factor).clamp(min=self.checkpoint_scale_floor)
-        v = (table.v_scale * self.checkpoint_scale_factor).clamp(min=self.checkpoint_scale_floor)
-        transform = [f"x{self.checkpoint_scale_factor:g}"] if self.checkpoint_scale_factor != 1.0 else []
-        transform += [f"at least {self.checkpoint_scale_floor:g}"] if self.checkpoint_scale_floor > 0 else []
-        meta = {
-            **table.meta,
-            "format": scheme.format,
-            "derived_from": str(path),
-            "engine_profile": self.name,
-            "engine_transform": ", then ".join(transform) or "none",
-        }
-        out = (
-            Path(out_dir if out_dir is not None else DEFAULT_SCALES_DIR) / f"{Path(path).stem}.{self.name}.safetensors"
-        )
-        derived = ScaleTable(k, v, meta)
-        if not out.is_file() or not _same_table(load_scale_table(out, declared=_declared(scheme)), derived):
-            save_scale_table(out, derived)
-        return dataclasses.replace(scheme, static_path=str(out))
 
     def summary(self) -> str:
         """The profile's facts, one per line, each with its source."""
@@ -451,60 +393,3 @@ def _unscaled(fmt: str) -> bool:
     from evalkit.kv.formats import FORMATS
 
     return FORMATS[fmt].is_unscaled
-
-
-def _same_table(a, b) -> bool:
-    import torch
-
-    return a.meta == b.meta and torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
-
-
-class _Profiles(Mapping):
-    """Every engine profile, read from the engines' declarations (each engine's folder declares its own,
-    :func:`evalkit.engines.registry.profiles`) each time it is read, so an engine registered later (a
-    plugin, a test-only engine) is in it; in the engines' listing order."""
-
-    def _table(self) -> dict[str, EngineProfile]:
-        from evalkit.engines.registry import profiles
-
-        return profiles()
-
-    def __getitem__(self, name: str) -> EngineProfile:
-        return self._table()[name]
-
-    def __iter__(self):
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-    def __repr__(self) -> str:
-        return f"PROFILES({', '.join(self)})"
-
-
-PROFILES: Mapping[str, EngineProfile] = _Profiles()
-
-
-def get_profile(name: str) -> EngineProfile:
-    """The engine profile called ``name`` (SchemeError listing the names otherwise)."""
-    table = dict(PROFILES)
-    try:
-        return table[name]
-    except KeyError:
-        raise SchemeError(f"unknown engine profile {name!r}: use one of {', '.join(table)}") from None
-
-
-def apply_profile(scheme: Scheme | str, name: str | None, *, out_dir: str | Path | None = None) -> Scheme:
-    """``scheme`` as engine ``name`` runs it (:meth:`EngineProfile.apply`); no profile: the scheme as given."""
-    scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    return scheme if not name else get_profile(name).apply(scheme, out_dir=out_dir)
-
-
-def _declared(scheme: Scheme):
-    """The scheme's ``+scales_model=``/``+scales_format=`` as a declaration (no model is loaded here,
-    so the model is compared when the run binds the scheme); None without them."""
-    if scheme.scales_model is None:
-        return None
-    from evalkit.kv.scale_table import Declared
-
-    return Declared(scheme.scales_model, scheme.scales_format)

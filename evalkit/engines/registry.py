@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,3 +331,48 @@ def get_engine(name: str) -> Engine:
 
 def _with(what: str) -> str:
     return ", ".join(e.name for e in engines().values() if getattr(e, what) is not None) or "none"
+
+
+class _Profiles(Mapping):
+    """Every engine profile, read from the engines' declarations (each engine's folder declares its own,
+    :func:`evalkit.engines.registry.profiles`) each time it is read, so an engine registered later (a
+    plugin, a test-only engine) is in it; in the engines' listing order."""
+
+    def _table(self) -> dict:
+        return profiles()
+
+    def __getitem__(self, name: str):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"PROFILES({', '.join(self)})"
+
+
+PROFILES: Mapping = _Profiles()
+
+
+def get_profile(name: str):
+    """The engine profile (:class:`~evalkit.engines.profiles.EngineProfile`) called ``name`` (SchemeError listing
+    the names otherwise)."""
+    from evalkit.errors import SchemeError
+
+    table = dict(PROFILES)
+    try:
+        return table[name]
+    except KeyError:
+        raise SchemeError(f"unknown engine profile {name!r}: use one of {', '.join(table)}") from None
+
+
+def apply_profile(scheme, name: str | None, *, out_dir: str | Path | None = None):
+    """``scheme`` (a Scheme or its string) as engine ``name`` runs it
+    (:meth:`~evalkit.engines.profiles.EngineProfile.apply`); no profile: the scheme as given."""
+    from evalkit.kv.scheme import parse_scheme
+
+    scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    return scheme if not name else get_profile(name).apply(scheme, out_dir=out_dir)

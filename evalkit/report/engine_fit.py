@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 
 from evalkit.engines.attention_paths import GENERATIONS
-from evalkit.engines.profiles import PROFILES, EngineProfile, get_profile
+from evalkit.engines.profiles import EngineProfile
+from evalkit.engines.registry import PROFILES, get_profile
 from evalkit.errors import EvalkitError, SchemeError
 from evalkit.kv.scheme import AttentionPrecision, GranularityKind, ScaleSource, Scheme, parse_scheme
 

@@ -24,7 +24,7 @@ import re
 
 import pandas as pd
 
-from evalkit.engines.profiles import PROFILES
+from evalkit.engines.registry import PROFILES
 from evalkit.kv.scheme import parse_scheme
 from evalkit.report import engine_fit, order
 from evalkit.report.style import SchemeStyle

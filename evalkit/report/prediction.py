@@ -105,7 +105,7 @@ def add_predictions(frame: pd.DataFrame, name: str | None = DEFAULT_PROFILE, gpu
     if not name or "backend" not in frame or "ppl_delta_rel" not in frame:
         return frame
     from evalkit.engines.attention_paths import generation
-    from evalkit.engines.profiles import PROFILES, get_profile
+    from evalkit.engines.registry import PROFILES, get_profile
     from evalkit.report.engine_fit import profile_of_backend
 
     profile = get_profile(name)

@@ -166,7 +166,7 @@ def noise_floor_runs(runs: tuple, options: dict) -> tuple:
 def _engine_schemes(doc: Located, name: str, schemes: list) -> list:
     """``schemes`` (Scheme values) as engine ``name`` runs them (``engine_profile:``, see
     :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     try:
         profile = get_profile(name)
@@ -274,7 +274,7 @@ def with_engine_profile(grid: Grid, name: str) -> Grid:
     the engine cannot run."""
     from dataclasses import replace
 
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     profile = get_profile(name)
     runs = tuple(dict.fromkeys(replace(r, scheme=str(profile.apply(r.scheme_value))) for r in grid.runs))

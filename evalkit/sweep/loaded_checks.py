@@ -27,7 +27,7 @@ def check_loaded(grid, runs, lm) -> None:
 
     profile = None
     if grid.data.get("engine_profile"):
-        from evalkit.engines.profiles import get_profile
+        from evalkit.engines.registry import get_profile
 
         profile = get_profile(grid.data["engine_profile"])
     schemes = list(dict.fromkeys(r.scheme_value for r in runs))

@@ -15,7 +15,7 @@ import pytest
 from evalkit.cli import main
 from evalkit.engines import registry
 from evalkit.engines.declaration import cache_type, declared_schemes, version_of
-from evalkit.engines.profiles import PROFILES, get_profile
+from evalkit.engines.registry import PROFILES, get_profile
 from evalkit.errors import SchemeError
 from evalkit.kv.codec import families
 from evalkit.kv.scheme import parse_scheme

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evalkit.cli import main
-from evalkit.engines.profiles import get_profile
+from evalkit.engines.registry import get_profile
 from evalkit.errors import SchemeError
 
 # modelopt_recipes/configs/ptq/presets/kv/*.yaml in the nvidia-modelopt 0.47.0 wheel (there is no none.yaml)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from evalkit.cli import main
-from evalkit.engines.profiles import get_profile
+from evalkit.engines.registry import get_profile
 from evalkit.errors import SchemeError
 from evalkit.kv.codec import codec_for, family_of
 from evalkit.kv.codecs.sglang import mxfp8

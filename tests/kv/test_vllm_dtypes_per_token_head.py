@@ -72,7 +72,7 @@ def test_int8_rounds_half_away_from_zero_as_the_float32_addition_does():
 
 
 def test_scheme_strings_round_trip_and_resolve_as_the_profile_maps_fp8():
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     for text in ("vllm:int8_per_token_head", "vllm:fp8_per_token_head+skip=0,1"):
         assert str(parse_scheme(text)) == text and parse_scheme(str(parse_scheme(text))) == parse_scheme(text)

@@ -90,7 +90,7 @@ class VllmBackend(Backend):
     def check(self, schemes, layout=None) -> list[EngineConfig]:
         """The engine configuration of each scheme: EvalkitError (one line) for one it cannot run
         (with ``layout``, a model's KV layout, also what the engine needs of the model)."""
-        from evalkit.engines.profiles import get_profile
+        from evalkit.engines.registry import get_profile
         from evalkit.kv.scheme import parse_scheme
 
         configs = [engine_config(s, self.profile) for s in schemes]

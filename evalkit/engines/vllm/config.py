@@ -70,7 +70,7 @@ def _skip(skip) -> tuple[str, ...]:
 def engine_config(scheme, profile: str = PROFILE) -> EngineConfig:
     """The configuration that runs ``scheme`` (a Scheme or its string) on the engine of ``profile``
     (``vllm-cpu`` or ``vllm-cuda``; see the module docstring for what is refused)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
     from evalkit.kv.formats import Rounding
     from evalkit.kv.scheme import AttentionPrecision, parse_scheme
 

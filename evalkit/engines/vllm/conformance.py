@@ -50,7 +50,7 @@ def _declared(args) -> tuple[str, str] | None:
 # -- checks ----------------------------------------------------------------------------------------
 def check_scheme(scheme, profile: str = PROFILE) -> None:
     """Raise SchemeError (one line) unless the engine of ``profile`` can run ``scheme`` (its profile's check)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     get_profile(profile).check(scheme)
 

@@ -137,7 +137,7 @@ def too_small(message: str, budget_bytes: int, context: int, kv_cache_dtype: str
 # -- evalkit's count next to it ---------------------------------------------------------------------------
 def computed_scheme(kv_cache_dtype: str, profile: str):
     """The evalkit scheme the engine profile says this kv_cache_dtype stores (``auto``: unquantized, BF16)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     return get_profile(profile).scheme_for(kv_cache_dtype)
 
@@ -145,7 +145,7 @@ def computed_scheme(kv_cache_dtype: str, profile: str):
 def check_kv_cache_dtypes(names, profile: str) -> tuple[str, ...]:
     """The names, each one the profile's engine takes, or EvalkitError naming the ones it does
     (``None``: those of :data:`DEFAULT_KV_CACHE_DTYPES` the profile lists)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     known = [d.name for d in get_profile(profile).kv_cache_dtypes]
     if names is None:

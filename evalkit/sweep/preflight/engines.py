@@ -24,7 +24,7 @@ from evalkit.sweep.preflight.planned import PlannedRun, Problem, distinct
 def profile_or_none(name: str | None):
     """The engine profile called ``name``, or None (no profile, or an unknown one: reported by
     :func:`check_engine_profiles`)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     try:
         return get_profile(name) if name else None
@@ -47,7 +47,7 @@ def _apply(profile, scheme: Scheme) -> Scheme:
 
 def check_engine_profiles(runs: Sequence[PlannedRun]) -> list[Problem]:
     """Every scheme an engine profile still to be applied cannot run (and an unknown profile, once)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     out: list[Problem] = []
     for run in distinct(runs, "engine_profile", "scheme"):

@@ -25,7 +25,7 @@ ENGINE_PROFILES = ("vllm-cuda", "vllm-rocm")
 
 def vllm_dtype(run: PlannedRun) -> str | None:
     """The ``kv_cache_dtype`` vLLM would store the run's scheme as (None: not a vLLM cache row)."""
-    from evalkit.engines.profiles import get_profile
+    from evalkit.engines.registry import get_profile
 
     try:
         scheme = parse_scheme(run.scheme)

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     ran = run_one(data, out=args.out, cache_dir=args.cache_dir)
     if ran is None:
         return 2  # the pre-flight report is on stderr
-    print_rows(args, ran.done)
+    print_rows(args, ran)
     for log in ran.logs:
         print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
     return 0
@@ -190,19 +190,19 @@ def run_description(args: argparse.Namespace) -> dict:
     return data
 
 
-def print_rows(args: argparse.Namespace, done: list) -> None:
-    """The rows of each run: a table (the evaluation's summary metrics), or JSON with ``--json``."""
-    from evalkit.models.loading import embedded_name
-
-    name = embedded_name(args.model) or args.model  # as the loaded model names itself
+def print_rows(args: argparse.Namespace, ran) -> None:
+    """The rows of each run ``ran`` (:class:`~evalkit.sweep.one_model.OneModelRun`) did: a table (the
+    evaluation's summary metrics), or JSON with ``--json``."""
     all_rows = [
-        {**d, "model": name, "scheme": shown_scheme(spec), "eval": spec.eval} for spec, rows in done for d in rows
+        {**d, "model": ran.model_name, "scheme": shown_scheme(spec), "eval": spec.eval}
+        for spec, rows in ran.done
+        for d in rows
     ]
     if args.json:
         json.dump(all_rows, sys.stdout, indent=1)
         print()
         return
-    metrics = get_eval(args.eval_name).summary_metrics
+    metrics = ran.metrics
     if any(r["metric"] in BOUND_METRICS.values() for r in all_rows):  # an engine's top-k gives the bound only
         metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
     print(rows_table(all_rows, metrics))

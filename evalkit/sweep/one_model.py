@@ -28,11 +28,15 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class OneModelRun:
-    """What :func:`run_one` did: the grid it ran, each run with its rows, the libraries' logs it wrote to."""
+    """What :func:`run_one` did: the grid it ran, each run with its rows, the libraries' logs it wrote to, the
+    model's name as the loaded model names itself (``embedded`` for the embedded model's folder) and the
+    evaluation's summary metrics (the columns a table of the rows shows)."""
 
     grid: object
     done: list
     logs: list[Path]
+    model_name: str
+    metrics: tuple[str, ...]
 
 
 def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModelRun | None:
@@ -75,7 +79,11 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
     before = log_sizes(logs)
     info = {"command": "evalkit run", "engine": engine, **({"engine_profile": profile} if profile else {})}
     done = runner.run_model(grid, store, workdir, info=info, logs=logs, sized=True)
-    return OneModelRun(grid, done, logs_written(logs, before))
+    from evalkit.evals.base import get_eval
+    from evalkit.models.loading import embedded_name
+
+    shown = embedded_name(model.name) or model.name
+    return OneModelRun(grid, done, logs_written(logs, before), shown, get_eval(name).summary_metrics)
 
 
 def _engine_options(engine: str, given: dict) -> dict:

@@ -38,10 +38,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalkit.errors import EvalkitError
 from evalkit.runtime.plugins import import_once, plugin_modules
+
+if TYPE_CHECKING:  # the profiles import the KV formats (torch): the registry is read without them
+    from evalkit.engines.profiles import EngineProfile
+    from evalkit.kv.scheme import Scheme
 
 EMULATION = "emulation"  # evalkit's own emulation: not an engine, the default everywhere
 PLUGINS_ENV = "EVALKIT_ENGINES"  # comma-separated modules that register engines
@@ -341,7 +345,7 @@ class _Profiles(Mapping):
     def _table(self) -> dict:
         return profiles()
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> EngineProfile:
         return self._table()[name]
 
     def __iter__(self):
@@ -354,12 +358,11 @@ class _Profiles(Mapping):
         return f"PROFILES({', '.join(self)})"
 
 
-PROFILES: Mapping = _Profiles()
+PROFILES: Mapping[str, EngineProfile] = _Profiles()
 
 
-def get_profile(name: str):
-    """The engine profile (:class:`~evalkit.engines.profiles.EngineProfile`) called ``name`` (SchemeError listing
-    the names otherwise)."""
+def get_profile(name: str) -> EngineProfile:
+    """The engine profile called ``name`` (SchemeError listing the names otherwise)."""
     from evalkit.errors import SchemeError
 
     table = dict(PROFILES)
@@ -369,7 +372,7 @@ def get_profile(name: str):
         raise SchemeError(f"unknown engine profile {name!r}: use one of {', '.join(table)}") from None
 
 
-def apply_profile(scheme, name: str | None, *, out_dir: str | Path | None = None):
+def apply_profile(scheme: Scheme | str, name: str | None, *, out_dir: str | Path | None = None) -> Scheme:
     """``scheme`` (a Scheme or its string) as engine ``name`` runs it
     (:meth:`~evalkit.engines.profiles.EngineProfile.apply`); no profile: the scheme as given."""
     from evalkit.kv.scheme import parse_scheme

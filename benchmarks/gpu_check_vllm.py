@@ -32,7 +32,7 @@ check stopping the section when the time left (``sec.fits``) is below what it ne
 
 :func:`native_section` is gpu_check's engine-native section: the same random llama, saved with a small
 byte-level BPE tokenizer, run as ``evalkit run --engine vllm`` runs it (a one-model grid through the sweep's
-runner, :func:`evalkit.sweep.runner.run_model`: the baseline, ``fp8_e4m3/tensor/unit`` and the engine's noise
+runner, :func:`evalkit.sweep.one_model.run_model`: the baseline, ``fp8_e4m3/tensor/unit`` and the engine's noise
 floor run) while evalkit's weight loader and transformers' ``from_pretrained`` refuse to run. It passes when
 every run completes with finite rows, no transformers weights were loaded, and the noise floor row is there;
 its figures are the peak memory of the process (CUDA: ``torch.cuda.max_memory_allocated`` and the device's
@@ -274,7 +274,7 @@ def _native(sec, ctx, device, name, start) -> None:
 
     import evalkit.models.loading as loading
     from evalkit.sweep.grid import parse_grid
-    from evalkit.sweep.runner import run_model
+    from evalkit.sweep.one_model import run_model
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     loads: list[str] = []

@@ -6,8 +6,8 @@
 a grid file holds; ``--schemes`` parsed here, once, into :class:`~evalkit.kv.scheme.Scheme` values) and prints
 the rows; :func:`evalkit.sweep.one_model.run_one` checks the description, makes the grid by the sweep's own
 grid path (:func:`evalkit.sweep.grid.grid_from_data`) and hands it to the sweep's runner
-(:func:`evalkit.sweep.runner.run_model`), which alone loads the model, prepares the evaluation and writes the
-store. With ``--engine`` it loads no weights at all: the engine loads its own,
+(:func:`evalkit.sweep.runner.run_sweep`, with ``run``'s one-model executor, which alone loads the model and
+prepares the evaluation), which writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
 and evalkit reads the model's config and tokenizer (:mod:`evalkit.models.handle`).
 The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with

@@ -1,6 +1,6 @@
 """The runner's steps between loading a one-model grid's model and its first evaluation (``evalkit run``).
 
-Once :func:`evalkit.sweep.runner.run_model` has the model (its weightless handle for an engine), two
+Once :class:`evalkit.sweep.one_model.OneModelExecutor` has the model (its weightless handle for an engine), two
 things are known that no check before the load could know, and both are settled before time goes to the
 baseline:
 
@@ -11,7 +11,7 @@ baseline:
 - :func:`size_note`: the run's estimated time on this machine (:mod:`evalkit.sweep.run_size`); over 10 min
   it prints one line on stderr with the CPU sizes to try, and never stops the run.
 
-Both read the grid alone (its runs and ``engine_profile``), so nothing here calls back into the command
+Both read the grid's runs (and its ``engine_profile``) alone, so nothing here calls back into the command
 line that built it.
 """
 
@@ -20,16 +20,16 @@ from __future__ import annotations
 import sys
 
 
-def check_loaded(grid, runs, lm) -> None:
+def check_loaded(profile_name: str | None, runs, lm) -> None:
     """Every scheme of ``runs`` (a one-model grid's) bound to ``lm``: EvalkitError (one line) for the first
-    that this model, the grid's engine profile or its engine cannot run."""
+    that this model, the grid's engine profile (``profile_name``; None: none) or its engine cannot run."""
     from evalkit.integration.binding import BoundScheme
 
     profile = None
-    if grid.data.get("engine_profile"):
+    if profile_name:
         from evalkit.engines.registry import get_profile
 
-        profile = get_profile(grid.data["engine_profile"])
+        profile = get_profile(profile_name)
     schemes = list(dict.fromkeys(r.scheme_value for r in runs))
     for scheme in schemes:
         BoundScheme(scheme, lm.layout, lm.config_hash)

@@ -13,11 +13,12 @@ one line (exit 2):
 4. the evaluation's parameters against the engine's backend (an option or evaluation it cannot honour);
 5. the grid itself, by :func:`evalkit.sweep.grid.grid_from_data`, as ``evalkit sweep`` makes one from a file:
    the engine profile, the engine's plan, the evaluation's parameters and corpus files, the runs, and the
-   engine's noise floor run;
-6. ``--out``: a store that holds other runs is refused (:meth:`evalkit.sweep.store.ResultStore.check`).
+   engine's noise floor run.
 
-Then :func:`evalkit.sweep.runner.run_model` loads the model once, checks every scheme against it, prints the
-size note of a long run, prepares the evaluation and writes each run as it completes.
+Then :func:`run_model` hands the grid to the sweep's runner, :func:`evalkit.sweep.runner.run_sweep`, with
+this module's :class:`OneModelExecutor`: the runner refuses a store that holds other runs (``--out``), the
+executor loads the model once, checks every scheme against it, prints the size note of a long run and
+prepares the evaluation before anything is written, and the runner writes each run as it completes.
 """
 
 from __future__ import annotations
@@ -66,24 +67,118 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
         return None
     _check_eval_on_engine(name, params, engine, options)
     grid = _grid(data, options)
-    store = None
-    if out:  # refused here, before the model loads, if it holds other runs
-        from evalkit.sweep.store import ResultStore
-
-        store = ResultStore(out)
-        store.check(grid)
     from evalkit.runtime.runlog import log_sizes, logs_written
-    from evalkit.sweep import runner
+    from evalkit.sweep.store import ResultStore
 
     logs = Path(out) if out else Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes here
     before = log_sizes(logs)
     info = {"command": "evalkit run", "engine": engine, **({"engine_profile": profile} if profile else {})}
-    done = runner.run_model(grid, store, workdir, info=info, logs=logs, sized=True)
+    store = ResultStore(out) if out else None  # refused by the runner, before the model loads, if it holds other runs
+    done = run_model(grid, store, workdir, info=info, logs=logs, sized=True)
     from evalkit.evals.base import get_eval
     from evalkit.models.loading import embedded_name
 
     shown = embedded_name(model.name) or model.name
     return OneModelRun(grid, done, logs_written(logs, before), shown, get_eval(name).summary_metrics)
+
+
+def run_model(
+    grid,
+    store,
+    workdir: str | Path,
+    *,
+    info: dict | None = None,
+    logs: Path | None = None,
+    registry: dict[str, str] | None = None,
+    sized: bool = False,
+) -> list:
+    """Execute a one-model grid as ``evalkit run`` does, by the sweep's runner
+    (:func:`evalkit.sweep.runner.run_sweep`) with a :class:`OneModelExecutor`: the store (None: one that keeps
+    nothing) is refused if it holds other runs, then nothing is written before the model is loaded, every
+    scheme is checked against it and the evaluation is prepared, so bad input leaves no store behind; the
+    first error propagates (the command line prints it as one line). Each run is appended to the store as it
+    completes (``info`` added to its record), a new attempt when the store has it already. Returns each run
+    with its rows. ``logs``: where libraries' chatter goes (default: each run's artifacts folder); ``sized``:
+    a run estimated at over 10 min says so on stderr before its first evaluation."""
+    from evalkit.sweep.runner import run_sweep
+    from evalkit.sweep.store import NoStore
+
+    executor = OneModelExecutor(grid.data.get("engine_profile"), workdir, registry, info=info, logs=logs, sized=sized)
+    kept = NoStore() if store is None else store
+    run_sweep(grid, kept, executor, rerun=True, workdir=workdir, registry=registry, progress=False)
+    return executor.done
+
+
+class OneModelExecutor:
+    """The executor of ``evalkit run`` (:mod:`evalkit.sweep.executors` has the sweep's): one model, in this
+    process. :meth:`start`, which the runner calls before it writes anything, loads the model (its weightless
+    handle for an engine), checks every scheme against it (:func:`evalkit.sweep.loaded_checks.check_loaded`,
+    with the grid's engine profile ``profile``), prints the size note of a long run (``sized``:
+    :func:`evalkit.sweep.loaded_checks.size_note`) and prepares each evaluation; :meth:`execute` evaluates
+    each run and yields its outcome, ``info`` added to its record. Unlike a sweep's executors, an error is
+    not a failed outcome: it propagates, and the runs already yielded are in the store. :attr:`done` holds
+    each run with its rows. ``workdir`` and ``registry`` are the runner's (the model is loaded in
+    :meth:`start`, which is given only the runs)."""
+
+    name = "one-model"
+
+    def __init__(
+        self,
+        profile: str | None,
+        workdir: str | Path,
+        registry: dict[str, str] | None = None,
+        *,
+        info: dict | None = None,
+        logs: Path | None = None,
+        sized: bool = False,
+    ):
+        self.profile = profile
+        self.workdir = Path(workdir)
+        self.registry = registry
+        self.info = info or {}
+        self.logs = logs
+        self.sized = sized
+        self.done: list = []
+        self._session = None
+
+    def start(self, runs: list) -> None:
+        from evalkit.runtime.runlog import run_folder
+        from evalkit.sweep.loaded_checks import check_loaded, size_note
+        from evalkit.sweep.run_order import plan
+        from evalkit.sweep.runner import ModelSession
+
+        (group,) = plan(list(runs))  # one model: one group
+        self._session = session = ModelSession(group[0].model, self.workdir, self.registry)
+        try:
+            with run_folder(self.logs):
+                lm = session.model(group[0])
+                check_loaded(self.profile, group, lm)
+                if self.sized:
+                    size_note(group, lm, self.workdir)
+                for run in group:
+                    session.prepared(run, lm)
+        except BaseException:  # the runner closes only an executor that started
+            self.close()
+            raise
+
+    def execute(self, groups: list, store, workdir, registry, on_start):
+        from evalkit.sweep.store import RunOutcome
+
+        for group in groups:
+            for run in group:
+                on_start(run)
+                if store.folder is None:  # a store that keeps nothing: no run id, no artifacts
+                    rows, seconds = self._session.rows(run, None, {}, self.logs)
+                    outcome = RunOutcome("", run.to_dict(), True, rows, seconds=seconds)
+                else:
+                    outcome = self._session.outcome(run, store.artifact_dir(run.run_id), {}, self.logs)
+                    outcome.info.update(self.info)
+                self.done.append((run, outcome.rows))
+                yield run, outcome
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
 
 
 def _engine_options(engine: str, given: dict) -> dict:

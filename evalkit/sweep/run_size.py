@@ -3,8 +3,8 @@
 The evaluations' defaults are GPU sizes (retrieval's 1,400 prompts per scheme, all 896 items of
 ``evalkit_mmlu4``, decode's 4 x (512 + 1,536) tokens): on a 2-core CPU one scheme at those sizes
 takes hours, and a user who copied a command learns it from a progress bar, if at all. So ``run``
-prices itself before its first evaluation (a step of the sweep's runner,
-:func:`evalkit.sweep.runner.run_model`, once the model is loaded), as ``sweep --dry-run`` prices a grid (the same
+prices itself before its first evaluation (a step of its executor's start,
+:class:`evalkit.sweep.one_model.OneModelExecutor`, once the model is loaded), as ``sweep --dry-run`` prices a grid (the same
 :func:`evalkit.sweep.estimate.estimate_sweep`, on the run's own specs: baselines, engine starts and
 imports included), and when the run would take longer than :data:`LONG_S` it prints one line on
 stderr: the estimate, the flags that give the CPU sizes the documentation uses (:data:`CPU_SIZES`,

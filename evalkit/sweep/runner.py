@@ -5,8 +5,12 @@ the store (unless ``rerun``), grouped by model, then by evaluation (same eval, s
 baseline scheme first (:func:`evalkit.sweep.run_order.plan`). Execution (:mod:`evalkit.sweep.executors`) goes through a
 :class:`ModelSession`: it loads a model once, prepares each evaluation once on it (data, baseline
 pass), then evaluates every scheme. A run that raises is returned as a failed outcome with its
-error and the sweep goes on; the driver writes each outcome to the store as soon as it arrives,
-shows a progress bar (current run, done/total, ETA) and prints a summary of failures at the end.
+error and the sweep goes on; the driver (:func:`run_sweep`) writes each outcome to the store as soon as
+it arrives, shows a progress bar (current run, done/total, ETA) and prints a summary of failures at the end.
+
+``evalkit run`` is the same driver with its own executor
+(:class:`evalkit.sweep.one_model.OneModelExecutor`): one model, checked and prepared when the executor
+starts (before the store is written), and the first error propagates instead of becoming a failed outcome.
 """
 
 from __future__ import annotations
@@ -198,58 +202,6 @@ class ModelSession:
         gc.collect()
 
 
-def run_model(
-    grid: Grid,
-    store: ResultStore | None,
-    workdir: str | Path,
-    *,
-    info: dict | None = None,
-    logs: Path | None = None,
-    registry: dict[str, str] | None = None,
-    sized: bool = False,
-) -> list[tuple[RunSpec, list[dict]]]:
-    """Execute a one-model grid as ``evalkit run`` does: the first error propagates (the command line
-    prints it as one line), and nothing is written before the model is loaded, every scheme is checked
-    against it (:func:`evalkit.sweep.loaded_checks.check_loaded`) and the evaluation is prepared, so bad
-    input leaves no store behind; with ``sized``, a run estimated at over 10 min says so on stderr first
-    (:func:`evalkit.sweep.loaded_checks.size_note`). Then each run in :func:`plan`'s order, its outcome
-    (``info`` added to its record) appended to ``store`` as it completes, as a sweep writes it. Returns each
-    run with its rows. ``logs``: where libraries' chatter goes (default: each run's artifacts folder)."""
-    from evalkit.sweep.loaded_checks import check_loaded, size_note
-
-    (group,) = plan(list(grid.runs))  # one model: one group
-    session = ModelSession(group[0].model, workdir, registry)
-    try:
-        with _logs_to(logs):
-            lm = session.model(group[0])
-            check_loaded(grid, group, lm)
-            if sized:
-                size_note(group, lm, workdir)
-            for run in group:
-                session.prepared(run, lm)
-        if store is not None:
-            store.claim(grid)
-        done = []
-        for run in group:
-            if store is None:  # no record: no run id (it hashes the weight files) and no artifacts
-                rows, _ = session.rows(run, None, {}, logs)
-            else:  # each run as it completes: a stopped command keeps its rows
-                outcome = session.outcome(run, store.artifact_dir(run.run_id), {}, logs)
-                outcome.info.update(info or {})
-                store.append(outcome)
-                rows = outcome.rows
-            done.append((run, rows))
-        return done
-    finally:
-        session.close()
-
-
-def _logs_to(folder: Path | None):
-    from evalkit.runtime.runlog import run_folder
-
-    return run_folder(folder)
-
-
 def _short(value) -> str:
     text = str(value)
     return text[:15] if text.startswith("sha256:") else text
@@ -341,8 +293,11 @@ def run_sweep(
     try:
         store.claim(grid, grid_text)
         view = store.read()
-        done = set() if rerun else set(view.complete)
-        pending = [r for r in runs if r.run_id not in done]
+        if rerun:  # no run id asked: one hashes the weight files, and a store that keeps nothing needs none
+            pending = list(runs)
+        else:
+            done = set(view.complete)
+            pending = [r for r in runs if r.run_id not in done]
         summary = SweepSummary(total=len(runs), skipped=len(runs) - len(pending))
         if not rerun:
             summary.recomputed, what = from_other_code(pending, view.complete)

@@ -235,6 +235,27 @@ class ResultStore:
         return read_records(self.results)
 
 
+class NoStore:
+    """A results store that keeps nothing, for ``evalkit run`` without ``--out``: the sweep's runner
+    (:func:`evalkit.sweep.runner.run_sweep`) runs against it as against a folder, it owns no folder, has no
+    runs done, and its runs get no artifact folder and no run id (a run id hashes the model's weight files,
+    and nothing would read it)."""
+
+    folder = None
+
+    def check(self, grid: Grid) -> None:
+        """Nothing to own."""
+
+    def claim(self, grid: Grid, grid_text: str | None = None) -> None:
+        """Nothing to write."""
+
+    def read(self) -> StoreView:
+        return StoreView(rows=[], complete={}, failed={}, torn_lines=0, uncounted_rows=0)
+
+    def append(self, outcome: RunOutcome, attempt: str | None = None) -> None:
+        """Nothing is kept: the caller has the outcome."""
+
+
 def load_results(folder: str | Path):
     """The counted metric rows of a sweep folder as a pandas DataFrame (for notebooks and reports)."""
     return ResultStore(folder).read().to_frame()

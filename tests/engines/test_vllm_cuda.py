@@ -218,16 +218,16 @@ def test_run_on_cuda_passes_its_start_up_checks_up_to_the_model_load(monkeypatch
     import evalkit.sweep.runner as runner
 
     seen = {}
-    real_run_model = runner.run_model
+    real_run_sweep = runner.run_sweep
 
     def runs(grid, *args, **kwargs):  # the one-model grid run hands to the sweep's runner
         seen["options"] = grid.runs[0].engine_options
-        return real_run_model(grid, *args, **kwargs)
+        return real_run_sweep(grid, *args, **kwargs)
 
     def model_opens(name, options):
         raise EngineWouldStart("the model's handle would open now, and vLLM load the weights on cuda")
 
-    monkeypatch.setattr(runner, "run_model", runs)
+    monkeypatch.setattr(runner, "run_sweep", runs)
     monkeypatch.setattr(handle, "open_model_with", model_opens)
     argv = ["run", "--engine", "vllm", "--device", "cuda", "--schemes", "fp8_e4m3/tensor/unit,vllm:int8_per_token_head"]
     argv += ["--engine-option", "tensor_parallel_size=2", "--engine-option", "enable_expert_parallel=true"]

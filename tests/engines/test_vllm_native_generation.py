@@ -112,7 +112,7 @@ def test_per_item_results_equal_todays_engine_path(eval_name, tmp_path, monkeypa
     import evalkit.models.handle as handle
     import evalkit.models.loading as loading
     from evalkit.sweep.grid import parse_grid
-    from evalkit.sweep.runner import run_model
+    from evalkit.sweep.one_model import run_model
     from evalkit.sweep.store import ResultStore
 
     _, params, artifact, keys = CASES[eval_name]  # the grid's parameters of the command's flags

@@ -157,13 +157,13 @@ def test_run_hands_the_sweeps_runner_the_grid_a_sweep_makes_of_the_same_inputs(t
     from evalkit.sweep.grid import parse_grid
 
     handed = []
-    real = runner.run_model
+    real = runner.run_sweep
 
     def spy(grid, *args, **kwargs):
         handed.append(grid)
         return real(grid, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_model", spy)
+    monkeypatch.setattr(runner, "run_sweep", spy)
     argv = _argv(tiny_llama_dir, tmp_path)
     assert main(argv) == 0
     (grid,) = handed
@@ -189,8 +189,8 @@ def test_run_through_an_engine_carries_the_noise_floor_a_grid_does(
     from evalkit.sweep.grid import parse_grid
 
     handed = []
-    real = runner.run_model
-    monkeypatch.setattr(runner, "run_model", lambda grid, *a, **k: handed.append(grid) or real(grid, *a, **k))
+    real = runner.run_sweep
+    monkeypatch.setattr(runner, "run_sweep", lambda grid, *a, **k: handed.append(grid) or real(grid, *a, **k))
     store = tmp_path / "store"
     argv = [a for a in _argv(tiny_llama_dir, tmp_path, "--engine", "toy", "--out", str(store)) if a != "--json"]
     argv[argv.index("fp8_e4m3/tensor/dynamic,int8/token/dynamic")] = "fp8_e4m3/tensor/dynamic"

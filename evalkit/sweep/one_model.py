@@ -8,10 +8,10 @@ one line (exit 2):
 
 1. the machine: the results and cache folders writable, the model's device present (:mod:`.preflight`);
 2. the engine and its options (:meth:`evalkit.engines.registry.Engine.option_values`);
-3. the pre-flight report of the schemes on this model, engine profile and engine
+3. the pre-flight report of the schemes on this model, engine profile and engine, and of the evaluation
+   and its parameters on the engine's backend (an option or evaluation it cannot honour)
    (:func:`evalkit.sweep.preflight.commands.run_problems`: every problem printed, then exit 2);
-4. the evaluation's parameters against the engine's backend (an option or evaluation it cannot honour);
-5. the grid itself, by :func:`evalkit.sweep.grid.grid_from_data`, as ``evalkit sweep`` makes one from a file:
+4. the grid itself, by :func:`evalkit.sweep.grid.grid_from_data`, as ``evalkit sweep`` makes one from a file:
    the engine profile, the engine's plan, the evaluation's parameters and corpus files, the runs, and the
    engine's noise floor run.
 
@@ -63,9 +63,8 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
     from evalkit.sweep.preflight.commands import run_problems
     from evalkit.sweep.preflight.planned import print_problems
 
-    if print_problems(run_problems(data["schemes"], model, engine, options, profile)):
+    if print_problems(run_problems(data["schemes"], model, engine, options, profile, (name, params))):
         return None
-    _check_eval_on_engine(name, params, engine, options)
     grid = _grid(data, options)
     from evalkit.runtime.runlog import log_sizes, logs_written
     from evalkit.sweep.store import ResultStore
@@ -188,21 +187,6 @@ def _engine_options(engine: str, given: dict) -> dict:
     from evalkit.engines.registry import get_engine
 
     return get_engine(engine).option_values(given)
-
-
-def _check_eval_on_engine(name: str, params: dict, engine: str, options: dict) -> None:
-    """The evaluation's parameters (one line for a bad one), and an evaluation or option the engine's backend
-    cannot honour (one line), before the grid is made."""
-    from evalkit.evals.backend import use_backend
-    from evalkit.evals.base import get_eval
-
-    cls = get_eval(name)
-    backend = None
-    if engine != "emulation":
-        from evalkit.engines.registry import get_engine
-
-        backend = get_engine(engine).hook("backend")(options)
-    use_backend(cls(params), backend)
 
 
 def _grid(data: dict, options: dict):

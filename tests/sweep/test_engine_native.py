@@ -128,6 +128,25 @@ def test_an_evaluation_the_engine_cannot_serve_is_one_line_before_anything_loads
     assert no_weights == []
 
 
+def test_a_sweep_refuses_an_evaluation_the_engine_cannot_serve_at_its_line_before_anything_loads(
+    toy_engine, no_weights, tiny_llama_dir, tmp_path, capsys
+):
+    """The same refusal as ``run``'s, from the same pre-flight check, at the evaluation's line of the grid
+    file: found before a model loads or the store is written, not as a failed run mid-sweep."""
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        f"models: ['{tiny_llama_dir}']\nschemes: [auto, fp8_e4m3/tensor/dynamic]\n"
+        "evals:\n  perplexity: {max_windows: 1, window: 32, stride: 32}\n  decode: {prefill: 16, decode: 4}\n"
+        "engine: toy\n"
+    )
+    out = tmp_path / "store"
+    assert main(["sweep", str(path), "--out", str(out), "--cache-dir", str(tmp_path / "c"), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"evalkit: error: {path}:5: evals.decode: "), lines
+    assert "decode" in lines[0] and "Traceback" not in lines[0]
+    assert no_weights == [] and not out.exists()
+
+
 def test_the_handle_holds_what_the_loaded_model_says(tiny_llama_dir):
     from evalkit.models.handle import open_model
     from evalkit.models.loading import load_model

@@ -15,12 +15,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from evalkit.sweep.preflight.engines import check_engine_plans, check_engine_profiles, check_engines
+from evalkit.sweep.preflight.engines import (
+    check_engine_plans,
+    check_engine_profiles,
+    check_engines,
+    check_evals_on_engines,
+)
 from evalkit.sweep.preflight.gpu_fit import check_gpu_fit
 from evalkit.sweep.preflight.kv_fit import check_kv_fit, with_longest
 from evalkit.sweep.preflight.model_fit import check_model_fit
 from evalkit.sweep.preflight.planned import Check, PlannedRun, Problem, find_problems, grid_locator
 from evalkit.sweep.preflight.scale_files import check_scale_files
+from evalkit.sweep.spec import canonical_json
 
 COMMON_CHECKS: list[Check] = [
     check_engine_profiles,
@@ -28,6 +34,7 @@ COMMON_CHECKS: list[Check] = [
     check_model_fit,
     check_gpu_fit,
     check_engines,
+    check_evals_on_engines,
     check_kv_fit,
 ]
 
@@ -72,6 +79,9 @@ def grid_problems(
             here=here,
             scheme_key=entries.get(r.scheme, ("schemes",)),
             model_key=models.get(r.model.name, ("models",)),
+            eval_key=("evals", r.eval),
+            eval_name=r.eval,
+            eval_params=canonical_json(r.params),
         )
         for r in runs
     ]
@@ -99,11 +109,18 @@ def _model_entries(data) -> dict[str, tuple]:
 
 
 def run_problems(
-    schemes: Sequence, model, engine: str, engine_options: dict, engine_profile: str | None
+    schemes: Sequence,
+    model,
+    engine: str,
+    engine_options: dict,
+    engine_profile: str | None,
+    evaluation: tuple[str, dict] | None = None,
 ) -> list[Problem]:
     """Every problem of ``evalkit run``'s schemes (Scheme values) on its model (a
-    :class:`~evalkit.sweep.spec.ModelSpec`), engine (its options, coerced) and engine profile."""
+    :class:`~evalkit.sweep.spec.ModelSpec`), engine (its options, coerced) and engine profile, and of its
+    ``evaluation`` (name, parameters) on that engine."""
     options = json.dumps(engine_options or {}, sort_keys=True)
+    name, params = evaluation if evaluation is not None else ("", {})
     planned = [
         PlannedRun(
             model=model,
@@ -115,6 +132,9 @@ def run_problems(
             scheme_key=("schemes", str(s)),
             model_key=("model",),
             command="run",
+            eval_key=("eval",),
+            eval_name=name,
+            eval_params=canonical_json(params),
         )
         for s in schemes
     ]

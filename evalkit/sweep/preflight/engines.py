@@ -9,10 +9,14 @@
 - Whether the engine can start on this machine (:func:`engine_ready`: its package, and vLLM's own
   start-up conditions), for runs made here; for runs planned for another machine (a dry run, Ray
   workers) it is a note.
+- Whether the engine's backend can run each evaluation with its parameters
+  (:func:`check_evals_on_engines`): the refusal it would give when the run starts, found before any model
+  loads, for runs made here on an engine that can start.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Sequence
 
@@ -133,4 +137,35 @@ def check_engines(runs: Sequence[PlannedRun]) -> list[Problem]:
                         "(or drop the engine from the grid's engine:)",
                     )
                 )
+    return out
+
+
+def check_evals_on_engines(runs: Sequence[PlannedRun]) -> list[Problem]:
+    """Each evaluation, with its parameters, that its run's backend cannot honour, one line per engine, its
+    options and the evaluation: an evaluation that measures another engine, or a request or option the
+    engine's backend refuses (:func:`evalkit.evals.backend.use_backend`, reading the evaluation's declared
+    ``request``). For the runs made on this machine whose engine can start here (one that cannot is
+    :func:`check_engines`' problem); a run planned without its evaluation is not checked."""
+    from evalkit.engines.registry import get_engine
+    from evalkit.evals.backend import use_backend
+    from evalkit.evals.base import get_eval
+
+    out: list[Problem] = []
+    ready: dict[str, bool] = {}
+    for run in distinct(runs, "engine", "engine_options", "eval_name", "eval_params"):
+        if not run.eval_name or not run.here:
+            continue
+        if run.engine != "emulation" and run.engine not in ready:
+            try:
+                engine_ready(run.engine)
+                ready[run.engine] = True
+            except EvalkitError:
+                ready[run.engine] = False
+        if run.engine != "emulation" and not ready[run.engine]:
+            continue
+        try:
+            backend = None if run.engine == "emulation" else get_engine(run.engine).hook("backend")(run.options)
+            use_backend(get_eval(run.eval_name)(json.loads(run.eval_params)), backend)
+        except EvalkitError as exc:
+            out.append(Problem(run.eval_key, str(exc)))
     return out

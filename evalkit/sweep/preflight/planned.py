@@ -41,6 +41,8 @@ class PlannedRun:
     longest: int = 0  # tokens of its evaluation's longest request, prompt + output (0: not sized; engine runs only)
     longest_what: str = ""  # that request in words (the evaluation)
     eval_key: tuple = ("evals",)  # the grid key of its evaluation
+    eval_name: str = ""  # its evaluation ("": not planned with one)
+    eval_params: str = "{}"  # canonical JSON of the evaluation's parameters
 
     @property
     def options(self) -> dict:

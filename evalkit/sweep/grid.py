@@ -40,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evalkit.errors import EvalkitError
-from evalkit.sweep.grid_entries import grid_evals, grid_models, grid_schemes, scheme_entries
+from evalkit.sweep.grid_entries import grid_evals, grid_models, grid_schemes
 from evalkit.sweep.grid_lookup import grid_dirs, resolve_grid  # noqa: F401 (re-exported)
 from evalkit.sweep.located_yaml import GridError, Located
 from evalkit.sweep.run_versions import engine_version, versions  # noqa: F401 (re-exported)
@@ -105,15 +105,16 @@ def grid_from_data(doc: Located, name: str) -> Grid:
         doc.problems.append(str(doc.error(("executor",), "executor is local or ray")))
     models: list[ModelSpec] = []
     schemes: list = []  # Scheme values
+    entries: dict[str, tuple] = {}  # canonical scheme -> the key path of its entry
     evals: list[tuple[str, str, str]] = []
     if "models" in data:
         with doc.collecting():
             models = grid_models(doc, data["models"])
     if "schemes" in data:
         with doc.collecting():
-            schemes = grid_schemes(doc, data["schemes"])
+            schemes, entries = grid_schemes(doc, data["schemes"])
     if isinstance(data.get("engine_profile"), str) and schemes:
-        schemes = _engine_schemes(doc, data["engine_profile"], schemes)
+        schemes = _engine_schemes(doc, data["engine_profile"], schemes, entries)
     engines = _engines(doc, data.get("engine", "emulation"))
     options = _engine_options(doc, data.get("engine_options"), engines)
     by_engine = {
@@ -163,9 +164,10 @@ def noise_floor_runs(runs: tuple, options: dict) -> tuple:
     return tuple(out)
 
 
-def _engine_schemes(doc: Located, name: str, schemes: list) -> list:
+def _engine_schemes(doc: Located, name: str, schemes: list, entries: dict[str, tuple]) -> list:
     """``schemes`` (Scheme values) as engine ``name`` runs them (``engine_profile:``, see
-    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry."""
+    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry (``entries``:
+    canonical scheme -> that entry's key path, as :func:`~evalkit.sweep.grid_entries.grid_schemes` gives)."""
     from evalkit.engines.registry import get_profile
 
     try:
@@ -174,7 +176,6 @@ def _engine_schemes(doc: Located, name: str, schemes: list) -> list:
         doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
         return schemes
     out: list = []
-    entries = scheme_entries(doc)
     for scheme in schemes:
         try:
             out.append(profile.apply(scheme))

@@ -6,8 +6,9 @@ per seed; its corpus files must load now).
 Kept apart from :mod:`evalkit.sweep.grid`, which reads the file, checks its top-level keys and the
 engine settings, and expands the entries parsed here into runs. Every problem is raised (or, inside
 ``doc.collecting()``, recorded) as ``FILE:LINE: KEY: what is wrong`` from the YAML node marks, so a
-grid's problems are listed together before anything runs. :func:`scheme_entries` maps a canonical
-scheme back to the entry that gives it, for problems found after parsing.
+grid's problems are listed together before anything runs. :func:`grid_schemes` gives, with the
+schemes, the entry each comes from, for problems found after parsing (an engine profile's refusal);
+:func:`scheme_entries` reads the same map off a grid file for the pre-flight report.
 """
 
 from __future__ import annotations
@@ -98,16 +99,22 @@ def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
         raise doc.error(path, str(exc)) from None
 
 
-def grid_schemes(doc: Located, value) -> list[Scheme]:
-    """The grid's schemes as :class:`~evalkit.kv.scheme.Scheme` values, each once, in the order given: a
-    scheme string is parsed here, once, and travels as a value from here on."""
+def grid_schemes(doc: Located, value) -> tuple[list[Scheme], dict[str, tuple]]:
+    """The grid's schemes as :class:`~evalkit.kv.scheme.Scheme` values, each once, in the order given, and
+    the key path of the entry that gives each (canonical string -> path, as :func:`scheme_entries`), so that
+    a problem found later (an engine profile's refusal) names that entry's line: a scheme string is parsed
+    here, once, and travels as a value from here on."""
     if not isinstance(value, list) or not value:
         raise doc.error(("schemes",), "give a non-empty list of schemes (strings or {expand: ...})")
     out: list[Scheme] = []
+    entries: dict[str, tuple] = {}
     for i, item in enumerate(value):
         with doc.collecting():
-            out.extend(_scheme_item(doc, item, ("schemes", i)))
-    return list(dict.fromkeys(out))
+            parsed = _scheme_item(doc, item, ("schemes", i))
+            out.extend(parsed)
+            for scheme in parsed:
+                entries.setdefault(str(scheme), _entry_path(item, i))
+    return list(dict.fromkeys(out)), entries
 
 
 def scheme_entries(doc: Located) -> dict[str, tuple]:
@@ -117,13 +124,17 @@ def scheme_entries(doc: Located) -> dict[str, tuple]:
     entries = doc.value.get("schemes") if isinstance(doc.value, dict) else None
     out: dict[str, tuple] = {}
     for i, item in enumerate(entries if isinstance(entries, list) else []):
-        path = ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
         try:
             for scheme in _scheme_item(doc, item, ("schemes", i)):
-                out.setdefault(str(scheme), path)
+                out.setdefault(str(scheme), _entry_path(item, i))
         except GridError:
             continue  # recorded where the grid is parsed, not here
     return out
+
+
+def _entry_path(item, i: int) -> tuple:
+    """The key path of the ``schemes`` entry ``item`` at position ``i`` (an expansion's ``expand`` key)."""
+    return ("schemes", i) + (("expand",) if isinstance(item, dict) else ())
 
 
 def _scheme_item(doc: Located, item, path: tuple) -> list[Scheme]:

@@ -65,7 +65,7 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
 
     if print_problems(run_problems(data["schemes"], model, engine, options, profile, (name, params))):
         return None
-    grid = _grid(data, options)
+    grid = _grid(data)
     from evalkit.runtime.runlog import log_sizes, logs_written
     from evalkit.sweep.store import ResultStore
 
@@ -189,15 +189,15 @@ def _engine_options(engine: str, given: dict) -> dict:
     return get_engine(engine).option_values(given)
 
 
-def _grid(data: dict, options: dict):
-    """The grid of the description, by the sweep's grid path (the first problem raised, one line); its record
-    (``spec.json``) names the command, as ``evalkit run`` stores have always done."""
+def _grid(data: dict):
+    """The grid of the description, by the sweep's grid path (the first problem raised, one line; it types the
+    engine options as given, as it does a grid file's); its record (``spec.json``) names the command, as
+    ``evalkit run`` stores have always done."""
     from evalkit.sweep.grid import grid_from_data
     from evalkit.sweep.located_yaml import Located
 
     engine = data.get("engine", "emulation")
-    given = {**data, "engine_options": {engine: options}} if options else data
-    grid = grid_from_data(Located.given(given), data["name"])
+    grid = grid_from_data(Located.given(data), data["name"])
     (model,) = data["models"]
     record = {
         "name": grid.name,

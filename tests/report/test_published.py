@@ -147,52 +147,75 @@ def check_store_is_its_grid(store: Path, grid_name: str, spec_keys: tuple[str, .
     return recs
 
 
-def check_reruns(tmp_path: Path, store: Path, grid_file: Path, schemes: tuple[str, ...]) -> None:
-    """The store's perplexity runs of ``schemes``, recomputed from scratch here, equal the stored rows bit
-    for bit on the platform that made the store (CPU, instruction set, MKL mode: evalkit.runtime.numerics),
-    and agree within float-rounding spread elsewhere (the baseline within BASELINE_TOLERANCE)."""
+def check_reruns(tmp_path: Path, *stores: tuple[Path, Path, tuple[str, ...]]) -> None:
+    """Each store's perplexity runs of its schemes (``stores``: (store, grid file, schemes) each), recomputed
+    from scratch here, equal the stored rows bit for bit on the platform that made the store (CPU, instruction
+    set, MKL mode: evalkit.runtime.numerics), and agree within float-rounding spread elsewhere (the baseline
+    within BASELINE_TOLERANCE). The runs share one prepared evaluation (the baseline and its float
+    realisations, most of the cost) wherever their parameters are the same."""
     from evalkit.evals.base import get_eval
     from evalkit.kv.scheme import parse_scheme
     from evalkit.models.loading import load_model
-    from evalkit.runtime.numerics import platform_record, same_platform
-    from evalkit.sweep.grid import canonical_json, parse_grid
+    from evalkit.sweep.grid import parse_grid
 
-    runs = [r for r in parse_grid(grid_file).runs if r.eval == "perplexity" and r.scheme in schemes]
-    assert len(runs) == len(schemes)
-    records = [json.loads(line) for line in (store / "results.jsonl").read_text().splitlines() if line.strip()]
-    complete = {
-        canonical_json({k: r["spec"][k] for k in ("model", "scheme", "eval", "params")}): r
-        for r in records
-        if r["type"] == "complete"
-    }  # by spec: a run id also hashes the code identity
+    by_params: dict[str, list] = {}  # params JSON -> [(run, store's records)]
+    for store, grid_file, schemes in stores:
+        runs = [r for r in parse_grid(grid_file).runs if r.eval == "perplexity" and r.scheme in schemes]
+        assert len(runs) == len(schemes), (store, schemes)
+        records = store_records(store)
+        for run in runs:
+            by_params.setdefault(run.params_json, []).append((run, records))
     lm = load_model("embedded")
-    ev = get_eval("perplexity")(runs[0].params)
-    ev.prepare(lm, tmp_path)
-    for run in runs:
-        spec = run.to_dict()
-        done = complete[canonical_json({k: spec[k] for k in ("model", "scheme", "eval", "params")})]
-        rows = {
-            (r["metric"], json.dumps(r["labels"], sort_keys=True)): r
-            for r in records
-            if r["type"] == "metric" and r["run_id"] == done["run_id"]
-        }
-        stored = {k: r["value"] for k, r in rows.items()}
-        fresh = {
-            (r.metric, json.dumps(r.labels, sort_keys=True)): r.value for r in ev.evaluate(lm, parse_scheme(run.scheme))
-        }
-        assert stored and set(stored) <= set(fresh), run.scheme
-        if same_platform(done["info"].get("platform"), platform_record()):
-            assert {k: fresh[k] for k in stored} == stored, run.scheme
-        else:
-            bad = foreign_disagreements(rows, fresh, run.scheme == "auto")
-            assert not bad, (run.scheme, bad)
+    for i, group in enumerate(by_params.values()):
+        ev = get_eval("perplexity")(group[0][0].params)
+        ev.prepare(lm, tmp_path / str(i))
+        for run, records in group:
+            fresh = {
+                (r.metric, json.dumps(r.labels, sort_keys=True)): r.value
+                for r in ev.evaluate(lm, parse_scheme(run.scheme))
+            }
+            check_rerun(run.to_dict(), records, fresh)
+
+
+def check_rerun(spec: dict, records: list[dict], fresh: dict) -> None:
+    """The stored rows of the completed run of ``spec`` in ``records`` (a store's), against ``fresh`` (metric and
+    labels JSON -> value, recomputed here): equal on the store's platform, within the spread elsewhere."""
+    from evalkit.runtime.numerics import platform_record, same_platform
+    from evalkit.sweep.grid import canonical_json
+
+    def key(d: dict) -> str:  # by spec: a run id also hashes the code identity
+        return canonical_json({k: d[k] for k in ("model", "scheme", "eval", "params")})
+
+    (done,) = [r for r in records if r["type"] == "complete" and key(r["spec"]) == key(spec)]
+    rows = {
+        (r["metric"], json.dumps(r["labels"], sort_keys=True)): r
+        for r in records
+        if r["type"] == "metric" and r["run_id"] == done["run_id"]
+    }
+    stored = {k: r["value"] for k, r in rows.items()}
+    assert stored and set(stored) <= set(fresh), spec["scheme"]
+    if same_platform(done["info"].get("platform"), platform_record()):
+        assert {k: fresh[k] for k in stored} == stored, spec["scheme"]
+    else:
+        bad = foreign_disagreements(rows, fresh, spec["scheme"] == "auto")
+        assert not bad, (spec["scheme"], bad)
 
 
 @pytest.mark.slow
 def test_rerunning_perplexity_runs_gives_the_stored_rows(tmp_path):
-    """Two of the store's perplexity runs reproduce (:func:`check_reruns`), an FP8 and an FP4 one. Each run's
-    rows hold the baseline too (``ppl`` less ``ppl_delta``), so the ``auto`` run is not rerun on its own."""
-    check_reruns(tmp_path, STORE, ROOT / "sweeps" / "default.yaml", ("fp8_e4m3/tensor/dynamic", "nvfp4"))
+    """Four perplexity runs reproduce (:func:`check_reruns`): an FP8 and an FP4 one of this store, and a rotated
+    INT4 and an FP4 one of ``published/vllm-dtypes`` (whose grid has the same perplexity parameters, so the
+    four share one baseline). Each run's rows hold the baseline too (``ppl`` less ``ppl_delta``), so the
+    ``auto`` run is not rerun on its own."""
+    check_reruns(
+        tmp_path,
+        (STORE, ROOT / "sweeps" / "default.yaml", ("fp8_e4m3/tensor/dynamic", "nvfp4")),
+        (
+            ROOT / "published" / "vllm-dtypes",
+            ROOT / "sweeps" / "vllm-dtypes.yaml",
+            ("vllm:int4_per_token_head", "vllm:nvfp4_4over6"),
+        ),
+    )
 
 
 def test_the_off_platform_check_holds_ppl_and_its_change_to_the_rows_float_spread():

@@ -20,11 +20,13 @@ traces the plain operations itself) or off the CPU (a GPU's own cast is one fast
 
 Each variant (code dtype, output dtype, which dimensions are 1, zero point or not, grouped or not)
 is compiled once per process, dynamic in its sizes, as its own function: one variant never evicts
-another from dynamo's per-function cache, and a growing sequence never recompiles. Inductor keeps
+another from dynamo's per-function cache, and a growing sequence never recompiles; it runs without gradients
+whatever the caller's grad mode, so a change of grad mode does not recompile it either. Inductor keeps
 its compiled code on disk, so a later process loads it instead of compiling again.
 
 ``EVALKIT_FAST_DEQUANT=0`` reads through the plain operations; a compile that fails (no C++
-compiler, say) warns once, naming the reason, and reads through them too: the same numbers, slower.
+compiler, say, or dynamo's recompile limit for a variant) warns once, naming the reason and its mend, and
+reads through them too: the same numbers, slower.
 """
 
 from __future__ import annotations
@@ -103,15 +105,26 @@ def dequantize(
     channels), through the compiled kernel; the caller checked :func:`applies`."""
     key = (codes.dtype, dtype, grouped, _ones(codes), _ones(scale), _ones(zero), scale.dim())
     try:
-        return _kernel(key, grouped)(codes, scale, zero, dtype)
+        with torch.no_grad():  # a read of integer codes has no gradient; one grad mode: no recompile when it changes
+            return _kernel(key, grouped)(codes, scale, zero, dtype)
     except Exception as err:  # noqa: BLE001 - a compiler missing or failing: read through the plain ops
         if not _failed:
             _failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             warnings.warn(
                 f"the compiled K/V read failed ({_failed[0]}); reading through plain torch operations "
-                "(the same numbers, slower decode): install a C++ compiler, or set EVALKIT_FAST_DEQUANT=0 "
-                "to silence this",
+                f"(the same numbers, slower decode): {_mend(err)}, or set EVALKIT_FAST_DEQUANT=0 to silence this",
                 RuntimeWarning,
                 stacklevel=2,
             )
         return plain(codes, scale, zero, dtype, grouped)
+
+
+def _mend(err: Exception) -> str:
+    """What to do about a failed compile: a recompile limit is torch.compile's cache of one variant filling up
+    (inputs of many layouts in one process), not a missing compiler."""
+    if "RecompileLimit" in type(err).__name__:
+        return (
+            "K/V of more layouts than torch.compile keeps per variant went through one process (raise "
+            "torch._dynamo.config.recompile_limit)"
+        )
+    return "install a C++ compiler"

@@ -122,6 +122,34 @@ def test_growing_sequence_compiles_once():
     assert counters["stats"]["unique_graphs"] == before
 
 
+def test_a_change_of_grad_mode_does_not_recompile():
+    """The same variant read with gradients on and off, one after another (a training-mode caller, then an
+    evaluation under no_grad): one graph, not one per grad mode. A recompile per grad mode once filled dynamo's
+    cache of a variant in a long process and sent every later read through the slow plain operations."""
+    from torch._dynamo.utils import counters
+
+    scale = torch.tensor(0.25).reshape(1, 1, 1, 1)
+    codes = _all_codes(torch.float8_e4m3fn, 1, 2, 9, 16)
+    fast_dequant.dequantize(codes, scale, None, torch.bfloat16, False)
+    before = counters["stats"]["unique_graphs"]
+    for grad in (True, False, True, False):
+        with torch.set_grad_enabled(grad):
+            out = fast_dequant.dequantize(codes, scale, None, torch.bfloat16, False)
+        assert _bits_equal(out, fast_dequant.plain(codes, scale, None, torch.bfloat16, False))
+    assert counters["stats"]["unique_graphs"] == before
+    assert not fast_dequant._failed, fast_dequant._failed
+
+
+def test_the_fallback_names_the_mend_of_its_cause():
+    """A recompile limit is named as such (its mend is the limit, not a compiler); any other failure asks for a
+    C++ compiler, which inductor needs on the CPU."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    assert "recompile_limit" in fast_dequant._mend(FailOnRecompileLimitHit("Hard failure due to fullgraph=True"))
+    assert "compiler" not in fast_dequant._mend(FailOnRecompileLimitHit("x"))
+    assert fast_dequant._mend(RuntimeError("no cc")) == "install a C++ compiler"
+
+
 @pytest.mark.parametrize(
     "scheme",
     ["fp8_e4m3/tensor/dynamic", "fp8_e4m3/head/dynamic", "fp8_e5m2/block16/dynamic", "int8_asym/token/dynamic"],

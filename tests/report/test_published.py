@@ -187,11 +187,7 @@ def check_rerun(spec: dict, records: list[dict], fresh: dict) -> None:
         return canonical_json({k: d[k] for k in ("model", "scheme", "eval", "params")})
 
     (done,) = [r for r in records if r["type"] == "complete" and key(r["spec"]) == key(spec)]
-    rows = {
-        (r["metric"], json.dumps(r["labels"], sort_keys=True)): r
-        for r in records
-        if r["type"] == "metric" and r["run_id"] == done["run_id"]
-    }
+    rows = run_rows(records, done["run_id"])
     stored = {k: r["value"] for k, r in rows.items()}
     assert stored and set(stored) <= set(fresh), spec["scheme"]
     if same_platform(done["info"].get("platform"), platform_record()):
@@ -199,6 +195,15 @@ def check_rerun(spec: dict, records: list[dict], fresh: dict) -> None:
     else:
         bad = foreign_disagreements(rows, fresh, spec["scheme"] == "auto")
         assert not bad, (spec["scheme"], bad)
+
+
+def run_rows(records: list[dict], run_id: str) -> dict:
+    """A store's metric records of run ``run_id``, keyed by (metric, labels JSON)."""
+    return {
+        (r["metric"], json.dumps(r["labels"], sort_keys=True)): r
+        for r in records
+        if r["type"] == "metric" and r["run_id"] == run_id
+    }
 
 
 @pytest.mark.slow
@@ -230,11 +235,7 @@ def test_the_off_platform_check_holds_ppl_and_its_change_to_the_rows_float_sprea
         and r["spec"]["eval"] == "perplexity"
         and r["spec"]["scheme"] == "fp8_e4m3/tensor/dynamic"
     )
-    rows = {
-        (r["metric"], json.dumps(r["labels"], sort_keys=True)): r
-        for r in recs
-        if r["type"] == "metric" and r["run_id"] == done["run_id"]
-    }
+    rows = run_rows(recs, done["run_id"])
     same = {k: r["value"] for k, r in rows.items()}
     assert foreign_disagreements(rows, same, False) == {}
 

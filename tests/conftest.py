@@ -20,6 +20,16 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
+@pytest.fixture(autouse=True)
+def _host_disk_decides_no_test(request, monkeypatch):
+    """A sweep's disk check asks the file system for its free space (``evalkit.sweep.estimate.disk_free``).
+    In a test the answer is 1 TiB, so the host's free disk decides no outcome: a CI machine with 11 GiB free
+    failed the gpu preset's dry runs on its 15 GiB model download. The tests of the check pass their own
+    ``free_space``; ``@pytest.mark.host_disk`` keeps the real query."""
+    if request.node.get_closest_marker("host_disk") is None:
+        monkeypatch.setattr("evalkit.sweep.estimate.disk_free", lambda path: 2**40)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
     """A byte-level BPE tokenizer trained in a second on the embedded corpus, saved as a folder."""

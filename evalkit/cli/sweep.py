@@ -214,7 +214,10 @@ def run(args: argparse.Namespace, *, free_space=None) -> int:
                 flush=True,
             )
         code = print_problems(problems, locate)
-        check_disk(estimate)  # a grid that does not fit: the report's last line
+        if args.assume_device is None:
+            check_disk(estimate)  # a grid that does not fit: the report's last line
+        else:  # sized for another machine: this machine's disk is no reason to refuse the plan
+            _note_disk(estimate, args.assume_device)
         return code
     if print_problems(problems, locate):
         return 2  # nothing written
@@ -324,6 +327,20 @@ def _check_machine(grid, store, shard, cfg: SweepConfig, out: Path, workdir: Pat
         check_writable(workdir, "--cache-dir")
         pending = _pending(grid, store, shard, cfg.rerun)
         check_grid_devices([r.model for r in pending], grid.path)
+
+
+def _note_disk(estimate, device: str) -> None:
+    """The disk check of a dry run sized for ``device`` (--assume-device), said as a note: the sweep will
+    run on that machine, whose disk this one cannot see."""
+    import sys
+
+    from evalkit.sweep.estimate import DiskSpaceError, check_disk
+
+    try:
+        check_disk(estimate)
+    except DiskSpaceError as exc:
+        where = f"the sweep on the {device} checks its own disk before it starts"
+        print(f"evalkit: note: this machine's disk: {exc}; {where}", file=sys.stderr)
 
 
 def _check_disk_before(grid, store, shard, rerun: bool, out: Path, workdir: Path, free_space) -> None:

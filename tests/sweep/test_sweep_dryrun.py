@@ -105,6 +105,38 @@ def test_a_grid_that_does_not_fit_on_the_disk_is_refused_before_any_work(tmp_pat
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
+def test_a_dry_run_sized_for_another_machine_notes_this_disk_and_plans_on(tmp_path, capsys):
+    """--assume-device sizes the sweep for a GPU machine: 1 MB free here is said as a note (the same figures as
+    the refusal above), and the plan exits 0; the sweep on that machine checks its own disk."""
+    from evalkit.cli.sweep import run
+
+    grid = tmp_path / "small.yaml"
+    grid.write_text(SMALL)
+    argv = ["sweep", str(grid), "--dry-run", "--assume-device", "h200", "--out", str(tmp_path / "out")]
+    args = build_parser("sweep").parse_args([*argv, "--cache-dir", str(tmp_path / "cache")])
+    assert run(args, free_space=lambda folder: 10**6) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("evalkit: note: this machine's disk: ")]
+    assert len(notes) == 1 and "evalkit: error" not in err, err
+    assert "sweep small needs" in notes[0] and "976.6 KiB are free" in notes[0]
+    assert notes[0].endswith("the sweep on the h200 checks its own disk before it starts")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.host_disk
+def test_the_free_space_query_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
+    """disk_free of a folder not made yet asks its nearest existing parent, through shutil.disk_usage."""
+    import shutil
+    from collections import namedtuple
+
+    from evalkit.sweep import estimate
+
+    asked = []
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: asked.append(path) or usage(10, 3, 7))
+    assert estimate.disk_free(tmp_path / "out" / "runs") == 7 and asked == [tmp_path]
+
+
 def test_assume_device_needs_dry_run(capsys):
     assert main(["sweep", "quick", "--assume-device", "h200"]) == 2
     assert "--dry-run" in capsys.readouterr().err

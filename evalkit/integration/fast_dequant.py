@@ -18,11 +18,13 @@ channels (``group<N>``); not packed 4-bit codes, E2M1's own codes or an engine c
 (those read as before), and never inside a graph being compiled (the static path's compiled step
 traces the plain operations itself) or off the CPU (a GPU's own cast is one fast kernel already).
 
-Each variant (code dtype, output dtype, which dimensions are 1, zero point or not, grouped or not)
-is compiled once per process, dynamic in its sizes, as its own function: one variant never evicts
-another from dynamo's per-function cache, and a growing sequence never recompiles; it runs without gradients
-whatever the caller's grad mode, so a change of grad mode does not recompile it either. Inductor keeps
-its compiled code on disk, so a later process loads it instead of compiling again.
+Each variant (code dtype, output dtype, zero point or not, grouped or not) is compiled once per process and
+per layout (which sizes are 1, which strides are the contiguous ones, a view or not) and thread count, dynamic
+in its sizes and without duck sizing, as its own function: dynamo guards a compiled graph on exactly those
+facts, so no guard of one fails for another, nothing fills dynamo's per-function cache however many layouts a
+long process reads, and a growing sequence never recompiles. It runs without gradients whatever the caller's
+grad mode, so a change of grad mode does not recompile it either. Inductor keeps its compiled code on disk,
+so a later process loads it instead of compiling again.
 
 ``EVALKIT_FAST_DEQUANT=0`` reads through the plain operations; a compile that fails (no C++
 compiler, say, or dynamo's recompile limit for a variant) warns once, naming the reason and its mend, and
@@ -31,11 +33,13 @@ reads through them too: the same numbers, slower.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
 import warnings
 
 import torch
+from torch.fx.experimental import _config as fx_config
 
 _ONE_BYTE = (
     torch.float8_e4m3fn,
@@ -94,8 +98,16 @@ def _kernel(key: tuple, grouped: bool):
     return fn
 
 
-def _ones(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else tuple(n == 1 for n in t.shape)
+def _layout(t: torch.Tensor | None) -> tuple | None:
+    """What dynamo specializes a tensor argument on besides its sizes: which sizes are 1, which strides are the
+    contiguous ones (a slice of a longer cache is not), and whether it is a view (dynamo also guards the base)."""
+    if t is None:
+        return None
+    dense, expected = [], 1
+    for n, stride in zip(reversed(t.shape), reversed(t.stride())):
+        dense.append(n == 1 or stride == expected)
+        expected *= n
+    return tuple(n == 1 for n in t.shape), tuple(reversed(dense)), t._base is not None
 
 
 def dequantize(
@@ -103,9 +115,15 @@ def dequantize(
 ) -> torch.Tensor:
     """``(codes - zero) * scale`` in ``dtype`` (``grouped``: one scale per ``D / scale.shape[-1]``
     channels), through the compiled kernel; the caller checked :func:`applies`."""
-    key = (codes.dtype, dtype, grouped, _ones(codes), _ones(scale), _ones(zero), scale.dim())
+    # one compiled function per variant and per layout and thread count, so that no guard of one fails for another
+    key = (codes.dtype, dtype, grouped, scale.dim(), _layout(codes), _layout(scale), _layout(zero))
+    key += (torch.get_num_threads(),)
+    # its first call compiles it, without "duck sizing" (two sizes equal then, batch and heads say, would be
+    # assumed equal ever after); later calls skip that config switch, which costs 24 us a call (measured here)
+    compiling = key not in _KERNELS
     try:
-        with torch.no_grad():  # a read of integer codes has no gradient; one grad mode: no recompile when it changes
+        # no gradients: a read of integer codes has none, and a change of grad mode would recompile
+        with torch.no_grad(), fx_config.patch(use_duck_shape=False) if compiling else contextlib.nullcontext():
             return _kernel(key, grouped)(codes, scale, zero, dtype)
     except Exception as err:  # noqa: BLE001 - a compiler missing or failing: read through the plain ops
         if not _failed:

@@ -140,6 +140,33 @@ def test_a_change_of_grad_mode_does_not_recompile():
     assert not fast_dequant._failed, fast_dequant._failed
 
 
+def test_the_layouts_of_a_long_process_never_fill_a_variants_cache():
+    """One variant read through more layouts than dynamo keeps graphs per function (8): slices of longer caches
+    and whole ones, views and copies, batch equal to heads and not, per-head and per-token scales, on 1 and 2
+    threads. Each layout and thread count is its own compiled function, so no guard fails, nothing recompiles
+    and the fast read never falls back (it once did, for every later read of the process); every read has the
+    plain operations' bits."""
+    from torch._dynamo.utils import counters
+
+    threads = torch.get_num_threads()
+    graphs, kernels, reads = counters["stats"]["unique_graphs"], len(fast_dequant._KERNELS), 0
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for b, h, capacity, s in ((2, 2, 64, 10), (2, 4, 64, 10), (3, 2, 32, 32), (4, 4, 16, 7)):
+                cache = _all_codes(torch.float8_e4m3fn, b, h, capacity, 16)
+                for codes in (cache[:, :, :s], cache, cache[:, :, :s].clone()):
+                    n = codes.shape[2]
+                    for scale in (torch.full((1, h, 1, 1), 0.5), torch.rand(b, h, capacity, 1)[:, :, :n]):
+                        out = fast_dequant.dequantize(codes, scale, None, torch.float32, False)
+                        assert _bits_equal(out, fast_dequant.plain(codes, scale, None, torch.float32, False))
+                        reads += 1
+    finally:
+        torch.set_num_threads(threads)
+    assert reads > torch._dynamo.config.recompile_limit and not fast_dequant._failed, fast_dequant._failed
+    assert counters["stats"]["unique_graphs"] - graphs == len(fast_dequant._KERNELS) - kernels  # one graph each
+
+
 def test_the_fallback_names_the_mend_of_its_cause():
     """A recompile limit is named as such (its mend is the limit, not a compiler); any other failure asks for a
     C++ compiler, which inductor needs on the CPU."""

@@ -2,7 +2,7 @@
 in one run, and the compiled path's step and first compile.
 
     python benchmarks/bench_decode_step.py [--context 2048] [--steps 64] [--rounds 3] [--threads 2]
-        [--schemes fp8_e4m3/tensor/dynamic,...] [--no-compiled]
+        [--schemes fp8_e4m3/tensor/dynamic,...] [--compiled SCHEMES ('' skips the compiled path)]
 
 On the embedded model (float32 on CPU), one sequence of ``--context`` tokens of the embedded corpus
 is prefilled, then ``--steps`` greedy steps are decoded through the public path (``quantized_kv``

@@ -39,7 +39,6 @@ import types
 import warnings
 
 import torch
-from torch.fx.experimental import _config as fx_config
 
 _ONE_BYTE = (
     torch.float8_e4m3fn,
@@ -98,6 +97,16 @@ def _kernel(key: tuple, grouped: bool):
     return fn
 
 
+def _without_duck_sizing():
+    """torch's switch that traces each size as its own symbol; none where this torch has no such switch (its
+    private config module moved, say): the read is the same, a variant may then recompile more often."""
+    try:
+        from torch.fx.experimental import _config
+    except ImportError:
+        return contextlib.nullcontext()
+    return _config.patch(use_duck_shape=False) if hasattr(_config, "use_duck_shape") else contextlib.nullcontext()
+
+
 def _layout(t: torch.Tensor | None) -> tuple | None:
     """What dynamo specializes a tensor argument on besides its sizes: which sizes are 1, which strides are the
     contiguous ones (a slice of a longer cache is not), and whether it is a view (dynamo also guards the base)."""
@@ -123,7 +132,7 @@ def dequantize(
     compiling = key not in _KERNELS
     try:
         # no gradients: a read of integer codes has none, and a change of grad mode would recompile
-        with torch.no_grad(), fx_config.patch(use_duck_shape=False) if compiling else contextlib.nullcontext():
+        with torch.no_grad(), _without_duck_sizing() if compiling else contextlib.nullcontext():
             return _kernel(key, grouped)(codes, scale, zero, dtype)
     except Exception as err:  # noqa: BLE001 - a compiler missing or failing: read through the plain ops
         if not _failed:

@@ -125,15 +125,14 @@ def dequantize(
     """``(codes - zero) * scale`` in ``dtype`` (``grouped``: one scale per ``D / scale.shape[-1]``
     channels), through the compiled kernel; the caller checked :func:`applies`."""
     # one compiled function per variant and per layout and thread count, so that no guard of one fails for another
-    key = (codes.dtype, dtype, grouped, scale.dim(), _layout(codes), _layout(scale), _layout(zero))
-    key += (torch.get_num_threads(),)
-    # its first call compiles it, without "duck sizing" (two sizes equal then, batch and heads say, would be
-    # assumed equal ever after); later calls skip that config switch, which costs 24 us a call (measured here)
-    compiling = key not in _KERNELS
+    key = (codes.dtype, dtype, grouped, _layout(codes), _layout(scale), _layout(zero), torch.get_num_threads())
+    fn = _KERNELS.get(key)
     try:
-        # no gradients: a read of integer codes has none, and a change of grad mode would recompile
-        with torch.no_grad(), _without_duck_sizing() if compiling else contextlib.nullcontext():
-            return _kernel(key, grouped)(codes, scale, zero, dtype)
+        # no gradients: a read of integer codes has none, and a change of grad mode would recompile. The first
+        # call compiles, without "duck sizing" (two sizes equal then, batch and heads say, would be assumed equal
+        # ever after); later calls skip that config switch, which costs 24 us a call (measured here)
+        with torch.no_grad(), contextlib.nullcontext() if fn else _without_duck_sizing():
+            return (fn or _kernel(key, grouped))(codes, scale, zero, dtype)
     except Exception as err:  # noqa: BLE001 - a compiler missing or failing: read through the plain ops
         if not _failed:
             _failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")

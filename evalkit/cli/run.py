@@ -3,11 +3,11 @@
     python -m evalkit run --model M --schemes auto,fp8_e4m3/head/dynamic --eval perplexity ...
 
 `run` is a one-model, one-eval grid: this module turns the flags into the grid's description once (the keys
-a grid file holds; ``--schemes`` parsed here, once, into :class:`~evalkit.kv.scheme.Scheme` values) and prints
-the rows; :func:`evalkit.sweep.one_model.run_one` checks the description, makes the grid by the sweep's own
-grid path (:func:`evalkit.sweep.grid.grid_from_data`) and hands it to the sweep's runner
-(:func:`evalkit.sweep.runner.run_sweep`, with ``run``'s one-model executor, which alone loads the model and
-prepares the evaluation), which writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
+and values a grid file holds, ``--schemes`` as written: the grid path parses it, once) and prints the rows;
+:func:`evalkit.sweep.one_model.run_one` makes the grid by the sweep's own grid path
+(:func:`evalkit.sweep.grid.grid_from_data`), checks it with the sweep's pre-flight checks and hands it to the
+sweep's runner (:func:`evalkit.sweep.runner.run_sweep`, with ``run``'s one-model executor, which alone loads
+the model and prepares the evaluation), which writes the store. With ``--engine`` it loads no weights at all: the engine loads its own,
 and evalkit reads the model's config and tokenizer (:mod:`evalkit.models.handle`).
 The baseline (auto) is always evaluated first, whether listed or not. Without ``--schemes`` it runs
 :data:`DEFAULT_SCHEMES`: the baseline and ``fp8_e4m3/tensor/unit`` (vLLM's ``kv_cache_dtype=fp8`` with
@@ -17,9 +17,12 @@ rows also go to a results store, the one ``evalkit sweep`` writes (DIR/results.j
 artifacts under DIR/runs/<id16>/), so ``evalkit report DIR`` reads it; running the same command
 again adds a new attempt of each run, a folder holding other runs is refused. ``--json`` prints the
 rows as JSON instead of the table. The evaluation's options are its own ``--<eval>-<field>`` flags
-(``python -m evalkit run --help``). Before the model loads, every problem of the schemes is listed,
-one line each (exit 2; :mod:`evalkit.sweep.preflight`): scale files, the model's architecture (read from
-its config), the engine profile, the engine's plan and whether it can start here.
+(``python -m evalkit run --help``). Before the model loads, every problem is listed, one line each (exit 2),
+as a sweep lists them: first the grid's (a scheme that does not parse or that the engine profile or the
+engine's plan refuses, a bad option or parameter, a corpus file that cannot load), then, for a grid without
+any, the pre-flight checks' (:mod:`evalkit.sweep.preflight`): scale files, the model's architecture (read from
+its config), whether the engine can start here and can run the evaluation. The table is
+:mod:`evalkit.sweep.run_table`'s.
 ``--engine-profile NAME`` (:mod:`evalkit.engines.profiles`) runs
 each scheme as that engine's KV kernels do (e.g. ``vllm-cpu``: rounding toward zero). ``--engine vllm`` has
 vLLM itself compute the log-probs (:mod:`evalkit.engines.vllm.backend`): the schemes map through the
@@ -45,7 +48,6 @@ from evalkit.cli import COMMANDS
 from evalkit.cli.common import add_model_arguments, model_spec
 from evalkit.cli.scales_flags import add_scales_arguments, declared
 from evalkit.errors import EvalkitError
-from evalkit.evals import get_eval
 from evalkit.evals.registry import flag_declarations
 
 # --schemes left out: the baseline and FP8 E4M3 with unit scales, what vLLM's kv_cache_dtype=fp8 stores when a
@@ -129,58 +131,57 @@ def _add(sub, names: list[str], flags: dict[str, type] | None = None):
     add_scales_arguments(p)
     for eval_flags in (flags or {}).values():
         eval_flags.add_arguments(p)
-    p.set_defaults(handler=run)
+    # each evaluation's flags: destination -> parameter, so the flags become a grid's evals: entry as they are
+    p.set_defaults(handler=run, eval_flag_dests={name: f.flag_dests() for name, f in (flags or {}).items()})
 
 
 def run(args: argparse.Namespace) -> int:
-    """Turn the flags into a one-model, one-eval grid description (:func:`run_description`: the scheme strings
-    parsed here, once, where they enter) and hand it to :func:`evalkit.sweep.one_model.run_one`, which checks
-    everything that can be checked before a model loads (one line each, exit 2), makes the grid by the sweep's
-    grid path and runs it with the sweep's runner; print the rows it returns."""
+    """Turn the flags into a one-model, one-eval grid description (:func:`run_description`: what a grid file
+    would hold) and hand it to :func:`evalkit.sweep.one_model.run_one`, which makes the grid by the sweep's
+    grid path (the scheme strings parsed there, once), checks everything that can be checked before a model
+    loads (one line each, exit 2) and runs it with the sweep's runner; print the rows it returns."""
     if getattr(args, "no_progress", False):
         import os
 
         os.environ["EVALKIT_PROGRESS"] = "0"  # the evaluations' and the engine's bars
+    scales = declared(args)  # --scales-model/--scales-format: on every static scheme
     data = run_description(args)
     from evalkit.sweep.one_model import run_one
 
-    ran = run_one(data, out=args.out, cache_dir=args.cache_dir)
+    ran = run_one(data, out=args.out, cache_dir=args.cache_dir, scales=scales)
     if ran is None:
         return 2  # the pre-flight report is on stderr
-    print_rows(args, ran)
+    if args.json:  # the rows, or a table of the evaluation's summary metrics
+        json.dump(ran.rows(), sys.stdout, indent=1)
+        print()
+    else:
+        print(ran.table())
+        if args.out:
+            print(f"\nresults store: {args.out / 'results.jsonl'} (see: python -m evalkit report {args.out})")
     for log in ran.logs:
         print(f"{log.stem}'s messages are in {log}", file=sys.stderr)
     return 0
 
 
 def run_description(args: argparse.Namespace) -> dict:
-    """``run``'s flags as a grid description (the keys of a grid file): one model, the baseline and the schemes
-    (Scheme values: ``--schemes`` parsed once, here, with ``--scales-model``/``--scales-format`` declared on the
-    static ones), one evaluation with its ``--<eval>-*`` parameters, the engine, its options as given and the
+    """``run``'s flags as a grid description, the keys and values a grid file holds: one model, the baseline
+    (``auto``, first) and ``--schemes`` as written (the grid path parses them), one evaluation with the
+    ``--<eval>-*`` flags given (None: the parameter's default), the engine, its options as given and the
     engine profile. One line (EvalkitError) for a flag that says nothing or cannot be read."""
     from dataclasses import asdict
 
-    from evalkit.kv.scheme import Scheme, declare_scales, parse_schemes
-
-    # the command line's own helpers first, then the layers below in descending order (evals, then kv): the flags
-    # go down once and nothing comes back up to cli/ before the description is handed to the sweep
-    given = engine_options_given(args)
-    pair = declared(args)  # --scales-model/--scales-format: on every static scheme
-    model = asdict(model_spec(args))
-    params = get_eval(args.eval_name).params_from_args(args)
-    schemes = parse_schemes(args.schemes)
-    if pair is not None:
-        schemes = declare_scales(schemes, *pair)
-    if not schemes:  # an empty list would run the baseline alone and look like a result
+    if not args.schemes.replace(",", "").strip():  # an empty list would run the baseline alone and look like a result
         raise EvalkitError(
             f"--schemes {args.schemes!r} names no scheme: give at least one, e.g. --schemes fp8_e4m3/tensor/dynamic "
             "(the auto baseline is always added; `python -m evalkit schemes` lists them)"
         )
+    given = engine_options_given(args)
+    dests = getattr(args, "eval_flag_dests", {}).get(args.eval_name, {})
     data = {
         "name": f"run-{args.eval_name}",
-        "models": [model],
-        "schemes": list(dict.fromkeys([Scheme(), *schemes])),  # the baseline first, each once
-        "evals": {args.eval_name: params},
+        "models": [asdict(model_spec(args))],
+        "schemes": ["auto", args.schemes],  # the baseline first; the grid lists each scheme once
+        "evals": {args.eval_name: {name: getattr(args, dest, None) for dest, name in dests.items()}},
         "engine": args.engine,
     }
     if given:
@@ -188,37 +189,6 @@ def run_description(args: argparse.Namespace) -> dict:
     if getattr(args, "engine_profile", None):
         data["engine_profile"] = args.engine_profile
     return data
-
-
-def print_rows(args: argparse.Namespace, ran) -> None:
-    """The rows of each run ``ran`` (:class:`~evalkit.sweep.one_model.OneModelRun`) did: a table (the
-    evaluation's summary metrics), or JSON with ``--json``."""
-    all_rows = [
-        {**d, "model": ran.model_name, "scheme": shown_scheme(spec), "eval": spec.eval}
-        for spec, rows in ran.done
-        for d in rows
-    ]
-    if args.json:
-        json.dump(all_rows, sys.stdout, indent=1)
-        print()
-        return
-    metrics = ran.metrics
-    if any(r["metric"] in BOUND_METRICS.values() for r in all_rows):  # an engine's top-k gives the bound only
-        metrics = tuple(BOUND_METRICS.get(m, m) for m in metrics)
-    print(rows_table(all_rows, metrics))
-    if args.out:
-        print(f"\nresults store: {args.out / 'results.jsonl'} (see: python -m evalkit report {args.out})")
-
-
-BOUND_METRICS = {"kl_mean": "kl_lower_bound", "free_kl_mean": "free_kl_lower_bound"}
-
-
-def shown_scheme(spec) -> str:
-    """How ``run`` names a run's rows: its scheme, and ``auto (noise floor)`` for the engine's noise floor run
-    (auto against a second realisation of auto), which is not a scheme of its own."""
-    from evalkit.report.noise_floor import LABEL
-
-    return f"{spec.scheme} ({LABEL})" if spec.engine_options.get("noise_floor") else spec.scheme
 
 
 def engine_options_given(args: argparse.Namespace) -> dict:
@@ -239,44 +209,3 @@ def engine_options_given(args: argparse.Namespace) -> dict:
     if args.engine == "emulation" and given:
         raise EvalkitError("--engine-option sets a real engine's options: add --engine NAME, or drop it")
     return given
-
-
-def _cell(row: dict) -> str:
-    v = row["value"]
-    if v is None:
-        return "nan"
-    if isinstance(v, str):
-        return v
-    text = f"{v:.4g}"
-    low, high = row.get("ci_low"), row.get("ci_high")
-    if low is not None and high is not None:
-        from evalkit.report.domains import clip_interval  # here: `run`'s argument errors come before pandas and torch
-
-        low, high = clip_interval(row["metric"], low, high)  # as the report shows it: inside the metric's domain
-        text += f" [{low:.3g}, {high:.3g}]"
-    return text
-
-
-def _column(row: dict) -> str:
-    """A row's column: its metric, and its length bucket where it has one (one column per bucket)."""
-    bucket = (row.get("labels") or {}).get("bucket")
-    return row["metric"] if bucket is None else f"{row['metric']} [{bucket}]"
-
-
-def rows_table(rows: list[dict], metrics: tuple[str, ...] = ()) -> str:
-    """One line per scheme with the unlabeled metrics (or ``metrics``) as columns."""
-    import pandas as pd
-
-    plain = [r for r in rows if not r.get("labels")]
-    if metrics:
-        plain = [r for r in plain if r["metric"] in metrics]
-    if not plain:
-        plain = rows
-    order = list(dict.fromkeys(r["scheme"] for r in rows))
-    cols = list(metrics) or list(dict.fromkeys(_column(r) for r in plain))
-    table = pd.DataFrame(index=order, columns=cols, dtype=object)
-    for r in plain:
-        if _column(r) in table.columns:
-            table.loc[r["scheme"], _column(r)] = _cell(r)
-    table.index.name = "scheme"
-    return table.fillna("").to_markdown()

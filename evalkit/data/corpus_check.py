@@ -52,6 +52,25 @@ def check_corpus_params(params: Any, where: str = "") -> None:
             check_corpus_spec(value, f"{where} {key}".strip())
 
 
+def corpus_problems(evals: Any, *, located: bool) -> list[tuple[tuple, str]]:
+    """Every corpus spec among a grid's ``evals:`` (eval name -> its parameters) that cannot load, as
+    ``(key path, message)`` (``("evals", NAME, KEY)``): for a grid file (``located``) the message without the
+    key, which its line names; for a description without a file (``run``'s flags) named for the evaluation.
+    An entry that is not a mapping is the grid's to report."""
+    out: list[tuple[tuple, str]] = []
+    for name, params in evals.items() if isinstance(evals, Mapping) else ():
+        for key in CORPUS_KEYS:
+            spec = params.get(key) if isinstance(params, Mapping) else None
+            if not isinstance(spec, str) or not (located or spec.strip()):
+                continue
+            try:
+                check_corpus_spec(spec, key if located else f"{name} {key}")
+            except EvalkitError as exc:
+                message = str(exc).removeprefix(f"{key}: ") if located else str(exc)
+                out.append((("evals", name, key), message))
+    return out
+
+
 def input_hashes(params: Any) -> dict[str, str]:
     """``{key: "sha256:..."}`` of the local corpus files among an evaluation's parameters (``corpus``,
     ``haystack``, ...), by content (:func:`evalkit.data.corpus.source_hash`): part of the run id, so a

@@ -97,6 +97,11 @@ class Evaluation(ABC):
             cls.Params.add_arguments(parser)
 
     @classmethod
+    def flag_dests(cls) -> dict[str, str]:
+        """Where `evalkit run` puts this evaluation's flags: destination -> parameter (:meth:`Params.flag_dests`)."""
+        return {} if cls.Params is None else cls.Params.flag_dests()
+
+    @classmethod
     def params_from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
         """Pick this evaluation's parameters out of parsed `evalkit run` arguments."""
         return {} if cls.Params is None else cls.Params.from_args(args)

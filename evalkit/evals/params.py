@@ -135,15 +135,19 @@ class Params:
         return f.metadata.get("flag") or f"--{cls.eval_name}-{name}".replace("_", "-")
 
     @classmethod
+    def flag_dests(cls) -> dict[str, str]:
+        """Each field's ``run`` flag destination (``<eval>_<field>``; no clash with other evals) -> the field."""
+        return {f"{cls.eval_name}_{name}": name for name in cls.names()}
+
+    @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """One flag per field, in a group named for the evaluation; every default None (= the field's)."""
         g = parser.add_argument_group(f"{cls.eval_name} (--eval {cls.eval_name})")
         hints = typing.get_type_hints(cls)
+        dests = {field: dest for dest, field in cls.flag_dests().items()}
         for f in fields(cls):
             kind, _ = _type_of(hints[f.name])
-            kwargs: dict[str, Any] = dict(
-                dest=f"{cls.eval_name}_{f.name}", default=None, help=f.metadata.get("help") or None
-            )
+            kwargs: dict[str, Any] = dict(dest=dests[f.name], default=None, help=f.metadata.get("help") or None)
             if f.metadata.get("action"):
                 kwargs["action"] = f.metadata["action"]
             elif kind is bool:
@@ -159,4 +163,4 @@ class Params:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> dict[str, Any]:
         """This evaluation's parameters out of parsed arguments (None where a flag was not given)."""
-        return {name: getattr(args, f"{cls.eval_name}_{name}", None) for name in cls.names()}
+        return {name: getattr(args, dest, None) for dest, name in cls.flag_dests().items()}

@@ -22,7 +22,8 @@ import math
 
 import pandas as pd
 
-LABEL = "noise floor"  # how the report names the auto-vs-auto realisation
+from evalkit.sweep.run_table import NOISE_FLOOR_LABEL as LABEL  # run's table and the report name it alike
+
 SUFFIX = "_noise_floor"  # the column beside each metric column
 
 

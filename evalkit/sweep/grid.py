@@ -9,6 +9,7 @@ A grid names models, KV schemes and evaluations; the sweep runs their product::
     schemes:
       - auto
       - fp8_e4m3/head/dynamic
+      - fp8_e5m2/tensor/dynamic,int8/token/dynamic   # a string may list several (as `run --schemes` does)
       - expand:                         # formats x granularities x scale sources (+ options)
           formats: [fp8_e4m3, fp8_e5m2]
           granularities: [tensor, head, block16]
@@ -39,7 +40,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from evalkit.errors import EvalkitError
 from evalkit.sweep.grid_entries import grid_evals, grid_models, grid_schemes
 from evalkit.sweep.grid_lookup import grid_dirs, resolve_grid  # noqa: F401 (re-exported)
 from evalkit.sweep.located_yaml import GridError, Located
@@ -73,13 +73,17 @@ def parse_grid(path: str | Path, text: str | None = None) -> Grid:
     return grid_from_data(Located(path, text), path.stem)
 
 
-def grid_from_data(doc: Located, name: str) -> Grid:
-    """The grid a description gives (``doc.value``: the keys of a grid file), checked entry by entry: the one
-    grid path of ``evalkit sweep`` (a YAML file, :func:`parse_grid`) and ``evalkit run`` (its flags,
-    :meth:`Located.given`, schemes already :class:`~evalkit.kv.scheme.Scheme` values). Schemes are parsed
-    once, at their entry; then the engine profile, each engine's plan (Scheme values in and out), the
-    evaluations' parameters and corpus files, the runs and the engines' noise floor runs. ``name``: the
-    grid's name when the description has none."""
+def grid_from_data(doc: Located, name: str, *, scales: tuple[str, str] | None = None) -> Grid:
+    """The grid a description gives (``doc.value``: the keys and values of a grid file), checked entry by
+    entry: the one grid path of ``evalkit sweep`` (a YAML file, :func:`parse_grid`) and ``evalkit run`` (its
+    flags, :meth:`Located.given`). First what this layer reads, every entry: the top-level keys, the models,
+    the schemes (parsed here, once, at their entry; ``scales``, a (model, format) pair, declared on each
+    static one: ``--scales-model``/``--scales-format``), the engines, the evaluations and their parameters;
+    then the layers below, once each: the engines' plans (:func:`evalkit.engines.grid_plan.plan_engines`:
+    the engine profile applied, the options typed, each engine's plan) and the corpus files
+    (:func:`evalkit.data.corpus_check.corpus_problems`). Every problem is raised together
+    (:class:`GridError`); then the runs and the engines' noise floor runs. ``name``: the grid's name when the
+    description has none."""
     data = doc.value
     if not isinstance(data, dict):
         doc.problems.append(str(doc.error((), "a grid is a mapping with models, schemes and evals")))
@@ -112,18 +116,23 @@ def grid_from_data(doc: Located, name: str) -> Grid:
             models = grid_models(doc, data["models"])
     if "schemes" in data:
         with doc.collecting():
-            schemes, entries = grid_schemes(doc, data["schemes"])
-    if isinstance(data.get("engine_profile"), str) and schemes:
-        schemes = _engine_schemes(doc, data["engine_profile"], schemes, entries)
+            schemes, entries = grid_schemes(doc, data["schemes"], scales)
     engines = _engines(doc, data.get("engine", "emulation"))
-    options = _engine_options(doc, data.get("engine_options"), engines)
-    by_engine = {
-        e: schemes if e == "emulation" else _engine_run(doc, e, data, schemes, models, options) for e in engines
-    }
+    given = _engine_options(doc, data.get("engine_options"), engines)
     if "evals" in data:
         with doc.collecting():
             evals = grid_evals(doc, data["evals"], seeds)
     on = _eval_engines(doc, [e for e, _, _ in evals], engines)
+    # the layers below, once each and in their order: the engines' plans, then the corpus files
+    from evalkit.data.corpus_check import corpus_problems
+    from evalkit.engines.grid_plan import plan_engines
+
+    profile = data.get("engine_profile") if isinstance(data.get("engine_profile"), str) else None
+    plans = plan_engines(engines, given, profile, schemes, models, entries)
+    corpora = corpus_problems(data.get("evals"), located=doc.file is not None)
+    for key, message in plans.problems + corpora:
+        doc.problems.append(str(doc.error(key, message)))
+    by_engine, options = plans.schemes, plans.options
     doc.raise_problems()
     runs = tuple(
         RunSpec.of(m, s, e, p, rp, engine=engine, engine_options_json=canonical_json(options.get(engine, {})))
@@ -164,47 +173,21 @@ def noise_floor_runs(runs: tuple, options: dict) -> tuple:
     return tuple(out)
 
 
-def _engine_schemes(doc: Located, name: str, schemes: list, entries: dict[str, tuple]) -> list:
-    """``schemes`` (Scheme values) as engine ``name`` runs them (``engine_profile:``, see
-    :mod:`evalkit.engines.profiles`); a scheme it cannot run is a problem at its ``schemes`` entry (``entries``:
-    canonical scheme -> that entry's key path, as :func:`~evalkit.sweep.grid_entries.grid_schemes` gives)."""
-    from evalkit.engines.registry import get_profile
-
-    try:
-        profile = get_profile(name)
-    except EvalkitError as exc:
-        doc.problems.append(str(doc.error(("engine_profile",), str(exc))))
-        return schemes
-    out: list = []
-    for scheme in schemes:
-        try:
-            out.append(profile.apply(scheme))
-        except EvalkitError as exc:
-            doc.problems.append(str(doc.error(entries.get(str(scheme), ("schemes",)), str(exc))))
-    return list(dict.fromkeys(out))
-
-
 def _engines(doc: Located, value) -> list[str]:
-    """``engine:`` as a list of engines (a name or a list of names: the emulation or a registered engine)."""
+    """``engine:`` as a list of engine names, each once (a name or a list of names; each is found, or refused,
+    with the engines' plans: :func:`evalkit.engines.grid_plan.plan_engines`)."""
     from evalkit.engines.registry import choices
 
-    known = choices()
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(known)} or a list of them")))
+        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(choices())} or a list of them")))
         return ["emulation"]
-    bad = [n for n in names if n not in known]
-    if bad:
-        doc.problems.append(str(doc.error(("engine",), f"engine is one of {', '.join(known)}, not {bad[0]!r}")))
-        return [n for n in dict.fromkeys(names) if n in known] or ["emulation"]
     return list(dict.fromkeys(names))
 
 
 def _engine_options(doc: Located, value, engines: list[str]) -> dict[str, dict]:
-    """``engine_options:`` (engine name -> its scale-out options) checked against each engine's declared
-    options (:mod:`evalkit.engines.registry`); engine -> the options set."""
-    from evalkit.engines.registry import get_engine
-
+    """``engine_options:`` (engine name -> its scale-out options, as written) for engines the grid's ``engine:``
+    names; each engine types and checks its own (:func:`evalkit.engines.grid_plan.plan_engines`)."""
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
@@ -228,10 +211,7 @@ def _engine_options(doc: Located, value, engines: list[str]) -> dict[str, dict]:
                 )
             )
             continue
-        try:
-            out[name] = get_engine(name).option_values(given)
-        except EvalkitError as exc:
-            doc.problems.append(str(doc.error(("engine_options", name), str(exc))))
+        out[name] = given
     return out
 
 
@@ -245,28 +225,11 @@ def _eval_engines(doc: Located, names: list[str], engines: list[str]) -> dict[st
         only = getattr(get_eval(name), "engines", None)
         out[name] = [e for e in engines if only is None or e in only]
         if not out[name]:
+            fix = f"add engine: {only[0]} (or a list holding it)" if doc.file else f"add --engine {only[0]}"
             doc.problems.append(
-                str(
-                    doc.error(
-                        ("evals", name),
-                        f"eval {name} runs on engine {' or '.join(only)} only: "
-                        f"add engine: {only[0]} (or a list holding it)",
-                    )
-                )
+                str(doc.error(("evals", name), f"eval {name} runs on engine {' or '.join(only)} only: {fix}"))
             )
     return out
-
-
-def _engine_run(doc: Located, engine: str, data: dict, schemes: list, models: list[ModelSpec], options: dict) -> list:
-    """``engine: NAME``: ``schemes`` (Scheme values) as that engine runs them (its declared ``plan``, Scheme
-    values in and out); a scheme, model device, engine profile or option it cannot
-    honour is a problem of the grid, found before anything runs."""
-    from evalkit.engines.registry import get_engine
-
-    plan = get_engine(engine).hook("plan")(schemes, models, data.get("engine_profile"), options.get(engine, {}))
-    for key, message in plan.problems:
-        doc.problems.append(str(doc.error(key, message)))
-    return plan.schemes
 
 
 def with_engine_profile(grid: Grid, name: str) -> Grid:

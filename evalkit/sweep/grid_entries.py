@@ -1,7 +1,7 @@
 """The entries a grid file lists, each parsed and checked where it stands: ``models`` (names or
 mappings of model settings; a local folder must exist now), ``schemes`` (strings, or ``expand:``
 products of formats, granularities and scale sources) and ``evals`` (each eval's parameters, once
-per seed; its corpus files must load now).
+per seed; their corpus files are checked by the grid, :func:`evalkit.data.corpus_check.corpus_problems`).
 
 Kept apart from :mod:`evalkit.sweep.grid`, which reads the file, checks its top-level keys and the
 engine settings, and expands the entries parsed here into runs. Every problem is raised (or, inside
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from evalkit.errors import EvalkitError
-from evalkit.kv.scheme import Scheme, parse_scheme
+from evalkit.kv.scheme import Scheme, declare_scales, parse_scheme, parse_schemes
 from evalkit.models.decode_path import DECODE_PATHS
 from evalkit.sweep.located_yaml import GridError, Located
 from evalkit.sweep.spec import ModelSpec, canonical_json
@@ -89,8 +89,6 @@ def _check_folder(doc: Located, name: str, path: tuple) -> None:
 
 
 def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
-    if isinstance(text, Scheme):  # parsed where it entered (``run --schemes``): a value, not parsed again
-        return text
     if not isinstance(text, str):
         raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
     try:
@@ -99,7 +97,21 @@ def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
         raise doc.error(path, str(exc)) from None
 
 
-def grid_schemes(doc: Located, value) -> tuple[list[Scheme], dict[str, tuple]]:
+def _parse_scheme_list(doc: Located, text, path: tuple) -> list[Scheme]:
+    """A string entry: one scheme, or several separated by commas (``run --schemes A,B`` as written;
+    :func:`~evalkit.kv.scheme.parse_schemes` splits only where a scheme starts, so ``skip=0,5`` stays whole)."""
+    if not isinstance(text, str):
+        raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
+    try:
+        schemes = parse_schemes(text)
+    except EvalkitError as exc:
+        raise doc.error(path, str(exc)) from None
+    if not schemes:
+        raise doc.error(path, f"the scheme entry {text!r} names no scheme: write one like fp8_e4m3/head/dynamic")
+    return schemes
+
+
+def grid_schemes(doc: Located, value, scales: tuple[str, str] | None = None) -> tuple[list[Scheme], dict[str, tuple]]:
     """The grid's schemes as :class:`~evalkit.kv.scheme.Scheme` values, each once, in the order given, and
     the key path of the entry that gives each (canonical string -> path, as :func:`scheme_entries`), so that
     a problem found later (an engine profile's refusal) names that entry's line: a scheme string is parsed
@@ -114,6 +126,13 @@ def grid_schemes(doc: Located, value) -> tuple[list[Scheme], dict[str, tuple]]:
             out.extend(parsed)
             for scheme in parsed:
                 entries.setdefault(str(scheme), _entry_path(item, i))
+    if scales is not None and out:  # --scales-model/--scales-format: on every static scheme
+        try:
+            declared = declare_scales(out, *scales)
+        except EvalkitError as exc:
+            raise doc.error(("schemes",), str(exc)) from None
+        entries.update({str(d): entries[str(s)] for s, d in zip(out, declared) if str(s) in entries})
+        out = declared
     return list(dict.fromkeys(out)), entries
 
 
@@ -138,7 +157,7 @@ def _entry_path(item, i: int) -> tuple:
 
 
 def _scheme_item(doc: Located, item, path: tuple) -> list[Scheme]:
-    """The schemes of one entry of ``schemes`` (a string, a Scheme value, or an expansion)."""
+    """The schemes of one entry of ``schemes`` (a string of one scheme or several, or an expansion)."""
     out: list[Scheme] = []
     if isinstance(item, dict):
         if set(item) != {"expand"} or not isinstance(item["expand"], dict):
@@ -166,7 +185,7 @@ def _scheme_item(doc: Located, item, path: tuple) -> list[Scheme]:
                 for s in scales:
                     out.append(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath))
     else:
-        out.append(_parse_one_scheme(doc, item, path))
+        out.extend(_parse_scheme_list(doc, item, path))
     return out
 
 
@@ -214,25 +233,5 @@ def _eval_entry(doc: Located, name, params, seeds: list[int] | None) -> list[tup
             ev = cls(p)
         except EvalkitError as exc:
             raise doc.error(path + _blamed_key(params, str(exc)), str(exc)) from None
-        _check_corpora(doc, params, path)
         out.append((name, canonical_json(ev.canonical_params()), canonical_json(ev.params)))
     return out
-
-
-def _check_corpora(doc: Located, params: dict, path: tuple) -> None:
-    """Corpus specs of an eval's parameters must load now (a missing file is a problem of the grid),
-    not after the model of its first run has loaded (:mod:`evalkit.data.corpus_check`)."""
-    from evalkit.data.corpus_check import CORPUS_KEYS, check_corpus_spec
-
-    for key in CORPUS_KEYS:
-        if isinstance(params.get(key), str):
-            if doc.file is None:  # a description without a file (``run``'s flags): the message names the eval
-                try:
-                    check_corpus_spec(params[key], f"{path[-1]} {key}") if params[key].strip() else None
-                except EvalkitError as exc:
-                    raise doc.error(path + (key,), str(exc)) from None
-                continue
-            try:
-                check_corpus_spec(params[key], key)
-            except EvalkitError as exc:
-                raise doc.error(path + (key,), str(exc).removeprefix(f"{key}: ")) from None

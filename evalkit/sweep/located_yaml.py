@@ -78,7 +78,7 @@ class Located:
     @classmethod
     def given(cls, value) -> Located:
         """A description built in code (the same keys a grid file holds): no file, no lines; a problem is
-        its message alone (the command line names its own flags), and only the first is raised."""
+        its message alone (the command line names its own flags)."""
         doc = cls.__new__(cls)
         doc.file, doc.lines, doc.problems, doc.value = None, {}, [], value
         return doc
@@ -109,4 +109,4 @@ class Located:
 
     def raise_problems(self) -> None:
         if self.problems:
-            raise GridError(self.problems[0], self.problems if self.file is not None else None)
+            raise GridError(self.problems[0], self.problems)

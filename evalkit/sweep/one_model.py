@@ -1,24 +1,25 @@
-"""``evalkit run`` below the command line: a one-model, one-evaluation grid description, checked, made into a
-grid by the sweep's own grid path and executed by the sweep's runner.
+"""``evalkit run`` below the command line: a one-model, one-evaluation grid description made into a grid by
+the sweep's own grid path, checked by the sweep's pre-flight checks and executed by the sweep's runner.
 
-The command line turns its flags into a description once (:func:`run_description` keys: the keys a grid file
-holds, its schemes already :class:`~evalkit.kv.scheme.Scheme` values, the baseline listed first) and hands it
-here; nothing below calls back up. :func:`run_one` then makes, in order, every check that needs no model, each
-one line (exit 2):
+The command line turns its flags into a description once (:func:`evalkit.cli.run.run_description`: the keys
+and values a grid file holds, ``--schemes`` as written after the ``auto`` baseline) and hands it here;
+nothing below calls back up. :func:`run_one` then makes, in order, every check that needs no model, each one
+line (exit 2):
 
 1. the machine: the results and cache folders writable, the model's device present (:mod:`.preflight`);
-2. the engine and its options (:meth:`evalkit.engines.registry.Engine.option_values`);
-3. the pre-flight report of the schemes on this model, engine profile and engine, and of the evaluation
-   and its parameters on the engine's backend (an option or evaluation it cannot honour)
-   (:func:`evalkit.sweep.preflight.commands.run_problems`: every problem printed, then exit 2);
-4. the grid itself, by :func:`evalkit.sweep.grid.grid_from_data`, as ``evalkit sweep`` makes one from a file:
-   the engine profile, the engine's plan, the evaluation's parameters and corpus files, the runs, and the
-   engine's noise floor run.
+2. the grid, by :func:`evalkit.sweep.grid.grid_from_data`, as ``evalkit sweep`` makes one from a file: the
+   schemes parsed, the engine profile applied, the engine's options typed and its plan made, the evaluation's
+   parameters and corpus files checked, the runs and the engine's noise floor run (every problem printed);
+3. the pre-flight report of the runs, the checks a sweep makes (:data:`evalkit.sweep.preflight.commands.
+   COMMON_CHECKS`: scale files, the model's architecture, the GPU, the engine can start here, the evaluation
+   on the engine's backend, the KV cache fit), each problem named for its flag
+   (:func:`evalkit.sweep.preflight.commands.run_problems`: every problem printed, then exit 2).
 
 Then :func:`run_model` hands the grid to the sweep's runner, :func:`evalkit.sweep.runner.run_sweep`, with
 this module's :class:`OneModelExecutor`: the runner refuses a store that holds other runs (``--out``), the
 executor loads the model once, checks every scheme against it, prints the size note of a long run and
 prepares the evaluation before anything is written, and the runner writes each run as it completes.
+:class:`OneModelRun` gives back what was done, its rows and their table (:mod:`evalkit.sweep.run_table`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,27 @@ class OneModelRun:
     model_name: str
     metrics: tuple[str, ...]
 
+    def rows(self) -> list[dict]:
+        """Every row, with its model, scheme and evaluation (:func:`evalkit.sweep.run_table.run_rows`)."""
+        from evalkit.sweep.run_table import run_rows
 
-def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModelRun | None:
-    """Check and run the description ``data`` (one model, one evaluation; keys as in a grid file) with the
-    results store ``out`` (None: no store) and the cache folder ``cache_dir`` (None: evalkit's own). Returns
-    None when the pre-flight report printed problems (the command exits 2); raises EvalkitError (one line)
-    for anything else found before the model loads."""
+        return run_rows(self.done, self.model_name)
+
+    def table(self) -> str:
+        """The rows as a table of the evaluation's summary metrics (:func:`evalkit.sweep.run_table.run_table`)."""
+        from evalkit.sweep.run_table import run_table
+
+        return run_table(self.rows(), self.metrics)
+
+
+def run_one(
+    data: dict, *, out: Path | None, cache_dir: Path | None, scales: tuple[str, str] | None = None
+) -> OneModelRun | None:
+    """Check and run the description ``data`` (one model, one evaluation; keys and values as in a grid file)
+    with the results store ``out`` (None: no store), the cache folder ``cache_dir`` (None: evalkit's own) and
+    ``scales`` (model, format) declared on every static scheme (``--scales-model``/``--scales-format``).
+    Returns None when problems were printed (the command exits 2); raises EvalkitError (one line) for the
+    machine's."""
     from evalkit.models.loading import cache_root
     from evalkit.sweep.grid import ModelSpec
     from evalkit.sweep.preflight import check_device, check_device_map, check_writable
@@ -56,19 +72,21 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
     (model,) = [ModelSpec(**m) for m in data["models"]]
     check_device(model.device, "--device")
     check_device_map(model.device_map, "--device-map")
-    engine = data.get("engine", "emulation")
-    profile = data.get("engine_profile")
-    options = _engine_options(engine, (data.get("engine_options") or {}).get(engine, {}))
-    (name, params), *_ = data["evals"].items()
+    from evalkit.sweep.located_yaml import GridError
     from evalkit.sweep.preflight.commands import run_problems
-    from evalkit.sweep.preflight.planned import print_problems
+    from evalkit.sweep.preflight.planned import Problem, print_problems
 
-    if print_problems(run_problems(data["schemes"], model, engine, options, profile, (name, params))):
+    try:
+        grid = _grid(data, scales)
+    except GridError as exc:  # every problem of the description, one line each
+        print_problems([Problem((), p) for p in exc.problems])
         return None
-    grid = _grid(data)
+    if print_problems(run_problems(grid)):
+        return None
     from evalkit.runtime.runlog import log_sizes, logs_written
     from evalkit.sweep.store import ResultStore
 
+    engine, profile = grid.data["engine"], grid.data.get("engine_profile")
     logs = Path(out) if out else Path(workdir) / "logs"  # libraries' chatter (lm-eval's warnings, bars) goes here
     before = log_sizes(logs)
     info = {"command": "evalkit run", "engine": engine, **({"engine_profile": profile} if profile else {})}
@@ -77,6 +95,7 @@ def run_one(data: dict, *, out: Path | None, cache_dir: Path | None) -> OneModel
     from evalkit.evals.base import get_eval
     from evalkit.models.loading import embedded_name
 
+    (name,) = grid.data["evals"]
     shown = embedded_name(model.name) or model.name
     return OneModelRun(grid, done, logs_written(logs, before), shown, get_eval(name).summary_metrics)
 
@@ -180,24 +199,15 @@ class OneModelExecutor:
             self._session.close()
 
 
-def _engine_options(engine: str, given: dict) -> dict:
-    """The engine's options as typed values (one line for an unknown engine or option); none for the emulation."""
-    if engine == "emulation":
-        return {}
-    from evalkit.engines.registry import get_engine
-
-    return get_engine(engine).option_values(given)
-
-
-def _grid(data: dict):
-    """The grid of the description, by the sweep's grid path (the first problem raised, one line; it types the
-    engine options as given, as it does a grid file's); its record (``spec.json``) names the command, as
-    ``evalkit run`` stores have always done."""
+def _grid(data: dict, scales: tuple[str, str] | None):
+    """The grid of the description, by the sweep's grid path (GridError with every problem; the scheme strings
+    parsed, the engine options typed and the engine planned there, as for a grid file); its record
+    (``spec.json``) names the command, as ``evalkit run`` stores have always done."""
     from evalkit.sweep.grid import grid_from_data
     from evalkit.sweep.located_yaml import Located
 
     engine = data.get("engine", "emulation")
-    grid = grid_from_data(Located.given(data), data["name"])
+    grid = grid_from_data(Located.given(data), data["name"], scales=scales)
     (model,) = data["models"]
     record = {
         "name": grid.name,

@@ -405,15 +405,24 @@ def test_run_with_a_missing_scale_file_fails_in_one_line_before_loading(tmp_path
 
 
 def test_run_lists_every_problem_of_its_schemes(tmp_path, capsys):
+    """As a sweep does: every problem of the one-model grid at once (the profile's refusals, a scale file the
+    profile cannot read), then, on a grid without them, every problem of its runs (scale files, architecture)."""
     argv = ["run", "--cache-dir", str(tmp_path), "--engine-profile", "vllm-cuda", "--schemes"]
     schemes = (
         "fp8_e4m3/tensor/unit,fp8_e4m3/head/dynamic,vllm:fp8_ds_mla,fp8_e4m3/tensor/static+scales=/nope.safetensors"
     )
     assert main([*argv, schemes]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 4 and all(x.startswith("evalkit: error: ") for x in lines), lines
+    assert len(lines) == 3 and all(x.startswith("evalkit: error: ") for x in lines), lines
     assert "vllm-cuda cannot run fp8_e4m3/head/dynamic" in lines[0]  # the profile's, in the order given
     assert "vllm-cuda cannot run vllm:fp8_ds_mla" in lines[1]
-    assert "/nope.safetensors does not exist" in lines[2]  # then the scale files, then the architecture
-    assert "vllm:fp8_ds_mla on embedded (llama: 3 KV heads of head_dim 64)" in lines[3]
+    assert "/nope.safetensors does not exist" in lines[2]
+    assert tree(tmp_path) == []
+
+    schemes = "fp8_e4m3/tensor/unit,vllm:fp8_ds_mla,fp8_e4m3/tensor/static+scales=/nope.safetensors"
+    assert main([*argv[:3], "--schemes", schemes]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(x.startswith("evalkit: error: ") for x in lines), lines
+    assert "/nope.safetensors does not exist" in lines[0]  # the scale files, then the architecture
+    assert "vllm:fp8_ds_mla on embedded (llama: 3 KV heads of head_dim 64)" in lines[1]
     assert tree(tmp_path) == []

@@ -136,6 +136,21 @@ def test_corpus_spec_check_matches_the_loader(tmp_path):
         check_corpus_params({"corpus": "embedded", "haystack": f"file:{tmp_path / 'gone.txt'}"}, "retrieval")
 
 
+def test_a_grids_corpus_problems_are_every_one_each_at_its_key(tmp_path):
+    """What the grid path reports (:func:`~evalkit.data.corpus_check.corpus_problems`): every bad spec, keyed
+    ``evals.NAME.KEY``; a file's line names the key, a description's message names the evaluation."""
+    from evalkit.data.corpus_check import corpus_problems
+
+    gone = f"file:{tmp_path / 'gone.txt'}"
+    evals = {"perplexity": {"corpus": gone}, "retrieval": {"corpus": "embedded", "haystack": gone}, "decode": None}
+    located = corpus_problems(evals, located=True)
+    assert [key for key, _ in located] == [("evals", "perplexity", "corpus"), ("evals", "retrieval", "haystack")]
+    assert all(m.startswith("corpus file") for _, m in located)
+    given = corpus_problems(evals, located=False)
+    assert [m.split(":")[0] for _, m in given] == ["perplexity corpus", "retrieval haystack"]
+    assert corpus_problems({"perplexity": {"corpus": " "}}, located=False) == []  # a blank flag is the default
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -68,7 +68,7 @@ def test_the_toy_engine_in_a_grid_with_its_option_in_the_run_id(toy_engine, tmp_
         ("engine: toy\nengine_options: {toy: {wrokers: 3}}\n", "has no option 'wrokers'"),
         ("engine: toy\nengine_options: {toy: {workers: many}}\n", "must be a int"),
         ("engine: toy\nengine_options: {vllm: {tensor_parallel_size: 2}}\n", "does not name"),
-        ("engine: nope\n", "engine is one of emulation"),
+        ("engine: nope\n", "unknown engine 'nope': use one of emulation"),
     ):
         with pytest.raises(EvalkitError, match=needle):
             grid(extra)

@@ -175,7 +175,7 @@ def test_the_conversation_reaches_the_chat_template_as_a_chat():
 
 
 def test_runs_table_has_a_column_per_length_bucket():
-    from evalkit.cli.run import rows_table
+    from evalkit.sweep.run_table import rows_table
 
     rows = [
         {"scheme": "auto", "metric": "t/mrcr_pass@1_by_length", "value": v, "labels": {"task": "t", "bucket": b}}

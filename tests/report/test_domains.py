@@ -6,8 +6,9 @@ import math
 
 import pandas as pd
 
-from evalkit.cli.run import rows_table
-from evalkit.report.domains import clip_interval, clip_to_domains, domain
+from evalkit.evals.metric_domains import clip_interval, domain
+from evalkit.report.domains import clip_to_domains
+from evalkit.sweep.run_table import rows_table
 
 
 def rows(*records):

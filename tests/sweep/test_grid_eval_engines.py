@@ -59,4 +59,4 @@ def test_run_refuses_serving_on_the_emulation_in_one_line(capsys):
     assert main(["run", "--eval", "serving", "--schemes", "fp8_e4m3/tensor/unit"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert "serving measures the vllm engine itself" in err and "--engine vllm" in err, err
+    assert "eval serving runs on engine vllm only: add --engine vllm" in err, err

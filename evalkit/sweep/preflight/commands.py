@@ -1,22 +1,20 @@
 """What each command plans and which checks it makes before any model loads (:mod:`.planned`).
 
-:data:`COMMON_CHECKS` are made by ``run``, ``sweep`` and ``sweep --dry-run`` alike; ``run`` adds its
-engine's plan (a grid's is made when the grid is parsed). Whether the GPU a run is planned for can run
+:data:`COMMON_CHECKS` are made by ``run``, ``sweep`` and ``sweep --dry-run`` alike; the engine's plan is
+made when the grid is parsed (:mod:`evalkit.engines.grid_plan`), ``run``'s as a sweep's. Whether the GPU a run is planned for can run
 its ``kv_cache_dtype`` (``PlannedRun.gpu`` is ``--assume-device`` in a dry run, None where the run's own
 device decides) is :mod:`.gpu_fit`. Another check is a callable ``(runs) -> list[Problem]`` appended to
 :data:`COMMON_CHECKS`.
 
 :func:`grid_problems` plans a grid's runs (one :class:`PlannedRun` per run, its scheme and model
-located at the grid entry that gives them) and :func:`run_problems` the runs of ``evalkit run``.
+located at the grid entry that gives them) and :func:`run_problems` the runs of ``evalkit run``'s one-model grid.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from evalkit.sweep.preflight.engines import (
-    check_engine_plans,
     check_engine_profiles,
     check_engines,
     check_evals_on_engines,
@@ -41,10 +39,6 @@ COMMON_CHECKS: list[Check] = [
 
 def grid_checks() -> list[Check]:
     return list(COMMON_CHECKS)
-
-
-def run_checks() -> list[Check]:
-    return [check_engine_plans, *COMMON_CHECKS]
 
 
 def grid_problems(
@@ -108,34 +102,24 @@ def _model_entries(data) -> dict[str, tuple]:
     return out
 
 
-def run_problems(
-    schemes: Sequence,
-    model,
-    engine: str,
-    engine_options: dict,
-    engine_profile: str | None,
-    evaluation: tuple[str, dict] | None = None,
-) -> list[Problem]:
-    """Every problem of ``evalkit run``'s schemes (Scheme values) on its model (a
-    :class:`~evalkit.sweep.spec.ModelSpec`), engine (its options, coerced) and engine profile, and of its
-    ``evaluation`` (name, parameters) on that engine."""
-    options = json.dumps(engine_options or {}, sort_keys=True)
-    name, params = evaluation if evaluation is not None else ("", {})
+def run_problems(grid) -> list[Problem]:
+    """Every problem of ``evalkit run``'s one-model grid (its runs' schemes as the grid's engine profile and
+    engine plan made them, its evaluation with its parameters), each named for the flag that gives it; the
+    same checks as a sweep's (:data:`COMMON_CHECKS`)."""
     planned = [
         PlannedRun(
-            model=model,
-            scheme=str(s),
-            engine=engine,
-            engine_options=options,
-            engine_profile=engine_profile,
-            profile_applied=False,
-            scheme_key=("schemes", str(s)),
+            model=r.model,
+            scheme=r.scheme,
+            engine=r.engine,
+            engine_options=r.engine_options_json,
+            engine_profile=grid.data.get("engine_profile"),
+            scheme_key=("schemes", r.scheme),
             model_key=("model",),
             command="run",
             eval_key=("eval",),
-            eval_name=name,
-            eval_params=canonical_json(params),
+            eval_name=r.eval,
+            eval_params=canonical_json(r.params),
         )
-        for s in schemes
+        for r in grid.runs
     ]
-    return find_problems(planned, run_checks())
+    return find_problems(planned, COMMON_CHECKS)  # not sized: the engine checks its KV cache fit as it starts

@@ -4,8 +4,8 @@
   cannot run, one line each, found by :meth:`~evalkit.engines.profiles.EngineProfile.apply` as the
   command then applies it (a derived scale table it writes goes to a temporary folder: a check leaves
   nothing behind). A grid's own ``engine_profile:`` key is applied, and checked, when the grid is parsed.
-- The engine's plan (``run --engine NAME``, :class:`evalkit.engines.registry.Plan`): every problem it
-  lists. A grid's ``engine:`` is planned when the grid is parsed (:mod:`evalkit.sweep.grid`).
+- The engine's plan (:class:`evalkit.engines.registry.Plan`) is made, and its problems listed, when the grid
+  is parsed (:mod:`evalkit.engines.grid_plan`), ``run``'s one-model grid as a sweep's.
 - Whether the engine can start on this machine (:func:`engine_ready`: its package, and vLLM's own
   start-up conditions), for runs made here; for runs planned for another machine (a dry run, Ray
   workers) it is a note.
@@ -66,35 +66,6 @@ def check_engine_profiles(runs: Sequence[PlannedRun]) -> list[Problem]:
             _apply(profile, parse_scheme(run.scheme))
         except EvalkitError as exc:
             out.append(Problem(run.scheme_key, str(exc)))
-    return out
-
-
-def check_engine_plans(runs: Sequence[PlannedRun]) -> list[Problem]:
-    """Every problem the engine's plan finds in the runs it is given (``run --engine``): schemes it cannot
-    run, a model device or engine profile it cannot honour."""
-    from evalkit.engines.registry import get_engine
-
-    out: list[Problem] = []
-    groups: dict[tuple, list[PlannedRun]] = {}
-    for run in runs:
-        if run.engine != "emulation":
-            groups.setdefault((run.engine, run.engine_options, run.engine_profile), []).append(run)
-    for (name, _, profile_name), group in groups.items():
-        try:
-            engine = get_engine(name)
-        except EvalkitError as exc:
-            out.append(Problem(("engine",), str(exc)))
-            continue
-        profile = profile_or_none(profile_name)
-        schemes = []
-        for run in distinct(group, "scheme"):
-            scheme = parse_scheme(run.scheme)
-            mapped = scheme if run.profile_applied or profile is None else applied(profile, scheme)
-            if mapped is not None:  # a scheme the profile cannot run is the profile check's problem
-                schemes.append(mapped)
-        models = list(dict.fromkeys(r.model for r in group))
-        plan = engine.hook("plan")(list(dict.fromkeys(schemes)), models, profile_name, group[0].options)
-        out += [Problem(key, f"--engine {engine.name}: {message}") for key, message in plan.problems]
     return out
 
 

@@ -176,7 +176,7 @@ def run_description(args: argparse.Namespace) -> dict:
             "(the auto baseline is always added; `python -m evalkit schemes` lists them)"
         )
     given = engine_options_given(args)
-    dests = getattr(args, "eval_flag_dests", {}).get(args.eval_name, {})
+    dests = args.eval_flag_dests[args.eval_name]  # set by the parser with the evaluation's flags
     data = {
         "name": f"run-{args.eval_name}",
         "models": [asdict(model_spec(args))],

@@ -37,40 +37,44 @@ def plan_engines(
 ) -> EnginePlans:
     """The plans of ``engines`` (names: the emulation, or engines evalkit runs through) for ``schemes``
     (Scheme values) on ``models``: each name found first (an unknown one, or an engine evalkit models but does
-    not run, is a problem at ``engine``), then the engine profile named ``profile`` applied (a scheme it cannot run is a problem at
-    its entry, ``scheme_keys``: canonical scheme -> the key path of the entry that gives it), then each
+    not run, is a problem at ``engine``), then the engine profile named ``profile`` applied (a scheme it cannot
+    run is a problem at its entry, ``scheme_keys``: canonical scheme -> the key path of the entry that gives
+    it), then each
     engine's options as ``given`` (engine -> its options as written) typed, then each engine's plan."""
-    from evalkit.engines.registry import get_engine, get_profile
+    from evalkit.engines.registry import get_engine
 
     out = EnginePlans()
-    plans = {}  # engine -> its plan (an engine evalkit does not run, or an unknown name, is a problem)
+    found = {}  # engine -> (the engine, its plan); an unknown name, or an engine evalkit does not run, is a problem
     for name in engines:
         if name != EMULATION:
             try:
-                plans[name] = get_engine(name).hook("plan")
+                engine = get_engine(name)
+                found[name] = engine, engine.hook("plan")
             except EvalkitError as exc:
                 out.problems.append((("engine",), str(exc)))
     if profile is not None and schemes:
-        schemes = _profiled(get_profile, profile, schemes, scheme_keys, out.problems)
+        schemes = _profiled(profile, schemes, scheme_keys, out.problems)
     for name, options in given.items():
-        if name in plans:
+        if name in found:
             try:
-                out.options[name] = get_engine(name).option_values(options)
+                out.options[name] = found[name][0].option_values(options)
             except EvalkitError as exc:
                 out.problems.append((("engine_options", name), str(exc)))
     for name in engines:
         if name == EMULATION:
             out.schemes[name] = schemes
-        elif name in plans:
-            plan = plans[name](schemes, models, profile, out.options.get(name, {}))
+        elif name in found:
+            plan = found[name][1](schemes, models, profile, out.options.get(name, {}))
             out.problems += list(plan.problems)
             out.schemes[name] = plan.schemes
     return out
 
 
-def _profiled(get_profile, name: str, schemes: list, scheme_keys: Mapping[str, tuple], problems: list) -> list:
+def _profiled(name: str, schemes: list, scheme_keys: Mapping[str, tuple], problems: list) -> list:
     """``schemes`` as engine profile ``name`` runs them (:mod:`evalkit.engines.profiles`), each once; a scheme it
     cannot run, or an unknown profile, is a problem."""
+    from evalkit.engines.registry import get_profile
+
     try:
         profile = get_profile(name)
     except EvalkitError as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from evalkit.errors import EvalkitError
-from evalkit.kv.scheme import Scheme, declare_scales, parse_scheme, parse_schemes
+from evalkit.kv.scheme import Scheme, declare_scales, parse_schemes
 from evalkit.models.decode_path import DECODE_PATHS
 from evalkit.sweep.located_yaml import GridError, Located
 from evalkit.sweep.spec import ModelSpec, canonical_json
@@ -88,17 +88,8 @@ def _check_folder(doc: Located, name: str, path: tuple) -> None:
             raise doc.error(path, str(exc)) from None
 
 
-def _parse_one_scheme(doc: Located, text, path: tuple) -> Scheme:
-    if not isinstance(text, str):
-        raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
-    try:
-        return parse_scheme(text)
-    except EvalkitError as exc:
-        raise doc.error(path, str(exc)) from None
-
-
-def _parse_scheme_list(doc: Located, text, path: tuple) -> list[Scheme]:
-    """A string entry: one scheme, or several separated by commas (``run --schemes A,B`` as written;
+def _parse_schemes(doc: Located, text, path: tuple) -> list[Scheme]:
+    """A scheme string (an entry, or an expansion's product): one scheme, or several separated by commas (``run --schemes A,B`` as written;
     :func:`~evalkit.kv.scheme.parse_schemes` splits only where a scheme starts, so ``skip=0,5`` stays whole)."""
     if not isinstance(text, str):
         raise doc.error(path, f"a scheme is a string like fp8_e4m3/head/dynamic, got {text!r}")
@@ -183,9 +174,9 @@ def _scheme_item(doc: Located, item, path: tuple) -> list[Scheme]:
         for f in formats:
             for g in grans:
                 for s in scales:
-                    out.append(_parse_one_scheme(doc, f"{f}/{g}/{s}{options}", epath))
+                    out.extend(_parse_schemes(doc, f"{f}/{g}/{s}{options}", epath))
     else:
-        out.extend(_parse_scheme_list(doc, item, path))
+        out.extend(_parse_schemes(doc, item, path))
     return out
 
 

@@ -62,11 +62,8 @@ def grid_problems(
     entries = scheme_entries(doc)
     models = _model_entries(doc.value)
     planned = [
-        PlannedRun(
-            model=r.model,
-            scheme=r.scheme,
-            engine=r.engine,
-            engine_options=r.engine_options_json,
+        _planned(
+            r,
             engine_profile=engine_profile or grid.data.get("engine_profile"),
             profile_applied=engine_profile is None,
             gpu=gpu,
@@ -74,8 +71,6 @@ def grid_problems(
             scheme_key=entries.get(r.scheme, ("schemes",)),
             model_key=models.get(r.model.name, ("models",)),
             eval_key=("evals", r.eval),
-            eval_name=r.eval,
-            eval_params=canonical_json(r.params),
         )
         for r in runs
     ]
@@ -107,19 +102,28 @@ def run_problems(grid) -> list[Problem]:
     engine plan made them, its evaluation with its parameters), each named for the flag that gives it; the
     same checks as a sweep's (:data:`COMMON_CHECKS`)."""
     planned = [
-        PlannedRun(
-            model=r.model,
-            scheme=r.scheme,
-            engine=r.engine,
-            engine_options=r.engine_options_json,
+        _planned(
+            r,
             engine_profile=grid.data.get("engine_profile"),
             scheme_key=("schemes", r.scheme),
             model_key=("model",),
             command="run",
             eval_key=("eval",),
-            eval_name=r.eval,
-            eval_params=canonical_json(r.params),
         )
         for r in grid.runs
     ]
     return find_problems(planned, COMMON_CHECKS)  # not sized: the engine checks its KV cache fit as it starts
+
+
+def _planned(run, **where) -> PlannedRun:
+    """The :class:`PlannedRun` of a grid's run (a :class:`~evalkit.sweep.spec.RunSpec`): its model, scheme,
+    engine and options and evaluation, with ``where`` (the profile, the machine, the keys that place it)."""
+    return PlannedRun(
+        model=run.model,
+        scheme=run.scheme,
+        engine=run.engine,
+        engine_options=run.engine_options_json,
+        eval_name=run.eval,
+        eval_params=canonical_json(run.params),
+        **where,
+    )
